@@ -1,0 +1,41 @@
+/* pcr/common.h: error codes and small helpers shared by every part of pcrouter.
+ *
+ * Functions return 0 on success or a negative PCR_ERR_* code; this header is
+ * self-contained and names no libevent, nghttp2 or router type. */
+#ifndef PCR_COMMON_H
+#define PCR_COMMON_H
+
+enum {
+    PCR_OK            = 0,
+    PCR_ERR_NOMEM     = -1,  /* an allocation failed; the structure is left valid */
+    PCR_ERR_INVAL     = -2,  /* an argument or input is not acceptable */
+    PCR_ERR_NOTFOUND  = -3,
+    PCR_ERR_FULL      = -4,  /* a bounded resource is exhausted */
+    PCR_ERR_IO        = -5,
+    PCR_ERR_PARSE     = -6,  /* malformed input (JSON, HTTP, config) */
+    PCR_ERR_TOO_LARGE = -7,  /* input over a configured limit */
+    PCR_ERR_TIMEOUT   = -8,
+    PCR_ERR_UNAVAIL   = -9,  /* no backend can take the request */
+};
+
+/* A short English description of a PCR_ERR_* code ("out of memory"). */
+static inline const char *pcr_strerror(int err)
+{
+    switch (err) {
+    case PCR_OK:            return "ok";
+    case PCR_ERR_NOMEM:     return "out of memory";
+    case PCR_ERR_INVAL:     return "invalid argument";
+    case PCR_ERR_NOTFOUND:  return "not found";
+    case PCR_ERR_FULL:      return "resource exhausted";
+    case PCR_ERR_IO:        return "i/o error";
+    case PCR_ERR_PARSE:     return "parse error";
+    case PCR_ERR_TOO_LARGE: return "too large";
+    case PCR_ERR_TIMEOUT:   return "timed out";
+    case PCR_ERR_UNAVAIL:   return "unavailable";
+    default:                return "unknown error";
+    }
+}
+
+#define PCR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif

@@ -1,0 +1,131 @@
+/* pcr/policy.h: the routing decision, the one call the router makes per request.
+ *
+ * The router (router/) never decides where a request goes: it builds the canonical prompt
+ * bytes, asks pcr_policy_decide() with the live load of every backend, sends the request
+ * where it is told, and reports back with pcr_policy_commit()/pcr_policy_forget(). Everything
+ * here is pure: no I/O, no clock (the caller passes `now`), deterministic for equal inputs.
+ *
+ * Backends are named by their position (0..n-1) in the array given to pcr_policy_new(); the
+ * router keeps the same order. This header names no libevent, nghttp2 or router type. */
+#ifndef PCR_POLICY_H
+#define PCR_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcr/common.h"
+
+typedef enum {
+    PCR_POLICY_ROUND_ROBIN = 0,
+    PCR_POLICY_LEAST_LOADED,
+    PCR_POLICY_CONSISTENT_HASH,
+    PCR_POLICY_CACHE_AWARE,
+} pcr_policy_kind_t;
+
+/* "round_robin" | "least_loaded" | "consistent_hash" | "cache_aware" -> kind; 0 or PCR_ERR_INVAL. */
+int pcr_policy_kind_parse(const char *name, pcr_policy_kind_t *out);
+const char *pcr_policy_kind_name(pcr_policy_kind_t kind);
+
+typedef enum {
+    PCR_REASON_WARM = 0,        /* cache_aware: the chosen backend holds a prefix of the prompt */
+    PCR_REASON_COLD,            /* no backend holds any block: the ring placed it */
+    PCR_REASON_OVERLOAD_SPILL,  /* the warmest backend was over the bounded-load limit */
+    PCR_REASON_ZONE_SPILL,      /* chosen outside the router's zone */
+    PCR_REASON_ROUND_ROBIN,
+    PCR_REASON_LEAST_LOADED,
+    PCR_REASON_HASH,            /* consistent_hash placement */
+    PCR_REASON_NO_BACKEND,      /* no usable backend: the decision's backend is -1 */
+    PCR_REASON__COUNT
+} pcr_reason_t;
+
+const char *pcr_reason_name(pcr_reason_t reason);  /* "warm", "cold", "overload_spill", ... */
+
+typedef struct {
+    const char *name;          /* stable identity: places the backend on the ring */
+    const char *zone;          /* "" or NULL when none */
+    uint32_t weight;           /* >= 1 */
+    uint64_t capacity_blocks;  /* how many prefix blocks the index may believe it holds */
+} pcr_backend_desc_t;
+
+typedef struct {
+    pcr_policy_kind_t kind;
+    size_t block_bytes;        /* default 256 */
+    size_t max_prefix_bytes;   /* default 131072 */
+    size_t index_max_bytes;    /* hard cap on the radix index's memory, default 256 MiB */
+    double load_factor;        /* bounded-load c, default 1.25 */
+    double load_weight;        /* default 1.0 */
+    double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
+    const char *zone;          /* the router's own zone, "" or NULL when none */
+    unsigned vnodes;           /* ring points per unit of weight, default 160 */
+} pcr_policy_opts_t;
+
+/* Fills `opts` with the defaults above (kind = cache_aware). */
+void pcr_policy_opts_default(pcr_policy_opts_t *opts);
+
+/* The live state of one backend at decision time, as the router counts it. */
+typedef struct {
+    int usable;                /* healthy and serves the request's model; 0 = never chosen */
+    uint32_t inflight;         /* requests sent and not finished */
+    uint64_t queued_prefill;   /* uncached prefill tokens of those in-flight requests */
+    uint32_t pod_waiting;      /* vllm:num_requests_waiting as the pod last reported (0 if unknown) */
+} pcr_backend_load_t;
+
+typedef struct pcr_policy pcr_policy_t;
+
+/* Creates a policy over `n` backends (n >= 1). Copies what it needs from `opts` and
+ * `backends`. Returns NULL when out of memory or when an argument is invalid. */
+pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_desc_t *backends,
+                             size_t n);
+void pcr_policy_free(pcr_policy_t *p);  /* NULL is a no-op */
+
+/* The prefix key of one request: its canonical prompt bytes, hashed into chained blocks. */
+typedef struct {
+    uint64_t *blocks;          /* chained block hashes; blocks[i] names the prefix 0..i */
+    size_t nblocks;
+    size_t prompt_tokens;      /* canonical prompt bytes / 4, rounded up (all of it, not only hashed) */
+} pcr_key_t;
+
+/* Hashes `model` (seed) and the canonical prompt `bytes` into `key->blocks`, which must have room
+ * for pcr_policy_max_blocks(p) entries. Returns 0. */
+int pcr_policy_key(const pcr_policy_t *p, const char *model, size_t model_len, const void *bytes,
+                   size_t len, pcr_key_t *key);
+size_t pcr_policy_max_blocks(const pcr_policy_t *p);
+
+typedef struct {
+    int backend;               /* 0..n-1, or -1 when no backend is usable */
+    pcr_reason_t reason;
+    uint32_t matched_blocks;   /* leading blocks of the key the chosen backend holds */
+    uint32_t total_blocks;     /* key->nblocks */
+    uint64_t uncached_prefill; /* tokens the chosen backend will have to prefill */
+} pcr_decision_t;
+
+/* Chooses a backend for `key` given `loads[n]`. `key` may be NULL (a request with no prompt,
+ * e.g. an embeddings call): then the policy balances load only. Same inputs, same decision.
+ * Returns 0, or PCR_ERR_UNAVAIL when no backend is usable (out->backend = -1). */
+int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
+                      uint64_t now, pcr_decision_t *out);
+
+/* Records that `backend` now holds the prefix `key` (called when the request is sent, so a
+ * burst of siblings lands together). Sets *added_from to the first block the backend did not
+ * hold before (key->nblocks if it held all), for pcr_policy_forget(). Returns 0 or PCR_ERR_NOMEM
+ * (the index stays valid). No-op for policies that keep no index. */
+int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64_t now,
+                      uint32_t *added_from);
+
+/* Undoes a speculative commit when the backend failed the request: drops blocks
+ * [added_from, key->nblocks) of `key` for `backend`. */
+void pcr_policy_forget(pcr_policy_t *p, int backend, const pcr_key_t *key, uint32_t added_from);
+
+/* Marks a backend down/up for the index: a backend that went down loses its entries
+ * (its pod's cache cannot be trusted after a restart). */
+void pcr_policy_backend_reset(pcr_policy_t *p, int backend);
+
+typedef struct {
+    size_t index_bytes;        /* memory the radix index holds */
+    uint64_t index_nodes;
+} pcr_policy_stats_t;
+
+void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out);
+uint64_t pcr_policy_backend_blocks(const pcr_policy_t *p, int backend);  /* blocks it is believed to hold */
+
+#endif

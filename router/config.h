@@ -1,0 +1,113 @@
+/* router/config.h: pcrouter's configuration as a plain C struct, and its one loader.
+ *
+ * All parsing of the config file lives in config.c (jansson, so every error carries the
+ * file, line and column); the rest of the router only reads this struct. Every key has a
+ * default, documented in conf/pcrouter.full.json. Durations are integers in milliseconds,
+ * sizes integers in bytes (or tokens where the key says so). */
+#ifndef PCR_ROUTER_CONFIG_H
+#define PCR_ROUTER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "pcr/policy.h"
+
+typedef struct {
+    char *address;                 /* as written: "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8443" */
+    struct sockaddr_storage addr;  /* resolved numerically, port included */
+    socklen_t addrlen;
+    int tls;                       /* 1 when a "tls" object is present */
+    char *cert;                    /* PEM certificate chain file (tls only) */
+    char *key;                     /* PEM private key file (tls only) */
+} pcr_listen_conf_t;
+
+typedef struct {
+    char *name;                    /* unique, stable: it places the backend on the hash ring */
+    char *url;                     /* "http://host:port" as written (http only, no path) */
+    char *host;                    /* host part of url, without brackets */
+    uint16_t port;                 /* port of url (default 80) */
+    char *zone;                    /* "" when absent */
+    unsigned weight;               /* ring weight, default 1, 1..1000 */
+    uint64_t capacity_tokens;      /* KV cache capacity the index assumes; default 1048576 */
+    unsigned max_connections;      /* upstream pool bound; default upstream.max_connections */
+    char **models;                 /* models it serves; NULL/0 = any model (learned from /v1/models) */
+    size_t nmodels;
+} pcr_backend_conf_t;
+
+typedef struct {
+    pcr_policy_kind_t policy;      /* "policy": default "cache_aware" */
+    char *zone;                    /* the router's own zone, "" when absent */
+    size_t block_bytes;            /* default 256, 16..65536 */
+    size_t max_prefix_bytes;       /* default 131072, >= block_bytes */
+    size_t index_max_bytes;        /* default 268435456 (256 MiB) */
+    double load_factor;            /* bounded-load c, default 1.25, >= 1.0 */
+    double load_weight;            /* default 1.0, >= 0 */
+    double zone_penalty;           /* tokens of prefill a zone change costs, default 2048, >= 0 */
+    unsigned vnodes;               /* virtual nodes per unit of weight, default 160, 1..10000 */
+} pcr_routing_conf_t;
+
+typedef struct {
+    size_t max_body_bytes;         /* default 33554432 (32 MiB); larger bodies get 413 */
+    size_t max_header_bytes;       /* default 16384; larger request headers get 431 */
+    unsigned max_concurrent_streams; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, default 256 */
+    unsigned max_client_connections; /* default 10000 */
+} pcr_limits_conf_t;
+
+typedef struct {
+    unsigned connect_ms;           /* upstream connect, default 2000 */
+    unsigned response_ms;          /* upstream: request sent -> response headers, default 600000 */
+    unsigned stream_idle_ms;       /* upstream: longest silence inside a response, default 300000 */
+    unsigned upstream_keepalive_ms;/* idle pooled connection closed after, default 60000 */
+    unsigned client_idle_ms;       /* idle client connection closed after, default 120000 */
+    unsigned drain_ms;             /* SIGTERM: longest wait for in-flight requests, default 30000 */
+} pcr_timeouts_conf_t;
+
+typedef struct {
+    unsigned max_connections;      /* per backend default, default 256 */
+    unsigned retries;              /* other backends tried before answering 502, default 1 */
+} pcr_upstream_conf_t;
+
+typedef struct {
+    unsigned interval_ms;          /* active health check period, default 2000; 0 disables */
+    unsigned timeout_ms;           /* default 1000 */
+    char *path;                    /* default "/health" */
+    unsigned fall;                 /* consecutive failures that mark a backend down, default 2 */
+    unsigned rise;                 /* consecutive successes that mark it up again, default 1 */
+} pcr_health_conf_t;
+
+typedef enum { PCR_LOG_ERROR = 0, PCR_LOG_WARN, PCR_LOG_INFO, PCR_LOG_DEBUG } pcr_log_level_t;
+
+typedef struct {
+    pcr_log_level_t level;         /* "error" | "warn" | "info" (default) | "debug" */
+    int access_log;                /* one line per request on stderr, default true */
+} pcr_log_conf_t;
+
+typedef struct {
+    char *path;                    /* the file it was read from */
+    pcr_listen_conf_t *listen;     /* at least one */
+    size_t nlisten;
+    pcr_backend_conf_t *backends;  /* at least one */
+    size_t nbackends;
+    pcr_routing_conf_t routing;
+    pcr_limits_conf_t limits;
+    pcr_timeouts_conf_t timeouts;
+    pcr_upstream_conf_t upstream;
+    pcr_health_conf_t health;
+    pcr_log_conf_t log;
+} pcr_config_t;
+
+/* Reads and validates `path`. On success returns a config (free with pcr_config_free).
+ * On failure returns NULL and, when `errors` is not NULL, sets *errors to a heap string
+ * (caller frees) holding every error found, one per line, each in the form
+ *   FILE:LINE:COLUMN: KEY.PATH: message
+ * e.g. "conf/x.json:7:15: backends[1].url: expected http://host:port, got \"ftp://a\"".
+ * Errors of the file itself (missing, not JSON) use the same form with the key path "$". */
+pcr_config_t *pcr_config_load(const char *path, char **errors);
+
+/* Same, from a string; `name` stands for the file name in messages. */
+pcr_config_t *pcr_config_parse(const char *text, const char *name, char **errors);
+
+void pcr_config_free(pcr_config_t *cfg);  /* NULL is a no-op */
+
+#endif

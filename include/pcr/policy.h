@@ -44,7 +44,7 @@ typedef struct {
     const char *name;          /* stable identity: places the backend on the ring */
     const char *zone;          /* "" or NULL when none */
     uint32_t weight;           /* >= 1 */
-    uint64_t capacity_blocks;  /* how many prefix blocks the index may believe it holds */
+    uint64_t capacity_blocks;  /* how many prefix blocks the index may believe it holds; 0 = unknown, no limit */
 } pcr_backend_desc_t;
 
 typedef struct {
@@ -119,6 +119,10 @@ void pcr_policy_forget(pcr_policy_t *p, int backend, const pcr_key_t *key, uint3
 /* Marks a backend down/up for the index: a backend that went down loses its entries
  * (its pod's cache cannot be trusted after a restart). */
 void pcr_policy_backend_reset(pcr_policy_t *p, int backend);
+
+/* Updates a backend's capacity in blocks (0 = unknown, no limit), e.g. once its pod reports
+ * vllm:cache_config_info; evicts its least recently used blocks down to it. 0 or PCR_ERR_INVAL. */
+int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_blocks);
 
 typedef struct {
     size_t index_bytes;        /* memory the radix index holds */

@@ -1,0 +1,207 @@
+/* hashring/lb_cache.c: cache_aware, the default policy: the backend with the lowest cost
+ * among those under the bounded-load limit, where cost weighs the prefill a backend would do
+ * against the work already queued on it.
+ *
+ * Everything is counted in prompt tokens (4 bytes of canonical prompt = 1 token):
+ *
+ *   cost(b) = uncached(b) + load_weight * load(b) + (zone_penalty if b is in another zone)
+ *   uncached(b) = prompt_tokens - matched(b) * block_bytes / 4, at least 0
+ *   load(b) = queued_prefill(b)                       uncached prefill of its in-flight requests
+ *           + INFLIGHT_TOKENS * inflight(b)           decode work each in-flight request adds
+ *           + WAITING_TOKENS * pod_waiting(b)         requests queued at the pod, of unknown size
+ *
+ * A backend with inflight + 1 > max(BOUND_FLOOR, ceil(c * (total_inflight + 1) * weight /
+ * total_weight)) is passed over while any other is under it, so a prefix every request shares
+ * (one system prompt) cannot pull all traffic to one pod: the load term already sends the next
+ * request to another pod once the queue outweighs the saving, and the bound caps what a long
+ * saving can pile up; the saving of a longer match still wins among pods under the limit.
+ * The floor is ours, not the paper's: at light traffic the pure bound is 1 (one request in
+ * flight anywhere puts its pod over), which would turn a conversation's next turn away from
+ * its warm pod although a vLLM pod batches hundreds of requests; below the floor the cost's
+ * load term alone balances. When no backend holds a block of the prompt, the ring places it (see
+ * place_cold). Ties go to the lowest mix of the prefix's ring key and the backend index, so equal
+ * inputs give equal decisions while different prefixes spread. */
+#include <string.h>
+
+#include "policy_int.h"
+
+/* One in-flight request costs its pod a decode slot in every step of the batch until it ends;
+ * 256 tokens of prefill is about what that slows the pod over a typical request's life. */
+#define INFLIGHT_TOKENS 256.0
+/* A request waiting at the pod will prefill a prompt we did not see; count a typical 1k-token
+ * prompt half cached. Requests pcrouter sent are also in queued_prefill: a little double
+ * counting that errs toward spreading. */
+#define WAITING_TOKENS 512.0
+
+/* In-flight requests a backend may always have before the bounded-load limit applies. */
+#define BOUND_FLOOR 4
+
+/* Scratch states in p->usable. */
+enum { NOT_USABLE = 0, OVER_BOUND = 1, UNDER_BOUND = 2 };
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static double load_tokens(const pcr_backend_load_t *l)
+{
+    return (double)l->queued_prefill + INFLIGHT_TOKENS * l->inflight +
+           WAITING_TOKENS * l->pod_waiting;
+}
+
+static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uint32_t matched)
+{
+    uint64_t cached = (uint64_t)matched * p->o.block_bytes / 4;
+    return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
+}
+
+/* Marks every usable backend under or over the bounded-load limit; returns whether any is
+ * under it (with load_factor >= 1 one always is). */
+static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *any_in_zone)
+{
+    uint64_t total = 0, weight = 0;
+    int any_under = 0;
+    *any_in_zone = 0;
+    for (size_t b = 0; b < p->n; b++) {
+        if (loads[b].usable) {
+            total += loads[b].inflight;
+            weight += p->be[b].weight;
+            *any_in_zone |= p->be[b].in_zone;
+        }
+    }
+    for (size_t b = 0; b < p->n; b++) {
+        if (!loads[b].usable) {
+            p->usable[b] = NOT_USABLE;
+            continue;
+        }
+        uint64_t limit = pcr_ring_bound(total, p->be[b].weight, weight, p->o.load_factor);
+        if (limit < BOUND_FLOOR)
+            limit = BOUND_FLOOR;
+        p->usable[b] = (uint64_t)loads[b].inflight + 1 <= limit ? UNDER_BOUND : OVER_BOUND;
+        any_under |= p->usable[b] == UNDER_BOUND;
+    }
+    return any_under;
+}
+
+static double zone_cost(const pcr_policy_t *p, size_t b)
+{
+    return p->be[b].in_zone ? 0.0 : p->o.zone_penalty;
+}
+
+/* A prefix nobody holds: the ring places it among the in-zone backends (all, when none is
+ * usable in the zone), with bounded loads on in-flight requests and on blocks held, so new
+ * prefixes also spread the cache itself evenly. The next request with the prefix is warm. */
+static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
+                      int any_in_zone)
+{
+    uint64_t held = 0, weight = 0;
+    size_t left = 0;
+    for (size_t b = 0; b < p->n; b++) {
+        p->usable[b] = loads[b].usable && (!any_in_zone || p->be[b].in_zone);
+        if (p->usable[b]) {
+            held += pcr_index_backend_blocks(p->index, (unsigned)b);
+            weight += p->be[b].weight;
+        }
+    }
+    for (size_t b = 0; b < p->n; b++) {
+        if (!p->usable[b])
+            continue;
+        double limit = p->o.load_factor * (double)(held + key->nblocks) * p->be[b].weight /
+                       (double)weight;
+        uint64_t mine = pcr_index_backend_blocks(p->index, (unsigned)b) + key->nblocks;
+        p->usable[b] = (double)mine <= limit ? 2 : 1;
+        left += p->usable[b] == 2;
+    }
+    for (size_t b = 0; b < p->n; b++)
+        p->usable[b] = left > 0 ? p->usable[b] == 2 : p->usable[b] != 0;
+    return pcr_policy_ring_place(p, pcr_policy_ring_key(p, key), loads, 0);
+}
+
+/* No prompt: the least loaded (in tokens, zone included) under the limit, ties by rotation. */
+static void decide_keyless(pcr_policy_t *p, const pcr_backend_load_t *loads, int any_under,
+                           int any_in_zone, pcr_decision_t *out)
+{
+    int best = -1;
+    double best_cost = 0;
+    size_t start = (size_t)(p->rotation++ % p->n);
+    for (size_t k = 0; k < p->n; k++) {
+        size_t b = (start + k) % p->n;
+        if (p->usable[b] == NOT_USABLE || (any_under && p->usable[b] != UNDER_BOUND))
+            continue;
+        double cost = p->o.load_weight * load_tokens(&loads[b]) + zone_cost(p, b);
+        if (best < 0 || cost < best_cost) {
+            best = (int)b;
+            best_cost = cost;
+        }
+    }
+    out->backend = best;
+    out->reason = best >= 0 && any_in_zone && !p->be[best].in_zone ? PCR_REASON_ZONE_SPILL
+                                                                   : PCR_REASON_LEAST_LOADED;
+}
+
+static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
+                      uint64_t now, pcr_decision_t *out)
+{
+    int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone);
+    uint32_t top = 0;
+    (void)now;
+
+    if (key == NULL || key->nblocks == 0) {
+        decide_keyless(p, loads, any_under, any_in_zone, out);
+        return;
+    }
+    pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+    for (size_t b = 0; b < p->n; b++)
+        if (p->usable[b] != NOT_USABLE && p->matched[b] > top)
+            top = p->matched[b];
+    if (top == 0) {
+        out->backend = place_cold(p, key, loads, any_in_zone);
+        out->reason = PCR_REASON_COLD;
+        return;
+    }
+
+    uint64_t rk = pcr_policy_ring_key(p, key);
+    int best = -1, warmest = -1, warmest_skipped = 0;
+    double best_cost = 0, warm_base = 0;
+    uint64_t best_tie = 0;
+    for (size_t b = 0; b < p->n; b++) {
+        if (p->usable[b] == NOT_USABLE)
+            continue;
+        double base = (double)uncached_tokens(p, key, p->matched[b]) + zone_cost(p, b);
+        if (p->matched[b] == top && (warmest < 0 || base < warm_base)) {
+            warmest = (int)b;
+            warm_base = base;
+            warmest_skipped = any_under && p->usable[b] != UNDER_BOUND;
+        }
+        if (any_under && p->usable[b] != UNDER_BOUND)
+            continue;
+        double cost = base + p->o.load_weight * load_tokens(&loads[b]);
+        uint64_t tie = mix64(rk ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull));
+        if (best < 0 || cost < best_cost || (cost == best_cost && tie < best_tie)) {
+            best = (int)b;
+            best_cost = cost;
+            best_tie = tie;
+        }
+    }
+    out->backend = best;
+    out->matched_blocks = p->matched[best];
+    out->uncached_prefill = uncached_tokens(p, key, p->matched[best]);
+    /* Why not the warmest: the bound skipped it, or its load outweighed its saving. */
+    double chosen_base = (double)out->uncached_prefill + zone_cost(p, (size_t)best);
+    if (p->matched[best] < top && (warmest_skipped || warm_base <= chosen_base))
+        out->reason = PCR_REASON_OVERLOAD_SPILL;
+    else if (any_in_zone && !p->be[best].in_zone)
+        out->reason = PCR_REASON_ZONE_SPILL;
+    else if (p->matched[best] > 0)
+        out->reason = PCR_REASON_WARM;
+    else
+        out->reason = PCR_REASON_COLD;  /* the zone penalty kept it home, on a cold pod */
+}
+
+const pcr_lb_ops_t pcr_lb_cache_aware = {ca_decide};

@@ -1,0 +1,63 @@
+/* hashring/policy_int.h: the policy object and the ops table each balancing algorithm fills
+ * (lb_simple.c: round_robin, least_loaded; lb_chash.c: consistent_hash; lb_cache.c:
+ * cache_aware). policy.c owns the object, the key and the index bookkeeping. */
+#ifndef PCR_POLICY_INT_H
+#define PCR_POLICY_INT_H
+
+#include "pcr/index.h"
+#include "pcr/policy.h"
+#include "pcr/ring.h"
+
+/* consistent_hash (and cache_aware's cold placement) key on the hash of the block that ends
+ * the first PCR_HASH_PREFIX_BYTES of the prompt (or its last block when shorter). 4 KiB is
+ * 1024 tokens: longer than the 512-token first block every request of the Mooncake
+ * conversation trace shares (keying on the first block would send all of it to one pod), yet
+ * short enough that a conversation's later turns, which extend its first, keep the key. */
+#define PCR_HASH_PREFIX_BYTES 4096u
+
+typedef struct {
+    char *name;
+    uint32_t weight;
+    int in_zone;               /* the router has no zone, or this backend is in it */
+} pcr_pbackend_t;
+
+typedef struct {
+    /* Fills `out` (backend, reason, matched, uncached); at least one backend is usable. */
+    void (*decide)(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
+                   uint64_t now, pcr_decision_t *out);
+} pcr_lb_ops_t;
+
+struct pcr_policy {
+    pcr_policy_opts_t o;       /* o.zone points at `zone` */
+    char *zone;
+    size_t n;
+    pcr_pbackend_t *be;
+    const pcr_lb_ops_t *ops;
+    pcr_ring_t *ring;          /* consistent_hash, cache_aware */
+    pcr_index_t *index;        /* cache_aware */
+    size_t max_blocks;
+    uint64_t rotation;         /* round_robin position, least_loaded tie rotation */
+    /* Scratch for one decision (a policy is used by one thread). */
+    uint32_t *matched;
+    uint64_t *load;
+    unsigned char *usable;
+};
+
+extern const pcr_lb_ops_t pcr_lb_round_robin;
+extern const pcr_lb_ops_t pcr_lb_least_loaded;
+extern const pcr_lb_ops_t pcr_lb_consistent_hash;
+extern const pcr_lb_ops_t pcr_lb_cache_aware;
+
+/* The block consistent_hash keys on (see PCR_HASH_PREFIX_BYTES). */
+uint64_t pcr_policy_ring_key(const pcr_policy_t *p, const pcr_key_t *key);
+
+/* Fewest in-flight among usable backends, ties by rotation; shared by least_loaded and by
+ * every policy asked to place a request without a key. */
+int pcr_policy_least_inflight(pcr_policy_t *p, const pcr_backend_load_t *loads);
+
+/* The ring with bounded loads on in-flight requests over usable backends (p->usable may be
+ * narrowed by the caller first; it is filled from loads when `fill` is set). */
+int pcr_policy_ring_place(pcr_policy_t *p, uint64_t ring_key, const pcr_backend_load_t *loads,
+                          int fill);
+
+#endif

@@ -1,0 +1,443 @@
+/* test_policy.c: hashring/policy.c and the lb_*.c algorithms behind include/pcr/policy.h. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "pcr/policy.h"
+#include "pcr_test.h"
+
+#define NB 4
+#define SYS_BYTES 2048   /* a 512-token system prompt, as the Mooncake trace's shared block */
+
+static const pcr_backend_desc_t four[NB] = {
+    {"pod-a", "", 1, 0}, {"pod-b", "", 1, 0}, {"pod-c", "", 1, 0}, {"pod-d", "", 1, 0}};
+
+static pcr_policy_t *make(pcr_policy_kind_t kind, const pcr_backend_desc_t *be, size_t n,
+                          const char *zone)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.kind = kind;
+    o.zone = zone;
+    return pcr_policy_new(&o, be, n);
+}
+
+/* A prompt: the shared system prompt, then `user` bytes that depend on `who`. */
+static char *prompt(int who, size_t user, size_t *len)
+{
+    char *s = malloc(SYS_BYTES + user);
+    for (size_t i = 0; i < SYS_BYTES; i++)
+        s[i] = (char)('A' + i % 23);
+    for (size_t i = 0; i < user; i++)
+        s[SYS_BYTES + i] = (char)('a' + (i * 7 + (size_t)who * 13 + i / 26 * (size_t)who) % 26);
+    *len = SYS_BYTES + user;
+    return s;
+}
+
+typedef struct {
+    uint64_t blocks[1024];
+    pcr_key_t k;
+} keybuf_t;
+
+static pcr_key_t *key_of(pcr_policy_t *p, keybuf_t *kb, const char *s, size_t len)
+{
+    kb->k.blocks = kb->blocks;
+    PCR_CHECK(pcr_policy_max_blocks(p) <= 1024);
+    PCR_CHECK_EQ_INT(pcr_policy_key(p, "m", 1, s, len, &kb->k), 0);
+    return &kb->k;
+}
+
+static void all_usable(pcr_backend_load_t *l, size_t n)
+{
+    memset(l, 0, n * sizeof(*l));
+    for (size_t b = 0; b < n; b++)
+        l[b].usable = 1;
+}
+
+static void test_defaults_and_arguments(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_kind_t k;
+    pcr_policy_opts_default(&o);
+    PCR_CHECK_EQ_INT(o.kind, PCR_POLICY_CACHE_AWARE);
+    PCR_CHECK_EQ_INT(o.block_bytes, 256);
+    PCR_CHECK_EQ_INT(o.max_prefix_bytes, 131072);
+    PCR_CHECK_EQ_INT(o.vnodes, 160);
+    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("consistent_hash", &k), 0);
+    PCR_CHECK_EQ_INT(k, PCR_POLICY_CONSISTENT_HASH);
+    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("random", &k), PCR_ERR_INVAL);
+    PCR_CHECK_STR(pcr_reason_name(PCR_REASON_OVERLOAD_SPILL), "overload_spill");
+    PCR_CHECK(pcr_policy_new(&o, four, 0) == NULL);
+    PCR_CHECK(pcr_policy_new(&o, NULL, 4) == NULL);
+    o.load_factor = 0.5;
+    PCR_CHECK(pcr_policy_new(&o, four, 4) == NULL);
+    pcr_policy_opts_default(&o);
+    pcr_backend_desc_t bad[1] = {{"x", "", 0, 0}};
+    PCR_CHECK(pcr_policy_new(&o, bad, 1) == NULL);
+    pcr_policy_free(NULL);
+
+    pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+    keybuf_t kb;
+    PCR_CHECK_EQ_INT(pcr_policy_max_blocks(p), 512);
+    pcr_key_t *key = key_of(p, &kb, "hello", 5);
+    PCR_CHECK_EQ_INT(key->nblocks, 1);
+    PCR_CHECK_EQ_INT(key->prompt_tokens, 2);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    memset(l, 0, sizeof(l));
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), PCR_ERR_UNAVAIL);
+    PCR_CHECK_EQ_INT(d.backend, -1);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_NO_BACKEND);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, NULL, 1, &d), PCR_ERR_INVAL);
+    pcr_policy_free(p);
+}
+
+static void test_round_robin_skips_unusable(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_ROUND_ROBIN, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    int counts[NB] = {0};
+    all_usable(l, NB);
+    l[2].usable = 0;
+    for (int i = 0; i < 30; i++) {
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, NULL, l, 1, &d), 0);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_ROUND_ROBIN);
+        counts[d.backend]++;
+    }
+    PCR_CHECK_EQ_INT(counts[0], 10);
+    PCR_CHECK_EQ_INT(counts[1], 10);
+    PCR_CHECK_EQ_INT(counts[2], 0);
+    PCR_CHECK_EQ_INT(counts[3], 10);
+    uint32_t from = 0;
+    keybuf_t kb;
+    pcr_key_t *key = key_of(p, &kb, "abc", 3);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key, 1, &from), 0);
+    PCR_CHECK_EQ_INT(from, key->nblocks);  /* keeps no index */
+    pcr_policy_free(p);
+}
+
+static void test_least_loaded(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_LEAST_LOADED, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    int seen[NB] = {0};
+    all_usable(l, NB);
+    l[0].inflight = 3;
+    l[1].inflight = 1;
+    l[2].inflight = 1;
+    l[3].inflight = 2;
+    for (int i = 0; i < 8; i++) {
+        pcr_policy_decide(p, NULL, l, 1, &d);
+        PCR_CHECK(d.backend == 1 || d.backend == 2);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_LEAST_LOADED);
+        seen[d.backend]++;
+    }
+    PCR_CHECK(seen[1] > 0 && seen[2] > 0);  /* ties rotate */
+    pcr_policy_free(p);
+}
+
+static void test_consistent_hash_keys_past_first_block(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CONSISTENT_HASH, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d, d2;
+    keybuf_t kb;
+    int counts[NB] = {0};
+    all_usable(l, NB);
+    for (int who = 0; who < 200; who++) {
+        size_t len;
+        char *s = prompt(who, 4000, &len);
+        pcr_policy_decide(p, key_of(p, &kb, s, len), l, 1, &d);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_HASH);
+        counts[d.backend]++;
+        /* The same user's next turn extends the prompt and keeps the backend. */
+        free(s);
+        s = prompt(who, 9000, &len);
+        pcr_policy_decide(p, key_of(p, &kb, s, len), l, 1, &d2);
+        PCR_CHECK_EQ_INT(d2.backend, d.backend);
+        free(s);
+    }
+    for (int b = 0; b < NB; b++)   /* every request shares 2 KiB, yet all pods get traffic */
+        PCR_CHECK(counts[b] > 20);
+    pcr_policy_free(p);
+}
+
+/* The cold request is placed, committed, and the next with its prefix is warm there. */
+static void test_cold_then_warm(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    size_t len;
+    char *s = prompt(1, 3000, &len);
+    all_usable(l, NB);
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+    PCR_CHECK_EQ_INT(d.matched_blocks, 0);
+    PCR_CHECK_EQ_INT(d.total_blocks, key->nblocks);
+    PCR_CHECK_EQ_INT(d.uncached_prefill, key->prompt_tokens);
+    int first = d.backend;
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, first, key, 1, &from), 0);
+    PCR_CHECK_EQ_INT(from, 0);
+    PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, first), key->nblocks);
+    pcr_policy_decide(p, key, l, 2, &d);
+    PCR_CHECK_EQ_INT(d.backend, first);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+    PCR_CHECK_EQ_INT(d.matched_blocks, key->nblocks);
+    PCR_CHECK_EQ_INT(d.uncached_prefill, 0);
+    /* A failed request's speculative entry is forgotten. */
+    pcr_policy_forget(p, first, key, from);
+    PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, first), 0);
+    pcr_policy_commit(p, first, key, 3, &from);
+    pcr_policy_stats_t st;
+    pcr_policy_stats(p, &st);
+    PCR_CHECK(st.index_bytes > 0);
+    PCR_CHECK(st.index_nodes >= 1);
+    pcr_policy_backend_reset(p, first);
+    PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, first), 0);
+    pcr_policy_decide(p, key, l, 4, &d);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+    PCR_CHECK_EQ_INT(pcr_policy_set_capacity(p, 0, 3), 0);
+    pcr_policy_commit(p, 0, key, 5, &from);
+    PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, 0), 3);
+    free(s);
+    pcr_policy_free(p);
+}
+
+/* Simulated traffic: every request stays in flight for `depth` decisions. */
+typedef struct {
+    int backend;
+    uint64_t prefill;
+} flight_t;
+
+static void test_shared_system_prompt_spreads(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    flight_t fl[12];
+    int counts[NB] = {0}, warm = 0;
+    const int depth = 12;
+    uint32_t from;
+    all_usable(l, NB);
+    memset(fl, 0xff, sizeof(fl));
+    for (int i = 0; i < 600; i++) {
+        flight_t *f = &fl[i % depth];
+        if (f->backend >= 0) {
+            l[f->backend].inflight--;
+            l[f->backend].queued_prefill -= f->prefill;
+        }
+        size_t len;
+        char *s = prompt(i, 1200, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, (uint64_t)i, &d), 0);
+        pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
+        counts[d.backend]++;
+        warm += d.matched_blocks >= SYS_BYTES / 256;
+        f->backend = d.backend;
+        f->prefill = d.uncached_prefill;
+        l[d.backend].inflight++;
+        l[d.backend].queued_prefill += d.uncached_prefill;
+        free(s);
+    }
+    for (int b = 0; b < NB; b++) {
+        printf("# backend %d: %d requests\n", b, counts[b]);
+        PCR_CHECK(counts[b] >= 600 / NB * 3 / 4);
+    }
+    PCR_CHECK(warm >= 590);  /* every pod soon holds the system prompt */
+    pcr_policy_free(p);
+}
+
+static void test_warm_backend_overloaded_spills(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    size_t len;
+    char *s = prompt(5, 20000, &len);
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    all_usable(l, NB);
+    pcr_policy_commit(p, 2, key, 1, &from);
+    l[0].inflight = l[1].inflight = l[2].inflight = l[3].inflight = 2;
+    pcr_policy_decide(p, key, l, 2, &d);
+    PCR_CHECK_EQ_INT(d.backend, 2);            /* busy, but under the bound (4): stays warm */
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+    l[2].inflight = 10;                        /* bound: ceil(1.25 * 17 / 4) = 6 */
+    pcr_policy_decide(p, key, l, 3, &d);
+    PCR_CHECK(d.backend != 2);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
+    PCR_CHECK_EQ_INT(d.matched_blocks, 0);
+    /* Under the bound but with a long prefill queue: the cost sends it elsewhere too. */
+    l[2].inflight = 2;
+    l[2].queued_prefill = 50000;                /* more than the 5500 tokens it would save */
+    pcr_policy_decide(p, key, l, 4, &d);
+    PCR_CHECK(d.backend != 2);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
+    /* Longer matches still win over a shorter one on an idle pod. */
+    l[2].queued_prefill = 0;
+    l[2].inflight = 1;
+    size_t len2;
+    char *s2 = prompt(5, 400, &len2);          /* backend 0 holds the system prompt only */
+    keybuf_t kb2;
+    pcr_policy_commit(p, 0, key_of(p, &kb2, s2, len2), 5, &from);
+    pcr_policy_decide(p, key_of(p, &kb, s, len), l, 6, &d);
+    PCR_CHECK_EQ_INT(d.backend, 2);
+    free(s);
+    free(s2);
+    pcr_policy_free(p);
+}
+
+static void test_conversation_sticks(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    int backend = -1, moved = 0;
+    all_usable(l, NB);
+    for (int turn = 1; turn <= 10; turn++) {
+        /* Other users' traffic in between (which finished), sharing the system prompt. */
+        for (int other = 0; other < 6; other++) {
+            size_t len;
+            char *s = prompt(1000 + turn * 10 + other, 3000 + (size_t)other * 2000, &len);
+            pcr_key_t *key = key_of(p, &kb, s, len);
+            pcr_policy_decide(p, key, l, (uint64_t)turn, &d);
+            pcr_policy_commit(p, d.backend, key, (uint64_t)turn, &from);
+            free(s);
+        }
+        l[turn % NB].inflight = 1;   /* one busy pod, in turn */
+        size_t len;
+        char *s = prompt(7, (size_t)turn * 1500, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        pcr_policy_decide(p, key, l, (uint64_t)turn, &d);
+        if (turn > 1) {
+            moved += d.backend != backend;
+            PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+            PCR_CHECK(d.matched_blocks >= (SYS_BYTES + (size_t)(turn - 1) * 1500) / 256);
+        }
+        backend = d.backend;
+        pcr_policy_commit(p, d.backend, key, (uint64_t)turn, &from);
+        l[turn % NB].inflight = 0;
+        free(s);
+    }
+    PCR_CHECK_EQ_INT(moved, 0);
+    pcr_policy_free(p);
+}
+
+static void test_deterministic(void)
+{
+    pcr_policy_t *p1 = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_policy_t *p2 = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d1, d2;
+    keybuf_t kb;
+    uint32_t from;
+    int differ = 0;
+    all_usable(l, NB);
+    for (int i = 0; i < 300; i++) {
+        size_t len;
+        char *s = prompt(i % 37, 500 + (size_t)(i % 5) * 700, &len);
+        pcr_key_t *key = key_of(p1, &kb, s, len);
+        l[i % NB].inflight = (uint32_t)(i % 3);
+        l[(i + 1) % NB].queued_prefill = (uint64_t)(i % 7) * 100;
+        pcr_policy_decide(p1, key, l, (uint64_t)i, &d1);
+        pcr_policy_decide(p2, key, l, (uint64_t)i, &d2);
+        differ += memcmp(&d1, &d2, sizeof(d1)) != 0;
+        pcr_policy_commit(p1, d1.backend, key, (uint64_t)i, &from);
+        pcr_policy_commit(p2, d2.backend, key, (uint64_t)i, &from);
+        free(s);
+    }
+    PCR_CHECK_EQ_INT(differ, 0);
+    pcr_policy_free(p1);
+    pcr_policy_free(p2);
+}
+
+static void test_zone(void)
+{
+    const pcr_backend_desc_t be[2] = {{"pod-a", "z1", 1, 0}, {"pod-b", "z2", 1, 0}};
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, be, 2, "z1");
+    pcr_backend_load_t l[2];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    int home = 0;
+    all_usable(l, 2);
+    /* Cold prompts stay in the zone. */
+    for (int i = 0; i < 40; i++) {
+        size_t len;
+        char *s = prompt(100 + i, 500, &len);
+        pcr_policy_decide(p, key_of(p, &kb, s, len), l, 1, &d);
+        home += d.backend == 0;
+        free(s);
+    }
+    PCR_CHECK_EQ_INT(home, 40);
+    /* A long prompt warm in the other zone goes there: 2048 tokens < its saving. */
+    size_t len;
+    char *s = prompt(1, 40000, &len);
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    pcr_policy_commit(p, 1, key, 2, &from);
+    pcr_policy_decide(p, key, l, 3, &d);
+    PCR_CHECK_EQ_INT(d.backend, 1);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_ZONE_SPILL);
+    free(s);
+    /* A short one stays home and prefills there. */
+    s = prompt(2, 1000, &len);
+    key = key_of(p, &kb, s, len);
+    pcr_policy_commit(p, 1, key, 4, &from);
+    pcr_policy_decide(p, key, l, 5, &d);
+    PCR_CHECK_EQ_INT(d.backend, 0);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+    free(s);
+    /* With the home zone down, the other zone serves, and that is no zone spill. */
+    l[0].usable = 0;
+    s = prompt(3, 1000, &len);
+    pcr_policy_decide(p, key_of(p, &kb, s, len), l, 6, &d);
+    PCR_CHECK_EQ_INT(d.backend, 1);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);  /* it holds the system prompt */
+    free(s);
+    pcr_policy_free(p);
+}
+
+static void test_keyless_balances_load(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    all_usable(l, NB);
+    l[0].queued_prefill = 5000;
+    l[1].inflight = 2;
+    l[2].pod_waiting = 3;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, NULL, l, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.backend, 3);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_LEAST_LOADED);
+    PCR_CHECK_EQ_INT(d.total_blocks, 0);
+    uint32_t from = 9;
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 3, NULL, 1, &from), 0);
+    PCR_CHECK_EQ_INT(from, 0);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 7, NULL, 1, &from), PCR_ERR_INVAL);
+    pcr_policy_free(p);
+}
+
+int main(void)
+{
+    PCR_RUN(test_defaults_and_arguments);
+    PCR_RUN(test_round_robin_skips_unusable);
+    PCR_RUN(test_least_loaded);
+    PCR_RUN(test_consistent_hash_keys_past_first_block);
+    PCR_RUN(test_cold_then_warm);
+    PCR_RUN(test_shared_system_prompt_spreads);
+    PCR_RUN(test_warm_backend_overloaded_spills);
+    PCR_RUN(test_conversation_sticks);
+    PCR_RUN(test_deterministic);
+    PCR_RUN(test_zone);
+    PCR_RUN(test_keyless_balances_load);
+    return pcr_test_done();
+}

@@ -1,0 +1,501 @@
+/* test_radix.c: hashring/radix.c, the prefix index. Hand-written cases first, then a
+ * randomised comparison with a naive reference model (every prefix of every backend kept as
+ * its own record) operation by operation, then allocation failures and the memory cap. */
+#include <stdlib.h>
+
+#include "pcr/index.h"
+#include "pcr_test.h"
+
+static char errbuf[256];
+
+#define CHECK_VALID(ix) do { \
+    errbuf[0] = '\0'; \
+    int rc_ = pcr_index_check((ix), errbuf, sizeof(errbuf)); \
+    if (rc_ != 0) printf("# invalid: %s\n", errbuf); \
+    PCR_CHECK_EQ_INT(rc_, 0); } while (0)
+
+static pcr_index_t *new_index(size_t nb, size_t max_bytes)
+{
+    pcr_index_opts_t o = {.nbackends = nb, .max_bytes = max_bytes};
+    return pcr_index_new(&o);
+}
+
+static void test_insert_and_match(void)
+{
+    pcr_index_t *ix = new_index(4, 0);
+    uint32_t m[4];
+    size_t from;
+    const uint64_t a[] = {10, 11, 12, 13, 14, 15};
+    const uint64_t b[] = {10, 11, 12, 99, 98};
+
+    PCR_CHECK_EQ_INT(pcr_index_insert(ix, 0, a, 6, 1, &from), 0);
+    PCR_CHECK_EQ_INT(from, 0);
+    PCR_CHECK_EQ_INT(pcr_index_insert(ix, 1, b, 5, 2, &from), 0);
+    PCR_CHECK_EQ_INT(from, 0);
+    PCR_CHECK_EQ_INT(pcr_index_insert(ix, 0, a, 4, 3, &from), 0);
+    PCR_CHECK_EQ_INT(from, 4);  /* held all four already */
+    PCR_CHECK_EQ_INT(pcr_index_insert(ix, 1, a, 5, 4, &from), 0);
+    PCR_CHECK_EQ_INT(from, 3);
+    CHECK_VALID(ix);
+    PCR_CHECK_EQ_INT(pcr_index_match(ix, a, 6, m), 6);
+    PCR_CHECK_EQ_INT(m[0], 6);
+    PCR_CHECK_EQ_INT(m[1], 5);
+    PCR_CHECK_EQ_INT(m[2], 0);
+    PCR_CHECK_EQ_INT(pcr_index_match(ix, b, 5, m), 5);
+    PCR_CHECK_EQ_INT(m[0], 3);
+    PCR_CHECK_EQ_INT(m[1], 5);
+    const uint64_t c[] = {10, 11, 77};
+    PCR_CHECK_EQ_INT(pcr_index_match(ix, c, 3, m), 2);
+    PCR_CHECK_EQ_INT(m[0], 2);
+    PCR_CHECK_EQ_INT(m[1], 2);
+    PCR_CHECK_EQ_INT(pcr_index_match(ix, c + 2, 1, m), 0);
+    PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 6);
+    PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 1), 7);
+    PCR_CHECK_EQ_U64(pcr_index_pairs(ix), 13);
+    PCR_CHECK(pcr_index_nodes(ix) >= 4);
+    pcr_index_free(ix);
+}
+
+static void test_bad_arguments(void)
+{
+    pcr_index_opts_t o = {.nbackends = 0};
+    uint64_t k[1] = {1};
+    size_t from = 7;
+    PCR_CHECK(pcr_index_new(&o) == NULL);
+    PCR_CHECK(pcr_index_new(NULL) == NULL);
+    pcr_index_t *ix = new_index(2, 0);
+    PCR_CHECK_EQ_INT(pcr_index_insert(ix, 2, k, 1, 1, &from), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_index_insert(ix, 0, NULL, 1, 1, &from), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_index_insert(ix, 0, k, 0, 1, &from), 0);
+    PCR_CHECK_EQ_INT(from, 0);
+    PCR_CHECK_EQ_INT(pcr_index_set_capacity(ix, 5, 1), PCR_ERR_INVAL);
+    pcr_index_erase(ix, 9, k, 1, 0);
+    pcr_index_remove_backend(ix, 9);
+    CHECK_VALID(ix);
+    pcr_index_free(ix);
+    pcr_index_free(NULL);
+}
+
+static void test_erase_undoes_insert(void)
+{
+    pcr_index_t *ix = new_index(2, 0);
+    uint32_t m[2];
+    size_t from, nodes;
+    const uint64_t a[] = {1, 2, 3, 4};
+    const uint64_t b[] = {1, 2, 3, 4, 5, 6, 7};
+
+    pcr_index_insert(ix, 0, a, 4, 1, &from);
+    nodes = pcr_index_nodes(ix);
+    pcr_index_insert(ix, 0, b, 7, 2, &from);
+    PCR_CHECK_EQ_INT(from, 4);
+    pcr_index_erase(ix, 0, b, 7, from);
+    CHECK_VALID(ix);
+    pcr_index_match(ix, b, 7, m);
+    PCR_CHECK_EQ_INT(m[0], 4);
+    PCR_CHECK_EQ_INT(pcr_index_nodes(ix), nodes);
+    /* A block another of the backend's prefixes needs is kept. */
+    const uint64_t c[] = {1, 2, 9};
+    pcr_index_insert(ix, 1, b, 6, 3, &from);
+    pcr_index_insert(ix, 1, c, 3, 4, &from);
+    pcr_index_erase(ix, 1, b, 6, 0);
+    CHECK_VALID(ix);
+    pcr_index_match(ix, c, 3, m);
+    PCR_CHECK_EQ_INT(m[1], 3);
+    pcr_index_match(ix, b, 6, m);
+    PCR_CHECK_EQ_INT(m[1], 2);
+    PCR_CHECK_EQ_INT(m[0], 4);
+    /* Erasing the middle of a run trims it. */
+    pcr_index_erase(ix, 0, a, 4, 2);
+    pcr_index_match(ix, a, 4, m);
+    PCR_CHECK_EQ_INT(m[0], 2);
+    CHECK_VALID(ix);
+    pcr_index_free(ix);
+}
+
+static void test_capacity_evicts_lru(void)
+{
+    pcr_index_t *ix = new_index(2, 0);
+    uint32_t m[2];
+    size_t from;
+    const uint64_t a[] = {1, 2, 3, 4, 5, 6};
+    const uint64_t b[] = {7, 8, 9, 10, 11, 12};
+    const uint64_t c[] = {13, 14, 15};
+
+    pcr_index_set_capacity(ix, 0, 10);
+    pcr_index_insert(ix, 0, a, 6, 1, &from);
+    pcr_index_insert(ix, 0, b, 6, 2, &from);
+    CHECK_VALID(ix);
+    PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 10);
+    pcr_index_match(ix, a, 6, m);
+    PCR_CHECK_EQ_INT(m[0], 4);  /* the oldest prefix lost its last two blocks */
+    pcr_index_match(ix, b, 6, m);
+    PCR_CHECK_EQ_INT(m[0], 6);
+    /* Using a makes b the oldest. */
+    pcr_index_insert(ix, 0, a, 4, 3, &from);
+    pcr_index_insert(ix, 0, c, 3, 4, &from);
+    pcr_index_match(ix, b, 6, m);
+    PCR_CHECK_EQ_INT(m[0], 3);
+    pcr_index_match(ix, a, 6, m);
+    PCR_CHECK_EQ_INT(m[0], 4);
+    /* Shrinking the capacity evicts at once; the other backend is untouched. */
+    pcr_index_insert(ix, 1, a, 6, 5, &from);
+    PCR_CHECK_EQ_INT(pcr_index_set_capacity(ix, 0, 2), 0);
+    PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 2);
+    pcr_index_match(ix, a, 6, m);
+    PCR_CHECK_EQ_INT(m[1], 6);
+    CHECK_VALID(ix);
+    pcr_index_free(ix);
+}
+
+static void test_remove_backend(void)
+{
+    pcr_index_t *ix = new_index(300, 0);
+    uint32_t m[300];
+    size_t from;
+    uint64_t k[40];
+    for (int i = 0; i < 40; i++)
+        k[i] = 1000 + (uint64_t)i;
+    for (unsigned b = 0; b < 300; b++)
+        pcr_index_insert(ix, b, k, 1 + b % 40, b, &from);
+    CHECK_VALID(ix);
+    pcr_index_match(ix, k, 40, m);
+    PCR_CHECK_EQ_INT(m[0], 1);
+    PCR_CHECK_EQ_INT(m[299], 1 + 299 % 40);
+    pcr_index_remove_backend(ix, 299);
+    pcr_index_remove_backend(ix, 0);
+    CHECK_VALID(ix);
+    pcr_index_match(ix, k, 40, m);
+    PCR_CHECK_EQ_INT(m[0], 0);
+    PCR_CHECK_EQ_INT(m[299], 0);
+    PCR_CHECK_EQ_INT(m[39], 40);
+    for (unsigned b = 0; b < 300; b++)
+        pcr_index_remove_backend(ix, b);
+    PCR_CHECK_EQ_U64(pcr_index_nodes(ix), 0);
+    PCR_CHECK_EQ_U64(pcr_index_pairs(ix), 0);
+    CHECK_VALID(ix);
+    pcr_index_free(ix);
+}
+
+/* ---- the naive reference model ------------------------------------------------------------ */
+
+#define RL 6      /* longest key: at most 4 * (3 + 9 + ... + 729) prefixes */
+#define RMAX 8192 /* records */
+
+typedef struct {
+    unsigned b;
+    size_t len;
+    uint64_t seq[RL];
+    uint64_t time;
+} rec_t;
+
+typedef struct {
+    rec_t r[RMAX];
+    size_t n;
+    size_t nb;
+    uint64_t cap[8];
+} ref_t;
+
+static int ref_find(const ref_t *m, unsigned b, const uint64_t *seq, size_t len)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (m->r[i].b == b && m->r[i].len == len &&
+            memcmp(m->r[i].seq, seq, len * sizeof(uint64_t)) == 0)
+            return (int)i;
+    return -1;
+}
+
+static int ref_has_child(const ref_t *m, const rec_t *e)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (m->r[i].b == e->b && m->r[i].len == e->len + 1 &&
+            memcmp(m->r[i].seq, e->seq, e->len * sizeof(uint64_t)) == 0)
+            return 1;
+    return 0;
+}
+
+static uint64_t ref_count(const ref_t *m, unsigned b)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < m->n; i++)
+        c += m->r[i].b == b;
+    return c;
+}
+
+static void ref_drop(ref_t *m, size_t i)
+{
+    m->r[i] = m->r[--m->n];
+}
+
+static void ref_evict(ref_t *m, unsigned b)
+{
+    while (ref_count(m, b) > m->cap[b]) {
+        int best = -1;
+        for (size_t i = 0; i < m->n; i++)
+            if (m->r[i].b == b && !ref_has_child(m, &m->r[i]) &&
+                (best < 0 || m->r[i].time < m->r[best].time))
+                best = (int)i;
+        ref_drop(m, (size_t)best);
+    }
+}
+
+static size_t ref_insert(ref_t *m, unsigned b, const uint64_t *k, size_t n, uint64_t now)
+{
+    size_t from = n;
+    for (size_t i = 0; i < n; i++) {
+        int at = ref_find(m, b, k, i + 1);
+        if (at < 0) {
+            at = (int)m->n++;
+            m->r[at].b = b;
+            m->r[at].len = i + 1;
+            memcpy(m->r[at].seq, k, (i + 1) * sizeof(uint64_t));
+            if (from > i)
+                from = i;
+        }
+        m->r[at].time = now;
+    }
+    ref_evict(m, b);
+    return from;
+}
+
+static void ref_erase(ref_t *m, unsigned b, const uint64_t *k, size_t n, size_t from)
+{
+    for (size_t i = n; i-- > from;) {
+        int at = ref_find(m, b, k, i + 1);
+        if (at < 0)
+            continue;
+        if (ref_has_child(m, &m->r[at]))
+            return;
+        ref_drop(m, (size_t)at);
+    }
+}
+
+static void ref_remove(ref_t *m, unsigned b)
+{
+    for (size_t i = m->n; i-- > 0;)
+        if (m->r[i].b == b)
+            ref_drop(m, i);
+}
+
+static void ref_match(const ref_t *m, const uint64_t *k, size_t n, uint32_t *out)
+{
+    for (unsigned b = 0; b < m->nb; b++) {
+        out[b] = 0;
+        for (size_t i = 1; i <= n; i++)
+            if (ref_find(m, b, k, i) >= 0)
+                out[b] = (uint32_t)i;
+    }
+}
+
+static uint64_t rng_state = 0x12345678;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static size_t random_key(uint64_t *k)
+{
+    size_t n = 1 + rnd() % RL;
+    for (size_t i = 0; i < n; i++)
+        k[i] = 1 + rnd() % 3;
+    return n;
+}
+
+/* Same blocks held, by comparing counts and every reference record against a match. */
+static int same_as_ref(pcr_index_t *ix, const ref_t *m)
+{
+    uint32_t got[8];
+    for (unsigned b = 0; b < m->nb; b++)
+        if (pcr_index_backend_blocks(ix, b) != ref_count(m, b))
+            return 0;
+    for (size_t i = 0; i < m->n; i++) {
+        pcr_index_match(ix, m->r[i].seq, m->r[i].len, got);
+        if (got[m->r[i].b] < m->r[i].len)
+            return 0;
+    }
+    return 1;
+}
+
+static void test_random_against_reference(void)
+{
+    static ref_t m;
+    const unsigned nb = 4;
+    pcr_index_t *ix = new_index(nb, 0);
+    uint64_t k[RL];
+    uint32_t got[8], want[8];
+    int mismatches = 0, invalid = 0;
+
+    memset(&m, 0, sizeof(m));
+    m.nb = nb;
+    for (unsigned b = 0; b < nb; b++)
+        m.cap[b] = PCR_INDEX_UNLIMITED;
+    for (uint64_t step = 1; step <= 20000 && !mismatches && !invalid; step++) {
+        unsigned b = (unsigned)(rnd() % nb);
+        size_t n = random_key(k);
+        unsigned op = (unsigned)(rnd() % 100);
+        if (op < 55) {
+            size_t from;
+            size_t want_from = ref_insert(&m, b, k, n, step);
+            pcr_index_insert(ix, b, k, n, step, &from);
+            mismatches += from != want_from;
+        } else if (op < 80) {
+            ref_match(&m, k, n, want);
+            pcr_index_match(ix, k, n, got);
+            mismatches += memcmp(got, want, nb * sizeof(uint32_t)) != 0;
+        } else if (op < 92) {
+            size_t from = rnd() % n;
+            ref_erase(&m, b, k, n, from);
+            pcr_index_erase(ix, b, k, n, from);
+        } else if (op < 98) {
+            uint64_t cap = rnd() % 4 == 0 ? PCR_INDEX_UNLIMITED : 3 + rnd() % 30;
+            m.cap[b] = cap;
+            ref_evict(&m, b);
+            pcr_index_set_capacity(ix, b, cap);
+        } else {
+            ref_remove(&m, b);
+            pcr_index_remove_backend(ix, b);
+        }
+        invalid += pcr_index_check(ix, errbuf, sizeof(errbuf)) != 0;
+        if (!invalid && step % 7 == 0)
+            mismatches += !same_as_ref(ix, &m);
+        if (mismatches || invalid)
+            printf("# step %llu op %u backend %u: %s\n", (unsigned long long)step, op, b,
+                   invalid ? errbuf : "differs from the reference");
+    }
+    PCR_CHECK_EQ_INT(mismatches, 0);
+    PCR_CHECK_EQ_INT(invalid, 0);
+    PCR_CHECK(same_as_ref(ix, &m));
+    pcr_index_free(ix);
+}
+
+/* ---- allocation failures ------------------------------------------------------------------ */
+
+typedef struct {
+    long calls, fail_at, fail_every;
+    size_t live;
+} failing_t;
+
+static void *failing_malloc(size_t size, void *ud)
+{
+    failing_t *f = ud;
+    f->calls++;
+    if (f->calls == f->fail_at || (f->fail_every && f->calls % f->fail_every == 0))
+        return NULL;
+    f->live += size;
+    return malloc(size);
+}
+
+static void failing_free(void *p, size_t size, void *ud)
+{
+    failing_t *f = ud;
+    f->live -= size;
+    free(p);
+}
+
+/* A fixed workload; after every failed call the index must be valid and the backend must
+ * still hold at least what it held before. */
+static int run_workload(pcr_index_t *ix, int *nomem)
+{
+    uint64_t k[RL];
+    uint32_t before[4], after[4];
+    int bad = 0;
+    rng_state = 42;
+    for (uint64_t step = 1; step <= 400; step++) {
+        unsigned b = (unsigned)(rnd() % 4);
+        size_t n = random_key(k), from;
+        k[0] += rnd() % 40;  /* a wide root, so the table grows */
+        pcr_index_match(ix, k, n, before);
+        if (rnd() % 5 == 0) {
+            pcr_index_erase(ix, b, k, n, rnd() % n);
+        } else if (pcr_index_insert(ix, b, k, n, step, &from) == PCR_ERR_NOMEM) {
+            (*nomem)++;
+            pcr_index_match(ix, k, n, after);
+            bad += after[b] < before[b];
+        }
+        if (pcr_index_check(ix, errbuf, sizeof(errbuf)) != 0) {
+            printf("# step %llu: %s\n", (unsigned long long)step, errbuf);
+            return 1;
+        }
+    }
+    return bad;
+}
+
+static void test_allocation_failures(void)
+{
+    int bad = 0, nomem = 0, null_new = 0;
+    for (long nth = 1; nth <= 1200 && !bad; nth++) {
+        failing_t f = {.fail_at = nth};
+        pcr_index_allocator_t a = {failing_malloc, failing_free, &f};
+        pcr_index_opts_t o = {.nbackends = 4, .alloc = &a};
+        pcr_index_t *ix = pcr_index_new(&o);
+        if (ix == NULL) {
+            null_new++;
+            bad += f.live != 0;
+            continue;
+        }
+        pcr_index_set_capacity(ix, 1, 25);
+        bad += run_workload(ix, &nomem);
+        pcr_index_free(ix);
+        bad += f.live != 0;  /* nothing leaked */
+    }
+    PCR_CHECK_EQ_INT(bad, 0);
+    PCR_CHECK(null_new >= 1);
+    PCR_CHECK(nomem > 100);
+    /* Frequent failures too: one call in five. */
+    failing_t f = {.fail_every = 5};
+    pcr_index_allocator_t a = {failing_malloc, failing_free, &f};
+    pcr_index_opts_t o = {.nbackends = 4, .alloc = &a, .max_bytes = 6000};
+    pcr_index_t *ix = NULL;
+    while (ix == NULL)
+        ix = pcr_index_new(&o);
+    nomem = 0;
+    PCR_CHECK_EQ_INT(run_workload(ix, &nomem), 0);
+    PCR_CHECK(nomem > 10);
+    pcr_index_free(ix);
+    PCR_CHECK_EQ_INT(f.live, 0);
+}
+
+/* ---- the memory cap ----------------------------------------------------------------------- */
+
+static void test_memory_cap_evicts_oldest(void)
+{
+    const size_t cap = 64 * 1024;
+    pcr_index_t *ix = new_index(4, cap);
+    uint64_t k[8];
+    uint32_t m[4];
+    size_t from;
+    int over = 0;
+    for (uint64_t i = 0; i < 2000; i++) {
+        for (int j = 0; j < 8; j++)
+            k[j] = i * 100 + (uint64_t)j;
+        pcr_index_insert(ix, (unsigned)(i % 4), k, 8, i + 1, &from);
+        over += pcr_index_bytes(ix) > cap;
+    }
+    CHECK_VALID(ix);
+    PCR_CHECK_EQ_INT(over, 0);
+    PCR_CHECK(pcr_index_pairs(ix) > 100);
+    for (int j = 0; j < 8; j++)
+        k[j] = 0 * 100 + (uint64_t)j;
+    PCR_CHECK_EQ_INT(pcr_index_match(ix, k, 8, m), 0);   /* the first went first */
+    for (int j = 0; j < 8; j++)
+        k[j] = 1999 * 100 + (uint64_t)j;
+    PCR_CHECK_EQ_INT(pcr_index_match(ix, k, 8, m), 8);   /* the last is there */
+    PCR_CHECK_EQ_INT(m[1999 % 4], 8);
+    pcr_index_free(ix);
+}
+
+int main(void)
+{
+    PCR_RUN(test_insert_and_match);
+    PCR_RUN(test_bad_arguments);
+    PCR_RUN(test_erase_undoes_insert);
+    PCR_RUN(test_capacity_evicts_lru);
+    PCR_RUN(test_remove_backend);
+    PCR_RUN(test_random_against_reference);
+    PCR_RUN(test_allocation_failures);
+    PCR_RUN(test_memory_cap_evicts_oldest);
+    return pcr_test_done();
+}

@@ -1,0 +1,73 @@
+/* router/exchange.h: one request/response pair, independent of the client's protocol.
+ *
+ * A protocol session (h1_server.c, h2_server.c) creates an exchange when a request begins,
+ * feeds it the method, path, headers and body, then calls pcr_exchange_run(). The exchange
+ * routes it (local endpoint, or policy + upstream) and answers through the session's ops. The
+ * session owns the exchange and frees it with pcr_exchange_free(), never from inside one of
+ * its own ops: ops only queue output, the session frees later (deferred free). */
+#ifndef PCR_ROUTER_EXCHANGE_H
+#define PCR_ROUTER_EXCHANGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "body.h"
+#include "server.h"
+#include "upstream.h"
+
+typedef struct pcr_exchange pcr_exchange_t;
+
+typedef struct {
+    /* Starts the response; content_length is -1 when unknown (streamed). Names may be any case. */
+    void (*send_head)(pcr_exchange_t *ex, int status, const pcr_hdr_t *hdrs, size_t n,
+                      int64_t content_length);
+    void (*send_body)(pcr_exchange_t *ex, const char *data, size_t len);
+    void (*send_end)(pcr_exchange_t *ex);
+    /* The response broke after its head was sent: reset the stream / close the connection. */
+    void (*send_abort)(pcr_exchange_t *ex);
+    /* Bytes queued toward the client for this exchange and not yet written. */
+    size_t (*pending)(pcr_exchange_t *ex);
+} pcr_exchange_ops_t;
+
+/* Output above this many queued bytes pauses the upstream; the session calls
+ * pcr_exchange_on_writable() once it drained below PCR_WRITE_LOW. */
+#define PCR_WRITE_HIGH (256 * 1024)
+#define PCR_WRITE_LOW (64 * 1024)
+
+pcr_exchange_t *pcr_exchange_new(pcr_server_t *srv, const pcr_exchange_ops_t *ops, void *sess,
+                                 const char *proto);
+void pcr_exchange_free(pcr_exchange_t *ex);  /* NULL is a no-op; cancels any upstream work */
+
+int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len);
+int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len);
+int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, const char *value,
+                            size_t vlen);
+/* Appends request body bytes; PCR_ERR_TOO_LARGE past limits.max_body_bytes. */
+int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len);
+
+/* The request is complete: route and answer it. */
+void pcr_exchange_run(pcr_exchange_t *ex);
+
+/* Answers with an OpenAI-style error body {"error": {"message", "type", "code"}}. */
+void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const char *code,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Refuses a request the session could not take whole (413, 431, malformed HTTP): counted like a
+ * request, answered with pcr_exchange_error's body. */
+void pcr_exchange_reject(pcr_exchange_t *ex, int status, const char *type, const char *code,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Answers with a complete body. */
+void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type,
+                        const char *body, size_t len, const pcr_hdr_t *extra, size_t nextra);
+
+void pcr_exchange_on_writable(pcr_exchange_t *ex);
+
+int pcr_exchange_responded(const pcr_exchange_t *ex);  /* the head went out */
+int pcr_exchange_finished(const pcr_exchange_t *ex);   /* the end went out */
+int pcr_exchange_running(const pcr_exchange_t *ex);    /* run was called */
+
+/* Session back-pointer (the h1 session or the h2 stream). */
+void *pcr_exchange_session(const pcr_exchange_t *ex);
+
+#endif

@@ -1,0 +1,39 @@
+/* router/metrics.h: the counters and histograms behind GET /metrics (Prometheus text).
+ * Plain integers bumped on the event loop's thread; rendering walks them once per scrape. */
+#ifndef PCR_ROUTER_METRICS_H
+#define PCR_ROUTER_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcr/policy.h"
+
+#define PCR_HIST_BUCKETS 16
+
+typedef struct {
+    uint64_t counts[PCR_HIST_BUCKETS + 1];  /* last one is +Inf */
+    double sum;
+    uint64_t total;
+} pcr_hist_t;
+
+typedef struct {
+    uint64_t requests_by_code[600];
+    uint64_t decisions[4][PCR_REASON__COUNT];   /* [policy kind][reason] */
+    uint64_t prefix_blocks;                      /* blocks of routed prompts */
+    uint64_t prefix_blocks_matched;              /* of those, held by the chosen backend */
+    uint64_t retries;
+    uint64_t client_connections_total;
+    uint64_t bad_requests;                       /* unparseable HTTP from clients */
+    pcr_hist_t duration;                         /* request start -> response end, seconds */
+    pcr_hist_t ttfb;                             /* request start -> first response byte, seconds */
+} pcr_metrics_t;
+
+void pcr_hist_observe(pcr_hist_t *h, double seconds);
+
+struct pcr_server;
+struct evbuffer;
+
+/* Appends the whole exposition text for `srv` to `out`. */
+void pcr_metrics_render(struct pcr_server *srv, struct evbuffer *out);
+
+#endif

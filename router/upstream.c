@@ -1,0 +1,524 @@
+/* router/upstream.c: owns upstream connections (router -> backend) and the requests on them.
+ *
+ * Each backend has a bounded pool: idle keep-alive connections (reused most recent first, so
+ * the rest age out), and a FIFO of requests waiting for a slot when all `max_connections` are
+ * busy. A connection carries one request at a time; its response is parsed by http-parser and
+ * handed to the caller as it arrives.
+ *
+ *   pcr_upstream_send -> [idle conn | new conn (connect) | wait queue]
+ *        -> write request -> on_head -> on_body* -> on_done -> conn back to the pool
+ *
+ * A pooled connection the backend closed just as it was reused fails before any response byte;
+ * such a request is re-sent once on a fresh connection, transparently. Any other failure goes to
+ * the caller (who may retry on another backend while nothing reached the client).
+ *
+ * Freeing: a callback may cancel its own request; the connection notices through `req == NULL`
+ * after the parser returns, never touching freed memory (one close path, conn_close()). */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <http_parser.h>
+
+#include "backend.h"
+#include "log.h"
+#include "upstream.h"
+
+#define MAX_RESP_HEADERS 64
+#define MAX_RESP_HEADER_BYTES 65536
+
+struct pcr_upreq {
+    pcr_backend_t *be;
+    pcr_upconn_t *conn;              /* NULL while waiting for a slot */
+    struct evbuffer *request;        /* the bytes to send, kept for the one stale-conn re-send */
+    const pcr_upstream_cbs_t *cbs;
+    void *ctx;
+    struct event *wait_timer;        /* while queued for a slot */
+    TAILQ_ENTRY(pcr_upreq) wait_link;
+    int queued;
+    int resent;                      /* already re-sent once after a stale pooled connection */
+    int paused;
+};
+
+struct pcr_upconn {
+    pcr_backend_t *be;
+    struct bufferevent *bev;
+    http_parser parser;
+    pcr_upreq_t *req;                /* the request it carries, NULL when idle */
+    TAILQ_ENTRY(pcr_upconn) idle_link;
+    int connected;
+    int reused;                      /* has carried a request before */
+    int in_idle;
+    int got_bytes;                   /* any response byte for the current request */
+    int got_head;
+    int done;                        /* on_message_complete seen */
+    int header_overflow;
+    int in_read;                     /* inside on_conn_read: the parser's callbacks may run */
+    /* Response headers as parsed: a flat buffer and offsets into it. */
+    char *hbuf;
+    size_t hlen, hcap;
+    size_t hoff[MAX_RESP_HEADERS * 2], hsz[MAX_RESP_HEADERS * 2];
+    size_t nh;                       /* names + values stored */
+    int last_was_value;
+};
+
+static void conn_close(pcr_upconn_t *c);
+static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r);
+static void req_dispatch(pcr_upreq_t *r);
+
+static const pcr_timeouts_conf_t *tmo(const pcr_backend_t *be) { return &be->srv->cfg->timeouts; }
+
+static struct timeval ms_tv(unsigned ms)
+{
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+    return tv;
+}
+
+static void req_free(pcr_upreq_t *r)
+{
+    if (r == NULL)
+        return;
+    if (r->queued)
+        TAILQ_REMOVE(&r->be->waiters, r, wait_link);
+    if (r->wait_timer)
+        event_free(r->wait_timer);
+    if (r->request)
+        evbuffer_free(r->request);
+    free(r);
+}
+
+/* Detaches the request from its connection and reports the failure to its owner. */
+static void req_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head)
+{
+    const pcr_upstream_cbs_t *cbs = r->cbs;
+    void *ctx = r->ctx;
+    if (r->conn)
+        r->conn->req = NULL;
+    r->conn = NULL;
+    req_free(r);
+    cbs->on_error(ctx, err, got_head);
+}
+
+/* ---- response parsing ---------------------------------------------------------------- */
+
+/* Appends to the current header name or value slot, opening a new slot when the parser moves
+ * from names to values or back (it may deliver one name or value in several pieces). */
+static int hdr_append(pcr_upconn_t *c, const char *at, size_t len, int is_value)
+{
+    if (c->hlen + len > MAX_RESP_HEADER_BYTES) {
+        c->header_overflow = 1;
+        return -1;
+    }
+    if (c->nh == 0 || is_value != c->last_was_value) {
+        if (c->nh >= MAX_RESP_HEADERS * 2) {
+            c->header_overflow = 1;
+            return -1;
+        }
+        c->hoff[c->nh] = c->hlen;
+        c->hsz[c->nh] = 0;
+        c->nh++;
+        c->last_was_value = is_value;
+    }
+    if (c->hlen + len > c->hcap) {
+        size_t ncap = c->hcap ? c->hcap * 2 : 1024;
+        while (ncap < c->hlen + len)
+            ncap *= 2;
+        char *nb = realloc(c->hbuf, ncap);
+        if (nb == NULL)
+            return -1;
+        c->hbuf = nb;
+        c->hcap = ncap;
+    }
+    memcpy(c->hbuf + c->hlen, at, len);
+    c->hlen += len;
+    c->hsz[c->nh - 1] += len;
+    return 0;
+}
+
+static int on_hfield(http_parser *p, const char *at, size_t len)
+{
+    return hdr_append(p->data, at, len, 0);
+}
+
+static int on_hvalue(http_parser *p, const char *at, size_t len)
+{
+    return hdr_append(p->data, at, len, 1);
+}
+
+static int on_headers_complete(http_parser *p)
+{
+    pcr_upconn_t *c = p->data;
+    pcr_upreq_t *r = c->req;
+    if (r == NULL)
+        return -1;
+    if (p->status_code < 200) {
+        /* 1xx interim response: drop it and wait for the final one. */
+        c->nh = c->hlen = 0;
+        return 0;
+    }
+    pcr_hdr_t hdrs[MAX_RESP_HEADERS];
+    size_t n = 0;
+    for (size_t i = 0; i + 1 < c->nh; i += 2) {
+        hdrs[n].name = c->hbuf + c->hoff[i];
+        hdrs[n].name_len = c->hsz[i];
+        hdrs[n].value = c->hbuf + c->hoff[i + 1];
+        hdrs[n].value_len = c->hsz[i + 1];
+        n++;
+    }
+    int64_t clen = -1;
+    if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX)
+        clen = (int64_t)p->content_length;
+    c->got_head = 1;
+    /* The response started: from here on, silence is measured by the stream idle timeout. */
+    struct timeval rt = ms_tv(tmo(c->be)->stream_idle_ms);
+    bufferevent_set_timeouts(c->bev, &rt, NULL);
+    r->cbs->on_head(r->ctx, p->status_code, hdrs, n, clen);
+    return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t len)
+{
+    pcr_upconn_t *c = p->data;
+    if (c->req == NULL)
+        return -1;
+    c->req->cbs->on_body(c->req->ctx, at, len);
+    return 0;
+}
+
+static int on_message_complete(http_parser *p)
+{
+    pcr_upconn_t *c = p->data;
+    if (!c->got_head)
+        return 0; /* the end of a 1xx */
+    c->done = 1;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static const http_parser_settings resp_settings = {
+    .on_header_field = on_hfield,
+    .on_header_value = on_hvalue,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* ---- connection life ----------------------------------------------------------------- */
+
+static void conn_to_pool(pcr_upconn_t *c)
+{
+    pcr_backend_t *be = c->be;
+    c->req = NULL;
+    c->reused = 1;
+    pcr_upreq_t *w = TAILQ_FIRST(&be->waiters);
+    if (w != NULL) {
+        TAILQ_REMOVE(&be->waiters, w, wait_link);
+        w->queued = 0;
+        conn_assign(c, w);
+        return;
+    }
+    if (be->srv->draining) {
+        conn_close(c);
+        return;
+    }
+    /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
+    struct timeval kt = ms_tv(tmo(be)->upstream_keepalive_ms);
+    bufferevent_set_timeouts(c->bev, &kt, NULL);
+    bufferevent_enable(c->bev, EV_READ);
+    TAILQ_INSERT_HEAD(&be->idle, c, idle_link);
+    c->in_idle = 1;
+    be->nidle++;
+}
+
+static void conn_close(pcr_upconn_t *c)
+{
+    pcr_backend_t *be = c->be;
+    if (c->in_idle) {
+        TAILQ_REMOVE(&be->idle, c, idle_link);
+        be->nidle--;
+    }
+    bufferevent_free(c->bev);
+    free(c->hbuf);
+    free(c);
+    be->nconns--;
+    /* A slot freed up: give it to the oldest waiter. */
+    pcr_upreq_t *w = TAILQ_FIRST(&be->waiters);
+    if (w != NULL && !be->srv->draining) {
+        TAILQ_REMOVE(&be->waiters, w, wait_link);
+        w->queued = 0;
+        req_dispatch(w);
+    }
+}
+
+/* The current request failed on this connection: re-send it once if the connection was a
+ * reused one that the backend had closed (nothing was received), else report; then close. */
+static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
+{
+    pcr_upreq_t *r = c->req;
+    int stale = c->reused && !c->got_bytes && err == PCR_UP_RESET;
+    int got_head = c->got_head;
+    c->req = NULL;
+    if (r != NULL) {
+        r->conn = NULL;
+        if (err == PCR_UP_CONNECT)
+            c->be->connect_errors++;
+        else if (!stale)
+            c->be->upstream_errors++;
+    }
+    conn_close(c);
+    if (r == NULL)
+        return;
+    if (stale && !r->resent) {
+        r->resent = 1;
+        req_dispatch(r);
+        return;
+    }
+    if (err == PCR_UP_CONNECT)
+        pcr_backend_note_failure(r->be);
+    req_fail(r, err, got_head);
+}
+
+static void on_conn_read(struct bufferevent *bev, void *arg)
+{
+    pcr_upconn_t *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    if (c->req == NULL) {
+        /* Bytes on an idle connection: the backend broke the protocol. */
+        conn_close(c);
+        return;
+    }
+    c->got_bytes = 1;
+    c->in_read = 1;
+    while (evbuffer_get_length(in) > 0 && c->req != NULL && !c->done) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        size_t n = http_parser_execute(&c->parser, &resp_settings, v.iov_base, v.iov_len);
+        evbuffer_drain(in, n);
+        enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+        if (e != HPE_OK && e != HPE_PAUSED) {
+            c->in_read = 0;
+            if (c->req == NULL) { /* cancelled from a callback */
+                conn_close(c);
+                return;
+            }
+            pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
+                         http_errno_description(e));
+            conn_fail(c, PCR_UP_PROTOCOL);
+            return;
+        }
+        if (c->req != NULL && c->req->paused)
+            break;
+    }
+    c->in_read = 0;
+    if (c->req == NULL) {
+        /* Cancelled from inside a callback: close, so the pod stops generating. */
+        conn_close(c);
+        return;
+    }
+    if (c->done) {
+        pcr_upreq_t *r = c->req;
+        const pcr_upstream_cbs_t *cbs = r->cbs;
+        void *ctx = r->ctx;
+        int keep = http_should_keep_alive(&c->parser) && evbuffer_get_length(in) == 0 &&
+                   evbuffer_get_length(bufferevent_get_output(bev)) == 0;
+        r->conn = NULL;
+        c->req = NULL;
+        req_free(r);
+        pcr_backend_note_success(c->be);
+        if (keep)
+            conn_to_pool(c);
+        else
+            conn_close(c);
+        cbs->on_done(ctx);
+    }
+}
+
+static void on_conn_event(struct bufferevent *bev, short what, void *arg)
+{
+    pcr_upconn_t *c = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        c->connected = 1;
+        int one = 1;
+        setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        struct timeval rt = ms_tv(tmo(c->be)->response_ms);
+        bufferevent_set_timeouts(bev, &rt, &rt);
+        bufferevent_enable(bev, EV_READ | EV_WRITE);
+        return;
+    }
+    if (c->req == NULL) {
+        conn_close(c); /* idle connection closed or timed out */
+        return;
+    }
+    if (!c->connected) {
+        pcr_log_warn("backend %s: connect failed: %s", c->be->conf->name,
+                     (what & BEV_EVENT_TIMEOUT) ? "timed out"
+                                                : evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+        conn_fail(c, PCR_UP_CONNECT);
+        return;
+    }
+    if ((what & BEV_EVENT_EOF) && c->got_head) {
+        /* A close-delimited body ends at EOF: let the parser say whether that is complete. */
+        http_parser_execute(&c->parser, &resp_settings, NULL, 0);
+        if (c->done) {
+            pcr_upreq_t *r = c->req;
+            const pcr_upstream_cbs_t *cbs = r->cbs;
+            void *ctx = r->ctx;
+            r->conn = NULL;
+            c->req = NULL;
+            req_free(r);
+            conn_close(c);
+            cbs->on_done(ctx);
+            return;
+        }
+    }
+    conn_fail(c, (what & BEV_EVENT_TIMEOUT) ? PCR_UP_TIMEOUT : PCR_UP_RESET);
+}
+
+static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
+{
+    c->req = r;
+    r->conn = c;
+    c->got_bytes = c->got_head = c->done = c->header_overflow = 0;
+    c->nh = c->hlen = 0;
+    c->last_was_value = 0;
+    http_parser_init(&c->parser, HTTP_RESPONSE);
+    c->parser.data = c;
+    /* Copy, not move: the bytes are kept for one re-send if this pooled conn proves stale. */
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    size_t len = evbuffer_get_length(r->request);
+    evbuffer_add(out, evbuffer_pullup(r->request, -1), len);
+    if (c->connected) {
+        struct timeval rt = ms_tv(tmo(c->be)->response_ms);
+        bufferevent_set_timeouts(c->bev, &rt, &rt);
+        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    }
+}
+
+static pcr_upconn_t *conn_open(pcr_backend_t *be)
+{
+    pcr_upconn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->be = be;
+    c->bev = bufferevent_socket_new(be->srv->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (c->bev == NULL) {
+        free(c);
+        return NULL;
+    }
+    bufferevent_setcb(c->bev, on_conn_read, NULL, on_conn_event, c);
+    /* Until connected, the write timeout bounds the connect. */
+    struct timeval ct = ms_tv(tmo(be)->connect_ms);
+    bufferevent_set_timeouts(c->bev, NULL, &ct);
+    be->nconns++;
+    if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&be->addr, (int)be->addrlen) < 0) {
+        /* Immediate failure (e.g. no route): report it from the event loop like any other. */
+        c->connected = 0;
+        bufferevent_trigger_event(c->bev, BEV_EVENT_ERROR, BEV_TRIG_DEFER_CALLBACKS);
+    }
+    return c;
+}
+
+static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_upreq_t *r = arg;
+    req_fail(r, PCR_UP_POOL_FULL, 0);
+}
+
+static void req_dispatch(pcr_upreq_t *r)
+{
+    pcr_backend_t *be = r->be;
+    pcr_upconn_t *c = TAILQ_FIRST(&be->idle);
+    if (c != NULL) {
+        TAILQ_REMOVE(&be->idle, c, idle_link);
+        c->in_idle = 0;
+        be->nidle--;
+        conn_assign(c, r);
+        return;
+    }
+    if (be->nconns < be->max_connections) {
+        c = conn_open(be);
+        if (c != NULL) {
+            conn_assign(c, r);
+            return;
+        }
+    }
+    /* Wait for a slot, bounded by the response timeout. */
+    if (r->wait_timer == NULL)
+        r->wait_timer = evtimer_new(be->srv->base, on_wait_timeout, r);
+    if (r->wait_timer != NULL) {
+        struct timeval wt = ms_tv(tmo(be)->response_ms);
+        evtimer_add(r->wait_timer, &wt);
+    }
+    TAILQ_INSERT_TAIL(&be->waiters, r, wait_link);
+    r->queued = 1;
+}
+
+pcr_upreq_t *pcr_upstream_send(pcr_backend_t *be, struct evbuffer *request,
+                               const pcr_upstream_cbs_t *cbs, void *ctx)
+{
+    pcr_upreq_t *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        evbuffer_free(request);
+        return NULL;
+    }
+    r->be = be;
+    r->request = request;
+    r->cbs = cbs;
+    r->ctx = ctx;
+    req_dispatch(r);
+    return r;
+}
+
+void pcr_upstream_cancel(pcr_upreq_t *r)
+{
+    if (r == NULL)
+        return;
+    pcr_upconn_t *c = r->conn;
+    if (c != NULL) {
+        c->req = NULL;
+        r->conn = NULL;
+        /* Inside its own read callback the connection sees req == NULL once the parser
+         * returns and closes itself there; otherwise close it now. Either way the pod sees
+         * the connection close and stops generating. */
+        req_free(r);
+        if (!c->in_read)
+            conn_close(c);
+        return;
+    }
+    req_free(r);
+}
+
+void pcr_upstream_pause(pcr_upreq_t *r)
+{
+    if (r == NULL || r->paused)
+        return;
+    r->paused = 1;
+    if (r->conn)
+        bufferevent_disable(r->conn->bev, EV_READ);
+}
+
+void pcr_upstream_resume(pcr_upreq_t *r)
+{
+    if (r == NULL || !r->paused)
+        return;
+    r->paused = 0;
+    if (r->conn) {
+        bufferevent_enable(r->conn->bev, EV_READ);
+        /* Data may already sit in the input buffer: parse it without waiting for more. */
+        if (evbuffer_get_length(bufferevent_get_input(r->conn->bev)) > 0)
+            bufferevent_trigger(r->conn->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+    }
+}
+
+void pcr_upstream_close_idle(pcr_backend_t *be)
+{
+    pcr_upconn_t *c;
+    while ((c = TAILQ_FIRST(&be->idle)) != NULL)
+        conn_close(c);
+}

@@ -1,0 +1,59 @@
+/* router/upstream.h: one HTTP/1.1 request to a backend, over a pooled keep-alive connection.
+ *
+ * The caller hands over the complete request bytes and a callback table; the response comes
+ * back piece by piece as it arrives (head, body chunks, end) so SSE streams flow through.
+ * After on_done or on_error the request object is gone; pcr_upstream_cancel() ends it early
+ * (the connection is closed, so the pod sees the client leave and stops generating). */
+#ifndef PCR_ROUTER_UPSTREAM_H
+#define PCR_ROUTER_UPSTREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct evbuffer;
+typedef struct pcr_backend pcr_backend_t;
+typedef struct pcr_upreq pcr_upreq_t;
+
+typedef struct {
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+} pcr_hdr_t;
+
+typedef enum {
+    PCR_UP_CONNECT = 1,   /* could not connect: nothing was sent */
+    PCR_UP_RESET,         /* connection closed or broke before the response ended */
+    PCR_UP_TIMEOUT,       /* no response (or no more of it) within the configured time */
+    PCR_UP_PROTOCOL,      /* the backend's response was not valid HTTP/1.1 */
+    PCR_UP_POOL_FULL,     /* no connection slot freed up in time */
+} pcr_up_error_t;
+
+typedef struct {
+    /* Status and headers (pointers valid during the call). content_length is -1 when the
+     * length is not known in advance (chunked or close-delimited). */
+    void (*on_head)(void *ctx, int status, const pcr_hdr_t *hdrs, size_t nhdrs,
+                    int64_t content_length);
+    void (*on_body)(void *ctx, const char *data, size_t len);
+    void (*on_done)(void *ctx);
+    /* `got_head` tells whether on_head was already called (then the response is cut short). */
+    void (*on_error)(void *ctx, pcr_up_error_t err, int got_head);
+} pcr_upstream_cbs_t;
+
+/* Sends `request` (taken: the full request bytes, head and body) to `be`. Returns the request
+ * handle, or NULL when out of memory (no callback is made then). Callbacks never run inside
+ * this call. */
+pcr_upreq_t *pcr_upstream_send(pcr_backend_t *be, struct evbuffer *request,
+                               const pcr_upstream_cbs_t *cbs, void *ctx);
+
+/* Ends the request now; no callback follows. Safe from inside the request's own callbacks. */
+void pcr_upstream_cancel(pcr_upreq_t *r);
+
+/* Backpressure: stop / restart reading the response (the client is slow). */
+void pcr_upstream_pause(pcr_upreq_t *r);
+void pcr_upstream_resume(pcr_upreq_t *r);
+
+/* Closes every idle connection of `be` (shutdown). */
+void pcr_upstream_close_idle(pcr_backend_t *be);
+
+#endif

@@ -1,0 +1,112 @@
+/* test/unit/router/test_scrape.c: tests router/scrape.c, the reading of a pod's vLLM metrics:
+ * queue length, delivered prefix-cache counters as deltas (a pod restart included), the v0
+ * metric names, and the KV capacity from vllm:cache_config_info reaching the index. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "backend.h"
+#include "pcr_test.h"
+#include "scrape.h"
+
+static pcr_config_t cfg;
+static pcr_server_t srv;
+static pcr_backend_conf_t bconf = {.name = "pod-a"};
+
+static void setup(pcr_backend_t *be)
+{
+    memset(&cfg, 0, sizeof(cfg));
+    memset(&srv, 0, sizeof(srv));
+    memset(be, 0, sizeof(*be));
+    cfg.routing.block_bytes = 256;
+    srv.cfg = &cfg;
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    pcr_backend_desc_t d = {.name = "pod-a", .zone = "", .weight = 1, .capacity_blocks = 1000000};
+    srv.policy = pcr_policy_new(&o, &d, 1);
+    be->srv = &srv;
+    be->conf = &bconf;
+}
+
+static void feed(pcr_backend_t *be, const char *text)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, text, strlen(text));
+    pcr_scrape_parse(be, b);
+    evbuffer_free(b);
+}
+
+static void test_waiting_and_running(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    feed(&be, "# HELP vllm:num_requests_waiting x\n"
+              "vllm:num_requests_waiting{model_name=\"m\"} 7.0\n"
+              "vllm:num_requests_running{model_name=\"m\"} 3.0\n"
+              "vllm:num_requests_waiting_other 99\n");
+    PCR_CHECK_EQ_INT(be.pod_waiting, 7);
+    PCR_CHECK_EQ_INT(be.pod_running, 3);
+    pcr_policy_free(srv.policy);
+}
+
+static void test_counters_are_deltas(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    /* The first scrape is the baseline: what the pod served before the router came is not ours. */
+    feed(&be, "vllm:prefix_cache_hits_total{model_name=\"m\"} 1000\nvllm:prefix_cache_queries_total{model_name=\"m\"} 4000\n");
+    PCR_CHECK_EQ_INT(be.pod_hits, 0);
+    PCR_CHECK_EQ_INT(be.pod_queries, 0);
+    feed(&be, "vllm:prefix_cache_hits_total{model_name=\"m\"} 1600\nvllm:prefix_cache_queries_total{model_name=\"m\"} 5000\n");
+    PCR_CHECK_EQ_INT(be.pod_hits, 600);
+    PCR_CHECK_EQ_INT(be.pod_queries, 1000);
+    /* Restart: counters start again from 0; the new values count in full, never negative. */
+    feed(&be, "vllm:prefix_cache_hits_total{model_name=\"m\"} 50\nvllm:prefix_cache_queries_total{model_name=\"m\"} 200\n");
+    PCR_CHECK_EQ_INT(be.pod_hits, 650);
+    PCR_CHECK_EQ_INT(be.pod_queries, 1200);
+    pcr_policy_free(srv.policy);
+}
+
+static void test_v0_names_and_label_sum(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    feed(&be, "vllm:gpu_prefix_cache_hits_total{model_name=\"a\"} 10\n"
+              "vllm:gpu_prefix_cache_hits_total{model_name=\"b\"} 20\n"
+              "vllm:gpu_prefix_cache_queries_total{model_name=\"a\"} 100\n");
+    feed(&be, "vllm:gpu_prefix_cache_hits_total{model_name=\"a\"} 15\n"
+              "vllm:gpu_prefix_cache_hits_total{model_name=\"b\"} 25\n"
+              "vllm:gpu_prefix_cache_queries_total{model_name=\"a\"} 150\n");
+    PCR_CHECK_EQ_INT(be.pod_hits, 10);
+    PCR_CHECK_EQ_INT(be.pod_queries, 50);
+    pcr_policy_free(srv.policy);
+}
+
+static void test_cache_config_sets_capacity(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    feed(&be, "vllm:cache_config_info{block_size=\"16\",model_name=\"m\",num_gpu_blocks=\"2048\"} 1.0\n");
+    PCR_CHECK_EQ_INT(be.pod_cache_tokens, 16 * 2048);
+    /* The index now holds at most 32768 tokens * 4 bytes / 256-byte blocks = 512 blocks. */
+    uint64_t blocks[600];
+    pcr_key_t key = {.blocks = blocks};
+    char prompt[600 * 256];
+    memset(prompt, 'x', sizeof(prompt));
+    pcr_policy_key(srv.policy, "m", 1, prompt, sizeof(prompt), &key);
+    uint32_t from;
+    pcr_policy_commit(srv.policy, 0, &key, 1, &from);
+    PCR_CHECK(pcr_policy_backend_blocks(srv.policy, 0) <= 512);
+    PCR_CHECK(pcr_policy_backend_blocks(srv.policy, 0) > 0);
+    pcr_policy_free(srv.policy);
+}
+
+int main(void)
+{
+    PCR_RUN(test_waiting_and_running);
+    PCR_RUN(test_counters_are_deltas);
+    PCR_RUN(test_v0_names_and_label_sum);
+    PCR_RUN(test_cache_config_sets_capacity);
+    return pcr_test_done();
+}

@@ -141,15 +141,10 @@ void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type
     respond_end(ex);
 }
 
-void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const char *code,
-                        const char *fmt, ...)
+/* The OpenAI-style error body; cJSON writes the message with every escape JSON needs. */
+static void error_reply(pcr_exchange_t *ex, int status, const char *type, const char *code,
+                        const char *msg)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    /* cJSON writes the message with every escape JSON needs. */
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "message", msg);
     cJSON_AddStringToObject(err, "type", type);
@@ -161,15 +156,26 @@ void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const 
     pcr_hdr_t extra[1];
     size_t nextra = 0;
     if (status == 405) {
-        const char *allow = strncmp(ex->path ? ex->path : "", "/v1/models", 10) == 0 ||
-                                    strcmp(ex->path ? ex->path : "", "/health") == 0 ||
-                                    strcmp(ex->path ? ex->path : "", "/metrics") == 0
+        const char *p = ex->path ? ex->path : "";
+        const char *allow = strncmp(p, "/v1/models", 10) == 0 || strcmp(p, "/health") == 0 ||
+                                    strcmp(p, "/metrics") == 0
                                 ? "GET"
                                 : "POST";
         extra[nextra++] = (pcr_hdr_t){"allow", 5, allow, strlen(allow)};
     }
     pcr_exchange_reply(ex, status, "application/json", body, strlen(body), extra, nextra);
     free(text);
+}
+
+void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const char *code,
+                        const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    error_reply(ex, status, type, code, msg);
 }
 
 void pcr_exchange_reject(pcr_exchange_t *ex, int status, const char *type, const char *code,
@@ -184,7 +190,7 @@ void pcr_exchange_reject(pcr_exchange_t *ex, int status, const char *type, const
         ex->running = 1;
         ex->srv->inflight++;
     }
-    pcr_exchange_error(ex, status, type, code, "%s", msg);
+    error_reply(ex, status, type, code, msg);
 }
 
 /* ---- load accounting ----------------------------------------------------------------- */

@@ -1,0 +1,127 @@
+/* router/config_addr.c: parsing the listen addresses and backend URLs of the config file
+ * (contract in config_addr.h). It knows their syntax only; the loader decides what to say. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config_addr.h"
+
+/* "0".."65535" exactly (digits only); -1 otherwise. */
+static long parse_port(const char *s, size_t len)
+{
+    long v = 0;
+    if (len == 0 || len > 5)
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v <= 65535 ? v : -1;
+}
+
+const char *pcr_cfg_parse_listen_address(const char *s, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[INET6_ADDRSTRLEN + 1];
+    const char *port;
+    size_t hlen;
+    memset(ss, 0, sizeof *ss);
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (close == NULL)
+            return "missing \"]\"";
+        if (close[1] != ':')
+            return "missing \":PORT\" after \"]\"";
+        hlen = (size_t)(close - s - 1);
+        port = close + 2;
+        if (hlen >= sizeof host)
+            return "not a numeric IPv6 address";
+        memcpy(host, s + 1, hlen);
+        host[hlen] = '\0';
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+            return "not a numeric IPv6 address";
+        a->sin6_family = AF_INET6;
+        *len = sizeof *a;
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (colon == NULL)
+            return "missing \":PORT\"";
+        hlen = (size_t)(colon - s);
+        port = colon + 1;
+        if (memchr(s, ':', hlen) != NULL)
+            return "an IPv6 address must be in brackets, as in \"[::1]:8080\"";
+        if (hlen >= sizeof host)
+            return "not a numeric IPv4 address";
+        memcpy(host, s, hlen);
+        host[hlen] = '\0';
+        struct sockaddr_in *a = (struct sockaddr_in *)ss;
+        if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+            return "not a numeric IPv4 address (host names are not resolved)";
+        a->sin_family = AF_INET;
+        *len = sizeof *a;
+    }
+    long p = parse_port(port, strlen(port));
+    if (p < 0)
+        return "the port must be a number from 0 to 65535";
+    if (ss->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)p);
+    else
+        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)p);
+    return NULL;
+}
+
+static int is_host_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '-' || ch == '.' || ch == '_';
+}
+
+const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port)
+{
+    const char *h, *end;   /* the host as written, brackets of an IPv6 address excluded */
+    const char *rest;      /* what follows the host */
+    long p = 80;
+    if (strncasecmp(url, "https://", 8) == 0)
+        return "TLS to backends is not supported yet; use http://";
+    if (strncasecmp(url, "http://", 7) != 0)
+        return "";
+    h = url + 7;
+    if (*h == '[') {
+        char tmp[INET6_ADDRSTRLEN + 1];
+        struct in6_addr a6;
+        const char *close = strchr(h, ']');
+        h++;
+        if (close == NULL || (size_t)(close - h) >= sizeof tmp)
+            return "not a valid bracketed IPv6 address";
+        memcpy(tmp, h, (size_t)(close - h));
+        tmp[close - h] = '\0';
+        if (inet_pton(AF_INET6, tmp, &a6) != 1)
+            return "not a valid bracketed IPv6 address";
+        end = close;
+        rest = close + 1;
+    } else {
+        for (end = h; is_host_char(*end); end++)
+            ;
+        if (end == h)
+            return "the host is missing";
+        rest = end;
+    }
+    if (*rest == ':') {
+        size_t plen = strcspn(rest + 1, "/?#");
+        p = parse_port(rest + 1, plen);
+        if (p < 1)
+            return "the port must be a number from 1 to 65535";
+        rest += 1 + plen;
+    }
+    if (rest[0] == '/' && rest[1] == '\0')
+        rest++;
+    if (*rest == '/' || *rest == '?' || *rest == '#')
+        return "a path or query is not allowed";
+    if (*rest != '\0')
+        return "the host may hold only letters, digits, \"-\", \".\" and \"_\"";
+    *host = strndup(h, (size_t)(end - h));
+    *port = (uint16_t)p;
+    return *host == NULL ? "out of memory" : NULL;
+}

@@ -1,0 +1,133 @@
+"""The command line: --version, --help, --check-config, and -c refusing a bad config."""
+import json
+import re
+import subprocess
+
+from conftest import PCROUTER, make_config, SANITIZER_MARKERS
+
+
+def run(*args, timeout=30):
+    return subprocess.run([PCROUTER] + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def no_sanitizer(p):
+    for m in SANITIZER_MARKERS:
+        assert m not in p.stderr, p.stderr
+
+
+def test_version():
+    p = run("--version")
+    assert p.returncode == 0, p
+    assert re.search(r"^pcrouter 0\.1\.0\b", p.stdout, re.M), p
+    no_sanitizer(p)
+
+
+def test_help_names_options():
+    p = run("--help")
+    assert p.returncode == 0, p
+    text = p.stdout + p.stderr
+    for opt in ("--config", "--check-config", "--version"):
+        assert opt in text, text
+    no_sanitizer(p)
+
+
+# Each line number below matters: the errors must point at them.
+BAD_CONFIG = """{
+  "listen": [{"address": "nohost"}],
+  "backends": [
+    {"name": "pod-a", "url": "http://127.0.0.1:8001"},
+    {"name": "pod-b", "url": "ftp://nowhere"},
+    {"name": "pod-a", "url": "http://127.0.0.1:8003"}
+  ],
+  "routing": {"policy": "round_robin", "bogus_key": 1},
+  "health": {"interval_ms": "fast"}
+}
+"""
+
+
+def test_check_config_reports_every_error_with_position(tmp_path):
+    path = str(tmp_path / "bad.json")
+    with open(path, "w") as f:
+        f.write(BAD_CONFIG)
+    p = run("--check-config", path)
+    assert p.returncode == 1, p
+    err = p.stderr
+    pre = re.escape(path)
+    expect = [
+        (2, r"listen\[0\]\.address"),
+        (5, r"backends\[1\]\.url"),
+        (6, r"backends\[2\](\.name)?"),
+        (8, r"routing\.bogus_key"),
+        (9, r"health\.interval_ms"),
+    ]
+    for line, key in expect:
+        assert re.search(r"^%s:%d:\d+: %s: \S" % (pre, line, key), err, re.M), \
+            "missing error for %s at line %d in:\n%s" % (key, line, err)
+    no_sanitizer(p)
+
+
+def test_check_config_not_json(tmp_path):
+    path = str(tmp_path / "broken.json")
+    with open(path, "w") as f:
+        f.write('{\n  "listen": [\n    {"address": "127.0.0.1:0"\n  ]\n}\n')
+    p = run("--check-config", path)
+    assert p.returncode == 1, p
+    assert re.search(r"^%s:\d+:\d+: " % re.escape(path), p.stderr, re.M), p.stderr
+    no_sanitizer(p)
+
+
+def test_check_config_missing_file(tmp_path):
+    path = str(tmp_path / "absent.json")
+    p = run("--check-config", path)
+    assert p.returncode == 1, p
+    assert path in p.stderr, p.stderr
+    no_sanitizer(p)
+
+
+def test_check_config_valid(tmp_path):
+    path = str(tmp_path / "good.json")
+    cfg = make_config([("pod-a", "http://127.0.0.1:8001"), ("pod-b", "http://127.0.0.1:8002")],
+                      routing={"policy": "cache_aware"}, limits={"max_body_bytes": 1048576})
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    p = run("--check-config", path)
+    assert p.returncode == 0, p
+    assert re.search(r"\bok\b", (p.stdout + p.stderr).lower()), p
+    no_sanitizer(p)
+
+
+def test_config_flag_refuses_bad_config(tmp_path):
+    path = str(tmp_path / "bad.json")
+    with open(path, "w") as f:
+        f.write(BAD_CONFIG)
+    for flag in ("-c", "--config"):
+        p = run(flag, path)
+        assert p.returncode != 0, p
+        assert "ready" not in p.stderr, p.stderr
+        assert re.search(r"^%s:5:\d+: backends\[1\]\.url: " % re.escape(path), p.stderr, re.M), p.stderr
+        no_sanitizer(p)
+
+
+def test_long_config_flag_starts(tmp_path, stub_factory):
+    """`--config FILE` works like -c (the fixture uses -c)."""
+    import signal
+    import subprocess as sp
+    from conftest import LineReader
+    s = stub_factory("pod-a")
+    path = str(tmp_path / "ok.json")
+    with open(path, "w") as f:
+        json.dump(make_config([s]), f)
+    proc = sp.Popen([PCROUTER, "--config", path], stdout=sp.DEVNULL, stderr=sp.PIPE)
+    err = LineReader(proc.stderr, "pcrouter")
+    try:
+        got = err.wait_line(r"\bready\b", 30)
+        assert got is not None, err.tail()
+        assert err.wait_line(r"listening on 127\.0\.0\.1:[1-9]\d*", 1) is not None, err.tail()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+    err.thread.join(5)
+    assert rc == 0, err.tail()
+    for m in SANITIZER_MARKERS:
+        assert m not in err.text(), err.text()

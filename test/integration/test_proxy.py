@@ -1,0 +1,202 @@
+"""Issue 2, the proxy core: requests over HTTP/1.1, h2c and h2 over TLS reach a backend and come
+back intact; keep-alive and pipelining; /v1/models, /health, /metrics, other /v1 endpoints."""
+import hashlib
+import json
+import random
+import string
+
+import pytest
+
+from conftest import (RawConn, completion, chat, curl, get_metrics, http_request, metric,
+                      sha256)
+
+PROTOS = ["h1", "h2c", "h2"]
+VERSION = {"h1": "1.1", "h2c": "2", "h2": "2"}
+
+
+def check_routed(resp, c, path):
+    assert resp.status == 200, resp
+    obj = resp.json()
+    pod = obj["stub"]["pod"]
+    assert obj["system_fingerprint"] == pod
+    assert obj["stub"]["path"] == path
+    assert resp.header("x-pcrouter-backend") == pod, resp.headers
+    assert resp.header("x-pcrouter-route"), resp.headers
+    assert resp.header("x-stub-pod") == pod, "upstream response headers must pass through"
+    assert pod in c.by_name
+    return obj
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_completion(cluster, tls_cert, proto):
+    c = cluster(2, tls=tls_cert)
+    r = curl(c.url("/v1/completions", proto), completion("Say hello", tag="one"), proto=proto,
+             cacert=tls_cert[0])
+    assert r.version == VERSION[proto], r
+    obj = check_routed(r, c, "/v1/completions")
+    assert obj["object"] == "text_completion"
+    assert obj["choices"][0]["text"].startswith("hello from ")
+    assert obj["stub"]["tag"] == "one"
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_chat_completion(cluster, tls_cert, proto):
+    c = cluster(2, tls=tls_cert)
+    body = chat([{"role": "system", "content": "You are terse."},
+                 {"role": "user", "content": "Hello?"}])
+    r = curl(c.url("/v1/chat/completions", proto), body, proto=proto, cacert=tls_cert[0])
+    assert r.version == VERSION[proto], r
+    obj = check_routed(r, c, "/v1/chat/completions")
+    assert obj["object"] == "chat.completion"
+    assert obj["choices"][0]["message"]["role"] == "assistant"
+    # The body reached the pod byte for byte.
+    assert obj["stub"]["body_sha256"] == sha256(json.dumps(body).encode())
+
+
+def test_tls_alpn_offers_http11(cluster, tls_cert):
+    c = cluster(1, tls=tls_cert)
+    r = curl(c.url("/v1/completions", "h1tls"), completion("hi"), proto="h1tls", cacert=tls_cert[0])
+    assert r.version == "1.1", r
+    check_routed(r, c, "/v1/completions")
+
+
+def big_prompt(n):
+    rng = random.Random(n)
+    alphabet = string.ascii_letters + string.digits + " .,;:\u00e9\u4e2d"
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_one_mib_prompt_intact(cluster, proto):
+    c = cluster(2)
+    body = json.dumps(completion(big_prompt(1 << 20))).encode()
+    assert len(body) > 1 << 20
+    r = curl(c.url("/v1/completions", proto), body, proto=proto, timeout=60)
+    obj = check_routed(r, c, "/v1/completions")
+    assert obj["stub"]["body_bytes"] == len(body)
+    assert obj["stub"]["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_one_mib_prompt_chunked_upload(cluster):
+    c = cluster(1)
+    body = json.dumps(completion(big_prompt(1 << 20))).encode()
+    r = curl(c.url("/v1/completions"), body, headers=["Transfer-Encoding: chunked"], timeout=60)
+    obj = check_routed(r, c, "/v1/completions")
+    assert obj["stub"]["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_expect_100_continue(cluster):
+    """curl sends `Expect: 100-continue` for bodies over 1 KiB and waits up to 1 s for the
+    interim answer; a gateway answers it at once."""
+    c = cluster(1)
+    body = json.dumps(completion("x" * 4096))
+    r = curl(c.url("/v1/completions"), body, expect=True, extra=["--expect100-timeout", "5"], timeout=4)
+    assert r.rc == 0 and r.status == 200, r
+    check_routed(r, c, "/v1/completions")
+
+
+def test_pipelined_requests_answered_in_order(cluster):
+    c = cluster(2)
+    reqs = (http_request("POST", "/v1/completions", completion("first", tag="1", delay_ms=300))
+            + http_request("POST", "/v1/completions", completion("second", tag="2"))
+            + http_request("GET", "/health")
+            + http_request("POST", "/v1/chat/completions",
+                           chat([{"role": "user", "content": "third"}], tag="3", delay_ms=100)))
+    conn = RawConn(c.router.port)
+    conn.send(reqs)  # one write
+    got = [conn.read_response() for _ in range(4)]
+    conn.close()
+    assert [s for s, _, _ in got] == [200, 200, 200, 200], got
+    tags = [json.loads(got[i][2])["stub"]["tag"] for i in (0, 1, 3)]
+    assert tags == ["1", "2", "3"]
+
+
+def test_client_keep_alive(cluster):
+    c = cluster(2)
+    conn = RawConn(c.router.port)
+    for i in range(5):
+        conn.send(http_request("POST", "/v1/completions", completion("turn %d" % i, tag=str(i))))
+        status, hdrs, body = conn.read_response()
+        assert status == 200, (status, hdrs, body)
+        assert "close" not in hdrs.get("connection", "").lower()
+        assert json.loads(body)["stub"]["tag"] == str(i)
+    conn.close()
+
+
+def test_upstream_connections_pooled(cluster):
+    c = cluster(1)
+    s = c.stubs[0]
+    s.reset()
+    for i in range(8):
+        r = curl(c.url("/v1/completions"), completion("reuse %d" % i))
+        assert r.status == 200, r
+    st = s.stats()
+    assert st["requests"].get("/v1/completions") == 8, st["requests"]
+    assert st["request_connections"] <= 2, \
+        "8 sequential requests used %d upstream connections" % st["request_connections"]
+
+
+def test_models_union(cluster):
+    c = cluster(3, models=[["llama-3-8b", "shared"], ["qwen-7b", "shared"], ["shared", "llama-3-8b"]])
+    r = curl(c.url("/v1/models"))
+    assert r.status == 200, r
+    obj = r.json()
+    assert obj["object"] == "list"
+    ids = [m["id"] for m in obj["data"]]
+    assert sorted(ids) == ["llama-3-8b", "qwen-7b", "shared"], ids
+
+
+def test_models_over_h2c(cluster):
+    c = cluster(2, models=[["a"], ["b"]])
+    r = curl(c.url("/v1/models"), proto="h2c")
+    assert r.status == 200 and r.version == "2", r
+    assert sorted(m["id"] for m in r.json()["data"]) == ["a", "b"]
+
+
+def test_health_ok(cluster):
+    c = cluster(2)
+    r = curl(c.url("/health"))
+    assert r.status == 200, r
+    r2 = curl(c.url("/health"), proto="h2c")
+    assert r2.status == 200, r2
+
+
+def test_embeddings_forwarded(cluster):
+    c = cluster(2)
+    r = curl(c.url("/v1/embeddings"), {"model": "stub-model", "input": "hello world"})
+    assert r.status == 200, r
+    obj = r.json()
+    assert obj["object"] == "list" and obj["data"][0]["object"] == "embedding"
+    pod = obj["stub"]["pod"]
+    assert c.by_name[pod].stats()["requests"].get("/v1/embeddings") == 1
+
+
+def test_other_v1_post_forwarded(cluster):
+    c = cluster(1)
+    r = curl(c.url("/v1/tokenize"), {"model": "stub-model", "prompt": "hello"})
+    assert r.status == 200, r
+    assert r.json()["stub"]["path"] == "/v1/tokenize"
+
+
+def test_metrics_counters_move(cluster):
+    c = cluster(2)
+    before = get_metrics(c.router)
+    ok0 = metric(before, "pcrouter_requests_total", code="200") or 0
+    for i in range(4):
+        assert curl(c.url("/v1/completions"), completion("m%d" % i)).status == 200
+    assert curl(c.url("/nope")).status == 404
+    r = curl(c.url("/metrics"))
+    assert r.status == 200
+    assert r.header("content-type", "").startswith("text/plain"), r.headers
+    text = r.body.decode()
+    assert metric(text, "pcrouter_requests_total", code="200") >= ok0 + 4, text
+    assert metric(text, "pcrouter_requests_total", code="404") >= 1, text
+    per_backend = sum(metric(text, "pcrouter_backend_requests_total", backend=b, code="200") or 0
+                      for b in ("pod-a", "pod-b"))
+    assert per_backend >= 4, text
+    assert metric(text, "pcrouter_backend_requests_total", backend="pod-a", code="200") >= 1, text
+    assert metric(text, "pcrouter_backend_requests_total", backend="pod-b", code="200") >= 1, text
+    assert metric(text, "pcrouter_requests_in_flight") is not None, text
+    assert metric(text, "pcrouter_upstream_connect_errors_total", backend="pod-a") is not None, text
+    assert metric(text, "pcrouter_backend_up", backend="pod-a") == 1, text
+    assert metric(text, "pcrouter_backend_up", backend="pod-b") == 1, text

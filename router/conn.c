@@ -36,10 +36,11 @@ static void handshake_done(handshake_t *hs, int h2)
 {
     pcr_server_t *srv = hs->srv;
     struct bufferevent *bev = hs->bev;
+    int plain = !hs->tls;
     srv->nhandshakes--;
     free(hs);
     bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
-    int rc = h2 ? pcr_h2_session_start(srv, bev) : pcr_h1_session_start(srv, bev);
+    int rc = h2 ? pcr_h2_session_start(srv, bev, plain) : pcr_h1_session_start(srv, bev, plain);
     if (rc < 0)
         bufferevent_free(bev);
 }

@@ -20,6 +20,7 @@
 #include <http_parser.h>
 
 #include "exchange.h"
+#include "io.h"
 #include "log.h"
 #include "session.h"
 
@@ -44,6 +45,7 @@ typedef struct {
     int closing;                   /* close once the output is written */
     int abort;                     /* close now, unwritten output dropped */
     int draining;
+    int plain;                     /* a plain socket (not TLS): may write directly */
 } h1_sess_t;
 
 static void h1_close(h1_sess_t *s);
@@ -116,6 +118,8 @@ static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
     } else {
         evbuffer_add(out, data, len);
     }
+    if (s->plain)
+        pcr_io_write_now(s->bev);
 }
 
 static void op_send_end(pcr_exchange_t *ex)
@@ -123,13 +127,16 @@ static void op_send_end(pcr_exchange_t *ex)
     h1_sess_t *s = sess_of(ex);
     if (s->chunked && !s->head_only)
         evbuffer_add(bufferevent_get_output(s->bev), "0\r\n\r\n", 5);
+    if (s->plain)
+        pcr_io_write_now(s->bev);
     event_active(s->advance, 0, 0);
 }
 
 static void op_send_abort(pcr_exchange_t *ex)
 {
     h1_sess_t *s = sess_of(ex);
-    /* A chunked body without its last chunk tells the client the response is incomplete. */
+    /* A chunked body without its last chunk tells the client the response is incomplete; what
+     * already arrived from the pod is written first. */
     s->abort = 1;
     event_active(s->advance, 0, 0);
 }
@@ -349,14 +356,12 @@ static void set_idle_timeouts(h1_sess_t *s)
 static void on_advance(evutil_socket_t fd, short what, void *arg)
 {
     h1_sess_t *s = arg;
-    if (s->abort) {
-        h1_close(s);
-        return;
-    }
     if (s->ex == NULL || !pcr_exchange_finished(s->ex))
         return;
     pcr_exchange_free(s->ex);
     s->ex = NULL;
+    if (s->abort)
+        s->closing = 1; /* what did arrive is still delivered, then the close cuts it */
     if (s->closing) {
         bufferevent_disable(s->bev, EV_READ);
         if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0)
@@ -420,13 +425,14 @@ static void h1_close(h1_sess_t *s)
     free(s);
 }
 
-int pcr_h1_session_start(pcr_server_t *srv, struct bufferevent *bev)
+int pcr_h1_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain)
 {
     h1_sess_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return PCR_ERR_NOMEM;
     s->srv = srv;
     s->bev = bev;
+    s->plain = plain;
     s->advance = event_new(srv->base, -1, 0, on_advance, s);
     if (s->advance == NULL) {
         free(s);

@@ -19,6 +19,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "exchange.h"
+#include "io.h"
 #include "log.h"
 #include "session.h"
 
@@ -35,6 +36,9 @@ typedef struct h2_stream {
     int eof;                       /* the exchange sent its end */
     int deferred;                  /* the data source returned NGHTTP2_ERR_DEFERRED */
     int head_only;
+    int abort;                     /* the response broke: reset once `out` is sent */
+    int submitted;                 /* a response with a data source was submitted */
+    struct event *rst_timer;       /* the reset of a broken response, sent a little later */
     struct h2_stream *prev, *next;
 } h2_stream_t;
 
@@ -47,6 +51,7 @@ struct h2_sess {
     h2_stream_t *streams;
     size_t nstreams;
     int closing;
+    int plain;                     /* h2c on a plain socket: may write directly */
 };
 
 static void h2_close(h2_sess_t *s);
@@ -73,12 +78,23 @@ static void stream_free(h2_stream_t *st)
         st->next->prev = st->prev;
     s->nstreams--;
     pcr_exchange_free(st->ex);
+    if (st->rst_timer)
+        event_free(st->rst_timer);
     if (st->out)
         evbuffer_free(st->out);
     free(st);
 }
 
 /* ---- response ops -------------------------------------------------------------------- */
+
+#define RST_DELAY_US 50000
+
+static void on_rst_timer(evutil_socket_t fd, short what, void *arg)
+{
+    h2_stream_t *st = arg;
+    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+    schedule_flush(st->sess);
+}
 
 static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
                                    uint32_t *flags, nghttp2_data_source *src, void *user)
@@ -90,6 +106,17 @@ static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf
         evbuffer_remove(st->out, buf, n);
     if (st->eof && evbuffer_get_length(st->out) == 0) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
+    } else if (n == 0 && st->abort) {
+        /* Everything that arrived went out; the reset follows a moment later, because clients
+         * (curl among them) drop DATA that reaches them in the same read as a RST_STREAM. */
+        if (st->rst_timer == NULL) {
+            st->rst_timer = evtimer_new(st->sess->srv->base, on_rst_timer, st);
+            struct timeval tv = {0, RST_DELAY_US};
+            if (st->rst_timer)
+                evtimer_add(st->rst_timer, &tv);
+        }
+        st->deferred = 1;
+        return NGHTTP2_ERR_DEFERRED;
     } else if (n == 0) {
         st->deferred = 1;
         return NGHTTP2_ERR_DEFERRED;
@@ -128,6 +155,7 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
     }
     nghttp2_data_provider prd = {.source.ptr = st, .read_callback = on_data_source_read};
     int rc = nghttp2_submit_response(s->ng, st->id, nva, k, st->head_only ? NULL : &prd);
+    st->submitted = rc == 0 && !st->head_only;
     free(names);
     if (rc != 0)
         pcr_log_warn("h2 stream %d: cannot submit response: %s", st->id, nghttp2_strerror(rc));
@@ -162,6 +190,11 @@ static void op_send_end(pcr_exchange_t *ex)
 static void op_send_abort(pcr_exchange_t *ex)
 {
     h2_stream_t *st = pcr_exchange_session(ex);
+    if (st->submitted) {
+        st->abort = 1; /* the data source sends what is queued, then resets */
+        resume(st);
+        return;
+    }
     nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
     schedule_flush(st->sess);
 }
@@ -311,6 +344,8 @@ static void flush_now(h2_sess_t *s)
             break;
         evbuffer_add(out, data, (size_t)n);
     }
+    if (s->plain)
+        pcr_io_write_now(s->bev);
     if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
         evbuffer_get_length(out) == 0)
         h2_close(s);
@@ -382,7 +417,7 @@ static void h2_close(h2_sess_t *s)
     free(s);
 }
 
-int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev)
+int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain)
 {
     h2_sess_t *s = calloc(1, sizeof(*s));
     nghttp2_session_callbacks *cbs = NULL;
@@ -390,6 +425,7 @@ int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev)
         goto fail;
     s->srv = srv;
     s->bev = bev;
+    s->plain = plain;
     nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);

@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "io.h"
 #include "log.h"
 #include "session.h"
 #include "upstream.h"
@@ -137,7 +138,7 @@ static int run(const char *path)
     }
     pcr_log_set_level(srv.cfg->log.level);
     signal(SIGPIPE, SIG_IGN);
-    srv.base = event_base_new();
+    srv.base = pcr_io_base_new();
     srv.policy = make_policy(srv.cfg);
     if (srv.base == NULL || srv.policy == NULL) {
         pcr_log_error("cannot start: out of memory or invalid routing settings");

@@ -27,9 +27,10 @@ void pcr_session_register(pcr_server_t *srv, pcr_session_t *s, const pcr_session
 void pcr_session_unregister(pcr_session_t *s);
 
 /* Protocol sessions, started on a connection whose first bytes (if any) are already in the
- * bufferevent's input buffer. They own `bev` from here on. */
-int pcr_h1_session_start(pcr_server_t *srv, struct bufferevent *bev);
-int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev);
+ * bufferevent's input buffer. They own `bev` from here on; `plain` says it is a socket
+ * bufferevent (not TLS), which may be written to directly (io.h). */
+int pcr_h1_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain);
+int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain);
 
 /* Listeners (conn.c): accept, TLS handshake and ALPN, h2c preface detection. */
 int pcr_listeners_start(pcr_server_t *srv);

@@ -26,6 +26,7 @@
 #include <http_parser.h>
 
 #include "backend.h"
+#include "io.h"
 #include "log.h"
 #include "upstream.h"
 
@@ -229,7 +230,8 @@ static void conn_to_pool(pcr_upconn_t *c)
     /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
     struct timeval kt = ms_tv(tmo(be)->upstream_keepalive_ms);
     bufferevent_set_timeouts(c->bev, &kt, NULL);
-    bufferevent_enable(c->bev, EV_READ);
+    if (!(bufferevent_get_enabled(c->bev) & EV_READ)) /* a paused response ended */
+        bufferevent_enable(c->bev, EV_READ);
     TAILQ_INSERT_HEAD(&be->idle, c, idle_link);
     c->in_idle = 1;
     be->nidle++;
@@ -396,7 +398,7 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
     if (c->connected) {
         struct timeval rt = ms_tv(tmo(c->be)->response_ms);
         bufferevent_set_timeouts(c->bev, &rt, &rt);
-        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+        pcr_io_write_now(c->bev);
     }
 }
 

@@ -12,9 +12,16 @@
  * such a request is re-sent once on a fresh connection, transparently. Any other failure goes to
  * the caller (who may retry on another backend while nothing reached the client).
  *
+ * Reading: the connection's bufferevent only connects and writes. Responses are read by a plain
+ * persistent read event, straight into a stack buffer that http-parser walks: no copy into an
+ * input buffer and no FIONREAD ioctl per read (libevent's evbuffer_read does one), which on this
+ * kind of machine is a fifth of what a proxied request costs in system calls. Bytes left over
+ * when the client side pauses the response wait in `held`.
+ *
  * Freeing: a callback may cancel its own request; the connection notices through `req == NULL`
  * after the parser returns, never touching freed memory (one close path, conn_close()). */
 #include <errno.h>
+#include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -48,7 +55,10 @@ struct pcr_upreq {
 
 struct pcr_upconn {
     pcr_backend_t *be;
-    struct bufferevent *bev;
+    struct bufferevent *bev;         /* connect and write side */
+    struct event *rev;               /* read side: persistent, its timeout is the read timeout */
+    struct evbuffer *held;           /* response bytes read but not parsed (paused) */
+    unsigned read_ms;                /* the read timeout in force */
     http_parser parser;
     pcr_upreq_t *req;                /* the request it carries, NULL when idle */
     TAILQ_ENTRY(pcr_upconn) idle_link;
@@ -59,7 +69,7 @@ struct pcr_upconn {
     int got_head;
     int done;                        /* on_message_complete seen */
     int header_overflow;
-    int in_read;                     /* inside on_conn_read: the parser's callbacks may run */
+    int in_read;                     /* inside conn_parse: the parser's callbacks may run */
     /* Response headers as parsed: a flat buffer and offsets into it. */
     char *hbuf;
     size_t hlen, hcap;
@@ -72,12 +82,24 @@ static void conn_close(pcr_upconn_t *c);
 static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r);
 static void req_dispatch(pcr_upreq_t *r);
 
+static void conn_readable(evutil_socket_t fd, short what, void *arg);
+
 static const pcr_timeouts_conf_t *tmo(const pcr_backend_t *be) { return &be->srv->cfg->timeouts; }
 
 static struct timeval ms_tv(unsigned ms)
 {
     struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000};
     return tv;
+}
+
+/* (Re)arms the read event with `ms` as its timeout, unless the response is paused. */
+static void read_arm(pcr_upconn_t *c, unsigned ms)
+{
+    c->read_ms = ms;
+    if (c->req != NULL && c->req->paused)
+        return;
+    struct timeval tv = ms_tv(ms);
+    event_add(c->rev, &tv);
 }
 
 static void req_free(pcr_upreq_t *r)
@@ -176,8 +198,7 @@ static int on_headers_complete(http_parser *p)
         clen = (int64_t)p->content_length;
     c->got_head = 1;
     /* The response started: from here on, silence is measured by the stream idle timeout. */
-    struct timeval rt = ms_tv(tmo(c->be)->stream_idle_ms);
-    bufferevent_set_timeouts(c->bev, &rt, NULL);
+    read_arm(c, tmo(c->be)->stream_idle_ms);
     r->cbs->on_head(r->ctx, p->status_code, hdrs, n, clen);
     return 0;
 }
@@ -228,10 +249,8 @@ static void conn_to_pool(pcr_upconn_t *c)
         return;
     }
     /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
-    struct timeval kt = ms_tv(tmo(be)->upstream_keepalive_ms);
-    bufferevent_set_timeouts(c->bev, &kt, NULL);
-    if (!(bufferevent_get_enabled(c->bev) & EV_READ)) /* a paused response ended */
-        bufferevent_enable(c->bev, EV_READ);
+    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    read_arm(c, tmo(be)->upstream_keepalive_ms);
     TAILQ_INSERT_HEAD(&be->idle, c, idle_link);
     c->in_idle = 1;
     be->nidle++;
@@ -244,6 +263,10 @@ static void conn_close(pcr_upconn_t *c)
         TAILQ_REMOVE(&be->idle, c, idle_link);
         be->nidle--;
     }
+    if (c->rev)
+        event_free(c->rev);
+    if (c->held)
+        evbuffer_free(c->held);
     bufferevent_free(c->bev);
     free(c->hbuf);
     free(c);
@@ -285,60 +308,118 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
     req_fail(r, err, got_head);
 }
 
-static void on_conn_read(struct bufferevent *bev, void *arg)
+/* The response ended: the request goes back to its owner, the connection to the pool. */
+static void conn_done(pcr_upconn_t *c, int keep)
+{
+    pcr_upreq_t *r = c->req;
+    const pcr_upstream_cbs_t *cbs = r->cbs;
+    void *ctx = r->ctx;
+    r->conn = NULL;
+    c->req = NULL;
+    req_free(r);
+    pcr_backend_note_success(c->be);
+    if (keep)
+        conn_to_pool(c);
+    else
+        conn_close(c);
+    cbs->on_done(ctx);
+}
+
+/* Parses `len` response bytes. Returns 0 when the connection lives on, -1 when it was closed
+ * or failed (then `c` is gone). Bytes not parsed because the response paused go to `held`. */
+static int conn_parse(pcr_upconn_t *c, const char *data, size_t len)
+{
+    c->got_bytes = 1;
+    c->in_read = 1;
+    size_t n = http_parser_execute(&c->parser, &resp_settings, data, len);
+    c->in_read = 0;
+    enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+    if (c->req == NULL) {
+        /* Cancelled from inside a callback: close, so the pod stops generating. */
+        conn_close(c);
+        return -1;
+    }
+    if (e != HPE_OK && e != HPE_PAUSED) {
+        pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
+                     http_errno_description(e));
+        conn_fail(c, PCR_UP_PROTOCOL);
+        return -1;
+    }
+    if (c->done) {
+        /* Keep-alive only when nothing trails the response and the request went out whole. */
+        int keep = http_should_keep_alive(&c->parser) && n == len &&
+                   evbuffer_get_length(bufferevent_get_output(c->bev)) == 0;
+        conn_done(c, keep);
+        return -1;
+    }
+    if (n < len) {
+        /* Paused by the client side (a body callback asked): keep the rest for resume. */
+        if (c->held == NULL && (c->held = evbuffer_new()) == NULL) {
+            conn_fail(c, PCR_UP_RESET);
+            return -1;
+        }
+        evbuffer_add(c->held, data + n, len - n);
+    }
+    return 0;
+}
+
+/* The read side ended (EOF, error): a close-delimited body may be complete, else it failed. */
+static void conn_read_end(pcr_upconn_t *c, int eof)
+{
+    if (c->req == NULL) {
+        conn_close(c); /* an idle connection the backend closed */
+        return;
+    }
+    if (eof && c->got_head) {
+        http_parser_execute(&c->parser, &resp_settings, NULL, 0);
+        if (c->done) {
+            conn_done(c, 0);
+            return;
+        }
+    }
+    conn_fail(c, PCR_UP_RESET);
+}
+
+static void conn_readable(evutil_socket_t fd, short what, void *arg)
 {
     pcr_upconn_t *c = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
+    if (what & EV_TIMEOUT) {
+        if (c->req == NULL)
+            conn_close(c); /* idle past upstream_keepalive_ms */
+        else
+            conn_fail(c, PCR_UP_TIMEOUT);
+        return;
+    }
+    if (c->req != NULL && c->req->paused)
+        return;
+    /* Held bytes first: they were read before the pause that the resume just ended. */
+    if (c->held != NULL && evbuffer_get_length(c->held) > 0) {
+        size_t len = evbuffer_get_length(c->held);
+        char *data = malloc(len);
+        if (data == NULL) {
+            conn_fail(c, PCR_UP_RESET);
+            return;
+        }
+        evbuffer_remove(c->held, data, len);
+        int rc = conn_parse(c, data, len);
+        free(data);
+        if (rc < 0 || (c->req != NULL && c->req->paused))
+            return;
+    }
+    char buf[65536];
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    if (n <= 0) {
+        conn_read_end(c, n == 0);
+        return;
+    }
     if (c->req == NULL) {
         /* Bytes on an idle connection: the backend broke the protocol. */
         conn_close(c);
         return;
     }
-    c->got_bytes = 1;
-    c->in_read = 1;
-    while (evbuffer_get_length(in) > 0 && c->req != NULL && !c->done) {
-        struct evbuffer_iovec v;
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
-            break;
-        size_t n = http_parser_execute(&c->parser, &resp_settings, v.iov_base, v.iov_len);
-        evbuffer_drain(in, n);
-        enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
-        if (e != HPE_OK && e != HPE_PAUSED) {
-            c->in_read = 0;
-            if (c->req == NULL) { /* cancelled from a callback */
-                conn_close(c);
-                return;
-            }
-            pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
-                         http_errno_description(e));
-            conn_fail(c, PCR_UP_PROTOCOL);
-            return;
-        }
-        if (c->req != NULL && c->req->paused)
-            break;
-    }
-    c->in_read = 0;
-    if (c->req == NULL) {
-        /* Cancelled from inside a callback: close, so the pod stops generating. */
-        conn_close(c);
-        return;
-    }
-    if (c->done) {
-        pcr_upreq_t *r = c->req;
-        const pcr_upstream_cbs_t *cbs = r->cbs;
-        void *ctx = r->ctx;
-        int keep = http_should_keep_alive(&c->parser) && evbuffer_get_length(in) == 0 &&
-                   evbuffer_get_length(bufferevent_get_output(bev)) == 0;
-        r->conn = NULL;
-        c->req = NULL;
-        req_free(r);
-        pcr_backend_note_success(c->be);
-        if (keep)
-            conn_to_pool(c);
-        else
-            conn_close(c);
-        cbs->on_done(ctx);
-    }
+    conn_parse(c, buf, (size_t)n);
 }
 
 static void on_conn_event(struct bufferevent *bev, short what, void *arg)
@@ -348,9 +429,9 @@ static void on_conn_event(struct bufferevent *bev, short what, void *arg)
         c->connected = 1;
         int one = 1;
         setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        struct timeval rt = ms_tv(tmo(c->be)->response_ms);
-        bufferevent_set_timeouts(bev, &rt, &rt);
-        bufferevent_enable(bev, EV_READ | EV_WRITE);
+        struct timeval wt = ms_tv(tmo(c->be)->response_ms);
+        bufferevent_set_timeouts(bev, NULL, &wt);
+        read_arm(c, tmo(c->be)->response_ms);
         return;
     }
     if (c->req == NULL) {
@@ -363,21 +444,6 @@ static void on_conn_event(struct bufferevent *bev, short what, void *arg)
                                                 : evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
         conn_fail(c, PCR_UP_CONNECT);
         return;
-    }
-    if ((what & BEV_EVENT_EOF) && c->got_head) {
-        /* A close-delimited body ends at EOF: let the parser say whether that is complete. */
-        http_parser_execute(&c->parser, &resp_settings, NULL, 0);
-        if (c->done) {
-            pcr_upreq_t *r = c->req;
-            const pcr_upstream_cbs_t *cbs = r->cbs;
-            void *ctx = r->ctx;
-            r->conn = NULL;
-            c->req = NULL;
-            req_free(r);
-            conn_close(c);
-            cbs->on_done(ctx);
-            return;
-        }
     }
     conn_fail(c, (what & BEV_EVENT_TIMEOUT) ? PCR_UP_TIMEOUT : PCR_UP_RESET);
 }
@@ -396,8 +462,9 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
     size_t len = evbuffer_get_length(r->request);
     evbuffer_add(out, evbuffer_pullup(r->request, -1), len);
     if (c->connected) {
-        struct timeval rt = ms_tv(tmo(c->be)->response_ms);
-        bufferevent_set_timeouts(c->bev, &rt, &rt);
+        struct timeval wt = ms_tv(tmo(c->be)->response_ms);
+        bufferevent_set_timeouts(c->bev, NULL, &wt);
+        read_arm(c, tmo(c->be)->response_ms);
         pcr_io_write_now(c->bev);
     }
 }
@@ -413,12 +480,16 @@ static pcr_upconn_t *conn_open(pcr_backend_t *be)
         free(c);
         return NULL;
     }
-    bufferevent_setcb(c->bev, on_conn_read, NULL, on_conn_event, c);
+    bufferevent_setcb(c->bev, NULL, NULL, on_conn_event, c);
     /* Until connected, the write timeout bounds the connect. */
     struct timeval ct = ms_tv(tmo(be)->connect_ms);
     bufferevent_set_timeouts(c->bev, NULL, &ct);
     be->nconns++;
-    if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&be->addr, (int)be->addrlen) < 0) {
+    int rc = bufferevent_socket_connect(c->bev, (struct sockaddr *)&be->addr, (int)be->addrlen);
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+    if (rc == 0 && fd >= 0)
+        c->rev = event_new(be->srv->base, fd, EV_READ | EV_PERSIST, conn_readable, c);
+    if (rc < 0 || c->rev == NULL) {
         /* Immediate failure (e.g. no route): report it from the event loop like any other. */
         c->connected = 0;
         bufferevent_trigger_event(c->bev, BEV_EVENT_ERROR, BEV_TRIG_DEFER_CALLBACKS);
@@ -502,7 +573,7 @@ void pcr_upstream_pause(pcr_upreq_t *r)
         return;
     r->paused = 1;
     if (r->conn)
-        bufferevent_disable(r->conn->bev, EV_READ);
+        event_del(r->conn->rev);
 }
 
 void pcr_upstream_resume(pcr_upreq_t *r)
@@ -511,10 +582,11 @@ void pcr_upstream_resume(pcr_upreq_t *r)
         return;
     r->paused = 0;
     if (r->conn) {
-        bufferevent_enable(r->conn->bev, EV_READ);
-        /* Data may already sit in the input buffer: parse it without waiting for more. */
-        if (evbuffer_get_length(bufferevent_get_input(r->conn->bev)) > 0)
-            bufferevent_trigger(r->conn->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+        pcr_upconn_t *c = r->conn;
+        read_arm(c, c->read_ms);
+        /* Held bytes are parsed without waiting for the socket to have more. */
+        if (c->held != NULL && evbuffer_get_length(c->held) > 0)
+            event_active(c->rev, EV_READ, 0);
     }
 }
 

@@ -1,0 +1,455 @@
+#!/usr/bin/python3
+"""bench/routing.py: `make bench-routing`: every routing policy on a real trace, side by side.
+
+For each policy (round_robin, least_loaded, consistent_hash, cache_aware) it starts N simulated
+vLLM pods (bench/sim/vllm_sim, one process, one port each, caches cold) and pcrouter on a
+generated config, replays the conversation trace through it (bench/sim/replay), and reads the
+pods' /metrics. It does the same through HAProxy 2.6 hashing the first 256 bytes of the prompt
+with bounded loads. Prints one table and the targets of issue 4, writes bench/out/routing.json
+and bench/out/routing.png (TTFT distribution and hit rate per policy, gnuplot).
+
+QUICK=1 replays a slice (first 2000 requests) so the whole run takes under two minutes.
+The helpers here (Sims, Router, run_replay) are also used by bench/demo.py and
+test/integration/test_replay.py.
+"""
+import argparse
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+POLICIES = ["round_robin", "least_loaded", "consistent_hash", "cache_aware"]
+
+
+def traces_dir():
+    """The shared traces: $PCR_TRACES, else ../shared/traces next to the repository."""
+    for d in (os.environ.get("PCR_TRACES"), os.path.join(ROOT, "..", "shared", "traces"),
+              "/work/shared/traces"):
+        if d and os.path.isdir(d):
+            return os.path.abspath(d)
+    raise SystemExit("routing: no traces folder (set PCR_TRACES)")
+
+
+class Proc:
+    """A child process whose stderr is read line by line: wait_for() blocks until a line
+    matches (with a deadline, no sleeping), then a thread keeps draining it."""
+
+    def __init__(self, argv, label, echo=False):
+        self.label = label
+        self.echo = echo
+        self.lines = []
+        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, start_new_session=True)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.p.stderr, selectors.EVENT_READ)
+        self._buf = b""
+        self._thread = None
+        self.pos = 0   # lines before this one were looked at by wait_for
+
+    def _take_lines(self):
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            text = line.decode(errors="replace")
+            self.lines.append(text)
+            if self.echo:
+                print(text, file=sys.stderr, flush=True)
+
+    def wait_for(self, pattern, timeout):
+        """Returns the match of the first stderr line not yet looked at that matches pattern."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            while self.pos < len(self.lines):
+                m = rx.search(self.lines[self.pos])
+                self.pos += 1
+                if m:
+                    return m
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError("%s: no line matching %r within %.0fs; stderr:\n%s" % (
+                    self.label, pattern, timeout, "\n".join(self.lines[-20:])))
+            if not self._sel.select(timeout=left):
+                continue
+            chunk = os.read(self.p.stderr.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError("%s exited (%s) before printing %r; stderr:\n%s" % (
+                    self.label, self.p.wait(), pattern, "\n".join(self.lines[-20:])))
+            self._buf += chunk
+            self._take_lines()
+
+    def drain(self):
+        """From now on a thread reads stderr, so the child never blocks on a full pipe."""
+        def run():
+            fd = self.p.stderr.fileno()
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                self._buf += chunk
+                self._take_lines()
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout=10):
+        """SIGTERM, then SIGKILL after timeout. Returns the exit status."""
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(timeout=timeout)
+        if self._thread:
+            self._thread.join(timeout=2)
+        self.p.stderr.close()
+        return self.p.returncode
+
+
+class Sims:
+    """One vllm_sim process serving len(names) pods on ports the OS picks (or `ports`)."""
+
+    def __init__(self, build, names, time_scale, capacity_tokens=None, ports=None, extra=(),
+                 echo=False):
+        exe = os.path.join(build, "bench", "sim", "vllm_sim")
+        argv = [exe, "--time-scale", str(time_scale)]
+        if capacity_tokens:
+            argv += ["--capacity-tokens", str(capacity_tokens)]
+        for i, name in enumerate(names):
+            argv += ["--port", str(ports[i] if ports else 0), "--name", name]
+        argv += list(extra)
+        self.proc = Proc(argv, "vllm_sim", echo=echo)
+        self.urls = {}
+        try:
+            for _ in names:
+                m = self.proc.wait_for(r"pod (\S+) listening on ([\d.]+):(\d+)", 30)
+                self.urls[m.group(1)] = "http://%s:%s" % (m.group(2), m.group(3))
+            self.proc.wait_for(r"ready", 30)
+        except Exception:
+            self.proc.stop()
+            raise
+        self.proc.drain()
+
+    def stop(self):
+        return self.proc.stop()
+
+
+def router_config(backends, policy, capacity_tokens=None, port=0):
+    return {
+        "listen": [{"address": "127.0.0.1:%d" % port}],
+        "backends": [dict({"name": n, "url": u},
+                          **({"capacity_tokens": capacity_tokens} if capacity_tokens else {}))
+                     for n, u in backends.items()],
+        "routing": {"policy": policy},
+        "health": {"interval_ms": 1000},
+        "log": {"access_log": False},
+    }
+
+
+class Router:
+    """build/pcrouter on a config dict (written to tmpdir), ready when it says so."""
+
+    def __init__(self, build, config, tmpdir, echo=False, config_path=None):
+        exe = os.path.join(build, "pcrouter")
+        if not os.path.exists(exe):
+            raise RuntimeError("pcrouter is not built: %s is missing" % exe)
+        if config_path is None:
+            config_path = os.path.join(tmpdir, "pcrouter-%d.json" % os.getpid())
+            with open(config_path, "w") as f:
+                json.dump(config, f, indent=1)
+        self.proc = Proc([exe, "-c", config_path], "pcrouter", echo=echo)
+        try:
+            m = self.proc.wait_for(r"listening on ([\d.]+):(\d+)", 30)
+            self.url = "http://%s:%s" % (m.group(1), m.group(2))
+            self.proc.wait_for(r"ready", 30)
+        except Exception:
+            self.proc.stop()
+            raise
+        self.proc.drain()
+
+    def stop(self):
+        return self.proc.stop(timeout=40)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_listening(port, timeout, proc):
+    """Polls a TCP connect until the port accepts (HAProxy prints nothing when ready)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("haproxy exited with %s" % proc.returncode)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("haproxy does not listen on %d" % port)
+
+
+HAPROXY_CFG = """\
+global
+    maxconn 4096
+    nbthread 1
+    # Bodies up to 512 KiB fit one buffer, so json_query sees the whole request: the
+    # largest prompt of the conversation trace is 126k tokens = 505 KB.
+    tune.bufsize 524288
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 600s
+    timeout server 600s
+    timeout http-keep-alive 60s
+frontend fe
+    bind 127.0.0.1:{port}
+    default_backend pods
+backend pods
+    option http-buffer-request
+    balance hash req.body,json_query('$.prompt'),bytes(0,256)
+    hash-type consistent
+    hash-balance-factor 125
+    http-reuse always
+{servers}
+"""
+
+
+class Haproxy:
+    def __init__(self, backends, tmpdir):
+        self.port = free_port()
+        servers = "\n".join("    server %s %s maxconn 1000" % (n, u[len("http://"):])
+                            for n, u in backends.items())
+        path = os.path.join(tmpdir, "haproxy.cfg")
+        with open(path, "w") as f:
+            f.write(HAPROXY_CFG.format(port=self.port, servers=servers))
+        self.p = subprocess.Popen(["haproxy", "-db", "-f", path], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        try:
+            wait_listening(self.port, 20, self.p)
+        except Exception:
+            self.stop()
+            raise
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    def stop(self):
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGTERM)
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(timeout=10)
+
+
+def run_replay(build, trace, target, pods, time_scale, limit, json_path, label, cap=None,
+               timeout=None, progress=True, extra=()):
+    """Runs bench/sim/replay; returns its JSON summary (dict). Raises on failure."""
+    exe = os.path.join(build, "bench", "sim", "replay")
+    argv = [exe, "--trace", trace, "--target", target, "--time-scale", str(time_scale),
+            "--json", json_path, "--label", label, "--pods", ",".join(pods)]
+    if limit:
+        argv += ["--limit", str(limit)]
+    if cap:
+        argv += ["--max-tokens-cap", str(cap)]
+    if not progress:
+        argv.append("--no-progress")
+    argv += list(extra)
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE,
+                       text=True, timeout=timeout)
+    if p.returncode != 0 or not os.path.exists(json_path):
+        raise RuntimeError("replay failed (%d):\n%s\n%s" % (p.returncode, p.stdout,
+                                                            p.stderr or ""))
+    with open(json_path) as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------------------------------
+
+def fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def print_table(results):
+    head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "max/mean", "req/s",
+            "errors")
+    print("%-16s %9s %8s %10s %10s %9s %7s %7s" % head)
+    for r in results:
+        t = r.get("ttft_ms_model", {})
+        print("%-16s %9s %8s %9sms %9sms %9s %7s %7d" % (
+            r["label"], fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f"),
+            fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"),
+            fmt(r.get("share_max_over_mean"), ".2f"), fmt(r.get("throughput_rps_model"), ".2f"),
+            r.get("errors", 0)))
+
+
+def check_targets(by):
+    ca, rr, hp = by.get("cache_aware"), by.get("round_robin"), by.get("haproxy_hash")
+    if not ca:
+        return []
+    out = []
+
+    def line(name, ok, detail):
+        out.append("%-4s %s (%s)" % ("MET" if ok else "MISS", name, detail))
+    f = ca.get("fraction_of_ceiling")
+    line("cache_aware hit rate >= 0.85 of ceiling", f is not None and f >= 0.85,
+         "%s of %s" % (fmt(f, ".3f"), fmt(ca.get("ceiling"), ".4f")))
+    s = ca.get("share_max_over_mean")
+    line("cache_aware max/mean share <= 1.3", s is not None and s <= 1.3, fmt(s, ".2f"))
+    p50 = ca["ttft_ms_model"].get("p50")
+    if rr:
+        rp50 = rr["ttft_ms_model"].get("p50")
+        line("cache_aware TTFT p50 <= half of round_robin's",
+             p50 is not None and rp50 is not None and p50 <= rp50 / 2,
+             "%s ms vs %s ms" % (fmt(p50, ".0f"), fmt(rp50, ".0f")))
+    if hp:
+        line("cache_aware hit rate > haproxy hash",
+             (ca.get("hit_rate") or 0) > (hp.get("hit_rate") or 0),
+             "%s vs %s" % (fmt(ca.get("hit_rate"), ".4f"), fmt(hp.get("hit_rate"), ".4f")))
+        a, b = ca["ttft_ms_model"].get("p99"), hp["ttft_ms_model"].get("p99")
+        line("cache_aware TTFT p99 < haproxy hash", a is not None and b is not None and a < b,
+             "%s ms vs %s ms" % (fmt(a, ".0f"), fmt(b, ".0f")))
+    return out
+
+
+def plot(results, outdir):
+    """TTFT CDF per policy (left) and hit rate per policy against the ceiling (right)."""
+    png = os.path.join(outdir, "routing.png")
+    plots = []
+    for r in results:
+        v = r.get("ttft_ms_model_sorted") or []
+        path = os.path.join(outdir, "ttft_%s.dat" % r["label"])
+        with open(path, "w") as f:
+            n = len(v)
+            for i, x in enumerate(v):
+                f.write("%g %g\n" % (max(x, 1) / 1000.0, (i + 1) / n))
+        plots.append("'%s' using 1:2 with lines lw 2 title '%s'" % (path, r["label"]))
+    bars = os.path.join(outdir, "hitrate.dat")
+    with open(bars, "w") as f:
+        for i, r in enumerate(results):
+            f.write("%d %s %g %g\n" % (i, r["label"], r.get("hit_rate") or 0,
+                                       r.get("ceiling") or 0))
+    script = """
+set terminal pngcairo size 1400,560 noenhanced
+set output '%s'
+set multiplot layout 1,2 title 'pcrouter routing benchmark (%s)'
+set title 'time to first token (model seconds), CDF'
+set logscale x
+set xlabel 'TTFT (s)'
+set ylabel 'fraction of requests'
+set key bottom right
+set grid
+plot %s
+unset logscale x
+set title 'delivered prefix-cache hit rate (pods metrics)'
+set style fill solid 0.6
+set boxwidth 0.6
+set yrange [0:*]
+set xlabel ''
+set ylabel 'hit rate (tokens)'
+set xtics rotate by -30
+set key top left
+plot '%s' using 1:3:xtic(2) with boxes title 'hit rate', \
+     '%s' using 1:4 with linespoints lw 2 title 'LRU ceiling (all pods capacity)'
+unset multiplot
+""" % (png, results[0].get("trace", "").split("/")[-1], ", ".join(plots), bars, bars)
+    try:
+        subprocess.run(["gnuplot"], input=script, text=True, check=True, timeout=60,
+                       stderr=subprocess.PIPE)
+        return png
+    except (OSError, subprocess.SubprocessError) as e:
+        print("routing: gnuplot failed: %s" % e, file=sys.stderr)
+        return None
+
+
+def main():
+    quick = os.environ.get("QUICK", "") not in ("", "0")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--trace", default=None, help="default: conversation_trace.jsonl")
+    ap.add_argument("--pods", type=int, default=8)
+    ap.add_argument("--capacity-tokens", type=int, default=1000000,
+                    help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
+                         " the trace's working set is ~93M tokens)")
+    ap.add_argument("--time-scale", type=float, default=50 if quick else 60)
+    ap.add_argument("--limit", type=int, default=2000 if quick else 0)
+    ap.add_argument("--max-tokens-cap", type=int, default=4096)
+    ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    trace = args.trace or os.path.join(traces_dir(), "conversation_trace.jsonl")
+    os.makedirs(args.out, exist_ok=True)
+    names = ["pod-%d" % i for i in range(args.pods)]
+    results = []
+    print("routing: %s, %s requests, %d pods x %d tokens, time scale %g" % (
+        os.path.basename(trace), args.limit or "all", args.pods, args.capacity_tokens,
+        args.time_scale), flush=True)
+    with tempfile.TemporaryDirectory(prefix="pcr-routing-") as tmp:
+        for policy in args.policies.split(","):
+            sims = front = None
+            t0 = time.monotonic()
+            try:
+                sims = Sims(build, names, args.time_scale, args.capacity_tokens)
+                if policy == "haproxy_hash":
+                    front = Haproxy(sims.urls, tmp)
+                else:
+                    front = Router(build, router_config(sims.urls, policy, args.capacity_tokens),
+                                   tmp)
+                print("== %s" % policy, flush=True)
+                r = run_replay(build, trace, front.url, list(sims.urls.values()),
+                               args.time_scale, args.limit,
+                               os.path.join(args.out, "replay_%s.json" % policy), policy,
+                               cap=args.max_tokens_cap)
+                results.append(r)
+            except Exception as e:   # one broken policy must not hide the others
+                print("routing: %s failed: %s" % (policy, e), file=sys.stderr, flush=True)
+            finally:
+                if front:
+                    front.stop()
+                if sims:
+                    sims.stop()
+            print("   (%.0fs)" % (time.monotonic() - t0), flush=True)
+    if not results:
+        return 1
+    print()
+    print_table(results)
+    print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of ceil:"
+          " fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model time (wall x"
+          " time scale); req/s in model time." % (results[0].get("ceiling") or 0))
+    by = {r["label"]: r for r in results}
+    targets = check_targets(by)
+    if targets:
+        print("\ntargets (issue 4):")
+        for t in targets:
+            print("  " + t)
+    summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in results]
+    with open(os.path.join(args.out, "routing.json"), "w") as f:
+        json.dump({"results": summary, "targets": targets}, f, indent=1)
+    png = plot(results, args.out)
+    if png:
+        print("\nwrote %s" % os.path.relpath(png))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+/* bench/sim/sim.h: the types vllm-sim's files share (one process, one event loop, 1..N pods).
+ *
+ *   vllm_sim.c    flags, pods, listeners, signals, main
+ *   sim_http.c    HTTP/1.1 connections (http-parser), routing of paths, writing responses
+ *   sim_api.c     OpenAI bodies in (cJSON) and out, /metrics text, /v1/models
+ *   sim_engine.c  the pod's scheduler: FIFO admission, KV cache, latency model, token emission
+ *   kvcache.c     the prefix cache (shared with the replayer's ceiling)
+ *
+ * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
+ * by time_scale to get wall-clock time. */
+#ifndef PCR_BENCH_SIM_H
+#define PCR_BENCH_SIM_H
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <http_parser.h>
+#include <stdint.h>
+
+#include "kvcache.h"
+
+typedef struct {
+    const char *model;            /* --model, served model name */
+    double time_scale;            /* --time-scale: 60 = everything 60x faster */
+    double prefill_us_per_token;  /* --prefill-us-per-token, uncached prompt token */
+    double prefill_batch_slowdown;/* --prefill-batch-slowdown: per running sequence */
+    double overhead_ms;           /* --overhead-ms: scheduling + first decode step */
+    double itl_ms;                /* --itl-ms: decode step at batch 1 */
+    double itl_per_seq_us;        /* --itl-per-seq-us: added per running sequence */
+    unsigned max_num_seqs;        /* --max-num-seqs */
+    uint64_t capacity_tokens;     /* --capacity-tokens: KV cache size */
+    uint64_t max_model_len;       /* --max-model-len: prompt + max_tokens limit */
+    double fail_rate, drop_rate, stall_rate;
+    unsigned tick_us;             /* --tick-us: shortest wall-clock gap between two writes */
+    size_t max_body_bytes;
+} sim_conf_t;
+
+typedef struct sim_pod sim_pod_t;
+typedef struct sim_conn sim_conn_t;
+typedef struct sim_req sim_req_t;
+
+enum { SIM_REQ_WAITING, SIM_REQ_RUNNING };
+
+struct sim_req {
+    sim_pod_t *pod;
+    sim_conn_t *conn;
+    sim_req_t *prev, *next;     /* on the pod's waiting or running list */
+    int state;
+    int chat, stream, include_usage;
+    uint64_t seq;               /* id number, per pod */
+    size_t prompt_tokens, max_tokens;
+    uint64_t *hashes;           /* full prompt blocks, chained */
+    size_t nblocks, private_blocks;
+    size_t hit_tokens;
+    size_t sent;                /* tokens emitted */
+    size_t drop_at;             /* close the connection after this many tokens (0: never) */
+    double arrival_us;          /* wall clock, monotonic */
+    double first_token_us;      /* wall clock at which the first token is due */
+    double next_token_us;
+    struct event *timer;
+    struct evbuffer *text;      /* non-streaming: the generated text so far */
+};
+
+typedef struct {
+    sim_req_t *head, *tail;
+    unsigned n;
+} sim_list_t;
+
+#define SIM_TTFT_BUCKETS 22
+
+struct sim_pod {
+    const sim_conf_t *conf;
+    struct event_base *base;
+    char *name;
+    int port;
+    struct evconnlistener *listener;
+    pcr_kvcache_t *kv;
+    sim_list_t waiting, running;
+    double prefill_busy_until_us;
+    uint64_t next_seq;
+    uint64_t prefix_queries, prefix_hits;   /* tokens */
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t success, failed_injected, dropped, stalled, cancelled, rejected;
+    uint64_t ttft_buckets[SIM_TTFT_BUCKETS + 1];
+    double ttft_sum;
+    uint64_t ttft_count;
+    sim_conn_t *conns;          /* every open connection, for shutdown */
+};
+
+struct sim_conn {
+    sim_pod_t *pod;
+    sim_conn_t *prev, *next;
+    struct bufferevent *bev;
+    http_parser parser;
+    char *url;
+    size_t url_len;
+    struct evbuffer *body;
+    int header_is_expect;       /* the header field being read is "Expect" */
+    int expect_continue;
+    int message_ready;          /* a request is parsed, not yet dispatched */
+    int busy;                   /* a response is pending (parser paused) */
+    int keep_alive;
+    int closing;                /* close once the output is flushed */
+    int too_large;
+    int in_parse;               /* parse_input is on the stack */
+    sim_req_t *req;             /* the generation in progress, if any */
+};
+
+extern const double sim_ttft_bounds[SIM_TTFT_BUCKETS];
+
+/* sim_http.c */
+void sim_http_accept(sim_pod_t *pod, evutil_socket_t fd);
+void sim_conn_close(sim_conn_t *c);
+/* A whole response: status line, x-sim-pod, content type and length, body. Ends the exchange. */
+void sim_conn_respond(sim_conn_t *c, int status, const char *ctype, const char *body, size_t len);
+/* An error in OpenAI's shape. */
+void sim_conn_error(sim_conn_t *c, int status, const char *type, const char *msg);
+/* Starts a chunked (SSE) response; chunks follow with sim_conn_chunk, end with sim_conn_end. */
+void sim_conn_start_stream(sim_conn_t *c);
+void sim_conn_chunk(sim_conn_t *c, struct evbuffer *data);
+void sim_conn_end(sim_conn_t *c);   /* last chunk, then the next request on the connection */
+
+/* sim_api.c */
+/* Parses a completion body into a new request (not yet submitted). On a bad body it answers
+ * the error itself and returns NULL. */
+sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len);
+/* Appends one SSE event carrying `ntok` tokens (final: with finish_reason and usage). */
+void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int final,
+                          struct evbuffer *out);
+/* The whole non-streaming response body. */
+void sim_api_full_response(const sim_req_t *r, struct evbuffer *out);
+void sim_api_token_text(size_t i, struct evbuffer *out);
+void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out);
+void sim_api_models(const sim_pod_t *pod, struct evbuffer *out);
+void sim_req_free(sim_req_t *r);
+
+/* sim_engine.c */
+double sim_now_us(void);
+double sim_rand(void);           /* uniform in [0, 1), seeded by --seed */
+void sim_rand_seed(uint64_t seed);
+void sim_engine_submit(sim_req_t *r);  /* queues it; answers when its time comes */
+void sim_engine_cancel(sim_req_t *r);  /* the client left: frees the slot and the request */
+
+#endif

@@ -1,0 +1,311 @@
+/* bench/sim/sim_api.c: the OpenAI / vLLM surface of vllm-sim: request bodies in (cJSON),
+ * response bodies and SSE events out, /v1/models and /metrics in vLLM's names.
+ *
+ * Canonical prompt (what the cache hashes): for /v1/completions the `prompt` string, or the
+ * JSON text of a non-string prompt (token ids); for /v1/chat/completions each message as
+ * "<|role|>" then its content (a string, or the "text" of its parts), in order. A token is 4
+ * bytes of it, rounded up. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pcr/common.h"
+#include "sim.h"
+
+const double sim_ttft_bounds[SIM_TTFT_BUCKETS] = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+};
+
+static void add_content(struct evbuffer *b, const cJSON *content)
+{
+    if (cJSON_IsString(content)) {
+        evbuffer_add(b, content->valuestring, strlen(content->valuestring));
+    } else if (cJSON_IsArray(content)) {
+        const cJSON *part;
+        cJSON_ArrayForEach(part, content) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (cJSON_IsString(t))
+                evbuffer_add(b, t->valuestring, strlen(t->valuestring));
+        }
+    }
+}
+
+/* Builds the canonical prompt into b; returns 0, or -1 with *why set. */
+static int canonical_prompt(const cJSON *root, int chat, struct evbuffer *b, const char **why)
+{
+    if (!chat) {
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        if (cJSON_IsString(prompt)) {
+            evbuffer_add(b, prompt->valuestring, strlen(prompt->valuestring));
+            return 0;
+        }
+        if (cJSON_IsArray(prompt)) {
+            char *text = cJSON_PrintUnformatted(prompt);
+            if (!text) {
+                *why = "out of memory";
+                return -1;
+            }
+            evbuffer_add(b, text, strlen(text));
+            cJSON_free(text);
+            return 0;
+        }
+        *why = "prompt must be a string or an array";
+        return -1;
+    }
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
+        *why = "messages must be a non-empty array";
+        return -1;
+    }
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) {
+            *why = "each message needs a role";
+            return -1;
+        }
+        evbuffer_add_printf(b, "<|%s|>", role->valuestring);
+        add_content(b, cJSON_GetObjectItemCaseSensitive(m, "content"));
+    }
+    return 0;
+}
+
+static long get_int(const cJSON *root, const char *key, long dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    return cJSON_IsNumber(v) ? (long)v->valuedouble : dflt;
+}
+
+sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
+{
+    sim_pod_t *pod = c->pod;
+    const sim_conf_t *conf = pod->conf;
+    const char *why = NULL;
+    struct evbuffer *prompt = NULL;
+    sim_req_t *r = NULL;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(root)) {
+        why = "body is not a JSON object";
+        goto bad;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && (!cJSON_IsString(model) || strcmp(model->valuestring, conf->model) != 0)) {
+        cJSON_Delete(root);
+        sim_conn_error(c, 404, "NotFoundError", "The model does not exist.");
+        return NULL;
+    }
+    prompt = evbuffer_new();
+    if (!prompt || canonical_prompt(root, chat, prompt, &why) != 0)
+        goto bad;
+    r = calloc(1, sizeof(*r));
+    if (!r) {
+        why = "out of memory";
+        goto bad;
+    }
+    size_t plen = evbuffer_get_length(prompt);
+    r->pod = pod;
+    r->conn = c;
+    r->chat = chat;
+    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
+    r->stream = cJSON_IsTrue(stream);
+    r->include_usage = 1;   /* usage always rides on the final event; harmless to clients */
+    r->prompt_tokens = (plen + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
+    long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
+    if (mt < 0 && chat)
+        mt = get_int(root, "max_tokens", -1);
+    if (mt < 0)
+        mt = chat ? 256 : 16;
+    r->max_tokens = mt < 1 ? 1 : (size_t)mt;
+    if (r->prompt_tokens == 0) {
+        why = "the prompt is empty";
+        goto bad;
+    }
+    if (r->prompt_tokens + r->max_tokens > conf->max_model_len) {
+        why = "prompt tokens plus max_tokens exceed the model's maximum context length";
+        goto bad;
+    }
+    size_t nb = plen / PCR_KV_BLOCK_BYTES;
+    r->hashes = malloc((nb ? nb : 1) * sizeof(uint64_t));
+    if (!r->hashes) {
+        why = "out of memory";
+        goto bad;
+    }
+    r->nblocks = pcr_kvcache_hash_prompt(evbuffer_pullup(prompt, -1), plen, 0, r->hashes, nb);
+    r->private_blocks = (r->prompt_tokens - r->nblocks * PCR_KV_BLOCK_TOKENS + r->max_tokens +
+                         PCR_KV_BLOCK_TOKENS - 1) / PCR_KV_BLOCK_TOKENS;
+    if (r->nblocks + r->private_blocks > pcr_kvcache_capacity(pod->kv)) {
+        why = "the request needs more KV cache blocks than the pod has";
+        goto bad;
+    }
+    if (!r->stream) {
+        r->text = evbuffer_new();
+        if (!r->text) {
+            why = "out of memory";
+            goto bad;
+        }
+    }
+    r->seq = ++pod->next_seq;
+    evbuffer_free(prompt);
+    cJSON_Delete(root);
+    return r;
+bad:
+    pod->rejected++;
+    sim_req_free(r);
+    if (prompt)
+        evbuffer_free(prompt);
+    cJSON_Delete(root);
+    sim_conn_error(c, 400, "BadRequestError", why);
+    return NULL;
+}
+
+void sim_req_free(sim_req_t *r)
+{
+    if (!r)
+        return;
+    if (r->timer)
+        event_free(r->timer);
+    if (r->text)
+        evbuffer_free(r->text);
+    free(r->hashes);
+    free(r);
+}
+
+static const char *const tokens[] = {
+    " the", " cache", " is", " warm", " and", " the", " answer", " streams", " back", ",",
+    " token", " by", " token", ".", " A", " router",
+};
+
+void sim_api_token_text(size_t i, struct evbuffer *out)
+{
+    const char *t = tokens[i % PCR_ARRAY_SIZE(tokens)];
+    evbuffer_add(out, t, strlen(t));
+}
+
+static void add_usage(const sim_req_t *r, size_t completion, struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "\"usage\":{\"prompt_tokens\":%zu,\"completion_tokens\":%zu,"
+                        "\"total_tokens\":%zu,\"prompt_tokens_details\":{\"cached_tokens\":%zu}}",
+                        r->prompt_tokens, completion, r->prompt_tokens + completion, r->hit_tokens);
+}
+
+static void add_head(const sim_req_t *r, const char *object, struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "{\"id\":\"%s-%s-%llu\",\"object\":\"%s\",\"created\":%lld,"
+                        "\"model\":\"%s\",\"system_fingerprint\":\"%s\",",
+                        r->chat ? "chatcmpl" : "cmpl", r->pod->name, (unsigned long long)r->seq,
+                        object, (long long)time(NULL), r->pod->conf->model, r->pod->name);
+}
+
+void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int final,
+                          struct evbuffer *out)
+{
+    evbuffer_add(out, "data: ", 6);
+    add_head(r, r->chat ? "chat.completion.chunk" : "text_completion", out);
+    if (r->chat)
+        evbuffer_add_printf(out, "\"choices\":[{\"index\":0,\"delta\":{%s\"content\":\"",
+                            first_tok == 0 ? "\"role\":\"assistant\"," : "");
+    else
+        evbuffer_add_printf(out, "\"choices\":[{\"index\":0,\"text\":\"");
+    for (size_t i = 0; i < ntok; i++)
+        sim_api_token_text(first_tok + i, out);
+    evbuffer_add_printf(out, "\"%s,\"logprobs\":null,\"finish_reason\":%s}]", r->chat ? "}" : "",
+                        final ? "\"length\"" : "null");
+    if (final) {
+        evbuffer_add(out, ",", 1);
+        add_usage(r, first_tok + ntok, out);
+    }
+    evbuffer_add(out, "}\n\n", 3);
+    if (final)
+        evbuffer_add(out, "data: [DONE]\n\n", 14);
+}
+
+void sim_api_full_response(const sim_req_t *r, struct evbuffer *out)
+{
+    add_head(r, r->chat ? "chat.completion" : "text_completion", out);
+    if (r->chat)
+        evbuffer_add_printf(out, "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+                            "\"content\":\"");
+    else
+        evbuffer_add_printf(out, "\"choices\":[{\"index\":0,\"text\":\"");
+    evbuffer_add_buffer(out, r->text);   /* moves: the request is done */
+    evbuffer_add_printf(out, "\"%s,\"logprobs\":null,\"finish_reason\":\"length\"}],",
+                        r->chat ? "}" : "");
+    add_usage(r, r->sent, out);
+    evbuffer_add(out, "}", 1);
+}
+
+void sim_api_models(const sim_pod_t *pod, struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\","
+                        "\"created\":%lld,\"owned_by\":\"vllm\",\"root\":\"%s\","
+                        "\"max_model_len\":%llu}]}", pod->conf->model, (long long)time(NULL),
+                        pod->conf->model, (unsigned long long)pod->conf->max_model_len);
+}
+
+static void metric(struct evbuffer *out, const char *name, const char *type, const char *help,
+                   const char *model, double v)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s{model_name=\"%s\"} %.17g\n",
+                        name, help, name, type, name, model, v);
+}
+
+void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
+{
+    const char *m = pod->conf->model;
+    size_t cap = pcr_kvcache_capacity(pod->kv);
+    double usage = (double)(pcr_kvcache_pinned(pod->kv) + pcr_kvcache_reserved(pod->kv)) / cap;
+    metric(out, "vllm:num_requests_running", "gauge",
+           "Number of requests in model execution batches.", m, pod->running.n);
+    metric(out, "vllm:num_requests_waiting", "gauge",
+           "Number of requests waiting to be processed.", m, pod->waiting.n);
+    metric(out, "vllm:kv_cache_usage_perc", "gauge",
+           "KV-cache usage. 1 means 100 percent usage.", m, usage);
+    metric(out, "vllm:prefix_cache_queries_total", "counter",
+           "Prefix cache queries, in terms of number of queried tokens.", m,
+           (double)pod->prefix_queries);
+    metric(out, "vllm:prefix_cache_hits_total", "counter",
+           "Prefix cache hits, in terms of number of cached tokens.", m, (double)pod->prefix_hits);
+    metric(out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", m,
+           (double)pod->prompt_tokens);
+    metric(out, "vllm:generation_tokens_total", "counter",
+           "Number of generation tokens processed.", m, (double)pod->generation_tokens);
+    evbuffer_add_printf(out, "# HELP vllm:request_success_total Count of successfully processed "
+                        "requests.\n# TYPE vllm:request_success_total counter\n"
+                        "vllm:request_success_total{finished_reason=\"length\",model_name=\"%s\"} "
+                        "%llu\n", m, (unsigned long long)pod->success);
+    evbuffer_add_printf(out, "# HELP vllm:cache_config_info Information of the LLMEngine "
+                        "CacheConfig\n# TYPE vllm:cache_config_info gauge\n"
+                        "vllm:cache_config_info{block_size=\"%d\",model_name=\"%s\","
+                        "num_gpu_blocks=\"%zu\"} 1\n", PCR_KV_BLOCK_TOKENS, m, cap);
+    evbuffer_add_printf(out, "# HELP vllm:time_to_first_token_seconds Histogram of time to "
+                        "first token in seconds.\n"
+                        "# TYPE vllm:time_to_first_token_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < SIM_TTFT_BUCKETS; i++) {
+        cum += pod->ttft_buckets[i];
+        evbuffer_add_printf(out, "vllm:time_to_first_token_seconds_bucket{le=\"%g\","
+                            "model_name=\"%s\"} %llu\n", sim_ttft_bounds[i], m,
+                            (unsigned long long)cum);
+    }
+    cum += pod->ttft_buckets[SIM_TTFT_BUCKETS];
+    evbuffer_add_printf(out, "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\","
+                        "model_name=\"%s\"} %llu\n", m, (unsigned long long)cum);
+    evbuffer_add_printf(out, "vllm:time_to_first_token_seconds_count{model_name=\"%s\"} %llu\n"
+                        "vllm:time_to_first_token_seconds_sum{model_name=\"%s\"} %.9g\n",
+                        m, (unsigned long long)pod->ttft_count, m, pod->ttft_sum);
+    evbuffer_add_printf(out, "# HELP vllm_sim:faults_total Faults injected or seen by the "
+                        "simulator.\n# TYPE vllm_sim:faults_total counter\n"
+                        "vllm_sim:faults_total{kind=\"fail\",pod=\"%s\"} %llu\n"
+                        "vllm_sim:faults_total{kind=\"drop\",pod=\"%s\"} %llu\n"
+                        "vllm_sim:faults_total{kind=\"stall\",pod=\"%s\"} %llu\n"
+                        "vllm_sim:faults_total{kind=\"cancelled\",pod=\"%s\"} %llu\n"
+                        "vllm_sim:faults_total{kind=\"rejected\",pod=\"%s\"} %llu\n",
+                        pod->name, (unsigned long long)pod->failed_injected,
+                        pod->name, (unsigned long long)pod->dropped,
+                        pod->name, (unsigned long long)pod->stalled,
+                        pod->name, (unsigned long long)pod->cancelled,
+                        pod->name, (unsigned long long)pod->rejected);
+}

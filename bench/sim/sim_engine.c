@@ -1,0 +1,215 @@
+/* bench/sim/sim_engine.c: one pod's scheduler and latency model.
+ *
+ * Admission: requests wait in FIFO order; the head is admitted while fewer than max_num_seqs
+ * run and the KV cache can pin its prompt blocks and reserve its private blocks (partial last
+ * block + output), as vLLM's scheduler does. The hit (leading cached blocks) is counted at
+ * admission, in tokens, as vLLM counts prefix_cache_queries/hits.
+ *
+ * Latency (model time, divided by time_scale for the wall clock):
+ *   prefill runs one request at a time on the pod's one GPU, in admission order, at
+ *     prefill_us_per_token * (1 + prefill_batch_slowdown * running) per uncached token
+ *     (the decode batch shares the GPU with chunked prefill, so a busy pod prefills slower);
+ *   first token = end of own prefill + overhead_ms;
+ *   each next token after itl_ms + itl_per_seq_us * running (a bigger batch steps slower).
+ * So TTFT = waiting for a slot + queueing behind other prefills + overhead + own prefill.
+ *
+ * Emission: one timer per running request; when it fires, every token already due is sent in
+ * one SSE event (one write), and the next firing is at least tick_us later, so a time-scaled
+ * pod stays cheap however fast its virtual clock runs. */
+#include <math.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "sim.h"
+
+static uint64_t rng_state = 1;
+
+void sim_rand_seed(uint64_t seed) { rng_state = seed ? seed : 1; }
+
+double sim_rand(void)
+{
+    /* xorshift64*: enough for fault injection, reproducible from --seed. */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
+}
+
+double sim_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static void list_push(sim_list_t *l, sim_req_t *r)
+{
+    r->next = NULL;
+    r->prev = l->tail;
+    if (l->tail) l->tail->next = r; else l->head = r;
+    l->tail = r;
+    l->n++;
+}
+
+static void list_remove(sim_list_t *l, sim_req_t *r)
+{
+    if (r->prev) r->prev->next = r->next; else l->head = r->next;
+    if (r->next) r->next->prev = r->prev; else l->tail = r->prev;
+    r->prev = r->next = NULL;
+    l->n--;
+}
+
+static void on_token_timer(evutil_socket_t fd, short what, void *arg);
+
+static void arm(sim_req_t *r, double at_us, double now_us)
+{
+    double min_at = now_us + r->pod->conf->tick_us;
+    if (at_us < min_at && r->sent > 0)
+        at_us = min_at;
+    double d = at_us - now_us;
+    if (d < 0)
+        d = 0;
+    struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
+    evtimer_add(r->timer, &tv);
+}
+
+static double itl_us(const sim_pod_t *pod)
+{
+    const sim_conf_t *c = pod->conf;
+    return (c->itl_ms * 1000.0 + c->itl_per_seq_us * pod->running.n) / c->time_scale;
+}
+
+static void record_ttft(sim_pod_t *pod, double seconds)
+{
+    int i = 0;
+    while (i < SIM_TTFT_BUCKETS && seconds > sim_ttft_bounds[i])
+        i++;
+    pod->ttft_buckets[i]++;
+    pod->ttft_sum += seconds;
+    pod->ttft_count++;
+}
+
+static void schedule(sim_pod_t *pod)
+{
+    const sim_conf_t *c = pod->conf;
+    while (pod->waiting.head && pod->running.n < c->max_num_seqs) {
+        sim_req_t *r = pod->waiting.head;
+        size_t hit_blocks;
+        if (pcr_kvcache_acquire(pod->kv, r->hashes, r->nblocks, r->private_blocks,
+                                &hit_blocks) != 0)
+            break;   /* FIFO: the head waits for finished requests to free blocks */
+        list_remove(&pod->waiting, r);
+        r->hit_tokens = pcr_kvcache_hit_tokens(hit_blocks, r->prompt_tokens);
+        pod->prefix_queries += r->prompt_tokens;
+        pod->prefix_hits += r->hit_tokens;
+        pod->prompt_tokens += r->prompt_tokens;
+        double now = sim_now_us();
+        double start = pod->prefill_busy_until_us > now ? pod->prefill_busy_until_us : now;
+        double per_tok = c->prefill_us_per_token * (1.0 + c->prefill_batch_slowdown *
+                                                    pod->running.n);
+        double end = start + (double)(r->prompt_tokens - r->hit_tokens) * per_tok / c->time_scale;
+        pod->prefill_busy_until_us = end;
+        r->first_token_us = end + c->overhead_ms * 1000.0 / c->time_scale;
+        r->next_token_us = r->first_token_us;
+        r->state = SIM_REQ_RUNNING;
+        list_push(&pod->running, r);
+        arm(r, r->next_token_us, now);
+    }
+}
+
+void sim_engine_submit(sim_req_t *r)
+{
+    sim_pod_t *pod = r->pod;
+    r->arrival_us = sim_now_us();
+    r->timer = evtimer_new(pod->base, on_token_timer, r);
+    if (!r->timer) {
+        sim_conn_t *c = r->conn;
+        c->req = NULL;
+        sim_req_free(r);
+        sim_conn_error(c, 500, "InternalServerError", "out of memory");
+        return;
+    }
+    if (pod->conf->drop_rate > 0 && sim_rand() < pod->conf->drop_rate)
+        r->drop_at = 1 + (size_t)(sim_rand() * (double)r->max_tokens);
+    if (r->stream)
+        sim_conn_start_stream(r->conn);
+    r->state = SIM_REQ_WAITING;
+    list_push(&pod->waiting, r);
+    schedule(pod);
+}
+
+/* Takes r off its list, gives back its blocks and frees it; then admits whoever can go. */
+static void retire(sim_req_t *r)
+{
+    sim_pod_t *pod = r->pod;
+    if (r->state == SIM_REQ_RUNNING) {
+        list_remove(&pod->running, r);
+        pcr_kvcache_release(pod->kv, r->hashes, r->nblocks, r->private_blocks);
+    } else {
+        list_remove(&pod->waiting, r);
+    }
+    sim_req_free(r);
+    schedule(pod);
+}
+
+void sim_engine_cancel(sim_req_t *r)
+{
+    r->pod->cancelled++;
+    retire(r);
+}
+
+static void on_token_timer(evutil_socket_t fd, short what, void *arg)
+{
+    sim_req_t *r = arg;
+    sim_pod_t *pod = r->pod;
+    sim_conn_t *c = r->conn;
+    double now = sim_now_us();
+    size_t first = r->sent;
+    while (r->sent < r->max_tokens && r->next_token_us <= now) {
+        if (r->sent == 0)
+            record_ttft(pod, (r->first_token_us - r->arrival_us) * pod->conf->time_scale / 1e6);
+        r->sent++;
+        r->next_token_us += itl_us(pod);
+    }
+    size_t n = r->sent - first;
+    pod->generation_tokens += n;
+    int done = r->sent == r->max_tokens;
+    if (r->drop_at && r->sent >= r->drop_at && !done) {
+        /* Close mid-stream: detach first so the close path does not free r under us. */
+        pod->dropped++;
+        c->req = NULL;
+        r->conn = NULL;
+        retire(r);
+        sim_conn_close(c);
+        return;
+    }
+    if (r->stream) {
+        if (n > 0) {
+            struct evbuffer *ev = evbuffer_new();
+            sim_api_stream_event(r, first, n, done, ev);
+            sim_conn_chunk(c, ev);
+            evbuffer_free(ev);
+        }
+    } else {
+        for (size_t i = first; i < r->sent; i++)
+            sim_api_token_text(i, r->text);
+    }
+    if (!done) {
+        arm(r, r->next_token_us, now);
+        return;
+    }
+    pod->success++;
+    c->req = NULL;
+    r->conn = NULL;
+    if (r->stream) {
+        retire(r);
+        sim_conn_end(c);
+    } else {
+        struct evbuffer *body = evbuffer_new();
+        sim_api_full_response(r, body);
+        size_t len = evbuffer_get_length(body);
+        retire(r);
+        sim_conn_respond(c, 200, "application/json", (char *)evbuffer_pullup(body, -1), len);
+        evbuffer_free(body);
+    }
+}

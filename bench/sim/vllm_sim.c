@@ -1,0 +1,219 @@
+/* bench/sim/vllm_sim.c: vllm-sim, simulated vLLM pods for routing benchmarks and demos.
+ *
+ * One process, one event loop, one pod per --port (each with its own name, cache, queue and
+ * metrics). Prints "vllm-sim: pod NAME listening on HOST:PORT" per pod (the real port when
+ * asked for 0), then "vllm-sim: ready". SIGINT/SIGTERM stop it cleanly.
+ *
+ * Defaults are close to vLLM serving Llama-3-8B in BF16 on one H100 80GB:
+ *   KV cache 400k tokens (128 KiB per token; ~52 GB left after weights and activations),
+ *   prefill ~14k tokens/s (70 us/token), decode step 12 ms at batch 1 growing 60 us per
+ *   running sequence, 15 ms fixed overhead, max_num_seqs 256, max_model_len 131072. */
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+
+#include "sim.h"
+
+#define MAX_PODS 64
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: vllm_sim [options]\n"
+"  --host ADDR                  bind address (default 127.0.0.1)\n"
+"  --port N                     a pod on port N (0: any free port); repeat for more pods\n"
+"                               (default one pod on 8000)\n"
+"  --name NAME                  name of the pod of the same rank (default pod-0, pod-1, ...)\n"
+"  --model NAME                 served model name (default sim-8b)\n"
+"  --time-scale F               everything F times faster (default 1)\n"
+"  --capacity-tokens N          KV cache size per pod, tokens (default 400000)\n"
+"  --max-num-seqs N             running requests at most (default 256)\n"
+"  --max-model-len N            prompt + max_tokens at most (default 131072)\n"
+"  --prefill-us-per-token F     prefill time per uncached token, us (default 70)\n"
+"  --prefill-batch-slowdown F   prefill slower by F per running request (default 0.005)\n"
+"  --overhead-ms F              fixed time to first token, ms (default 15)\n"
+"  --itl-ms F                   inter-token latency at batch 1, ms (default 12)\n"
+"  --itl-per-seq-us F           inter-token latency added per running request, us (default 60)\n"
+"  --tick-us N                  shortest wall-clock gap between writes of a stream (default 1000)\n"
+"  --fail-rate F                answer this fraction with 500 (default 0)\n"
+"  --drop-rate F                close this fraction mid-stream (default 0)\n"
+"  --stall-rate F               never answer this fraction (default 0)\n"
+"  --seed N                     seed of the fault draws (default 1)\n");
+}
+
+static int valid_name(const char *s)
+{
+    if (!*s || strlen(s) > 128)
+        return 0;
+    for (; *s; s++)
+        if (!(('a' <= *s && *s <= 'z') || ('A' <= *s && *s <= 'Z') || ('0' <= *s && *s <= '9') ||
+              strchr("._:/-", *s)))
+            return 0;
+    return 1;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                      int salen, void *arg)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    sim_http_accept(arg, fd);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    event_base_loopbreak(arg);
+}
+
+int main(int argc, char **argv)
+{
+    sim_conf_t conf = {
+        .model = "sim-8b", .time_scale = 1, .prefill_us_per_token = 70,
+        .prefill_batch_slowdown = 0.005, .overhead_ms = 15, .itl_ms = 12, .itl_per_seq_us = 60,
+        .max_num_seqs = 256, .capacity_tokens = 400000, .max_model_len = 131072,
+        .tick_us = 1000, .max_body_bytes = 64u << 20,
+    };
+    const char *host = "127.0.0.1";
+    int ports[MAX_PODS], nports = 0, nnames = 0;
+    const char *names[MAX_PODS];
+    uint64_t seed = 1;
+    enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
+           O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_HELP };
+    static const struct option opts[] = {
+        {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
+        {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
+        {"capacity-tokens", 1, 0, O_CAP}, {"max-num-seqs", 1, 0, O_SEQS},
+        {"max-model-len", 1, 0, O_MML}, {"prefill-us-per-token", 1, 0, O_PREFILL},
+        {"prefill-batch-slowdown", 1, 0, O_SLOW}, {"overhead-ms", 1, 0, O_OVER},
+        {"itl-ms", 1, 0, O_ITL}, {"itl-per-seq-us", 1, 0, O_ITLSEQ}, {"tick-us", 1, 0, O_TICK},
+        {"fail-rate", 1, 0, O_FAIL}, {"drop-rate", 1, 0, O_DROP}, {"stall-rate", 1, 0, O_STALL},
+        {"seed", 1, 0, O_SEED}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+    };
+    int o;
+    double v;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int bad = 0;
+        switch (o) {
+        case O_HOST: host = optarg; break;
+        case O_PORT:
+            if (nports == MAX_PODS || parse_double(optarg, 0, 65535, &v)) bad = 1;
+            else ports[nports++] = (int)v;
+            break;
+        case O_NAME:
+            if (nnames == MAX_PODS || !valid_name(optarg)) bad = 1; else names[nnames++] = optarg;
+            break;
+        case O_MODEL: if (!valid_name(optarg)) bad = 1; else conf.model = optarg; break;
+        case O_SCALE: bad = parse_double(optarg, 1e-3, 1e6, &conf.time_scale); break;
+        case O_CAP:
+            bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1e10, &v);
+            conf.capacity_tokens = (uint64_t)v;
+            break;
+        case O_SEQS: bad = parse_double(optarg, 1, 1e6, &v); conf.max_num_seqs = (unsigned)v; break;
+        case O_MML: bad = parse_double(optarg, 1, 1e9, &v); conf.max_model_len = (uint64_t)v; break;
+        case O_PREFILL: bad = parse_double(optarg, 0, 1e7, &conf.prefill_us_per_token); break;
+        case O_SLOW: bad = parse_double(optarg, 0, 1e3, &conf.prefill_batch_slowdown); break;
+        case O_OVER: bad = parse_double(optarg, 0, 1e7, &conf.overhead_ms); break;
+        case O_ITL: bad = parse_double(optarg, 0, 1e7, &conf.itl_ms); break;
+        case O_ITLSEQ: bad = parse_double(optarg, 0, 1e7, &conf.itl_per_seq_us); break;
+        case O_TICK: bad = parse_double(optarg, 0, 1e7, &v); conf.tick_us = (unsigned)v; break;
+        case O_FAIL: bad = parse_double(optarg, 0, 1, &conf.fail_rate); break;
+        case O_DROP: bad = parse_double(optarg, 0, 1, &conf.drop_rate); break;
+        case O_STALL: bad = parse_double(optarg, 0, 1, &conf.stall_rate); break;
+        case O_SEED: bad = parse_double(optarg, 0, 1e18, &v); seed = (uint64_t)v; break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "vllm-sim: bad value for --%s: %s\n", opts[o - O_HOST].name, optarg);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "vllm-sim: unexpected argument %s\n", argv[optind]);
+        return 2;
+    }
+    if (nports == 0)
+        ports[nports++] = 8000;
+    if (nnames > nports) {
+        fprintf(stderr, "vllm-sim: more --name than --port\n");
+        return 2;
+    }
+    sim_rand_seed(seed);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    struct event_base *base = event_base_new();
+    sim_pod_t pods[MAX_PODS];
+    memset(pods, 0, sizeof pods);
+    struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
+    struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+    if (!base || !sigint || !sigterm)
+        goto out;
+    event_add(sigint, NULL);
+    event_add(sigterm, NULL);
+    for (int i = 0; i < nports; i++) {
+        sim_pod_t *pod = &pods[i];
+        char dflt[32];
+        snprintf(dflt, sizeof dflt, "pod-%d", i);
+        pod->conf = &conf;
+        pod->base = base;
+        pod->name = strdup(i < nnames ? names[i] : dflt);
+        size_t blocks = (size_t)(conf.capacity_tokens / PCR_KV_BLOCK_TOKENS);
+        pod->kv = pcr_kvcache_new(blocks);
+        if (!pod->name || !pod->kv) {
+            fprintf(stderr, "vllm-sim: cannot allocate a cache of %zu blocks\n", blocks);
+            goto out;
+        }
+        struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(ports[i]) };
+        if (inet_pton(AF_INET, host, &sin.sin_addr) != 1) {
+            fprintf(stderr, "vllm-sim: --host must be an IPv4 address: %s\n", host);
+            goto out;
+        }
+        pod->listener = evconnlistener_new_bind(base, on_accept, pod,
+                                                LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE, 1024,
+                                                (struct sockaddr *)&sin, sizeof sin);
+        if (!pod->listener) {
+            fprintf(stderr, "vllm-sim: cannot listen on %s:%d: %s\n", host, ports[i],
+                    evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+            goto out;
+        }
+        socklen_t sl = sizeof sin;
+        getsockname(evconnlistener_get_fd(pod->listener), (struct sockaddr *)&sin, &sl);
+        pod->port = ntohs(sin.sin_port);
+        fprintf(stderr, "vllm-sim: pod %s listening on %s:%d\n", pod->name, host, pod->port);
+    }
+    fprintf(stderr, "vllm-sim: ready (model %s, %d pod%s, capacity %llu tokens, time scale %g)\n",
+            conf.model, nports, nports > 1 ? "s" : "", (unsigned long long)conf.capacity_tokens,
+            conf.time_scale);
+    event_base_dispatch(base);
+    rc = 0;
+out:
+    for (int i = 0; i < nports; i++) {
+        sim_pod_t *pod = &pods[i];
+        while (pod->conns)
+            sim_conn_close(pod->conns);
+        if (pod->listener)
+            evconnlistener_free(pod->listener);
+        pcr_kvcache_free(pod->kv);
+        free(pod->name);
+    }
+    if (sigint) event_free(sigint);
+    if (sigterm) event_free(sigterm);
+    if (base) event_base_free(base);
+    return rc;
+}

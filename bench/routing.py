@@ -148,13 +148,13 @@ class Sims:
         return self.proc.stop()
 
 
-def router_config(backends, policy, capacity_tokens=None, port=0):
+def router_config(backends, policy, capacity_tokens=None, port=0, routing=None):
     return {
         "listen": [{"address": "127.0.0.1:%d" % port}],
         "backends": [dict({"name": n, "url": u},
                           **({"capacity_tokens": capacity_tokens} if capacity_tokens else {}))
                      for n, u in backends.items()],
-        "routing": {"policy": policy},
+        "routing": dict({"policy": policy}, **(routing or {})),
         "health": {"interval_ms": 1000},
         "log": {"access_log": False},
     }
@@ -395,7 +395,10 @@ def main():
     ap.add_argument("--max-tokens-cap", type=int, default=4096)
     ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--routing", default="{}",
+                    help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
     args = ap.parse_args()
+    routing = json.loads(args.routing)
     build = os.path.abspath(args.build)
     trace = args.trace or os.path.join(traces_dir(), "conversation_trace.jsonl")
     os.makedirs(args.out, exist_ok=True)
@@ -413,8 +416,8 @@ def main():
                 if policy == "haproxy_hash":
                     front = Haproxy(sims.urls, tmp)
                 else:
-                    front = Router(build, router_config(sims.urls, policy, args.capacity_tokens),
-                                   tmp)
+                    front = Router(build, router_config(sims.urls, policy, args.capacity_tokens,
+                                                        routing=routing), tmp)
                 print("== %s" % policy, flush=True)
                 r = run_replay(build, trace, front.url, list(sims.urls.values()),
                                args.time_scale, args.limit,

@@ -547,10 +547,13 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         c->nomem = 1;
         return NULL;
     }
+    /* The routing defaults are the library's own, so the two can never drift apart. */
+    pcr_policy_opts_t po;
+    pcr_policy_opts_default(&po);
     cfg->routing = (pcr_routing_conf_t){
-        .policy = PCR_POLICY_CACHE_AWARE, .block_bytes = 256, .max_prefix_bytes = 131072,
-        .index_max_bytes = 268435456, .load_factor = 1.25, .load_weight = 1.0,
-        .zone_penalty = 2048, .vnodes = 160,
+        .policy = po.kind, .block_bytes = po.block_bytes, .max_prefix_bytes = po.max_prefix_bytes,
+        .index_max_bytes = po.index_max_bytes, .load_factor = po.load_factor,
+        .load_weight = po.load_weight, .zone_penalty = po.zone_penalty, .vnodes = po.vnodes,
     };
     cfg->limits = (pcr_limits_conf_t){
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,

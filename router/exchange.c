@@ -167,30 +167,34 @@ static void error_reply(pcr_exchange_t *ex, int status, const char *type, const 
     free(text);
 }
 
+static void error_v(pcr_exchange_t *ex, int status, const char *type, const char *code,
+                    const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    error_reply(ex, status, type, code, msg);
+}
+
 void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const char *code,
                         const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    error_v(ex, status, type, code, fmt, ap);
     va_end(ap);
-    error_reply(ex, status, type, code, msg);
 }
 
 void pcr_exchange_reject(pcr_exchange_t *ex, int status, const char *type, const char *code,
                          const char *fmt, ...)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
     if (!ex->running) {
         ex->running = 1;
         ex->srv->inflight++;
     }
-    error_reply(ex, status, type, code, msg);
+    va_list ap;
+    va_start(ap, fmt);
+    error_v(ex, status, type, code, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- load accounting ----------------------------------------------------------------- */

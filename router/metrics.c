@@ -37,6 +37,48 @@ static void hist_render(struct evbuffer *out, const char *name, const char *help
                         (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->total);
 }
 
+/* One gauge or counter per backend: a row of this table each. */
+typedef uint64_t (*backend_value_fn)(const pcr_server_t *srv, size_t i);
+
+static uint64_t v_up(const pcr_server_t *s, size_t i) { return (uint64_t)s->backends[i].up; }
+static uint64_t v_inflight(const pcr_server_t *s, size_t i) { return s->backends[i].inflight; }
+static uint64_t v_queued(const pcr_server_t *s, size_t i) { return s->backends[i].queued_prefill; }
+static uint64_t v_waiting(const pcr_server_t *s, size_t i) { return s->backends[i].pod_waiting; }
+static uint64_t v_hits(const pcr_server_t *s, size_t i) { return s->backends[i].pod_hits; }
+static uint64_t v_queries(const pcr_server_t *s, size_t i) { return s->backends[i].pod_queries; }
+static uint64_t v_connect_errors(const pcr_server_t *s, size_t i) { return s->backends[i].connect_errors; }
+static uint64_t v_upstream_errors(const pcr_server_t *s, size_t i) { return s->backends[i].upstream_errors; }
+static uint64_t v_conns(const pcr_server_t *s, size_t i) { return s->backends[i].nconns; }
+
+static uint64_t v_index_blocks(const pcr_server_t *s, size_t i)
+{
+    return pcr_policy_backend_blocks(s->policy, (int)i);
+}
+
+static const struct {
+    const char *name, *type, *help;
+    backend_value_fn get;
+} per_backend[] = {
+    {"pcrouter_backend_prefix_cache_hits_tokens_total", "counter",
+     "Prompt tokens served from the pod's prefix cache (scraped vllm:prefix_cache_hits_total).", v_hits},
+    {"pcrouter_backend_prefix_cache_queries_tokens_total", "counter",
+     "Prompt tokens the pod looked up in its prefix cache (scraped vllm:prefix_cache_queries_total).",
+     v_queries},
+    {"pcrouter_backend_up", "gauge", "1 when the backend passes health checks.", v_up},
+    {"pcrouter_backend_in_flight", "gauge", "Requests in flight per backend.", v_inflight},
+    {"pcrouter_backend_queued_prefill_tokens", "gauge",
+     "Uncached prompt tokens sent to the backend whose first byte has not come back.", v_queued},
+    {"pcrouter_backend_pod_waiting", "gauge", "vllm:num_requests_waiting as last scraped.", v_waiting},
+    {"pcrouter_index_blocks", "gauge", "Prefix blocks the index believes each backend holds.",
+     v_index_blocks},
+    {"pcrouter_upstream_connect_errors_total", "counter", "Failed connects to each backend.",
+     v_connect_errors},
+    {"pcrouter_upstream_errors_total", "counter",
+     "Backend responses lost to a reset, a timeout or malformed HTTP.", v_upstream_errors},
+    {"pcrouter_upstream_connections", "gauge", "Open connections to each backend (idle included).",
+     v_conns},
+};
+
 #define HEADER(out, name, type, help) \
     evbuffer_add_printf(out, "# HELP " name " " help "\n# TYPE " name " " type "\n")
 
@@ -66,20 +108,6 @@ void pcr_metrics_render(pcr_server_t *srv, struct evbuffer *out)
     HEADER(out, "pcrouter_delivered_hit_rate", "gauge",
            "Prefix-cache hit rate the pods report (vllm:prefix_cache_hits_total / queries_total, tokens) since pcrouter started.");
     evbuffer_add_printf(out, "pcrouter_delivered_hit_rate %.6f\n", queries ? (double)hits / (double)queries : 0.0);
-    HEADER(out, "pcrouter_backend_prefix_cache_hits_tokens_total", "counter",
-           "Prompt tokens served from the pod's prefix cache (scraped from vllm:prefix_cache_hits_total).");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_backend_prefix_cache_hits_tokens_total{backend=\"%s\"} %llu\n",
-                            srv->backends[i].conf->name, (unsigned long long)srv->backends[i].pod_hits);
-    HEADER(out, "pcrouter_backend_prefix_cache_queries_tokens_total", "counter",
-           "Prompt tokens the pod looked up in its prefix cache (scraped from vllm:prefix_cache_queries_total).");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_backend_prefix_cache_queries_tokens_total{backend=\"%s\"} %llu\n",
-                            srv->backends[i].conf->name, (unsigned long long)srv->backends[i].pod_queries);
-    HEADER(out, "pcrouter_backend_pod_waiting", "gauge", "vllm:num_requests_waiting as last scraped.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_backend_pod_waiting{backend=\"%s\"} %u\n",
-                            srv->backends[i].conf->name, srv->backends[i].pod_waiting);
 
     HEADER(out, "pcrouter_route_decisions_total", "counter", "Routing decisions by policy and reason.");
     for (int r = 0; r < PCR_REASON__COUNT; r++)
@@ -112,24 +140,14 @@ void pcr_metrics_render(pcr_server_t *srv, struct evbuffer *out)
     HEADER(out, "pcrouter_index_bytes", "gauge", "Memory held by the prefix index.");
     evbuffer_add_printf(out, "pcrouter_index_bytes %zu\n", ps.index_bytes);
 
-    HEADER(out, "pcrouter_backend_up", "gauge", "1 when the backend passes health checks.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_backend_up{backend=\"%s\"} %d\n", srv->backends[i].conf->name,
-                            srv->backends[i].up);
-    HEADER(out, "pcrouter_backend_in_flight", "gauge", "Requests in flight per backend.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_backend_in_flight{backend=\"%s\"} %u\n",
-                            srv->backends[i].conf->name, srv->backends[i].inflight);
-    HEADER(out, "pcrouter_backend_queued_prefill_tokens", "gauge",
-           "Uncached prompt tokens sent to the backend whose first byte has not come back.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_backend_queued_prefill_tokens{backend=\"%s\"} %llu\n",
-                            srv->backends[i].conf->name,
-                            (unsigned long long)srv->backends[i].queued_prefill);
-    HEADER(out, "pcrouter_index_blocks", "gauge", "Prefix blocks the index believes each backend holds.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_index_blocks{backend=\"%s\"} %llu\n", srv->backends[i].conf->name,
-                            (unsigned long long)pcr_policy_backend_blocks(srv->policy, (int)i));
+    for (size_t k = 0; k < PCR_ARRAY_SIZE(per_backend); k++) {
+        evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", per_backend[k].name,
+                            per_backend[k].help, per_backend[k].name, per_backend[k].type);
+        for (size_t i = 0; i < srv->nbackends; i++)
+            evbuffer_add_printf(out, "%s{backend=\"%s\"} %llu\n", per_backend[k].name,
+                                srv->backends[i].conf->name,
+                                (unsigned long long)per_backend[k].get(srv, i));
+    }
     HEADER(out, "pcrouter_backend_requests_total", "counter", "Responses per backend and status.");
     for (size_t i = 0; i < srv->nbackends; i++)
         for (int c = 100; c < 600; c++)
@@ -137,21 +155,6 @@ void pcr_metrics_render(pcr_server_t *srv, struct evbuffer *out)
                 evbuffer_add_printf(out, "pcrouter_backend_requests_total{backend=\"%s\",code=\"%d\"} %llu\n",
                                     srv->backends[i].conf->name, c,
                                     (unsigned long long)srv->backends[i].requests_by_code[c]);
-    HEADER(out, "pcrouter_upstream_connect_errors_total", "counter", "Failed connects to each backend.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_upstream_connect_errors_total{backend=\"%s\"} %llu\n",
-                            srv->backends[i].conf->name,
-                            (unsigned long long)srv->backends[i].connect_errors);
-    HEADER(out, "pcrouter_upstream_errors_total", "counter",
-           "Backend responses lost to a reset, a timeout or malformed HTTP.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_upstream_errors_total{backend=\"%s\"} %llu\n",
-                            srv->backends[i].conf->name,
-                            (unsigned long long)srv->backends[i].upstream_errors);
-    HEADER(out, "pcrouter_upstream_connections", "gauge", "Open connections to each backend (idle included).");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        evbuffer_add_printf(out, "pcrouter_upstream_connections{backend=\"%s\"} %u\n",
-                            srv->backends[i].conf->name, srv->backends[i].nconns);
 
     hist_render(out, "pcrouter_request_duration_seconds", "Request start to last response byte.",
                 &m->duration);

@@ -53,7 +53,7 @@ typedef struct {
     size_t max_prefix_bytes;   /* default 131072 */
     size_t index_max_bytes;    /* hard cap on the radix index's memory, default 256 MiB */
     double load_factor;        /* bounded-load c, default 1.25 */
-    double load_weight;        /* default 1.0 */
+    double load_weight;        /* default 0.25 */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */

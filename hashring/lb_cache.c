@@ -94,6 +94,35 @@ static double zone_cost(const pcr_policy_t *p, size_t b)
     return p->be[b].in_zone ? 0.0 : p->o.zone_penalty;
 }
 
+/* A cold prompt pays its whole prefill wherever it goes, so the one thing that makes its first
+ * token late is the prefill queued ahead of it: one 100k-token prompt holds a pod for seconds.
+ * Among the candidates in p->usable, pass over those whose queued prefill is above the bounded-
+ * load limit in tokens (load_factor times the mean, plus COLD_QUEUE_SLACK so that an idle pool
+ * does not turn everything away), unless that leaves none. */
+#define COLD_QUEUE_SLACK 4096.0
+
+static void pass_over_long_queues(pcr_policy_t *p, const pcr_backend_load_t *loads)
+{
+    double total = 0;
+    size_t n = 0, left = 0;
+    for (size_t b = 0; b < p->n; b++) {
+        if (p->usable[b]) {
+            total += (double)loads[b].queued_prefill;
+            n++;
+        }
+    }
+    if (n == 0)
+        return;
+    double limit = p->o.load_factor * total / (double)n + COLD_QUEUE_SLACK;
+    for (size_t b = 0; b < p->n; b++)
+        left += p->usable[b] && (double)loads[b].queued_prefill <= limit;
+    if (left == 0)
+        return;
+    for (size_t b = 0; b < p->n; b++)
+        if ((double)loads[b].queued_prefill > limit)
+            p->usable[b] = 0;
+}
+
 /* A prefix nobody holds: the ring places it among the in-zone backends (all, when none is
  * usable in the zone), with bounded loads on in-flight requests and on blocks held, so new
  * prefixes also spread the cache itself evenly. The next request with the prefix is warm. */
@@ -120,6 +149,7 @@ static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     }
     for (size_t b = 0; b < p->n; b++)
         p->usable[b] = left > 0 ? p->usable[b] == 2 : p->usable[b] != 0;
+    pass_over_long_queues(p, loads);
     return pcr_policy_ring_place(p, pcr_policy_ring_key(p, key), loads, 0);
 }
 

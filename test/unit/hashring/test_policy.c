@@ -426,6 +426,39 @@ static void test_keyless_balances_load(void)
     pcr_policy_free(p);
 }
 
+/* A cold prompt pays its whole prefill wherever it lands: the ring's choice is passed over when
+ * a long prefill queue waits there, and kept when the queue is short. */
+static void test_cold_avoids_long_prefill_queue(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, "");
+    keybuf_t kb;
+    size_t len;
+    char *s = prompt(7, 8192, &len);
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    all_usable(l, NB);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+    int ring_choice = d.backend;
+
+    l[ring_choice].queued_prefill = 1000; /* a short queue: the ring's choice stands */
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.backend, ring_choice);
+
+    l[ring_choice].queued_prefill = 100000; /* seconds of prefill ahead: go elsewhere */
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), 0);
+    PCR_CHECK(d.backend != ring_choice);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+
+    for (int b = 0; b < NB; b++) /* every queue long alike: the ring's choice again */
+        l[b].queued_prefill = 100000;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.backend, ring_choice);
+    free(s);
+    pcr_policy_free(p);
+}
+
 int main(void)
 {
     PCR_RUN(test_defaults_and_arguments);
@@ -439,5 +472,6 @@ int main(void)
     PCR_RUN(test_deterministic);
     PCR_RUN(test_zone);
     PCR_RUN(test_keyless_balances_load);
+    PCR_RUN(test_cold_avoids_long_prefill_queue);
     return pcr_test_done();
 }

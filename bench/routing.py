@@ -390,7 +390,9 @@ def main():
     ap.add_argument("--capacity-tokens", type=int, default=1000000,
                     help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
                          " the trace's working set is ~93M tokens)")
-    ap.add_argument("--time-scale", type=float, default=50 if quick else 60)
+    ap.add_argument("--time-scale", type=float, default=50 if quick else 20,
+                    help="model time per wall second (default 20; QUICK: 50). One ms of"
+                         " scheduling jitter on this shared machine is this many ms of TTFT")
     ap.add_argument("--limit", type=int, default=2000 if quick else 0)
     ap.add_argument("--max-tokens-cap", type=int, default=4096)
     ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash")

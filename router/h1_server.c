@@ -45,11 +45,14 @@ typedef struct {
     int closing;                   /* close once the output is written */
     int abort;                     /* close now, unwritten output dropped */
     int draining;
-    int plain;                     /* a plain socket (not TLS): may write directly */
+    int plain;                     /* a plain socket (not TLS): read and written directly */
+    struct event *rev;             /* plain sockets: the read event; its timeout is the idle one */
 } h1_sess_t;
 
 static void h1_close(h1_sess_t *s);
 static void parse_input(h1_sess_t *s);
+static void arm_timeouts(h1_sess_t *s, int idle);
+static void stop_reading(h1_sess_t *s);
 
 static const char *reason_phrase(int status)
 {
@@ -289,7 +292,7 @@ static void reject(h1_sess_t *s, enum http_errno e)
         h1_close(s);
         return;
     }
-    bufferevent_disable(s->bev, EV_READ);
+    stop_reading(s);
     switch (s->reject_status) {
     case 413:
         pcr_exchange_reject(s->ex, 413, "invalid_request_error", "body_too_large",
@@ -326,12 +329,9 @@ static void parse_input(h1_sess_t *s)
         enum http_errno e = HTTP_PARSER_ERRNO(&s->parser);
         if (e == HPE_PAUSED) {
             evbuffer_drain(in, n);
-            /* While answering, the client may stay silent for minutes (a long stream); only a
-             * client that stops reading what we send is timed out. The response may finish
-             * synchronously (a local endpoint): `advance` runs later, from the loop. */
-            unsigned ms = s->srv->cfg->timeouts.client_idle_ms;
-            struct timeval wt = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-            bufferevent_set_timeouts(s->bev, NULL, &wt);
+            /* The response may finish synchronously (a local endpoint): `advance` runs later,
+             * from the loop. */
+            arm_timeouts(s, 0);
             pcr_exchange_run(s->ex);
             return;
         }
@@ -346,11 +346,27 @@ static void parse_input(h1_sess_t *s)
 
 /* ---- connection events --------------------------------------------------------------- */
 
-static void set_idle_timeouts(h1_sess_t *s)
+/* Timeouts: a client that stops reading what we send is always timed out; one that sends
+ * nothing only while no request of its own is being answered (a long stream may take minutes).
+ * TLS connections read through their bufferevent, plain ones through `rev` (io.h). */
+static void arm_timeouts(h1_sess_t *s, int idle)
 {
     unsigned ms = s->srv->cfg->timeouts.client_idle_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    bufferevent_set_timeouts(s->bev, &tv, &tv);
+    if (s->plain) {
+        bufferevent_set_timeouts(s->bev, NULL, &tv);
+        event_add(s->rev, idle ? &tv : NULL);
+    } else {
+        bufferevent_set_timeouts(s->bev, idle ? &tv : NULL, &tv);
+    }
+}
+
+static void stop_reading(h1_sess_t *s)
+{
+    if (s->plain)
+        event_del(s->rev);
+    else
+        bufferevent_disable(s->bev, EV_READ);
 }
 
 static void on_advance(evutil_socket_t fd, short what, void *arg)
@@ -363,13 +379,13 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
     if (s->abort)
         s->closing = 1; /* what did arrive is still delivered, then the close cuts it */
     if (s->closing) {
-        bufferevent_disable(s->bev, EV_READ);
+        stop_reading(s);
         if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0)
             h1_close(s);
         return; /* on_write closes once the output is out */
     }
     http_parser_pause(&s->parser, 0);
-    set_idle_timeouts(s);
+    arm_timeouts(s, 1);
     parse_input(s);
 }
 
@@ -379,6 +395,23 @@ static void on_read(struct bufferevent *bev, void *arg)
     if (s->closing)
         return;
     parse_input(s);
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (what & EV_TIMEOUT) {
+        h1_close(s); /* idle past client_idle_ms */
+        return;
+    }
+    int n = pcr_io_read_into(s->bev);
+    if (n == PCR_IO_AGAIN)
+        return;
+    if (n <= 0) {
+        h1_close(s); /* the client closed or broke the connection */
+        return;
+    }
+    on_read(s->bev, s);
 }
 
 static void on_write(struct bufferevent *bev, void *arg)
@@ -417,6 +450,8 @@ static void h1_close(h1_sess_t *s)
     pcr_exchange_free(s->ex);
     s->ex = NULL;
     event_free(s->advance);
+    if (s->rev)
+        event_free(s->rev);
     bufferevent_free(s->bev);
     free(s->url);
     free(s->name);
@@ -438,13 +473,26 @@ int pcr_h1_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain)
         free(s);
         return PCR_ERR_NOMEM;
     }
+    if (plain) {
+        s->rev = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_readable, s);
+        if (s->rev == NULL) {
+            event_free(s->advance);
+            free(s);
+            return PCR_ERR_NOMEM;
+        }
+    }
     http_parser_init(&s->parser, HTTP_REQUEST);
     s->parser.data = s;
     pcr_session_register(srv, &s->base, &h1_session_ops);
     bufferevent_setcb(bev, on_read, on_write, on_event, s);
     bufferevent_setwatermark(bev, EV_WRITE, PCR_WRITE_LOW, 0);
-    set_idle_timeouts(s);
-    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    if (plain) {
+        bufferevent_disable(bev, EV_READ);
+        bufferevent_enable(bev, EV_WRITE);
+    } else {
+        bufferevent_enable(bev, EV_READ | EV_WRITE);
+    }
+    arm_timeouts(s, 1);
     if (evbuffer_get_length(bufferevent_get_input(bev)) > 0)
         parse_input(s);
     return 0;

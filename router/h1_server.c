@@ -45,6 +45,7 @@ typedef struct {
     int closing;                   /* close once the output is written */
     int abort;                     /* close now, unwritten output dropped */
     int draining;
+    int read_stopped;              /* reading paused: too many pipelined bytes wait */
     int plain;                     /* a plain socket (not TLS): read and written directly */
     struct event *rev;             /* plain sockets: the read event; its timeout is the idle one */
 } h1_sess_t;
@@ -385,9 +386,16 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
         return; /* on_write closes once the output is out */
     }
     http_parser_pause(&s->parser, 0);
-    arm_timeouts(s, 1);
+    if (s->read_stopped && !s->plain)
+        bufferevent_enable(s->bev, EV_READ);
+    s->read_stopped = 0;
+    arm_timeouts(s, 1); /* (re)adds the read event of a plain socket */
     parse_input(s);
 }
+
+/* Pipelined requests wait in the input buffer while one is answered; past this much, reading
+ * stops until the answer is out, so a client cannot make pcrouter buffer without bound. */
+#define PIPELINE_MAX_BYTES (1024 * 1024)
 
 static void on_read(struct bufferevent *bev, void *arg)
 {
@@ -395,6 +403,11 @@ static void on_read(struct bufferevent *bev, void *arg)
     if (s->closing)
         return;
     parse_input(s);
+    if (s->ex != NULL && pcr_exchange_running(s->ex) &&
+        evbuffer_get_length(bufferevent_get_input(bev)) > PIPELINE_MAX_BYTES) {
+        stop_reading(s);
+        s->read_stopped = 1;
+    }
 }
 
 static void on_readable(evutil_socket_t fd, short what, void *arg)

@@ -2,6 +2,7 @@
 one slow backend not delaying others, timeouts inside a stream, a backend dying mid-stream, idle
 client connections, Connection: close, the access log."""
 import hashlib
+import select
 import socket
 import time
 
@@ -197,3 +198,35 @@ def test_access_log_line(cluster):
     got = c.router.err.wait_line(r"/v1/chat/completions.*\b200\b|\b200\b.*/v1/chat/completions", 10, start)
     assert got is not None, c.router.err.tail()
     assert "pod-a" in got[1].string, got[1].string
+
+
+def test_pipelined_flood_is_not_buffered_without_bound(cluster):
+    """While one request is answered, a client that keeps pipelining more is read only up to a
+    bound (1 MiB): then pcrouter stops reading, TCP pushes back, and the client's sends block,
+    instead of pcrouter buffering whatever it is sent."""
+    c = cluster(1)
+    stub = c.stubs[0]
+    conn = RawConn(c.router.port)
+    conn.send(http_request("POST", "/v1/completions",
+                           completion("held", stream=True, gate="flood", events=2)))
+    wait_for(lambda: stub.stats()["active"] >= 1, 10, what="the held request at the pod")
+    one = http_request("POST", "/v1/completions", completion("x" * 60000))
+    conn.sock.setblocking(False)
+    sent, limit = 0, 64 << 20
+    while sent < limit:
+        # Writable within a second, or pcrouter has stopped reading (the limit is what is tested).
+        _, writable, _ = select.select([], [conn.sock], [], 1.0)
+        if not writable:
+            break
+        try:
+            sent += conn.sock.send(one)
+        except BlockingIOError:
+            pass
+    # Loopback socket buffers hold a few MiB; pcrouter itself holds at most about 1 MiB more.
+    assert sent < 24 << 20, "pcrouter read %d bytes of pipelined requests while answering" % sent
+    conn.sock.setblocking(True)
+    stub.release("flood")
+    status, hdrs, body = conn.read_response()
+    assert status == 200
+    assert conn.read_response()[0] == 200  # the pipelined ones are answered once it is their turn
+    conn.close()

@@ -51,7 +51,8 @@ struct h2_sess {
     h2_stream_t *streams;
     size_t nstreams;
     int closing;
-    int plain;                     /* h2c on a plain socket: may write directly */
+    int plain;                     /* h2c on a plain socket: read and written directly */
+    struct event *rev;             /* plain sockets: the read event (io.h) */
 };
 
 static void h2_close(h2_sess_t *s);
@@ -64,7 +65,12 @@ static void set_timeouts(h2_sess_t *s)
     /* Idle connections time out; one with streams open may be silent for a long stream. */
     unsigned ms = s->srv->cfg->timeouts.client_idle_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    bufferevent_set_timeouts(s->bev, s->nstreams ? NULL : &tv, &tv);
+    if (s->plain) {
+        bufferevent_set_timeouts(s->bev, NULL, &tv);
+        event_add(s->rev, s->nstreams ? NULL : &tv);
+    } else {
+        bufferevent_set_timeouts(s->bev, s->nstreams ? NULL : &tv, &tv);
+    }
 }
 
 static void stream_free(h2_stream_t *st)
@@ -367,7 +373,10 @@ static void on_read(struct bufferevent *bev, void *arg)
             pcr_log_debug("h2: bad input from client: %s", nghttp2_strerror((int)n));
             s->srv->metrics.bad_requests++;
             evbuffer_drain(in, evbuffer_get_length(in));
-            bufferevent_disable(bev, EV_READ);
+            if (s->plain)
+                event_del(s->rev);
+            else
+                bufferevent_disable(bev, EV_READ);
             s->closing = 1;
             nghttp2_session_terminate_session(s->ng, NGHTTP2_PROTOCOL_ERROR);
             break;
@@ -386,6 +395,23 @@ static void on_write(struct bufferevent *bev, void *arg)
         return;
     }
     flush_now(s);
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    h2_sess_t *s = arg;
+    if (what & EV_TIMEOUT) {
+        h2_close(s); /* idle past client_idle_ms with no stream open */
+        return;
+    }
+    int n = pcr_io_read_into(s->bev);
+    if (n == PCR_IO_AGAIN)
+        return;
+    if (n <= 0) {
+        h2_close(s); /* the client closed or broke the connection */
+        return;
+    }
+    on_read(s->bev, s);
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
@@ -412,6 +438,8 @@ static void h2_close(h2_sess_t *s)
         stream_free(s->streams);
     nghttp2_session_del(s->ng);
     event_free(s->flush);
+    if (s->rev)
+        event_free(s->rev);
     bufferevent_free(s->bev);
     pcr_session_unregister(&s->base);
     free(s);
@@ -447,14 +475,26 @@ int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain)
     pcr_session_register(srv, &s->base, &h2_session_ops);
     bufferevent_setcb(bev, on_read, on_write, on_event, s);
     bufferevent_setwatermark(bev, EV_WRITE, PCR_WRITE_LOW, 0);
+    if (plain) {
+        s->rev = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_readable, s);
+        if (s->rev == NULL) {
+            pcr_session_unregister(&s->base);
+            goto fail;
+        }
+        bufferevent_disable(bev, EV_READ);
+        bufferevent_enable(bev, EV_WRITE);
+    } else {
+        bufferevent_enable(bev, EV_READ | EV_WRITE);
+    }
     set_timeouts(s);
-    bufferevent_enable(bev, EV_READ | EV_WRITE);
     if (evbuffer_get_length(bufferevent_get_input(bev)) > 0)
         on_read(bev, s);
     else
         flush_now(s);
     return 0;
 fail:
+    if (s && s->flush)
+        event_free(s->flush);
     if (s && s->ng)
         nghttp2_session_del(s->ng);
     free(s);

@@ -529,14 +529,6 @@ class CurlStream:
         self.cleanup()
         return rc, self.buf
 
-    def wait_stopped(self, timeout=30):
-        """For a test that signalled pcrouter itself: waits, asserts exit 0 and no sanitizer text."""
-        if self.stopped:
-            return
-        rc = self.wait_exit(timeout)
-        self.outf.close()
-        self.assert_clean_exit(rc)
-
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()

@@ -15,8 +15,9 @@
  * Reading: the connection's bufferevent only connects and writes. Responses are read by a plain
  * persistent read event, straight into a stack buffer that http-parser walks: no copy into an
  * input buffer and no FIONREAD ioctl per read (libevent's evbuffer_read does one), which on this
- * kind of machine is a fifth of what a proxied request costs in system calls. Bytes left over
- * when the client side pauses the response wait in `held`.
+ * kind of machine is a fifth of what a proxied request costs in system calls. Every byte read is
+ * parsed at once (the parser stops early only at the end of a response); a pause asked by the
+ * client side takes effect from the next read, the client's write watermark absorbing one.
  *
  * Freeing: a callback may cancel its own request; the connection notices through `req == NULL`
  * after the parser returns, never touching freed memory (one close path, conn_close()). */
@@ -57,7 +58,6 @@ struct pcr_upconn {
     pcr_backend_t *be;
     struct bufferevent *bev;         /* connect and write side */
     struct event *rev;               /* read side: persistent, its timeout is the read timeout */
-    struct evbuffer *held;           /* response bytes read but not parsed (paused) */
     unsigned read_ms;                /* the read timeout in force */
     http_parser parser;
     pcr_upreq_t *req;                /* the request it carries, NULL when idle */
@@ -265,8 +265,6 @@ static void conn_close(pcr_upconn_t *c)
     }
     if (c->rev)
         event_free(c->rev);
-    if (c->held)
-        evbuffer_free(c->held);
     bufferevent_free(c->bev);
     free(c->hbuf);
     free(c);
@@ -325,9 +323,8 @@ static void conn_done(pcr_upconn_t *c, int keep)
     cbs->on_done(ctx);
 }
 
-/* Parses `len` response bytes. Returns 0 when the connection lives on, -1 when it was closed
- * or failed (then `c` is gone). Bytes not parsed because the response paused go to `held`. */
-static int conn_parse(pcr_upconn_t *c, const char *data, size_t len)
+/* Parses `len` response bytes; the connection may be closed or back in the pool after. */
+static void conn_parse(pcr_upconn_t *c, const char *data, size_t len)
 {
     c->got_bytes = 1;
     c->in_read = 1;
@@ -337,30 +334,16 @@ static int conn_parse(pcr_upconn_t *c, const char *data, size_t len)
     if (c->req == NULL) {
         /* Cancelled from inside a callback: close, so the pod stops generating. */
         conn_close(c);
-        return -1;
-    }
-    if (e != HPE_OK && e != HPE_PAUSED) {
+    } else if (e != HPE_OK && e != HPE_PAUSED) {
         pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
                      http_errno_description(e));
         conn_fail(c, PCR_UP_PROTOCOL);
-        return -1;
-    }
-    if (c->done) {
+    } else if (c->done) {
         /* Keep-alive only when nothing trails the response and the request went out whole. */
         int keep = http_should_keep_alive(&c->parser) && n == len &&
                    evbuffer_get_length(bufferevent_get_output(c->bev)) == 0;
         conn_done(c, keep);
-        return -1;
     }
-    if (n < len) {
-        /* Paused by the client side (a body callback asked): keep the rest for resume. */
-        if (c->held == NULL && (c->held = evbuffer_new()) == NULL) {
-            conn_fail(c, PCR_UP_RESET);
-            return -1;
-        }
-        evbuffer_add(c->held, data + n, len - n);
-    }
-    return 0;
 }
 
 /* The read side ended (EOF, error): a close-delimited body may be complete, else it failed. */
@@ -389,22 +372,6 @@ static void conn_readable(evutil_socket_t fd, short what, void *arg)
         else
             conn_fail(c, PCR_UP_TIMEOUT);
         return;
-    }
-    if (c->req != NULL && c->req->paused)
-        return;
-    /* Held bytes first: they were read before the pause that the resume just ended. */
-    if (c->held != NULL && evbuffer_get_length(c->held) > 0) {
-        size_t len = evbuffer_get_length(c->held);
-        char *data = malloc(len);
-        if (data == NULL) {
-            conn_fail(c, PCR_UP_RESET);
-            return;
-        }
-        evbuffer_remove(c->held, data, len);
-        int rc = conn_parse(c, data, len);
-        free(data);
-        if (rc < 0 || (c->req != NULL && c->req->paused))
-            return;
     }
     char buf[65536];
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
@@ -582,11 +549,7 @@ void pcr_upstream_resume(pcr_upreq_t *r)
         return;
     r->paused = 0;
     if (r->conn) {
-        pcr_upconn_t *c = r->conn;
-        read_arm(c, c->read_ms);
-        /* Held bytes are parsed without waiting for the socket to have more. */
-        if (c->held != NULL && evbuffer_get_length(c->held) > 0)
-            event_active(c->rev, EV_READ, 0);
+        read_arm(r->conn, r->conn->read_ms);
     }
 }
 

@@ -78,16 +78,19 @@ typedef struct {
     struct event *deadline;
 } health_ctx_t;
 
-static void health_end(health_ctx_t *h, int ok)
+enum { HEALTH_FAILED = 0, HEALTH_OK = 1, HEALTH_COUNTED = 2 };
+
+/* Ends the check in flight; `verdict` HEALTH_COUNTED when the pool already counted it. */
+static void health_end(health_ctx_t *h, int verdict)
 {
     pcr_backend_t *be = h->be;
     be->health_req = NULL;
     be->health_ctx = NULL;
     event_free(h->deadline);
     free(h);
-    if (ok)
+    if (verdict == HEALTH_OK)
         pcr_backend_note_success(be);
-    else
+    else if (verdict == HEALTH_FAILED)
         pcr_backend_note_failure(be);
     health_schedule(be);
 }
@@ -102,23 +105,13 @@ static void on_health_body(void *ctx, const char *data, size_t len) {}
 static void on_health_done(void *ctx)
 {
     health_ctx_t *h = ctx;
-    health_end(h, h->status >= 200 && h->status < 300);
+    health_end(h, h->status >= 200 && h->status < 300 ? HEALTH_OK : HEALTH_FAILED);
 }
 
 static void on_health_error(void *ctx, pcr_up_error_t err, int got_head)
 {
-    health_ctx_t *h = ctx;
-    if (err == PCR_UP_CONNECT) {
-        /* The pool already counted this connect failure against the backend. */
-        pcr_backend_t *be = h->be;
-        be->health_req = NULL;
-        be->health_ctx = NULL;
-        event_free(h->deadline);
-        free(h);
-        health_schedule(be);
-        return;
-    }
-    health_end(h, 0);
+    /* A connect failure the pool already counted against the backend. */
+    health_end(ctx, err == PCR_UP_CONNECT ? HEALTH_COUNTED : HEALTH_FAILED);
 }
 
 static const pcr_upstream_cbs_t health_cbs = {
@@ -129,7 +122,7 @@ static void on_health_deadline(evutil_socket_t fd, short what, void *arg)
 {
     health_ctx_t *h = arg;
     pcr_upstream_cancel(h->be->health_req);
-    health_end(h, 0);
+    health_end(h, HEALTH_FAILED);
 }
 
 static void on_health_timer(evutil_socket_t fd, short what, void *arg)

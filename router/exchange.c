@@ -167,6 +167,15 @@ static void error_reply(pcr_exchange_t *ex, int status, const char *type, const 
     free(text);
 }
 
+/* The request counts from here: in-flight, then status and access log when it is freed. */
+static void mark_running(pcr_exchange_t *ex)
+{
+    if (!ex->running) {
+        ex->running = 1;
+        ex->srv->inflight++;
+    }
+}
+
 static void error_v(pcr_exchange_t *ex, int status, const char *type, const char *code,
                     const char *fmt, va_list ap)
 {
@@ -187,10 +196,7 @@ void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const 
 void pcr_exchange_reject(pcr_exchange_t *ex, int status, const char *type, const char *code,
                          const char *fmt, ...)
 {
-    if (!ex->running) {
-        ex->running = 1;
-        ex->srv->inflight++;
-    }
+    mark_running(ex);
     va_list ap;
     va_start(ap, fmt);
     error_v(ex, status, type, code, fmt, ap);
@@ -320,7 +326,7 @@ static void dispatch(pcr_exchange_t *ex)
     }
     pcr_backend_t *be = &srv->backends[d.backend];
     if (ex->attempts == 0) {
-        srv->metrics.decisions[srv->cfg->routing.policy][d.reason]++;
+        srv->metrics.decisions[d.reason]++;
         if (ex->has_key) {
             srv->metrics.prefix_blocks += d.total_blocks;
             srv->metrics.prefix_blocks_matched += d.matched_blocks;
@@ -457,8 +463,7 @@ static int path_is(const char *path, const char *want)
 
 void pcr_exchange_run(pcr_exchange_t *ex)
 {
-    ex->running = 1;
-    ex->srv->inflight++;
+    mark_running(ex);
     const char *p = ex->path ? ex->path : "";
     int get = strcmp(ex->method, "GET") == 0 || strcmp(ex->method, "HEAD") == 0;
     int post = strcmp(ex->method, "POST") == 0;

@@ -111,10 +111,10 @@ void pcr_metrics_render(pcr_server_t *srv, struct evbuffer *out)
 
     HEADER(out, "pcrouter_route_decisions_total", "counter", "Routing decisions by policy and reason.");
     for (int r = 0; r < PCR_REASON__COUNT; r++)
-        if (m->decisions[srv->cfg->routing.policy][r])
+        if (m->decisions[r])
             evbuffer_add_printf(out, "pcrouter_route_decisions_total{policy=\"%s\",reason=\"%s\"} %llu\n",
                                 pol, pcr_reason_name((pcr_reason_t)r),
-                                (unsigned long long)m->decisions[srv->cfg->routing.policy][r]);
+                                (unsigned long long)m->decisions[r]);
 
     HEADER(out, "pcrouter_requests_total", "counter", "Client requests by response status (499: client left).");
     for (int c = 100; c < 600; c++)

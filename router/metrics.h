@@ -18,7 +18,7 @@ typedef struct {
 
 typedef struct {
     uint64_t requests_by_code[600];
-    uint64_t decisions[4][PCR_REASON__COUNT];   /* [policy kind][reason] */
+    uint64_t decisions[PCR_REASON__COUNT];      /* by reason, for the configured policy */
     uint64_t prefix_blocks;                      /* blocks of routed prompts */
     uint64_t prefix_blocks_matched;              /* of those, held by the chosen backend */
     uint64_t retries;

@@ -9,7 +9,7 @@ PY         := /usr/bin/python3
 BUILD_PKGS := gcc pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libhiredis-dev libhttp-parser-dev
 # Run and test: real clients and servers the tests start themselves.
-TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest
+TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 

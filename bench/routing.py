@@ -31,9 +31,8 @@ POLICIES = ["round_robin", "least_loaded", "consistent_hash", "cache_aware"]
 
 
 def traces_dir():
-    """The shared traces: $PCR_TRACES, else ../shared/traces next to the repository."""
-    for d in (os.environ.get("PCR_TRACES"), os.path.join(ROOT, "..", "shared", "traces"),
-              "/work/shared/traces"):
+    """The traces: $PCR_TRACES, else bench/traces in this repository."""
+    for d in (os.environ.get("PCR_TRACES"), os.path.join(HERE, "traces")):
         if d and os.path.isdir(d):
             return os.path.abspath(d)
     raise SystemExit("routing: no traces folder (set PCR_TRACES)")

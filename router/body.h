@@ -2,7 +2,7 @@
  *
  * cJSON (not jansson) parses request bodies: prompts run to hundreds of KiB and cJSON is
  * about 15x faster there. The canonical bytes are what the prefix key is hashed from (see
- * ../shared/docs/ARCHITECTURE.md, "The routing model"). */
+ * docs/ARCHITECTURE.md, "The routing model"). */
 #ifndef PCR_ROUTER_BODY_H
 #define PCR_ROUTER_BODY_H
 

@@ -23,7 +23,7 @@ struct pcr_backend {
     unsigned max_connections;
 
     /* Pool: idle connections, most recently used first; requests waiting for a slot. */
-    TAILQ_HEAD(, pcr_upconn) idle;
+    TAILQ_HEAD(pcr_upconn_idle, pcr_upconn) idle;
     TAILQ_HEAD(, pcr_upreq) waiters;
     unsigned nconns;                         /* open: connecting + idle + busy */
     unsigned nidle;

@@ -115,6 +115,7 @@ static const field_t limits_fields[] = {
     F_INT(pcr_limits_conf_t, max_header_bytes, FT_SIZE, 1024, 1048576),
     F_INT(pcr_limits_conf_t, max_concurrent_streams, FT_UINT, 1, 100000),
     F_INT(pcr_limits_conf_t, max_client_connections, FT_UINT, 1, 1000000),
+    F_INT(pcr_limits_conf_t, max_buffered_body_bytes, FT_SIZE, 1024, 1LL << 40),
 };
 
 /* Every network wait has a timeout (house rule 7): no timeout accepts 0 but drain_ms, where 0
@@ -125,6 +126,8 @@ static const field_t timeouts_fields[] = {
     F_INT(pcr_timeouts_conf_t, stream_idle_ms, FT_UINT, 1, DAY_MS),
     F_INT(pcr_timeouts_conf_t, upstream_keepalive_ms, FT_UINT, 1, DAY_MS),
     F_INT(pcr_timeouts_conf_t, client_idle_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_timeouts_conf_t, request_header_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_timeouts_conf_t, client_write_ms, FT_UINT, 1, DAY_MS),
     F_INT(pcr_timeouts_conf_t, drain_ms, FT_UINT, 0, DAY_MS),
 };
 
@@ -557,11 +560,12 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     };
     cfg->limits = (pcr_limits_conf_t){
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,
-        .max_client_connections = 10000,
+        .max_client_connections = 10000, .max_buffered_body_bytes = (size_t)512 << 20,
     };
     cfg->timeouts = (pcr_timeouts_conf_t){
         .connect_ms = 2000, .response_ms = 600000, .stream_idle_ms = 300000,
         .upstream_keepalive_ms = 60000, .client_idle_ms = 120000, .drain_ms = 30000,
+        .request_header_ms = 10000, .client_write_ms = 30000,
     };
     cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1 };
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };

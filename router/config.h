@@ -51,7 +51,8 @@ typedef struct {
     size_t max_body_bytes;         /* default 33554432 (32 MiB); larger bodies get 413 */
     size_t max_header_bytes;       /* default 16384; larger request headers get 431 */
     unsigned max_concurrent_streams; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, default 256 */
-    unsigned max_client_connections; /* default 10000 */
+    unsigned max_client_connections; /* default 10000; at the limit the longest-waiting idle one goes */
+    size_t max_buffered_body_bytes; /* all request bodies held at once, default 536870912 (512 MiB) */
 } pcr_limits_conf_t;
 
 typedef struct {
@@ -59,7 +60,12 @@ typedef struct {
     unsigned response_ms;          /* upstream: request sent -> response headers, default 600000 */
     unsigned stream_idle_ms;       /* upstream: longest silence inside a response, default 300000 */
     unsigned upstream_keepalive_ms;/* idle pooled connection closed after, default 60000 */
-    unsigned client_idle_ms;       /* idle client connection closed after, default 120000 */
+    unsigned client_idle_ms;       /* idle client connection closed after, default 120000; a
+                                      request body that stalls this long gets 408 */
+    unsigned request_header_ms;    /* a request head (and a connection's handshake) must be complete
+                                      within this, else 408 and close; default 10000 */
+    unsigned client_write_ms;      /* a client that accepts no response bytes this long loses the
+                                      stream (HTTP/2) or the connection (HTTP/1.1); default 30000 */
     unsigned drain_ms;             /* SIGTERM: longest wait for in-flight requests, default 30000 */
 } pcr_timeouts_conf_t;
 

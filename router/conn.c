@@ -1,61 +1,86 @@
-/* router/conn.c: owns the listeners and a connection's first moments: accept, the TLS
- * handshake, and the choice of protocol. With TLS, ALPN decides (h2, else HTTP/1.1). On a
- * plain listener the first bytes decide: the HTTP/2 connection preface means h2c with prior
- * knowledge, anything else is HTTP/1.1, so one port serves both. */
+/* router/conn.c: owns the listeners and a connection's first moments: accept, the connection
+ * limit, the TLS handshake, and the choice of protocol. With TLS, ALPN decides (h2, else
+ * HTTP/1.1). On a plain listener the first bytes decide: the HTTP/2 connection preface means h2c
+ * with prior knowledge, anything else is HTTP/1.1, so one port serves both. The whole handshake
+ * (TLS included) must finish within timeouts.request_header_ms.
+ *
+ * Accepting: each listener accepts in a loop until the kernel has nothing more. When the process
+ * runs out of file descriptors (EMFILE, ENFILE), accept would fail at once forever, a busy loop
+ * that serves nobody; instead the listener gives back a spare descriptor it keeps for this, takes
+ * the waiting connection and closes it (the client learns at once rather than timing out), then
+ * stops accepting for a back-off that doubles while it lasts, and logs once per back-off. This is
+ * what nginx and HAProxy do.
+ *
+ * The connection limit (limits.max_client_connections) counts every session, handshakes
+ * included; at the limit, the session that has waited longest for its client is closed to make
+ * room (session.h), and only when every session has a request in flight is the new one refused. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
-#include <event2/listener.h>
+#include <event2/event.h>
 
 #include "log.h"
 #include "session.h"
 
+#define ACCEPT_BATCH 64
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 1600
+
 struct pcr_listener {
     pcr_server_t *srv;
     const pcr_listen_conf_t *conf;
-    struct evconnlistener *l;
+    int fd;
+    struct event *ev;
+    struct event *backoff;
+    unsigned backoff_ms;
+    uint64_t refused;           /* connections closed unserved during this back-off */
     SSL_CTX *ssl_ctx;
 };
 
+/* ---- the handshake ------------------------------------------------------------------- */
+
 typedef struct {
-    pcr_server_t *srv;
-    struct bufferevent *bev;
-    int tls;
+    pcr_session_t base;
+    pcr_sock_t *sock;
+    struct event *deadline;
 } handshake_t;
 
 static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define H2_PREFACE_LEN 24
 
+static void handshake_free(handshake_t *hs)
+{
+    pcr_session_unregister(&hs->base);
+    if (hs->deadline)
+        event_free(hs->deadline);
+    pcr_sock_free(hs->sock);
+    free(hs);
+}
+
 static void handshake_done(handshake_t *hs, int h2)
 {
-    pcr_server_t *srv = hs->srv;
-    struct bufferevent *bev = hs->bev;
-    int plain = !hs->tls;
-    srv->nhandshakes--;
-    free(hs);
-    bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
-    int rc = h2 ? pcr_h2_session_start(srv, bev, plain) : pcr_h1_session_start(srv, bev, plain);
+    pcr_server_t *srv = hs->base.srv;
+    pcr_sock_t *sock = hs->sock;
+    hs->sock = NULL;
+    handshake_free(hs);
+    pcr_sock_read_stop(sock);
+    int rc = h2 ? pcr_h2_session_start(srv, sock) : pcr_h1_session_start(srv, sock);
     if (rc < 0)
-        bufferevent_free(bev);
+        pcr_sock_free(sock);
 }
 
-static void handshake_fail(handshake_t *hs)
-{
-    hs->srv->nhandshakes--;
-    bufferevent_free(hs->bev);
-    free(hs);
-}
-
-static void on_detect_read(struct bufferevent *bev, void *arg)
+static void on_hs_read(pcr_sock_t *sock, void *arg)
 {
     handshake_t *hs = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
+    struct evbuffer *in = pcr_sock_input(sock);
     size_t len = evbuffer_get_length(in);
     size_t n = len < H2_PREFACE_LEN ? len : H2_PREFACE_LEN;
     const unsigned char *p = evbuffer_pullup(in, (ev_ssize_t)n);
@@ -66,65 +91,199 @@ static void on_detect_read(struct bufferevent *bev, void *arg)
     /* else: a prefix of the preface so far; wait for more bytes */
 }
 
-static void on_detect_event(struct bufferevent *bev, short what, void *arg)
+static void on_hs_ready(pcr_sock_t *sock, int err, void *arg)
 {
     handshake_t *hs = arg;
-    if ((what & BEV_EVENT_CONNECTED) && hs->tls) {
-        SSL *ssl = bufferevent_openssl_get_ssl(bev);
-        const unsigned char *alpn = NULL;
-        unsigned alen = 0;
-        SSL_get0_alpn_selected(ssl, &alpn, &alen);
-        handshake_done(hs, alen == 2 && memcmp(alpn, "h2", 2) == 0);
-        return;
-    }
-    if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
-        if (hs->tls && (what & BEV_EVENT_ERROR))
-            pcr_log_debug("TLS handshake failed: %lu", bufferevent_get_openssl_error(bev));
-        handshake_fail(hs);
-    }
+    handshake_done(hs, pcr_sock_alpn_h2(sock));
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
-                      void *arg)
+static void on_hs_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
 {
-    struct pcr_listener *lst = arg;
+    if (why == PCR_SOCK_TLS_ERROR)
+        pcr_log_debug("TLS handshake with %s failed", pcr_sock_peer(sock));
+    handshake_free(arg);
+}
+
+static void on_hs_drain(pcr_sock_t *sock, void *arg) {}
+
+static const pcr_sock_cbs_t hs_cbs = {on_hs_read, on_hs_drain, on_hs_end, on_hs_ready};
+
+static void on_hs_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    handshake_t *hs = arg;
+    pcr_log_debug("connection from %s: no protocol chosen within %u ms", pcr_sock_peer(hs->sock),
+                  hs->base.srv->cfg->timeouts.request_header_ms);
+    handshake_free(hs);
+}
+
+static void hs_close(pcr_session_t *s) { handshake_free((handshake_t *)s); }
+
+static const pcr_session_ops_t hs_ops = {hs_close, hs_close};
+
+static void start_handshake(struct pcr_listener *lst, int fd)
+{
     pcr_server_t *srv = lst->srv;
-    if (srv->draining || srv->nsessions + srv->nhandshakes >= srv->cfg->limits.max_client_connections) {
-        evutil_closesocket(fd);
-        return;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    evutil_make_socket_nonblocking(fd);
     handshake_t *hs = calloc(1, sizeof(*hs));
     if (hs == NULL) {
-        evutil_closesocket(fd);
+        close(fd);
         return;
     }
-    hs->srv = srv;
-    hs->tls = lst->ssl_ctx != NULL;
-    if (hs->tls) {
+    if (lst->ssl_ctx != NULL) {
         SSL *ssl = SSL_new(lst->ssl_ctx);
-        hs->bev = ssl ? bufferevent_openssl_socket_new(srv->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                                       BEV_OPT_CLOSE_ON_FREE)
-                      : NULL;
-        if (hs->bev == NULL && ssl)
-            SSL_free(ssl);
+        if (ssl == NULL) {
+            close(fd);
+            free(hs);
+            return;
+        }
+        hs->sock = pcr_sock_tls_new(srv->base, fd, ssl);
     } else {
-        hs->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+        hs->sock = pcr_sock_plain_new(srv->base, fd);
     }
-    if (hs->bev == NULL) {
-        evutil_closesocket(fd);
+    hs->deadline = evtimer_new(srv->base, on_hs_deadline, hs);
+    if (hs->sock == NULL || hs->deadline == NULL) {
+        pcr_sock_free(hs->sock);
+        if (hs->deadline)
+            event_free(hs->deadline);
         free(hs);
         return;
     }
-    srv->nhandshakes++;
+    pcr_session_register(srv, &hs->base, &hs_ops);
+    pcr_session_set_waiting(&hs->base, 1);
     srv->metrics.client_connections_total++;
-    bufferevent_setcb(hs->bev, hs->tls ? NULL : on_detect_read, NULL, on_detect_event, hs);
-    unsigned ms = srv->cfg->timeouts.client_idle_ms;
+    unsigned ms = srv->cfg->timeouts.request_header_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    bufferevent_set_timeouts(hs->bev, &tv, &tv);
-    bufferevent_enable(hs->bev, EV_READ | EV_WRITE);
+    evtimer_add(hs->deadline, &tv);
+    pcr_sock_set_cbs(hs->sock, &hs_cbs, hs);
+    pcr_sock_set_write_timeout(hs->sock, srv->cfg->timeouts.client_write_ms);
+    pcr_sock_read_start(hs->sock);
+}
+
+/* ---- accepting ----------------------------------------------------------------------- */
+
+/* Room for one more connection: at the limit, the session waiting longest goes. */
+static int make_room(pcr_server_t *srv)
+{
+    if (srv->nsessions < srv->cfg->limits.max_client_connections)
+        return 1;
+    pcr_session_t *oldest = TAILQ_FIRST(&srv->waiting);
+    if (oldest == NULL)
+        return 0;
+    srv->metrics.connections_evicted++;
+    oldest->ops->close(oldest);
+    return srv->nsessions < srv->cfg->limits.max_client_connections;
+}
+
+static void spare_take(pcr_server_t *srv)
+{
+    if (srv->spare_fd < 0)
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+static void on_backoff(evutil_socket_t fd, short what, void *arg)
+{
+    struct pcr_listener *lst = arg;
+    spare_take(lst->srv);
+    if (lst->srv->draining || lst->fd < 0)
+        return;
+    pcr_log_info("listen %s: accepting again after %u ms (%llu connection(s) refused meanwhile)",
+                 lst->conf->address, lst->backoff_ms, (unsigned long long)lst->refused);
+    event_add(lst->ev, NULL);
+}
+
+/* Out of descriptors: close one waiting connection with the spare, pause, log once. */
+static void out_of_fds(struct pcr_listener *lst, int err)
+{
+    pcr_server_t *srv = lst->srv;
+    if (srv->spare_fd >= 0) {
+        close(srv->spare_fd);
+        srv->spare_fd = -1;
+        int fd = accept4(lst->fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            lst->refused++;
+        }
+        spare_take(srv);
+    }
+    srv->metrics.accept_fd_exhausted++;
+    unsigned prev = lst->backoff_ms;
+    lst->backoff_ms = prev == 0 ? BACKOFF_MIN_MS : prev * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : prev * 2;
+    if (prev == 0)
+        pcr_log_warn("listen %s: accept failed: %s; pausing %u ms (open connections: %zu)",
+                     lst->conf->address, strerror(err), lst->backoff_ms, srv->nsessions);
+    event_del(lst->ev);
+    struct timeval tv = {lst->backoff_ms / 1000, (suseconds_t)(lst->backoff_ms % 1000) * 1000};
+    evtimer_add(lst->backoff, &tv);
+}
+
+static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
+{
+    struct pcr_listener *lst = arg;
+    pcr_server_t *srv = lst->srv;
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            int err = errno;
+            if (err == EINTR || err == ECONNABORTED)
+                continue;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                out_of_fds(lst, err);
+                return;
+            }
+            if (err != EAGAIN && err != EWOULDBLOCK)
+                pcr_log_warn("listen %s: accept failed: %s", lst->conf->address, strerror(err));
+            break;
+        }
+        if (lst->backoff_ms != 0) {
+            lst->backoff_ms = 0; /* descriptors are back */
+            lst->refused = 0;
+        }
+        if (srv->draining || !make_room(srv)) {
+            srv->metrics.connections_refused++;
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        start_handshake(lst, fd);
+    }
+}
+
+static int listen_socket(const pcr_listen_conf_t *lc, char *err, size_t errlen)
+{
+    int fd = socket(lc->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0)
+        goto fail;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (const struct sockaddr *)&lc->addr, lc->addrlen) != 0 || listen(fd, 4096) != 0)
+        goto fail;
+    return fd;
+fail:
+    snprintf(err, errlen, "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+static void log_listening(const struct pcr_listener *lst)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    const char *proto = lst->conf->tls ? "TLS: h2, http/1.1" : "http/1.1 + h2c";
+    getsockname(lst->fd, (struct sockaddr *)&ss, &sl);
+    if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+        port = ntohs(s6->sin6_port);
+        pcr_log_info("listening on [%s]:%u (%s)", host, port, proto);
+    } else {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+        port = ntohs(s4->sin_port);
+        pcr_log_info("listening on %s:%u (%s)", host, port, proto);
+    }
 }
 
 int pcr_listeners_start(pcr_server_t *srv)
@@ -134,13 +293,15 @@ int pcr_listeners_start(pcr_server_t *srv)
     if (srv->listeners == NULL)
         return PCR_ERR_NOMEM;
     srv->nlisteners = cfg->nlisten;
+    spare_take(srv);
     for (size_t i = 0; i < cfg->nlisten; i++) {
         struct pcr_listener *lst = &srv->listeners[i];
         const pcr_listen_conf_t *lc = &cfg->listen[i];
+        char err[256];
         lst->srv = srv;
         lst->conf = lc;
+        lst->fd = -1;
         if (lc->tls) {
-            char err[256];
             lst->ssl_ctx = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
             if (lst->ssl_ctx == NULL) {
                 pcr_log_error("listen[%zu].tls: cannot load certificate %s and key %s: %s", i,
@@ -148,32 +309,17 @@ int pcr_listeners_start(pcr_server_t *srv)
                 return PCR_ERR_INVAL;
             }
         }
-        lst->l = evconnlistener_new_bind(srv->base, on_accept, lst,
-                                         LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
-                                         (const struct sockaddr *)&lc->addr, (int)lc->addrlen);
-        if (lst->l == NULL) {
-            pcr_log_error("listen[%zu]: cannot listen on %s: %s", i, lc->address,
-                          evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+        lst->fd = listen_socket(lc, err, sizeof(err));
+        if (lst->fd < 0) {
+            pcr_log_error("listen[%zu]: cannot listen on %s: %s", i, lc->address, err);
             return PCR_ERR_IO;
         }
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        char host[INET6_ADDRSTRLEN] = "?";
-        unsigned port = 0;
-        getsockname(evconnlistener_get_fd(lst->l), (struct sockaddr *)&ss, &sl);
-        if (ss.ss_family == AF_INET6) {
-            struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
-            port = ntohs(s6->sin6_port);
-            pcr_log_info("listening on [%s]:%u (%s)", host, port,
-                         lc->tls ? "TLS: h2, http/1.1" : "http/1.1 + h2c");
-        } else {
-            struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
-            port = ntohs(s4->sin_port);
-            pcr_log_info("listening on %s:%u (%s)", host, port,
-                         lc->tls ? "TLS: h2, http/1.1" : "http/1.1 + h2c");
-        }
+        lst->ev = event_new(srv->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
+        lst->backoff = evtimer_new(srv->base, on_backoff, lst);
+        if (lst->ev == NULL || lst->backoff == NULL)
+            return PCR_ERR_NOMEM;
+        event_add(lst->ev, NULL);
+        log_listening(lst);
     }
     return 0;
 }
@@ -181,9 +327,15 @@ int pcr_listeners_start(pcr_server_t *srv)
 void pcr_listeners_stop(pcr_server_t *srv)
 {
     for (size_t i = 0; i < srv->nlisteners; i++) {
-        if (srv->listeners[i].l)
-            evconnlistener_free(srv->listeners[i].l);
-        srv->listeners[i].l = NULL;
+        struct pcr_listener *lst = &srv->listeners[i];
+        if (lst->ev)
+            event_free(lst->ev);
+        if (lst->backoff)
+            event_free(lst->backoff);
+        lst->ev = lst->backoff = NULL;
+        if (lst->fd >= 0)
+            close(lst->fd);
+        lst->fd = -1;
     }
 }
 
@@ -195,18 +347,36 @@ void pcr_listeners_free(pcr_server_t *srv)
     free(srv->listeners);
     srv->listeners = NULL;
     srv->nlisteners = 0;
+    if (srv->spare_fd >= 0)
+        close(srv->spare_fd);
+    srv->spare_fd = -1;
 }
+
+/* ---- the session lists --------------------------------------------------------------- */
 
 void pcr_session_register(pcr_server_t *srv, pcr_session_t *s, const pcr_session_ops_t *ops)
 {
     s->srv = srv;
     s->ops = ops;
+    s->waiting = 0;
     LIST_INSERT_HEAD(&srv->sessions, s, link);
     srv->nsessions++;
 }
 
+void pcr_session_set_waiting(pcr_session_t *s, int waiting)
+{
+    if (s->waiting == waiting)
+        return;
+    if (waiting)
+        TAILQ_INSERT_TAIL(&s->srv->waiting, s, wait_link);
+    else
+        TAILQ_REMOVE(&s->srv->waiting, s, wait_link);
+    s->waiting = waiting;
+}
+
 void pcr_session_unregister(pcr_session_t *s)
 {
+    pcr_session_set_waiting(s, 0);
     LIST_REMOVE(s, link);
     s->srv->nsessions--;
     if (s->srv->draining)

@@ -1,10 +1,15 @@
-/* router/exchange.c: owns one request/response pair from routing to the last byte.
+/* router/exchange.c: owns one request/response pair from routing to the last byte, and the
+ * request state machine (exchange_int.h) with the accounting tied to it.
  *
  *   run -> route by path -> local endpoint (health, metrics, models)
  *                        -> proxy: parse body -> key -> policy decision -> upstream
  *   upstream head/body/end -> session ops (streamed as they come, paused above a watermark)
  *   upstream failure before anything reached the client -> forget the speculative index
  *   entry, try another backend (upstream.retries times), else 502/503/504
+ *
+ * Every state change goes through ex_to(): it alone moves the in-flight counts, charges and
+ * releases the backend's queued prefill, and records the final status, durations and the access
+ * log line, so that no path can count a request twice or not at all.
  *
  * The exchange never frees itself: the session that owns it does, after send_end or when the
  * client goes away (pcr_exchange_free cancels the upstream request then). */
@@ -15,8 +20,10 @@
 #include <strings.h>
 
 #include <cjson/cJSON.h>
+#include <http_parser.h>
 
 #include "exchange_int.h"
+#include "http1.h"
 #include "log.h"
 
 static const pcr_upstream_cbs_t proxy_cbs;
@@ -31,6 +38,7 @@ pcr_exchange_t *pcr_exchange_new(pcr_server_t *srv, const pcr_exchange_ops_t *op
     ex->ops = ops;
     ex->sess = sess;
     ex->proto = proto;
+    ex->state = EX_RECEIVING;
     ex->body = evbuffer_new();
     ex->tried = calloc(srv->nbackends, 1);
     if (ex->body == NULL || ex->tried == NULL) {
@@ -42,9 +50,76 @@ pcr_exchange_t *pcr_exchange_new(pcr_server_t *srv, const pcr_exchange_ops_t *op
 }
 
 void *pcr_exchange_session(const pcr_exchange_t *ex) { return ex->sess; }
-int pcr_exchange_responded(const pcr_exchange_t *ex) { return ex->responded; }
-int pcr_exchange_finished(const pcr_exchange_t *ex) { return ex->finished; }
-int pcr_exchange_running(const pcr_exchange_t *ex) { return ex->running; }
+
+int pcr_exchange_responded(const pcr_exchange_t *ex) { return ex->t_head != 0; }
+
+int pcr_exchange_finished(const pcr_exchange_t *ex)
+{
+    return ex->state == EX_DONE || ex->state == EX_ABORTED;
+}
+
+int pcr_exchange_running(const pcr_exchange_t *ex) { return ex->state != EX_RECEIVING; }
+
+/* ---- the state machine --------------------------------------------------------------- */
+
+static int holds_backend(pcr_ex_state_t s)
+{
+    return s == EX_UP_WAIT || s == EX_UP_HEAD || s == EX_UP_BODY;
+}
+
+static int holds_prefill(pcr_ex_state_t s) { return s == EX_UP_WAIT || s == EX_UP_HEAD; }
+
+static void access_log(const pcr_exchange_t *ex, int status, double secs)
+{
+    if (!ex->srv->cfg->log.access_log)
+        return;
+    pcr_log_info("access %s %s %s %s %d %llu backend=%s route=%s blocks=%u/%u attempts=%u %.3fs",
+                 ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, ex->path ? ex->path : "-",
+                 status, (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf->name : "-",
+                 ex->be ? pcr_reason_name(ex->decision.reason) : "-", ex->decision.matched_blocks,
+                 ex->decision.total_blocks, ex->attempts, secs);
+}
+
+/* The request's outcome, once: status counters, durations, the access log line. */
+static void record(pcr_exchange_t *ex, int status, int via_backend)
+{
+    pcr_server_t *srv = ex->srv;
+    pcr_metrics_count_status(srv->metrics.requests_by_code, status);
+    if (via_backend && ex->be != NULL)
+        pcr_metrics_count_status(ex->be->requests_by_code, status);
+    double secs = (double)(pcr_now_us() - ex->t_start) / 1e6;
+    pcr_hist_observe(&srv->metrics.duration, secs);
+    if (ex->t_head)
+        pcr_hist_observe(&srv->metrics.ttfb, (double)(ex->t_head - ex->t_start) / 1e6);
+    access_log(ex, status, secs);
+}
+
+/* The one place a request changes state; see the table in exchange_int.h. */
+static void ex_to(pcr_exchange_t *ex, pcr_ex_state_t to)
+{
+    pcr_ex_state_t from = ex->state;
+    pcr_server_t *srv = ex->srv;
+    pcr_backend_t *be = ex->be;
+    if (from == to)
+        return;
+    if (from == EX_RECEIVING)
+        srv->inflight++;
+    if (holds_prefill(from) && !holds_prefill(to))
+        be->queued_prefill -= ex->prefill;
+    if (holds_backend(from) && !holds_backend(to))
+        be->inflight--;
+    if (!holds_backend(from) && holds_backend(to))
+        be->inflight++;
+    if (!holds_prefill(from) && holds_prefill(to))
+        be->queued_prefill += ex->prefill;
+    ex->state = to;
+    if (to == EX_ABORTED)
+        srv->metrics.responses_aborted++;
+    if (to == EX_DONE || to == EX_ABORTED || to == EX_GONE)
+        record(ex, ex->status, to != EX_GONE && holds_backend(from));
+}
+
+/* ---- the request --------------------------------------------------------------------- */
 
 int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len)
 {
@@ -64,6 +139,11 @@ int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
     p[len] = '\0';
     ex->path = p;
     return 0;
+}
+
+void pcr_exchange_set_peer(pcr_exchange_t *ex, const char *peer)
+{
+    snprintf(ex->peer, sizeof(ex->peer), "%s", peer ? peer : "-");
 }
 
 static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)
@@ -89,6 +169,8 @@ static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)
 int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, const char *value,
                             size_t vlen)
 {
+    if (!pcr_http_token_valid(name, nlen) || !pcr_http_value_valid(value, vlen))
+        return PCR_ERR_INVAL;
     if (ex->nh + 2 > PCR_MAX_REQ_HEADERS * 2)
         return PCR_ERR_TOO_LARGE;
     if (hbuf_put(ex, name, nlen) < 0 || hbuf_put(ex, value, vlen) < 0)
@@ -100,7 +182,11 @@ int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
     if (evbuffer_get_length(ex->body) + len > ex->srv->cfg->limits.max_body_bytes)
         return PCR_ERR_TOO_LARGE;
-    return evbuffer_add(ex->body, data, len) == 0 ? 0 : PCR_ERR_NOMEM;
+    if (evbuffer_add(ex->body, data, len) != 0)
+        return PCR_ERR_NOMEM;
+    ex->body_counted += len;
+    ex->srv->body_buffered += len;
+    return 0;
 }
 
 /* ---- answering ----------------------------------------------------------------------- */
@@ -108,7 +194,6 @@ int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
 static void respond_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
 {
     ex->status = status;
-    ex->responded = 1;
     ex->t_head = pcr_now_us();
     ex->ops->send_head(ex, status, h, n, clen);
 }
@@ -119,17 +204,12 @@ static void respond_body(pcr_exchange_t *ex, const char *data, size_t len)
     ex->ops->send_body(ex, data, len);
 }
 
-static void respond_end(pcr_exchange_t *ex)
-{
-    ex->finished = 1;
-    ex->ops->send_end(ex);
-}
-
 void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type, const char *body,
                         size_t len, const pcr_hdr_t *extra, size_t nextra)
 {
-    if (ex->responded)
+    if (pcr_exchange_responded(ex) || holds_backend(ex->state))
         return;
+    ex_to(ex, EX_LOCAL);
     pcr_hdr_t h[8];
     size_t n = 0;
     h[n++] = (pcr_hdr_t){"content-type", 12, content_type, strlen(content_type)};
@@ -138,7 +218,8 @@ void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type
     respond_head(ex, status, h, n, (int64_t)len);
     if (len > 0)
         respond_body(ex, body, len);
-    respond_end(ex);
+    ex_to(ex, EX_DONE);
+    ex->ops->send_end(ex);
 }
 
 /* The OpenAI-style error body; cJSON writes the message with every escape JSON needs. */
@@ -167,15 +248,6 @@ static void error_reply(pcr_exchange_t *ex, int status, const char *type, const 
     free(text);
 }
 
-/* The request counts from here: in-flight, then status and access log when it is freed. */
-static void mark_running(pcr_exchange_t *ex)
-{
-    if (!ex->running) {
-        ex->running = 1;
-        ex->srv->inflight++;
-    }
-}
-
 static void error_v(pcr_exchange_t *ex, int status, const char *type, const char *code,
                     const char *fmt, va_list ap)
 {
@@ -193,58 +265,30 @@ void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const 
     va_end(ap);
 }
 
-void pcr_exchange_reject(pcr_exchange_t *ex, int status, const char *type, const char *code,
-                         const char *fmt, ...)
-{
-    mark_running(ex);
-    va_list ap;
-    va_start(ap, fmt);
-    error_v(ex, status, type, code, fmt, ap);
-    va_end(ap);
-}
-
-/* ---- load accounting ----------------------------------------------------------------- */
-
-static void charge(pcr_exchange_t *ex, pcr_backend_t *be, uint64_t prefill)
-{
-    ex->be = be;
-    ex->charged = 1;
-    ex->prefill_charged = prefill;
-    be->inflight++;
-    be->queued_prefill += prefill;
-}
-
-/* The pod has started answering: its prefill is no longer queued work. */
-static void release_prefill(pcr_exchange_t *ex)
-{
-    if (ex->charged && ex->prefill_charged) {
-        ex->be->queued_prefill -= ex->prefill_charged;
-        ex->prefill_charged = 0;
-    }
-}
-
-static void release(pcr_exchange_t *ex)
-{
-    if (!ex->charged)
-        return;
-    release_prefill(ex);
-    ex->be->inflight--;
-    ex->charged = 0;
-}
-
 /* ---- proxying ------------------------------------------------------------------------ */
 
-static int is_hop_by_hop(const char *n, size_t len)
+/* The values of every Connection field of the request, joined by commas (NULL when none). */
+static char *request_connection(const pcr_exchange_t *ex)
 {
-    static const char *const hop[] = {"connection", "keep-alive", "proxy-connection",
-                                      "transfer-encoding", "te", "trailer", "upgrade", "host",
-                                      "content-length", "expect", "http2-settings"};
-    if (len > 0 && n[0] == ':')
-        return 1; /* HTTP/2 pseudo-headers */
-    for (size_t i = 0; i < PCR_ARRAY_SIZE(hop); i++)
-        if (strlen(hop[i]) == len && strncasecmp(n, hop[i], len) == 0)
-            return 1;
-    return 0;
+    struct evbuffer *b = NULL;
+    for (size_t i = 0; i + 1 < ex->nh; i += 2) {
+        if (ex->hsz[i] == 10 && strncasecmp(ex->hbuf + ex->hoff[i], "connection", 10) == 0) {
+            if (b == NULL && (b = evbuffer_new()) == NULL)
+                return NULL;
+            evbuffer_add(b, ",", 1);
+            evbuffer_add(b, ex->hbuf + ex->hoff[i + 1], ex->hsz[i + 1]);
+        }
+    }
+    if (b == NULL)
+        return NULL;
+    size_t len = evbuffer_get_length(b);
+    char *s = malloc(len + 1);
+    if (s != NULL) {
+        evbuffer_remove(b, s, len);
+        s[len] = '\0';
+    }
+    evbuffer_free(b);
+    return s;
 }
 
 static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t *be)
@@ -252,17 +296,19 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
     struct evbuffer *b = evbuffer_new();
     if (b == NULL)
         return NULL;
+    char *conn = request_connection(ex);
     size_t blen = evbuffer_get_length(ex->body);
     evbuffer_add_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", ex->method, ex->path, be->host_header);
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
         const char *n = ex->hbuf + ex->hoff[i];
-        if (is_hop_by_hop(n, ex->hsz[i]))
+        if (pcr_http_hop_by_hop(n, ex->hsz[i], conn))
             continue;
         evbuffer_add(b, n, ex->hsz[i]);
         evbuffer_add(b, ": ", 2);
         evbuffer_add(b, ex->hbuf + ex->hoff[i + 1], ex->hsz[i + 1]);
         evbuffer_add(b, "\r\n", 2);
     }
+    free(conn);
     if (blen > 0 || strcmp(ex->method, "POST") == 0)
         evbuffer_add_printf(b, "Content-Length: %zu\r\n", blen);
     evbuffer_add(b, "\r\n", 2);
@@ -295,19 +341,31 @@ static void fail_unrouted(pcr_exchange_t *ex)
     }
 }
 
-/* Chooses a backend (skipping those already tried) and sends the request there. */
-static void dispatch(pcr_exchange_t *ex)
+/* Fills loads[] for the policy: usable = up, not yet tried, serving the model. Returns how many
+ * are usable. */
+static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads)
 {
     pcr_server_t *srv = ex->srv;
-    pcr_backend_load_t loads[srv->nbackends];
     const char *model = ex->req.model ? ex->req.model : "";
+    size_t usable = 0;
     for (size_t i = 0; i < srv->nbackends; i++) {
         pcr_backend_t *be = &srv->backends[i];
         loads[i].usable = be->up && !ex->tried[i] && pcr_backend_serves(be, model);
         loads[i].inflight = be->inflight;
         loads[i].queued_prefill = be->queued_prefill;
         loads[i].pod_waiting = be->pod_waiting;
+        usable += loads[i].usable != 0;
     }
+    return usable;
+}
+
+/* Chooses a backend (skipping those already tried) and sends the request there. */
+static void dispatch(pcr_exchange_t *ex)
+{
+    pcr_server_t *srv = ex->srv;
+    pcr_backend_load_t loads[srv->nbackends];
+    const char *model = ex->req.model ? ex->req.model : "";
+    fill_loads(ex, loads);
     pcr_decision_t d;
     uint64_t now = pcr_now_us();
     int rc = pcr_policy_decide(srv->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
@@ -326,7 +384,7 @@ static void dispatch(pcr_exchange_t *ex)
     }
     pcr_backend_t *be = &srv->backends[d.backend];
     if (ex->attempts == 0) {
-        srv->metrics.decisions[d.reason]++;
+        srv->metrics.decisions[d.reason < PCR_REASON__COUNT ? d.reason : PCR_REASON_NO_BACKEND]++;
         if (ex->has_key) {
             srv->metrics.prefix_blocks += d.total_blocks;
             srv->metrics.prefix_blocks_matched += d.matched_blocks;
@@ -339,11 +397,17 @@ static void dispatch(pcr_exchange_t *ex)
     ex->tried[d.backend] = 1;
     if (ex->has_key && pcr_policy_commit(srv->policy, d.backend, &ex->key, now, &ex->added_from) == 0)
         ex->committed = 1;
-    charge(ex, be, d.uncached_prefill);
     struct evbuffer *req = build_upstream_request(ex, be);
-    ex->up = req ? pcr_upstream_send(be, req, &proxy_cbs, ex) : NULL;
+    if (req == NULL) {
+        pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
+        return;
+    }
+    ex->be = be;
+    ex->prefill = d.uncached_prefill;
+    ex_to(ex, EX_UP_WAIT);
+    ex->up = pcr_upstream_send(be, req, &proxy_cbs, ex);
     if (ex->up == NULL) {
-        release(ex);
+        ex_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
     }
 }
@@ -352,21 +416,33 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
 {
     pcr_exchange_t *ex = ctx;
     pcr_hdr_t out[PCR_MAX_REQ_HEADERS];
-    size_t k = 0;
+    char conn[1024];
+    size_t k = 0, cl = 0;
+    conn[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (hdrs[i].name_len == 10 && strncasecmp(hdrs[i].name, "connection", 10) == 0 &&
+            cl + hdrs[i].value_len + 2 < sizeof(conn)) {
+            conn[cl++] = ',';
+            memcpy(conn + cl, hdrs[i].value, hdrs[i].value_len);
+            cl += hdrs[i].value_len;
+            conn[cl] = '\0';
+        }
+    }
     for (size_t i = 0; i < n && k + 2 < PCR_ARRAY_SIZE(out); i++)
-        if (!is_hop_by_hop(hdrs[i].name, hdrs[i].name_len))
+        if (!pcr_http_hop_by_hop(hdrs[i].name, hdrs[i].name_len, cl ? conn : NULL))
             out[k++] = hdrs[i];
     const char *bname = ex->be->conf->name;
     const char *reason = pcr_reason_name(ex->decision.reason);
     out[k++] = (pcr_hdr_t){"x-pcrouter-backend", 18, bname, strlen(bname)};
     out[k++] = (pcr_hdr_t){"x-pcrouter-route", 16, reason, strlen(reason)};
+    ex_to(ex, EX_UP_HEAD);
     respond_head(ex, status, out, k, clen);
 }
 
 static void on_up_body(void *ctx, const char *data, size_t len)
 {
     pcr_exchange_t *ex = ctx;
-    release_prefill(ex);
+    ex_to(ex, EX_UP_BODY); /* the pod has started answering: its prefill is done */
     respond_body(ex, data, len);
     if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {
         ex->paused = 1;
@@ -378,35 +454,42 @@ static void on_up_done(void *ctx)
 {
     pcr_exchange_t *ex = ctx;
     ex->up = NULL;
-    ex->be->requests_by_code[ex->status]++;
-    release(ex);
-    respond_end(ex);
+    ex_to(ex, EX_DONE);
+    ex->ops->send_end(ex);
+}
+
+/* Another backend that could take the request, without choosing it yet. */
+static int can_retry(pcr_exchange_t *ex)
+{
+    pcr_backend_load_t loads[ex->srv->nbackends];
+    return ex->attempts <= ex->srv->cfg->upstream.retries && !ex->srv->draining &&
+           fill_loads(ex, loads) > 0;
 }
 
 static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
 {
     pcr_exchange_t *ex = ctx;
+    pcr_backend_t *be = ex->be;
     ex->up = NULL;
     ex->last_error = err;
-    pcr_backend_t *be = ex->be;
-    release(ex);
     if (got_head) {
         /* Part of the response reached the client: it cannot be retried, only cut. */
         pcr_log_warn("backend %s: response cut short (%s) after %llu bytes", be->conf->name,
-                     err == PCR_UP_TIMEOUT ? "stream idle timeout" : "connection lost",
+                     err == PCR_UP_TIMEOUT    ? "stream idle timeout"
+                     : err == PCR_UP_PROTOCOL ? "malformed response"
+                                              : "connection lost",
                      (unsigned long long)ex->resp_bytes);
-        be->requests_by_code[ex->status]++;
-        ex->aborted = 1;
-        ex->finished = 1;
+        ex_to(ex, EX_ABORTED);
         ex->ops->send_abort(ex);
         return;
     }
+    ex_to(ex, EX_ROUTING);
     if (ex->committed) {
         pcr_policy_forget(ex->srv->policy, be->id, &ex->key, ex->added_from);
         ex->committed = 0;
     }
     int retryable = err == PCR_UP_CONNECT || err == PCR_UP_RESET || err == PCR_UP_PROTOCOL;
-    if (retryable && ex->attempts <= ex->srv->cfg->upstream.retries && !ex->srv->draining) {
+    if (retryable && can_retry(ex)) {
         pcr_log_info("backend %s failed before answering; retrying on another backend",
                      be->conf->name);
         dispatch(ex);
@@ -463,7 +546,7 @@ static int path_is(const char *path, const char *want)
 
 void pcr_exchange_run(pcr_exchange_t *ex)
 {
-    mark_running(ex);
+    ex_to(ex, EX_ROUTING);
     const char *p = ex->path ? ex->path : "";
     int get = strcmp(ex->method, "GET") == 0 || strcmp(ex->method, "HEAD") == 0;
     int post = strcmp(ex->method, "POST") == 0;
@@ -476,8 +559,11 @@ void pcr_exchange_run(pcr_exchange_t *ex)
             pcr_endpoint_health(ex);
         } else if (path_is(p, "/metrics")) {
             pcr_endpoint_metrics(ex);
-        } else if (pcr_endpoint_models(ex) < 0) {
-            pcr_exchange_error(ex, 503, "service_unavailable", "no_backend", "no backend is available");
+        } else {
+            ex_to(ex, EX_LOCAL);
+            if (pcr_endpoint_models(ex) < 0)
+                pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
+                                   "no backend is available");
         }
         return;
     }
@@ -504,17 +590,6 @@ void pcr_exchange_run(pcr_exchange_t *ex)
                        "/health, /metrics)", ex->method, p);
 }
 
-static void access_log(const pcr_exchange_t *ex, int status, double secs)
-{
-    if (!ex->srv->cfg->log.access_log)
-        return;
-    pcr_log_info("access %s %s %s %d %llu backend=%s route=%s blocks=%u/%u attempts=%u %.3fs",
-                 ex->proto, ex->method, ex->path ? ex->path : "-", status,
-                 (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf->name : "-",
-                 ex->be ? pcr_reason_name(ex->decision.reason) : "-", ex->decision.matched_blocks,
-                 ex->decision.total_blocks, ex->attempts, secs);
-}
-
 void pcr_exchange_free(pcr_exchange_t *ex)
 {
     if (ex == NULL)
@@ -526,18 +601,16 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->fanout)
         pcr_endpoint_models_cancel(ex);
-    release(ex);
-    if (ex->running) {
+    if (ex->state != EX_RECEIVING && !pcr_exchange_finished(ex)) {
         /* 499: the client went away before the response ended (nginx's convention). */
-        int status = ex->finished && !ex->aborted ? ex->status : 499;
-        if (status >= 100 && status < 600)
-            srv->metrics.requests_by_code[status]++;
-        double secs = (double)(pcr_now_us() - ex->t_start) / 1e6;
-        pcr_hist_observe(&srv->metrics.duration, secs);
-        if (ex->t_head)
-            pcr_hist_observe(&srv->metrics.ttfb, (double)(ex->t_head - ex->t_start) / 1e6);
-        access_log(ex, status, secs);
+        ex->status = 499;
+        ex_to(ex, EX_GONE);
+    }
+    if (ex->state != EX_RECEIVING)
         srv->inflight--;
+    if (ex->body_counted) {
+        srv->body_buffered -= ex->body_counted;
+        pcr_server_body_released(srv);
     }
     pcr_body_dispose(&ex->req);
     free(ex->key.blocks);

@@ -40,22 +40,23 @@ void pcr_exchange_free(pcr_exchange_t *ex);  /* NULL is a no-op; cancels any ups
 
 int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len);
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len);
+/* The client's address, for the access log. */
+void pcr_exchange_set_peer(pcr_exchange_t *ex, const char *peer);
+/* Adds a request header as received. PCR_ERR_INVAL when the name is not an RFC 9110 token or
+ * the value holds CR, LF or NUL; PCR_ERR_TOO_LARGE past PCR_MAX_REQ_HEADERS. */
 int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, const char *value,
                             size_t vlen);
-/* Appends request body bytes; PCR_ERR_TOO_LARGE past limits.max_body_bytes. */
+/* Appends request body bytes; PCR_ERR_TOO_LARGE past limits.max_body_bytes. The bytes count
+ * against limits.max_buffered_body_bytes (server.h) until the exchange is freed. */
 int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len);
 
 /* The request is complete: route and answer it. */
 void pcr_exchange_run(pcr_exchange_t *ex);
 
-/* Answers with an OpenAI-style error body {"error": {"message", "type", "code"}}. */
+/* Answers with an OpenAI-style error body {"error": {"message", "type", "code"}}. Also refuses
+ * a request the session could not take whole (400, 408, 413, 431): it is counted like any other. */
 void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const char *code,
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-/* Refuses a request the session could not take whole (413, 431, malformed HTTP): counted like a
- * request, answered with pcr_exchange_error's body. */
-void pcr_exchange_reject(pcr_exchange_t *ex, int status, const char *type, const char *code,
-                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Answers with a complete body. */
 void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type,
@@ -64,8 +65,8 @@ void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type
 void pcr_exchange_on_writable(pcr_exchange_t *ex);
 
 int pcr_exchange_responded(const pcr_exchange_t *ex);  /* the head went out */
-int pcr_exchange_finished(const pcr_exchange_t *ex);   /* the end went out */
-int pcr_exchange_running(const pcr_exchange_t *ex);    /* run was called */
+int pcr_exchange_finished(const pcr_exchange_t *ex);   /* the end went out (or the response broke) */
+int pcr_exchange_running(const pcr_exchange_t *ex);    /* the request is complete (or refused) */
 
 /* Session back-pointer (the h1 session or the h2 stream). */
 void *pcr_exchange_session(const pcr_exchange_t *ex);

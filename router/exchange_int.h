@@ -1,5 +1,5 @@
-/* router/exchange_int.h: the exchange's fields, shared by exchange.c (routing and proxying)
- * and endpoints.c (the router's own endpoints). Nothing else includes this. */
+/* router/exchange_int.h: the exchange's fields, shared by exchange.c (the state machine,
+ * routing and proxying) and endpoints.c (the router's own endpoints). Nothing else includes it. */
 #ifndef PCR_ROUTER_EXCHANGE_INT_H
 #define PCR_ROUTER_EXCHANGE_INT_H
 
@@ -12,11 +12,40 @@
 
 typedef struct pcr_models_fanout pcr_models_fanout_t;
 
+/* Where a request stands. Every change goes through ex_to() in exchange.c, which owns all the
+ * accounting attached to the states:
+ *
+ *   RECEIVING --run/reject--> ROUTING --dispatch--> UP_WAIT --head--> UP_HEAD --body--> UP_BODY
+ *       |                      |   ^                  |                 |                 |
+ *       |                      |   +----retry---------+                 +---> DONE <------+
+ *       +----------------------+--> LOCAL (an answer of the router's own) --> DONE
+ *                                   UP_HEAD / UP_BODY --pod broke--> ABORTED
+ *   any state but RECEIVING, DONE, ABORTED --the client left--> GONE (at pcr_exchange_free)
+ *
+ *   running (srv->inflight)      ROUTING and every state after it
+ *   backend in flight, and       UP_WAIT, UP_HEAD, UP_BODY
+ *     the request's own prefill  UP_WAIT, UP_HEAD (released when the first body byte arrives)
+ *   status recorded              on entering DONE, ABORTED or GONE (as 499, nginx's "client
+ *                                closed request"); per backend only for DONE and ABORTED
+ */
+typedef enum {
+    EX_RECEIVING = 0,
+    EX_ROUTING,
+    EX_UP_WAIT,
+    EX_UP_HEAD,
+    EX_UP_BODY,
+    EX_LOCAL,
+    EX_DONE,
+    EX_ABORTED,
+    EX_GONE,
+} pcr_ex_state_t;
+
 struct pcr_exchange {
     pcr_server_t *srv;
     const pcr_exchange_ops_t *ops;
     void *sess;
     const char *proto;                /* "HTTP/1.1", "HTTP/2" */
+    pcr_ex_state_t state;
 
     /* The request. Header names and values live in `hbuf` at the offsets below. */
     char method[16];
@@ -26,6 +55,8 @@ struct pcr_exchange {
     size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
     size_t nh;
     struct evbuffer *body;
+    size_t body_counted;              /* bytes of `body` in srv->body_buffered */
+    char peer[64];
 
     /* Routing. */
     pcr_body_t req;                   /* parsed body (model, canonical key) */
@@ -35,8 +66,7 @@ struct pcr_exchange {
     uint32_t added_from;
     int committed;                    /* the index holds the speculative entry */
     pcr_backend_t *be;                /* current attempt's backend */
-    uint64_t prefill_charged;         /* what this attempt added to be->queued_prefill */
-    int charged;                      /* be->inflight counts this attempt */
+    uint64_t prefill;                 /* the request's uncached prefill on `be` */
     unsigned char *tried;             /* per backend: already failed this request */
     unsigned attempts;
     pcr_up_error_t last_error;
@@ -44,8 +74,7 @@ struct pcr_exchange {
     int paused;
     pcr_models_fanout_t *fanout;
 
-    /* Response state. */
-    int running, responded, finished, aborted;
+    /* Response. */
     int status;
     uint64_t resp_bytes;
     uint64_t t_start, t_head;

@@ -1,59 +1,84 @@
 /* router/h1_server.c: owns an HTTP/1.1 client connection: request parsing with http-parser,
- * keep-alive, pipelining and response framing.
+ * framing checked as strictly as RFC 9112 asks, keep-alive, pipelining, response framing, and
+ * the connection's deadlines and budgets.
  *
  * Pipelined requests are answered in order, one at a time: when a request is complete the
- * parser is paused, later bytes wait in the input buffer, and parsing resumes once the
- * response has ended. Responses of unknown length are chunked (an SSE stream reaches the client
- * event by event). Output above PCR_WRITE_HIGH pauses the upstream; the write callback, fired
- * below PCR_WRITE_LOW, resumes it.
+ * parser is paused, later bytes wait in the input buffer (reading stops past PIPELINE_MAX_BYTES),
+ * and parsing resumes once the response has ended. Responses of unknown length are chunked (an
+ * SSE stream reaches the client event by event). Output above PCR_WRITE_HIGH pauses the upstream;
+ * the transport's drain notification at PCR_WRITE_LOW resumes it.
  *
- * One close path, h1_close(); the exchange is freed from the deferred `advance` event or from
- * a bufferevent callback, never from inside the exchange's own calls. */
+ * Framing: header names must be tokens (no whitespace before the colon), values free of CR, LF
+ * and NUL, obs-fold is refused, Transfer-Encoding must be exactly "chunked" and never comes with
+ * Content-Length, at most one Content-Length, exactly one Host on HTTP/1.1; anything else is a
+ * 400 and the connection closes, since the rest of the stream cannot be trusted to be in sync.
+ * An absolute-form target is taken as its path.
+ *
+ * Deadlines, one timer in one of four modes:
+ *   IDLE  no request begun: closed quietly after timeouts.client_idle_ms
+ *   HEAD  a request head is arriving: 408 unless complete within timeouts.request_header_ms
+ *   BODY  the body is arriving: 408 when no byte came for timeouts.client_idle_ms
+ *   BUSY  the request is being answered: the client may be silent (a stream can take minutes);
+ *         a client that accepts no bytes for timeouts.client_write_ms is cut by the transport.
+ * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
+ * connection receiving a body stops reading until some is released.
+ *
+ * One close path, h1_close(); the exchange is freed from the deferred `advance` event or from a
+ * transport callback, never from inside the exchange's own calls. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <http_parser.h>
 
 #include "exchange.h"
-#include "io.h"
+#include "http1.h"
 #include "log.h"
 #include "session.h"
+
+typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY } timer_mode_t;
 
 typedef struct {
     pcr_session_t base;
     pcr_server_t *srv;
-    struct bufferevent *bev;
+    pcr_sock_t *sock;
     http_parser parser;
     pcr_exchange_t *ex;            /* the request being parsed or answered */
     struct event *advance;         /* deferred: the response ended or broke */
+    struct event *timer;
+    timer_mode_t mode;
+    pcr_budget_waiter_t budget;
     char *url;
     size_t url_len, url_cap;
     char *name, *value;            /* the header being parsed */
     size_t name_len, value_len, name_cap, value_cap;
     int in_value;
     size_t header_bytes;
+    /* Request framing as seen in the head. */
+    unsigned n_host, n_cl, n_te;
+    int te_bad;
     int expect_continue;
-    int reject_status;             /* set by a callback that refused the request (413, 431) */
+    int in_body;                   /* the head is complete, the body is arriving */
+    int reject_status;             /* decided by a callback: 400, 413, 431 */
+    const char *reject_why;
+    pcr_fold_t fold;               /* obs-fold detection across reads */
     int keep_alive;                /* of the current request */
     int head_only;
     int chunked;                   /* the current response is chunked */
     int closing;                   /* close once the output is written */
-    int abort;                     /* close now, unwritten output dropped */
     int draining;
-    int read_stopped;              /* reading paused: too many pipelined bytes wait */
-    int plain;                     /* a plain socket (not TLS): read and written directly */
-    struct event *rev;             /* plain sockets: the read event; its timeout is the idle one */
+    int read_paused;               /* reading stopped: pipelined bytes wait, or budget */
 } h1_sess_t;
 
 static void h1_close(h1_sess_t *s);
 static void parse_input(h1_sess_t *s);
-static void arm_timeouts(h1_sess_t *s, int idle);
-static void stop_reading(h1_sess_t *s);
+static void update_timer(h1_sess_t *s);
+
+#define PIPELINE_MAX_BYTES (1024 * 1024)
 
 static const char *reason_phrase(int status)
 {
@@ -72,6 +97,7 @@ static const char *reason_phrase(int status)
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
@@ -86,7 +112,7 @@ static h1_sess_t *sess_of(pcr_exchange_t *ex) { return pcr_exchange_session(ex);
 static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
 {
     h1_sess_t *s = sess_of(ex);
-    struct evbuffer *out = bufferevent_get_output(s->bev);
+    struct evbuffer *out = pcr_sock_output(s->sock);
     int http10 = s->parser.http_major == 1 && s->parser.http_minor == 0;
     if (!s->keep_alive || s->draining || s->srv->draining)
         s->closing = 1;
@@ -114,7 +140,7 @@ static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
     h1_sess_t *s = sess_of(ex);
     if (s->head_only || len == 0)
         return;
-    struct evbuffer *out = bufferevent_get_output(s->bev);
+    struct evbuffer *out = pcr_sock_output(s->sock);
     if (s->chunked) {
         evbuffer_add_printf(out, "%zx\r\n", len);
         evbuffer_add(out, data, len);
@@ -122,17 +148,17 @@ static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
     } else {
         evbuffer_add(out, data, len);
     }
-    if (s->plain)
-        pcr_io_write_now(s->bev);
+    pcr_sock_flush(s->sock);
+    if (pcr_sock_pending(s->sock) > PCR_WRITE_LOW)
+        pcr_sock_want_drain(s->sock, PCR_WRITE_LOW);
 }
 
 static void op_send_end(pcr_exchange_t *ex)
 {
     h1_sess_t *s = sess_of(ex);
     if (s->chunked && !s->head_only)
-        evbuffer_add(bufferevent_get_output(s->bev), "0\r\n\r\n", 5);
-    if (s->plain)
-        pcr_io_write_now(s->bev);
+        evbuffer_add(pcr_sock_output(s->sock), "0\r\n\r\n", 5);
+    pcr_sock_flush(s->sock);
     event_active(s->advance, 0, 0);
 }
 
@@ -140,15 +166,12 @@ static void op_send_abort(pcr_exchange_t *ex)
 {
     h1_sess_t *s = sess_of(ex);
     /* A chunked body without its last chunk tells the client the response is incomplete; what
-     * already arrived from the pod is written first. */
-    s->abort = 1;
+     * already arrived from the pod is written first, then the connection closes. */
+    s->closing = 1;
     event_active(s->advance, 0, 0);
 }
 
-static size_t op_pending(pcr_exchange_t *ex)
-{
-    return evbuffer_get_length(bufferevent_get_output(sess_of(ex)->bev));
-}
+static size_t op_pending(pcr_exchange_t *ex) { return pcr_sock_pending(sess_of(ex)->sock); }
 
 static const pcr_exchange_ops_t h1_ops = {op_send_head, op_send_body, op_send_end, op_send_abort,
                                           op_pending};
@@ -173,28 +196,53 @@ static int grow_append(char **buf, size_t *len, size_t *cap, const char *at, siz
     return 0;
 }
 
+static int refuse(h1_sess_t *s, int status, const char *why)
+{
+    if (s->reject_status == 0) {
+        s->reject_status = status;
+        s->reject_why = why;
+    }
+    return -1;
+}
+
 static int count_header_bytes(h1_sess_t *s, size_t n)
 {
     s->header_bytes += n;
-    if (s->header_bytes > s->srv->cfg->limits.max_header_bytes) {
-        s->reject_status = 431;
-        return -1;
-    }
+    if (s->header_bytes > s->srv->cfg->limits.max_header_bytes)
+        return refuse(s, 431, NULL);
     return 0;
+}
+
+static int name_is(const h1_sess_t *s, const char *want)
+{
+    size_t n = strlen(want);
+    return s->name_len == n && strncasecmp(s->name, want, n) == 0;
 }
 
 static int flush_header(h1_sess_t *s)
 {
     if (s->name_len == 0)
         return 0;
-    if (s->name_len == 6 && strncasecmp(s->name, "expect", 6) == 0 && s->value_len == 12 &&
-        strncasecmp(s->value, "100-continue", 12) == 0)
+    const char *v = s->value ? s->value : "";
+    size_t vlen = s->value_len;
+    if (name_is(s, "host")) {
+        s->n_host++;
+    } else if (name_is(s, "content-length")) {
+        s->n_cl++;
+    } else if (name_is(s, "transfer-encoding")) {
+        s->n_te++;
+        s->te_bad |= !pcr_http_te_is_chunked(v, vlen);
+    } else if (name_is(s, "expect") && vlen == 12 && strncasecmp(v, "100-continue", 12) == 0) {
         s->expect_continue = 1;
-    int rc = pcr_exchange_add_header(s->ex, s->name, s->name_len, s->value ? s->value : "", s->value_len);
+    }
+    int rc = pcr_exchange_add_header(s->ex, s->name, s->name_len, v, vlen);
     s->name_len = s->value_len = 0;
     s->in_value = 0;
     if (rc == PCR_ERR_TOO_LARGE)
-        s->reject_status = 431;
+        return refuse(s, 431, NULL);
+    if (rc == PCR_ERR_INVAL)
+        return refuse(s, 400, "invalid header field (a name must be a token, with no whitespace "
+                              "before the colon; a value must not hold CR, LF or NUL)");
     return rc;
 }
 
@@ -204,8 +252,13 @@ static int on_message_begin(http_parser *p)
     s->ex = pcr_exchange_new(s->srv, &h1_ops, s, "HTTP/1.1");
     if (s->ex == NULL)
         return -1;
+    pcr_exchange_set_peer(s->ex, pcr_sock_peer(s->sock));
     s->url_len = s->name_len = s->value_len = s->header_bytes = 0;
-    s->in_value = s->expect_continue = s->reject_status = 0;
+    s->in_value = s->expect_continue = s->reject_status = s->in_body = 0;
+    s->n_host = s->n_cl = s->n_te = 0;
+    s->te_bad = 0;
+    s->reject_why = NULL;
+    pcr_fold_reset(&s->fold);
     return 0;
 }
 
@@ -224,6 +277,7 @@ static int on_header_field(http_parser *p, const char *at, size_t n)
         return -1;
     if (s->in_value && flush_header(s) < 0)
         return -1;
+    pcr_fold_field(&s->fold);
     return grow_append(&s->name, &s->name_len, &s->name_cap, at, n);
 }
 
@@ -232,8 +286,30 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
     h1_sess_t *s = p->data;
     if (count_header_bytes(s, n) < 0)
         return -1;
+    if (pcr_fold_value(&s->fold, at, n) < 0)
+        return refuse(s, 400, "obsolete line folding (obs-fold) in a header field");
     s->in_value = 1;
     return grow_append(&s->value, &s->value_len, &s->value_cap, at, n);
+}
+
+/* The request target: origin-form as is; absolute-form ("http://host/path") as its path. */
+static int set_target(h1_sess_t *s)
+{
+    const char *u = s->url ? s->url : "/";
+    size_t len = s->url ? s->url_len : 1;
+    if (len > 0 && u[0] == '/')
+        return pcr_exchange_set_path(s->ex, u, len);
+    if (len == 1 && u[0] == '*')
+        return pcr_exchange_set_path(s->ex, u, len);
+    struct http_parser_url pu;
+    http_parser_url_init(&pu);
+    if (http_parser_parse_url(u, len, 0, &pu) != 0 || !(pu.field_set & (1 << UF_SCHEMA)) ||
+        !(pu.field_set & (1 << UF_HOST)))
+        return refuse(s, 400, "the request target must be a path (\"/v1/...\") or an absolute URL");
+    if (!(pu.field_set & (1 << UF_PATH)))
+        return pcr_exchange_set_path(s->ex, "/", 1);
+    size_t off = pu.field_data[UF_PATH].off;
+    return pcr_exchange_set_path(s->ex, u + off, len - off);
 }
 
 static int on_headers_complete(http_parser *p)
@@ -242,17 +318,26 @@ static int on_headers_complete(http_parser *p)
     if (flush_header(s) < 0)
         return -1;
     const char *m = http_method_str((enum http_method)p->method);
-    if (pcr_exchange_set_method(s->ex, m, strlen(m)) < 0 ||
-        pcr_exchange_set_path(s->ex, s->url ? s->url : "/", s->url_len) < 0)
+    if (pcr_exchange_set_method(s->ex, m, strlen(m)) < 0 || set_target(s) < 0)
         return -1;
     s->keep_alive = http_should_keep_alive(p);
     s->head_only = p->method == HTTP_HEAD;
-    if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->srv->cfg->limits.max_body_bytes) {
-        s->reject_status = 413;
-        return -1;
+    int http11 = p->http_major == 1 && p->http_minor >= 1;
+    if (http11 && s->n_host != 1)
+        return refuse(s, 400, s->n_host ? "more than one Host header" : "missing Host header");
+    if (s->n_te > 0 && (s->te_bad || s->n_te > 1))
+        return refuse(s, 400, "Transfer-Encoding must be exactly \"chunked\"");
+    if (s->n_te > 0 && s->n_cl > 0)
+        return refuse(s, 400, "Content-Length together with Transfer-Encoding");
+    if (s->n_cl > 1)
+        return refuse(s, 400, "more than one Content-Length");
+    if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->srv->cfg->limits.max_body_bytes)
+        return refuse(s, 413, NULL);
+    if (s->expect_continue) {
+        evbuffer_add(pcr_sock_output(s->sock), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        pcr_sock_flush(s->sock);
     }
-    if (s->expect_continue)
-        evbuffer_add(bufferevent_get_output(s->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    s->in_body = 1;
     return 0;
 }
 
@@ -261,7 +346,7 @@ static int on_body(http_parser *p, const char *at, size_t n)
     h1_sess_t *s = p->data;
     int rc = pcr_exchange_add_body(s->ex, at, n);
     if (rc == PCR_ERR_TOO_LARGE)
-        s->reject_status = 413;
+        return refuse(s, 413, NULL);
     return rc < 0 ? -1 : 0;
 }
 
@@ -283,92 +368,200 @@ static const http_parser_settings req_settings = {
 
 /* The request could not be taken: answer with a clear error, then close (the rest of the
  * stream cannot be trusted to be in sync). */
-static void reject(h1_sess_t *s, enum http_errno e)
+static void reject(h1_sess_t *s, int status, const char *detail)
 {
+    pcr_server_t *srv = s->srv;
     s->keep_alive = 0;
     s->closing = 1;
+    pcr_sock_read_stop(s->sock);
     if (s->ex == NULL)
-        s->ex = pcr_exchange_new(s->srv, &h1_ops, s, "HTTP/1.1");
+        s->ex = pcr_exchange_new(srv, &h1_ops, s, "HTTP/1.1");
     if (s->ex == NULL) {
         h1_close(s);
         return;
     }
-    stop_reading(s);
-    switch (s->reject_status) {
+    s->mode = T_BUSY;
+    event_del(s->timer);
+    pcr_session_set_waiting(&s->base, 0);
+    switch (status) {
     case 413:
-        pcr_exchange_reject(s->ex, 413, "invalid_request_error", "body_too_large",
-                            "request body is larger than limits.max_body_bytes (%zu bytes)",
-                            s->srv->cfg->limits.max_body_bytes);
+        pcr_exchange_error(s->ex, 413, "invalid_request_error", "body_too_large",
+                           "request body is larger than limits.max_body_bytes (%zu bytes)",
+                           srv->cfg->limits.max_body_bytes);
         break;
     case 431:
-        pcr_exchange_reject(s->ex, 431, "invalid_request_error", "headers_too_large",
-                            "request headers are larger than limits.max_header_bytes (%zu bytes)",
-                            s->srv->cfg->limits.max_header_bytes);
+        pcr_exchange_error(s->ex, 431, "invalid_request_error", "headers_too_large",
+                           "request headers are larger than limits.max_header_bytes (%zu bytes)",
+                           srv->cfg->limits.max_header_bytes);
+        break;
+    case 408:
+        srv->metrics.request_timeouts++;
+        pcr_exchange_error(s->ex, 408, "invalid_request_error", "request_timeout", "%s", detail);
         break;
     default:
-        s->srv->metrics.bad_requests++;
-        if (e == HPE_HEADER_OVERFLOW)
-            pcr_exchange_reject(s->ex, 431, "invalid_request_error", "headers_too_large",
-                                "request headers are too large");
-        else
-            pcr_exchange_reject(s->ex, 400, "invalid_request_error", "bad_request",
-                                "malformed HTTP/1.1 request: %s", http_errno_description(e));
+        srv->metrics.bad_requests++;
+        pcr_exchange_error(s->ex, 400, "invalid_request_error", "bad_request",
+                           "malformed HTTP/1.1 request: %s", detail);
         break;
     }
 }
 
 static void parse_input(h1_sess_t *s)
 {
-    struct evbuffer *in = bufferevent_get_input(s->bev);
+    struct evbuffer *in = pcr_sock_input(s->sock);
     while (evbuffer_get_length(in) > 0) {
         if (s->ex != NULL && pcr_exchange_running(s->ex))
-            return; /* answering; the next pipelined request waits its turn */
+            break; /* answering; the next pipelined request waits its turn */
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
-            return;
+            break;
+        pcr_fold_begin(&s->fold, v.iov_base, v.iov_len);
         size_t n = http_parser_execute(&s->parser, &req_settings, v.iov_base, v.iov_len);
+        pcr_fold_end(&s->fold);
         enum http_errno e = HTTP_PARSER_ERRNO(&s->parser);
         if (e == HPE_PAUSED) {
             evbuffer_drain(in, n);
             /* The response may finish synchronously (a local endpoint): `advance` runs later,
              * from the loop. */
-            arm_timeouts(s, 0);
+            s->mode = T_BUSY;
+            update_timer(s);
             pcr_exchange_run(s->ex);
-            return;
+            break;
         }
         if (e != HPE_OK) {
             evbuffer_drain(in, evbuffer_get_length(in));
-            reject(s, e);
+            if (s->reject_status == 413 || s->reject_status == 431)
+                reject(s, s->reject_status, NULL);
+            else if (s->reject_status != 0)
+                reject(s, 400, s->reject_why ? s->reject_why : "invalid request");
+            else if (e == HPE_HEADER_OVERFLOW)
+                reject(s, 431, NULL);
+            else
+                reject(s, 400, http_errno_description(e));
             return;
         }
         evbuffer_drain(in, n);
     }
+    update_timer(s);
 }
 
-/* ---- connection events --------------------------------------------------------------- */
+/* ---- deadlines and reading ----------------------------------------------------------- */
 
-/* Timeouts: a client that stops reading what we send is always timed out; one that sends
- * nothing only while no request of its own is being answered (a long stream may take minutes).
- * TLS connections read through their bufferevent, plain ones through `rev` (io.h). */
-static void arm_timeouts(h1_sess_t *s, int idle)
+static void arm(h1_sess_t *s, unsigned ms)
 {
-    unsigned ms = s->srv->cfg->timeouts.client_idle_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    if (s->plain) {
-        bufferevent_set_timeouts(s->bev, NULL, &tv);
-        event_add(s->rev, idle ? &tv : NULL);
-    } else {
-        bufferevent_set_timeouts(s->bev, idle ? &tv : NULL, &tv);
+    evtimer_add(s->timer, &tv);
+}
+
+/* Sets the timer's mode from where the connection stands (see the header comment). BODY is
+ * re-armed on every call: each read that brought body bytes restarts its idle time. */
+static void update_timer(h1_sess_t *s)
+{
+    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    timer_mode_t want;
+    if (s->ex == NULL)
+        want = T_IDLE;
+    else if (pcr_exchange_running(s->ex))
+        want = T_BUSY;
+    else
+        want = s->in_body ? T_BODY : T_HEAD;
+    if (want == s->mode && want != T_BODY)
+        return;
+    s->mode = want;
+    pcr_session_set_waiting(&s->base, want != T_BUSY);
+    switch (want) {
+    case T_IDLE: arm(s, t->client_idle_ms); break;
+    case T_HEAD: arm(s, t->request_header_ms); break;
+    case T_BODY: arm(s, t->client_idle_ms); break;
+    case T_BUSY: event_del(s->timer); break;
     }
 }
 
-static void stop_reading(h1_sess_t *s)
+static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
-    if (s->plain)
-        event_del(s->rev);
-    else
-        bufferevent_disable(s->bev, EV_READ);
+    h1_sess_t *s = arg;
+    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    char msg[160];
+    switch (s->mode) {
+    case T_IDLE:
+        h1_close(s); /* idle past client_idle_ms */
+        break;
+    case T_HEAD:
+        snprintf(msg, sizeof(msg), "the request head was not complete within %u ms "
+                 "(timeouts.request_header_ms)", t->request_header_ms);
+        reject(s, 408, msg);
+        break;
+    case T_BODY:
+        snprintf(msg, sizeof(msg), "no byte of the request body arrived for %u ms "
+                 "(timeouts.client_idle_ms)", t->client_idle_ms);
+        reject(s, 408, msg);
+        break;
+    case T_BUSY:
+        break;
+    }
 }
+
+static void budget_resume(pcr_budget_waiter_t *w)
+{
+    h1_sess_t *s = (h1_sess_t *)((char *)w - offsetof(h1_sess_t, budget));
+    if (s->read_paused && !s->closing) {
+        s->read_paused = 0;
+        pcr_sock_read_start(s->sock);
+        parse_input(s);
+    }
+}
+
+/* After a read: pause reading while pipelined bytes pile up behind a running request, or while
+ * a body is arriving and the process is over its body budget. */
+static void check_pause(h1_sess_t *s)
+{
+    size_t queued = evbuffer_get_length(pcr_sock_input(s->sock));
+    int running = s->ex != NULL && pcr_exchange_running(s->ex);
+    if (running && queued > PIPELINE_MAX_BYTES) {
+        pcr_sock_read_stop(s->sock);
+        s->read_paused = 1;
+    } else if (!running && s->ex != NULL && !pcr_server_body_budget_ok(s->srv)) {
+        pcr_sock_read_stop(s->sock);
+        s->read_paused = 1;
+        pcr_server_body_wait(s->srv, &s->budget);
+    }
+}
+
+static void on_read(pcr_sock_t *sock, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (s->closing)
+        return;
+    parse_input(s);
+    if (!s->closing && s->ex != NULL)
+        check_pause(s);
+}
+
+static void on_drain(pcr_sock_t *sock, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (s->ex != NULL)
+        pcr_exchange_on_writable(s->ex);
+    if (s->closing && s->ex == NULL && pcr_sock_pending(sock) == 0)
+        h1_close(s);
+}
+
+static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (why == PCR_SOCK_WRITE_TIMEOUT) {
+        s->srv->metrics.write_timeouts++;
+        pcr_log_info("client %s accepted no bytes for %u ms: connection closed", pcr_sock_peer(sock),
+                     s->srv->cfg->timeouts.client_write_ms);
+    }
+    /* EOF, error or timeout: the client is gone (or stuck); whatever it asked is abandoned and
+     * its upstream request closed, so the pod stops generating. */
+    h1_close(s);
+}
+
+static void on_ready(pcr_sock_t *sock, int err, void *arg) {}
+
+static const pcr_sock_cbs_t h1_sock_cbs = {on_read, on_drain, on_end, on_ready};
 
 static void on_advance(evutil_socket_t fd, short what, void *arg)
 {
@@ -377,71 +570,23 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
         return;
     pcr_exchange_free(s->ex);
     s->ex = NULL;
-    if (s->abort)
-        s->closing = 1; /* what did arrive is still delivered, then the close cuts it */
     if (s->closing) {
-        stop_reading(s);
-        if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0)
+        pcr_sock_read_stop(s->sock);
+        if (pcr_sock_pending(s->sock) == 0)
             h1_close(s);
-        return; /* on_write closes once the output is out */
+        else
+            pcr_sock_want_drain(s->sock, 0); /* on_drain closes once the output is out */
+        return;
     }
     http_parser_pause(&s->parser, 0);
-    if (s->read_stopped && !s->plain)
-        bufferevent_enable(s->bev, EV_READ);
-    s->read_stopped = 0;
-    arm_timeouts(s, 1); /* (re)adds the read event of a plain socket */
+    if (s->read_paused) {
+        s->read_paused = 0;
+        pcr_server_body_unwait(s->srv, &s->budget);
+        pcr_sock_read_start(s->sock);
+    }
     parse_input(s);
-}
-
-/* Pipelined requests wait in the input buffer while one is answered; past this much, reading
- * stops until the answer is out, so a client cannot make pcrouter buffer without bound. */
-#define PIPELINE_MAX_BYTES (1024 * 1024)
-
-static void on_read(struct bufferevent *bev, void *arg)
-{
-    h1_sess_t *s = arg;
-    if (s->closing)
-        return;
-    parse_input(s);
-    if (s->ex != NULL && pcr_exchange_running(s->ex) &&
-        evbuffer_get_length(bufferevent_get_input(bev)) > PIPELINE_MAX_BYTES) {
-        stop_reading(s);
-        s->read_stopped = 1;
-    }
-}
-
-static void on_readable(evutil_socket_t fd, short what, void *arg)
-{
-    h1_sess_t *s = arg;
-    if (what & EV_TIMEOUT) {
-        h1_close(s); /* idle past client_idle_ms */
-        return;
-    }
-    int n = pcr_io_read_into(s->bev);
-    if (n == PCR_IO_AGAIN)
-        return;
-    if (n <= 0) {
-        h1_close(s); /* the client closed or broke the connection */
-        return;
-    }
-    on_read(s->bev, s);
-}
-
-static void on_write(struct bufferevent *bev, void *arg)
-{
-    h1_sess_t *s = arg;
-    if (s->ex != NULL)
-        pcr_exchange_on_writable(s->ex);
-    if (s->closing && s->ex == NULL && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-        h1_close(s);
-}
-
-static void on_event(struct bufferevent *bev, short what, void *arg)
-{
-    h1_sess_t *s = arg;
-    /* EOF, error or timeout: the client is gone (or stuck); whatever it asked is abandoned
-     * and its upstream request closed, so the pod stops generating. */
-    h1_close(s);
+    if (!s->closing && s->ex != NULL)
+        check_pause(s);
 }
 
 static void h1_drain(pcr_session_t *base)
@@ -462,10 +607,10 @@ static void h1_close(h1_sess_t *s)
 {
     pcr_exchange_free(s->ex);
     s->ex = NULL;
+    pcr_server_body_unwait(s->srv, &s->budget);
     event_free(s->advance);
-    if (s->rev)
-        event_free(s->rev);
-    bufferevent_free(s->bev);
+    event_free(s->timer);
+    pcr_sock_free(s->sock);
     free(s->url);
     free(s->name);
     free(s->value);
@@ -473,40 +618,35 @@ static void h1_close(h1_sess_t *s)
     free(s);
 }
 
-int pcr_h1_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain)
+int pcr_h1_session_start(pcr_server_t *srv, pcr_sock_t *sock)
 {
     h1_sess_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return PCR_ERR_NOMEM;
     s->srv = srv;
-    s->bev = bev;
-    s->plain = plain;
+    s->sock = sock;
     s->advance = event_new(srv->base, -1, 0, on_advance, s);
-    if (s->advance == NULL) {
+    s->timer = evtimer_new(srv->base, on_timer, s);
+    if (s->advance == NULL || s->timer == NULL) {
+        if (s->advance)
+            event_free(s->advance);
+        if (s->timer)
+            event_free(s->timer);
         free(s);
         return PCR_ERR_NOMEM;
     }
-    if (plain) {
-        s->rev = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_readable, s);
-        if (s->rev == NULL) {
-            event_free(s->advance);
-            free(s);
-            return PCR_ERR_NOMEM;
-        }
-    }
+    s->budget.resume = budget_resume;
     http_parser_init(&s->parser, HTTP_REQUEST);
     s->parser.data = s;
     pcr_session_register(srv, &s->base, &h1_session_ops);
-    bufferevent_setcb(bev, on_read, on_write, on_event, s);
-    bufferevent_setwatermark(bev, EV_WRITE, PCR_WRITE_LOW, 0);
-    if (plain) {
-        bufferevent_disable(bev, EV_READ);
-        bufferevent_enable(bev, EV_WRITE);
-    } else {
-        bufferevent_enable(bev, EV_READ | EV_WRITE);
-    }
-    arm_timeouts(s, 1);
-    if (evbuffer_get_length(bufferevent_get_input(bev)) > 0)
-        parse_input(s);
+    pcr_sock_set_cbs(sock, &h1_sock_cbs, s);
+    pcr_sock_set_write_timeout(sock, srv->cfg->timeouts.client_write_ms);
+    s->mode = T_BUSY; /* so that the first update arms the right deadline */
+    pcr_sock_read_start(sock);
+    /* The handshake already read the first bytes of a request head. */
+    if (evbuffer_get_length(pcr_sock_input(sock)) > 0)
+        on_read(sock, s);
+    else
+        update_timer(s);
     return 0;
 }

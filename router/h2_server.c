@@ -2,24 +2,35 @@
  * knowledge): the nghttp2 session (1.52 API) and its streams, one exchange per stream.
  *
  * A stream is created at begin-headers and freed at stream-close, nowhere else. Every read
- * feeds nghttp2_session_mem_recv and then flushes its output; flushing stops above
- * PCR_WRITE_HIGH bytes of unsent output and resumes from the write callback. A response body
- * that has not arrived from upstream yet makes the data source return NGHTTP2_ERR_DEFERRED;
- * upstream data resumes it. Exchange ops never call into nghttp2's send path directly: they
- * queue and activate the deferred `flush` event, so a stream is never closed (and its exchange
- * freed) while the exchange's own code is on the stack. */
+ * feeds nghttp2_session_mem_recv and then flushes. Flushing asks nghttp2 for frames until the
+ * transport holds PCR_WRITE_HIGH unsent bytes, writes, and goes on while the kernel took them
+ * and nghttp2 has more; only when the socket is full does it wait, for the transport's drain
+ * notification. A response body that has not arrived from upstream yet makes the data source
+ * return NGHTTP2_ERR_DEFERRED; upstream data resumes it. Exchange ops never call into nghttp2's
+ * send path directly: they queue and activate the deferred `flush` event, so a stream is never
+ * closed (and its exchange freed) while the exchange's own code is on the stack.
+ *
+ * Budgets and deadlines:
+ * - Flow control is consumed by hand (no automatic WINDOW_UPDATE): a DATA frame's bytes are
+ *   given back to the client's window only while the process holds less than
+ *   limits.max_buffered_body_bytes of request bodies, so streams over the budget wait on their
+ *   windows instead of growing memory, and resume when some is released.
+ * - One timer per connection: with no stream open it is the idle timeout
+ *   (timeouts.client_idle_ms); with streams it ticks, and a stream whose head is not complete
+ *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
+ *   answered 408; one whose response made no progress towards the client for
+ *   timeouts.client_write_ms (a zero window) is reset, and its pod request cancelled. */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <nghttp2/nghttp2.h>
 
 #include "exchange.h"
-#include "io.h"
 #include "log.h"
 #include "session.h"
 
@@ -31,6 +42,12 @@ typedef struct h2_stream {
     pcr_exchange_t *ex;
     struct evbuffer *out;          /* response body not yet taken by nghttp2 */
     size_t header_bytes;
+    size_t unconsumed;             /* DATA bytes not yet given back to the window (budget) */
+    uint64_t t_begin;              /* begin-headers */
+    uint64_t t_recv;               /* last request byte */
+    uint64_t t_progress;           /* last response byte taken by nghttp2 (or output began) */
+    int headers_done;
+    int req_done;                  /* END_STREAM from the client */
     int reject_status;             /* 413 / 431 decided while receiving */
     int rejected;                  /* the error response went out */
     int eof;                       /* the exchange sent its end */
@@ -45,33 +62,22 @@ typedef struct h2_stream {
 struct h2_sess {
     pcr_session_t base;
     pcr_server_t *srv;
-    struct bufferevent *bev;
+    pcr_sock_t *sock;
     nghttp2_session *ng;
     struct event *flush;
+    struct event *timer;           /* idle timeout, or the streams' deadline tick */
+    pcr_budget_waiter_t budget;
     h2_stream_t *streams;
     size_t nstreams;
     int closing;
-    int plain;                     /* h2c on a plain socket: read and written directly */
-    struct event *rev;             /* plain sockets: the read event (io.h) */
+    int in_flush;
 };
 
 static void h2_close(h2_sess_t *s);
 static void flush_now(h2_sess_t *s);
+static void arm_timer(h2_sess_t *s);
 
 static void schedule_flush(h2_sess_t *s) { event_active(s->flush, 0, 0); }
-
-static void set_timeouts(h2_sess_t *s)
-{
-    /* Idle connections time out; one with streams open may be silent for a long stream. */
-    unsigned ms = s->srv->cfg->timeouts.client_idle_ms;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    if (s->plain) {
-        bufferevent_set_timeouts(s->bev, NULL, &tv);
-        event_add(s->rev, s->nstreams ? NULL : &tv);
-    } else {
-        bufferevent_set_timeouts(s->bev, s->nstreams ? NULL : &tv, &tv);
-    }
-}
 
 static void stream_free(h2_stream_t *st)
 {
@@ -108,8 +114,10 @@ static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf
     h2_stream_t *st = src->ptr;
     size_t avail = evbuffer_get_length(st->out);
     size_t n = avail < length ? avail : length;
-    if (n > 0)
+    if (n > 0) {
         evbuffer_remove(st->out, buf, n);
+        st->t_progress = pcr_now_us();
+    }
     if (st->eof && evbuffer_get_length(st->out) == 0) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     } else if (n == 0 && st->abort) {
@@ -182,6 +190,8 @@ static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
     h2_stream_t *st = pcr_exchange_session(ex);
     if (st->head_only)
         return;
+    if (evbuffer_get_length(st->out) == 0)
+        st->t_progress = pcr_now_us(); /* the write deadline counts from here */
     evbuffer_add(st->out, data, len);
     resume(st);
 }
@@ -214,6 +224,30 @@ static size_t op_pending(pcr_exchange_t *ex)
 static const pcr_exchange_ops_t h2_ops = {op_send_head, op_send_body, op_send_end, op_send_abort,
                                           op_pending};
 
+/* ---- flow control against the body budget -------------------------------------------- */
+
+/* Gives DATA bytes back to the client's windows while the budget allows. */
+static void consume_pending(h2_sess_t *s)
+{
+    for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
+        if (st->unconsumed == 0)
+            continue;
+        if (!pcr_server_body_budget_ok(s->srv)) {
+            pcr_server_body_wait(s->srv, &s->budget);
+            return;
+        }
+        nghttp2_session_consume(s->ng, st->id, st->unconsumed);
+        st->unconsumed = 0;
+    }
+}
+
+static void budget_resume(pcr_budget_waiter_t *w)
+{
+    h2_sess_t *s = (h2_sess_t *)((char *)w - offsetof(h2_sess_t, budget));
+    consume_pending(s);
+    flush_now(s);
+}
+
 /* ---- nghttp2 callbacks --------------------------------------------------------------- */
 
 static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
@@ -228,6 +262,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
     st->sess = s;
     st->out = evbuffer_new();
     st->ex = pcr_exchange_new(s->srv, &h2_ops, st, "HTTP/2");
+    st->t_begin = st->t_recv = pcr_now_us();
     st->next = s->streams;
     if (s->streams)
         s->streams->prev = st;
@@ -237,8 +272,12 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         stream_free(st);
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
     }
+    pcr_exchange_set_peer(st->ex, pcr_sock_peer(s->sock));
     nghttp2_session_set_stream_user_data(ng, st->id, st);
-    set_timeouts(s);
+    if (s->nstreams == 1) {
+        pcr_session_set_waiting(&s->base, 0);
+        arm_timer(s);
+    }
     return 0;
 }
 
@@ -268,6 +307,7 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
         if (nlen == 14 && memcmp(n, "content-length", 14) == 0 &&
             strtoull(v, NULL, 10) > s->srv->cfg->limits.max_body_bytes)
             st->reject_status = 413;
+        /* nghttp2 has already refused invalid names and values (RFC 9113, 8.2.1). */
         if (pcr_exchange_add_header(st->ex, n, nlen, v, vlen) == PCR_ERR_TOO_LARGE)
             st->reject_status = 431;
     }
@@ -279,13 +319,13 @@ static void reject(h2_stream_t *st)
     h2_sess_t *s = st->sess;
     st->rejected = 1;
     if (st->reject_status == 413)
-        pcr_exchange_reject(st->ex, 413, "invalid_request_error", "body_too_large",
-                            "request body is larger than limits.max_body_bytes (%zu bytes)",
-                            s->srv->cfg->limits.max_body_bytes);
+        pcr_exchange_error(st->ex, 413, "invalid_request_error", "body_too_large",
+                           "request body is larger than limits.max_body_bytes (%zu bytes)",
+                           s->srv->cfg->limits.max_body_bytes);
     else
-        pcr_exchange_reject(st->ex, 431, "invalid_request_error", "headers_too_large",
-                            "request headers are larger than limits.max_header_bytes (%zu bytes)",
-                            s->srv->cfg->limits.max_header_bytes);
+        pcr_exchange_error(st->ex, 431, "invalid_request_error", "headers_too_large",
+                           "request headers are larger than limits.max_header_bytes (%zu bytes)",
+                           s->srv->cfg->limits.max_header_bytes);
 }
 
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
@@ -295,11 +335,16 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
     if (st == NULL)
         return 0;
+    st->t_recv = pcr_now_us();
+    if (frame->hd.type == NGHTTP2_HEADERS)
+        st->headers_done = 1;
+    if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+        st->req_done = 1;
     if (st->reject_status && !st->rejected) {
         reject(st);
         return 0;
     }
-    if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) && !st->rejected && !pcr_exchange_running(st->ex))
+    if (st->req_done && !st->rejected && !pcr_exchange_running(st->ex))
         pcr_exchange_run(st->ex);
     return 0;
 }
@@ -307,13 +352,40 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
 static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
                          size_t len, void *user)
 {
+    h2_sess_t *s = user;
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
-    if (st == NULL || st->reject_status)
+    if (st == NULL || st->reject_status || pcr_exchange_running(st->ex)) {
+        /* Dropped: the window is given back at once. */
+        nghttp2_session_consume(ng, id, len);
         return 0;
+    }
+    st->t_recv = pcr_now_us();
     if (pcr_exchange_add_body(st->ex, (const char *)data, len) == PCR_ERR_TOO_LARGE) {
+        nghttp2_session_consume(ng, id, len);
         st->reject_status = 413;
         reject(st);
+        return 0;
     }
+    if (st->unconsumed == 0 && pcr_server_body_budget_ok(s->srv)) {
+        nghttp2_session_consume(ng, id, len);
+    } else {
+        st->unconsumed += len;
+        pcr_server_body_wait(s->srv, &s->budget);
+    }
+    return 0;
+}
+
+static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
+{
+    /* The response ended while the client is still sending (an early 408 or 413): the rest of
+     * its request will not be read, so the stream is reset (RFC 9113, 8.1). */
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
+        return 0;
+    if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        return 0;
+    h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (st != NULL && !st->req_done)
+        nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
     return 0;
 }
 
@@ -324,34 +396,122 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code,
     if (st == NULL)
         return 0;
     nghttp2_session_set_stream_user_data(ng, id, NULL);
+    if (st->unconsumed)
+        nghttp2_session_consume_connection(ng, st->unconsumed);
     /* A reset by the client, or the natural end: either way the exchange ends here; if its
      * upstream request is still running it is closed, so the pod stops generating. */
     stream_free(st);
-    set_timeouts(s);
+    if (s->nstreams == 0) {
+        pcr_session_set_waiting(&s->base, 1);
+        arm_timer(s);
+    }
     if (s->srv->draining)
         pcr_server_check_drained(s->srv);
     return 0;
+}
+
+/* ---- deadlines ----------------------------------------------------------------------- */
+
+static unsigned tick_ms(const pcr_timeouts_conf_t *t)
+{
+    unsigned m = t->client_write_ms;
+    if (t->request_header_ms < m)
+        m = t->request_header_ms;
+    if (t->client_idle_ms < m)
+        m = t->client_idle_ms;
+    m /= 4;
+    return m < 50 ? 50 : m > 1000 ? 1000 : m;
+}
+
+static void arm_timer(h2_sess_t *s)
+{
+    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    unsigned ms = s->nstreams == 0 ? t->client_idle_ms : tick_ms(t);
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    evtimer_add(s->timer, &tv);
+}
+
+static void stream_timeout_408(h2_stream_t *st, unsigned ms)
+{
+    st->reject_status = 408;
+    st->rejected = 1;
+    st->sess->srv->metrics.request_timeouts++;
+    pcr_exchange_error(st->ex, 408, "invalid_request_error", "request_timeout",
+                       "no byte of the request body arrived for %u ms (timeouts.client_idle_ms)", ms);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    h2_sess_t *s = arg;
+    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    if (s->nstreams == 0) {
+        h2_close(s); /* idle past client_idle_ms with no stream open */
+        return;
+    }
+    uint64_t now = pcr_now_us();
+    for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
+        if (!pcr_exchange_running(st->ex) && !st->rejected) {
+            if (!st->headers_done && now - st->t_begin >= (uint64_t)t->request_header_ms * 1000) {
+                /* A header block is contiguous on the connection (CONTINUATION frames follow
+                 * their HEADERS at once), so one left unfinished stalls the whole connection:
+                 * there is no stream to answer 408 on, only a connection to close. */
+                s->srv->metrics.request_timeouts++;
+                pcr_log_debug("client %s: h2 header block not complete within %u ms",
+                              pcr_sock_peer(s->sock), t->request_header_ms);
+                h2_close(s);
+                return;
+            }
+            if (st->headers_done && now - st->t_recv >= (uint64_t)t->client_idle_ms * 1000)
+                stream_timeout_408(st, t->client_idle_ms);
+        } else if (evbuffer_get_length(st->out) > 0 && !st->abort &&
+                   now - st->t_progress >= (uint64_t)t->client_write_ms * 1000) {
+            /* A zero window: the client takes nothing. Reset the stream; closing it frees the
+             * exchange and cancels the pod request, which gives its connection back. */
+            s->srv->metrics.write_timeouts++;
+            pcr_log_info("client %s, h2 stream %d: no response bytes accepted for %u ms: reset",
+                         pcr_sock_peer(s->sock), st->id, t->client_write_ms);
+            st->abort = 1;
+            nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
+        }
+    }
+    arm_timer(s);
+    flush_now(s);
 }
 
 /* ---- connection ---------------------------------------------------------------------- */
 
 static void flush_now(h2_sess_t *s)
 {
-    struct evbuffer *out = bufferevent_get_output(s->bev);
-    while (evbuffer_get_length(out) < PCR_WRITE_HIGH) {
-        const uint8_t *data;
-        ssize_t n = nghttp2_session_mem_send(s->ng, &data);
-        if (n < 0) {
-            pcr_log_debug("h2: send failed: %s", nghttp2_strerror((int)n));
-            h2_close(s);
-            return;
+    if (s->in_flush)
+        return;
+    s->in_flush = 1;
+    struct evbuffer *out = pcr_sock_output(s->sock);
+    for (;;) {
+        size_t produced = 0;
+        while (evbuffer_get_length(out) < PCR_WRITE_HIGH) {
+            const uint8_t *data;
+            ssize_t n = nghttp2_session_mem_send(s->ng, &data);
+            if (n < 0) {
+                pcr_log_debug("h2: send failed: %s", nghttp2_strerror((int)n));
+                s->in_flush = 0;
+                h2_close(s);
+                return;
+            }
+            if (n == 0)
+                break;
+            evbuffer_add(out, data, (size_t)n);
+            produced += (size_t)n;
         }
-        if (n == 0)
+        pcr_sock_flush(s->sock);
+        /* The kernel took it and nghttp2 may have more: go on. A full socket waits for the
+         * drain notification instead. */
+        if (produced == 0 || evbuffer_get_length(out) >= PCR_WRITE_HIGH ||
+            !nghttp2_session_want_write(s->ng))
             break;
-        evbuffer_add(out, data, (size_t)n);
     }
-    if (s->plain)
-        pcr_io_write_now(s->bev);
+    s->in_flush = 0;
+    if (evbuffer_get_length(out) >= PCR_WRITE_LOW)
+        pcr_sock_want_drain(s->sock, PCR_WRITE_LOW);
     if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
         evbuffer_get_length(out) == 0)
         h2_close(s);
@@ -359,11 +519,11 @@ static void flush_now(h2_sess_t *s)
 
 static void on_flush(evutil_socket_t fd, short what, void *arg) { flush_now(arg); }
 
-static void on_read(struct bufferevent *bev, void *arg)
+static void on_read(pcr_sock_t *sock, void *arg)
 {
     h2_sess_t *s = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
-    while (evbuffer_get_length(in) > 0) {
+    struct evbuffer *in = pcr_sock_input(sock);
+    while (evbuffer_get_length(in) > 0 && !s->closing) {
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
@@ -373,10 +533,7 @@ static void on_read(struct bufferevent *bev, void *arg)
             pcr_log_debug("h2: bad input from client: %s", nghttp2_strerror((int)n));
             s->srv->metrics.bad_requests++;
             evbuffer_drain(in, evbuffer_get_length(in));
-            if (s->plain)
-                event_del(s->rev);
-            else
-                bufferevent_disable(bev, EV_READ);
+            pcr_sock_read_stop(sock);
             s->closing = 1;
             nghttp2_session_terminate_session(s->ng, NGHTTP2_PROTOCOL_ERROR);
             break;
@@ -386,38 +543,22 @@ static void on_read(struct bufferevent *bev, void *arg)
     flush_now(s);
 }
 
-static void on_write(struct bufferevent *bev, void *arg)
+static void on_drain(pcr_sock_t *sock, void *arg) { flush_now(arg); }
+
+static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
 {
     h2_sess_t *s = arg;
-    if (s->closing && evbuffer_get_length(bufferevent_get_output(bev)) == 0 &&
-        !nghttp2_session_want_write(s->ng)) {
-        h2_close(s);
-        return;
+    if (why == PCR_SOCK_WRITE_TIMEOUT) {
+        s->srv->metrics.write_timeouts++;
+        pcr_log_info("client %s accepted no bytes for %u ms: connection closed", pcr_sock_peer(sock),
+                     s->srv->cfg->timeouts.client_write_ms);
     }
-    flush_now(s);
+    h2_close(s); /* EOF, error or timeout: every stream's exchange is abandoned */
 }
 
-static void on_readable(evutil_socket_t fd, short what, void *arg)
-{
-    h2_sess_t *s = arg;
-    if (what & EV_TIMEOUT) {
-        h2_close(s); /* idle past client_idle_ms with no stream open */
-        return;
-    }
-    int n = pcr_io_read_into(s->bev);
-    if (n == PCR_IO_AGAIN)
-        return;
-    if (n <= 0) {
-        h2_close(s); /* the client closed or broke the connection */
-        return;
-    }
-    on_read(s->bev, s);
-}
+static void on_ready(pcr_sock_t *sock, int err, void *arg) {}
 
-static void on_event(struct bufferevent *bev, short what, void *arg)
-{
-    h2_close(arg); /* EOF, error or timeout: every stream's exchange is abandoned */
-}
+static const pcr_sock_cbs_t h2_sock_cbs = {on_read, on_drain, on_end, on_ready};
 
 static void h2_drain(pcr_session_t *base)
 {
@@ -436,65 +577,72 @@ static void h2_close(h2_sess_t *s)
 {
     while (s->streams)
         stream_free(s->streams);
+    pcr_server_body_unwait(s->srv, &s->budget);
     nghttp2_session_del(s->ng);
     event_free(s->flush);
-    if (s->rev)
-        event_free(s->rev);
-    bufferevent_free(s->bev);
+    event_free(s->timer);
+    pcr_sock_free(s->sock);
     pcr_session_unregister(&s->base);
     free(s);
 }
 
-int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain)
+int pcr_h2_session_start(pcr_server_t *srv, pcr_sock_t *sock)
 {
     h2_sess_t *s = calloc(1, sizeof(*s));
     nghttp2_session_callbacks *cbs = NULL;
-    if (s == NULL || nghttp2_session_callbacks_new(&cbs) != 0)
+    nghttp2_option *opt = NULL;
+    if (s == NULL || nghttp2_session_callbacks_new(&cbs) != 0 || nghttp2_option_new(&opt) != 0)
         goto fail;
     s->srv = srv;
-    s->bev = bev;
-    s->plain = plain;
+    s->sock = sock;
+    s->budget.resume = budget_resume;
     nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);
     nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
-    int rc = nghttp2_session_server_new(&s->ng, cbs, s);
+    /* Request bodies are buffered against a process-wide budget: windows are given back by
+     * hand (consume_pending), never automatically. */
+    nghttp2_option_set_no_auto_window_update(opt, 1);
+    int rc = nghttp2_session_server_new2(&s->ng, cbs, s, opt);
     nghttp2_session_callbacks_del(cbs);
+    cbs = NULL;
+    nghttp2_option_del(opt);
+    opt = NULL;
     if (rc != 0)
         goto fail;
     s->flush = event_new(srv->base, -1, 0, on_flush, s);
-    if (s->flush == NULL)
+    s->timer = evtimer_new(srv->base, on_timer, s);
+    if (s->flush == NULL || s->timer == NULL)
         goto fail;
     nghttp2_settings_entry iv[] = {
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, srv->cfg->limits.max_concurrent_streams},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}, /* prompts are large: 1 MiB per stream */
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)srv->cfg->limits.max_header_bytes},
     };
     nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));
     nghttp2_session_set_local_window_size(s->ng, NGHTTP2_FLAG_NONE, 0, 16 << 20);
     pcr_session_register(srv, &s->base, &h2_session_ops);
-    bufferevent_setcb(bev, on_read, on_write, on_event, s);
-    bufferevent_setwatermark(bev, EV_WRITE, PCR_WRITE_LOW, 0);
-    if (plain) {
-        s->rev = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_readable, s);
-        if (s->rev == NULL) {
-            pcr_session_unregister(&s->base);
-            goto fail;
-        }
-        bufferevent_disable(bev, EV_READ);
-        bufferevent_enable(bev, EV_WRITE);
-    } else {
-        bufferevent_enable(bev, EV_READ | EV_WRITE);
-    }
-    set_timeouts(s);
-    if (evbuffer_get_length(bufferevent_get_input(bev)) > 0)
-        on_read(bev, s);
+    pcr_session_set_waiting(&s->base, 1);
+    pcr_sock_set_cbs(sock, &h2_sock_cbs, s);
+    pcr_sock_set_write_timeout(sock, srv->cfg->timeouts.client_write_ms);
+    pcr_sock_read_start(sock);
+    arm_timer(s);
+    if (evbuffer_get_length(pcr_sock_input(sock)) > 0)
+        on_read(sock, s);
     else
         flush_now(s);
     return 0;
 fail:
+    if (cbs)
+        nghttp2_session_callbacks_del(cbs);
+    if (opt)
+        nghttp2_option_del(opt);
     if (s && s->flush)
         event_free(s->flush);
+    if (s && s->timer)
+        event_free(s->timer);
     if (s && s->ng)
         nghttp2_session_del(s->ng);
     free(s);

@@ -13,9 +13,9 @@
 
 #include "backend.h"
 #include "config.h"
-#include "io.h"
 #include "log.h"
 #include "session.h"
+#include "sock.h"
 #include "upstream.h"
 
 #define PCR_VERSION "0.1.0"
@@ -33,12 +33,62 @@ void pcr_server_check_drained(pcr_server_t *srv)
         event_base_loopexit(srv->base, NULL);
 }
 
+int pcr_server_body_budget_ok(const pcr_server_t *srv)
+{
+    return srv->body_buffered < srv->cfg->limits.max_buffered_body_bytes;
+}
+
+void pcr_server_body_wait(pcr_server_t *srv, pcr_budget_waiter_t *w)
+{
+    if (!w->queued) {
+        TAILQ_INSERT_TAIL(&srv->budget_waiters, w, link);
+        w->queued = 1;
+    }
+}
+
+void pcr_server_body_unwait(pcr_server_t *srv, pcr_budget_waiter_t *w)
+{
+    if (w->queued) {
+        TAILQ_REMOVE(&srv->budget_waiters, w, link);
+        w->queued = 0;
+    }
+}
+
+void pcr_server_body_released(pcr_server_t *srv)
+{
+    if (!TAILQ_EMPTY(&srv->budget_waiters) && pcr_server_body_budget_ok(srv) && srv->budget_event)
+        event_active(srv->budget_event, 0, 0);
+}
+
+/* Wakes the sessions waiting for body budget, oldest first, while there is budget; each may
+ * take some and wait again, which puts it at the back. */
+static void on_budget(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
+    size_t n = 0;
+    pcr_budget_waiter_t *w;
+    for (w = TAILQ_FIRST(&srv->budget_waiters); w != NULL; w = TAILQ_NEXT(w, link))
+        n++;
+    while (n-- > 0 && pcr_server_body_budget_ok(srv) &&
+           (w = TAILQ_FIRST(&srv->budget_waiters)) != NULL) {
+        pcr_server_body_unwait(srv, w);
+        w->resume(w);
+    }
+}
+
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
 {
     pcr_server_t *srv = arg;
     pcr_log_warn("drain timeout: %llu request(s) still in flight are cut",
                  (unsigned long long)srv->inflight);
     event_base_loopexit(srv->base, NULL);
+}
+
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
+    pcr_log_warn("SIGHUP: reloading the config is not supported yet; still running with %s",
+                 srv->cfg->path);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -130,6 +180,9 @@ static int run(const char *path)
     pcr_server_t srv;
     memset(&srv, 0, sizeof(srv));
     LIST_INIT(&srv.sessions);
+    TAILQ_INIT(&srv.waiting);
+    TAILQ_INIT(&srv.budget_waiters);
+    srv.spare_fd = -1;
     srv.cfg = pcr_config_load(path, &errors);
     if (srv.cfg == NULL) {
         fprintf(stderr, "%s", errors ? errors : "invalid config\n");
@@ -138,7 +191,7 @@ static int run(const char *path)
     }
     pcr_log_set_level(srv.cfg->log.level);
     signal(SIGPIPE, SIG_IGN);
-    srv.base = pcr_io_base_new();
+    srv.base = pcr_sock_base_new();
     srv.policy = make_policy(srv.cfg);
     if (srv.base == NULL || srv.policy == NULL) {
         pcr_log_error("cannot start: out of memory or invalid routing settings");
@@ -148,8 +201,11 @@ static int run(const char *path)
         goto out;
     srv.sig_term = evsignal_new(srv.base, SIGTERM, on_signal, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, on_signal, &srv);
-    if (srv.sig_term == NULL || srv.sig_int == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
-        evsignal_add(srv.sig_int, NULL) < 0)
+    srv.sig_hup = evsignal_new(srv.base, SIGHUP, on_hup, &srv);
+    srv.budget_event = event_new(srv.base, -1, 0, on_budget, &srv);
+    if (srv.sig_term == NULL || srv.sig_int == NULL || srv.sig_hup == NULL ||
+        srv.budget_event == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
+        evsignal_add(srv.sig_int, NULL) < 0 || evsignal_add(srv.sig_hup, NULL) < 0)
         goto out;
     pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s", PCR_VERSION, srv.nbackends,
                  pcr_policy_kind_name(srv.cfg->routing.policy));
@@ -170,6 +226,10 @@ out:
         event_free(srv.sig_term);
     if (srv.sig_int)
         event_free(srv.sig_int);
+    if (srv.sig_hup)
+        event_free(srv.sig_hup);
+    if (srv.budget_event)
+        event_free(srv.budget_event);
     if (srv.drain_timer)
         event_free(srv.drain_timer);
     if (srv.base)

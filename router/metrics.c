@@ -24,6 +24,11 @@ void pcr_hist_observe(pcr_hist_t *h, double seconds)
     h->total++;
 }
 
+void pcr_metrics_count_status(uint64_t by_code[600], int status)
+{
+    by_code[status >= 100 && status < 600 ? status : 0]++;
+}
+
 static void hist_render(struct evbuffer *out, const char *name, const char *help, const pcr_hist_t *h)
 {
     evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
@@ -134,6 +139,33 @@ void pcr_metrics_render(pcr_server_t *srv, struct evbuffer *out)
                         (unsigned long long)m->client_connections_total);
     HEADER(out, "pcrouter_bad_requests_total", "counter", "Client input that was not valid HTTP.");
     evbuffer_add_printf(out, "pcrouter_bad_requests_total %llu\n", (unsigned long long)m->bad_requests);
+    HEADER(out, "pcrouter_client_connections_evicted_total", "counter",
+           "Connections waiting for their client, closed at limits.max_client_connections to make room.");
+    evbuffer_add_printf(out, "pcrouter_client_connections_evicted_total %llu\n",
+                        (unsigned long long)m->connections_evicted);
+    HEADER(out, "pcrouter_client_connections_refused_total", "counter",
+           "Connections closed at accept (limit reached with every connection busy, or draining).");
+    evbuffer_add_printf(out, "pcrouter_client_connections_refused_total %llu\n",
+                        (unsigned long long)m->connections_refused);
+    HEADER(out, "pcrouter_accept_fd_exhausted_total", "counter",
+           "Accepts that failed for lack of file descriptors (accepting pauses, then resumes).");
+    evbuffer_add_printf(out, "pcrouter_accept_fd_exhausted_total %llu\n",
+                        (unsigned long long)m->accept_fd_exhausted);
+    HEADER(out, "pcrouter_request_timeouts_total", "counter",
+           "Requests answered 408: head not complete within timeouts.request_header_ms, or body stalled.");
+    evbuffer_add_printf(out, "pcrouter_request_timeouts_total %llu\n",
+                        (unsigned long long)m->request_timeouts);
+    HEADER(out, "pcrouter_client_write_timeouts_total", "counter",
+           "Streams or connections ended because the client accepted no bytes for timeouts.client_write_ms.");
+    evbuffer_add_printf(out, "pcrouter_client_write_timeouts_total %llu\n",
+                        (unsigned long long)m->write_timeouts);
+    HEADER(out, "pcrouter_responses_aborted_total", "counter",
+           "Responses the pod broke after their head reached the client.");
+    evbuffer_add_printf(out, "pcrouter_responses_aborted_total %llu\n",
+                        (unsigned long long)m->responses_aborted);
+    HEADER(out, "pcrouter_request_body_buffered_bytes", "gauge",
+           "Request body bytes held in memory, against limits.max_buffered_body_bytes.");
+    evbuffer_add_printf(out, "pcrouter_request_body_buffered_bytes %zu\n", srv->body_buffered);
 
     pcr_policy_stats_t ps;
     pcr_policy_stats(srv->policy, &ps);

@@ -23,12 +23,22 @@ typedef struct {
     uint64_t prefix_blocks_matched;              /* of those, held by the chosen backend */
     uint64_t retries;
     uint64_t client_connections_total;
+    uint64_t connections_evicted;                /* closed at the limit to make room */
+    uint64_t connections_refused;                /* closed at accept: limit, draining */
+    uint64_t accept_fd_exhausted;                /* accept failed for lack of descriptors */
     uint64_t bad_requests;                       /* unparseable HTTP from clients */
+    uint64_t request_timeouts;                   /* 408: head or body not received in time */
+    uint64_t write_timeouts;                     /* clients that accepted no bytes in time */
+    uint64_t responses_aborted;                  /* broken after their head went out */
     pcr_hist_t duration;                         /* request start -> response end, seconds */
     pcr_hist_t ttfb;                             /* request start -> first response byte, seconds */
 } pcr_metrics_t;
 
 void pcr_hist_observe(pcr_hist_t *h, double seconds);
+
+/* Counts `status` in a per-code array of 600 (100..599); anything else, which only a
+ * malformed peer could produce, lands in slot 0 ("other") instead of outside the array. */
+void pcr_metrics_count_status(uint64_t by_code[600], int status);
 
 struct pcr_server;
 struct evbuffer;

@@ -26,15 +26,36 @@ typedef struct pcr_server {
     pcr_metrics_t metrics;
     struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
     size_t nlisteners;
-    size_t nhandshakes;           /* accepted connections whose protocol is not known yet */
+    int spare_fd;                 /* given back to accept one connection when out of fds */
     LIST_HEAD(, pcr_session) sessions;  /* every open client connection */
+    TAILQ_HEAD(, pcr_session) waiting;  /* those waiting for their client, oldest first */
     size_t nsessions;
     uint64_t inflight;            /* exchanges started and not finished */
+    /* Request bodies held in memory, against limits.max_buffered_body_bytes; sessions that
+     * stopped reading (or granting HTTP/2 window) for it wait on `budget_waiters`. */
+    size_t body_buffered;
+    TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
+    struct event *budget_event;
     int draining;                 /* SIGTERM seen: no new connections or streams */
     struct event *drain_timer;
-    struct event *sig_term, *sig_int;
+    struct event *sig_term, *sig_int, *sig_hup;
     uint64_t *scratch_blocks;     /* key buffer for one decision (single-threaded) */
 } pcr_server_t;
+
+/* A session waiting for request-body budget: `resume` runs from the event loop once some was
+ * released (it may find the budget taken again and wait anew). */
+typedef struct pcr_budget_waiter {
+    TAILQ_ENTRY(pcr_budget_waiter) link;
+    void (*resume)(struct pcr_budget_waiter *w);
+    int queued;
+} pcr_budget_waiter_t;
+
+/* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
+int pcr_server_body_budget_ok(const pcr_server_t *srv);
+void pcr_server_body_wait(pcr_server_t *srv, pcr_budget_waiter_t *w);
+void pcr_server_body_unwait(pcr_server_t *srv, pcr_budget_waiter_t *w);
+/* Some body bytes were freed: wake the waiters (from the loop). */
+void pcr_server_body_released(pcr_server_t *srv);
 
 /* Monotonic time in microseconds. */
 uint64_t pcr_now_us(void);

@@ -1,19 +1,25 @@
-/* router/session.h: a client connection once its protocol is known. h1_server.c and
- * h2_server.c each embed pcr_session_t first in their session struct; the server keeps every
- * session in one list so SIGTERM can ask each to drain. */
+/* router/session.h: a client connection. Every accepted connection is a session from the
+ * moment it is accepted: first a handshake (conn.c: TLS, ALPN, h2c preface detection), then an
+ * HTTP/1.1 or HTTP/2 session (h1_server.c, h2_server.c) that embeds pcr_session_t first.
+ *
+ * The server keeps every session in one list, so SIGTERM can ask each to drain, and the ones
+ * that are waiting for a client (no request of theirs in flight: a handshake, an idle keep-alive
+ * connection, a request head still arriving) in a second list, oldest first. When the
+ * connection limit is reached, a new connection evicts the session that has waited longest, so
+ * slow or idle clients cannot lock out the others. */
 #ifndef PCR_ROUTER_SESSION_H
 #define PCR_ROUTER_SESSION_H
 
+#include <stdint.h>
 #include <sys/queue.h>
 
-#include <event2/bufferevent.h>
-
 #include "server.h"
+#include "sock.h"
 
 typedef struct {
     /* Stop taking new requests; close once the ones in flight are answered. */
     void (*drain)(pcr_session_t *s);
-    /* Close now, abandoning whatever is in flight (end of a drain that timed out). */
+    /* Close now, abandoning whatever is in flight (end of a drain that timed out, eviction). */
     void (*close)(pcr_session_t *s);
 } pcr_session_ops_t;
 
@@ -21,16 +27,19 @@ struct pcr_session {
     pcr_server_t *srv;
     const pcr_session_ops_t *ops;
     LIST_ENTRY(pcr_session) link;
+    TAILQ_ENTRY(pcr_session) wait_link;
+    int waiting;                   /* on srv->waiting */
 };
 
 void pcr_session_register(pcr_server_t *srv, pcr_session_t *s, const pcr_session_ops_t *ops);
 void pcr_session_unregister(pcr_session_t *s);
+/* Moves the session onto (1) or off (0) the waiting list; going on puts it last (youngest). */
+void pcr_session_set_waiting(pcr_session_t *s, int waiting);
 
-/* Protocol sessions, started on a connection whose first bytes (if any) are already in the
- * bufferevent's input buffer. They own `bev` from here on; `plain` says it is a socket
- * bufferevent (not TLS), which may be written to directly (io.h). */
-int pcr_h1_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain);
-int pcr_h2_session_start(pcr_server_t *srv, struct bufferevent *bev, int plain);
+/* Protocol sessions, started on a socket whose first bytes (if any) are already in its input
+ * buffer. They own `sock` from here on; on failure (PCR_ERR_*) the caller still owns it. */
+int pcr_h1_session_start(pcr_server_t *srv, pcr_sock_t *sock);
+int pcr_h2_session_start(pcr_server_t *srv, pcr_sock_t *sock);
 
 /* Listeners (conn.c): accept, TLS handshake and ALPN, h2c preface detection. */
 int pcr_listeners_start(pcr_server_t *srv);

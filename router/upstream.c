@@ -9,33 +9,36 @@
  *        -> write request -> on_head -> on_body* -> on_done -> conn back to the pool
  *
  * A pooled connection the backend closed just as it was reused fails before any response byte;
- * such a request is re-sent once on a fresh connection, transparently. Any other failure goes to
- * the caller (who may retry on another backend while nothing reached the client).
+ * such a request is re-sent once, on a fresh connection (an older idle one is likelier dead
+ * too). Any other failure goes to the caller (who may retry on another backend while nothing
+ * reached the client).
  *
- * Reading: the connection's bufferevent only connects and writes. Responses are read by a plain
- * persistent read event, straight into a stack buffer that http-parser walks: no copy into an
- * input buffer and no FIONREAD ioctl per read (libevent's evbuffer_read does one), which on this
- * kind of machine is a fifth of what a proxied request costs in system calls. Every byte read is
- * parsed at once (the parser stops early only at the end of a response); a pause asked by the
- * client side takes effect from the next read, the client's write watermark absorbing one.
+ * Pods are checked as strictly as clients (http1.h): a status outside 100-599, 101, a header
+ * name that is not a token, a value with CR/LF/NUL, folded lines, a Transfer-Encoding other
+ * than "chunked", headers past MAX_RESP_HEADER_BYTES: the response is malformed
+ * (PCR_UP_PROTOCOL, a 502 when nothing reached the client yet), decided here and only here.
+ *
+ * Deadlines, one timer per connection: connecting (the transport's connect timeout), waiting
+ * for the head (timeouts.response_ms), silence inside a body (timeouts.stream_idle_ms, restarted
+ * by every read, stopped while the client side paused reading), idle in the pool
+ * (timeouts.upstream_keepalive_ms).
  *
  * Freeing: a callback may cancel its own request; the connection notices through `req == NULL`
  * after the parser returns, never touching freed memory (one close path, conn_close()). */
 #include <errno.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <http_parser.h>
 
 #include "backend.h"
-#include "io.h"
+#include "http1.h"
 #include "log.h"
+#include "sock.h"
 #include "upstream.h"
 
 #define MAX_RESP_HEADERS 64
@@ -51,15 +54,17 @@ struct pcr_upreq {
     TAILQ_ENTRY(pcr_upreq) wait_link;
     int queued;
     int resent;                      /* already re-sent once after a stale pooled connection */
+    int fresh;                       /* must go on a new connection */
     int paused;
 };
 
 struct pcr_upconn {
     pcr_backend_t *be;
-    struct bufferevent *bev;         /* connect and write side */
-    struct event *rev;               /* read side: persistent, its timeout is the read timeout */
-    unsigned read_ms;                /* the read timeout in force */
+    pcr_sock_t *sock;
+    struct event *timer;
+    unsigned timer_ms;               /* the deadline in force, re-armed on reads */
     http_parser parser;
+    pcr_fold_t fold;
     pcr_upreq_t *req;                /* the request it carries, NULL when idle */
     TAILQ_ENTRY(pcr_upconn) idle_link;
     int connected;
@@ -68,7 +73,7 @@ struct pcr_upconn {
     int got_bytes;                   /* any response byte for the current request */
     int got_head;
     int done;                        /* on_message_complete seen */
-    int header_overflow;
+    int malformed;                   /* a check of ours refused the response */
     int in_read;                     /* inside conn_parse: the parser's callbacks may run */
     /* Response headers as parsed: a flat buffer and offsets into it. */
     char *hbuf;
@@ -82,8 +87,6 @@ static void conn_close(pcr_upconn_t *c);
 static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r);
 static void req_dispatch(pcr_upreq_t *r);
 
-static void conn_readable(evutil_socket_t fd, short what, void *arg);
-
 static const pcr_timeouts_conf_t *tmo(const pcr_backend_t *be) { return &be->srv->cfg->timeouts; }
 
 static struct timeval ms_tv(unsigned ms)
@@ -92,14 +95,14 @@ static struct timeval ms_tv(unsigned ms)
     return tv;
 }
 
-/* (Re)arms the read event with `ms` as its timeout, unless the response is paused. */
-static void read_arm(pcr_upconn_t *c, unsigned ms)
+/* (Re)arms the connection's deadline, unless the response is paused by the client side. */
+static void timer_arm(pcr_upconn_t *c, unsigned ms)
 {
-    c->read_ms = ms;
+    c->timer_ms = ms;
     if (c->req != NULL && c->req->paused)
         return;
     struct timeval tv = ms_tv(ms);
-    event_add(c->rev, &tv);
+    evtimer_add(c->timer, &tv);
 }
 
 static void req_free(pcr_upreq_t *r)
@@ -129,19 +132,23 @@ static void req_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head)
 
 /* ---- response parsing ---------------------------------------------------------------- */
 
+static int malformed(pcr_upconn_t *c, const char *why)
+{
+    if (!c->malformed)
+        pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name, why);
+    c->malformed = 1;
+    return -1;
+}
+
 /* Appends to the current header name or value slot, opening a new slot when the parser moves
  * from names to values or back (it may deliver one name or value in several pieces). */
 static int hdr_append(pcr_upconn_t *c, const char *at, size_t len, int is_value)
 {
-    if (c->hlen + len > MAX_RESP_HEADER_BYTES) {
-        c->header_overflow = 1;
-        return -1;
-    }
+    if (c->hlen + len > MAX_RESP_HEADER_BYTES)
+        return malformed(c, "headers larger than 64 KiB");
     if (c->nh == 0 || is_value != c->last_was_value) {
-        if (c->nh >= MAX_RESP_HEADERS * 2) {
-            c->header_overflow = 1;
-            return -1;
-        }
+        if (c->nh >= MAX_RESP_HEADERS * 2)
+            return malformed(c, "more than 64 header fields");
         c->hoff[c->nh] = c->hlen;
         c->hsz[c->nh] = 0;
         c->nh++;
@@ -165,12 +172,17 @@ static int hdr_append(pcr_upconn_t *c, const char *at, size_t len, int is_value)
 
 static int on_hfield(http_parser *p, const char *at, size_t len)
 {
-    return hdr_append(p->data, at, len, 0);
+    pcr_upconn_t *c = p->data;
+    pcr_fold_field(&c->fold);
+    return hdr_append(c, at, len, 0);
 }
 
 static int on_hvalue(http_parser *p, const char *at, size_t len)
 {
-    return hdr_append(p->data, at, len, 1);
+    pcr_upconn_t *c = p->data;
+    if (pcr_fold_value(&c->fold, at, len) < 0)
+        return malformed(c, "obsolete line folding in a header field");
+    return hdr_append(c, at, len, 1);
 }
 
 static int on_headers_complete(http_parser *p)
@@ -179,7 +191,12 @@ static int on_headers_complete(http_parser *p)
     pcr_upreq_t *r = c->req;
     if (r == NULL)
         return -1;
-    if (p->status_code < 200) {
+    unsigned status = p->status_code;
+    if (status < 100 || status > 599)
+        return malformed(c, "status code outside 100-599");
+    if (status == 101)
+        return malformed(c, "101 Switching Protocols to a request that asked for no upgrade");
+    if (status < 200) {
         /* 1xx interim response: drop it and wait for the final one. */
         c->nh = c->hlen = 0;
         return 0;
@@ -187,9 +204,15 @@ static int on_headers_complete(http_parser *p)
     pcr_hdr_t hdrs[MAX_RESP_HEADERS];
     size_t n = 0;
     for (size_t i = 0; i + 1 < c->nh; i += 2) {
-        hdrs[n].name = c->hbuf + c->hoff[i];
+        const char *name = c->hbuf + c->hoff[i], *value = c->hbuf + c->hoff[i + 1];
+        if (!pcr_http_token_valid(name, c->hsz[i]) || !pcr_http_value_valid(value, c->hsz[i + 1]))
+            return malformed(c, "invalid header field");
+        if (c->hsz[i] == 17 && strncasecmp(name, "transfer-encoding", 17) == 0 &&
+            !pcr_http_te_is_chunked(value, c->hsz[i + 1]))
+            return malformed(c, "Transfer-Encoding other than \"chunked\"");
+        hdrs[n].name = name;
         hdrs[n].name_len = c->hsz[i];
-        hdrs[n].value = c->hbuf + c->hoff[i + 1];
+        hdrs[n].value = value;
         hdrs[n].value_len = c->hsz[i + 1];
         n++;
     }
@@ -198,8 +221,8 @@ static int on_headers_complete(http_parser *p)
         clen = (int64_t)p->content_length;
     c->got_head = 1;
     /* The response started: from here on, silence is measured by the stream idle timeout. */
-    read_arm(c, tmo(c->be)->stream_idle_ms);
-    r->cbs->on_head(r->ctx, p->status_code, hdrs, n, clen);
+    timer_arm(c, tmo(c->be)->stream_idle_ms);
+    r->cbs->on_head(r->ctx, (int)status, hdrs, n, clen);
     return 0;
 }
 
@@ -215,8 +238,10 @@ static int on_body(http_parser *p, const char *at, size_t len)
 static int on_message_complete(http_parser *p)
 {
     pcr_upconn_t *c = p->data;
-    if (!c->got_head)
+    if (!c->got_head) {
+        pcr_fold_reset(&c->fold);
         return 0; /* the end of a 1xx */
+    }
     c->done = 1;
     http_parser_pause(p, 1);
     return 0;
@@ -238,19 +263,20 @@ static void conn_to_pool(pcr_upconn_t *c)
     c->req = NULL;
     c->reused = 1;
     pcr_upreq_t *w = TAILQ_FIRST(&be->waiters);
-    if (w != NULL) {
+    if (w != NULL && !w->fresh) {
         TAILQ_REMOVE(&be->waiters, w, wait_link);
         w->queued = 0;
         conn_assign(c, w);
         return;
     }
-    if (be->srv->draining) {
+    if (w != NULL || be->srv->draining) {
+        /* The oldest waiter needs a fresh connection: closing this one makes room for it. */
         conn_close(c);
         return;
     }
     /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
-    bufferevent_set_timeouts(c->bev, NULL, NULL);
-    read_arm(c, tmo(be)->upstream_keepalive_ms);
+    pcr_sock_read_start(c->sock);
+    timer_arm(c, tmo(be)->upstream_keepalive_ms);
     TAILQ_INSERT_HEAD(&be->idle, c, idle_link);
     c->in_idle = 1;
     be->nidle++;
@@ -263,9 +289,8 @@ static void conn_close(pcr_upconn_t *c)
         TAILQ_REMOVE(&be->idle, c, idle_link);
         be->nidle--;
     }
-    if (c->rev)
-        event_free(c->rev);
-    bufferevent_free(c->bev);
+    event_free(c->timer);
+    pcr_sock_free(c->sock);
     free(c->hbuf);
     free(c);
     be->nconns--;
@@ -278,8 +303,9 @@ static void conn_close(pcr_upconn_t *c)
     }
 }
 
-/* The current request failed on this connection: re-send it once if the connection was a
- * reused one that the backend had closed (nothing was received), else report; then close. */
+/* The current request failed on this connection: re-send it once, on a fresh connection, if
+ * this was a reused one that the backend had closed (nothing was received), else report; then
+ * close. */
 static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
 {
     pcr_upreq_t *r = c->req;
@@ -298,6 +324,7 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
         return;
     if (stale && !r->resent) {
         r->resent = 1;
+        r->fresh = 1;
         req_dispatch(r);
         return;
     }
@@ -323,116 +350,129 @@ static void conn_done(pcr_upconn_t *c, int keep)
     cbs->on_done(ctx);
 }
 
-/* Parses `len` response bytes; the connection may be closed or back in the pool after. */
-static void conn_parse(pcr_upconn_t *c, const char *data, size_t len)
+/* Parses what the input holds; the connection may be closed or back in the pool after. */
+static void conn_parse(pcr_upconn_t *c)
 {
+    struct evbuffer *in = pcr_sock_input(c->sock);
     c->got_bytes = 1;
     c->in_read = 1;
-    size_t n = http_parser_execute(&c->parser, &resp_settings, data, len);
+    enum http_errno e = HPE_OK;
+    size_t trailing = 0;
+    while (evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        pcr_fold_begin(&c->fold, v.iov_base, v.iov_len);
+        size_t n = http_parser_execute(&c->parser, &resp_settings, v.iov_base, v.iov_len);
+        pcr_fold_end(&c->fold);
+        evbuffer_drain(in, n);
+        e = HTTP_PARSER_ERRNO(&c->parser);
+        if (c->req == NULL || e != HPE_OK || c->done) {
+            trailing = evbuffer_get_length(in);
+            break;
+        }
+    }
     c->in_read = 0;
-    enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
     if (c->req == NULL) {
         /* Cancelled from inside a callback: close, so the pod stops generating. */
         conn_close(c);
     } else if (e != HPE_OK && e != HPE_PAUSED) {
-        pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
-                     http_errno_description(e));
+        if (!c->malformed)
+            pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
+                         http_errno_description(e));
         conn_fail(c, PCR_UP_PROTOCOL);
     } else if (c->done) {
         /* Keep-alive only when nothing trails the response and the request went out whole. */
-        int keep = http_should_keep_alive(&c->parser) && n == len &&
-                   evbuffer_get_length(bufferevent_get_output(c->bev)) == 0;
+        int keep = http_should_keep_alive(&c->parser) && trailing == 0 &&
+                   pcr_sock_pending(c->sock) == 0;
         conn_done(c, keep);
+    } else if (c->req != NULL && !c->req->paused) {
+        timer_arm(c, c->timer_ms); /* silence is measured from the last byte */
     }
 }
 
-/* The read side ended (EOF, error): a close-delimited body may be complete, else it failed. */
-static void conn_read_end(pcr_upconn_t *c, int eof)
+static void on_sock_read(pcr_sock_t *sock, void *arg)
 {
+    pcr_upconn_t *c = arg;
+    if (c->req == NULL) {
+        /* Bytes on an idle connection: the backend broke the protocol. */
+        conn_close(c);
+        return;
+    }
+    conn_parse(c);
+}
+
+/* The read side ended (EOF, error): a close-delimited body may be complete, else it failed. */
+static void on_sock_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
+{
+    pcr_upconn_t *c = arg;
     if (c->req == NULL) {
         conn_close(c); /* an idle connection the backend closed */
         return;
     }
-    if (eof && c->got_head) {
+    if (why == PCR_SOCK_EOF && c->got_head) {
         http_parser_execute(&c->parser, &resp_settings, NULL, 0);
         if (c->done) {
             conn_done(c, 0);
             return;
         }
     }
-    conn_fail(c, PCR_UP_RESET);
+    conn_fail(c, why == PCR_SOCK_WRITE_TIMEOUT ? PCR_UP_TIMEOUT : PCR_UP_RESET);
 }
 
-static void conn_readable(evutil_socket_t fd, short what, void *arg)
-{
-    pcr_upconn_t *c = arg;
-    if (what & EV_TIMEOUT) {
-        if (c->req == NULL)
-            conn_close(c); /* idle past upstream_keepalive_ms */
-        else
-            conn_fail(c, PCR_UP_TIMEOUT);
-        return;
-    }
-    char buf[65536];
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    if (n <= 0) {
-        conn_read_end(c, n == 0);
-        return;
-    }
-    if (c->req == NULL) {
-        /* Bytes on an idle connection: the backend broke the protocol. */
-        conn_close(c);
-        return;
-    }
-    conn_parse(c, buf, (size_t)n);
-}
+static void on_sock_drain(pcr_sock_t *sock, void *arg) {}
 
-static void on_conn_event(struct bufferevent *bev, short what, void *arg)
+static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
 {
     pcr_upconn_t *c = arg;
-    if (what & BEV_EVENT_CONNECTED) {
-        c->connected = 1;
-        int one = 1;
-        setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        struct timeval wt = ms_tv(tmo(c->be)->response_ms);
-        bufferevent_set_timeouts(bev, NULL, &wt);
-        read_arm(c, tmo(c->be)->response_ms);
-        return;
-    }
-    if (c->req == NULL) {
-        conn_close(c); /* idle connection closed or timed out */
-        return;
-    }
-    if (!c->connected) {
-        pcr_log_warn("backend %s: connect failed: %s", c->be->conf->name,
-                     (what & BEV_EVENT_TIMEOUT) ? "timed out"
-                                                : evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    if (err != 0) {
+        if (c->req == NULL) {
+            conn_close(c);
+            return;
+        }
+        pcr_log_warn("backend %s: connect failed: %s", c->be->conf->name, strerror(err));
         conn_fail(c, PCR_UP_CONNECT);
         return;
     }
-    conn_fail(c, (what & BEV_EVENT_TIMEOUT) ? PCR_UP_TIMEOUT : PCR_UP_RESET);
+    c->connected = 1;
+    if (c->req == NULL) {
+        conn_to_pool(c); /* its request was cancelled while connecting */
+        return;
+    }
+    pcr_sock_flush(c->sock);
+    pcr_sock_read_start(c->sock);
+    timer_arm(c, tmo(c->be)->response_ms);
+}
+
+static const pcr_sock_cbs_t up_sock_cbs = {on_sock_read, on_sock_drain, on_sock_end, on_sock_ready};
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_upconn_t *c = arg;
+    if (c->req == NULL)
+        conn_close(c); /* idle past upstream_keepalive_ms */
+    else
+        conn_fail(c, PCR_UP_TIMEOUT);
 }
 
 static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
     r->conn = c;
-    c->got_bytes = c->got_head = c->done = c->header_overflow = 0;
+    c->got_bytes = c->got_head = c->done = c->malformed = 0;
     c->nh = c->hlen = 0;
     c->last_was_value = 0;
+    pcr_fold_reset(&c->fold);
     http_parser_init(&c->parser, HTTP_RESPONSE);
     c->parser.data = c;
     /* Copy, not move: the bytes are kept for one re-send if this pooled conn proves stale. */
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = pcr_sock_output(c->sock);
     size_t len = evbuffer_get_length(r->request);
     evbuffer_add(out, evbuffer_pullup(r->request, -1), len);
     if (c->connected) {
-        struct timeval wt = ms_tv(tmo(c->be)->response_ms);
-        bufferevent_set_timeouts(c->bev, NULL, &wt);
-        read_arm(c, tmo(c->be)->response_ms);
-        pcr_io_write_now(c->bev);
+        pcr_sock_read_start(c->sock);
+        timer_arm(c, tmo(c->be)->response_ms);
+        pcr_sock_flush(c->sock);
     }
 }
 
@@ -442,25 +482,20 @@ static pcr_upconn_t *conn_open(pcr_backend_t *be)
     if (c == NULL)
         return NULL;
     c->be = be;
-    c->bev = bufferevent_socket_new(be->srv->base, -1, BEV_OPT_CLOSE_ON_FREE);
-    if (c->bev == NULL) {
+    c->timer = evtimer_new(be->srv->base, on_timer, c);
+    c->sock = pcr_sock_connect(be->srv->base, (struct sockaddr *)&be->addr, be->addrlen,
+                               tmo(be)->connect_ms);
+    if (c->timer == NULL || c->sock == NULL) {
+        if (c->timer)
+            event_free(c->timer);
+        pcr_sock_free(c->sock);
         free(c);
         return NULL;
     }
-    bufferevent_setcb(c->bev, NULL, NULL, on_conn_event, c);
-    /* Until connected, the write timeout bounds the connect. */
-    struct timeval ct = ms_tv(tmo(be)->connect_ms);
-    bufferevent_set_timeouts(c->bev, NULL, &ct);
+    pcr_sock_set_cbs(c->sock, &up_sock_cbs, c);
+    /* A pod that does not read the request is as stuck as one that does not answer. */
+    pcr_sock_set_write_timeout(c->sock, tmo(be)->response_ms);
     be->nconns++;
-    int rc = bufferevent_socket_connect(c->bev, (struct sockaddr *)&be->addr, (int)be->addrlen);
-    evutil_socket_t fd = bufferevent_getfd(c->bev);
-    if (rc == 0 && fd >= 0)
-        c->rev = event_new(be->srv->base, fd, EV_READ | EV_PERSIST, conn_readable, c);
-    if (rc < 0 || c->rev == NULL) {
-        /* Immediate failure (e.g. no route): report it from the event loop like any other. */
-        c->connected = 0;
-        bufferevent_trigger_event(c->bev, BEV_EVENT_ERROR, BEV_TRIG_DEFER_CALLBACKS);
-    }
     return c;
 }
 
@@ -473,7 +508,7 @@ static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
 static void req_dispatch(pcr_upreq_t *r)
 {
     pcr_backend_t *be = r->be;
-    pcr_upconn_t *c = TAILQ_FIRST(&be->idle);
+    pcr_upconn_t *c = r->fresh ? NULL : TAILQ_FIRST(&be->idle);
     if (c != NULL) {
         TAILQ_REMOVE(&be->idle, c, idle_link);
         c->in_idle = 0;
@@ -481,6 +516,8 @@ static void req_dispatch(pcr_upreq_t *r)
         conn_assign(c, r);
         return;
     }
+    if (be->nconns >= be->max_connections && r->fresh && (c = TAILQ_LAST(&be->idle, pcr_upconn_idle)))
+        conn_close(c); /* room for the fresh connection: the oldest idle one goes */
     if (be->nconns < be->max_connections) {
         c = conn_open(be);
         if (c != NULL) {
@@ -539,8 +576,10 @@ void pcr_upstream_pause(pcr_upreq_t *r)
     if (r == NULL || r->paused)
         return;
     r->paused = 1;
-    if (r->conn)
-        event_del(r->conn->rev);
+    if (r->conn) {
+        pcr_sock_read_stop(r->conn->sock);
+        evtimer_del(r->conn->timer); /* the client is slow, not the pod */
+    }
 }
 
 void pcr_upstream_resume(pcr_upreq_t *r)
@@ -549,7 +588,11 @@ void pcr_upstream_resume(pcr_upreq_t *r)
         return;
     r->paused = 0;
     if (r->conn) {
-        read_arm(r->conn, r->conn->read_ms);
+        pcr_sock_read_start(r->conn->sock);
+        timer_arm(r->conn, r->conn->timer_ms);
+        /* Bytes read before the pause are still in the input buffer. */
+        if (evbuffer_get_length(pcr_sock_input(r->conn->sock)) > 0 && !r->conn->in_read)
+            conn_parse(r->conn);
     }
 }
 

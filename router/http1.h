@@ -1,0 +1,45 @@
+/* router/http1.h: what both HTTP/1.1 sides of the proxy (h1_server.c for clients, upstream.c
+ * for pods) check the same way, as strictly as RFC 9110 and 9112 say: field names, field
+ * values, Transfer-Encoding, hop-by-hop fields, and line folding. http-parser does the parsing;
+ * these are the checks it leaves to its caller. */
+#ifndef PCR_ROUTER_HTTP1_H
+#define PCR_ROUTER_HTTP1_H
+
+#include <stddef.h>
+
+/* An RFC 9110 field name: one or more tchar (so no whitespace before the colon). */
+int pcr_http_token_valid(const char *s, size_t len);
+/* A field value as received: no CR, LF or NUL. */
+int pcr_http_value_valid(const char *v, size_t len);
+/* A Transfer-Encoding value pcrouter accepts: exactly "chunked" (any case, optional whitespace
+ * around it). Anything else (a list, another coding) is refused: it is how requests are
+ * smuggled past a proxy and a pod that read it differently. */
+int pcr_http_te_is_chunked(const char *v, size_t len);
+/* Whether a field is hop-by-hop, never forwarded: the fixed list (Connection, Keep-Alive,
+ * Transfer-Encoding, TE, Trailer, Upgrade, Proxy-Connection, Host, Content-Length, Expect,
+ * HTTP2-Settings, and HTTP/2 pseudo-headers), or a name listed in the message's Connection
+ * fields (`connection_values`: their values joined by commas, NULL when none). Names are
+ * compared case-insensitively, exactly as parsed. */
+int pcr_http_hop_by_hop(const char *name, size_t len, const char *connection_values);
+
+/* Line folding (obs-fold) shows up from http-parser only as a second piece of the same field
+ * value. A second piece is legitimate only when the previous read ended inside the value and
+ * the next one starts with its rest; the tracker tells the two apart. */
+typedef struct {
+    const char *buf_start, *buf_end;   /* the bytes of the current http_parser_execute() */
+    const char *val_end;               /* where the last value piece ended */
+    int in_value;                      /* a value is open (no field name since) */
+    int prev_at_end;                   /* the previous read ended exactly where a value piece did */
+} pcr_fold_t;
+
+void pcr_fold_reset(pcr_fold_t *f);
+/* Before each http_parser_execute(buf, len). */
+void pcr_fold_begin(pcr_fold_t *f, const char *buf, size_t len);
+/* After it. */
+void pcr_fold_end(pcr_fold_t *f);
+/* From on_header_field. */
+void pcr_fold_field(pcr_fold_t *f);
+/* From on_header_value: 0, or -1 when this piece continues a folded line. */
+int pcr_fold_value(pcr_fold_t *f, const char *at, size_t len);
+
+#endif

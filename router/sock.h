@@ -1,0 +1,117 @@
+/* router/sock.h: the transport layer. Every socket pcrouter reads or writes (client
+ * connections, plain or TLS, and connections to pods) is one pcr_sock_t, and the protocol code
+ * above it (h1_server.c, h2_server.c, upstream.c, conn.c) sees only this interface: nothing
+ * outside sock_*.c touches a socket, a bufferevent or an SSL object.
+ *
+ *   input buffer  <- the transport reads when reading is on, then calls on_read
+ *   output buffer -> the owner appends, then pcr_sock_flush(): the bytes go out at once when
+ *                    the kernel takes them, the rest when the socket is writable again
+ *   on_drain      <- once the output has fallen to the mark the owner asked for
+ *   on_end        <- end of stream, an error, or a write that made no progress for too long
+ *
+ * Two implementations, in the spirit of h2o's socket layer: sock_plain.c (our own read and
+ * write events on a non-blocking fd: one readv per read and one writev per flush, no FIONREAD,
+ * no epoll_ctl per request) and sock_tls.c (OpenSSL through libevent's bufferevent_openssl).
+ *
+ * Callbacks never run inside a pcr_sock_* call: a failure found while flushing is reported
+ * from the event loop. After pcr_sock_free() no callback runs. */
+#ifndef PCR_ROUTER_SOCK_H
+#define PCR_ROUTER_SOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <openssl/ssl.h>
+
+struct event_base;
+struct evbuffer;
+typedef struct pcr_sock pcr_sock_t;
+
+typedef enum {
+    PCR_SOCK_EOF = 1,           /* the peer closed its side */
+    PCR_SOCK_ERROR,             /* a read or write failed (reset, broken pipe, ...) */
+    PCR_SOCK_WRITE_TIMEOUT,     /* output waited pcr_sock_set_write_timeout() ms without progress */
+    PCR_SOCK_TLS_ERROR,         /* handshake or record layer failure */
+} pcr_sock_end_t;
+
+typedef struct {
+    /* New bytes are in pcr_sock_input(); the owner drains what it consumed. */
+    void (*on_read)(pcr_sock_t *s, void *arg);
+    /* The output fell to the mark given to pcr_sock_want_drain(); asked once, called once. */
+    void (*on_drain)(pcr_sock_t *s, void *arg);
+    /* The connection is over (see pcr_sock_end_t); the owner frees the socket. */
+    void (*on_end)(pcr_sock_t *s, pcr_sock_end_t why, void *arg);
+    /* Outgoing connections: connected (err 0) or not (an errno value). TLS server sockets:
+     * the handshake finished (err 0; the ALPN result is known). */
+    void (*on_ready)(pcr_sock_t *s, int err, void *arg);
+} pcr_sock_cbs_t;
+
+/* An accepted, non-blocking socket; the fd is owned from here on. NULL when out of memory
+ * (the fd is closed then). */
+pcr_sock_t *pcr_sock_plain_new(struct event_base *base, int fd);
+/* A TLS server connection on an accepted fd; `ssl` is taken. on_ready fires after the
+ * handshake. NULL when out of memory (fd closed and ssl freed then). */
+pcr_sock_t *pcr_sock_tls_new(struct event_base *base, int fd, SSL *ssl);
+/* Starts a non-blocking connect to `sa`; on_ready reports the result, within `timeout_ms`.
+ * NULL when no socket could be made (errno set). */
+pcr_sock_t *pcr_sock_connect(struct event_base *base, const struct sockaddr *sa, socklen_t len,
+                             unsigned timeout_ms);
+
+void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg);
+void pcr_sock_free(pcr_sock_t *s);  /* closes; NULL is a no-op */
+
+void pcr_sock_read_start(pcr_sock_t *s);
+void pcr_sock_read_stop(pcr_sock_t *s);
+int pcr_sock_reading(const pcr_sock_t *s);
+
+struct evbuffer *pcr_sock_input(pcr_sock_t *s);
+struct evbuffer *pcr_sock_output(pcr_sock_t *s);
+
+/* Writes what the kernel takes now; the rest goes out when the socket is writable. */
+void pcr_sock_flush(pcr_sock_t *s);
+/* Output bytes not yet handed to the kernel. */
+size_t pcr_sock_pending(const pcr_sock_t *s);
+/* Calls on_drain (from the event loop) once pending() <= low. */
+void pcr_sock_want_drain(pcr_sock_t *s, size_t low);
+/* While output is pending, a writer that makes no progress for `ms` ends the connection with
+ * PCR_SOCK_WRITE_TIMEOUT (0: no limit). */
+void pcr_sock_set_write_timeout(pcr_sock_t *s, unsigned ms);
+
+int pcr_sock_is_tls(const pcr_sock_t *s);
+/* TLS: 1 when ALPN selected "h2". */
+int pcr_sock_alpn_h2(const pcr_sock_t *s);
+/* The peer's address as text ("127.0.0.1:5555"), "-" when unknown. */
+const char *pcr_sock_peer(pcr_sock_t *s);
+
+/* An event base tuned for the transports: epoll with a changelist. */
+struct event_base *pcr_sock_base_new(void);
+
+/* ---- for the implementations only ---------------------------------------------------- */
+
+typedef struct {
+    void (*free)(pcr_sock_t *s);
+    void (*read_start)(pcr_sock_t *s);
+    void (*read_stop)(pcr_sock_t *s);
+    struct evbuffer *(*input)(pcr_sock_t *s);
+    struct evbuffer *(*output)(pcr_sock_t *s);
+    void (*flush)(pcr_sock_t *s);
+    void (*want_drain)(pcr_sock_t *s);
+    void (*set_write_timeout)(pcr_sock_t *s);
+} pcr_sock_ops_t;
+
+struct pcr_sock {
+    const pcr_sock_ops_t *ops;
+    const pcr_sock_cbs_t *cbs;
+    void *arg;
+    int fd;
+    int reading;
+    int tls;
+    int alpn_h2;
+    size_t drain_low;
+    int drain_wanted;
+    unsigned write_timeout_ms;
+    char peer[64];              /* filled on first use */
+};
+
+#endif

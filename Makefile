@@ -3,6 +3,7 @@
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 PY         := /usr/bin/python3
 
 # Build: compilers, meson, and the libraries found through pkg-config.
@@ -13,7 +14,7 @@ TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest py
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 
-.PHONY: all build deps deps-test deps-bench run test bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test bench bench-routing bench-proxies bench-hashring clean
 
 all: build
 
@@ -44,17 +45,24 @@ $(BUILD)/build.ninja:
 $(ASAN_BUILD)/build.ninja:
 	meson setup $(ASAN_BUILD) --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
 
+# ThreadSanitizer: the worker threads, the index-update bus, the shared counters.
+$(TSAN_BUILD)/build.ninja:
+	meson setup $(TSAN_BUILD) --buildtype=debug -Db_sanitize=thread -Db_lundef=false
+
 build: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
 build-asan: deps $(ASAN_BUILD)/build.ninja
 	ninja -C $(ASAN_BUILD)
 
+build-tsan: deps $(TSAN_BUILD)/build.ninja
+	ninja -C $(TSAN_BUILD)
+
 run: deps-test build
 	$(PY) bench/demo.py --build $(BUILD)
 
-test: deps-test build build-asan
-	$(PY) test/run.py $(BUILD) $(ASAN_BUILD)
+test: deps-test build build-asan build-tsan
+	$(PY) test/run.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
 
 bench: deps-bench build bench-hashring bench-proxies bench-routing
 
@@ -68,4 +76,4 @@ bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

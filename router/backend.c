@@ -3,7 +3,9 @@
  * active checks and passive connect failures move.
  *
  * A backend goes down after `fall` consecutive failures and comes back after `rise`
- * consecutive successes. With health checks disabled (interval 0) nothing could bring a
+ * consecutive successes. Checks run on the control thread, over a connection of their own
+ * (srv->check_pools), so a pod whose request pool is full of long generations is still checked;
+ * passive failures come from the workers, hence the atomics. With health checks disabled (interval 0) nothing could bring a
  * backend back, so passive failures then never mark it down: retries still steer around it. */
 #include <netdb.h>
 #include <stdio.h>
@@ -14,41 +16,43 @@
 #include <event2/event.h>
 
 #include "backend.h"
+#include "bus.h"
 #include "log.h"
 #include "scrape.h"
 #include "upstream.h"
 
 static void health_schedule(pcr_backend_t *be);
 
+/* Moves `up` once, whichever thread saw the threshold crossed first. */
 static void set_up(pcr_backend_t *be, int up)
 {
-    if (be->up == up)
+    int want = !up;
+    if (!__atomic_compare_exchange_n(&be->up, &want, up, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
-    be->up = up;
     if (up) {
         pcr_log_info("backend %s is up", be->conf->name);
     } else {
         pcr_log_warn("backend %s is down after %u consecutive failures", be->conf->name,
-                     be->consecutive_failures);
-        /* Its pod may come back empty (a restart): what the index believed is void. */
-        pcr_policy_backend_reset(be->srv->policy, be->id);
+                     PCR_LOAD(be->consecutive_failures));
+        /* Its pod may come back empty (a restart): what every replica of the index believed
+         * is void. */
+        pcr_bus_reset(be->srv->bus, PCR_BUS_CONTROL, be->id);
     }
 }
 
 void pcr_backend_note_success(pcr_backend_t *be)
 {
-    be->consecutive_failures = 0;
-    be->consecutive_successes++;
-    if (!be->up && be->consecutive_successes >= be->srv->cfg->health.rise)
+    PCR_STORE(be->consecutive_failures, 0);
+    unsigned n = PCR_ADD(be->consecutive_successes, 1) + 1;
+    if (!PCR_LOAD(be->up) && n >= be->srv->cfg->health.rise)
         set_up(be, 1);
 }
 
 void pcr_backend_note_failure(pcr_backend_t *be)
 {
-    be->consecutive_successes = 0;
-    be->consecutive_failures++;
-    if (be->up && be->srv->cfg->health.interval_ms > 0 &&
-        be->consecutive_failures >= be->srv->cfg->health.fall)
+    PCR_STORE(be->consecutive_successes, 0);
+    unsigned n = PCR_ADD(be->consecutive_failures, 1) + 1;
+    if (PCR_LOAD(be->up) && be->srv->cfg->health.interval_ms > 0 && n >= be->srv->cfg->health.fall)
         set_up(be, 0);
 }
 
@@ -56,7 +60,7 @@ size_t pcr_backends_up(const pcr_server_t *srv)
 {
     size_t n = 0;
     for (size_t i = 0; i < srv->nbackends; i++)
-        n += srv->backends[i].up ? 1 : 0;
+        n += PCR_LOAD(srv->backends[i].up) ? 1 : 0;
     return n;
 }
 
@@ -128,7 +132,7 @@ static void on_health_deadline(evutil_socket_t fd, short what, void *arg)
 static void on_health_timer(evutil_socket_t fd, short what, void *arg)
 {
     pcr_backend_t *be = arg;
-    if (be->srv->draining || be->health_req != NULL)
+    if (PCR_LOAD(be->srv->draining) || be->health_req != NULL)
         return;
     pcr_scrape_start(be);
     health_ctx_t *h = calloc(1, sizeof(*h));
@@ -141,7 +145,7 @@ static void on_health_timer(evutil_socket_t fd, short what, void *arg)
         goto fail;
     evbuffer_add_printf(req, "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: pcrouter-health\r\n\r\n",
                         be->srv->cfg->health.path, be->host_header);
-    be->health_req = pcr_upstream_send(be, req, &health_cbs, h);
+    be->health_req = pcr_upstream_send(&be->srv->check_pools[be->id], req, &health_cbs, h);
     req = NULL;
     if (be->health_req == NULL)
         goto fail;
@@ -162,7 +166,7 @@ fail:
 static void health_schedule(pcr_backend_t *be)
 {
     unsigned ms = be->srv->cfg->health.interval_ms;
-    if (ms == 0 || be->health_timer == NULL || be->srv->draining)
+    if (ms == 0 || be->health_timer == NULL || PCR_LOAD(be->srv->draining))
         return;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     evtimer_add(be->health_timer, &tv);
@@ -177,6 +181,9 @@ int pcr_backends_init(pcr_server_t *srv)
     if (srv->backends == NULL)
         return PCR_ERR_NOMEM;
     srv->nbackends = cfg->nbackends;
+    srv->check_pools = calloc(cfg->nbackends, sizeof(*srv->check_pools));
+    if (srv->check_pools == NULL)
+        return PCR_ERR_NOMEM;
     for (size_t i = 0; i < cfg->nbackends; i++) {
         pcr_backend_t *be = &srv->backends[i];
         const pcr_backend_conf_t *bc = &cfg->backends[i];
@@ -185,8 +192,8 @@ int pcr_backends_init(pcr_server_t *srv)
         be->conf = bc;
         be->up = 1; /* optimistic: the first check or request says otherwise */
         be->max_connections = bc->max_connections ? bc->max_connections : cfg->upstream.max_connections;
-        TAILQ_INIT(&be->idle);
-        TAILQ_INIT(&be->waiters);
+        /* Checks and scrapes: one connection of their own, never queued behind requests. */
+        pcr_pool_init(&srv->check_pools[i], be, srv->base, 1, &srv->draining);
         /* Resolved once at start-up, before the loop runs (getaddrinfo blocks). */
         char port[8];
         snprintf(port, sizeof(port), "%u", bc->port);
@@ -235,9 +242,11 @@ void pcr_backends_dispose(pcr_server_t *srv)
             be->health_req = NULL;
         }
         pcr_scrape_cancel(be);
-        pcr_upstream_close_idle(be);
+        pcr_pool_dispose(&srv->check_pools[i]);
         free(be->host_header);
     }
+    free(srv->check_pools);
+    srv->check_pools = NULL;
     free(srv->backends);
     srv->backends = NULL;
     srv->nbackends = 0;

@@ -1,5 +1,9 @@
-/* router/backend.h: one backend (a vLLM pod) at run time: its address, its pool of upstream
- * connections, the load the router counts on it, its health, and its counters. */
+/* router/backend.h: one backend (a vLLM pod) at run time, shared by every thread: its address,
+ * the load the router counts on it, its health, what its pod reports, and its counters. Fields
+ * that several threads touch are read and written with the relaxed atomics of server.h.
+ *
+ * The connections to it live in pools (pcr_pool_t), one per worker and one on the control
+ * thread for health checks and scrapes, never shared between threads (upstream.h). */
 #ifndef PCR_ROUTER_BACKEND_H
 #define PCR_ROUTER_BACKEND_H
 
@@ -20,49 +24,42 @@ struct pcr_backend {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     char *host_header;                       /* "host:port" for the Host header */
-    unsigned max_connections;
+    unsigned max_connections;                /* for the whole process */
 
-    /* Pool: idle connections, most recently used first; requests waiting for a slot. */
-    TAILQ_HEAD(pcr_upconn_idle, pcr_upconn) idle;
-    TAILQ_HEAD(, pcr_upreq) waiters;
-    unsigned nconns;                         /* open: connecting + idle + busy */
-    unsigned nidle;
-
-    /* Load as the router counts it, fed to the policy. */
+    /* Load as the router counts it, fed to the policy (atomic: every worker updates it). */
     uint32_t inflight;
     uint64_t queued_prefill;                 /* uncached prefill tokens of in-flight requests */
+    /* What the pod reports, from the control thread's scrape (atomic). */
     uint32_t pod_waiting;                    /* vllm:num_requests_waiting, last scrape */
     uint32_t pod_running;                    /* vllm:num_requests_running, last scrape */
-
-    /* Delivered hit rate: the pod's prefix-cache counters (tokens), as deltas since the
-     * router's first scrape of it (scrape.c). */
-    uint64_t pod_hits, pod_queries;
-    uint64_t pod_hits_last, pod_queries_last;
-    int pod_have_hits, pod_have_queries;
+    uint64_t pod_hits, pod_queries;          /* prefix-cache counters (tokens), as deltas */
     uint64_t pod_scrapes;
     uint64_t pod_cache_tokens;               /* KV capacity from vllm:cache_config_info, 0 unknown */
+    /* The scrape's own state (control thread only). */
+    uint64_t pod_hits_last, pod_queries_last;
+    int pod_have_hits, pod_have_queries;
     pcr_upreq_t *scrape_req;
     void *scrape_ctx;
 
-    /* Health: active checks plus passive connect failures. */
-    int up;
-    unsigned consecutive_failures;
-    unsigned consecutive_successes;
+    /* Health: active checks (control thread) plus passive failures (any thread). */
+    int up;                                  /* atomic */
+    unsigned consecutive_failures;           /* atomic */
+    unsigned consecutive_successes;          /* atomic */
     struct event *health_timer;
     pcr_upreq_t *health_req;
     void *health_ctx;                        /* the check in flight, freed on dispose */
 
-    /* Counters for /metrics. */
+    /* Counters for /metrics (atomic). */
     uint64_t requests_by_code[600];
     uint64_t connect_errors;
     uint64_t upstream_errors;                /* resets, timeouts, malformed responses */
 };
 
-/* Resolves every backend's URL and sets up pools and health checks. 0 or PCR_ERR_*. */
+/* Resolves every backend's URL and sets up health checks on the control loop. 0 or PCR_ERR_*. */
 int pcr_backends_init(pcr_server_t *srv);
 void pcr_backends_dispose(pcr_server_t *srv);
 
-/* Passive health signals from real traffic and from active checks. */
+/* Passive health signals from real traffic and from active checks; any thread. */
 void pcr_backend_note_success(pcr_backend_t *be);
 void pcr_backend_note_failure(pcr_backend_t *be);
 

@@ -152,6 +152,7 @@ static const field_t log_fields[] = {
 static const field_t root_fields[] = {
     F_OF(pcr_config_t, listen, FT_LISTENERS, F_REQUIRED),
     F_OF(pcr_config_t, backends, FT_BACKENDS, F_REQUIRED),
+    F_INT(pcr_config_t, workers, FT_UINT, 0, 256),
     F_SECTION(routing, routing_fields),
     F_SECTION(limits, limits_fields),
     F_SECTION(timeouts, timeouts_fields),

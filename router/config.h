@@ -95,6 +95,7 @@ typedef struct {
     size_t nlisten;
     pcr_backend_conf_t *backends;  /* at least one */
     size_t nbackends;
+    unsigned workers;              /* event-loop threads; 0 (default) = one per core */
     pcr_routing_conf_t routing;
     pcr_limits_conf_t limits;
     pcr_timeouts_conf_t timeouts;

@@ -35,7 +35,7 @@
 #define BACKOFF_MAX_MS 1600
 
 struct pcr_listener {
-    pcr_server_t *srv;
+    pcr_worker_t *w;
     const pcr_listen_conf_t *conf;
     int fd;
     struct event *ev;
@@ -67,12 +67,12 @@ static void handshake_free(handshake_t *hs)
 
 static void handshake_done(handshake_t *hs, int h2)
 {
-    pcr_server_t *srv = hs->base.srv;
+    pcr_worker_t *w = hs->base.w;
     pcr_sock_t *sock = hs->sock;
     hs->sock = NULL;
     handshake_free(hs);
     pcr_sock_read_stop(sock);
-    int rc = h2 ? pcr_h2_session_start(srv, sock) : pcr_h1_session_start(srv, sock);
+    int rc = h2 ? pcr_h2_session_start(w, sock) : pcr_h1_session_start(w, sock);
     if (rc < 0)
         pcr_sock_free(sock);
 }
@@ -112,7 +112,7 @@ static void on_hs_deadline(evutil_socket_t fd, short what, void *arg)
 {
     handshake_t *hs = arg;
     pcr_log_debug("connection from %s: no protocol chosen within %u ms", pcr_sock_peer(hs->sock),
-                  hs->base.srv->cfg->timeouts.request_header_ms);
+                  hs->base.w->cfg->timeouts.request_header_ms);
     handshake_free(hs);
 }
 
@@ -122,7 +122,7 @@ static const pcr_session_ops_t hs_ops = {hs_close, hs_close};
 
 static void start_handshake(struct pcr_listener *lst, int fd)
 {
-    pcr_server_t *srv = lst->srv;
+    pcr_worker_t *w = lst->w;
     handshake_t *hs = calloc(1, sizeof(*hs));
     if (hs == NULL) {
         close(fd);
@@ -135,11 +135,11 @@ static void start_handshake(struct pcr_listener *lst, int fd)
             free(hs);
             return;
         }
-        hs->sock = pcr_sock_tls_new(srv->base, fd, ssl);
+        hs->sock = pcr_sock_tls_new(w->base, fd, ssl);
     } else {
-        hs->sock = pcr_sock_plain_new(srv->base, fd);
+        hs->sock = pcr_sock_plain_new(w->base, fd);
     }
-    hs->deadline = evtimer_new(srv->base, on_hs_deadline, hs);
+    hs->deadline = evtimer_new(w->base, on_hs_deadline, hs);
     if (hs->sock == NULL || hs->deadline == NULL) {
         pcr_sock_free(hs->sock);
         if (hs->deadline)
@@ -147,43 +147,50 @@ static void start_handshake(struct pcr_listener *lst, int fd)
         free(hs);
         return;
     }
-    pcr_session_register(srv, &hs->base, &hs_ops);
+    pcr_session_register(w, &hs->base, &hs_ops);
     pcr_session_set_waiting(&hs->base, 1);
-    srv->metrics.client_connections_total++;
-    unsigned ms = srv->cfg->timeouts.request_header_ms;
+    PCR_INC(w->metrics.client_connections_total);
+    unsigned ms = w->cfg->timeouts.request_header_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     evtimer_add(hs->deadline, &tv);
     pcr_sock_set_cbs(hs->sock, &hs_cbs, hs);
-    pcr_sock_set_write_timeout(hs->sock, srv->cfg->timeouts.client_write_ms);
+    pcr_sock_set_write_timeout(hs->sock, w->cfg->timeouts.client_write_ms);
     pcr_sock_read_start(hs->sock);
 }
 
 /* ---- accepting ----------------------------------------------------------------------- */
 
-/* Room for one more connection: at the limit, the session waiting longest goes. */
-static int make_room(pcr_server_t *srv)
+/* This worker's share of limits.max_client_connections. */
+static size_t conn_limit(const pcr_worker_t *w)
 {
-    if (srv->nsessions < srv->cfg->limits.max_client_connections)
-        return 1;
-    pcr_session_t *oldest = TAILQ_FIRST(&srv->waiting);
-    if (oldest == NULL)
-        return 0;
-    srv->metrics.connections_evicted++;
-    oldest->ops->close(oldest);
-    return srv->nsessions < srv->cfg->limits.max_client_connections;
+    size_t n = w->cfg->limits.max_client_connections / w->srv->nworkers;
+    return n ? n : 1;
 }
 
-static void spare_take(pcr_server_t *srv)
+/* Room for one more connection: at the limit, the session waiting longest goes. */
+static int make_room(pcr_worker_t *w)
 {
-    if (srv->spare_fd < 0)
-        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (w->nsessions < conn_limit(w))
+        return 1;
+    pcr_session_t *oldest = TAILQ_FIRST(&w->waiting);
+    if (oldest == NULL)
+        return 0;
+    PCR_INC(w->metrics.connections_evicted);
+    oldest->ops->close(oldest);
+    return w->nsessions < conn_limit(w);
+}
+
+static void spare_take(pcr_worker_t *w)
+{
+    if (w->spare_fd < 0)
+        w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
 static void on_backoff(evutil_socket_t fd, short what, void *arg)
 {
     struct pcr_listener *lst = arg;
-    spare_take(lst->srv);
-    if (lst->srv->draining || lst->fd < 0)
+    spare_take(lst->w);
+    if (lst->w->draining || lst->fd < 0)
         return;
     pcr_log_info("listen %s: accepting again after %u ms (%llu connection(s) refused meanwhile)",
                  lst->conf->address, lst->backoff_ms, (unsigned long long)lst->refused);
@@ -193,23 +200,23 @@ static void on_backoff(evutil_socket_t fd, short what, void *arg)
 /* Out of descriptors: close one waiting connection with the spare, pause, log once. */
 static void out_of_fds(struct pcr_listener *lst, int err)
 {
-    pcr_server_t *srv = lst->srv;
-    if (srv->spare_fd >= 0) {
-        close(srv->spare_fd);
-        srv->spare_fd = -1;
+    pcr_worker_t *w = lst->w;
+    if (w->spare_fd >= 0) {
+        close(w->spare_fd);
+        w->spare_fd = -1;
         int fd = accept4(lst->fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd >= 0) {
             close(fd);
             lst->refused++;
         }
-        spare_take(srv);
+        spare_take(w);
     }
-    srv->metrics.accept_fd_exhausted++;
+    PCR_INC(w->metrics.accept_fd_exhausted);
     unsigned prev = lst->backoff_ms;
     lst->backoff_ms = prev == 0 ? BACKOFF_MIN_MS : prev * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : prev * 2;
     if (prev == 0)
         pcr_log_warn("listen %s: accept failed: %s; pausing %u ms (open connections: %zu)",
-                     lst->conf->address, strerror(err), lst->backoff_ms, srv->nsessions);
+                     lst->conf->address, strerror(err), lst->backoff_ms, w->nsessions);
     event_del(lst->ev);
     struct timeval tv = {lst->backoff_ms / 1000, (suseconds_t)(lst->backoff_ms % 1000) * 1000};
     evtimer_add(lst->backoff, &tv);
@@ -218,7 +225,7 @@ static void out_of_fds(struct pcr_listener *lst, int err)
 static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
 {
     struct pcr_listener *lst = arg;
-    pcr_server_t *srv = lst->srv;
+    pcr_worker_t *w = lst->w;
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -237,8 +244,8 @@ static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
             lst->backoff_ms = 0; /* descriptors are back */
             lst->refused = 0;
         }
-        if (srv->draining || !make_room(srv)) {
-            srv->metrics.connections_refused++;
+        if (w->draining || !make_room(w)) {
+            PCR_INC(w->metrics.connections_refused);
             close(fd);
             continue;
         }
@@ -248,14 +255,17 @@ static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
     }
 }
 
-static int listen_socket(const pcr_listen_conf_t *lc, char *err, size_t errlen)
+static int listen_socket(const struct sockaddr *sa, socklen_t len, int reuseport, char *err,
+                         size_t errlen)
 {
-    int fd = socket(lc->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd < 0)
         goto fail;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, (const struct sockaddr *)&lc->addr, lc->addrlen) != 0 || listen(fd, 4096) != 0)
+    if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0)
+        goto fail;
+    if (bind(fd, sa, len) != 0 || listen(fd, 4096) != 0)
         goto fail;
     return fd;
 fail:
@@ -265,69 +275,110 @@ fail:
     return -1;
 }
 
-static void log_listening(const struct pcr_listener *lst)
+static void log_listening(const pcr_listen_conf_t *lc, const struct sockaddr_storage *ss,
+                          unsigned nworkers)
 {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
     char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-    const char *proto = lst->conf->tls ? "TLS: h2, http/1.1" : "http/1.1 + h2c";
-    getsockname(lst->fd, (struct sockaddr *)&ss, &sl);
-    if (ss.ss_family == AF_INET6) {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    const char *proto = lc->tls ? "TLS: h2, http/1.1" : "http/1.1 + h2c";
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
         inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
-        port = ntohs(s6->sin6_port);
-        pcr_log_info("listening on [%s]:%u (%s)", host, port, proto);
+        pcr_log_info("listening on [%s]:%u (%s, %u worker(s))", host, ntohs(s6->sin6_port), proto,
+                     nworkers);
     } else {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
         inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
-        port = ntohs(s4->sin_port);
-        pcr_log_info("listening on %s:%u (%s)", host, port, proto);
+        pcr_log_info("listening on %s:%u (%s, %u worker(s))", host, ntohs(s4->sin_port), proto,
+                     nworkers);
     }
 }
 
-int pcr_listeners_start(pcr_server_t *srv)
+int pcr_listeners_bind(pcr_server_t *srv)
 {
     const pcr_config_t *cfg = srv->cfg;
-    srv->listeners = calloc(cfg->nlisten, sizeof(*srv->listeners));
-    if (srv->listeners == NULL)
+    unsigned nw = srv->nworkers;
+    srv->listen_fds = malloc(cfg->nlisten * nw * sizeof(int));
+    srv->tls_ctx = calloc(cfg->nlisten, sizeof(*srv->tls_ctx));
+    if (srv->listen_fds == NULL || srv->tls_ctx == NULL)
         return PCR_ERR_NOMEM;
-    srv->nlisteners = cfg->nlisten;
-    spare_take(srv);
+    for (size_t i = 0; i < cfg->nlisten * nw; i++)
+        srv->listen_fds[i] = -1;
     for (size_t i = 0; i < cfg->nlisten; i++) {
-        struct pcr_listener *lst = &srv->listeners[i];
         const pcr_listen_conf_t *lc = &cfg->listen[i];
         char err[256];
-        lst->srv = srv;
-        lst->conf = lc;
-        lst->fd = -1;
         if (lc->tls) {
-            lst->ssl_ctx = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
-            if (lst->ssl_ctx == NULL) {
+            srv->tls_ctx[i] = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
+            if (srv->tls_ctx[i] == NULL) {
                 pcr_log_error("listen[%zu].tls: cannot load certificate %s and key %s: %s", i,
                               lc->cert, lc->key, err);
                 return PCR_ERR_INVAL;
             }
         }
-        lst->fd = listen_socket(lc, err, sizeof(err));
-        if (lst->fd < 0) {
-            pcr_log_error("listen[%zu]: cannot listen on %s: %s", i, lc->address, err);
-            return PCR_ERR_IO;
+        /* One socket per worker on the same address (SO_REUSEPORT: the kernel spreads the
+         * connections). The first one binds what the config says, port 0 included; the others
+         * bind the port it got. */
+        struct sockaddr_storage ss = lc->addr;
+        socklen_t sl = lc->addrlen;
+        for (unsigned k = 0; k < nw; k++) {
+            int fd = listen_socket((const struct sockaddr *)&ss, sl, nw > 1, err, sizeof(err));
+            if (fd < 0) {
+                pcr_log_error("listen[%zu]: cannot listen on %s: %s", i, lc->address, err);
+                return PCR_ERR_IO;
+            }
+            srv->listen_fds[i * nw + k] = fd;
+            if (k == 0) {
+                sl = sizeof(ss);
+                getsockname(fd, (struct sockaddr *)&ss, &sl);
+            }
         }
-        lst->ev = event_new(srv->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
-        lst->backoff = evtimer_new(srv->base, on_backoff, lst);
-        if (lst->ev == NULL || lst->backoff == NULL)
-            return PCR_ERR_NOMEM;
-        event_add(lst->ev, NULL);
-        log_listening(lst);
+        log_listening(lc, &ss, nw);
     }
     return 0;
 }
 
-void pcr_listeners_stop(pcr_server_t *srv)
+void pcr_listeners_unbind(pcr_server_t *srv)
 {
-    for (size_t i = 0; i < srv->nlisteners; i++) {
-        struct pcr_listener *lst = &srv->listeners[i];
+    for (size_t i = 0; srv->listen_fds && i < srv->cfg->nlisten * srv->nworkers; i++)
+        if (srv->listen_fds[i] >= 0)
+            close(srv->listen_fds[i]);
+    free(srv->listen_fds);
+    srv->listen_fds = NULL;
+    for (size_t i = 0; srv->tls_ctx && i < srv->cfg->nlisten; i++)
+        SSL_CTX_free(srv->tls_ctx[i]);
+    free(srv->tls_ctx);
+    srv->tls_ctx = NULL;
+}
+
+int pcr_listeners_start(pcr_worker_t *w)
+{
+    pcr_server_t *srv = w->srv;
+    const pcr_config_t *cfg = w->cfg;
+    w->listeners = calloc(cfg->nlisten, sizeof(*w->listeners));
+    if (w->listeners == NULL)
+        return PCR_ERR_NOMEM;
+    w->nlisteners = cfg->nlisten;
+    spare_take(w);
+    for (size_t i = 0; i < cfg->nlisten; i++) {
+        struct pcr_listener *lst = &w->listeners[i];
+        lst->w = w;
+        lst->conf = &cfg->listen[i];
+        lst->ssl_ctx = srv->tls_ctx[i];
+        /* The descriptor is the worker's from here on. */
+        lst->fd = srv->listen_fds[i * srv->nworkers + w->id];
+        srv->listen_fds[i * srv->nworkers + w->id] = -1;
+        lst->ev = event_new(w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
+        lst->backoff = evtimer_new(w->base, on_backoff, lst);
+        if (lst->ev == NULL || lst->backoff == NULL)
+            return PCR_ERR_NOMEM;
+        event_add(lst->ev, NULL);
+    }
+    return 0;
+}
+
+void pcr_listeners_stop(pcr_worker_t *w)
+{
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        struct pcr_listener *lst = &w->listeners[i];
         if (lst->ev)
             event_free(lst->ev);
         if (lst->backoff)
@@ -339,28 +390,26 @@ void pcr_listeners_stop(pcr_server_t *srv)
     }
 }
 
-void pcr_listeners_free(pcr_server_t *srv)
+void pcr_listeners_free(pcr_worker_t *w)
 {
-    pcr_listeners_stop(srv);
-    for (size_t i = 0; i < srv->nlisteners; i++)
-        SSL_CTX_free(srv->listeners[i].ssl_ctx);
-    free(srv->listeners);
-    srv->listeners = NULL;
-    srv->nlisteners = 0;
-    if (srv->spare_fd >= 0)
-        close(srv->spare_fd);
-    srv->spare_fd = -1;
+    pcr_listeners_stop(w);
+    free(w->listeners);
+    w->listeners = NULL;
+    w->nlisteners = 0;
+    if (w->spare_fd >= 0)
+        close(w->spare_fd);
+    w->spare_fd = -1;
 }
 
 /* ---- the session lists --------------------------------------------------------------- */
 
-void pcr_session_register(pcr_server_t *srv, pcr_session_t *s, const pcr_session_ops_t *ops)
+void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops)
 {
-    s->srv = srv;
+    s->w = w;
     s->ops = ops;
     s->waiting = 0;
-    LIST_INSERT_HEAD(&srv->sessions, s, link);
-    srv->nsessions++;
+    LIST_INSERT_HEAD(&w->sessions, s, link);
+    PCR_STORE(w->nsessions, w->nsessions + 1);
 }
 
 void pcr_session_set_waiting(pcr_session_t *s, int waiting)
@@ -368,9 +417,9 @@ void pcr_session_set_waiting(pcr_session_t *s, int waiting)
     if (s->waiting == waiting)
         return;
     if (waiting)
-        TAILQ_INSERT_TAIL(&s->srv->waiting, s, wait_link);
+        TAILQ_INSERT_TAIL(&s->w->waiting, s, wait_link);
     else
-        TAILQ_REMOVE(&s->srv->waiting, s, wait_link);
+        TAILQ_REMOVE(&s->w->waiting, s, wait_link);
     s->waiting = waiting;
 }
 
@@ -378,7 +427,6 @@ void pcr_session_unregister(pcr_session_t *s)
 {
     pcr_session_set_waiting(s, 0);
     LIST_REMOVE(s, link);
-    s->srv->nsessions--;
-    if (s->srv->draining)
-        pcr_server_check_drained(s->srv);
+    PCR_STORE(s->w->nsessions, s->w->nsessions - 1);
+    pcr_worker_check_drained(s->w);
 }

@@ -11,11 +11,11 @@
 
 void pcr_endpoint_health(pcr_exchange_t *ex)
 {
-    size_t up = pcr_backends_up(ex->srv);
+    size_t up = pcr_backends_up(ex->w->srv);
     char body[160];
     int n = snprintf(body, sizeof(body), "{\"status\":\"%s\",\"backends_up\":%zu,\"backends\":%zu%s}",
-                     up ? "ok" : "unavailable", up, ex->srv->nbackends,
-                     ex->srv->draining ? ",\"draining\":true" : "");
+                     up ? "ok" : "unavailable", up, ex->w->srv->nbackends,
+                     ex->w->draining ? ",\"draining\":true" : "");
     pcr_exchange_reply(ex, up ? 200 : 503, "application/json", body, (size_t)n, NULL, 0);
 }
 
@@ -26,7 +26,7 @@ void pcr_endpoint_metrics(pcr_exchange_t *ex)
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
         return;
     }
-    pcr_metrics_render(ex->srv, out);
+    pcr_metrics_render(ex->w, out);
     size_t len = evbuffer_get_length(out);
     pcr_exchange_reply(ex, 200, "text/plain; version=0.0.4; charset=utf-8",
                        (const char *)evbuffer_pullup(out, -1), len, NULL, 0);
@@ -155,7 +155,8 @@ static const pcr_upstream_cbs_t leg_cbs = {on_leg_head, on_leg_body, on_leg_done
 
 int pcr_endpoint_models(pcr_exchange_t *ex)
 {
-    pcr_server_t *srv = ex->srv;
+    pcr_worker_t *w = ex->w;
+    pcr_server_t *srv = w->srv;
     pcr_models_fanout_t *f = calloc(1, sizeof(*f));
     if (f == NULL)
         return PCR_ERR_NOMEM;
@@ -167,7 +168,7 @@ int pcr_endpoint_models(pcr_exchange_t *ex)
     }
     for (size_t i = 0; i < srv->nbackends; i++) {
         pcr_backend_t *be = &srv->backends[i];
-        if (!be->up)
+        if (!PCR_LOAD(be->up))
             continue;
         models_leg_t *leg = &f->legs[f->nlegs];
         struct evbuffer *req = evbuffer_new();
@@ -182,7 +183,7 @@ int pcr_endpoint_models(pcr_exchange_t *ex)
         f->nlegs++;
         evbuffer_add_printf(req, "GET /v1/models HTTP/1.1\r\nHost: %s\r\nAccept: application/json\r\n\r\n",
                             be->host_header);
-        leg->up = pcr_upstream_send(be, req, &leg_cbs, leg);
+        leg->up = pcr_upstream_send(&w->pools[i], req, &leg_cbs, leg);
         if (leg->up)
             f->pending++;
         else

@@ -22,25 +22,26 @@
 #include <cjson/cJSON.h>
 #include <http_parser.h>
 
+#include "bus.h"
 #include "exchange_int.h"
 #include "http1.h"
 #include "log.h"
 
 static const pcr_upstream_cbs_t proxy_cbs;
 
-pcr_exchange_t *pcr_exchange_new(pcr_server_t *srv, const pcr_exchange_ops_t *ops, void *sess,
+pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops, void *sess,
                                  const char *proto)
 {
     pcr_exchange_t *ex = calloc(1, sizeof(*ex));
     if (ex == NULL)
         return NULL;
-    ex->srv = srv;
+    ex->w = w;
     ex->ops = ops;
     ex->sess = sess;
     ex->proto = proto;
     ex->state = EX_RECEIVING;
     ex->body = evbuffer_new();
-    ex->tried = calloc(srv->nbackends, 1);
+    ex->tried = calloc(w->srv->nbackends, 1);
     if (ex->body == NULL || ex->tried == NULL) {
         pcr_exchange_free(ex);
         return NULL;
@@ -71,7 +72,7 @@ static int holds_prefill(pcr_ex_state_t s) { return s == EX_UP_WAIT || s == EX_U
 
 static void access_log(const pcr_exchange_t *ex, int status, double secs)
 {
-    if (!ex->srv->cfg->log.access_log)
+    if (!ex->w->cfg->log.access_log)
         return;
     pcr_log_info("access %s %s %s %s %d %llu backend=%s route=%s blocks=%u/%u attempts=%u %.3fs",
                  ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, ex->path ? ex->path : "-",
@@ -83,14 +84,15 @@ static void access_log(const pcr_exchange_t *ex, int status, double secs)
 /* The request's outcome, once: status counters, durations, the access log line. */
 static void record(pcr_exchange_t *ex, int status, int via_backend)
 {
-    pcr_server_t *srv = ex->srv;
-    pcr_metrics_count_status(srv->metrics.requests_by_code, status);
+    pcr_metrics_t *m = &ex->w->metrics;
+    pcr_metrics_count_status(m->requests_by_code, status);
     if (via_backend && ex->be != NULL)
-        pcr_metrics_count_status(ex->be->requests_by_code, status);
-    double secs = (double)(pcr_now_us() - ex->t_start) / 1e6;
-    pcr_hist_observe(&srv->metrics.duration, secs);
+        pcr_metrics_count_status_shared(ex->be->requests_by_code, status);
+    uint64_t now = pcr_now_us();
+    double secs = (double)(now - ex->t_start) / 1e6;
+    pcr_hist_observe(&m->duration, now - ex->t_start);
     if (ex->t_head)
-        pcr_hist_observe(&srv->metrics.ttfb, (double)(ex->t_head - ex->t_start) / 1e6);
+        pcr_hist_observe(&m->ttfb, ex->t_head - ex->t_start);
     access_log(ex, status, secs);
 }
 
@@ -98,23 +100,23 @@ static void record(pcr_exchange_t *ex, int status, int via_backend)
 static void ex_to(pcr_exchange_t *ex, pcr_ex_state_t to)
 {
     pcr_ex_state_t from = ex->state;
-    pcr_server_t *srv = ex->srv;
+    pcr_worker_t *w = ex->w;
     pcr_backend_t *be = ex->be;
     if (from == to)
         return;
     if (from == EX_RECEIVING)
-        srv->inflight++;
+        PCR_INC(w->inflight);
     if (holds_prefill(from) && !holds_prefill(to))
-        be->queued_prefill -= ex->prefill;
+        PCR_SUB(be->queued_prefill, ex->prefill);
     if (holds_backend(from) && !holds_backend(to))
-        be->inflight--;
+        PCR_SUB(be->inflight, 1);
     if (!holds_backend(from) && holds_backend(to))
-        be->inflight++;
+        PCR_ADD(be->inflight, 1);
     if (!holds_prefill(from) && holds_prefill(to))
-        be->queued_prefill += ex->prefill;
+        PCR_ADD(be->queued_prefill, ex->prefill);
     ex->state = to;
     if (to == EX_ABORTED)
-        srv->metrics.responses_aborted++;
+        PCR_INC(w->metrics.responses_aborted);
     if (to == EX_DONE || to == EX_ABORTED || to == EX_GONE)
         record(ex, ex->status, to != EX_GONE && holds_backend(from));
 }
@@ -180,12 +182,12 @@ int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, c
 
 int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
-    if (evbuffer_get_length(ex->body) + len > ex->srv->cfg->limits.max_body_bytes)
+    if (evbuffer_get_length(ex->body) + len > ex->w->cfg->limits.max_body_bytes)
         return PCR_ERR_TOO_LARGE;
     if (evbuffer_add(ex->body, data, len) != 0)
         return PCR_ERR_NOMEM;
     ex->body_counted += len;
-    ex->srv->body_buffered += len;
+    pcr_body_account(ex->w, (ptrdiff_t)len);
     return 0;
 }
 
@@ -323,12 +325,12 @@ static void fail_unrouted(pcr_exchange_t *ex)
     case PCR_UP_TIMEOUT:
         pcr_exchange_error(ex, 504, "timeout", "upstream_timeout",
                            "backend %s did not answer within %u ms", ex->be ? ex->be->conf->name : "?",
-                           ex->srv->cfg->timeouts.response_ms);
+                           ex->w->cfg->timeouts.response_ms);
         break;
     case PCR_UP_POOL_FULL:
         pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
                            "every backend connection stayed busy for %u ms",
-                           ex->srv->cfg->timeouts.response_ms);
+                           ex->w->cfg->timeouts.response_ms);
         break;
     default:
         pcr_exchange_error(ex, 502, "upstream_error", "bad_gateway",
@@ -345,15 +347,15 @@ static void fail_unrouted(pcr_exchange_t *ex)
  * are usable. */
 static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads)
 {
-    pcr_server_t *srv = ex->srv;
+    pcr_server_t *srv = ex->w->srv;
     const char *model = ex->req.model ? ex->req.model : "";
     size_t usable = 0;
     for (size_t i = 0; i < srv->nbackends; i++) {
         pcr_backend_t *be = &srv->backends[i];
-        loads[i].usable = be->up && !ex->tried[i] && pcr_backend_serves(be, model);
-        loads[i].inflight = be->inflight;
-        loads[i].queued_prefill = be->queued_prefill;
-        loads[i].pod_waiting = be->pod_waiting;
+        loads[i].usable = PCR_LOAD(be->up) && !ex->tried[i] && pcr_backend_serves(be, model);
+        loads[i].inflight = PCR_LOAD(be->inflight);
+        loads[i].queued_prefill = PCR_LOAD(be->queued_prefill);
+        loads[i].pod_waiting = PCR_LOAD(be->pod_waiting);
         usable += loads[i].usable != 0;
     }
     return usable;
@@ -362,13 +364,15 @@ static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads)
 /* Chooses a backend (skipping those already tried) and sends the request there. */
 static void dispatch(pcr_exchange_t *ex)
 {
-    pcr_server_t *srv = ex->srv;
+    pcr_worker_t *w = ex->w;
+    pcr_server_t *srv = w->srv;
     pcr_backend_load_t loads[srv->nbackends];
     const char *model = ex->req.model ? ex->req.model : "";
+    pcr_worker_sync(w); /* what the other workers learned meanwhile */
     fill_loads(ex, loads);
     pcr_decision_t d;
     uint64_t now = pcr_now_us();
-    int rc = pcr_policy_decide(srv->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
+    int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
     if (rc < 0 || d.backend < 0 || (size_t)d.backend >= srv->nbackends) {
         if (ex->attempts > 0) {
             fail_unrouted(ex);
@@ -384,19 +388,21 @@ static void dispatch(pcr_exchange_t *ex)
     }
     pcr_backend_t *be = &srv->backends[d.backend];
     if (ex->attempts == 0) {
-        srv->metrics.decisions[d.reason < PCR_REASON__COUNT ? d.reason : PCR_REASON_NO_BACKEND]++;
+        PCR_INC(w->metrics.decisions[d.reason < PCR_REASON__COUNT ? d.reason : PCR_REASON_NO_BACKEND]);
         if (ex->has_key) {
-            srv->metrics.prefix_blocks += d.total_blocks;
-            srv->metrics.prefix_blocks_matched += d.matched_blocks;
+            PCR_BUMP(w->metrics.prefix_blocks, d.total_blocks);
+            PCR_BUMP(w->metrics.prefix_blocks_matched, d.matched_blocks);
         }
     } else {
-        srv->metrics.retries++;
+        PCR_INC(w->metrics.retries);
     }
     ex->decision = d;
     ex->attempts++;
     ex->tried[d.backend] = 1;
-    if (ex->has_key && pcr_policy_commit(srv->policy, d.backend, &ex->key, now, &ex->added_from) == 0)
+    if (ex->has_key && pcr_policy_commit(w->policy, d.backend, &ex->key, now, &ex->added_from) == 0) {
         ex->committed = 1;
+        pcr_bus_commit(srv->bus, (int)w->id, d.backend, &ex->key, now);
+    }
     struct evbuffer *req = build_upstream_request(ex, be);
     if (req == NULL) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -405,7 +411,7 @@ static void dispatch(pcr_exchange_t *ex)
     ex->be = be;
     ex->prefill = d.uncached_prefill;
     ex_to(ex, EX_UP_WAIT);
-    ex->up = pcr_upstream_send(be, req, &proxy_cbs, ex);
+    ex->up = pcr_upstream_send(&w->pools[d.backend], req, &proxy_cbs, ex);
     if (ex->up == NULL) {
         ex_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -461,8 +467,8 @@ static void on_up_done(void *ctx)
 /* Another backend that could take the request, without choosing it yet. */
 static int can_retry(pcr_exchange_t *ex)
 {
-    pcr_backend_load_t loads[ex->srv->nbackends];
-    return ex->attempts <= ex->srv->cfg->upstream.retries && !ex->srv->draining &&
+    pcr_backend_load_t loads[ex->w->srv->nbackends];
+    return ex->attempts <= ex->w->cfg->upstream.retries && !ex->w->draining &&
            fill_loads(ex, loads) > 0;
 }
 
@@ -485,7 +491,8 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     }
     ex_to(ex, EX_ROUTING);
     if (ex->committed) {
-        pcr_policy_forget(ex->srv->policy, be->id, &ex->key, ex->added_from);
+        pcr_policy_forget(ex->w->policy, be->id, &ex->key, ex->added_from);
+        pcr_bus_forget(ex->w->srv->bus, (int)ex->w->id, be->id, &ex->key, ex->added_from);
         ex->committed = 0;
     }
     int retryable = err == PCR_UP_CONNECT || err == PCR_UP_RESET || err == PCR_UP_PROTOCOL;
@@ -527,7 +534,7 @@ static void proxy_routed(pcr_exchange_t *ex, pcr_api_t api)
         pcr_exchange_error(ex, 500, "server_error", "internal", "%s", pcr_strerror(rc));
         return;
     }
-    pcr_policy_t *pol = ex->srv->policy;
+    pcr_policy_t *pol = ex->w->policy;
     ex->key.blocks = malloc(pcr_policy_max_blocks(pol) * sizeof(uint64_t));
     if (ex->key.blocks == NULL) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -594,7 +601,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
 {
     if (ex == NULL)
         return;
-    pcr_server_t *srv = ex->srv;
+    pcr_worker_t *w = ex->w;
     if (ex->up) {
         pcr_upstream_cancel(ex->up);
         ex->up = NULL;
@@ -607,11 +614,9 @@ void pcr_exchange_free(pcr_exchange_t *ex)
         ex_to(ex, EX_GONE);
     }
     if (ex->state != EX_RECEIVING)
-        srv->inflight--;
-    if (ex->body_counted) {
-        srv->body_buffered -= ex->body_counted;
-        pcr_server_body_released(srv);
-    }
+        PCR_STORE(w->inflight, w->inflight - 1);
+    if (ex->body_counted)
+        pcr_body_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
     free(ex->key.blocks);
     free(ex->tried);
@@ -620,6 +625,5 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     if (ex->body)
         evbuffer_free(ex->body);
     free(ex);
-    if (srv->draining)
-        pcr_server_check_drained(srv);
+    pcr_worker_check_drained(w);
 }

@@ -34,7 +34,7 @@ typedef struct {
 #define PCR_WRITE_HIGH (256 * 1024)
 #define PCR_WRITE_LOW (64 * 1024)
 
-pcr_exchange_t *pcr_exchange_new(pcr_server_t *srv, const pcr_exchange_ops_t *ops, void *sess,
+pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops, void *sess,
                                  const char *proto);
 void pcr_exchange_free(pcr_exchange_t *ex);  /* NULL is a no-op; cancels any upstream work */
 

@@ -22,7 +22,7 @@ typedef struct pcr_models_fanout pcr_models_fanout_t;
  *                                   UP_HEAD / UP_BODY --pod broke--> ABORTED
  *   any state but RECEIVING, DONE, ABORTED --the client left--> GONE (at pcr_exchange_free)
  *
- *   running (srv->inflight)      ROUTING and every state after it
+ *   running (w->inflight)        ROUTING and every state after it
  *   backend in flight, and       UP_WAIT, UP_HEAD, UP_BODY
  *     the request's own prefill  UP_WAIT, UP_HEAD (released when the first body byte arrives)
  *   status recorded              on entering DONE, ABORTED or GONE (as 499, nginx's "client
@@ -41,7 +41,7 @@ typedef enum {
 } pcr_ex_state_t;
 
 struct pcr_exchange {
-    pcr_server_t *srv;
+    pcr_worker_t *w;
     const pcr_exchange_ops_t *ops;
     void *sess;
     const char *proto;                /* "HTTP/1.1", "HTTP/2" */
@@ -55,7 +55,7 @@ struct pcr_exchange {
     size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
     size_t nh;
     struct evbuffer *body;
-    size_t body_counted;              /* bytes of `body` in srv->body_buffered */
+    size_t body_counted;              /* bytes of `body` counted in the process's body budget */
     char peer[64];
 
     /* Routing. */

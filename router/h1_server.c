@@ -44,7 +44,7 @@ typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY } timer_mode_t;
 
 typedef struct {
     pcr_session_t base;
-    pcr_server_t *srv;
+    pcr_worker_t *w;
     pcr_sock_t *sock;
     http_parser parser;
     pcr_exchange_t *ex;            /* the request being parsed or answered */
@@ -114,7 +114,7 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
     h1_sess_t *s = sess_of(ex);
     struct evbuffer *out = pcr_sock_output(s->sock);
     int http10 = s->parser.http_major == 1 && s->parser.http_minor == 0;
-    if (!s->keep_alive || s->draining || s->srv->draining)
+    if (!s->keep_alive || s->draining || s->w->draining)
         s->closing = 1;
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, reason_phrase(status));
     for (size_t i = 0; i < n; i++) {
@@ -208,7 +208,7 @@ static int refuse(h1_sess_t *s, int status, const char *why)
 static int count_header_bytes(h1_sess_t *s, size_t n)
 {
     s->header_bytes += n;
-    if (s->header_bytes > s->srv->cfg->limits.max_header_bytes)
+    if (s->header_bytes > s->w->cfg->limits.max_header_bytes)
         return refuse(s, 431, NULL);
     return 0;
 }
@@ -249,7 +249,7 @@ static int flush_header(h1_sess_t *s)
 static int on_message_begin(http_parser *p)
 {
     h1_sess_t *s = p->data;
-    s->ex = pcr_exchange_new(s->srv, &h1_ops, s, "HTTP/1.1");
+    s->ex = pcr_exchange_new(s->w, &h1_ops, s, "HTTP/1.1");
     if (s->ex == NULL)
         return -1;
     pcr_exchange_set_peer(s->ex, pcr_sock_peer(s->sock));
@@ -331,7 +331,7 @@ static int on_headers_complete(http_parser *p)
         return refuse(s, 400, "Content-Length together with Transfer-Encoding");
     if (s->n_cl > 1)
         return refuse(s, 400, "more than one Content-Length");
-    if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->srv->cfg->limits.max_body_bytes)
+    if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->w->cfg->limits.max_body_bytes)
         return refuse(s, 413, NULL);
     if (s->expect_continue) {
         evbuffer_add(pcr_sock_output(s->sock), "HTTP/1.1 100 Continue\r\n\r\n", 25);
@@ -370,12 +370,12 @@ static const http_parser_settings req_settings = {
  * stream cannot be trusted to be in sync). */
 static void reject(h1_sess_t *s, int status, const char *detail)
 {
-    pcr_server_t *srv = s->srv;
+    pcr_worker_t *w = s->w;
     s->keep_alive = 0;
     s->closing = 1;
     pcr_sock_read_stop(s->sock);
     if (s->ex == NULL)
-        s->ex = pcr_exchange_new(srv, &h1_ops, s, "HTTP/1.1");
+        s->ex = pcr_exchange_new(w, &h1_ops, s, "HTTP/1.1");
     if (s->ex == NULL) {
         h1_close(s);
         return;
@@ -387,19 +387,19 @@ static void reject(h1_sess_t *s, int status, const char *detail)
     case 413:
         pcr_exchange_error(s->ex, 413, "invalid_request_error", "body_too_large",
                            "request body is larger than limits.max_body_bytes (%zu bytes)",
-                           srv->cfg->limits.max_body_bytes);
+                           w->cfg->limits.max_body_bytes);
         break;
     case 431:
         pcr_exchange_error(s->ex, 431, "invalid_request_error", "headers_too_large",
                            "request headers are larger than limits.max_header_bytes (%zu bytes)",
-                           srv->cfg->limits.max_header_bytes);
+                           w->cfg->limits.max_header_bytes);
         break;
     case 408:
-        srv->metrics.request_timeouts++;
+        PCR_INC(w->metrics.request_timeouts);
         pcr_exchange_error(s->ex, 408, "invalid_request_error", "request_timeout", "%s", detail);
         break;
     default:
-        srv->metrics.bad_requests++;
+        PCR_INC(w->metrics.bad_requests);
         pcr_exchange_error(s->ex, 400, "invalid_request_error", "bad_request",
                            "malformed HTTP/1.1 request: %s", detail);
         break;
@@ -457,7 +457,7 @@ static void arm(h1_sess_t *s, unsigned ms)
  * re-armed on every call: each read that brought body bytes restarts its idle time. */
 static void update_timer(h1_sess_t *s)
 {
-    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     timer_mode_t want;
     if (s->ex == NULL)
         want = T_IDLE;
@@ -480,7 +480,7 @@ static void update_timer(h1_sess_t *s)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     h1_sess_t *s = arg;
-    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     char msg[160];
     switch (s->mode) {
     case T_IDLE:
@@ -520,10 +520,10 @@ static void check_pause(h1_sess_t *s)
     if (running && queued > PIPELINE_MAX_BYTES) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-    } else if (!running && s->ex != NULL && !pcr_server_body_budget_ok(s->srv)) {
+    } else if (!running && s->ex != NULL && !pcr_server_body_budget_ok(s->w->srv)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-        pcr_server_body_wait(s->srv, &s->budget);
+        pcr_worker_body_wait(s->w, &s->budget);
     }
 }
 
@@ -550,9 +550,9 @@ static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
 {
     h1_sess_t *s = arg;
     if (why == PCR_SOCK_WRITE_TIMEOUT) {
-        s->srv->metrics.write_timeouts++;
+        PCR_INC(s->w->metrics.write_timeouts);
         pcr_log_info("client %s accepted no bytes for %u ms: connection closed", pcr_sock_peer(sock),
-                     s->srv->cfg->timeouts.client_write_ms);
+                     s->w->cfg->timeouts.client_write_ms);
     }
     /* EOF, error or timeout: the client is gone (or stuck); whatever it asked is abandoned and
      * its upstream request closed, so the pod stops generating. */
@@ -581,7 +581,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
     http_parser_pause(&s->parser, 0);
     if (s->read_paused) {
         s->read_paused = 0;
-        pcr_server_body_unwait(s->srv, &s->budget);
+        pcr_worker_body_unwait(s->w, &s->budget);
         pcr_sock_read_start(s->sock);
     }
     parse_input(s);
@@ -607,7 +607,7 @@ static void h1_close(h1_sess_t *s)
 {
     pcr_exchange_free(s->ex);
     s->ex = NULL;
-    pcr_server_body_unwait(s->srv, &s->budget);
+    pcr_worker_body_unwait(s->w, &s->budget);
     event_free(s->advance);
     event_free(s->timer);
     pcr_sock_free(s->sock);
@@ -618,15 +618,15 @@ static void h1_close(h1_sess_t *s)
     free(s);
 }
 
-int pcr_h1_session_start(pcr_server_t *srv, pcr_sock_t *sock)
+int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock)
 {
     h1_sess_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return PCR_ERR_NOMEM;
-    s->srv = srv;
+    s->w = w;
     s->sock = sock;
-    s->advance = event_new(srv->base, -1, 0, on_advance, s);
-    s->timer = evtimer_new(srv->base, on_timer, s);
+    s->advance = event_new(w->base, -1, 0, on_advance, s);
+    s->timer = evtimer_new(w->base, on_timer, s);
     if (s->advance == NULL || s->timer == NULL) {
         if (s->advance)
             event_free(s->advance);
@@ -638,9 +638,9 @@ int pcr_h1_session_start(pcr_server_t *srv, pcr_sock_t *sock)
     s->budget.resume = budget_resume;
     http_parser_init(&s->parser, HTTP_REQUEST);
     s->parser.data = s;
-    pcr_session_register(srv, &s->base, &h1_session_ops);
+    pcr_session_register(w, &s->base, &h1_session_ops);
     pcr_sock_set_cbs(sock, &h1_sock_cbs, s);
-    pcr_sock_set_write_timeout(sock, srv->cfg->timeouts.client_write_ms);
+    pcr_sock_set_write_timeout(sock, w->cfg->timeouts.client_write_ms);
     s->mode = T_BUSY; /* so that the first update arms the right deadline */
     pcr_sock_read_start(sock);
     /* The handshake already read the first bytes of a request head. */

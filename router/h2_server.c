@@ -55,13 +55,14 @@ typedef struct h2_stream {
     int head_only;
     int abort;                     /* the response broke: reset once `out` is sent */
     int submitted;                 /* a response with a data source was submitted */
-    struct event *rst_timer;       /* the reset of a broken response, sent a little later */
+    struct event *rst_timer;       /* a reset sent a little later (reset_later) */
+    uint32_t rst_code;
     struct h2_stream *prev, *next;
 } h2_stream_t;
 
 struct h2_sess {
     pcr_session_t base;
-    pcr_server_t *srv;
+    pcr_worker_t *w;
     pcr_sock_t *sock;
     nghttp2_session *ng;
     struct event *flush;
@@ -104,8 +105,21 @@ static void stream_free(h2_stream_t *st)
 static void on_rst_timer(evutil_socket_t fd, short what, void *arg)
 {
     h2_stream_t *st = arg;
-    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, st->rst_code);
     schedule_flush(st->sess);
+}
+
+/* Resets the stream a little later: clients (curl among them) drop what reaches them in the
+ * same read as a RST_STREAM, so what was sent before it gets a moment to be read first. */
+static void reset_later(h2_stream_t *st, uint32_t code)
+{
+    if (st->rst_timer != NULL)
+        return;
+    st->rst_code = code;
+    st->rst_timer = evtimer_new(st->sess->w->base, on_rst_timer, st);
+    struct timeval tv = {0, RST_DELAY_US};
+    if (st->rst_timer)
+        evtimer_add(st->rst_timer, &tv);
 }
 
 static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
@@ -121,14 +135,8 @@ static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf
     if (st->eof && evbuffer_get_length(st->out) == 0) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     } else if (n == 0 && st->abort) {
-        /* Everything that arrived went out; the reset follows a moment later, because clients
-         * (curl among them) drop DATA that reaches them in the same read as a RST_STREAM. */
-        if (st->rst_timer == NULL) {
-            st->rst_timer = evtimer_new(st->sess->srv->base, on_rst_timer, st);
-            struct timeval tv = {0, RST_DELAY_US};
-            if (st->rst_timer)
-                evtimer_add(st->rst_timer, &tv);
-        }
+        /* Everything that arrived went out; the reset follows a moment later. */
+        reset_later(st, NGHTTP2_INTERNAL_ERROR);
         st->deferred = 1;
         return NGHTTP2_ERR_DEFERRED;
     } else if (n == 0) {
@@ -232,8 +240,8 @@ static void consume_pending(h2_sess_t *s)
     for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
         if (st->unconsumed == 0)
             continue;
-        if (!pcr_server_body_budget_ok(s->srv)) {
-            pcr_server_body_wait(s->srv, &s->budget);
+        if (!pcr_server_body_budget_ok(s->w->srv)) {
+            pcr_worker_body_wait(s->w, &s->budget);
             return;
         }
         nghttp2_session_consume(s->ng, st->id, st->unconsumed);
@@ -261,7 +269,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
     st->id = frame->hd.stream_id;
     st->sess = s;
     st->out = evbuffer_new();
-    st->ex = pcr_exchange_new(s->srv, &h2_ops, st, "HTTP/2");
+    st->ex = pcr_exchange_new(s->w, &h2_ops, st, "HTTP/2");
     st->t_begin = st->t_recv = pcr_now_us();
     st->next = s->streams;
     if (s->streams)
@@ -291,7 +299,7 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
     if (st == NULL || st->reject_status)
         return 0;
     st->header_bytes += nlen + vlen;
-    if (st->header_bytes > s->srv->cfg->limits.max_header_bytes) {
+    if (st->header_bytes > s->w->cfg->limits.max_header_bytes) {
         st->reject_status = 431;
         return 0;
     }
@@ -305,7 +313,7 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     } else if (nlen > 0 && n[0] != ':') {
         if (nlen == 14 && memcmp(n, "content-length", 14) == 0 &&
-            strtoull(v, NULL, 10) > s->srv->cfg->limits.max_body_bytes)
+            strtoull(v, NULL, 10) > s->w->cfg->limits.max_body_bytes)
             st->reject_status = 413;
         /* nghttp2 has already refused invalid names and values (RFC 9113, 8.2.1). */
         if (pcr_exchange_add_header(st->ex, n, nlen, v, vlen) == PCR_ERR_TOO_LARGE)
@@ -321,11 +329,11 @@ static void reject(h2_stream_t *st)
     if (st->reject_status == 413)
         pcr_exchange_error(st->ex, 413, "invalid_request_error", "body_too_large",
                            "request body is larger than limits.max_body_bytes (%zu bytes)",
-                           s->srv->cfg->limits.max_body_bytes);
+                           s->w->cfg->limits.max_body_bytes);
     else
         pcr_exchange_error(st->ex, 431, "invalid_request_error", "headers_too_large",
                            "request headers are larger than limits.max_header_bytes (%zu bytes)",
-                           s->srv->cfg->limits.max_header_bytes);
+                           s->w->cfg->limits.max_header_bytes);
 }
 
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
@@ -366,11 +374,11 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
         reject(st);
         return 0;
     }
-    if (st->unconsumed == 0 && pcr_server_body_budget_ok(s->srv)) {
+    if (st->unconsumed == 0 && pcr_server_body_budget_ok(s->w->srv)) {
         nghttp2_session_consume(ng, id, len);
     } else {
         st->unconsumed += len;
-        pcr_server_body_wait(s->srv, &s->budget);
+        pcr_worker_body_wait(s->w, &s->budget);
     }
     return 0;
 }
@@ -385,7 +393,7 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *
         return 0;
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
     if (st != NULL && !st->req_done)
-        nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+        reset_later(st, NGHTTP2_NO_ERROR);
     return 0;
 }
 
@@ -405,8 +413,7 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code,
         pcr_session_set_waiting(&s->base, 1);
         arm_timer(s);
     }
-    if (s->srv->draining)
-        pcr_server_check_drained(s->srv);
+    pcr_worker_check_drained(s->w);
     return 0;
 }
 
@@ -425,7 +432,7 @@ static unsigned tick_ms(const pcr_timeouts_conf_t *t)
 
 static void arm_timer(h2_sess_t *s)
 {
-    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     unsigned ms = s->nstreams == 0 ? t->client_idle_ms : tick_ms(t);
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     evtimer_add(s->timer, &tv);
@@ -435,7 +442,7 @@ static void stream_timeout_408(h2_stream_t *st, unsigned ms)
 {
     st->reject_status = 408;
     st->rejected = 1;
-    st->sess->srv->metrics.request_timeouts++;
+    PCR_INC(st->sess->w->metrics.request_timeouts);
     pcr_exchange_error(st->ex, 408, "invalid_request_error", "request_timeout",
                        "no byte of the request body arrived for %u ms (timeouts.client_idle_ms)", ms);
 }
@@ -443,7 +450,7 @@ static void stream_timeout_408(h2_stream_t *st, unsigned ms)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     h2_sess_t *s = arg;
-    const pcr_timeouts_conf_t *t = &s->srv->cfg->timeouts;
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     if (s->nstreams == 0) {
         h2_close(s); /* idle past client_idle_ms with no stream open */
         return;
@@ -455,7 +462,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
                 /* A header block is contiguous on the connection (CONTINUATION frames follow
                  * their HEADERS at once), so one left unfinished stalls the whole connection:
                  * there is no stream to answer 408 on, only a connection to close. */
-                s->srv->metrics.request_timeouts++;
+                PCR_INC(s->w->metrics.request_timeouts);
                 pcr_log_debug("client %s: h2 header block not complete within %u ms",
                               pcr_sock_peer(s->sock), t->request_header_ms);
                 h2_close(s);
@@ -467,7 +474,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
                    now - st->t_progress >= (uint64_t)t->client_write_ms * 1000) {
             /* A zero window: the client takes nothing. Reset the stream; closing it frees the
              * exchange and cancels the pod request, which gives its connection back. */
-            s->srv->metrics.write_timeouts++;
+            PCR_INC(s->w->metrics.write_timeouts);
             pcr_log_info("client %s, h2 stream %d: no response bytes accepted for %u ms: reset",
                          pcr_sock_peer(s->sock), st->id, t->client_write_ms);
             st->abort = 1;
@@ -531,7 +538,7 @@ static void on_read(pcr_sock_t *sock, void *arg)
         if (n < 0) {
             /* nghttp2 has queued a GOAWAY for protocol errors; send it, then close. */
             pcr_log_debug("h2: bad input from client: %s", nghttp2_strerror((int)n));
-            s->srv->metrics.bad_requests++;
+            PCR_INC(s->w->metrics.bad_requests);
             evbuffer_drain(in, evbuffer_get_length(in));
             pcr_sock_read_stop(sock);
             s->closing = 1;
@@ -549,9 +556,9 @@ static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
 {
     h2_sess_t *s = arg;
     if (why == PCR_SOCK_WRITE_TIMEOUT) {
-        s->srv->metrics.write_timeouts++;
+        PCR_INC(s->w->metrics.write_timeouts);
         pcr_log_info("client %s accepted no bytes for %u ms: connection closed", pcr_sock_peer(sock),
-                     s->srv->cfg->timeouts.client_write_ms);
+                     s->w->cfg->timeouts.client_write_ms);
     }
     h2_close(s); /* EOF, error or timeout: every stream's exchange is abandoned */
 }
@@ -577,7 +584,7 @@ static void h2_close(h2_sess_t *s)
 {
     while (s->streams)
         stream_free(s->streams);
-    pcr_server_body_unwait(s->srv, &s->budget);
+    pcr_worker_body_unwait(s->w, &s->budget);
     nghttp2_session_del(s->ng);
     event_free(s->flush);
     event_free(s->timer);
@@ -586,14 +593,14 @@ static void h2_close(h2_sess_t *s)
     free(s);
 }
 
-int pcr_h2_session_start(pcr_server_t *srv, pcr_sock_t *sock)
+int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
 {
     h2_sess_t *s = calloc(1, sizeof(*s));
     nghttp2_session_callbacks *cbs = NULL;
     nghttp2_option *opt = NULL;
     if (s == NULL || nghttp2_session_callbacks_new(&cbs) != 0 || nghttp2_option_new(&opt) != 0)
         goto fail;
-    s->srv = srv;
+    s->w = w;
     s->sock = sock;
     s->budget.resume = budget_resume;
     nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
@@ -612,21 +619,21 @@ int pcr_h2_session_start(pcr_server_t *srv, pcr_sock_t *sock)
     opt = NULL;
     if (rc != 0)
         goto fail;
-    s->flush = event_new(srv->base, -1, 0, on_flush, s);
-    s->timer = evtimer_new(srv->base, on_timer, s);
+    s->flush = event_new(w->base, -1, 0, on_flush, s);
+    s->timer = evtimer_new(w->base, on_timer, s);
     if (s->flush == NULL || s->timer == NULL)
         goto fail;
     nghttp2_settings_entry iv[] = {
-        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, srv->cfg->limits.max_concurrent_streams},
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, w->cfg->limits.max_concurrent_streams},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}, /* prompts are large: 1 MiB per stream */
-        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)srv->cfg->limits.max_header_bytes},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)w->cfg->limits.max_header_bytes},
     };
     nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));
     nghttp2_session_set_local_window_size(s->ng, NGHTTP2_FLAG_NONE, 0, 16 << 20);
-    pcr_session_register(srv, &s->base, &h2_session_ops);
+    pcr_session_register(w, &s->base, &h2_session_ops);
     pcr_session_set_waiting(&s->base, 1);
     pcr_sock_set_cbs(sock, &h2_sock_cbs, s);
-    pcr_sock_set_write_timeout(sock, srv->cfg->timeouts.client_write_ms);
+    pcr_sock_set_write_timeout(sock, w->cfg->timeouts.client_write_ms);
     pcr_sock_read_start(sock);
     arm_timer(s);
     if (evbuffer_get_length(pcr_sock_input(sock)) > 0)

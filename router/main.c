@@ -1,17 +1,22 @@
-/* router/main.c: the pcrouter process: command line, start-up, the event loop, and the
- * graceful stop (SIGTERM/SIGINT: stop accepting, let in-flight requests finish within
- * timeouts.drain_ms, exit 0). */
+/* router/main.c: the pcrouter process: command line, start-up (config, backends, listeners,
+ * workers), the control loop on the main thread, and the graceful stop (SIGTERM/SIGINT: every
+ * worker stops accepting and lets its in-flight requests finish within timeouts.drain_ms; the
+ * process exits 0 once the last worker is done). */
+#include <fcntl.h>
 #include <getopt.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <openssl/ssl.h>
 
 #include "backend.h"
+#include "bus.h"
 #include "config.h"
 #include "log.h"
 #include "session.h"
@@ -27,60 +32,21 @@ uint64_t pcr_now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-void pcr_server_check_drained(pcr_server_t *srv)
-{
-    if (srv->draining && srv->inflight == 0 && srv->nsessions == 0)
-        event_base_loopexit(srv->base, NULL);
-}
-
-int pcr_server_body_budget_ok(const pcr_server_t *srv)
-{
-    return srv->body_buffered < srv->cfg->limits.max_buffered_body_bytes;
-}
-
-void pcr_server_body_wait(pcr_server_t *srv, pcr_budget_waiter_t *w)
-{
-    if (!w->queued) {
-        TAILQ_INSERT_TAIL(&srv->budget_waiters, w, link);
-        w->queued = 1;
-    }
-}
-
-void pcr_server_body_unwait(pcr_server_t *srv, pcr_budget_waiter_t *w)
-{
-    if (w->queued) {
-        TAILQ_REMOVE(&srv->budget_waiters, w, link);
-        w->queued = 0;
-    }
-}
-
-void pcr_server_body_released(pcr_server_t *srv)
-{
-    if (!TAILQ_EMPTY(&srv->budget_waiters) && pcr_server_body_budget_ok(srv) && srv->budget_event)
-        event_active(srv->budget_event, 0, 0);
-}
-
-/* Wakes the sessions waiting for body budget, oldest first, while there is budget; each may
- * take some and wait again, which puts it at the back. */
-static void on_budget(evutil_socket_t fd, short what, void *arg)
-{
-    pcr_server_t *srv = arg;
-    size_t n = 0;
-    pcr_budget_waiter_t *w;
-    for (w = TAILQ_FIRST(&srv->budget_waiters); w != NULL; w = TAILQ_NEXT(w, link))
-        n++;
-    while (n-- > 0 && pcr_server_body_budget_ok(srv) &&
-           (w = TAILQ_FIRST(&srv->budget_waiters)) != NULL) {
-        pcr_server_body_unwait(srv, w);
-        w->resume(w);
-    }
-}
-
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
 {
     pcr_server_t *srv = arg;
+    uint64_t inflight = 0;
+    for (unsigned k = 0; k < srv->nworkers; k++)
+        inflight += PCR_LOAD(srv->workers[k].inflight);
     pcr_log_warn("drain timeout: %llu request(s) still in flight are cut",
-                 (unsigned long long)srv->inflight);
+                 (unsigned long long)inflight);
+    pcr_workers_stop(srv);
+}
+
+/* The last worker stopped: the control loop ends too. */
+static void on_workers_done(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
     event_base_loopexit(srv->base, NULL);
 }
 
@@ -96,27 +62,23 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     pcr_server_t *srv = arg;
     if (srv->draining) {
         pcr_log_warn("second signal: stopping now");
-        event_base_loopexit(srv->base, NULL);
+        pcr_workers_stop(srv);
         return;
     }
-    srv->draining = 1;
+    PCR_STORE(srv->draining, 1);
+    uint64_t inflight = 0;
+    for (unsigned k = 0; k < srv->nworkers; k++)
+        inflight += PCR_LOAD(srv->workers[k].inflight);
     pcr_log_info("signal %d: draining (%llu request(s) in flight, up to %u ms)", (int)sig,
-                 (unsigned long long)srv->inflight, srv->cfg->timeouts.drain_ms);
-    pcr_listeners_stop(srv);
-    /* drain() may close the session at once: take the next one first. */
-    pcr_session_t *s = LIST_FIRST(&srv->sessions), *next;
-    for (; s != NULL; s = next) {
-        next = LIST_NEXT(s, link);
-        s->ops->drain(s);
-    }
+                 (unsigned long long)inflight, srv->cfg->timeouts.drain_ms);
+    pcr_workers_drain(srv);
     for (size_t i = 0; i < srv->nbackends; i++)
-        pcr_upstream_close_idle(&srv->backends[i]);
+        pcr_upstream_close_idle(&srv->check_pools[i]);
     unsigned ms = srv->cfg->timeouts.drain_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
     if (srv->drain_timer)
         evtimer_add(srv->drain_timer, &tv);
-    pcr_server_check_drained(srv);
 }
 
 static void usage(FILE *f)
@@ -147,42 +109,25 @@ static int check_config(const char *path)
     return 0;
 }
 
-static pcr_policy_t *make_policy(const pcr_config_t *cfg)
+/* workers: 0 means one per CPU the process may run on. */
+static unsigned worker_count(const pcr_config_t *cfg)
 {
-    pcr_backend_desc_t descs[cfg->nbackends];
-    for (size_t i = 0; i < cfg->nbackends; i++) {
-        const pcr_backend_conf_t *b = &cfg->backends[i];
-        descs[i].name = b->name;
-        descs[i].zone = b->zone;
-        descs[i].weight = b->weight;
-        /* A token is 4 bytes of canonical prompt: capacity in tokens -> blocks. */
-        uint64_t blocks = b->capacity_tokens * 4 / cfg->routing.block_bytes;
-        descs[i].capacity_blocks = blocks ? blocks : 1;
-    }
-    pcr_policy_opts_t o;
-    pcr_policy_opts_default(&o);
-    o.kind = cfg->routing.policy;
-    o.block_bytes = cfg->routing.block_bytes;
-    o.max_prefix_bytes = cfg->routing.max_prefix_bytes;
-    o.index_max_bytes = cfg->routing.index_max_bytes;
-    o.load_factor = cfg->routing.load_factor;
-    o.load_weight = cfg->routing.load_weight;
-    o.zone_penalty = cfg->routing.zone_penalty;
-    o.zone = cfg->routing.zone;
-    o.vnodes = cfg->routing.vnodes;
-    return pcr_policy_new(&o, descs, cfg->nbackends);
+    if (cfg->workers > 0)
+        return cfg->workers;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+        return (unsigned)CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
 }
 
 static int run(const char *path)
 {
-    int rc = 1;
+    int rc = 1, started = 0;
     char *errors = NULL;
     pcr_server_t srv;
     memset(&srv, 0, sizeof(srv));
-    LIST_INIT(&srv.sessions);
-    TAILQ_INIT(&srv.waiting);
-    TAILQ_INIT(&srv.budget_waiters);
-    srv.spare_fd = -1;
+    srv.wake_fd[0] = srv.wake_fd[1] = -1;
     srv.cfg = pcr_config_load(path, &errors);
     if (srv.cfg == NULL) {
         fprintf(stderr, "%s", errors ? errors : "invalid config\n");
@@ -191,49 +136,56 @@ static int run(const char *path)
     }
     pcr_log_set_level(srv.cfg->log.level);
     signal(SIGPIPE, SIG_IGN);
+    srv.nworkers = worker_count(srv.cfg);
     srv.base = pcr_sock_base_new();
-    srv.policy = make_policy(srv.cfg);
-    if (srv.base == NULL || srv.policy == NULL) {
-        pcr_log_error("cannot start: out of memory or invalid routing settings");
+    srv.bus = pcr_bus_new(srv.nworkers);
+    if (srv.base == NULL || srv.bus == NULL || pipe2(srv.wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
+        pcr_log_error("cannot start: out of memory");
         goto out;
     }
-    if (pcr_backends_init(&srv) < 0 || pcr_listeners_start(&srv) < 0)
+    if (pcr_backends_init(&srv) < 0 || pcr_listeners_bind(&srv) < 0)
         goto out;
     srv.sig_term = evsignal_new(srv.base, SIGTERM, on_signal, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, on_signal, &srv);
     srv.sig_hup = evsignal_new(srv.base, SIGHUP, on_hup, &srv);
-    srv.budget_event = event_new(srv.base, -1, 0, on_budget, &srv);
+    srv.workers_done = event_new(srv.base, srv.wake_fd[0], EV_READ, on_workers_done, &srv);
     if (srv.sig_term == NULL || srv.sig_int == NULL || srv.sig_hup == NULL ||
-        srv.budget_event == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
-        evsignal_add(srv.sig_int, NULL) < 0 || evsignal_add(srv.sig_hup, NULL) < 0)
+        srv.workers_done == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
+        evsignal_add(srv.sig_int, NULL) < 0 || evsignal_add(srv.sig_hup, NULL) < 0 ||
+        event_add(srv.workers_done, NULL) < 0)
         goto out;
-    pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s", PCR_VERSION, srv.nbackends,
-                 pcr_policy_kind_name(srv.cfg->routing.policy));
+    if (pcr_workers_start(&srv) < 0)
+        goto out;
+    started = 1;
+    pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s, %u worker(s)", PCR_VERSION,
+                 srv.nbackends, pcr_policy_kind_name(srv.cfg->routing.policy), srv.nworkers);
     event_base_dispatch(srv.base);
     rc = 0;
-    pcr_log_info("stopped");
 out:
-    /* Close what is left (a drain that timed out leaves sessions): one close path each. */
-    srv.draining = 1; /* pools stop re-dispatching while everything closes */
-    while (!LIST_EMPTY(&srv.sessions)) {
-        pcr_session_t *s = LIST_FIRST(&srv.sessions);
-        s->ops->close(s);
+    if (started) {
+        pcr_workers_stop(&srv); /* no-op for workers that already stopped */
+        pcr_workers_join(&srv);
+        pcr_log_info("stopped");
     }
-    pcr_listeners_free(&srv);
+    PCR_STORE(srv.draining, 1);
+    pcr_listeners_unbind(&srv);
     pcr_backends_dispose(&srv);
-    pcr_policy_free(srv.policy);
+    pcr_bus_free(srv.bus);
     if (srv.sig_term)
         event_free(srv.sig_term);
     if (srv.sig_int)
         event_free(srv.sig_int);
     if (srv.sig_hup)
         event_free(srv.sig_hup);
-    if (srv.budget_event)
-        event_free(srv.budget_event);
+    if (srv.workers_done)
+        event_free(srv.workers_done);
     if (srv.drain_timer)
         event_free(srv.drain_timer);
     if (srv.base)
         event_base_free(srv.base);
+    for (int i = 0; i < 2; i++)
+        if (srv.wake_fd[i] >= 0)
+            close(srv.wake_fd[i]);
     pcr_config_free(srv.cfg);
     return rc;
 }

@@ -13,6 +13,7 @@
 #include <event2/event.h>
 
 #include "backend.h"
+#include "bus.h"
 #include "log.h"
 #include "scrape.h"
 #include "upstream.h"
@@ -99,23 +100,26 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
         free(line);
     }
     if (seen_waiting) {
-        be->pod_waiting = (uint32_t)waiting;
-        be->pod_running = (uint32_t)running;
+        PCR_STORE(be->pod_waiting, (uint32_t)waiting);
+        PCR_STORE(be->pod_running, (uint32_t)running);
     }
     if (seen_hits) {
-        accumulate(&be->pod_hits, &be->pod_hits_last, &be->pod_have_hits, hits);
-        accumulate(&be->pod_queries, &be->pod_queries_last, &be->pod_have_queries, queries);
+        uint64_t h = PCR_LOAD(be->pod_hits), q = PCR_LOAD(be->pod_queries);
+        accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, hits);
+        accumulate(&q, &be->pod_queries_last, &be->pod_have_queries, queries);
+        PCR_STORE(be->pod_hits, h);
+        PCR_STORE(be->pod_queries, q);
     }
-    if (cache_tokens > 0 && cache_tokens != be->pod_cache_tokens) {
+    if (cache_tokens > 0 && cache_tokens != PCR_LOAD(be->pod_cache_tokens)) {
         /* The pod's real KV capacity replaces the configured guess: the index must never
          * believe a pod holds more than it can. A token is 4 bytes of canonical prompt. */
-        be->pod_cache_tokens = cache_tokens;
+        PCR_STORE(be->pod_cache_tokens, cache_tokens);
         uint64_t blocks = cache_tokens * 4 / be->srv->cfg->routing.block_bytes;
-        pcr_policy_set_capacity(be->srv->policy, be->id, blocks ? blocks : 1);
+        pcr_bus_capacity(be->srv->bus, PCR_BUS_CONTROL, be->id, blocks ? blocks : 1);
         pcr_log_info("backend %s reports a KV cache of %llu tokens", be->conf->name,
                      (unsigned long long)cache_tokens);
     }
-    be->pod_scrapes++;
+    PCR_INC(be->pod_scrapes);
 }
 
 static void scrape_end(scrape_ctx_t *c)
@@ -152,7 +156,7 @@ static const pcr_upstream_cbs_t scrape_cbs = {on_head, on_body, on_done, on_erro
 
 void pcr_scrape_start(pcr_backend_t *be)
 {
-    if (be->scrape_req != NULL || !be->up)
+    if (be->scrape_req != NULL || !PCR_LOAD(be->up))
         return; /* the last one is still running, or the pod is down */
     scrape_ctx_t *c = calloc(1, sizeof(*c));
     struct evbuffer *req = evbuffer_new();
@@ -165,7 +169,7 @@ void pcr_scrape_start(pcr_backend_t *be)
     c->be = be;
     evbuffer_add_printf(req, "GET /metrics HTTP/1.1\r\nHost: %s\r\nUser-Agent: pcrouter-scrape\r\n\r\n",
                         be->host_header);
-    be->scrape_req = pcr_upstream_send(be, req, &scrape_cbs, c);
+    be->scrape_req = pcr_upstream_send(&be->srv->check_pools[be->id], req, &scrape_cbs, c);
     if (be->scrape_req == NULL) {
         evbuffer_free(c->body);
         free(c);

@@ -1,9 +1,24 @@
-/* router/server.h: the process-wide context every part of the proxy hangs off: the event
- * base, the config, the backends with their pools, the routing policy, the listeners and
- * the drain state. One event loop on one thread owns all of it. */
+/* router/server.h: the two contexts every part of the proxy hangs off.
+ *
+ * pcr_server_t is the process: the config, the backends' shared state (health, load, pod
+ * metrics), the workers, and the control loop on the main thread (signals, health checks,
+ * scrapes). pcr_worker_t is one worker thread: its own event loop, listeners (SO_REUSEPORT),
+ * client sessions, upstream connection pools, metrics, and its own replica of the routing
+ * policy. Nothing of a worker is touched by another thread except through worker.c: its
+ * command pipe, its inbox of index updates, and counters read with relaxed atomics.
+ *
+ *   main thread: control loop ------ commands (drain, stop) -------> worker 0 .. N-1
+ *                health, scrapes --- index updates (capacity) -----> every worker's inbox
+ *   worker i: decides, commits ----- index updates (commit, forget) -> every other worker
+ *
+ * Every worker routes from the same knowledge: what one learns (a prefix committed to a
+ * backend, forgotten after a failure) is applied at once to its own policy and appended to the
+ * others' inboxes, which they drain before each decision and on a short tick. */
 #ifndef PCR_ROUTER_SERVER_H
 #define PCR_ROUTER_SERVER_H
 
+#include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/queue.h>
 
@@ -15,34 +30,46 @@
 #include "pcr/policy.h"
 
 typedef struct pcr_backend pcr_backend_t;
+typedef struct pcr_pool pcr_pool_t;
 typedef struct pcr_session pcr_session_t;
+typedef struct pcr_worker pcr_worker_t;
+typedef struct pcr_bus pcr_bus_t;
+
+/* Relaxed atomics for counters and gauges shared between threads: a single writer (or
+ * several, for the RMW forms) and readers that only need some recent value. */
+#define PCR_LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define PCR_STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+#define PCR_ADD(x, v) __atomic_fetch_add(&(x), (v), __ATOMIC_RELAXED)
+#define PCR_SUB(x, v) __atomic_fetch_sub(&(x), (v), __ATOMIC_RELAXED)
+/* A counter only its owner thread writes: no read-modify-write instruction needed. */
+#define PCR_INC(x) PCR_STORE(x, PCR_LOAD(x) + 1)
+#define PCR_BUMP(x, v) PCR_STORE(x, PCR_LOAD(x) + (v))
 
 typedef struct pcr_server {
-    struct event_base *base;
     pcr_config_t *cfg;
     pcr_backend_t *backends;      /* cfg->nbackends of them, in config order (= policy ids) */
     size_t nbackends;
-    pcr_policy_t *policy;
-    pcr_metrics_t metrics;
-    struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
-    size_t nlisteners;
-    int spare_fd;                 /* given back to accept one connection when out of fds */
-    LIST_HEAD(, pcr_session) sessions;  /* every open client connection */
-    TAILQ_HEAD(, pcr_session) waiting;  /* those waiting for their client, oldest first */
-    size_t nsessions;
-    uint64_t inflight;            /* exchanges started and not finished */
-    /* Request bodies held in memory, against limits.max_buffered_body_bytes; sessions that
-     * stopped reading (or granting HTTP/2 window) for it wait on `budget_waiters`. */
-    size_t body_buffered;
-    TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
-    struct event *budget_event;
-    int draining;                 /* SIGTERM seen: no new connections or streams */
-    struct event *drain_timer;
+    pcr_worker_t *workers;
+    unsigned nworkers;
+    pcr_bus_t *bus;               /* index updates between workers (bus.c) */
+
+    /* The control loop, on the main thread. */
+    struct event_base *base;
+    pcr_pool_t *check_pools;      /* one per backend: health checks and scrapes */
     struct event *sig_term, *sig_int, *sig_hup;
-    uint64_t *scratch_blocks;     /* key buffer for one decision (single-threaded) */
+    struct event *drain_timer;
+    struct event *workers_done;   /* the last worker to stop wakes the control loop */
+    int draining;                 /* SIGTERM seen (atomic: workers read it) */
+    unsigned workers_running;     /* atomic */
+    int wake_fd[2];               /* workers_done's pipe */
+
+    /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
+    size_t body_buffered;         /* atomic */
+    SSL_CTX **tls_ctx;            /* per listener (NULL for plain), shared by the workers */
+    int *listen_fds;              /* [listener * nworkers + worker], bound by the main thread */
 } pcr_server_t;
 
-/* A session waiting for request-body budget: `resume` runs from the event loop once some was
+/* A session waiting for request-body budget: `resume` runs from its worker's loop once some was
  * released (it may find the budget taken again and wait anew). */
 typedef struct pcr_budget_waiter {
     TAILQ_ENTRY(pcr_budget_waiter) link;
@@ -50,17 +77,53 @@ typedef struct pcr_budget_waiter {
     int queued;
 } pcr_budget_waiter_t;
 
+struct pcr_worker {
+    pcr_server_t *srv;
+    const pcr_config_t *cfg;      /* srv->cfg */
+    unsigned id;
+    pthread_t thread;
+    struct event_base *base;
+    pcr_policy_t *policy;         /* this worker's replica */
+    pcr_pool_t *pools;            /* one per backend: this worker's upstream connections */
+    pcr_metrics_t metrics;        /* written by this worker only */
+    struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
+    size_t nlisteners;
+    int spare_fd;                 /* given back to accept one connection when out of fds */
+    LIST_HEAD(, pcr_session) sessions;  /* every open client connection */
+    TAILQ_HEAD(, pcr_session) waiting;  /* those waiting for their client, oldest first */
+    size_t nsessions;             /* atomic: /metrics reads it */
+    uint64_t inflight;            /* exchanges started and not finished (atomic reads) */
+    TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
+    struct event *budget_event;
+    int draining;
+    int stopped;                  /* the loop has ended */
+
+    /* Cross-thread: commands through a pipe (rare: drain, stop), index updates through the
+     * inbox (bus.c), drained by `tick` too so an idle worker does not fall behind. */
+    int cmd_fd[2];
+    struct event *cmd_event;
+    struct event *tick;
+};
+
 /* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
 int pcr_server_body_budget_ok(const pcr_server_t *srv);
-void pcr_server_body_wait(pcr_server_t *srv, pcr_budget_waiter_t *w);
-void pcr_server_body_unwait(pcr_server_t *srv, pcr_budget_waiter_t *w);
-/* Some body bytes were freed: wake the waiters (from the loop). */
-void pcr_server_body_released(pcr_server_t *srv);
+void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta);
+void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
+void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 
 /* Monotonic time in microseconds. */
 uint64_t pcr_now_us(void);
 
-/* Called whenever an exchange finishes; while draining, ends the loop once nothing is left. */
-void pcr_server_check_drained(pcr_server_t *srv);
+/* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
+ * nothing is left. */
+void pcr_worker_check_drained(pcr_worker_t *w);
+
+/* worker.c: start the workers' threads (listeners bound already), ask them to drain or stop. */
+int pcr_workers_start(pcr_server_t *srv);
+void pcr_workers_drain(pcr_server_t *srv);
+void pcr_workers_stop(pcr_server_t *srv);
+void pcr_workers_join(pcr_server_t *srv);
+/* Before a decision: apply what the other workers learned since the last one. */
+void pcr_worker_sync(pcr_worker_t *w);
 
 #endif

@@ -2,7 +2,7 @@
  * moment it is accepted: first a handshake (conn.c: TLS, ALPN, h2c preface detection), then an
  * HTTP/1.1 or HTTP/2 session (h1_server.c, h2_server.c) that embeds pcr_session_t first.
  *
- * The server keeps every session in one list, so SIGTERM can ask each to drain, and the ones
+ * Each worker keeps its sessions in one list, so SIGTERM can ask each to drain, and the ones
  * that are waiting for a client (no request of theirs in flight: a handshake, an idle keep-alive
  * connection, a request head still arriving) in a second list, oldest first. When the
  * connection limit is reached, a new connection evicts the session that has waited longest, so
@@ -24,27 +24,31 @@ typedef struct {
 } pcr_session_ops_t;
 
 struct pcr_session {
-    pcr_server_t *srv;
+    pcr_worker_t *w;
     const pcr_session_ops_t *ops;
     LIST_ENTRY(pcr_session) link;
     TAILQ_ENTRY(pcr_session) wait_link;
     int waiting;                   /* on srv->waiting */
 };
 
-void pcr_session_register(pcr_server_t *srv, pcr_session_t *s, const pcr_session_ops_t *ops);
+void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops);
 void pcr_session_unregister(pcr_session_t *s);
 /* Moves the session onto (1) or off (0) the waiting list; going on puts it last (youngest). */
 void pcr_session_set_waiting(pcr_session_t *s, int waiting);
 
 /* Protocol sessions, started on a socket whose first bytes (if any) are already in its input
  * buffer. They own `sock` from here on; on failure (PCR_ERR_*) the caller still owns it. */
-int pcr_h1_session_start(pcr_server_t *srv, pcr_sock_t *sock);
-int pcr_h2_session_start(pcr_server_t *srv, pcr_sock_t *sock);
+int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock);
+int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock);
 
-/* Listeners (conn.c): accept, TLS handshake and ALPN, h2c preface detection. */
-int pcr_listeners_start(pcr_server_t *srv);
-void pcr_listeners_stop(pcr_server_t *srv);   /* stop accepting */
-void pcr_listeners_free(pcr_server_t *srv);   /* and free TLS contexts */
+/* Listeners (conn.c). The main thread binds one socket per listener and worker, and loads the
+ * TLS contexts; each worker then accepts on its own sockets: TLS handshake and ALPN, h2c preface
+ * detection. */
+int pcr_listeners_bind(pcr_server_t *srv);
+void pcr_listeners_unbind(pcr_server_t *srv);  /* what no worker took, and the TLS contexts */
+int pcr_listeners_start(pcr_worker_t *w);
+void pcr_listeners_stop(pcr_worker_t *w);      /* stop accepting */
+void pcr_listeners_free(pcr_worker_t *w);
 
 /* TLS (tls.c): a server SSL_CTX offering ALPN h2 and http/1.1. */
 SSL_CTX *pcr_tls_ctx_new(const char *cert, const char *key, char *err, size_t errlen);

@@ -45,7 +45,7 @@
 #define MAX_RESP_HEADER_BYTES 65536
 
 struct pcr_upreq {
-    pcr_backend_t *be;
+    pcr_pool_t *pool;
     pcr_upconn_t *conn;              /* NULL while waiting for a slot */
     struct evbuffer *request;        /* the bytes to send, kept for the one stale-conn re-send */
     const pcr_upstream_cbs_t *cbs;
@@ -59,6 +59,7 @@ struct pcr_upreq {
 };
 
 struct pcr_upconn {
+    pcr_pool_t *pool;
     pcr_backend_t *be;
     pcr_sock_t *sock;
     struct event *timer;
@@ -89,6 +90,23 @@ static void req_dispatch(pcr_upreq_t *r);
 
 static const pcr_timeouts_conf_t *tmo(const pcr_backend_t *be) { return &be->srv->cfg->timeouts; }
 
+void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
+                   unsigned max_connections, const int *draining)
+{
+    memset(pool, 0, sizeof(*pool));
+    pool->be = be;
+    pool->base = base;
+    pool->draining = draining;
+    pool->max_connections = max_connections ? max_connections : 1;
+    TAILQ_INIT(&pool->idle);
+    TAILQ_INIT(&pool->waiters);
+}
+
+void pcr_pool_dispose(pcr_pool_t *pool)
+{
+    pcr_upstream_close_idle(pool);
+}
+
 static struct timeval ms_tv(unsigned ms)
 {
     struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000};
@@ -110,7 +128,7 @@ static void req_free(pcr_upreq_t *r)
     if (r == NULL)
         return;
     if (r->queued)
-        TAILQ_REMOVE(&r->be->waiters, r, wait_link);
+        TAILQ_REMOVE(&r->pool->waiters, r, wait_link);
     if (r->wait_timer)
         event_free(r->wait_timer);
     if (r->request)
@@ -259,45 +277,45 @@ static const http_parser_settings resp_settings = {
 
 static void conn_to_pool(pcr_upconn_t *c)
 {
-    pcr_backend_t *be = c->be;
+    pcr_pool_t *pool = c->pool;
     c->req = NULL;
     c->reused = 1;
-    pcr_upreq_t *w = TAILQ_FIRST(&be->waiters);
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
     if (w != NULL && !w->fresh) {
-        TAILQ_REMOVE(&be->waiters, w, wait_link);
+        TAILQ_REMOVE(&pool->waiters, w, wait_link);
         w->queued = 0;
         conn_assign(c, w);
         return;
     }
-    if (w != NULL || be->srv->draining) {
+    if (w != NULL || *pool->draining) {
         /* The oldest waiter needs a fresh connection: closing this one makes room for it. */
         conn_close(c);
         return;
     }
     /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
     pcr_sock_read_start(c->sock);
-    timer_arm(c, tmo(be)->upstream_keepalive_ms);
-    TAILQ_INSERT_HEAD(&be->idle, c, idle_link);
+    timer_arm(c, tmo(c->be)->upstream_keepalive_ms);
+    TAILQ_INSERT_HEAD(&pool->idle, c, idle_link);
     c->in_idle = 1;
-    be->nidle++;
+    pool->nidle++;
 }
 
 static void conn_close(pcr_upconn_t *c)
 {
-    pcr_backend_t *be = c->be;
+    pcr_pool_t *pool = c->pool;
     if (c->in_idle) {
-        TAILQ_REMOVE(&be->idle, c, idle_link);
-        be->nidle--;
+        TAILQ_REMOVE(&pool->idle, c, idle_link);
+        pool->nidle--;
     }
     event_free(c->timer);
     pcr_sock_free(c->sock);
     free(c->hbuf);
     free(c);
-    be->nconns--;
+    PCR_STORE(pool->nconns, pool->nconns - 1);
     /* A slot freed up: give it to the oldest waiter. */
-    pcr_upreq_t *w = TAILQ_FIRST(&be->waiters);
-    if (w != NULL && !be->srv->draining) {
-        TAILQ_REMOVE(&be->waiters, w, wait_link);
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
+    if (w != NULL && !*pool->draining) {
+        TAILQ_REMOVE(&pool->waiters, w, wait_link);
         w->queued = 0;
         req_dispatch(w);
     }
@@ -315,9 +333,9 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
     if (r != NULL) {
         r->conn = NULL;
         if (err == PCR_UP_CONNECT)
-            c->be->connect_errors++;
+            PCR_ADD(c->be->connect_errors, 1);
         else if (!stale)
-            c->be->upstream_errors++;
+            PCR_ADD(c->be->upstream_errors, 1);
     }
     conn_close(c);
     if (r == NULL)
@@ -329,7 +347,7 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
         return;
     }
     if (err == PCR_UP_CONNECT)
-        pcr_backend_note_failure(r->be);
+        pcr_backend_note_failure(r->pool->be);
     req_fail(r, err, got_head);
 }
 
@@ -476,14 +494,16 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
     }
 }
 
-static pcr_upconn_t *conn_open(pcr_backend_t *be)
+static pcr_upconn_t *conn_open(pcr_pool_t *pool)
 {
+    pcr_backend_t *be = pool->be;
     pcr_upconn_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
+    c->pool = pool;
     c->be = be;
-    c->timer = evtimer_new(be->srv->base, on_timer, c);
-    c->sock = pcr_sock_connect(be->srv->base, (struct sockaddr *)&be->addr, be->addrlen,
+    c->timer = evtimer_new(pool->base, on_timer, c);
+    c->sock = pcr_sock_connect(pool->base, (struct sockaddr *)&be->addr, be->addrlen,
                                tmo(be)->connect_ms);
     if (c->timer == NULL || c->sock == NULL) {
         if (c->timer)
@@ -495,7 +515,7 @@ static pcr_upconn_t *conn_open(pcr_backend_t *be)
     pcr_sock_set_cbs(c->sock, &up_sock_cbs, c);
     /* A pod that does not read the request is as stuck as one that does not answer. */
     pcr_sock_set_write_timeout(c->sock, tmo(be)->response_ms);
-    be->nconns++;
+    PCR_STORE(pool->nconns, pool->nconns + 1);
     return c;
 }
 
@@ -507,19 +527,20 @@ static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
 
 static void req_dispatch(pcr_upreq_t *r)
 {
-    pcr_backend_t *be = r->be;
-    pcr_upconn_t *c = r->fresh ? NULL : TAILQ_FIRST(&be->idle);
+    pcr_pool_t *pool = r->pool;
+    pcr_upconn_t *c = r->fresh ? NULL : TAILQ_FIRST(&pool->idle);
     if (c != NULL) {
-        TAILQ_REMOVE(&be->idle, c, idle_link);
+        TAILQ_REMOVE(&pool->idle, c, idle_link);
         c->in_idle = 0;
-        be->nidle--;
+        pool->nidle--;
         conn_assign(c, r);
         return;
     }
-    if (be->nconns >= be->max_connections && r->fresh && (c = TAILQ_LAST(&be->idle, pcr_upconn_idle)))
+    if (pool->nconns >= pool->max_connections && r->fresh &&
+        (c = TAILQ_LAST(&pool->idle, pcr_upconn_idle)) != NULL)
         conn_close(c); /* room for the fresh connection: the oldest idle one goes */
-    if (be->nconns < be->max_connections) {
-        c = conn_open(be);
+    if (pool->nconns < pool->max_connections) {
+        c = conn_open(pool);
         if (c != NULL) {
             conn_assign(c, r);
             return;
@@ -527,16 +548,16 @@ static void req_dispatch(pcr_upreq_t *r)
     }
     /* Wait for a slot, bounded by the response timeout. */
     if (r->wait_timer == NULL)
-        r->wait_timer = evtimer_new(be->srv->base, on_wait_timeout, r);
+        r->wait_timer = evtimer_new(pool->base, on_wait_timeout, r);
     if (r->wait_timer != NULL) {
-        struct timeval wt = ms_tv(tmo(be)->response_ms);
+        struct timeval wt = ms_tv(tmo(pool->be)->response_ms);
         evtimer_add(r->wait_timer, &wt);
     }
-    TAILQ_INSERT_TAIL(&be->waiters, r, wait_link);
+    TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);
     r->queued = 1;
 }
 
-pcr_upreq_t *pcr_upstream_send(pcr_backend_t *be, struct evbuffer *request,
+pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
                                const pcr_upstream_cbs_t *cbs, void *ctx)
 {
     pcr_upreq_t *r = calloc(1, sizeof(*r));
@@ -544,7 +565,7 @@ pcr_upreq_t *pcr_upstream_send(pcr_backend_t *be, struct evbuffer *request,
         evbuffer_free(request);
         return NULL;
     }
-    r->be = be;
+    r->pool = pool;
     r->request = request;
     r->cbs = cbs;
     r->ctx = ctx;
@@ -596,9 +617,9 @@ void pcr_upstream_resume(pcr_upreq_t *r)
     }
 }
 
-void pcr_upstream_close_idle(pcr_backend_t *be)
+void pcr_upstream_close_idle(pcr_pool_t *pool)
 {
     pcr_upconn_t *c;
-    while ((c = TAILQ_FIRST(&be->idle)) != NULL)
+    while ((c = TAILQ_FIRST(&pool->idle)) != NULL)
         conn_close(c);
 }

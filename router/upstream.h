@@ -9,8 +9,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 struct evbuffer;
+struct event_base;
 typedef struct pcr_backend pcr_backend_t;
 typedef struct pcr_upreq pcr_upreq_t;
 
@@ -40,10 +42,30 @@ typedef struct {
     void (*on_error)(void *ctx, pcr_up_error_t err, int got_head);
 } pcr_upstream_cbs_t;
 
-/* Sends `request` (taken: the full request bytes, head and body) to `be`. Returns the request
- * handle, or NULL when out of memory (no callback is made then). Callbacks never run inside
- * this call. */
-pcr_upreq_t *pcr_upstream_send(pcr_backend_t *be, struct evbuffer *request,
+/* The connections of one thread to one backend: idle keep-alive connections (most recently
+ * used first) and the requests waiting for a slot. Owned by one event loop, never shared. */
+struct pcr_upconn;
+struct pcr_upreq;
+typedef struct pcr_pool {
+    pcr_backend_t *be;
+    struct event_base *base;
+    const int *draining;             /* the owner's flag: no new idle connections once set */
+    TAILQ_HEAD(pcr_upconn_idle, pcr_upconn) idle;
+    TAILQ_HEAD(pcr_upreq_wait, pcr_upreq) waiters;
+    unsigned nconns;                 /* open: connecting + idle + busy */
+    unsigned nidle;
+    unsigned max_connections;
+} pcr_pool_t;
+
+void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
+                   unsigned max_connections, const int *draining);
+/* Closes the idle connections; the busy ones end with their requests. */
+void pcr_pool_dispose(pcr_pool_t *pool);
+
+/* Sends `request` (taken: the full request bytes, head and body) over `pool`. Returns the
+ * request handle, or NULL when out of memory (no callback is made then). Callbacks never run
+ * inside this call. */
+pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
                                const pcr_upstream_cbs_t *cbs, void *ctx);
 
 /* Ends the request now; no callback follows. Safe from inside the request's own callbacks. */
@@ -53,7 +75,7 @@ void pcr_upstream_cancel(pcr_upreq_t *r);
 void pcr_upstream_pause(pcr_upreq_t *r);
 void pcr_upstream_resume(pcr_upreq_t *r);
 
-/* Closes every idle connection of `be` (shutdown). */
-void pcr_upstream_close_idle(pcr_backend_t *be);
+/* Closes every idle connection of the pool (drain). */
+void pcr_upstream_close_idle(pcr_pool_t *pool);
 
 #endif

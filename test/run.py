@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """Runs every test of pcrouter and prints one closing line: `N passed, N failed`.
 
-Suites, for each build folder given (default: build and build-asan):
+Suites, for each build folder given (default: build, build-asan and build-tsan):
   unit         every TAP executable meson registered (test/unit/...), one count per case
   integration  the pytest files under test/integration, run against that build's binaries
 
-The sanitizer build runs the same suites, so a leak, an overflow or undefined behaviour found
-by AddressSanitizer/UndefinedBehaviorSanitizer fails a test instead of passing unnoticed.
+The sanitizer builds run the same suites, so a leak, an overflow, undefined behaviour or a data
+race found by AddressSanitizer, UndefinedBehaviorSanitizer or ThreadSanitizer fails a test
+instead of passing unnoticed.
 """
 import json
 import os
@@ -23,6 +24,7 @@ SAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=86:strict_string_checks=1",
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=87",
     "LSAN_OPTIONS": "exitcode=88",
+    "TSAN_OPTIONS": "halt_on_error=0:exitcode=66:second_deadlock_stack=1",
 }
 
 
@@ -74,7 +76,7 @@ def run_integration(build, extra):
 
 def main():
     args = sys.argv[1:]
-    builds = [a for a in args if not a.startswith("-")] or ["build", "build-asan"]
+    builds = [a for a in args if not a.startswith("-")] or ["build", "build-asan", "build-tsan"]
     extra = [a for a in args if a.startswith("-")]
     total_p = total_f = 0
     for b in builds:

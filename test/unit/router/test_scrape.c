@@ -7,11 +7,13 @@
 #include <event2/buffer.h>
 
 #include "backend.h"
+#include "bus.h"
 #include "pcr_test.h"
 #include "scrape.h"
 
 static pcr_config_t cfg;
 static pcr_server_t srv;
+static pcr_policy_t *policy;   /* a worker's replica: the scrape reaches it through the bus */
 static pcr_backend_conf_t bconf = {.name = "pod-a"};
 
 static void setup(pcr_backend_t *be)
@@ -24,7 +26,8 @@ static void setup(pcr_backend_t *be)
     pcr_policy_opts_t o;
     pcr_policy_opts_default(&o);
     pcr_backend_desc_t d = {.name = "pod-a", .zone = "", .weight = 1, .capacity_blocks = 1000000};
-    srv.policy = pcr_policy_new(&o, &d, 1);
+    policy = pcr_policy_new(&o, &d, 1);
+    srv.bus = pcr_bus_new(1);
     be->srv = &srv;
     be->conf = &bconf;
 }
@@ -47,7 +50,8 @@ static void test_waiting_and_running(void)
               "vllm:num_requests_waiting_other 99\n");
     PCR_CHECK_EQ_INT(be.pod_waiting, 7);
     PCR_CHECK_EQ_INT(be.pod_running, 3);
-    pcr_policy_free(srv.policy);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
 }
 
 static void test_counters_are_deltas(void)
@@ -65,7 +69,8 @@ static void test_counters_are_deltas(void)
     feed(&be, "vllm:prefix_cache_hits_total{model_name=\"m\"} 50\nvllm:prefix_cache_queries_total{model_name=\"m\"} 200\n");
     PCR_CHECK_EQ_INT(be.pod_hits, 650);
     PCR_CHECK_EQ_INT(be.pod_queries, 1200);
-    pcr_policy_free(srv.policy);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
 }
 
 static void test_v0_names_and_label_sum(void)
@@ -80,7 +85,8 @@ static void test_v0_names_and_label_sum(void)
               "vllm:gpu_prefix_cache_queries_total{model_name=\"a\"} 150\n");
     PCR_CHECK_EQ_INT(be.pod_hits, 10);
     PCR_CHECK_EQ_INT(be.pod_queries, 50);
-    pcr_policy_free(srv.policy);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
 }
 
 static void test_cache_config_sets_capacity(void)
@@ -89,17 +95,19 @@ static void test_cache_config_sets_capacity(void)
     setup(&be);
     feed(&be, "vllm:cache_config_info{block_size=\"16\",model_name=\"m\",num_gpu_blocks=\"2048\"} 1.0\n");
     PCR_CHECK_EQ_INT(be.pod_cache_tokens, 16 * 2048);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, policy), 1);
     /* The index now holds at most 32768 tokens * 4 bytes / 256-byte blocks = 512 blocks. */
     uint64_t blocks[600];
     pcr_key_t key = {.blocks = blocks};
     char prompt[600 * 256];
     memset(prompt, 'x', sizeof(prompt));
-    pcr_policy_key(srv.policy, "m", 1, prompt, sizeof(prompt), &key);
+    pcr_policy_key(policy, "m", 1, prompt, sizeof(prompt), &key);
     uint32_t from;
-    pcr_policy_commit(srv.policy, 0, &key, 1, &from);
-    PCR_CHECK(pcr_policy_backend_blocks(srv.policy, 0) <= 512);
-    PCR_CHECK(pcr_policy_backend_blocks(srv.policy, 0) > 0);
-    pcr_policy_free(srv.policy);
+    pcr_policy_commit(policy, 0, &key, 1, &from);
+    PCR_CHECK(pcr_policy_backend_blocks(policy, 0) <= 512);
+    PCR_CHECK(pcr_policy_backend_blocks(policy, 0) > 0);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
 }
 
 int main(void)

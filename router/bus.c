@@ -1,0 +1,191 @@
+/* router/bus.c: the workers' index-update inboxes (bus.h).
+ *
+ * A message is a fixed header and the key's block hashes:
+ *   op (u8) | pad (u8) | backend (u16) | nblocks (u32) | arg (u64: now, added_from, blocks) |
+ *   prompt_tokens (u64) | blocks (nblocks x u64)
+ * copied into each target inbox (a growable byte buffer) under its mutex. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus.h"
+#include "server.h"
+
+enum { OP_COMMIT = 1, OP_FORGET, OP_RESET, OP_CAPACITY };
+
+typedef struct {
+    uint8_t op, pad;
+    uint16_t backend;
+    uint32_t nblocks;
+    uint64_t arg;
+    uint64_t prompt_tokens;
+} msg_t;
+
+typedef struct {
+    pthread_mutex_t mu;
+    unsigned char *buf;          /* messages waiting, under mu */
+    size_t len, cap;
+    size_t pending;              /* == len, read without the lock (atomic) */
+    unsigned char *spare;        /* the drainer's buffer, swapped with buf */
+    size_t spare_cap;
+} inbox_t;
+
+struct pcr_bus {
+    unsigned n;
+    inbox_t *in;
+    uint64_t dropped;            /* atomic */
+};
+
+pcr_bus_t *pcr_bus_new(unsigned nworkers)
+{
+    pcr_bus_t *bus = calloc(1, sizeof(*bus));
+    if (bus == NULL)
+        return NULL;
+    bus->n = nworkers;
+    bus->in = calloc(nworkers, sizeof(*bus->in));
+    if (bus->in == NULL) {
+        free(bus);
+        return NULL;
+    }
+    for (unsigned i = 0; i < nworkers; i++)
+        pthread_mutex_init(&bus->in[i].mu, NULL);
+    return bus;
+}
+
+void pcr_bus_free(pcr_bus_t *bus)
+{
+    if (bus == NULL)
+        return;
+    for (unsigned i = 0; i < bus->n; i++) {
+        pthread_mutex_destroy(&bus->in[i].mu);
+        free(bus->in[i].buf);
+        free(bus->in[i].spare);
+    }
+    free(bus->in);
+    free(bus);
+}
+
+static void put(pcr_bus_t *bus, inbox_t *ib, const msg_t *m, const uint64_t *blocks)
+{
+    size_t need = sizeof(*m) + (size_t)m->nblocks * sizeof(uint64_t);
+    pthread_mutex_lock(&ib->mu);
+    if (ib->len + need > PCR_BUS_MAX_BYTES) {
+        pthread_mutex_unlock(&ib->mu);
+        PCR_ADD(bus->dropped, 1);
+        return;
+    }
+    if (ib->len + need > ib->cap) {
+        size_t ncap = ib->cap ? ib->cap * 2 : 16384;
+        while (ncap < ib->len + need)
+            ncap *= 2;
+        unsigned char *nb = realloc(ib->buf, ncap);
+        if (nb == NULL) {
+            pthread_mutex_unlock(&ib->mu);
+            PCR_ADD(bus->dropped, 1);
+            return;
+        }
+        ib->buf = nb;
+        ib->cap = ncap;
+    }
+    memcpy(ib->buf + ib->len, m, sizeof(*m));
+    if (m->nblocks)
+        memcpy(ib->buf + ib->len + sizeof(*m), blocks, (size_t)m->nblocks * sizeof(uint64_t));
+    ib->len += need;
+    PCR_STORE(ib->pending, ib->len);
+    pthread_mutex_unlock(&ib->mu);
+}
+
+static void publish(pcr_bus_t *bus, int from, const msg_t *m, const uint64_t *blocks)
+{
+    if (bus == NULL)
+        return;
+    for (unsigned i = 0; i < bus->n; i++)
+        if ((int)i != from)
+            put(bus, &bus->in[i], m, blocks);
+}
+
+void pcr_bus_commit(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key, uint64_t now)
+{
+    msg_t m = {OP_COMMIT, 0, (uint16_t)backend, (uint32_t)key->nblocks, now, key->prompt_tokens};
+    publish(bus, from, &m, key->blocks);
+}
+
+void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
+                    uint32_t added_from)
+{
+    msg_t m = {OP_FORGET, 0, (uint16_t)backend, (uint32_t)key->nblocks, added_from,
+               key->prompt_tokens};
+    publish(bus, from, &m, key->blocks);
+}
+
+void pcr_bus_reset(pcr_bus_t *bus, int from, int backend)
+{
+    msg_t m = {OP_RESET, 0, (uint16_t)backend, 0, 0, 0};
+    publish(bus, from, &m, NULL);
+}
+
+void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks)
+{
+    msg_t m = {OP_CAPACITY, 0, (uint16_t)backend, 0, blocks, 0};
+    publish(bus, from, &m, NULL);
+}
+
+static void apply(pcr_policy_t *policy, const msg_t *m, uint64_t *blocks)
+{
+    pcr_key_t key = {blocks, m->nblocks, m->prompt_tokens};
+    uint32_t from;
+    switch (m->op) {
+    case OP_COMMIT:
+        pcr_policy_commit(policy, m->backend, &key, m->arg, &from);
+        break;
+    case OP_FORGET:
+        pcr_policy_forget(policy, m->backend, &key, (uint32_t)m->arg);
+        break;
+    case OP_RESET:
+        pcr_policy_backend_reset(policy, m->backend);
+        break;
+    case OP_CAPACITY:
+        pcr_policy_set_capacity(policy, m->backend, m->arg);
+        break;
+    default:
+        break;
+    }
+}
+
+size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy)
+{
+    if (bus == NULL || id >= bus->n)
+        return 0;
+    inbox_t *ib = &bus->in[id];
+    if (PCR_LOAD(ib->pending) == 0)
+        return 0;
+    pthread_mutex_lock(&ib->mu);
+    unsigned char *buf = ib->buf;
+    size_t len = ib->len, cap = ib->cap;
+    ib->buf = ib->spare;
+    ib->cap = ib->spare_cap;
+    ib->len = 0;
+    PCR_STORE(ib->pending, 0);
+    pthread_mutex_unlock(&ib->mu);
+    size_t n = 0, off = 0;
+    while (off + sizeof(msg_t) <= len) {
+        msg_t m;
+        memcpy(&m, buf + off, sizeof(m));
+        off += sizeof(m);
+        size_t bytes = (size_t)m.nblocks * sizeof(uint64_t);
+        if (off + bytes > len)
+            break;
+        /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
+        apply(policy, &m, (uint64_t *)(void *)(buf + off));
+        off += bytes;
+        n++;
+    }
+    ib->spare = buf;
+    ib->spare_cap = cap;
+    return n;
+}
+
+uint64_t pcr_bus_dropped(const pcr_bus_t *bus)
+{
+    return bus ? PCR_LOAD(((pcr_bus_t *)bus)->dropped) : 0;
+}

@@ -1,0 +1,50 @@
+/* router/bus.h: index updates between the workers' policy replicas.
+ *
+ * Each worker routes from its own replica of the policy (no lock on the hot path). Whatever
+ * changes what a policy knows is applied by the thread that learned it to its own replica (a
+ * worker) and published here to every other one: a prefix committed to a backend, a prefix
+ * forgotten after the backend failed the request, a backend whose entries are dropped, a
+ * backend's capacity learned from its pod. A worker applies its inbox before each decision and
+ * on a short tick, so what any worker learns every worker uses within one tick at most, and
+ * at once for any request decided after the update was published.
+ *
+ * The replicas can differ a little: updates are applied in a different order on each worker
+ * (its own first), so LRU eviction at capacity may pick differently. Every replica stays a
+ * valid index of what the pods may hold, and the differences fade as entries age out.
+ *
+ * Thread-safety: publishing takes each target inbox's mutex for the copy of one message;
+ * draining swaps the inbox's buffer under the mutex and applies outside it. An inbox that a
+ * stalled worker does not drain is bounded (PCR_BUS_MAX_BYTES); past it updates are dropped and
+ * counted. */
+#ifndef PCR_ROUTER_BUS_H
+#define PCR_ROUTER_BUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcr/policy.h"
+
+#define PCR_BUS_MAX_BYTES (64u << 20)
+#define PCR_BUS_CONTROL (-1)      /* the publisher is not a worker: every inbox gets it */
+
+typedef struct pcr_bus pcr_bus_t;
+
+pcr_bus_t *pcr_bus_new(unsigned nworkers);
+void pcr_bus_free(pcr_bus_t *bus);   /* NULL is a no-op */
+
+/* Publishers: `from` is the publishing worker's id (its own inbox is skipped) or
+ * PCR_BUS_CONTROL. */
+void pcr_bus_commit(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key, uint64_t now);
+void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
+                    uint32_t added_from);
+void pcr_bus_reset(pcr_bus_t *bus, int from, int backend);
+void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
+
+/* Applies worker `id`'s pending updates to `policy`; returns how many. Cheap when empty (one
+ * relaxed load). */
+size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy);
+
+/* Updates dropped because an inbox was full, since start. */
+uint64_t pcr_bus_dropped(const pcr_bus_t *bus);
+
+#endif

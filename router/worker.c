@@ -1,0 +1,309 @@
+/* router/worker.c: owns the worker threads (server.h): their setup and teardown, the commands
+ * the control thread sends them (drain, stop), the tick that keeps an idle worker's index
+ * replica current, and the request-body budget shared by all of them.
+ *
+ * A worker is built entirely on the main thread before its thread starts (event base, policy
+ * replica, pools, listener events), runs its loop on its own thread, and tears itself down on
+ * that thread when the loop ends; the last one to stop wakes the control loop through a pipe.
+ * Commands travel through a pipe too: they are rare, and a worker's base is never touched by
+ * another thread (libevent's bases here have no locks). */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "bus.h"
+#include "log.h"
+#include "session.h"
+#include "sock.h"
+#include "upstream.h"
+
+#define TICK_MS 20
+
+/* ---- the request-body budget --------------------------------------------------------- */
+
+int pcr_server_body_budget_ok(const pcr_server_t *srv)
+{
+    return PCR_LOAD(((pcr_server_t *)srv)->body_buffered) < srv->cfg->limits.max_buffered_body_bytes;
+}
+
+void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
+{
+    if (delta >= 0) {
+        PCR_ADD(w->srv->body_buffered, (size_t)delta);
+        return;
+    }
+    PCR_SUB(w->srv->body_buffered, (size_t)-delta);
+    /* This worker's waiters hear of it now; the others' at their next tick. */
+    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_server_body_budget_ok(w->srv))
+        event_active(w->budget_event, 0, 0);
+}
+
+void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
+{
+    if (!bw->queued) {
+        TAILQ_INSERT_TAIL(&w->budget_waiters, bw, link);
+        bw->queued = 1;
+    }
+}
+
+void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
+{
+    if (bw->queued) {
+        TAILQ_REMOVE(&w->budget_waiters, bw, link);
+        bw->queued = 0;
+    }
+}
+
+/* Wakes the sessions waiting for body budget, oldest first, while there is budget; each may
+ * take some and wait again, which puts it at the back. */
+static void on_budget(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_worker_t *w = arg;
+    size_t n = 0;
+    pcr_budget_waiter_t *bw;
+    TAILQ_FOREACH(bw, &w->budget_waiters, link)
+        n++;
+    while (n-- > 0 && pcr_server_body_budget_ok(w->srv) &&
+           (bw = TAILQ_FIRST(&w->budget_waiters)) != NULL) {
+        pcr_worker_body_unwait(w, bw);
+        bw->resume(bw);
+    }
+}
+
+/* ---- the loop ------------------------------------------------------------------------ */
+
+void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, w->policy); }
+
+void pcr_worker_check_drained(pcr_worker_t *w)
+{
+    if (w->draining && w->inflight == 0 && w->nsessions == 0)
+        event_base_loopexit(w->base, NULL);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_worker_t *w = arg;
+    pcr_worker_sync(w);
+    pcr_policy_stats_t ps;
+    pcr_policy_stats(w->policy, &ps);
+    PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
+    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_server_body_budget_ok(w->srv))
+        event_active(w->budget_event, 0, 0);
+}
+
+static void worker_drain(pcr_worker_t *w)
+{
+    if (w->draining)
+        return;
+    w->draining = 1;
+    pcr_listeners_stop(w);
+    /* drain() may close the session at once: take the next one first. */
+    pcr_session_t *s = LIST_FIRST(&w->sessions), *next;
+    for (; s != NULL; s = next) {
+        next = LIST_NEXT(s, link);
+        s->ops->drain(s);
+    }
+    for (size_t i = 0; i < w->srv->nbackends; i++)
+        pcr_upstream_close_idle(&w->pools[i]);
+    pcr_worker_check_drained(w);
+}
+
+static void on_cmd(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_worker_t *w = arg;
+    char cmds[16];
+    ssize_t n = read(fd, cmds, sizeof(cmds));
+    for (ssize_t i = 0; i < n; i++) {
+        if (cmds[i] == 'D')
+            worker_drain(w);
+        else if (cmds[i] == 'S')
+            event_base_loopbreak(w->base);
+    }
+}
+
+/* ---- set-up and teardown ------------------------------------------------------------- */
+
+static pcr_policy_t *make_policy(const pcr_config_t *cfg)
+{
+    pcr_backend_desc_t descs[cfg->nbackends];
+    for (size_t i = 0; i < cfg->nbackends; i++) {
+        const pcr_backend_conf_t *b = &cfg->backends[i];
+        descs[i].name = b->name;
+        descs[i].zone = b->zone;
+        descs[i].weight = b->weight;
+        /* A token is 4 bytes of canonical prompt: capacity in tokens -> blocks. */
+        uint64_t blocks = b->capacity_tokens * 4 / cfg->routing.block_bytes;
+        descs[i].capacity_blocks = blocks ? blocks : 1;
+    }
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.kind = cfg->routing.policy;
+    o.block_bytes = cfg->routing.block_bytes;
+    o.max_prefix_bytes = cfg->routing.max_prefix_bytes;
+    o.index_max_bytes = cfg->routing.index_max_bytes;
+    o.load_factor = cfg->routing.load_factor;
+    o.load_weight = cfg->routing.load_weight;
+    o.zone_penalty = cfg->routing.zone_penalty;
+    o.zone = cfg->routing.zone;
+    o.vnodes = cfg->routing.vnodes;
+    return pcr_policy_new(&o, descs, cfg->nbackends);
+}
+
+/* Everything of a worker but its thread; on the main thread. Undone by worker_dispose(). */
+static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
+{
+    w->srv = srv;
+    w->cfg = srv->cfg;
+    w->id = id;
+    w->spare_fd = -1;
+    w->cmd_fd[0] = w->cmd_fd[1] = -1;
+    LIST_INIT(&w->sessions);
+    TAILQ_INIT(&w->waiting);
+    TAILQ_INIT(&w->budget_waiters);
+    w->base = pcr_sock_base_new();
+    w->policy = make_policy(srv->cfg);
+    w->pools = calloc(srv->nbackends, sizeof(*w->pools));
+    if (w->base == NULL || w->policy == NULL || w->pools == NULL)
+        return PCR_ERR_NOMEM;
+    for (size_t i = 0; i < srv->nbackends; i++) {
+        pcr_backend_t *be = &srv->backends[i];
+        /* The backend's bound is for the process: each worker gets its share. */
+        unsigned share = (be->max_connections + srv->nworkers - 1) / srv->nworkers;
+        pcr_pool_init(&w->pools[i], be, w->base, share, &w->draining);
+    }
+    if (pipe2(w->cmd_fd, O_CLOEXEC | O_NONBLOCK) != 0)
+        return PCR_ERR_IO;
+    w->cmd_event = event_new(w->base, w->cmd_fd[0], EV_READ | EV_PERSIST, on_cmd, w);
+    w->tick = event_new(w->base, -1, EV_PERSIST, on_tick, w);
+    w->budget_event = event_new(w->base, -1, 0, on_budget, w);
+    if (w->cmd_event == NULL || w->tick == NULL || w->budget_event == NULL)
+        return PCR_ERR_NOMEM;
+    struct timeval tv = {0, TICK_MS * 1000};
+    event_add(w->cmd_event, NULL);
+    event_add(w->tick, &tv);
+    return pcr_listeners_start(w);
+}
+
+static void worker_dispose(pcr_worker_t *w)
+{
+    /* Close what is left (a drain that timed out leaves sessions): one close path each. */
+    w->draining = 1; /* pools stop re-dispatching while everything closes */
+    while (!LIST_EMPTY(&w->sessions)) {
+        pcr_session_t *s = LIST_FIRST(&w->sessions);
+        s->ops->close(s);
+    }
+    pcr_listeners_free(w);
+    /* The pools array stays until every worker is joined: another worker's /metrics may be
+     * reading its connection counts right now. */
+    for (size_t i = 0; w->pools != NULL && i < w->srv->nbackends; i++)
+        pcr_pool_dispose(&w->pools[i]);
+    pcr_policy_free(w->policy);
+    w->policy = NULL;
+    if (w->cmd_event)
+        event_free(w->cmd_event);
+    if (w->tick)
+        event_free(w->tick);
+    if (w->budget_event)
+        event_free(w->budget_event);
+    w->cmd_event = w->tick = w->budget_event = NULL;
+    if (w->base)
+        event_base_free(w->base);
+    w->base = NULL;
+    /* The command pipe stays open until the thread is joined: the control thread may still
+     * write to it. */
+}
+
+/* What stays after worker_dispose() until no other thread can look at the worker. */
+static void worker_release(pcr_worker_t *w)
+{
+    for (int i = 0; i < 2; i++)
+        if (w->cmd_fd[i] >= 0)
+            close(w->cmd_fd[i]);
+    w->cmd_fd[0] = w->cmd_fd[1] = -1;
+    free(w->pools);
+    w->pools = NULL;
+}
+
+static void *worker_main(void *arg)
+{
+    pcr_worker_t *w = arg;
+    pcr_server_t *srv = w->srv;
+    event_base_dispatch(w->base);
+    worker_dispose(w);
+    if (PCR_SUB(srv->workers_running, 1) == 1) {
+        ssize_t n = write(srv->wake_fd[1], "x", 1); /* the last one out wakes the control loop */
+        (void)n;
+    }
+    return NULL;
+}
+
+int pcr_workers_start(pcr_server_t *srv)
+{
+    srv->workers = calloc(srv->nworkers, sizeof(*srv->workers));
+    if (srv->workers == NULL)
+        return PCR_ERR_NOMEM;
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        int rc = worker_init(srv, &srv->workers[i], i);
+        if (rc < 0) {
+            pcr_log_error("cannot start worker %u: %s", i, pcr_strerror(rc));
+            for (unsigned k = 0; k <= i; k++) {
+                worker_dispose(&srv->workers[k]);
+                worker_release(&srv->workers[k]);
+            }
+            free(srv->workers);
+            srv->workers = NULL;
+            return rc;
+        }
+    }
+    /* Signals belong to the control loop: the workers start with every signal blocked. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    PCR_STORE(srv->workers_running, srv->nworkers);
+    int err = 0;
+    unsigned started = 0;
+    for (; started < srv->nworkers; started++) {
+        err = pthread_create(&srv->workers[started].thread, NULL, worker_main, &srv->workers[started]);
+        if (err != 0)
+            break;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0) {
+        pcr_log_error("cannot start worker thread %u: %s", started, strerror(err));
+        PCR_SUB(srv->workers_running, srv->nworkers - started);
+        for (unsigned k = started; k < srv->nworkers; k++) {
+            worker_dispose(&srv->workers[k]);
+            worker_release(&srv->workers[k]);
+        }
+        srv->nworkers = started;
+        pcr_workers_stop(srv);
+        pcr_workers_join(srv);
+        return PCR_ERR_IO;
+    }
+    return 0;
+}
+
+static void send_cmd(pcr_server_t *srv, char c)
+{
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        ssize_t n = write(srv->workers[i].cmd_fd[1], &c, 1);
+        (void)n;
+    }
+}
+
+void pcr_workers_drain(pcr_server_t *srv) { send_cmd(srv, 'D'); }
+void pcr_workers_stop(pcr_server_t *srv) { send_cmd(srv, 'S'); }
+
+void pcr_workers_join(pcr_server_t *srv)
+{
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        pthread_join(srv->workers[i].thread, NULL);
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        worker_release(&srv->workers[i]);
+    free(srv->workers);
+    srv->workers = NULL;
+}

@@ -678,7 +678,8 @@ def report(targets, results, protos, anomalies, notes):
 
     verdicts = {}
     if have_pcr:
-        print("\nTargets (issue 2), against the proxies configured like pcrouter (one thread):")
+        print("\nTargets (level with nginx, within 10% of HAProxy), against the proxies configured like "
+              "pcrouter (one thread):")
         for p in protos:
             pcr, ha, ng = (med.get((n, p)) for n in ("pcrouter", "haproxy", "nginx"))
             if not (pcr and ha and ng):

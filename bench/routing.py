@@ -5,7 +5,7 @@ For each policy (round_robin, least_loaded, consistent_hash, cache_aware) it sta
 vLLM pods (bench/sim/vllm_sim, one process, one port each, caches cold) and pcrouter on a
 generated config, replays the conversation trace through it (bench/sim/replay), and reads the
 pods' /metrics. It does the same through HAProxy 2.6 hashing the first 256 bytes of the prompt
-with bounded loads. Prints one table and the targets of issue 4, writes bench/out/routing.json
+with bounded loads. Prints one table and the hit-rate and latency targets, writes bench/out/routing.json
 and bench/out/routing.png (TTFT distribution and hit rate per policy, gnuplot).
 
 QUICK=1 replays a slice (first 2000 requests) so the whole run takes under two minutes.
@@ -443,7 +443,7 @@ def main():
     by = {r["label"]: r for r in results}
     targets = check_targets(by)
     if targets:
-        print("\ntargets (issue 4):")
+        print("\ntargets (hit rate, balance, TTFT):")
         for t in targets:
             print("  " + t)
     summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in results]

@@ -1,5 +1,5 @@
 /* bench_hashring.c: micro-benchmarks of the routing brain (hashring/) and the body reader,
- * measured against the targets of issue 3:
+ * measured against the routing brain's budget:
  *   - a decision for an 8k-token (32 KiB) prompt in at most 30 us, body parse included;
  *   - at most 48 bytes of index per stored (block, backend);
  *   - at least 5M match operations per second on short prompts.

@@ -1,4 +1,4 @@
-"""Issue 2, bad input and failures: every error status with an OpenAI-style body, retries on a
+"""Bad input and failures: every error status with an OpenAI-style body, retries on a
 second backend, and malformed input that neither crashes nor hangs pcrouter."""
 import json
 import time

@@ -1,4 +1,4 @@
-"""Issue 2, the proxy core: requests over HTTP/1.1, h2c and h2 over TLS reach a backend and come
+"""The proxy core: requests over HTTP/1.1, h2c and h2 over TLS reach a backend and come
 back intact; keep-alive and pipelining; /v1/models, /health, /metrics, other /v1 endpoints."""
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""Issue 2, behaviour under stress a gateway user relies on: backpressure towards a slow client,
+"""Behaviour under stress a gateway user relies on: backpressure towards a slow client,
 one slow backend not delaying others, timeouts inside a stream, a backend dying mid-stream, idle
 client connections, Connection: close, the access log."""
 import hashlib

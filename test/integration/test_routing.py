@@ -1,4 +1,4 @@
-"""Issue 3, routing in the router: 4 stub pods that say which one answered.
+"""Routing in the router: 4 stub pods that say which one answered.
 
 cache_aware (the default policy) keeps a conversation on one pod, keeps each shared system
 prompt on its pod while load allows, spreads prompts over all pods, spills away from an

@@ -1,4 +1,4 @@
-"""Issue 2, graceful shutdown: SIGTERM/SIGINT stop accepting, let in-flight requests finish
+"""Graceful shutdown: SIGTERM/SIGINT stop accepting, let in-flight requests finish
 (bounded by timeouts.drain_ms) and exit 0 (under ASan: with no leak)."""
 import json
 import signal

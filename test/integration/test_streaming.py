@@ -1,4 +1,4 @@
-"""Issue 2, streaming: SSE passes through event by event, a client that goes away closes the
+"""Streaming: SSE passes through event by event, a client that goes away closes the
 upstream request, and one HTTP/2 connection carries 200 concurrent streams."""
 import json
 import re

@@ -22,6 +22,7 @@
 #include "session.h"
 #include "sock.h"
 #include "upstream.h"
+#include "version.h"
 
 #define PCR_VERSION "0.1.0"
 
@@ -209,7 +210,7 @@ int main(int argc, char **argv)
         case 'C':
             return check_config(optarg);
         case 'V':
-            printf("pcrouter %s\n", PCR_VERSION);
+            pcr_version_print(stdout);
             return 0;
         case 'h':
             usage(stdout);

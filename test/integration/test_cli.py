@@ -1,9 +1,12 @@
 """The command line: --version, --help, --check-config, and -c refusing a bad config."""
 import json
 import re
+import shutil
 import subprocess
 
-from conftest import PCROUTER, make_config, SANITIZER_MARKERS
+import pytest
+
+from conftest import PCROUTER, ROOT, make_config, SANITIZER_MARKERS
 
 
 def run(*args, timeout=30):
@@ -15,11 +18,56 @@ def no_sanitizer(p):
         assert m not in p.stderr, p.stderr
 
 
+def version_fields(text):
+    """`--version` lines after the first, as {"libevent": "2.1.12-stable", ...}."""
+    out = {}
+    for line in text.splitlines()[1:]:
+        m = re.match(r"^([\w-]+):\s+(\S.*)$", line)
+        assert m, "unexpected --version line %r in:\n%s" % (line, text)
+        out[m.group(1)] = m.group(2)
+    return out
+
+
 def test_version():
     p = run("--version")
     assert p.returncode == 0, p
-    assert re.search(r"^pcrouter 0\.1\.0\b", p.stdout, re.M), p
+    assert re.match(r"pcrouter 0\.1\.0\n", p.stdout), p
+    f = version_fields(p.stdout)
+    assert set(f) == {"commit", "libevent", "nghttp2", "OpenSSL", "jansson", "cJSON", "hiredis",
+                      "http-parser", "xxHash"}, f
+    assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", f["commit"]), f
     no_sanitizer(p)
+
+
+def test_version_commit_is_a_real_commit():
+    """Built from a git checkout, the commit names a commit of this repository."""
+    f = version_fields(run("--version").stdout)
+    if f["commit"] == "unknown":
+        inside = shutil.which("git") and subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--git-dir"], capture_output=True).returncode == 0
+        assert not inside, "built from a git checkout, yet --version says commit unknown"
+        pytest.skip("not built from a git checkout")
+    sha = f["commit"].split("-")[0]
+    p = subprocess.run(["git", "-C", ROOT, "cat-file", "-e", sha + "^{commit}"], capture_output=True)
+    assert p.returncode == 0, "commit %s is not in this repository: %s" % (sha, p.stderr)
+
+
+def test_version_libraries_match_the_installed_ones():
+    """The versions printed are the ones the libraries report; on a machine where the binary was
+    built, they equal what pkg-config says of the installed development packages."""
+    f = version_fields(run("--version").stdout)
+    for field, pc in (("libevent", "libevent"), ("nghttp2", "libnghttp2"), ("OpenSSL", "openssl"),
+                      ("jansson", "jansson"), ("cJSON", "libcjson"), ("hiredis", "hiredis"),
+                      ("xxHash", "libxxhash")):
+        want = subprocess.run(["pkg-config", "--modversion", pc], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        assert want, pc
+        assert "built with" not in f[field], f
+        assert re.search(r"(^|\s)%s(\s|$)" % re.escape(want), f[field]), (field, want, f[field])
+    # http-parser's Debian package has no .pc file: its header says the version.
+    with open("/usr/include/http_parser.h") as h:
+        parts = dict(re.findall(r"#define HTTP_PARSER_VERSION_(MAJOR|MINOR|PATCH) (\d+)", h.read()))
+    assert f["http-parser"] == "%s.%s.%s" % (parts["MAJOR"], parts["MINOR"], parts["PATCH"]), f
 
 
 def test_help_names_options():

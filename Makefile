@@ -5,16 +5,19 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 PY         := /usr/bin/python3
+PREFIX     ?= /usr/local
+# DESTDIR (empty by default) stages an install under another root, as packagers do.
 
 # Build: compilers, meson, and the libraries found through pkg-config.
 BUILD_PKGS := gcc pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libhiredis-dev libhttp-parser-dev
 # Run and test: real clients and servers the tests start themselves.
-TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2
+TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
+              groff-base
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 
-.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring clean
 
 all: build
 
@@ -63,6 +66,14 @@ run: deps-test build
 
 test: deps-test build build-asan build-tsan
 	$(PY) test/run.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+
+# `make install PREFIX=/usr DESTDIR=/tmp/stage`: the release build, installed by meson (binary,
+# man page, example config). The prefix is set before building, since meson records install
+# paths when it regenerates the build.
+install: deps $(BUILD)/build.ninja
+	meson configure $(BUILD) -Dprefix=$(PREFIX)
+	ninja -C $(BUILD)
+	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
 bench: deps-bench build bench-hashring bench-proxies bench-routing
 

@@ -1,9 +1,11 @@
 """Installing pcrouter: `meson install` puts the binary, the manual page and the example config
 where an operator looks for them, and nothing else; the manual page renders without a warning
-and documents every option the binary has."""
+and documents every option the binary has; the systemd unit runs what was installed and
+passes `systemd-analyze verify`."""
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -111,3 +113,92 @@ def test_man_page_matches_the_binary():
     for section in ("listen", "backends", "routing", "limits", "timeouts", "upstream", "health",
                     "log"):
         assert re.search(r"^\s+%s\b" % section, text, re.M), section
+
+
+# ------------------------------------------------------------------------------------------
+# the systemd unit
+
+UNIT = os.path.join(ROOT, "conf", "systemd", "pcrouter.service")
+
+
+def unit_settings():
+    """{(section, key): [values]} of the unit (keys may repeat, as SystemCallFilter does)."""
+    out, section = {}, None
+    with open(UNIT) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            if line.startswith("["):
+                section = line.strip("[]")
+                continue
+            k, _, v = line.partition("=")
+            out.setdefault((section, k.strip()), []).append(v.strip())
+    return out
+
+
+def makefile_prefix():
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        return re.search(r"^PREFIX\s*\?=\s*(\S+)", f.read(), re.M).group(1)
+
+
+def test_unit_settings():
+    s = unit_settings()
+
+    def one(key, section="Service"):
+        v = s.get((section, key))
+        assert v and len(v) == 1, (key, v)
+        return v[0]
+
+    assert one("ExecReload") == "/bin/kill -HUP $MAINPID"
+    assert int(one("LimitNOFILE")) >= 65536
+    for key, want in (("DynamicUser", "yes"), ("ProtectSystem", "strict"),
+                      ("NoNewPrivileges", "yes"), ("AmbientCapabilities", "CAP_NET_BIND_SERVICE"),
+                      ("CapabilityBoundingSet", "CAP_NET_BIND_SERVICE"), ("ProtectHome", "yes"),
+                      ("PrivateDevices", "yes"), ("KillSignal", "SIGTERM")):
+        assert one(key) == want, (key, one(key))
+    assert one("WantedBy", "Install") == "multi-user.target"
+    # systemd must not cut the drain short: its stop timeout outlasts timeouts.drain_ms.
+    with open(os.path.join(ROOT, "conf", "pcrouter.full.json")) as f:
+        drain_ms = json.load(f)["timeouts"]["drain_ms"]
+    assert int(one("TimeoutStopSec")) * 1000 > drain_ms, (one("TimeoutStopSec"), drain_ms)
+
+
+def test_unit_paths_are_the_installed_ones():
+    """ExecStart runs the binary and config that `make install` (its default PREFIX) puts in
+    place: bindir under the prefix, and sysconfdir as meson places it (/etc under /usr)."""
+    s = unit_settings()
+    prefix = makefile_prefix()
+    bindir = meson_options()["bindir"]
+    etc = "/etc" if prefix == "/usr" else prefix + "/etc"
+    binary = under(prefix, bindir) + "/pcrouter"
+    config = etc + "/pcrouter/pcrouter.json"
+    assert s[("Service", "ExecStart")] == ["%s -c %s" % (binary, config)], s[("Service", "ExecStart")]
+    assert s[("Service", "ExecStartPre")] == ["%s --check-config %s" % (binary, config)]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verify(installed, tmp_path):
+    """`systemd-analyze verify` with the unit pointing at the binary and config of a real
+    install (in a DESTDIR), and man finding the installed page for Documentation=. Warnings
+    count as failures: verify reports an unknown key or a bad value but still exits 0."""
+    _, paths = installed
+    s = unit_settings()
+    binary, config = s[("Service", "ExecStart")][0].split(" -c ")
+    with open(UNIT) as f:
+        text = f.read().replace(binary, paths["bin"]).replace(config, paths["conf"])
+    unit = tmp_path / "pcrouter.service"
+    unit.write_text(text)
+    env = dict(os.environ, MANPATH=os.path.dirname(os.path.dirname(paths["man"])))
+    p = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
+                       env=env, timeout=60, cwd=str(tmp_path))
+    assert p.returncode == 0 and p.stderr.strip() == "" and p.stdout.strip() == "", p
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_exposure_is_ok():
+    p = subprocess.run(["systemd-analyze", "security", "--offline=yes", UNIT], capture_output=True,
+                       text=True, timeout=60)
+    m = re.search(r"Overall exposure level for pcrouter\.service: ([\d.]+) (\w+)", p.stdout + p.stderr)
+    assert m, p
+    assert float(m.group(1)) < 2.0 and m.group(2) in ("SAFE", "OK"), m.group(0)

@@ -41,6 +41,7 @@ ESSENTIAL_COMMANDS = {
     "taskset": "util-linux",
     "dpkg": "dpkg",
     "dpkg-query": "dpkg",
+    "ldd": "libc-bin",
 }
 # Commands a test uses only when they are there, skipping (or answering "unknown") otherwise.
 OPTIONAL_COMMANDS = {

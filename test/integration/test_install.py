@@ -67,16 +67,6 @@ def test_installed_files_work(installed):
         assert a.read() == b.read()
 
 
-def test_install_honours_prefix_for_sysconfdir():
-    """Under /usr the config goes to /etc (meson's rule), elsewhere under the prefix: the
-    manual page's FILES section and the service file rely on it."""
-    o = meson_options()
-    if o["prefix"] == "/usr":
-        assert o["sysconfdir"] == "/etc", o["sysconfdir"]
-    else:
-        assert not os.path.isabs(o["sysconfdir"]), o["sysconfdir"]
-
-
 def render_man():
     """The page as `man` shows it, in plain text (-P-cbou: no overstrike for bold or underline,
     so the checks read words); -ww turns on every warning groff has."""

@@ -11,7 +11,7 @@
 #include "bus.h"
 #include "server.h"
 
-enum { OP_COMMIT = 1, OP_FORGET, OP_RESET, OP_CAPACITY };
+enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY };
 
 typedef struct {
     uint8_t op, pad;
@@ -31,7 +31,8 @@ typedef struct {
 } inbox_t;
 
 struct pcr_bus {
-    unsigned n;
+    unsigned n;                  /* workers; in[n] is the tap's inbox */
+    int tap;                     /* the workers' updates also go to in[n] */
     inbox_t *in;
     uint64_t dropped;            /* atomic */
 };
@@ -42,12 +43,12 @@ pcr_bus_t *pcr_bus_new(unsigned nworkers)
     if (bus == NULL)
         return NULL;
     bus->n = nworkers;
-    bus->in = calloc(nworkers, sizeof(*bus->in));
+    bus->in = calloc(nworkers + 1, sizeof(*bus->in));
     if (bus->in == NULL) {
         free(bus);
         return NULL;
     }
-    for (unsigned i = 0; i < nworkers; i++)
+    for (unsigned i = 0; i <= nworkers; i++)
         pthread_mutex_init(&bus->in[i].mu, NULL);
     return bus;
 }
@@ -56,7 +57,7 @@ void pcr_bus_free(pcr_bus_t *bus)
 {
     if (bus == NULL)
         return;
-    for (unsigned i = 0; i < bus->n; i++) {
+    for (unsigned i = 0; i <= bus->n; i++) {
         pthread_mutex_destroy(&bus->in[i].mu);
         free(bus->in[i].buf);
         free(bus->in[i].spare);
@@ -88,7 +89,7 @@ static void put(pcr_bus_t *bus, inbox_t *ib, const msg_t *m, const uint64_t *blo
         ib->cap = ncap;
     }
     memcpy(ib->buf + ib->len, m, sizeof(*m));
-    if (m->nblocks)
+    if (m->nblocks && blocks != NULL)
         memcpy(ib->buf + ib->len + sizeof(*m), blocks, (size_t)m->nblocks * sizeof(uint64_t));
     ib->len += need;
     PCR_STORE(ib->pending, ib->len);
@@ -102,7 +103,11 @@ static void publish(pcr_bus_t *bus, int from, const msg_t *m, const uint64_t *bl
     for (unsigned i = 0; i < bus->n; i++)
         if ((int)i != from)
             put(bus, &bus->in[i], m, blocks);
+    if (bus->tap && from != PCR_BUS_CONTROL)
+        put(bus, &bus->in[bus->n], m, blocks);
 }
+
+void pcr_bus_enable_tap(pcr_bus_t *bus) { bus->tap = 1; }
 
 void pcr_bus_commit(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key, uint64_t now)
 {
@@ -130,33 +135,9 @@ void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks)
     publish(bus, from, &m, NULL);
 }
 
-static void apply(pcr_policy_t *policy, const msg_t *m, uint64_t *blocks)
+/* Takes inbox `ib`'s messages and calls `fn` on each; the buffer is reused next time. */
+static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg)
 {
-    pcr_key_t key = {blocks, m->nblocks, m->prompt_tokens};
-    uint32_t from;
-    switch (m->op) {
-    case OP_COMMIT:
-        pcr_policy_commit(policy, m->backend, &key, m->arg, &from);
-        break;
-    case OP_FORGET:
-        pcr_policy_forget(policy, m->backend, &key, (uint32_t)m->arg);
-        break;
-    case OP_RESET:
-        pcr_policy_backend_reset(policy, m->backend);
-        break;
-    case OP_CAPACITY:
-        pcr_policy_set_capacity(policy, m->backend, m->arg);
-        break;
-    default:
-        break;
-    }
-}
-
-size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy)
-{
-    if (bus == NULL || id >= bus->n)
-        return 0;
-    inbox_t *ib = &bus->in[id];
     if (PCR_LOAD(ib->pending) == 0)
         return 0;
     pthread_mutex_lock(&ib->mu);
@@ -176,13 +157,49 @@ size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy)
         if (off + bytes > len)
             break;
         /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
-        apply(policy, &m, (uint64_t *)(void *)(buf + off));
+        pcr_key_t key = {(uint64_t *)(void *)(buf + off), m.nblocks, m.prompt_tokens};
+        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg};
+        fn(&bm, arg);
         off += bytes;
         n++;
     }
     ib->spare = buf;
     ib->spare_cap = cap;
     return n;
+}
+
+static void apply(const pcr_bus_msg_t *m, void *arg)
+{
+    pcr_policy_t *policy = arg;
+    uint32_t from;
+    switch (m->op) {
+    case PCR_BUS_OP_COMMIT:
+        pcr_policy_commit(policy, m->backend, m->key, m->arg, &from);
+        break;
+    case PCR_BUS_OP_FORGET:
+        pcr_policy_forget(policy, m->backend, m->key, (uint32_t)m->arg);
+        break;
+    case PCR_BUS_OP_RESET:
+        pcr_policy_backend_reset(policy, m->backend);
+        break;
+    case PCR_BUS_OP_CAPACITY:
+        pcr_policy_set_capacity(policy, m->backend, m->arg);
+        break;
+    }
+}
+
+size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy)
+{
+    if (bus == NULL || id >= bus->n)
+        return 0;
+    return drain(&bus->in[id], apply, policy);
+}
+
+size_t pcr_bus_drain_tap(pcr_bus_t *bus, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg)
+{
+    if (bus == NULL || !bus->tap)
+        return 0;
+    return drain(&bus->in[bus->n], fn, arg);
 }
 
 uint64_t pcr_bus_dropped(const pcr_bus_t *bus)

@@ -44,6 +44,26 @@ void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
  * relaxed load). */
 size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy);
 
+/* The tap: a consumer on the control thread (the Redis sharing, share.c) that sees every update
+ * the workers publish, not those the control thread publishes itself. Off until enabled,
+ * before the workers start. */
+typedef enum {
+    PCR_BUS_OP_COMMIT = 1,     /* backend now holds key (arg: the time of the commit) */
+    PCR_BUS_OP_FORGET,         /* backend failed the request: drop key's blocks from arg on */
+    PCR_BUS_OP_RESET,          /* drop every entry of backend */
+    PCR_BUS_OP_CAPACITY,       /* backend's capacity is arg blocks */
+} pcr_bus_op_t;
+
+typedef struct {
+    pcr_bus_op_t op;
+    int backend;
+    const pcr_key_t *key;      /* blocks valid during the callback only */
+    uint64_t arg;
+} pcr_bus_msg_t;
+
+void pcr_bus_enable_tap(pcr_bus_t *bus);
+size_t pcr_bus_drain_tap(pcr_bus_t *bus, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg);
+
 /* Updates dropped because an inbox was full, since start. */
 uint64_t pcr_bus_dropped(const pcr_bus_t *bus);
 

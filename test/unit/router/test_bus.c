@@ -1,0 +1,143 @@
+/* test/unit/router/test_bus.c: tests router/bus.c, the index updates between the workers'
+ * policy replicas: who receives what, that a replica fed the updates routes like the one that
+ * learned them, the tap, and the bound on an inbox nobody drains. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus.h"
+#include "pcr_test.h"
+#include "pcr/policy.h"
+
+static pcr_policy_t *replica(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    pcr_backend_desc_t d[3] = {{"a", "", 1, 0}, {"b", "", 1, 0}, {"c", "", 1, 0}};
+    return pcr_policy_new(&o, d, 3);
+}
+
+static void make_key(pcr_policy_t *p, const char *text, pcr_key_t *key, uint64_t *blocks)
+{
+    key->blocks = blocks;
+    pcr_policy_key(p, "m", 1, text, strlen(text), key);
+}
+
+static uint32_t matched(pcr_policy_t *p, const pcr_key_t *key, int backend)
+{
+    pcr_backend_load_t loads[3];
+    memset(loads, 0, sizeof(loads));
+    for (int i = 0; i < 3; i++)
+        loads[i].usable = i == backend;
+    pcr_decision_t d;
+    pcr_policy_decide(p, key, loads, 1, &d);
+    return d.matched_blocks;
+}
+
+static char prompt[4096];
+
+static void test_commit_reaches_the_others_not_the_sender(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(3);
+    pcr_policy_t *w0 = replica(), *w1 = replica(), *w2 = replica();
+    uint64_t blocks[1024];
+    pcr_key_t key;
+    memset(prompt, 'p', sizeof(prompt) - 1);
+    make_key(w0, prompt, &key, blocks);
+    uint32_t from;
+    pcr_policy_commit(w0, 1, &key, 5, &from);
+    pcr_bus_commit(bus, 0, 1, &key, 5);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, w0), 0);  /* the sender applied it itself */
+    PCR_CHECK_EQ_INT(matched(w1, &key, 1), 0);       /* not before its next drain */
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, w1), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 2, w2), 1);
+    PCR_CHECK_EQ_INT(matched(w1, &key, 1), key.nblocks);
+    PCR_CHECK_EQ_INT(matched(w2, &key, 1), matched(w0, &key, 1));
+    /* The failure that undoes it travels the same way. */
+    pcr_policy_forget(w0, 1, &key, 0);
+    pcr_bus_forget(bus, 0, 1, &key, 0);
+    pcr_bus_drain(bus, 1, w1);
+    PCR_CHECK_EQ_INT(matched(w1, &key, 1), 0);
+    pcr_policy_free(w0);
+    pcr_policy_free(w1);
+    pcr_policy_free(w2);
+    pcr_bus_free(bus);
+}
+
+static void test_control_reaches_every_worker(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(2);
+    pcr_policy_t *w0 = replica(), *w1 = replica();
+    uint64_t blocks[1024];
+    pcr_key_t key;
+    memset(prompt, 'q', sizeof(prompt) - 1);
+    make_key(w0, prompt, &key, blocks);
+    uint32_t from;
+    pcr_policy_commit(w0, 2, &key, 1, &from);
+    pcr_policy_commit(w1, 2, &key, 1, &from);
+    pcr_bus_reset(bus, PCR_BUS_CONTROL, 2);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, w0), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, w1), 1);
+    PCR_CHECK_EQ_INT(matched(w0, &key, 2), 0);
+    PCR_CHECK_EQ_INT(matched(w1, &key, 2), 0);
+    pcr_bus_capacity(bus, PCR_BUS_CONTROL, 0, 2);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, w0), 1);
+    pcr_policy_commit(w0, 0, &key, 2, &from);
+    PCR_CHECK(pcr_policy_backend_blocks(w0, 0) <= 2);
+    pcr_policy_free(w0);
+    pcr_policy_free(w1);
+    pcr_bus_free(bus);
+}
+
+static int tapped[8];
+
+static void on_tap(const pcr_bus_msg_t *m, void *arg)
+{
+    if (m->op >= 1 && m->op < 8)
+        tapped[m->op]++;
+    PCR_CHECK(m->op != PCR_BUS_OP_COMMIT || (m->key->nblocks > 0 && m->arg == 9));
+}
+
+static void test_tap_sees_the_workers_updates_only(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(1);
+    pcr_policy_t *w0 = replica();
+    uint64_t blocks[1024];
+    pcr_key_t key;
+    memset(prompt, 'r', sizeof(prompt) - 1);
+    make_key(w0, prompt, &key, blocks);
+    pcr_bus_commit(bus, 0, 0, &key, 9);
+    PCR_CHECK_EQ_INT(pcr_bus_drain_tap(bus, on_tap, NULL), 0); /* off until enabled */
+    pcr_bus_enable_tap(bus);
+    memset(tapped, 0, sizeof(tapped));
+    pcr_bus_commit(bus, 0, 0, &key, 9);
+    pcr_bus_reset(bus, PCR_BUS_CONTROL, 0);  /* the control thread's own: not tapped */
+    PCR_CHECK_EQ_INT(pcr_bus_drain_tap(bus, on_tap, NULL), 1);
+    PCR_CHECK_EQ_INT(tapped[PCR_BUS_OP_COMMIT], 1);
+    PCR_CHECK_EQ_INT(tapped[PCR_BUS_OP_RESET], 0);
+    pcr_policy_free(w0);
+    pcr_bus_free(bus);
+}
+
+static void test_undrained_inbox_is_bounded(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(2);
+    uint64_t blocks[512];
+    memset(blocks, 7, sizeof(blocks));
+    pcr_key_t key = {blocks, 512, 1};
+    /* 4 KiB a message: past PCR_BUS_MAX_BYTES the rest is dropped and counted. */
+    size_t n = PCR_BUS_MAX_BYTES / (512 * 8) + 100;
+    for (size_t i = 0; i < n; i++)
+        pcr_bus_commit(bus, 0, 0, &key, i);
+    PCR_CHECK(pcr_bus_dropped(bus) >= 100);
+    PCR_CHECK(pcr_bus_dropped(bus) < 200);
+    pcr_bus_free(bus);
+}
+
+int main(void)
+{
+    PCR_RUN(test_commit_reaches_the_others_not_the_sender);
+    PCR_RUN(test_control_reaches_every_worker);
+    PCR_RUN(test_tap_sees_the_workers_updates_only);
+    PCR_RUN(test_undrained_inbox_is_bounded);
+    return pcr_test_done();
+}

@@ -1,12 +1,14 @@
-/* router/backend.c: owns the backends' run-time state: address resolution at start-up,
- * active health checks (GET health.path every health.interval_ms), and the up/down state that
- * active checks and passive connect failures move.
+/* router/backend.c: owns the backends' run-time state: address resolution at start-up, the
+ * up/down state that active health checks move, passive outlier detection (ejection), and the
+ * active checks themselves (GET health.path every health.interval_ms, and probes of ejected
+ * backends every outlier.probe_ms).
  *
- * A backend goes down after `fall` consecutive failures and comes back after `rise`
- * consecutive successes. Checks run on the control thread, over a connection of their own
- * (srv->check_pools), so a pod whose request pool is full of long generations is still checked;
- * passive failures come from the workers, hence the atomics. With health checks disabled (interval 0) nothing could bring a
- * backend back, so passive failures then never mark it down: retries still steer around it. */
+ * A backend goes down after `fall` failed checks in a row and comes back after `rise`
+ * successful ones. Checks run on the control thread, over a connection of their own
+ * (srv->check_pools), so a pod whose request pool is full of long generations is still checked.
+ * Outcomes of real requests come from the workers, hence the atomics: consecutive errors eject
+ * a backend for a back-off that grows with repeated ejections, and a probe that succeeds brings
+ * it back at once, so a pod that restarts in a few milliseconds costs a fraction of a second. */
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,37 +25,112 @@
 
 static void health_schedule(pcr_backend_t *be);
 
-/* Moves `up` once, whichever thread saw the threshold crossed first. */
+/* Moves `up` once, whichever thread saw the threshold crossed first. A backend that is down
+ * keeps its entries in the index: a pod unreachable for a while still holds its KV cache; only
+ * a restart empties it, and the scrape sees that (scrape.c). */
 static void set_up(pcr_backend_t *be, int up)
 {
     int want = !up;
     if (!__atomic_compare_exchange_n(&be->up, &want, up, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
-    if (up) {
+    if (up)
         pcr_log_info("backend %s is up", be->conf->name);
-    } else {
-        pcr_log_warn("backend %s is down after %u consecutive failures", be->conf->name,
+    else
+        pcr_log_warn("backend %s is down after %u failed health checks", be->conf->name,
                      PCR_LOAD(be->consecutive_failures));
-        /* Its pod may come back empty (a restart): what every replica of the index believed
-         * is void. */
-        pcr_bus_reset(be->srv->bus, PCR_BUS_CONTROL, be->id);
+}
+
+void pcr_backend_check_result(pcr_backend_t *be, int ok)
+{
+    const pcr_health_conf_t *h = &be->srv->cfg->health;
+    if (ok) {
+        PCR_STORE(be->consecutive_failures, 0);
+        unsigned n = PCR_ADD(be->consecutive_successes, 1) + 1;
+        if (!PCR_LOAD(be->up) && n >= h->rise)
+            set_up(be, 1);
+    } else {
+        PCR_STORE(be->consecutive_successes, 0);
+        unsigned n = PCR_ADD(be->consecutive_failures, 1) + 1;
+        if (PCR_LOAD(be->up) && n >= h->fall)
+            set_up(be, 0);
     }
 }
 
-void pcr_backend_note_success(pcr_backend_t *be)
+/* ---- passive outlier detection -------------------------------------------------------- */
+
+int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us)
 {
-    PCR_STORE(be->consecutive_failures, 0);
-    unsigned n = PCR_ADD(be->consecutive_successes, 1) + 1;
-    if (!PCR_LOAD(be->up) && n >= be->srv->cfg->health.rise)
-        set_up(be, 1);
+    return PCR_LOAD(((pcr_backend_t *)be)->ejected_until_us) > now_us;
 }
 
-void pcr_backend_note_failure(pcr_backend_t *be)
+int pcr_backend_usable(const pcr_backend_t *be, uint64_t now_us)
 {
-    PCR_STORE(be->consecutive_successes, 0);
-    unsigned n = PCR_ADD(be->consecutive_failures, 1) + 1;
-    if (PCR_LOAD(be->up) && be->srv->cfg->health.interval_ms > 0 && n >= be->srv->cfg->health.fall)
-        set_up(be, 0);
+    return PCR_LOAD(((pcr_backend_t *)be)->up) && !pcr_backend_ejected(be, now_us);
+}
+
+static void eject(pcr_backend_t *be, uint64_t now, const char *why, unsigned count)
+{
+    const pcr_outlier_conf_t *o = &be->srv->cfg->outlier;
+    uint64_t until = PCR_LOAD(be->ejected_until_us);
+    if (until > now)
+        return; /* already out */
+    /* A backend back to health for a while starts its back-off afresh. */
+    if (PCR_LOAD(be->ejected_at_us) + (uint64_t)o->max_ejection_ms * 1000 * 2 < now)
+        PCR_STORE(be->ejections, 0);
+    unsigned k = PCR_LOAD(be->ejections);
+    uint64_t ms = o->ejection_ms;
+    for (unsigned i = 0; i < k && ms < o->max_ejection_ms; i++)
+        ms *= 2;
+    if (ms > o->max_ejection_ms)
+        ms = o->max_ejection_ms;
+    /* Whichever worker crossed the threshold first does it. */
+    if (!__atomic_compare_exchange_n(&be->ejected_until_us, &until, now + ms * 1000, 0,
+                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    PCR_STORE(be->ejected_at_us, now);
+    PCR_ADD(be->ejections, 1);
+    PCR_ADD(be->ejections_total, 1);
+    PCR_STORE(be->consecutive_errors, 0);
+    PCR_STORE(be->consecutive_connect_errors, 0);
+    pcr_log_warn("backend %s ejected for %llu ms after %u %s in a row", be->conf->name,
+                 (unsigned long long)ms, count, why);
+}
+
+void pcr_backend_report(pcr_backend_t *be, pcr_outcome_t outcome, uint64_t now_us)
+{
+    const pcr_outlier_conf_t *o = &be->srv->cfg->outlier;
+    switch (outcome) {
+    case PCR_OUTCOME_OK:
+        if (PCR_LOAD(be->consecutive_errors))
+            PCR_STORE(be->consecutive_errors, 0);
+        if (PCR_LOAD(be->consecutive_connect_errors))
+            PCR_STORE(be->consecutive_connect_errors, 0);
+        break;
+    case PCR_OUTCOME_5XX:
+    case PCR_OUTCOME_ERROR: {
+        unsigned n = PCR_ADD(be->consecutive_errors, 1) + 1;
+        if (o->consecutive_errors > 0 && n >= o->consecutive_errors)
+            eject(be, now_us, outcome == PCR_OUTCOME_5XX ? "errors (5xx)" : "errors", n);
+        break;
+    }
+    case PCR_OUTCOME_CONNECT: {
+        unsigned n = PCR_ADD(be->consecutive_connect_errors, 1) + 1;
+        PCR_ADD(be->consecutive_errors, 1);
+        if (o->consecutive_connect_errors > 0 && n >= o->consecutive_connect_errors)
+            eject(be, now_us, "failed connects", n);
+        break;
+    }
+    }
+}
+
+void pcr_backend_uneject(pcr_backend_t *be)
+{
+    if (PCR_LOAD(be->ejected_until_us) == 0)
+        return;
+    PCR_STORE(be->ejected_until_us, 0);
+    PCR_STORE(be->consecutive_errors, 0);
+    PCR_STORE(be->consecutive_connect_errors, 0);
+    pcr_log_info("backend %s answers its probe: back in rotation", be->conf->name);
 }
 
 size_t pcr_backends_up(const pcr_server_t *srv)
@@ -82,9 +159,9 @@ typedef struct {
     struct event *deadline;
 } health_ctx_t;
 
-enum { HEALTH_FAILED = 0, HEALTH_OK = 1, HEALTH_COUNTED = 2 };
+enum { HEALTH_FAILED = 0, HEALTH_OK = 1, HEALTH_SKIPPED = 2 };
 
-/* Ends the check in flight; `verdict` HEALTH_COUNTED when the pool already counted it. */
+/* Ends the check in flight. */
 static void health_end(health_ctx_t *h, int verdict)
 {
     pcr_backend_t *be = h->be;
@@ -92,10 +169,10 @@ static void health_end(health_ctx_t *h, int verdict)
     be->health_ctx = NULL;
     event_free(h->deadline);
     free(h);
-    if (verdict == HEALTH_OK)
-        pcr_backend_note_success(be);
-    else if (verdict == HEALTH_FAILED)
-        pcr_backend_note_failure(be);
+    if (verdict == HEALTH_OK && pcr_backend_ejected(be, pcr_now_us()))
+        pcr_backend_uneject(be); /* a probe, or a check that happened to come first */
+    if (verdict != HEALTH_SKIPPED)
+        pcr_backend_check_result(be, verdict == HEALTH_OK);
     health_schedule(be);
 }
 
@@ -114,8 +191,7 @@ static void on_health_done(void *ctx)
 
 static void on_health_error(void *ctx, pcr_up_error_t err, int got_head)
 {
-    /* A connect failure the pool already counted against the backend. */
-    health_end(ctx, err == PCR_UP_CONNECT ? HEALTH_COUNTED : HEALTH_FAILED);
+    health_end(ctx, HEALTH_FAILED);
 }
 
 static const pcr_upstream_cbs_t health_cbs = {
@@ -129,12 +205,11 @@ static void on_health_deadline(evutil_socket_t fd, short what, void *arg)
     health_end(h, HEALTH_FAILED);
 }
 
-static void on_health_timer(evutil_socket_t fd, short what, void *arg)
+/* Sends one check now, unless one is in flight. */
+static void health_start(pcr_backend_t *be)
 {
-    pcr_backend_t *be = arg;
     if (PCR_LOAD(be->srv->draining) || be->health_req != NULL)
         return;
-    pcr_scrape_start(be);
     health_ctx_t *h = calloc(1, sizeof(*h));
     struct evbuffer *req = evbuffer_new();
     if (h == NULL || req == NULL)
@@ -163,6 +238,8 @@ fail:
     health_schedule(be);
 }
 
+static void on_health_timer(evutil_socket_t fd, short what, void *arg) { health_start(arg); }
+
 static void health_schedule(pcr_backend_t *be)
 {
     unsigned ms = be->srv->cfg->health.interval_ms;
@@ -170,6 +247,27 @@ static void health_schedule(pcr_backend_t *be)
         return;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     evtimer_add(be->health_timer, &tv);
+}
+
+/* Every outlier.probe_ms: an ejected backend is probed (a health check), so it comes back as
+ * soon as it answers rather than when its ejection ends. */
+static void on_probe_tick(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
+    uint64_t now = pcr_now_us();
+    for (size_t i = 0; i < srv->nbackends; i++)
+        if (pcr_backend_ejected(&srv->backends[i], now))
+            health_start(&srv->backends[i]);
+}
+
+/* Every scrape.interval_ms, independent of the health checks: the pods' load and hit rate. */
+static void on_scrape_tick(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
+    if (PCR_LOAD(srv->draining))
+        return;
+    for (size_t i = 0; i < srv->nbackends; i++)
+        pcr_scrape_start(&srv->backends[i]);
 }
 
 /* ---- set-up -------------------------------------------------------------------------- */
@@ -224,11 +322,30 @@ int pcr_backends_init(pcr_server_t *srv)
             evtimer_add(be->health_timer, &now);
         }
     }
+    srv->probe_tick = event_new(srv->base, -1, EV_PERSIST, on_probe_tick, srv);
+    if (srv->probe_tick == NULL)
+        return PCR_ERR_NOMEM;
+    struct timeval ptv = {cfg->outlier.probe_ms / 1000, (suseconds_t)(cfg->outlier.probe_ms % 1000) * 1000};
+    event_add(srv->probe_tick, &ptv);
+    if (cfg->scrape.interval_ms > 0) {
+        srv->scrape_tick = event_new(srv->base, -1, EV_PERSIST, on_scrape_tick, srv);
+        if (srv->scrape_tick == NULL)
+            return PCR_ERR_NOMEM;
+        struct timeval stv = {cfg->scrape.interval_ms / 1000,
+                              (suseconds_t)(cfg->scrape.interval_ms % 1000) * 1000};
+        event_add(srv->scrape_tick, &stv);
+        event_active(srv->scrape_tick, EV_TIMEOUT, 0); /* the first right away */
+    }
     return 0;
 }
 
 void pcr_backends_dispose(pcr_server_t *srv)
 {
+    if (srv->probe_tick)
+        event_free(srv->probe_tick);
+    if (srv->scrape_tick)
+        event_free(srv->scrape_tick);
+    srv->probe_tick = srv->scrape_tick = NULL;
     for (size_t i = 0; i < srv->nbackends; i++) {
         pcr_backend_t *be = &srv->backends[i];
         if (be->health_timer)

@@ -41,10 +41,17 @@ struct pcr_backend {
     pcr_upreq_t *scrape_req;
     void *scrape_ctx;
 
-    /* Health: active checks (control thread) plus passive failures (any thread). */
+    /* Health: active checks move `up` (control thread); passive outlier detection, from the
+     * outcome of real requests on any worker, ejects the backend for a while (atomics). */
     int up;                                  /* atomic */
-    unsigned consecutive_failures;           /* atomic */
+    unsigned consecutive_failures;           /* active checks (atomic) */
     unsigned consecutive_successes;          /* atomic */
+    unsigned consecutive_errors;             /* requests: 5xx, reset, timeout, malformed (atomic) */
+    unsigned consecutive_connect_errors;     /* requests: refused or timed-out connects (atomic) */
+    unsigned ejections;                      /* in a row, for the back-off (atomic) */
+    uint64_t ejected_until_us;               /* 0: not ejected (atomic) */
+    uint64_t ejected_at_us;                  /* atomic */
+    uint64_t ejections_total;                /* atomic */
     struct event *health_timer;
     pcr_upreq_t *health_req;
     void *health_ctx;                        /* the check in flight, freed on dispose */
@@ -59,9 +66,27 @@ struct pcr_backend {
 int pcr_backends_init(pcr_server_t *srv);
 void pcr_backends_dispose(pcr_server_t *srv);
 
-/* Passive health signals from real traffic and from active checks; any thread. */
-void pcr_backend_note_success(pcr_backend_t *be);
-void pcr_backend_note_failure(pcr_backend_t *be);
+/* Active health checks (control thread): `fall` failures in a row mark the backend down,
+ * `rise` successes up again. */
+void pcr_backend_check_result(pcr_backend_t *be, int ok);
+
+/* Passive outlier detection: how one request to the backend went, from any worker. A 4xx is
+ * the client's fault and counts as OK: a router that ejected pods on 4xx once took a whole
+ * fleet down. outlier.consecutive_errors errors, or outlier.consecutive_connect_errors refused
+ * connects, in a row eject the backend for outlier.ejection_ms, doubled at each ejection in a
+ * row up to outlier.max_ejection_ms. */
+typedef enum {
+    PCR_OUTCOME_OK = 0,        /* a response head below 500 */
+    PCR_OUTCOME_5XX,
+    PCR_OUTCOME_ERROR,         /* reset, timeout, malformed response */
+    PCR_OUTCOME_CONNECT,       /* the connection could not be made */
+} pcr_outcome_t;
+void pcr_backend_report(pcr_backend_t *be, pcr_outcome_t outcome, uint64_t now_us);
+/* A probe of an ejected backend succeeded: it takes requests again at once. */
+void pcr_backend_uneject(pcr_backend_t *be);
+int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us);
+/* Up and not ejected: a candidate for new requests. */
+int pcr_backend_usable(const pcr_backend_t *be, uint64_t now_us);
 
 /* Number of backends currently up. */
 size_t pcr_backends_up(const pcr_server_t *srv);

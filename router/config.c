@@ -144,6 +144,19 @@ static const field_t health_fields[] = {
     F_INT(pcr_health_conf_t, rise, FT_UINT, 1, 100),
 };
 
+static const field_t scrape_fields[] = {
+    F_INT(pcr_scrape_conf_t, interval_ms, FT_UINT, 0, DAY_MS),
+    F_INT(pcr_scrape_conf_t, timeout_ms, FT_UINT, 1, DAY_MS),
+};
+
+static const field_t outlier_fields[] = {
+    F_INT(pcr_outlier_conf_t, consecutive_errors, FT_UINT, 0, 1000),
+    F_INT(pcr_outlier_conf_t, consecutive_connect_errors, FT_UINT, 0, 1000),
+    F_INT(pcr_outlier_conf_t, ejection_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_outlier_conf_t, max_ejection_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_outlier_conf_t, probe_ms, FT_UINT, 10, DAY_MS),
+};
+
 static const field_t log_fields[] = {
     F_OF(pcr_log_conf_t, level, FT_LOG_LEVEL, 0),
     F_OF(pcr_log_conf_t, access_log, FT_BOOL, 0),
@@ -158,6 +171,8 @@ static const field_t root_fields[] = {
     F_SECTION(timeouts, timeouts_fields),
     F_SECTION(upstream, upstream_fields),
     F_SECTION(health, health_fields),
+    F_SECTION(scrape, scrape_fields),
+    F_SECTION(outlier, outlier_fields),
     F_SECTION(log, log_fields),
 };
 
@@ -570,6 +585,10 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     };
     cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1 };
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };
+    cfg->scrape = (pcr_scrape_conf_t){ .interval_ms = 200, .timeout_ms = 1000 };
+    cfg->outlier = (pcr_outlier_conf_t){ .consecutive_errors = 5, .consecutive_connect_errors = 2,
+                                         .ejection_ms = 1000, .max_ejection_ms = 30000,
+                                         .probe_ms = 100 };
     cfg->log = (pcr_log_conf_t){ .level = PCR_LOG_INFO, .access_log = 1 };
     set_string(c, &cfg->path, name);
     set_string(c, &cfg->routing.zone, "");

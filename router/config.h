@@ -82,6 +82,19 @@ typedef struct {
     unsigned rise;                 /* consecutive successes that mark it up again, default 1 */
 } pcr_health_conf_t;
 
+typedef struct {
+    unsigned interval_ms;          /* the pods' /metrics, default 200; 0 disables */
+    unsigned timeout_ms;           /* default 1000 */
+} pcr_scrape_conf_t;
+
+typedef struct {
+    unsigned consecutive_errors;   /* 5xx, resets, timeouts in a row that eject, default 5; 0 off */
+    unsigned consecutive_connect_errors; /* failed connects in a row that eject, default 2; 0 off */
+    unsigned ejection_ms;          /* first ejection, default 1000; doubles at each in a row */
+    unsigned max_ejection_ms;      /* default 30000 */
+    unsigned probe_ms;             /* an ejected backend is probed this often, default 100 */
+} pcr_outlier_conf_t;
+
 typedef enum { PCR_LOG_ERROR = 0, PCR_LOG_WARN, PCR_LOG_INFO, PCR_LOG_DEBUG } pcr_log_level_t;
 
 typedef struct {
@@ -101,6 +114,8 @@ typedef struct {
     pcr_timeouts_conf_t timeouts;
     pcr_upstream_conf_t upstream;
     pcr_health_conf_t health;
+    pcr_scrape_conf_t scrape;
+    pcr_outlier_conf_t outlier;
     pcr_log_conf_t log;
 } pcr_config_t;
 

@@ -349,14 +349,28 @@ static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads)
 {
     pcr_server_t *srv = ex->w->srv;
     const char *model = ex->req.model ? ex->req.model : "";
-    size_t usable = 0;
+    uint64_t now = pcr_now_us();
+    size_t usable = 0, candidates = 0;
     for (size_t i = 0; i < srv->nbackends; i++) {
         pcr_backend_t *be = &srv->backends[i];
-        loads[i].usable = PCR_LOAD(be->up) && !ex->tried[i] && pcr_backend_serves(be, model);
+        int serves = !ex->tried[i] && pcr_backend_serves(be, model) && PCR_LOAD(be->up);
+        loads[i].usable = serves && !pcr_backend_ejected(be, now);
         loads[i].inflight = PCR_LOAD(be->inflight);
         loads[i].queued_prefill = PCR_LOAD(be->queued_prefill);
         loads[i].pod_waiting = PCR_LOAD(be->pod_waiting);
         usable += loads[i].usable != 0;
+        candidates += serves;
+    }
+    if (usable == 0 && candidates > 0) {
+        /* Panic (Envoy's name): every backend that passes its health checks and could take
+         * the request is ejected. Trying them anyway beats answering 503 to everything; one
+         * that answers comes back through its probe. (Backends that fail their active checks
+         * stay out: a 503 that says so is clearer than errors from a dead engine.) */
+        for (size_t i = 0; i < srv->nbackends; i++)
+            loads[i].usable = !ex->tried[i] && pcr_backend_serves(&srv->backends[i], model) &&
+                              PCR_LOAD(srv->backends[i].up);
+        usable = candidates;
+        ex->panic = 1;
     }
     return usable;
 }
@@ -387,6 +401,8 @@ static void dispatch(pcr_exchange_t *ex)
         return;
     }
     pcr_backend_t *be = &srv->backends[d.backend];
+    if (ex->panic)
+        PCR_INC(w->metrics.panic_routes);
     if (ex->attempts == 0) {
         PCR_INC(w->metrics.decisions[d.reason < PCR_REASON__COUNT ? d.reason : PCR_REASON_NO_BACKEND]);
         if (ex->has_key) {
@@ -441,6 +457,8 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
     const char *reason = pcr_reason_name(ex->decision.reason);
     out[k++] = (pcr_hdr_t){"x-pcrouter-backend", 18, bname, strlen(bname)};
     out[k++] = (pcr_hdr_t){"x-pcrouter-route", 16, reason, strlen(reason)};
+    /* A 4xx is the client's fault: for outlier detection it is a pod that works. */
+    pcr_backend_report(ex->be, status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK, pcr_now_us());
     ex_to(ex, EX_UP_HEAD);
     respond_head(ex, status, out, k, clen);
 }
@@ -478,6 +496,9 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     pcr_backend_t *be = ex->be;
     ex->up = NULL;
     ex->last_error = err;
+    if (err != PCR_UP_POOL_FULL) /* the pool is ours; the pod did nothing wrong */
+        pcr_backend_report(be, err == PCR_UP_CONNECT ? PCR_OUTCOME_CONNECT : PCR_OUTCOME_ERROR,
+                           pcr_now_us());
     if (got_head) {
         /* Part of the response reached the client: it cannot be retried, only cut. */
         pcr_log_warn("backend %s: response cut short (%s) after %llu bytes", be->conf->name,

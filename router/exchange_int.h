@@ -69,6 +69,7 @@ struct pcr_exchange {
     uint64_t prefill;                 /* the request's uncached prefill on `be` */
     unsigned char *tried;             /* per backend: already failed this request */
     unsigned attempts;
+    int panic;                        /* routed while every candidate was down or ejected */
     pcr_up_error_t last_error;
     pcr_upreq_t *up;
     int paused;

@@ -69,6 +69,7 @@ typedef struct {
     int keep_alive;                /* of the current request */
     int head_only;
     int chunked;                   /* the current response is chunked */
+    int sse;                       /* the current response is an SSE stream */
     int closing;                   /* close once the output is written */
     int draining;
     int read_paused;               /* reading stopped: pipelined bytes wait, or budget */
@@ -124,6 +125,11 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
         evbuffer_add(out, "\r\n", 2);
     }
     s->chunked = 0;
+    s->sse = 0;
+    for (size_t i = 0; i < n; i++)
+        if (h[i].name_len == 12 && strncasecmp(h[i].name, "content-type", 12) == 0 &&
+            h[i].value_len >= 17 && strncasecmp(h[i].value, "text/event-stream", 17) == 0)
+            s->sse = 1;
     if (clen >= 0) {
         evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)clen);
     } else if (http10) {
@@ -162,11 +168,22 @@ static void op_send_end(pcr_exchange_t *ex)
     event_active(s->advance, 0, 0);
 }
 
+/* The last event of a stream the pod broke: an SSE client that ignores how the connection
+ * ended still sees that the answer is incomplete. */
+static const char sse_error[] =
+    "event: error\ndata: {\"error\":{\"message\":\"the backend stopped answering in the middle "
+    "of the response\",\"type\":\"upstream_error\",\"code\":\"response_cut\"}}\n\n";
+
 static void op_send_abort(pcr_exchange_t *ex)
 {
     h1_sess_t *s = sess_of(ex);
     /* A chunked body without its last chunk tells the client the response is incomplete; what
-     * already arrived from the pod is written first, then the connection closes. */
+     * already arrived from the pod is written first, then an SSE error event for a stream, then
+     * the connection closes. */
+    if (s->sse && s->chunked && !s->head_only)
+        evbuffer_add_printf(pcr_sock_output(s->sock), "%zx\r\n%s\r\n", sizeof(sse_error) - 1,
+                            sse_error);
+    pcr_sock_flush(s->sock);
     s->closing = 1;
     event_active(s->advance, 0, 0);
 }

@@ -82,6 +82,12 @@ static uint64_t v_hits(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, 
 static uint64_t v_queries(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->pod_queries); }
 static uint64_t v_connect_errors(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->connect_errors); }
 static uint64_t v_upstream_errors(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->upstream_errors); }
+static uint64_t v_ejections(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->ejections_total); }
+
+static uint64_t v_ejected(const pcr_worker_t *w, size_t i)
+{
+    return (uint64_t)pcr_backend_ejected(BE(w, i), pcr_now_us());
+}
 
 static uint64_t v_conns(const pcr_worker_t *w, size_t i)
 {
@@ -106,6 +112,10 @@ static const struct {
      "Prompt tokens the pod looked up in its prefix cache (scraped vllm:prefix_cache_queries_total).",
      v_queries},
     {"pcrouter_backend_up", "gauge", "1 when the backend passes health checks.", v_up},
+    {"pcrouter_backend_ejected", "gauge",
+     "1 while passive outlier detection keeps the backend out of rotation.", v_ejected},
+    {"pcrouter_backend_ejections_total", "counter",
+     "Times the backend was ejected for consecutive errors or failed connects.", v_ejections},
     {"pcrouter_backend_in_flight", "gauge", "Requests in flight per backend.", v_inflight},
     {"pcrouter_backend_queued_prefill_tokens", "gauge",
      "Uncached prompt tokens sent to the backend whose first byte has not come back.", v_queued},
@@ -180,6 +190,9 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
                         (unsigned long long)(inflight ? inflight - 1 : 0));
     counter(out, "pcrouter_retries_total", "Requests re-sent to another backend after a failure.",
             SUM(srv, retries));
+    counter(out, "pcrouter_panic_routes_total",
+            "Requests sent while every backend that could take them was down or ejected.",
+            SUM(srv, panic_routes));
     HEADER(out, "pcrouter_client_connections", "gauge", "Open client connections.");
     evbuffer_add_printf(out, "pcrouter_client_connections %llu\n", (unsigned long long)sessions);
     counter(out, "pcrouter_client_connections_total", "Client connections accepted.",

@@ -24,6 +24,7 @@ typedef struct {
     uint64_t prefix_blocks;                      /* blocks of routed prompts */
     uint64_t prefix_blocks_matched;              /* of those, held by the chosen backend */
     uint64_t retries;
+    uint64_t panic_routes;                       /* sent while every candidate was out */
     uint64_t client_connections_total;
     uint64_t connections_evicted;                /* closed at the limit to make room */
     uint64_t connections_refused;                /* closed at accept: limit, draining */

@@ -56,6 +56,8 @@ typedef struct pcr_server {
     /* The control loop, on the main thread. */
     struct event_base *base;
     pcr_pool_t *check_pools;      /* one per backend: health checks and scrapes */
+    struct event *probe_tick;     /* probes of ejected backends (backend.c) */
+    struct event *scrape_tick;    /* the pods' metrics (scrape.c) */
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *drain_timer;
     struct event *workers_done;   /* the last worker to stop wakes the control loop */

@@ -346,8 +346,6 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
         req_dispatch(r);
         return;
     }
-    if (err == PCR_UP_CONNECT)
-        pcr_backend_note_failure(r->pool->be);
     req_fail(r, err, got_head);
 }
 
@@ -360,7 +358,6 @@ static void conn_done(pcr_upconn_t *c, int keep)
     r->conn = NULL;
     c->req = NULL;
     req_free(r);
-    pcr_backend_note_success(c->be);
     if (keep)
         conn_to_pool(c);
     else

@@ -113,6 +113,116 @@ fail:
     return NULL;
 }
 
+/* The ring over the slots that hold a backend (a left slot weighs 0: no points). */
+static int ring_rebuild(pcr_policy_t *p)
+{
+    if (p->o.kind != PCR_POLICY_CONSISTENT_HASH && p->o.kind != PCR_POLICY_CACHE_AWARE)
+        return 0;
+    const char **names = calloc(p->n, sizeof(*names));
+    uint32_t *weights = calloc(p->n, sizeof(*weights));
+    pcr_ring_t *ring = NULL;
+    int rc = PCR_ERR_NOMEM;
+    if (names != NULL && weights != NULL) {
+        size_t live = 0;
+        for (size_t b = 0; b < p->n; b++) {
+            names[b] = p->be[b].name;
+            weights[b] = p->be[b].name != NULL ? p->be[b].weight : 0;
+            live += p->be[b].name != NULL;
+        }
+        ring = live > 0 ? pcr_ring_new(names, weights, p->n, p->o.vnodes) : NULL;
+        rc = live == 0 || ring != NULL ? 0 : PCR_ERR_NOMEM;
+    }
+    free(names);
+    free(weights);
+    if (rc == 0) {
+        pcr_ring_free(p->ring);
+        p->ring = ring;
+    }
+    return rc;
+}
+
+/* Room for slot `id` in every per-backend array. */
+static int grow(pcr_policy_t *p, size_t n)
+{
+    if (n <= p->n)
+        return 0;
+    if (n > PCR_INDEX_MAX_BACKENDS)
+        return PCR_ERR_INVAL;
+    pcr_pbackend_t *be = realloc(p->be, n * sizeof(*be));
+    if (be != NULL)
+        p->be = be;
+    uint32_t *matched = realloc(p->matched, n * sizeof(*matched));
+    if (matched != NULL)
+        p->matched = matched;
+    uint64_t *load = realloc(p->load, n * sizeof(*load));
+    if (load != NULL)
+        p->load = load;
+    unsigned char *usable = realloc(p->usable, n * sizeof(*usable));
+    if (usable != NULL)
+        p->usable = usable;
+    if (be == NULL || matched == NULL || load == NULL || usable == NULL)
+        return PCR_ERR_NOMEM;
+    if (p->index != NULL && pcr_index_grow(p->index, n) != 0)
+        return PCR_ERR_NOMEM;
+    for (size_t b = p->n; b < n; b++)
+        p->be[b] = (pcr_pbackend_t){NULL, 0, 0};
+    p->n = n;
+    return 0;
+}
+
+int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
+{
+    if (p == NULL || d == NULL || d->name == NULL || d->weight == 0 || id < 0 ||
+        (size_t)id > p->n)
+        return PCR_ERR_INVAL;
+    int rc = grow(p, (size_t)id + 1);
+    if (rc != 0)
+        return rc;
+    pcr_pbackend_t *b = &p->be[id];
+    char *name = dup_str(d->name);
+    if (name == NULL)
+        return PCR_ERR_NOMEM;
+    /* Another backend in the slot: what the index believed of the old one is not its. */
+    if (b->name != NULL && strcmp(b->name, d->name) != 0 && p->index != NULL)
+        pcr_index_remove_backend(p->index, (unsigned)id);
+    pcr_pbackend_t old = *b;
+    const char *z = d->zone != NULL ? d->zone : "";
+    *b = (pcr_pbackend_t){name, d->weight, p->zone[0] == '\0' || strcmp(z, p->zone) == 0};
+    rc = ring_rebuild(p);
+    if (rc != 0) {
+        free(name);
+        *b = old;
+        return rc;
+    }
+    free(old.name);
+    if (p->index != NULL)
+        pcr_index_set_capacity(p->index, (unsigned)id,
+                               d->capacity_blocks ? d->capacity_blocks : PCR_INDEX_UNLIMITED);
+    return 0;
+}
+
+int pcr_policy_backend_remove(pcr_policy_t *p, int id)
+{
+    if (p == NULL || id < 0 || (size_t)id >= p->n)
+        return PCR_ERR_INVAL;
+    pcr_pbackend_t *b = &p->be[id];
+    if (b->name == NULL)
+        return 0;
+    char *name = b->name;
+    b->name = NULL;
+    int rc = ring_rebuild(p);
+    if (rc != 0) {
+        b->name = name;
+        return rc;
+    }
+    free(name);
+    if (p->index != NULL)
+        pcr_index_remove_backend(p->index, (unsigned)id);
+    return 0;
+}
+
+size_t pcr_policy_backend_slots(const pcr_policy_t *p) { return p != NULL ? p->n : 0; }
+
 void pcr_policy_free(pcr_policy_t *p)
 {
     if (p == NULL)

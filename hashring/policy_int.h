@@ -16,7 +16,7 @@
 #define PCR_HASH_PREFIX_BYTES 4096u
 
 typedef struct {
-    char *name;
+    char *name;                /* NULL for a slot whose backend left */
     uint32_t weight;
     int in_zone;               /* the router has no zone, or this backend is in it */
 } pcr_pbackend_t;

@@ -451,6 +451,24 @@ pcr_index_t *pcr_index_new(const pcr_index_opts_t *opts)
     return ix;
 }
 
+int pcr_index_grow(pcr_index_t *ix, size_t nbackends)
+{
+    if (ix == NULL || nbackends > PCR_INDEX_MAX_BACKENDS)
+        return PCR_ERR_INVAL;
+    if (nbackends <= ix->nb)
+        return 0;
+    rbackend_t *nbe = ix_alloc(ix, nbackends * sizeof(*nbe));
+    if (nbe == NULL)
+        return PCR_ERR_NOMEM;
+    memcpy(nbe, ix->be, ix->nb * sizeof(*nbe));
+    for (size_t b = ix->nb; b < nbackends; b++)
+        nbe[b] = (rbackend_t){NULL, NULL, 0, PCR_INDEX_UNLIMITED};
+    ix_free(ix, ix->be, ix->nb * sizeof(*ix->be));
+    ix->be = nbe;
+    ix->nb = nbackends;
+    return 0;
+}
+
 void pcr_index_free(pcr_index_t *ix)
 {
     if (ix == NULL)

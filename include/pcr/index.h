@@ -40,6 +40,10 @@ typedef struct pcr_index pcr_index_t;
 pcr_index_t *pcr_index_new(const pcr_index_opts_t *opts);
 void pcr_index_free(pcr_index_t *idx);  /* NULL is a no-op */
 
+/* Makes room for backends up to `nbackends` (new ones empty, unlimited). 0, PCR_ERR_INVAL, or
+ * PCR_ERR_NOMEM (the index unchanged). Never shrinks. */
+int pcr_index_grow(pcr_index_t *idx, size_t nbackends);
+
 /* Sets a backend's capacity in blocks (PCR_INDEX_UNLIMITED = none) and evicts its least
  * recently used leaf blocks down to it. 0 or PCR_ERR_INVAL. */
 int pcr_index_set_capacity(pcr_index_t *idx, unsigned backend, uint64_t blocks);

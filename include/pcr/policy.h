@@ -116,6 +116,18 @@ int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64
  * [added_from, key->nblocks) of `key` for `backend`. */
 void pcr_policy_forget(pcr_policy_t *p, int backend, const pcr_key_t *key, uint32_t added_from);
 
+/* Membership. Backends live in numbered slots; the router hands out slot numbers and must pass
+ * usable = 0 for a slot that holds no backend. Both calls are deterministic, so replicas given
+ * the same calls agree on slots, ring and index.
+ * - pcr_policy_backend_set: slot `id` (an existing one, or the next one, n, to grow) now holds
+ *   the backend `desc` (copied). The same name keeps its entries (a change of weight, zone or
+ *   capacity); another name starts empty. The ring is rebuilt: about 1/n of the keys move.
+ * - pcr_policy_backend_remove: slot `id` is empty: its entries are dropped, it leaves the ring.
+ * 0, PCR_ERR_INVAL or PCR_ERR_NOMEM (then nothing changed). */
+int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *desc);
+int pcr_policy_backend_remove(pcr_policy_t *p, int id);
+size_t pcr_policy_backend_slots(const pcr_policy_t *p);
+
 /* Marks a backend down/up for the index: a backend that went down loses its entries
  * (its pod's cache cannot be trusted after a restart). */
 void pcr_policy_backend_reset(pcr_policy_t *p, int backend);

@@ -459,6 +459,77 @@ static void test_cold_avoids_long_prefill_queue(void)
     pcr_policy_free(p);
 }
 
+/* Membership: a backend joins a new slot and about 1/n of the cold placements move to it; one
+ * that leaves loses its entries; two replicas fed the same calls decide alike. */
+static void test_membership(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CONSISTENT_HASH, four, 3, NULL);
+    pcr_policy_t *q = make(PCR_POLICY_CONSISTENT_HASH, four, 3, NULL);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 3);
+    enum { K = 400 };
+    int before[K];
+    pcr_backend_load_t loads[NB];
+    all_usable(loads, NB);
+    keybuf_t kb;
+    char text[64];
+    for (int i = 0; i < K; i++) {
+        int n = snprintf(text, sizeof(text), "prompt number %d", i);
+        pcr_decision_t d;
+        pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), loads, 1, &d);
+        before[i] = d.backend;
+    }
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 5, &four[3]), PCR_ERR_INVAL); /* no gaps */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 3, &four[3]), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(q, 3, &four[3]), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 4);
+    int moved = 0, to_new = 0;
+    for (int i = 0; i < K; i++) {
+        int n = snprintf(text, sizeof(text), "prompt number %d", i);
+        pcr_decision_t d, e;
+        pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), loads, 1, &d);
+        pcr_policy_decide(q, key_of(q, &kb, text, (size_t)n), loads, 1, &e);
+        PCR_CHECK_EQ_INT(d.backend, e.backend);
+        moved += d.backend != before[i];
+        to_new += d.backend == 3;
+        PCR_CHECK(d.backend == before[i] || d.backend == 3); /* only moves to the newcomer */
+    }
+    PCR_CHECK(to_new > K / 8 && to_new < K * 3 / 8);
+    PCR_CHECK_EQ_INT(moved, to_new);
+    /* Leaving: slot 1 is skipped (the router passes it unusable) and holds nothing. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_remove(p, 1), 0);
+    loads[1].usable = 0;
+    for (int i = 0; i < K; i++) {
+        int n = snprintf(text, sizeof(text), "prompt number %d", i);
+        pcr_decision_t d;
+        pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), loads, 1, &d);
+        PCR_CHECK(d.backend != 1);
+    }
+    pcr_policy_free(p);
+    pcr_policy_free(q);
+
+    /* cache_aware: the same name keeps its entries, another name in the slot starts empty. */
+    p = make(PCR_POLICY_CACHE_AWARE, four, 2, NULL);
+    size_t len;
+    char *s = prompt(1, 4096, &len);
+    pcr_key_t *k = key_of(p, &kb, s, len);
+    uint32_t from;
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, k, 1, &from), 0);
+    uint64_t held = pcr_policy_backend_blocks(p, 1);
+    PCR_CHECK(held > 0);
+    pcr_backend_desc_t heavier = four[1];
+    heavier.weight = 3;
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 1, &heavier), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), held);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 1, &four[2]), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, k, 2, &from), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_remove(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_remove(p, 1), 0); /* twice is fine */
+    free(s);
+    pcr_policy_free(p);
+}
+
 int main(void)
 {
     PCR_RUN(test_defaults_and_arguments);
@@ -473,5 +544,6 @@ int main(void)
     PCR_RUN(test_zone);
     PCR_RUN(test_keyless_balances_load);
     PCR_RUN(test_cold_avoids_long_prefill_queue);
+    PCR_RUN(test_membership);
     return pcr_test_done();
 }

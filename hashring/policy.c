@@ -43,7 +43,7 @@ static char *dup_str(const char *s)
 
 static int opts_valid(const pcr_policy_opts_t *o, size_t n)
 {
-    return o != NULL && ops_of(o->kind) != NULL && n >= 1 && n <= PCR_INDEX_MAX_BACKENDS &&
+    return o != NULL && ops_of(o->kind) != NULL && n <= PCR_INDEX_MAX_BACKENDS &&
            o->block_bytes >= 1 && o->max_prefix_bytes >= 1 &&
            pcr_prefix_max_blocks(o->block_bytes, o->max_prefix_bytes) <= UINT32_MAX &&
            o->load_factor >= 1.0 && o->load_weight >= 0 && o->zone_penalty >= 0 &&
@@ -57,7 +57,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     const char **names = NULL;
     uint32_t *weights = NULL;
 
-    if (!opts_valid(opts, n) || backends == NULL)
+    if (!opts_valid(opts, n) || (backends == NULL && n > 0))
         return NULL;
     for (size_t b = 0; b < n; b++)
         if (backends[b].name == NULL || backends[b].weight == 0)
@@ -71,12 +71,13 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->max_blocks = pcr_prefix_max_blocks(opts->block_bytes, opts->max_prefix_bytes);
     p->zone = dup_str(opts->zone);
     p->o.zone = p->zone;
-    p->be = calloc(n, sizeof(*p->be));
-    p->matched = calloc(n, sizeof(*p->matched));
-    p->load = calloc(n, sizeof(*p->load));
-    p->usable = calloc(n, sizeof(*p->usable));
-    names = calloc(n, sizeof(*names));
-    weights = calloc(n, sizeof(*weights));
+    size_t alloc = n ? n : 1; /* no backend yet: they join later (pcr_policy_backend_set) */
+    p->be = calloc(alloc, sizeof(*p->be));
+    p->matched = calloc(alloc, sizeof(*p->matched));
+    p->load = calloc(alloc, sizeof(*p->load));
+    p->usable = calloc(alloc, sizeof(*p->usable));
+    names = calloc(alloc, sizeof(*names));
+    weights = calloc(alloc, sizeof(*weights));
     if (p->zone == NULL || p->be == NULL || p->matched == NULL || p->load == NULL ||
         p->usable == NULL || names == NULL || weights == NULL)
         goto fail;
@@ -89,13 +90,13 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
         names[b] = p->be[b].name;
         weights[b] = backends[b].weight;
     }
-    if (opts->kind == PCR_POLICY_CONSISTENT_HASH || opts->kind == PCR_POLICY_CACHE_AWARE) {
+    if (n > 0 && (opts->kind == PCR_POLICY_CONSISTENT_HASH || opts->kind == PCR_POLICY_CACHE_AWARE)) {
         p->ring = pcr_ring_new(names, weights, n, opts->vnodes);
         if (p->ring == NULL)
             goto fail;
     }
     if (opts->kind == PCR_POLICY_CACHE_AWARE) {
-        pcr_index_opts_t io = {.nbackends = n, .max_bytes = opts->index_max_bytes};
+        pcr_index_opts_t io = {.nbackends = alloc, .max_bytes = opts->index_max_bytes};
         p->index = pcr_index_new(&io);
         if (p->index == NULL)
             goto fail;

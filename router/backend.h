@@ -2,6 +2,14 @@
  * the load the router counts on it, its health, what its pod reports, and its counters. Fields
  * that several threads touch are read and written with the relaxed atomics of server.h.
  *
+ * Backends come and go while the router runs (a config reload, DNS discovery). Each lives in a
+ * numbered slot of srv->backends, the same number the routing policy knows it by; a slot is
+ * empty (NULL) when its backend left. A backend that leaves is removed from its slot at once
+ * (no new request picks it) but freed only once nothing holds it: every exchange sent to it and
+ * every worker's pool of connections to it takes a reference, and the control thread frees it
+ * after a grace period in which every worker has passed its tick (so a pointer a worker read
+ * from a slot during one callback is never freed under it).
+ *
  * The connections to it live in pools (pcr_pool_t), one per worker and one on the control
  * thread for health checks and scrapes, never shared between threads (upstream.h). */
 #ifndef PCR_ROUTER_BACKEND_H
@@ -14,21 +22,29 @@
 #include "config.h"
 #include "server.h"
 
+#define PCR_MAX_BACKENDS 1024
+#define PCR_MAX_MODELS 256
+
 typedef struct pcr_upconn pcr_upconn_t;
 typedef struct pcr_upreq pcr_upreq_t;
 
 struct pcr_backend {
     pcr_server_t *srv;
-    int id;                                  /* index in srv->backends and in the policy */
-    const pcr_backend_conf_t *conf;
+    int id;                                  /* its slot: index in srv->backends and the policy */
+    pcr_backend_conf_t conf;                 /* its own copy; name, url, host, port never change */
     struct sockaddr_storage addr;
     socklen_t addrlen;
     char *host_header;                       /* "host:port" for the Host header */
-    unsigned max_connections;                /* for the whole process */
+    unsigned max_connections;                /* for the whole process (atomic: a reload moves it) */
+    int removed;                             /* left the config: draining (atomic) */
+    unsigned refs;                           /* exchanges and pools holding it (atomic) */
+    uint64_t retired_epoch;                  /* control thread: freed once workers passed it */
+    LIST_ENTRY(pcr_backend) retired_link;
 
     /* Load as the router counts it, fed to the policy (atomic: every worker updates it). */
     uint32_t inflight;
     uint64_t queued_prefill;                 /* uncached prefill tokens of in-flight requests */
+    uint32_t conns;                          /* request connections, all workers */
     /* What the pod reports, from the control thread's scrape (atomic). */
     uint32_t pod_waiting;                    /* vllm:num_requests_waiting, last scrape */
     uint32_t pod_running;                    /* vllm:num_requests_running, last scrape */
@@ -40,6 +56,15 @@ struct pcr_backend {
     int pod_have_hits, pod_have_queries;
     pcr_upreq_t *scrape_req;
     void *scrape_ctx;
+
+    /* The models the pod says it serves (GET /v1/models, LoRA adapters included), as hashes of
+     * their names, written by the control thread under a sequence lock, read by any worker. */
+    uint32_t models_seq;                     /* odd while being written */
+    uint32_t models_known;                   /* the pod answered at least once */
+    uint32_t nmodels;
+    uint64_t models[PCR_MAX_MODELS];
+    pcr_upreq_t *models_req;
+    void *models_ctx;
 
     /* Health: active checks move `up` (control thread); passive outlier detection, from the
      * outcome of real requests on any worker, ejects the backend for a while (atomics). */
@@ -55,6 +80,7 @@ struct pcr_backend {
     struct event *health_timer;
     pcr_upreq_t *health_req;
     void *health_ctx;                        /* the check in flight, freed on dispose */
+    pcr_pool_t *check_pool;                  /* the control thread's one connection */
 
     /* Counters for /metrics (atomic). */
     uint64_t requests_by_code[600];
@@ -62,9 +88,28 @@ struct pcr_backend {
     uint64_t upstream_errors;                /* resets, timeouts, malformed responses */
 };
 
-/* Resolves every backend's URL and sets up health checks on the control loop. 0 or PCR_ERR_*. */
+/* The backend in slot `id` now, or NULL (empty, or out of range). Any thread; a worker may use
+ * the pointer until its callback returns, or longer with a reference. */
+pcr_backend_t *pcr_backend_at(const pcr_server_t *srv, size_t id);
+/* Slots in use or used before: every id is below it (any thread). */
+size_t pcr_backend_slots(const pcr_server_t *srv);
+void pcr_backend_ref(pcr_backend_t *be);
+void pcr_backend_unref(pcr_backend_t *be);
+
+/* Control thread. pcr_backends_init resolves the config's backends (before the loops run) and
+ * starts the checks; pcr_backend_add makes one from settings whose host is resolved already
+ * (`sa`), in the lowest free slot, published to every worker's policy; pcr_backend_remove
+ * empties its slot (draining); pcr_backends_collect frees those nothing holds any more. */
 int pcr_backends_init(pcr_server_t *srv);
 void pcr_backends_dispose(pcr_server_t *srv);
+pcr_backend_t *pcr_backend_add(pcr_server_t *srv, const pcr_backend_conf_t *conf,
+                               const struct sockaddr *sa, socklen_t salen);
+void pcr_backend_remove(pcr_backend_t *be);
+void pcr_backends_collect(pcr_server_t *srv);
+/* Finds the backend named `name` (control thread), NULL when none. */
+pcr_backend_t *pcr_backend_find(pcr_server_t *srv, const char *name);
+/* What the policy is told of a backend. */
+void pcr_backend_desc(const pcr_backend_t *be, pcr_backend_desc_t *desc);
 
 /* Active health checks (control thread): `fall` failures in a row mark the backend down,
  * `rise` successes up again. */
@@ -85,13 +130,17 @@ void pcr_backend_report(pcr_backend_t *be, pcr_outcome_t outcome, uint64_t now_u
 /* A probe of an ejected backend succeeded: it takes requests again at once. */
 void pcr_backend_uneject(pcr_backend_t *be);
 int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us);
-/* Up and not ejected: a candidate for new requests. */
-int pcr_backend_usable(const pcr_backend_t *be, uint64_t now_us);
 
-/* Number of backends currently up. */
+/* Number of backends currently up, and in all (any thread). */
 size_t pcr_backends_up(const pcr_server_t *srv);
+size_t pcr_backends_count(const pcr_server_t *srv);
 
-/* Whether `be` serves `model` (any model when its config lists none). */
-int pcr_backend_serves(const pcr_backend_t *be, const char *model);
+/* Whether `be` serves `model`: any model when the request names none; else a model its config
+ * lists or its pod reported; a pod whose list is not known yet and whose config lists none
+ * serves any (any thread). */
+int pcr_backend_serves(const pcr_backend_t *be, const char *model, uint64_t model_hash);
+uint64_t pcr_model_hash(const char *model, size_t len);
+/* The pod's own list (control thread): `n` hashes, at most PCR_MAX_MODELS. */
+void pcr_backend_set_models(pcr_backend_t *be, const uint64_t *hashes, size_t n);
 
 #endif

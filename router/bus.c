@@ -3,7 +3,9 @@
  * A message is a fixed header and the key's block hashes:
  *   op (u8) | pad (u8) | backend (u16) | nblocks (u32) | arg (u64: now, added_from, blocks) |
  *   prompt_tokens (u64) | blocks (nblocks x u64)
- * copied into each target inbox (a growable byte buffer) under its mutex. */
+ * copied into each target inbox (a growable byte buffer) under its mutex. A membership message
+ * (OP_SET) carries the backend's weight in prompt_tokens, its capacity in arg, and its name and
+ * zone, NUL-terminated, in the words where a key's blocks would be. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,7 @@
 #include "bus.h"
 #include "server.h"
 
-enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY };
+enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE };
 
 typedef struct {
     uint8_t op, pad;
@@ -158,7 +160,16 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
             break;
         /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
         pcr_key_t key = {(uint64_t *)(void *)(buf + off), m.nblocks, m.prompt_tokens};
-        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg};
+        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL};
+        pcr_backend_desc_t desc;
+        if (m.op == OP_SET) {
+            const char *name = (const char *)(buf + off);
+            size_t room = bytes, nl = strnlen(name, room);
+            if (nl + 1 < room) {
+                desc = (pcr_backend_desc_t){name, name + nl + 1, (uint32_t)m.prompt_tokens, m.arg};
+                bm.desc = &desc;
+            }
+        }
         fn(&bm, arg);
         off += bytes;
         n++;
@@ -166,6 +177,25 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
     ib->spare = buf;
     ib->spare_cap = cap;
     return n;
+}
+
+void pcr_bus_backend_set(pcr_bus_t *bus, int from, int backend, const pcr_backend_desc_t *d)
+{
+    const char *zone = d->zone ? d->zone : "";
+    size_t nl = strlen(d->name) + 1, zl = strlen(zone) + 1;
+    size_t words = (nl + zl + 7) / 8;
+    uint64_t text[words];
+    memset(text, 0, sizeof(text));
+    memcpy(text, d->name, nl);
+    memcpy((char *)text + nl, zone, zl);
+    msg_t m = {OP_SET, 0, (uint16_t)backend, (uint32_t)words, d->capacity_blocks, d->weight};
+    publish(bus, from, &m, text);
+}
+
+void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
+{
+    msg_t m = {OP_REMOVE, 0, (uint16_t)backend, 0, 0, 0};
+    publish(bus, from, &m, NULL);
 }
 
 static void apply(const pcr_bus_msg_t *m, void *arg)
@@ -184,6 +214,13 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
         break;
     case PCR_BUS_OP_CAPACITY:
         pcr_policy_set_capacity(policy, m->backend, m->arg);
+        break;
+    case PCR_BUS_OP_SET:
+        if (m->desc != NULL)
+            pcr_policy_backend_set(policy, m->backend, m->desc);
+        break;
+    case PCR_BUS_OP_REMOVE:
+        pcr_policy_backend_remove(policy, m->backend);
         break;
     }
 }

@@ -39,6 +39,9 @@ void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
                     uint32_t added_from);
 void pcr_bus_reset(pcr_bus_t *bus, int from, int backend);
 void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
+/* Membership (the control thread): slot `backend` now holds `desc` (copied), or is empty. */
+void pcr_bus_backend_set(pcr_bus_t *bus, int from, int backend, const pcr_backend_desc_t *desc);
+void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend);
 
 /* Applies worker `id`'s pending updates to `policy`; returns how many. Cheap when empty (one
  * relaxed load). */
@@ -52,6 +55,8 @@ typedef enum {
     PCR_BUS_OP_FORGET,         /* backend failed the request: drop key's blocks from arg on */
     PCR_BUS_OP_RESET,          /* drop every entry of backend */
     PCR_BUS_OP_CAPACITY,       /* backend's capacity is arg blocks */
+    PCR_BUS_OP_SET,            /* slot backend holds desc (membership: control only) */
+    PCR_BUS_OP_REMOVE,         /* slot backend is empty (membership: control only) */
 } pcr_bus_op_t;
 
 typedef struct {
@@ -59,6 +64,7 @@ typedef struct {
     int backend;
     const pcr_key_t *key;      /* blocks valid during the callback only */
     uint64_t arg;
+    const pcr_backend_desc_t *desc;  /* PCR_BUS_OP_SET */
 } pcr_bus_msg_t;
 
 void pcr_bus_enable_tap(pcr_bus_t *bus);

@@ -705,6 +705,48 @@ cleanup:
     return cfg;
 }
 
+void pcr_backend_conf_dispose(pcr_backend_conf_t *b)
+{
+    free(b->name);
+    free(b->url);
+    free(b->host);
+    free(b->zone);
+    for (size_t j = 0; j < b->nmodels; j++)
+        free(b->models[j]);
+    free(b->models);
+    memset(b, 0, sizeof(*b));
+}
+
+static int copy_str(char **dst, const char *src)
+{
+    *dst = NULL;
+    if (src == NULL)
+        return 0;
+    *dst = strdup(src);
+    return *dst != NULL ? 0 : PCR_ERR_NOMEM;
+}
+
+int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src)
+{
+    *dst = *src;
+    dst->name = dst->url = dst->host = dst->zone = NULL;
+    dst->models = NULL;
+    dst->nmodels = 0;
+    int rc = copy_str(&dst->name, src->name) | copy_str(&dst->url, src->url) |
+             copy_str(&dst->host, src->host) | copy_str(&dst->zone, src->zone);
+    if (rc == 0 && src->nmodels > 0) {
+        dst->models = calloc(src->nmodels, sizeof(char *));
+        rc = dst->models != NULL ? 0 : PCR_ERR_NOMEM;
+        for (size_t j = 0; rc == 0 && j < src->nmodels; j++, dst->nmodels++)
+            rc = copy_str(&dst->models[j], src->models[j]);
+    }
+    if (rc != 0) {
+        pcr_backend_conf_dispose(dst);
+        return PCR_ERR_NOMEM;
+    }
+    return 0;
+}
+
 void pcr_config_free(pcr_config_t *cfg)
 {
     if (cfg == NULL)
@@ -715,16 +757,8 @@ void pcr_config_free(pcr_config_t *cfg)
         free(cfg->listen[i].key);
     }
     free(cfg->listen);
-    for (size_t i = 0; i < cfg->nbackends; i++) {
-        pcr_backend_conf_t *b = &cfg->backends[i];
-        free(b->name);
-        free(b->url);
-        free(b->host);
-        free(b->zone);
-        for (size_t j = 0; j < b->nmodels; j++)
-            free(b->models[j]);
-        free(b->models);
-    }
+    for (size_t i = 0; i < cfg->nbackends; i++)
+        pcr_backend_conf_dispose(&cfg->backends[i]);
     free(cfg->backends);
     free(cfg->routing.zone);
     free(cfg->health.path);

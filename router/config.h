@@ -132,4 +132,9 @@ pcr_config_t *pcr_config_parse(const char *text, const char *name, char **errors
 
 void pcr_config_free(pcr_config_t *cfg);  /* NULL is a no-op */
 
+/* A deep copy of one backend's settings (a running backend outlives the config it came from),
+ * and its release. 0 or PCR_ERR_NOMEM (then `dst` holds nothing). */
+int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src);
+void pcr_backend_conf_dispose(pcr_backend_conf_t *b);
+
 #endif

@@ -41,8 +41,7 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
     ex->proto = proto;
     ex->state = EX_RECEIVING;
     ex->body = evbuffer_new();
-    ex->tried = calloc(w->srv->nbackends, 1);
-    if (ex->body == NULL || ex->tried == NULL) {
+    if (ex->body == NULL) {
         pcr_exchange_free(ex);
         return NULL;
     }
@@ -76,7 +75,7 @@ static void access_log(const pcr_exchange_t *ex, int status, double secs)
         return;
     pcr_log_info("access %s %s %s %s %d %llu backend=%s route=%s blocks=%u/%u attempts=%u %.3fs",
                  ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, ex->path ? ex->path : "-",
-                 status, (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf->name : "-",
+                 status, (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf.name : "-",
                  ex->be ? pcr_reason_name(ex->decision.reason) : "-", ex->decision.matched_blocks,
                  ex->decision.total_blocks, ex->attempts, secs);
 }
@@ -324,7 +323,7 @@ static void fail_unrouted(pcr_exchange_t *ex)
     switch (ex->last_error) {
     case PCR_UP_TIMEOUT:
         pcr_exchange_error(ex, 504, "timeout", "upstream_timeout",
-                           "backend %s did not answer within %u ms", ex->be ? ex->be->conf->name : "?",
+                           "backend %s did not answer within %u ms", ex->be ? ex->be->conf.name : "?",
                            ex->w->cfg->timeouts.response_ms);
         break;
     case PCR_UP_POOL_FULL:
@@ -335,7 +334,7 @@ static void fail_unrouted(pcr_exchange_t *ex)
     default:
         pcr_exchange_error(ex, 502, "upstream_error", "bad_gateway",
                            "%u backend(s) failed before answering (last: %s, %s)", ex->attempts,
-                           ex->be ? ex->be->conf->name : "?",
+                           ex->be ? ex->be->conf.name : "?",
                            ex->last_error == PCR_UP_CONNECT  ? "connection refused or timed out"
                            : ex->last_error == PCR_UP_PROTOCOL ? "malformed HTTP response"
                                                                : "connection closed");
@@ -343,34 +342,44 @@ static void fail_unrouted(pcr_exchange_t *ex)
     }
 }
 
-/* Fills loads[] for the policy: usable = up, not yet tried, serving the model. Returns how many
- * are usable. */
-static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads)
+static int tried(const pcr_exchange_t *ex, size_t i)
+{
+    return (ex->tried[i / 64] >> (i % 64)) & 1;
+}
+
+/* Fills loads[0..n) for the policy: usable = in a slot, up, not ejected, not yet tried, serving
+ * the model. Returns how many are usable. */
+static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n)
 {
     pcr_server_t *srv = ex->w->srv;
     const char *model = ex->req.model ? ex->req.model : "";
     uint64_t now = pcr_now_us();
     size_t usable = 0, candidates = 0;
-    for (size_t i = 0; i < srv->nbackends; i++) {
-        pcr_backend_t *be = &srv->backends[i];
-        int serves = !ex->tried[i] && pcr_backend_serves(be, model) && PCR_LOAD(be->up);
+    memset(loads, 0, n * sizeof(*loads));
+    for (size_t i = 0; i < n; i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be == NULL)
+            continue;
+        int serves = !tried(ex, i) && PCR_LOAD(be->up) &&
+                     pcr_backend_serves(be, model, ex->model_hash);
         loads[i].usable = serves && !pcr_backend_ejected(be, now);
         loads[i].inflight = PCR_LOAD(be->inflight);
         loads[i].queued_prefill = PCR_LOAD(be->queued_prefill);
         loads[i].pod_waiting = PCR_LOAD(be->pod_waiting);
-        usable += loads[i].usable != 0;
+        loads[i].usable |= serves ? 2 : 0; /* a candidate, for panic below */
+        usable += (loads[i].usable & 1) != 0;
         candidates += serves;
     }
-    if (usable == 0 && candidates > 0) {
-        /* Panic (Envoy's name): every backend that passes its health checks and could take
-         * the request is ejected. Trying them anyway beats answering 503 to everything; one
-         * that answers comes back through its probe. (Backends that fail their active checks
-         * stay out: a 503 that says so is clearer than errors from a dead engine.) */
-        for (size_t i = 0; i < srv->nbackends; i++)
-            loads[i].usable = !ex->tried[i] && pcr_backend_serves(&srv->backends[i], model) &&
-                              PCR_LOAD(srv->backends[i].up);
-        usable = candidates;
+    /* Panic (Envoy's name): every backend that passes its health checks and could take the
+     * request is ejected. Trying them anyway beats answering 503 to everything; one that
+     * answers comes back through its probe. (Backends that fail their active checks stay out:
+     * a 503 that says so is clearer than errors from a dead engine.) */
+    int panic = usable == 0 && candidates > 0;
+    for (size_t i = 0; i < n; i++)
+        loads[i].usable = panic ? (loads[i].usable & 2) != 0 : (loads[i].usable & 1);
+    if (panic) {
         ex->panic = 1;
+        usable = candidates;
     }
     return usable;
 }
@@ -380,14 +389,24 @@ static void dispatch(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
     pcr_server_t *srv = w->srv;
-    pcr_backend_load_t loads[srv->nbackends];
     const char *model = ex->req.model ? ex->req.model : "";
-    pcr_worker_sync(w); /* what the other workers learned meanwhile */
-    fill_loads(ex, loads);
+    pcr_worker_sync(w); /* what the other workers (and the control thread) published meanwhile */
+    size_t n = pcr_backend_slots(srv);
+    pcr_backend_load_t loads[n ? n : 1];
     pcr_decision_t d;
+    pcr_backend_t *be = NULL;
     uint64_t now = pcr_now_us();
-    int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
-    if (rc < 0 || d.backend < 0 || (size_t)d.backend >= srv->nbackends) {
+    for (;;) {
+        fill_loads(ex, loads, n);
+        int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
+        if (rc < 0 || d.backend < 0 || (size_t)d.backend >= n)
+            break;
+        if ((be = pcr_backend_at(srv, (size_t)d.backend)) != NULL)
+            break;
+        /* It left between the two reads: never again for this request. */
+        ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
+    }
+    if (be == NULL) {
         if (ex->attempts > 0) {
             fail_unrouted(ex);
         } else if (model[0] != '\0' && pcr_backends_up(srv) > 0) {
@@ -395,12 +414,10 @@ static void dispatch(pcr_exchange_t *ex)
                                "no backend serves the model '%s'", model);
         } else {
             pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
-                               "no backend is available (%zu of %zu up)", pcr_backends_up(srv),
-                               srv->nbackends);
+                               "no backend is available (%zu up)", pcr_backends_up(srv));
         }
         return;
     }
-    pcr_backend_t *be = &srv->backends[d.backend];
     if (ex->panic)
         PCR_INC(w->metrics.panic_routes);
     if (ex->attempts == 0) {
@@ -414,7 +431,7 @@ static void dispatch(pcr_exchange_t *ex)
     }
     ex->decision = d;
     ex->attempts++;
-    ex->tried[d.backend] = 1;
+    ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     if (ex->has_key && pcr_policy_commit(w->policy, d.backend, &ex->key, now, &ex->added_from) == 0) {
         ex->committed = 1;
         pcr_bus_commit(srv->bus, (int)w->id, d.backend, &ex->key, now);
@@ -424,10 +441,21 @@ static void dispatch(pcr_exchange_t *ex)
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
         return;
     }
+    pcr_pool_t *pool = pcr_worker_pool(w, be);
+    if (pool == NULL) {
+        evbuffer_free(req);
+        pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
+        return;
+    }
+    /* The exchange holds the backend until it is freed: a backend that leaves the config is
+     * not freed under a request it is answering. */
+    pcr_backend_ref(be);
+    if (ex->be != NULL)
+        pcr_backend_unref(ex->be);
     ex->be = be;
     ex->prefill = d.uncached_prefill;
     ex_to(ex, EX_UP_WAIT);
-    ex->up = pcr_upstream_send(&w->pools[d.backend], req, &proxy_cbs, ex);
+    ex->up = pcr_upstream_send(pool, req, &proxy_cbs, ex);
     if (ex->up == NULL) {
         ex_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -453,7 +481,7 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
     for (size_t i = 0; i < n && k + 2 < PCR_ARRAY_SIZE(out); i++)
         if (!pcr_http_hop_by_hop(hdrs[i].name, hdrs[i].name_len, cl ? conn : NULL))
             out[k++] = hdrs[i];
-    const char *bname = ex->be->conf->name;
+    const char *bname = ex->be->conf.name;
     const char *reason = pcr_reason_name(ex->decision.reason);
     out[k++] = (pcr_hdr_t){"x-pcrouter-backend", 18, bname, strlen(bname)};
     out[k++] = (pcr_hdr_t){"x-pcrouter-route", 16, reason, strlen(reason)};
@@ -485,9 +513,10 @@ static void on_up_done(void *ctx)
 /* Another backend that could take the request, without choosing it yet. */
 static int can_retry(pcr_exchange_t *ex)
 {
-    pcr_backend_load_t loads[ex->w->srv->nbackends];
+    size_t n = pcr_backend_slots(ex->w->srv);
+    pcr_backend_load_t loads[n ? n : 1];
     return ex->attempts <= ex->w->cfg->upstream.retries && !ex->w->draining &&
-           fill_loads(ex, loads) > 0;
+           fill_loads(ex, loads, n) > 0;
 }
 
 static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
@@ -501,7 +530,7 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
                            pcr_now_us());
     if (got_head) {
         /* Part of the response reached the client: it cannot be retried, only cut. */
-        pcr_log_warn("backend %s: response cut short (%s) after %llu bytes", be->conf->name,
+        pcr_log_warn("backend %s: response cut short (%s) after %llu bytes", be->conf.name,
                      err == PCR_UP_TIMEOUT    ? "stream idle timeout"
                      : err == PCR_UP_PROTOCOL ? "malformed response"
                                               : "connection lost",
@@ -519,7 +548,7 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     int retryable = err == PCR_UP_CONNECT || err == PCR_UP_RESET || err == PCR_UP_PROTOCOL;
     if (retryable && can_retry(ex)) {
         pcr_log_info("backend %s failed before answering; retrying on another backend",
-                     be->conf->name);
+                     be->conf.name);
         dispatch(ex);
         return;
     }
@@ -562,6 +591,7 @@ static void proxy_routed(pcr_exchange_t *ex, pcr_api_t api)
         return;
     }
     pcr_policy_key(pol, ex->req.model, ex->req.model_len, ex->req.key, ex->req.key_len, &ex->key);
+    ex->model_hash = pcr_model_hash(ex->req.model, ex->req.model_len);
     ex->has_key = 1;
     dispatch(ex);
 }
@@ -640,7 +670,8 @@ void pcr_exchange_free(pcr_exchange_t *ex)
         pcr_body_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
     free(ex->key.blocks);
-    free(ex->tried);
+    if (ex->be != NULL)
+        pcr_backend_unref(ex->be);
     free(ex->path);
     free(ex->hbuf);
     if (ex->body)

@@ -65,9 +65,10 @@ struct pcr_exchange {
     pcr_decision_t decision;
     uint32_t added_from;
     int committed;                    /* the index holds the speculative entry */
-    pcr_backend_t *be;                /* current attempt's backend */
+    pcr_backend_t *be;                /* current attempt's backend (referenced) */
     uint64_t prefill;                 /* the request's uncached prefill on `be` */
-    unsigned char *tried;             /* per backend: already failed this request */
+    uint64_t tried[PCR_MAX_BACKENDS / 64];  /* per backend slot: already failed this request */
+    uint64_t model_hash;              /* of req.model, for the pods' model lists */
     unsigned attempts;
     int panic;                        /* routed while every candidate was down or ejected */
     pcr_up_error_t last_error;

@@ -73,8 +73,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     pcr_log_info("signal %d: draining (%llu request(s) in flight, up to %u ms)", (int)sig,
                  (unsigned long long)inflight, srv->cfg->timeouts.drain_ms);
     pcr_workers_drain(srv);
-    for (size_t i = 0; i < srv->nbackends; i++)
-        pcr_upstream_close_idle(&srv->check_pools[i]);
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be != NULL)
+            pcr_upstream_close_idle(be->check_pool);
+    }
     unsigned ms = srv->cfg->timeouts.drain_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
@@ -159,7 +162,8 @@ static int run(const char *path)
         goto out;
     started = 1;
     pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s, %u worker(s)", PCR_VERSION,
-                 srv.nbackends, pcr_policy_kind_name(srv.cfg->routing.policy), srv.nworkers);
+                 pcr_backends_count(&srv), pcr_policy_kind_name(srv.cfg->routing.policy),
+                 srv.nworkers);
     event_base_dispatch(srv.base);
     rc = 0;
 out:

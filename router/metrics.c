@@ -71,35 +71,28 @@ static void hist_render(struct evbuffer *out, const pcr_server_t *srv, const cha
 }
 
 /* One gauge or counter per backend: a row of this table each. */
-typedef uint64_t (*backend_value_fn)(const pcr_worker_t *w, size_t i);
+typedef uint64_t (*backend_value_fn)(const pcr_worker_t *w, const pcr_backend_t *be);
 
-#define BE(w, i) (&(w)->srv->backends[i])
-static uint64_t v_up(const pcr_worker_t *w, size_t i) { return (uint64_t)PCR_LOAD(BE(w, i)->up); }
-static uint64_t v_inflight(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->inflight); }
-static uint64_t v_queued(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->queued_prefill); }
-static uint64_t v_waiting(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->pod_waiting); }
-static uint64_t v_hits(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->pod_hits); }
-static uint64_t v_queries(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->pod_queries); }
-static uint64_t v_connect_errors(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->connect_errors); }
-static uint64_t v_upstream_errors(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->upstream_errors); }
-static uint64_t v_ejections(const pcr_worker_t *w, size_t i) { return PCR_LOAD(BE(w, i)->ejections_total); }
+static uint64_t v_up(const pcr_worker_t *w, const pcr_backend_t *be) { return (uint64_t)PCR_LOAD(be->up); }
+static uint64_t v_inflight(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->inflight); }
+static uint64_t v_queued(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->queued_prefill); }
+static uint64_t v_waiting(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_waiting); }
+static uint64_t v_hits(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_hits); }
+static uint64_t v_queries(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_queries); }
+static uint64_t v_connect_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->connect_errors); }
+static uint64_t v_upstream_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->upstream_errors); }
+static uint64_t v_ejections(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->ejections_total); }
 
-static uint64_t v_ejected(const pcr_worker_t *w, size_t i)
+static uint64_t v_ejected(const pcr_worker_t *w, const pcr_backend_t *be)
 {
-    return (uint64_t)pcr_backend_ejected(BE(w, i), pcr_now_us());
+    return (uint64_t)pcr_backend_ejected(be, pcr_now_us());
 }
 
-static uint64_t v_conns(const pcr_worker_t *w, size_t i)
-{
-    uint64_t n = 0;
-    for (unsigned k = 0; k < w->srv->nworkers; k++)
-        n += PCR_LOAD(w->srv->workers[k].pools[i].nconns);
-    return n;
-}
+static uint64_t v_conns(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->conns); }
 
-static uint64_t v_index_blocks(const pcr_worker_t *w, size_t i)
+static uint64_t v_index_blocks(const pcr_worker_t *w, const pcr_backend_t *be)
 {
-    return pcr_policy_backend_blocks(w->policy, (int)i);
+    return pcr_policy_backend_blocks(w->policy, be->id);
 }
 
 static const struct {
@@ -156,9 +149,13 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
 
     /* Delivered: what the pods say their prefix caches served, summed over backends. */
     uint64_t hits = 0, queries = 0;
-    for (size_t i = 0; i < srv->nbackends; i++) {
-        hits += PCR_LOAD(srv->backends[i].pod_hits);
-        queries += PCR_LOAD(srv->backends[i].pod_queries);
+    size_t nslots = pcr_backend_slots(srv);
+    for (size_t i = 0; i < nslots; i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be != NULL) {
+            hits += PCR_LOAD(be->pod_hits);
+            queries += PCR_LOAD(be->pod_queries);
+        }
     }
     HEADER(out, "pcrouter_delivered_hit_rate", "gauge",
            "Prefix-cache hit rate the pods report (vllm:prefix_cache_hits_total / queries_total, tokens) since pcrouter started.");
@@ -233,19 +230,23 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     for (size_t k = 0; k < sizeof(per_backend) / sizeof(per_backend[0]); k++) {
         evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", per_backend[k].name,
                             per_backend[k].help, per_backend[k].name, per_backend[k].type);
-        for (size_t i = 0; i < srv->nbackends; i++)
-            evbuffer_add_printf(out, "%s{backend=\"%s\"} %llu\n", per_backend[k].name,
-                                srv->backends[i].conf->name,
-                                (unsigned long long)per_backend[k].get(w, i));
+        for (size_t i = 0; i < nslots; i++) {
+            pcr_backend_t *be = pcr_backend_at(srv, i);
+            if (be != NULL)
+                evbuffer_add_printf(out, "%s{backend=\"%s\"} %llu\n", per_backend[k].name,
+                                    be->conf.name, (unsigned long long)per_backend[k].get(w, be));
+        }
     }
     HEADER(out, "pcrouter_backend_requests_total", "counter", "Responses per backend and status.");
-    for (size_t i = 0; i < srv->nbackends; i++)
-        for (int c = 100; c < 600; c++) {
-            uint64_t v = PCR_LOAD(srv->backends[i].requests_by_code[c]);
+    for (size_t i = 0; i < nslots; i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        for (int c = 100; be != NULL && c < 600; c++) {
+            uint64_t v = PCR_LOAD(be->requests_by_code[c]);
             if (v)
                 evbuffer_add_printf(out, "pcrouter_backend_requests_total{backend=\"%s\",code=\"%d\"} %llu\n",
-                                    srv->backends[i].conf->name, c, (unsigned long long)v);
+                                    be->conf.name, c, (unsigned long long)v);
         }
+    }
 
     hist_render(out, srv, "pcrouter_request_duration_seconds", "Request start to last response byte.",
                 offsetof(pcr_metrics_t, duration));

@@ -116,7 +116,7 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
         PCR_STORE(be->pod_cache_tokens, cache_tokens);
         uint64_t blocks = cache_tokens * 4 / be->srv->cfg->routing.block_bytes;
         pcr_bus_capacity(be->srv->bus, PCR_BUS_CONTROL, be->id, blocks ? blocks : 1);
-        pcr_log_info("backend %s reports a KV cache of %llu tokens", be->conf->name,
+        pcr_log_info("backend %s reports a KV cache of %llu tokens", be->conf.name,
                      (unsigned long long)cache_tokens);
     }
     PCR_INC(be->pod_scrapes);
@@ -169,7 +169,7 @@ void pcr_scrape_start(pcr_backend_t *be)
     c->be = be;
     evbuffer_add_printf(req, "GET /metrics HTTP/1.1\r\nHost: %s\r\nUser-Agent: pcrouter-scrape\r\n\r\n",
                         be->host_header);
-    be->scrape_req = pcr_upstream_send(&be->srv->check_pools[be->id], req, &scrape_cbs, c);
+    be->scrape_req = pcr_upstream_send(be->check_pool, req, &scrape_cbs, c);
     if (be->scrape_req == NULL) {
         evbuffer_free(c->body);
         free(c);

@@ -47,15 +47,19 @@ typedef struct pcr_bus pcr_bus_t;
 
 typedef struct pcr_server {
     pcr_config_t *cfg;
-    pcr_backend_t *backends;      /* cfg->nbackends of them, in config order (= policy ids) */
-    size_t nbackends;
+    /* Backends by slot (= policy id), PCR_MAX_BACKENDS of them, NULL for an empty slot; read
+     * with pcr_backend_at() (backend.h). Slots below `nslots` (atomic) may be in use. */
+    pcr_backend_t **backends;
+    size_t nslots;
+    char *slot_taken;             /* control thread: the slot's backend is not freed yet */
+    LIST_HEAD(, pcr_backend) retired;  /* left, freed once nothing holds them */
+    uint64_t epoch;               /* atomic: retirements; workers publish the last they saw */
     pcr_worker_t *workers;
     unsigned nworkers;
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
 
     /* The control loop, on the main thread. */
     struct event_base *base;
-    pcr_pool_t *check_pools;      /* one per backend: health checks and scrapes */
     struct event *probe_tick;     /* probes of ejected backends (backend.c) */
     struct event *scrape_tick;    /* the pods' metrics (scrape.c) */
     struct event *sig_term, *sig_int, *sig_hup;
@@ -86,7 +90,9 @@ struct pcr_worker {
     pthread_t thread;
     struct event_base *base;
     pcr_policy_t *policy;         /* this worker's replica */
-    pcr_pool_t *pools;            /* one per backend: this worker's upstream connections */
+    pcr_pool_t **pools;           /* by backend slot: this worker's upstream connections */
+    size_t npools;
+    uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
     pcr_metrics_t metrics;        /* written by this worker only */
     struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
     size_t nlisteners;
@@ -98,7 +104,7 @@ struct pcr_worker {
     TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
     struct event *budget_event;
     int draining;
-    int stopped;                  /* the loop has ended */
+    int stopped;                  /* the loop has ended (atomic) */
 
     /* Cross-thread: commands through a pipe (rare: drain, stop), index updates through the
      * inbox (bus.c), drained by `tick` too so an idle worker does not fall behind. */
@@ -127,5 +133,8 @@ void pcr_workers_stop(pcr_server_t *srv);
 void pcr_workers_join(pcr_server_t *srv);
 /* Before a decision: apply what the other workers learned since the last one. */
 void pcr_worker_sync(pcr_worker_t *w);
+/* This worker's pool of connections to `be` (made on first use; it holds a reference). NULL
+ * when out of memory. */
+pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be);
 
 #endif

@@ -153,7 +153,7 @@ static void req_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head)
 static int malformed(pcr_upconn_t *c, const char *why)
 {
     if (!c->malformed)
-        pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name, why);
+        pcr_log_warn("backend %s: malformed response: %s", c->be->conf.name, why);
     c->malformed = 1;
     return -1;
 }
@@ -311,7 +311,8 @@ static void conn_close(pcr_upconn_t *c)
     pcr_sock_free(c->sock);
     free(c->hbuf);
     free(c);
-    PCR_STORE(pool->nconns, pool->nconns - 1);
+    pool->nconns--;
+    PCR_SUB(pool->be->conns, 1);
     /* A slot freed up: give it to the oldest waiter. */
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
     if (w != NULL && !*pool->draining) {
@@ -393,7 +394,7 @@ static void conn_parse(pcr_upconn_t *c)
         conn_close(c);
     } else if (e != HPE_OK && e != HPE_PAUSED) {
         if (!c->malformed)
-            pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
+            pcr_log_warn("backend %s: malformed response: %s", c->be->conf.name,
                          http_errno_description(e));
         conn_fail(c, PCR_UP_PROTOCOL);
     } else if (c->done) {
@@ -445,7 +446,7 @@ static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
             conn_close(c);
             return;
         }
-        pcr_log_warn("backend %s: connect failed: %s", c->be->conf->name, strerror(err));
+        pcr_log_warn("backend %s: connect failed: %s", c->be->conf.name, strerror(err));
         conn_fail(c, PCR_UP_CONNECT);
         return;
     }
@@ -512,7 +513,8 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
     pcr_sock_set_cbs(c->sock, &up_sock_cbs, c);
     /* A pod that does not read the request is as stuck as one that does not answer. */
     pcr_sock_set_write_timeout(c->sock, tmo(be)->response_ms);
-    PCR_STORE(pool->nconns, pool->nconns + 1);
+    pool->nconns++;
+    PCR_ADD(be->conns, 1);
     return c;
 }
 

@@ -78,6 +78,53 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
 
 void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, w->policy); }
 
+pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
+{
+    size_t id = (size_t)be->id;
+    if (id >= w->npools) {
+        size_t n = w->npools ? w->npools : 8;
+        while (n <= id)
+            n *= 2;
+        pcr_pool_t **np = realloc(w->pools, n * sizeof(*np));
+        if (np == NULL)
+            return NULL;
+        memset(np + w->npools, 0, (n - w->npools) * sizeof(*np));
+        w->pools = np;
+        w->npools = n;
+    }
+    pcr_pool_t *pool = w->pools[id];
+    if (pool != NULL && pool->be == be)
+        return pool;
+    /* A slot is reused only once the backend that had it is gone, pools included. */
+    if (pool != NULL)
+        return NULL;
+    pool = calloc(1, sizeof(*pool));
+    if (pool == NULL)
+        return NULL;
+    /* The backend's bound is for the process: each worker gets its share. */
+    unsigned max = PCR_LOAD(be->max_connections);
+    pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining);
+    pcr_backend_ref(be);
+    w->pools[id] = pool;
+    return pool;
+}
+
+/* Pools of backends that left: idle connections close now, the pool goes with its last one. */
+static void release_pools(pcr_worker_t *w, int all)
+{
+    for (size_t i = 0; i < w->npools; i++) {
+        pcr_pool_t *pool = w->pools[i];
+        if (pool == NULL || (!all && !PCR_LOAD(pool->be->removed)))
+            continue;
+        pcr_upstream_close_idle(pool);
+        if (pool->nconns == 0 && TAILQ_EMPTY(&pool->waiters)) {
+            pcr_backend_unref(pool->be);
+            free(pool);
+            w->pools[i] = NULL;
+        }
+    }
+}
+
 void pcr_worker_check_drained(pcr_worker_t *w)
 {
     if (w->draining && w->inflight == 0 && w->nsessions == 0)
@@ -87,7 +134,11 @@ void pcr_worker_check_drained(pcr_worker_t *w)
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     pcr_worker_t *w = arg;
+    /* A quiescent point: no pointer read from a backend slot in an earlier callback is held
+     * without a reference, so what was retired before this is free to go. */
+    PCR_STORE(w->epoch_seen, PCR_LOAD(w->srv->epoch));
     pcr_worker_sync(w);
+    release_pools(w, 0);
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);
     PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
@@ -107,8 +158,9 @@ static void worker_drain(pcr_worker_t *w)
         next = LIST_NEXT(s, link);
         s->ops->drain(s);
     }
-    for (size_t i = 0; i < w->srv->nbackends; i++)
-        pcr_upstream_close_idle(&w->pools[i]);
+    for (size_t i = 0; i < w->npools; i++)
+        if (w->pools[i] != NULL)
+            pcr_upstream_close_idle(w->pools[i]);
     pcr_worker_check_drained(w);
 }
 
@@ -127,18 +179,10 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
 
 /* ---- set-up and teardown ------------------------------------------------------------- */
 
+/* The policy starts with no backend: they join through the bus (pcr_backend_add published
+ * each one before the workers existed), like every later one. */
 static pcr_policy_t *make_policy(const pcr_config_t *cfg)
 {
-    pcr_backend_desc_t descs[cfg->nbackends];
-    for (size_t i = 0; i < cfg->nbackends; i++) {
-        const pcr_backend_conf_t *b = &cfg->backends[i];
-        descs[i].name = b->name;
-        descs[i].zone = b->zone;
-        descs[i].weight = b->weight;
-        /* A token is 4 bytes of canonical prompt: capacity in tokens -> blocks. */
-        uint64_t blocks = b->capacity_tokens * 4 / cfg->routing.block_bytes;
-        descs[i].capacity_blocks = blocks ? blocks : 1;
-    }
     pcr_policy_opts_t o;
     pcr_policy_opts_default(&o);
     o.kind = cfg->routing.policy;
@@ -150,7 +194,7 @@ static pcr_policy_t *make_policy(const pcr_config_t *cfg)
     o.zone_penalty = cfg->routing.zone_penalty;
     o.zone = cfg->routing.zone;
     o.vnodes = cfg->routing.vnodes;
-    return pcr_policy_new(&o, descs, cfg->nbackends);
+    return pcr_policy_new(&o, NULL, 0);
 }
 
 /* Everything of a worker but its thread; on the main thread. Undone by worker_dispose(). */
@@ -166,15 +210,9 @@ static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     TAILQ_INIT(&w->budget_waiters);
     w->base = pcr_sock_base_new();
     w->policy = make_policy(srv->cfg);
-    w->pools = calloc(srv->nbackends, sizeof(*w->pools));
-    if (w->base == NULL || w->policy == NULL || w->pools == NULL)
+    if (w->base == NULL || w->policy == NULL)
         return PCR_ERR_NOMEM;
-    for (size_t i = 0; i < srv->nbackends; i++) {
-        pcr_backend_t *be = &srv->backends[i];
-        /* The backend's bound is for the process: each worker gets its share. */
-        unsigned share = (be->max_connections + srv->nworkers - 1) / srv->nworkers;
-        pcr_pool_init(&w->pools[i], be, w->base, share, &w->draining);
-    }
+    pcr_worker_sync(w);
     if (pipe2(w->cmd_fd, O_CLOEXEC | O_NONBLOCK) != 0)
         return PCR_ERR_IO;
     w->cmd_event = event_new(w->base, w->cmd_fd[0], EV_READ | EV_PERSIST, on_cmd, w);
@@ -197,10 +235,10 @@ static void worker_dispose(pcr_worker_t *w)
         s->ops->close(s);
     }
     pcr_listeners_free(w);
-    /* The pools array stays until every worker is joined: another worker's /metrics may be
-     * reading its connection counts right now. */
-    for (size_t i = 0; w->pools != NULL && i < w->srv->nbackends; i++)
-        pcr_pool_dispose(&w->pools[i]);
+    release_pools(w, 1);
+    free(w->pools);
+    w->pools = NULL;
+    w->npools = 0;
     pcr_policy_free(w->policy);
     w->policy = NULL;
     if (w->cmd_event)
@@ -224,8 +262,6 @@ static void worker_release(pcr_worker_t *w)
         if (w->cmd_fd[i] >= 0)
             close(w->cmd_fd[i]);
     w->cmd_fd[0] = w->cmd_fd[1] = -1;
-    free(w->pools);
-    w->pools = NULL;
 }
 
 static void *worker_main(void *arg)
@@ -234,6 +270,7 @@ static void *worker_main(void *arg)
     pcr_server_t *srv = w->srv;
     event_base_dispatch(w->base);
     worker_dispose(w);
+    PCR_STORE(w->stopped, 1);
     if (PCR_SUB(srv->workers_running, 1) == 1) {
         ssize_t n = write(srv->wake_fd[1], "x", 1); /* the last one out wakes the control loop */
         (void)n;

@@ -72,8 +72,9 @@ typedef struct {
 
 typedef struct pcr_policy pcr_policy_t;
 
-/* Creates a policy over `n` backends (n >= 1). Copies what it needs from `opts` and
- * `backends`. Returns NULL when out of memory or when an argument is invalid. */
+/* Creates a policy over `n` backends (0 is allowed: they join later, pcr_policy_backend_set).
+ * Copies what it needs from `opts` and `backends`. Returns NULL when out of memory or when an
+ * argument is invalid. */
 pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_desc_t *backends,
                              size_t n);
 void pcr_policy_free(pcr_policy_t *p);  /* NULL is a no-op */

@@ -66,7 +66,17 @@ static void test_defaults_and_arguments(void)
     PCR_CHECK_EQ_INT(k, PCR_POLICY_CONSISTENT_HASH);
     PCR_CHECK_EQ_INT(pcr_policy_kind_parse("random", &k), PCR_ERR_INVAL);
     PCR_CHECK_STR(pcr_reason_name(PCR_REASON_OVERLOAD_SPILL), "overload_spill");
-    PCR_CHECK(pcr_policy_new(&o, four, 0) == NULL);
+    /* No backend yet is a policy that answers "none usable" until some join. */
+    pcr_policy_t *empty = pcr_policy_new(&o, NULL, 0);
+    PCR_CHECK(empty != NULL);
+    pcr_backend_load_t none[1] = {{0}};
+    pcr_decision_t nd;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(empty, NULL, none, 1, &nd), PCR_ERR_UNAVAIL);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(empty, 0, &four[0]), 0);
+    none[0].usable = 1;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(empty, NULL, none, 1, &nd), 0);
+    PCR_CHECK_EQ_INT(nd.backend, 0);
+    pcr_policy_free(empty);
     PCR_CHECK(pcr_policy_new(&o, NULL, 4) == NULL);
     o.load_factor = 0.5;
     PCR_CHECK(pcr_policy_new(&o, four, 4) == NULL);

@@ -29,7 +29,7 @@ static void setup(pcr_backend_t *be)
     policy = pcr_policy_new(&o, &d, 1);
     srv.bus = pcr_bus_new(1);
     be->srv = &srv;
-    be->conf = &bconf;
+    be->conf = bconf;
 }
 
 static void feed(pcr_backend_t *be, const char *text)

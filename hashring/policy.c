@@ -83,7 +83,8 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
         goto fail;
     for (size_t b = 0; b < n; b++) {
         const char *z = backends[b].zone != NULL ? backends[b].zone : "";
-        if ((p->be[b].name = dup_str(backends[b].name)) == NULL)
+        if ((p->be[b].name = dup_str(backends[b].name)) == NULL ||
+            (p->be[b].zone = dup_str(z)) == NULL)
             goto fail;
         p->be[b].weight = backends[b].weight;
         p->be[b].in_zone = p->zone[0] == '\0' || strcmp(z, p->zone) == 0;
@@ -166,7 +167,7 @@ static int grow(pcr_policy_t *p, size_t n)
     if (p->index != NULL && pcr_index_grow(p->index, n) != 0)
         return PCR_ERR_NOMEM;
     for (size_t b = p->n; b < n; b++)
-        p->be[b] = (pcr_pbackend_t){NULL, 0, 0};
+        p->be[b] = (pcr_pbackend_t){NULL, NULL, 0, 0};
     p->n = n;
     return 0;
 }
@@ -180,22 +181,27 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
     if (rc != 0)
         return rc;
     pcr_pbackend_t *b = &p->be[id];
-    char *name = dup_str(d->name);
-    if (name == NULL)
+    const char *z = d->zone != NULL ? d->zone : "";
+    char *name = dup_str(d->name), *zone = dup_str(z);
+    if (name == NULL || zone == NULL) {
+        free(name);
+        free(zone);
         return PCR_ERR_NOMEM;
+    }
     /* Another backend in the slot: what the index believed of the old one is not its. */
     if (b->name != NULL && strcmp(b->name, d->name) != 0 && p->index != NULL)
         pcr_index_remove_backend(p->index, (unsigned)id);
     pcr_pbackend_t old = *b;
-    const char *z = d->zone != NULL ? d->zone : "";
-    *b = (pcr_pbackend_t){name, d->weight, p->zone[0] == '\0' || strcmp(z, p->zone) == 0};
+    *b = (pcr_pbackend_t){name, zone, d->weight, p->zone[0] == '\0' || strcmp(z, p->zone) == 0};
     rc = ring_rebuild(p);
     if (rc != 0) {
         free(name);
+        free(zone);
         *b = old;
         return rc;
     }
     free(old.name);
+    free(old.zone);
     if (p->index != NULL)
         pcr_index_set_capacity(p->index, (unsigned)id,
                                d->capacity_blocks ? d->capacity_blocks : PCR_INDEX_UNLIMITED);
@@ -217,8 +223,42 @@ int pcr_policy_backend_remove(pcr_policy_t *p, int id)
         return rc;
     }
     free(name);
+    free(b->zone);
+    b->zone = NULL;
     if (p->index != NULL)
         pcr_index_remove_backend(p->index, (unsigned)id);
+    return 0;
+}
+
+int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
+{
+    if (p == NULL || !opts_valid(o, 0))
+        return PCR_ERR_INVAL;
+    if (o->kind != p->o.kind || o->block_bytes != p->o.block_bytes ||
+        o->max_prefix_bytes != p->o.max_prefix_bytes)
+        return PCR_ERR_INVAL; /* keys, index or ring would mean something else */
+    char *zone = dup_str(o->zone);
+    if (zone == NULL)
+        return PCR_ERR_NOMEM;
+    unsigned old_vnodes = p->o.vnodes;
+    p->o.load_factor = o->load_factor;
+    p->o.load_weight = o->load_weight;
+    p->o.zone_penalty = o->zone_penalty;
+    p->o.vnodes = o->vnodes;
+    if (o->vnodes != old_vnodes && ring_rebuild(p) != 0) {
+        p->o.vnodes = old_vnodes;
+        free(zone);
+        return PCR_ERR_NOMEM;
+    }
+    free(p->zone);
+    p->zone = zone;
+    p->o.zone = zone;
+    for (size_t b = 0; b < p->n; b++)
+        p->be[b].in_zone = zone[0] == '\0' || (p->be[b].zone && strcmp(p->be[b].zone, zone) == 0);
+    if (o->index_max_bytes != p->o.index_max_bytes) {
+        p->o.index_max_bytes = o->index_max_bytes;
+        pcr_index_set_max_bytes(p->index, o->index_max_bytes);
+    }
     return 0;
 }
 
@@ -228,8 +268,10 @@ void pcr_policy_free(pcr_policy_t *p)
 {
     if (p == NULL)
         return;
-    for (size_t b = 0; p->be != NULL && b < p->n; b++)
+    for (size_t b = 0; p->be != NULL && b < p->n; b++) {
         free(p->be[b].name);
+        free(p->be[b].zone);
+    }
     free(p->be);
     free(p->zone);
     free(p->matched);

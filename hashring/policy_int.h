@@ -17,6 +17,7 @@
 
 typedef struct {
     char *name;                /* NULL for a slot whose backend left */
+    char *zone;
     uint32_t weight;
     int in_zone;               /* the router has no zone, or this backend is in it */
 } pcr_pbackend_t;

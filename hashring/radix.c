@@ -451,6 +451,14 @@ pcr_index_t *pcr_index_new(const pcr_index_opts_t *opts)
     return ix;
 }
 
+void pcr_index_set_max_bytes(pcr_index_t *ix, size_t max_bytes)
+{
+    if (ix == NULL)
+        return;
+    ix->max_bytes = max_bytes;
+    evict_global(ix);
+}
+
 int pcr_index_grow(pcr_index_t *ix, size_t nbackends)
 {
     if (ix == NULL || nbackends > PCR_INDEX_MAX_BACKENDS)

@@ -104,7 +104,7 @@ pcr_backend_t *pcr_backend_add(pcr_server_t *srv, const pcr_backend_conf_t *bc,
     else
         snprintf(be->host_header, hl, "%s:%u", bc->host, bc->port);
     /* Checks and scrapes: one connection of their own, never queued behind requests. */
-    pcr_pool_init(be->check_pool, be, srv->base, 1, &srv->draining);
+    pcr_pool_init(be->check_pool, be, srv->base, 1, &srv->draining, (const pcr_config_t **)&srv->cfg);
     if (cfg->health.interval_ms > 0) {
         be->health_timer = evtimer_new(srv->base, on_health_timer, be);
         if (be->health_timer == NULL) {
@@ -220,9 +220,9 @@ int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us)
     return PCR_LOAD(((pcr_backend_t *)be)->ejected_until_us) > now_us;
 }
 
-static void eject(pcr_backend_t *be, uint64_t now, const char *why, unsigned count)
+static void eject(pcr_backend_t *be, const pcr_outlier_conf_t *o, uint64_t now, const char *why,
+                  unsigned count)
 {
-    const pcr_outlier_conf_t *o = &be->srv->cfg->outlier;
     uint64_t until = PCR_LOAD(be->ejected_until_us);
     if (until > now)
         return; /* already out */
@@ -248,9 +248,9 @@ static void eject(pcr_backend_t *be, uint64_t now, const char *why, unsigned cou
                  (unsigned long long)ms, count, why);
 }
 
-void pcr_backend_report(pcr_backend_t *be, pcr_outcome_t outcome, uint64_t now_us)
+void pcr_backend_report(pcr_backend_t *be, const pcr_outlier_conf_t *o, pcr_outcome_t outcome,
+                        uint64_t now_us)
 {
-    const pcr_outlier_conf_t *o = &be->srv->cfg->outlier;
     switch (outcome) {
     case PCR_OUTCOME_OK:
         if (PCR_LOAD(be->consecutive_errors))
@@ -262,14 +262,14 @@ void pcr_backend_report(pcr_backend_t *be, pcr_outcome_t outcome, uint64_t now_u
     case PCR_OUTCOME_ERROR: {
         unsigned n = PCR_ADD(be->consecutive_errors, 1) + 1;
         if (o->consecutive_errors > 0 && n >= o->consecutive_errors)
-            eject(be, now_us, outcome == PCR_OUTCOME_5XX ? "errors (5xx)" : "errors", n);
+            eject(be, o, now_us, outcome == PCR_OUTCOME_5XX ? "errors (5xx)" : "errors", n);
         break;
     }
     case PCR_OUTCOME_CONNECT: {
         unsigned n = PCR_ADD(be->consecutive_connect_errors, 1) + 1;
         PCR_ADD(be->consecutive_errors, 1);
         if (o->consecutive_connect_errors > 0 && n >= o->consecutive_connect_errors)
-            eject(be, now_us, "failed connects", n);
+            eject(be, o, now_us, "failed connects", n);
         break;
     }
     }

@@ -126,7 +126,8 @@ typedef enum {
     PCR_OUTCOME_ERROR,         /* reset, timeout, malformed response */
     PCR_OUTCOME_CONNECT,       /* the connection could not be made */
 } pcr_outcome_t;
-void pcr_backend_report(pcr_backend_t *be, pcr_outcome_t outcome, uint64_t now_us);
+void pcr_backend_report(pcr_backend_t *be, const pcr_outlier_conf_t *o, pcr_outcome_t outcome,
+                        uint64_t now_us);
 /* A probe of an ejected backend succeeded: it takes requests again at once. */
 void pcr_backend_uneject(pcr_backend_t *be);
 int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us);

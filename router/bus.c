@@ -13,7 +13,14 @@
 #include "bus.h"
 #include "server.h"
 
-enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE };
+enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE };
+
+/* OP_TUNE's payload: the options but the zone, then the zone, NUL-terminated. */
+typedef struct {
+    uint32_t kind, vnodes;
+    uint64_t block_bytes, max_prefix_bytes, index_max_bytes;
+    double load_factor, load_weight, zone_penalty;
+} tune_t;
 
 typedef struct {
     uint8_t op, pad;
@@ -160,8 +167,27 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
             break;
         /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
         pcr_key_t key = {(uint64_t *)(void *)(buf + off), m.nblocks, m.prompt_tokens};
-        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL};
+        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL};
         pcr_backend_desc_t desc;
+        pcr_policy_opts_t opts;
+        if (m.op == OP_TUNE && bytes > sizeof(tune_t)) {
+            tune_t t;
+            memcpy(&t, buf + off, sizeof(t));
+            const char *zone = (const char *)(buf + off + sizeof(t));
+            if (strnlen(zone, bytes - sizeof(t)) < bytes - sizeof(t)) {
+                pcr_policy_opts_default(&opts);
+                opts.kind = (pcr_policy_kind_t)t.kind;
+                opts.vnodes = t.vnodes;
+                opts.block_bytes = t.block_bytes;
+                opts.max_prefix_bytes = t.max_prefix_bytes;
+                opts.index_max_bytes = t.index_max_bytes;
+                opts.load_factor = t.load_factor;
+                opts.load_weight = t.load_weight;
+                opts.zone_penalty = t.zone_penalty;
+                opts.zone = zone;
+                bm.opts = &opts;
+            }
+        }
         if (m.op == OP_SET) {
             const char *name = (const char *)(buf + off);
             size_t room = bytes, nl = strnlen(name, room);
@@ -192,6 +218,21 @@ void pcr_bus_backend_set(pcr_bus_t *bus, int from, int backend, const pcr_backen
     publish(bus, from, &m, text);
 }
 
+void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *o)
+{
+    const char *zone = o->zone ? o->zone : "";
+    size_t zl = strlen(zone) + 1;
+    size_t words = (sizeof(tune_t) + zl + 7) / 8;
+    uint64_t payload[words];
+    memset(payload, 0, sizeof(payload));
+    tune_t t = {(uint32_t)o->kind, o->vnodes, o->block_bytes, o->max_prefix_bytes,
+                o->index_max_bytes, o->load_factor, o->load_weight, o->zone_penalty};
+    memcpy(payload, &t, sizeof(t));
+    memcpy((char *)payload + sizeof(t), zone, zl);
+    msg_t m = {OP_TUNE, 0, 0, (uint32_t)words, 0, 0};
+    publish(bus, PCR_BUS_CONTROL, &m, payload);
+}
+
 void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
 {
     msg_t m = {OP_REMOVE, 0, (uint16_t)backend, 0, 0, 0};
@@ -200,7 +241,7 @@ void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
 
 static void apply(const pcr_bus_msg_t *m, void *arg)
 {
-    pcr_policy_t *policy = arg;
+    pcr_policy_t **pp = arg, *policy = *pp;
     uint32_t from;
     switch (m->op) {
     case PCR_BUS_OP_COMMIT:
@@ -222,10 +263,21 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
     case PCR_BUS_OP_REMOVE:
         pcr_policy_backend_remove(policy, m->backend);
         break;
+    case PCR_BUS_OP_TUNE:
+        if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {
+            /* The keys change meaning: a new, empty policy; the control thread publishes every
+             * slot's membership right after. Kept as is when even that fails. */
+            pcr_policy_t *fresh = pcr_policy_new(m->opts, NULL, 0);
+            if (fresh != NULL) {
+                pcr_policy_free(policy);
+                *pp = fresh;
+            }
+        }
+        break;
     }
 }
 
-size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy)
+size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy)
 {
     if (bus == NULL || id >= bus->n)
         return 0;

@@ -15,6 +15,8 @@
  * Lines and columns are 1-based; columns count UTF-8 characters, as jansson's do, so the
  * positions of parse errors (from jansson) and of validation errors (from the scanner) agree.
  * Listen addresses and backend URLs are parsed in config_addr.c. */
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -55,6 +57,9 @@ typedef enum {
     FT_SECTION,     /* object read with `sub` into the struct at `offset` */
     FT_LISTENERS,   /* the listen array of pcr_config_t */
     FT_BACKENDS,    /* the backends array of pcr_config_t */
+    FT_DISCOVERY,   /* the discovery array of pcr_config_t */
+    FT_HOSTNAME,    /* a DNS name to resolve, into char * (heap) */
+    FT_NAMESERVERS, /* array of "IP" or "IP:PORT": fills pcr_dns_conf_t's nameservers */
 } field_type_t;
 
 enum { F_REQUIRED = 1, F_NONEMPTY = 2 };
@@ -96,6 +101,26 @@ static const field_t backend_fields[] = {
     F_INT(pcr_backend_conf_t, capacity_tokens, FT_U64, 1, LLONG_MAX),
     F_INT(pcr_backend_conf_t, max_connections, FT_UINT, 1, 65535),
     F_OF(pcr_backend_conf_t, models, FT_MODELS, 0),
+};
+
+/* The key differs from the member: the backend settings of a discovery entry. */
+#define F_TMPL(k, ty, lo, hi) { .key = #k, .type = ty, .offset = offsetof(pcr_discovery_conf_t, tmpl.k), \
+                                .min = lo, .max = hi }
+
+static const field_t discovery_fields[] = {
+    F_OF(pcr_discovery_conf_t, dns, FT_HOSTNAME, F_REQUIRED | F_NONEMPTY),
+    F_INT(pcr_discovery_conf_t, port, FT_UINT, 1, 65535),
+    F_INT(pcr_discovery_conf_t, interval_ms, FT_UINT, 100, DAY_MS),
+    F_TMPL(zone, FT_STRING, 0, 0),
+    F_TMPL(weight, FT_UINT, 1, 1000),
+    F_TMPL(capacity_tokens, FT_U64, 1, LLONG_MAX),
+    F_TMPL(max_connections, FT_UINT, 1, 65535),
+    F_TMPL(models, FT_MODELS, 0, 0),
+};
+
+static const field_t dns_fields[] = {
+    F_OF(pcr_dns_conf_t, nameservers, FT_NAMESERVERS, 0),
+    F_INT(pcr_dns_conf_t, timeout_ms, FT_UINT, 1, DAY_MS),
 };
 
 static const field_t routing_fields[] = {
@@ -164,7 +189,9 @@ static const field_t log_fields[] = {
 
 static const field_t root_fields[] = {
     F_OF(pcr_config_t, listen, FT_LISTENERS, F_REQUIRED),
-    F_OF(pcr_config_t, backends, FT_BACKENDS, F_REQUIRED),
+    F_OF(pcr_config_t, backends, FT_BACKENDS, 0),
+    F_OF(pcr_config_t, discovery, FT_DISCOVERY, 0),
+    F_SECTION(dns, dns_fields),
     F_INT(pcr_config_t, workers, FT_UINT, 0, 256),
     F_SECTION(routing, routing_fields),
     F_SECTION(limits, limits_fields),
@@ -383,6 +410,67 @@ static void backend_init(pcr_cfg_ctx_t *c, void *el)
     set_string(c, &b->zone, "");
 }
 
+static void discovery_init(pcr_cfg_ctx_t *c, void *el)
+{
+    pcr_discovery_conf_t *d = el;
+    backend_init(c, &d->tmpl);
+    d->port = 8000;
+    d->interval_ms = 5000;
+}
+
+static void read_discovery(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
+{
+    cfg->discovery = read_object_array(c, v, "discovery entry", sizeof *cfg->discovery,
+                                       discovery_fields, PCR_ARRAY_SIZE(discovery_fields),
+                                       discovery_init, &cfg->ndiscovery);
+}
+
+/* A DNS name: letters, digits, '-', '.', '_' (as in SRV-style labels), at most 253 bytes. */
+static const char *hostname_problem(const char *s)
+{
+    size_t n = strlen(s);
+    if (n > 253)
+        return "longer than 253 bytes";
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '-' || s[i] == '.' || s[i] == '_'))
+            return "only letters, digits, '-', '_' and '.' may appear in a DNS name";
+    return NULL;
+}
+
+static void read_nameservers(pcr_cfg_ctx_t *c, pcr_dns_conf_t *d, const json_t *v)
+{
+    if (!json_is_array(v)) {
+        pcr_cfg_err_type(c, "array", v);
+        return;
+    }
+    size_t n = json_array_size(v);
+    d->nameservers = calloc(n ? n : 1, sizeof(char *));
+    if (d->nameservers == NULL) {
+        c->nomem = 1;
+        return;
+    }
+    d->nnameservers = n;
+    for (size_t i = 0; i < n; i++) {
+        size_t mark = pcr_cfg_path_push_index(&c->path, i);
+        const char *s = get_text(c, json_array_get(v, i), F_NONEMPTY);
+        if (s != NULL) {
+            struct sockaddr_storage ss;
+            socklen_t len;
+            struct in6_addr a6;
+            struct in_addr a4;
+            char q[PCR_CFG_QBUF];
+            /* "IP" alone means port 53; otherwise the listen-address form. */
+            if (inet_pton(AF_INET, s, &a4) != 1 && inet_pton(AF_INET6, s, &a6) != 1 &&
+                pcr_cfg_parse_listen_address(s, &ss, &len) != NULL)
+                pcr_cfg_err(c, "expected \"IP\" or \"IP:PORT\" of a DNS server, got %s",
+                            pcr_cfg_quote(q, sizeof q, s));
+            else
+                set_string(c, &d->nameservers[i], s);
+        }
+        pcr_cfg_path_pop(&c->path, mark);
+    }
+}
+
 static void read_backends(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
 {
     cfg->backends = read_object_array(c, v, "backend", sizeof *cfg->backends, backend_fields,
@@ -528,6 +616,22 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
     case FT_MODELS:
         read_models(c, base, v);
         break;
+    case FT_HOSTNAME: {
+        const char *why;
+        if ((s = get_text(c, v, f->flags)) == NULL)
+            break;
+        if ((why = hostname_problem(s)) != NULL)
+            pcr_cfg_err(c, "expected a DNS name, got %s: %s", pcr_cfg_quote(q, sizeof q, s), why);
+        else
+            set_string(c, (char **)slot, s);
+        break;
+    }
+    case FT_NAMESERVERS:
+        read_nameservers(c, base, v);
+        break;
+    case FT_DISCOVERY:
+        read_discovery(c, base, v);
+        break;
     case FT_SECTION:
         if (!json_is_object(v))
             pcr_cfg_err_type(c, "object", v);
@@ -586,6 +690,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1 };
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };
     cfg->scrape = (pcr_scrape_conf_t){ .interval_ms = 200, .timeout_ms = 1000 };
+    cfg->dns = (pcr_dns_conf_t){ .timeout_ms = 2000 };
     cfg->outlier = (pcr_outlier_conf_t){ .consecutive_errors = 5, .consecutive_connect_errors = 2,
                                          .ejection_ms = 1000, .max_ejection_ms = 30000,
                                          .probe_ms = 100 };
@@ -617,6 +722,12 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
     for (size_t i = 0; i < cfg->nbackends; i++)
         if (cfg->backends[i].max_connections == 0)
             cfg->backends[i].max_connections = cfg->upstream.max_connections;
+    for (size_t i = 0; i < cfg->ndiscovery; i++)
+        if (cfg->discovery[i].tmpl.max_connections == 0)
+            cfg->discovery[i].tmpl.max_connections = cfg->upstream.max_connections;
+    if (json_object_get(root, "backends") == NULL && json_object_get(root, "discovery") == NULL)
+        pcr_cfg_err(c, "missing required key \"backends\" (or \"discovery\"): at least one "
+                       "backend or discovery entry is needed");
 }
 
 static pcr_config_t *config_from_text(const char *text, size_t len, const char *name, char **errors)
@@ -760,6 +871,14 @@ void pcr_config_free(pcr_config_t *cfg)
     for (size_t i = 0; i < cfg->nbackends; i++)
         pcr_backend_conf_dispose(&cfg->backends[i]);
     free(cfg->backends);
+    for (size_t i = 0; i < cfg->ndiscovery; i++) {
+        pcr_backend_conf_dispose(&cfg->discovery[i].tmpl);
+        free(cfg->discovery[i].dns);
+    }
+    free(cfg->discovery);
+    for (size_t i = 0; i < cfg->dns.nnameservers; i++)
+        free(cfg->dns.nameservers[i]);
+    free(cfg->dns.nameservers);
     free(cfg->routing.zone);
     free(cfg->health.path);
     free(cfg->path);

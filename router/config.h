@@ -35,6 +35,22 @@ typedef struct {
     size_t nmodels;
 } pcr_backend_conf_t;
 
+/* discovery[]: one backend per address a DNS name resolves to (a Kubernetes headless Service),
+ * named "ADDRESS:PORT" so that ring positions stay stable, re-resolved every interval_ms. The
+ * settings every such backend gets are those of a backend (tmpl; no name or url). */
+typedef struct {
+    pcr_backend_conf_t tmpl;       /* first: zone, weight, capacity_tokens, max_connections, models */
+    char *dns;                     /* the name to resolve */
+    unsigned port;                 /* 1..65535 */
+    unsigned interval_ms;          /* default 5000 */
+} pcr_discovery_conf_t;
+
+typedef struct {
+    char **nameservers;            /* "IP" or "IP:PORT"; none: /etc/resolv.conf */
+    size_t nnameservers;
+    unsigned timeout_ms;           /* one query, default 2000 */
+} pcr_dns_conf_t;
+
 typedef struct {
     pcr_policy_kind_t policy;      /* "policy": default "cache_aware" */
     char *zone;                    /* the router's own zone, "" when absent */
@@ -106,8 +122,11 @@ typedef struct {
     char *path;                    /* the file it was read from */
     pcr_listen_conf_t *listen;     /* at least one */
     size_t nlisten;
-    pcr_backend_conf_t *backends;  /* at least one */
+    pcr_backend_conf_t *backends;  /* with discovery, at least one of the two */
     size_t nbackends;
+    pcr_discovery_conf_t *discovery;
+    size_t ndiscovery;
+    pcr_dns_conf_t dns;
     unsigned workers;              /* event-loop threads; 0 (default) = one per core */
     pcr_routing_conf_t routing;
     pcr_limits_conf_t limits;

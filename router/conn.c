@@ -293,27 +293,70 @@ static void log_listening(const pcr_listen_conf_t *lc, const struct sockaddr_sto
     }
 }
 
-int pcr_listeners_bind(pcr_server_t *srv)
+/* Whether the running listener `old` can keep its sockets for `nw` (the same address as
+ * written, and TLS or not alike). */
+static int same_listener(const pcr_listen_conf_t *old, const pcr_listen_conf_t *nw)
 {
-    const pcr_config_t *cfg = srv->cfg;
+    return strcmp(old->address, nw->address) == 0 && old->tls == nw->tls;
+}
+
+void pcr_listen_plan_free(pcr_listen_plan_t *plan)
+{
+    if (plan == NULL)
+        return;
+    for (size_t i = 0; plan->fds != NULL && i < plan->n * plan->nworkers; i++)
+        if (plan->fds[i] >= 0)
+            close(plan->fds[i]);
+    for (size_t i = 0; plan->ctx != NULL && i < plan->n; i++)
+        SSL_CTX_free(plan->ctx[i]);
+    free(plan->fds);
+    free(plan->ctx);
+    free(plan->keep);
+    free(plan);
+}
+
+pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cfg,
+                                       const pcr_config_t *old)
+{
     unsigned nw = srv->nworkers;
-    srv->listen_fds = malloc(cfg->nlisten * nw * sizeof(int));
-    srv->tls_ctx = calloc(cfg->nlisten, sizeof(*srv->tls_ctx));
-    if (srv->listen_fds == NULL || srv->tls_ctx == NULL)
-        return PCR_ERR_NOMEM;
+    pcr_listen_plan_t *plan = calloc(1, sizeof(*plan));
+    if (plan == NULL)
+        return NULL;
+    plan->n = cfg->nlisten;
+    plan->nworkers = nw;
+    plan->fds = malloc(cfg->nlisten * nw * sizeof(int));
+    plan->ctx = calloc(cfg->nlisten, sizeof(*plan->ctx));
+    plan->keep = malloc(cfg->nlisten * sizeof(*plan->keep));
+    if (plan->fds == NULL || plan->ctx == NULL || plan->keep == NULL) {
+        pcr_listen_plan_free(plan);
+        return NULL;
+    }
     for (size_t i = 0; i < cfg->nlisten * nw; i++)
-        srv->listen_fds[i] = -1;
+        plan->fds[i] = -1;
     for (size_t i = 0; i < cfg->nlisten; i++) {
         const pcr_listen_conf_t *lc = &cfg->listen[i];
         char err[256];
+        plan->keep[i] = -1;
+        for (size_t j = 0; old != NULL && j < old->nlisten && plan->keep[i] < 0; j++) {
+            int taken = 0;
+            for (size_t k = 0; k < i; k++)
+                taken |= plan->keep[k] == (int)j;
+            if (!taken && same_listener(&old->listen[j], lc))
+                plan->keep[i] = (int)j;
+        }
+        /* TLS: the files are read again even for a kept listener, so a renewed certificate
+         * takes effect at a reload; connections already open keep theirs. */
         if (lc->tls) {
-            srv->tls_ctx[i] = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
-            if (srv->tls_ctx[i] == NULL) {
+            plan->ctx[i] = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
+            if (plan->ctx[i] == NULL) {
                 pcr_log_error("listen[%zu].tls: cannot load certificate %s and key %s: %s", i,
                               lc->cert, lc->key, err);
-                return PCR_ERR_INVAL;
+                pcr_listen_plan_free(plan);
+                return NULL;
             }
         }
+        if (plan->keep[i] >= 0)
+            continue;
         /* One socket per worker on the same address (SO_REUSEPORT: the kernel spreads the
          * connections). The first one binds what the config says, port 0 included; the others
          * bind the port it got. */
@@ -323,9 +366,10 @@ int pcr_listeners_bind(pcr_server_t *srv)
             int fd = listen_socket((const struct sockaddr *)&ss, sl, nw > 1, err, sizeof(err));
             if (fd < 0) {
                 pcr_log_error("listen[%zu]: cannot listen on %s: %s", i, lc->address, err);
-                return PCR_ERR_IO;
+                pcr_listen_plan_free(plan);
+                return NULL;
             }
-            srv->listen_fds[i * nw + k] = fd;
+            plan->fds[i * nw + k] = fd;
             if (k == 0) {
                 sl = sizeof(ss);
                 getsockname(fd, (struct sockaddr *)&ss, &sl);
@@ -333,61 +377,85 @@ int pcr_listeners_bind(pcr_server_t *srv)
         }
         log_listening(lc, &ss, nw);
     }
-    return 0;
+    return plan;
 }
 
-void pcr_listeners_unbind(pcr_server_t *srv)
+static void listener_close(struct pcr_listener *lst)
 {
-    for (size_t i = 0; srv->listen_fds && i < srv->cfg->nlisten * srv->nworkers; i++)
-        if (srv->listen_fds[i] >= 0)
-            close(srv->listen_fds[i]);
-    free(srv->listen_fds);
-    srv->listen_fds = NULL;
-    for (size_t i = 0; srv->tls_ctx && i < srv->cfg->nlisten; i++)
-        SSL_CTX_free(srv->tls_ctx[i]);
-    free(srv->tls_ctx);
-    srv->tls_ctx = NULL;
+    if (lst->ev)
+        event_free(lst->ev);
+    if (lst->backoff)
+        event_free(lst->backoff);
+    lst->ev = lst->backoff = NULL;
+    if (lst->fd >= 0)
+        close(lst->fd);
+    lst->fd = -1;
 }
 
-int pcr_listeners_start(pcr_worker_t *w)
+int pcr_listeners_adopt(pcr_worker_t *w, pcr_listen_plan_t *plan, const pcr_config_t *cfg)
 {
-    pcr_server_t *srv = w->srv;
-    const pcr_config_t *cfg = w->cfg;
-    w->listeners = calloc(cfg->nlisten, sizeof(*w->listeners));
-    if (w->listeners == NULL)
+    struct pcr_listener *nl = calloc(plan->n ? plan->n : 1, sizeof(*nl));
+    if (nl == NULL)
         return PCR_ERR_NOMEM;
-    w->nlisteners = cfg->nlisten;
     spare_take(w);
-    for (size_t i = 0; i < cfg->nlisten; i++) {
-        struct pcr_listener *lst = &w->listeners[i];
-        lst->w = w;
-        lst->conf = &cfg->listen[i];
-        lst->ssl_ctx = srv->tls_ctx[i];
-        /* The descriptor is the worker's from here on. */
-        lst->fd = srv->listen_fds[i * srv->nworkers + w->id];
-        srv->listen_fds[i * srv->nworkers + w->id] = -1;
-        lst->ev = event_new(w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
-        lst->backoff = evtimer_new(w->base, on_backoff, lst);
-        if (lst->ev == NULL || lst->backoff == NULL)
-            return PCR_ERR_NOMEM;
-        event_add(lst->ev, NULL);
+    char *kept = calloc(w->nlisteners + 1, 1);
+    if (kept == NULL) {
+        free(nl);
+        return PCR_ERR_NOMEM;
     }
-    return 0;
+    int rc = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        struct pcr_listener *lst = &nl[i];
+        int k = plan->keep[i];
+        if (k >= 0 && (size_t)k < w->nlisteners) {
+            /* The same socket and events (re-pointed below), a new config and TLS context. */
+            struct pcr_listener *old = &w->listeners[k];
+            if (old->ev)
+                event_del(old->ev);
+            if (old->backoff)
+                event_del(old->backoff);
+            old->backoff_ms = 0;
+            *lst = *old;
+            kept[k] = 1;
+        } else {
+            lst->w = w;
+            /* The descriptor is the worker's from here on. */
+            lst->fd = plan->fds[i * plan->nworkers + w->id];
+            plan->fds[i * plan->nworkers + w->id] = -1;
+        }
+        lst->conf = &cfg->listen[i];
+        lst->ssl_ctx = plan->ctx[i];
+        if (lst->ev == NULL && lst->fd >= 0) {
+            lst->ev = event_new(w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
+            lst->backoff = evtimer_new(w->base, on_backoff, lst);
+            if (lst->ev == NULL || lst->backoff == NULL)
+                rc = PCR_ERR_NOMEM;
+        }
+    }
+    for (size_t j = 0; j < w->nlisteners; j++)
+        if (!kept[j])
+            listener_close(&w->listeners[j]);
+    free(kept);
+    free(w->listeners);
+    w->listeners = nl;
+    w->nlisteners = plan->n;
+    /* The events point at the listener structs, which moved; none is pending now. */
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        struct pcr_listener *lst = &w->listeners[i];
+        if (lst->ev == NULL || lst->backoff == NULL)
+            continue;
+        event_assign(lst->ev, w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
+        event_assign(lst->backoff, w->base, -1, 0, on_backoff, lst);
+        if (!w->draining)
+            event_add(lst->ev, NULL);
+    }
+    return rc;
 }
 
 void pcr_listeners_stop(pcr_worker_t *w)
 {
-    for (size_t i = 0; i < w->nlisteners; i++) {
-        struct pcr_listener *lst = &w->listeners[i];
-        if (lst->ev)
-            event_free(lst->ev);
-        if (lst->backoff)
-            event_free(lst->backoff);
-        lst->ev = lst->backoff = NULL;
-        if (lst->fd >= 0)
-            close(lst->fd);
-        lst->fd = -1;
-    }
+    for (size_t i = 0; i < w->nlisteners; i++)
+        listener_close(&w->listeners[i]);
 }
 
 void pcr_listeners_free(pcr_worker_t *w)

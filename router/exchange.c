@@ -486,7 +486,8 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
     out[k++] = (pcr_hdr_t){"x-pcrouter-backend", 18, bname, strlen(bname)};
     out[k++] = (pcr_hdr_t){"x-pcrouter-route", 16, reason, strlen(reason)};
     /* A 4xx is the client's fault: for outlier detection it is a pod that works. */
-    pcr_backend_report(ex->be, status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK, pcr_now_us());
+    pcr_backend_report(ex->be, &ex->w->cfg->outlier, status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK,
+                       pcr_now_us());
     ex_to(ex, EX_UP_HEAD);
     respond_head(ex, status, out, k, clen);
 }
@@ -526,7 +527,8 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     ex->up = NULL;
     ex->last_error = err;
     if (err != PCR_UP_POOL_FULL) /* the pool is ours; the pod did nothing wrong */
-        pcr_backend_report(be, err == PCR_UP_CONNECT ? PCR_OUTCOME_CONNECT : PCR_OUTCOME_ERROR,
+        pcr_backend_report(be, &ex->w->cfg->outlier,
+                           err == PCR_UP_CONNECT ? PCR_OUTCOME_CONNECT : PCR_OUTCOME_ERROR,
                            pcr_now_us());
     if (got_head) {
         /* Part of the response reached the client: it cannot be retried, only cut. */

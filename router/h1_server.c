@@ -537,7 +537,7 @@ static void check_pause(h1_sess_t *s)
     if (running && queued > PIPELINE_MAX_BYTES) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-    } else if (!running && s->ex != NULL && !pcr_server_body_budget_ok(s->w->srv)) {
+    } else if (!running && s->ex != NULL && !pcr_worker_body_budget_ok(s->w)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
         pcr_worker_body_wait(s->w, &s->budget);

@@ -240,7 +240,7 @@ static void consume_pending(h2_sess_t *s)
     for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
         if (st->unconsumed == 0)
             continue;
-        if (!pcr_server_body_budget_ok(s->w->srv)) {
+        if (!pcr_worker_body_budget_ok(s->w)) {
             pcr_worker_body_wait(s->w, &s->budget);
             return;
         }
@@ -374,7 +374,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
         reject(st);
         return 0;
     }
-    if (st->unconsumed == 0 && pcr_server_body_budget_ok(s->w->srv)) {
+    if (st->unconsumed == 0 && pcr_worker_body_budget_ok(s->w)) {
         nghttp2_session_consume(ng, id, len);
     } else {
         st->unconsumed += len;

@@ -147,7 +147,8 @@ static int run(const char *path)
         pcr_log_error("cannot start: out of memory");
         goto out;
     }
-    if (pcr_backends_init(&srv) < 0 || pcr_listeners_bind(&srv) < 0)
+    if (pcr_backends_init(&srv) < 0 ||
+        (srv.listen_plan = pcr_listen_plan_new(&srv, srv.cfg, NULL)) == NULL)
         goto out;
     srv.sig_term = evsignal_new(srv.base, SIGTERM, on_signal, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, on_signal, &srv);
@@ -173,7 +174,7 @@ out:
         pcr_log_info("stopped");
     }
     PCR_STORE(srv.draining, 1);
-    pcr_listeners_unbind(&srv);
+    pcr_listen_plan_free(srv.listen_plan);
     pcr_backends_dispose(&srv);
     pcr_bus_free(srv.bus);
     if (srv.sig_term)

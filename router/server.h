@@ -35,6 +35,17 @@ typedef struct pcr_session pcr_session_t;
 typedef struct pcr_worker pcr_worker_t;
 typedef struct pcr_bus pcr_bus_t;
 
+/* What the workers' listeners are to be (conn.c): for each config listener, the running
+ * listener to keep (its sockets), or new sockets, one per worker, bound by the main thread; and
+ * each one's TLS context, shared by the workers. Made at start and at each reload. */
+typedef struct pcr_listen_plan {
+    size_t n;
+    unsigned nworkers;
+    int *keep;                    /* [n]: index of the running listener kept, or -1 */
+    int *fds;                     /* [n * nworkers]: new sockets, -1 once a worker took one */
+    SSL_CTX **ctx;                /* [n]: NULL for plain */
+} pcr_listen_plan_t;
+
 /* Relaxed atomics for counters and gauges shared between threads: a single writer (or
  * several, for the RMW forms) and readers that only need some recent value. */
 #define PCR_LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
@@ -71,8 +82,7 @@ typedef struct pcr_server {
 
     /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
     size_t body_buffered;         /* atomic */
-    SSL_CTX **tls_ctx;            /* per listener (NULL for plain), shared by the workers */
-    int *listen_fds;              /* [listener * nworkers + worker], bound by the main thread */
+    pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
 } pcr_server_t;
 
 /* A session waiting for request-body budget: `resume` runs from its worker's loop once some was
@@ -114,7 +124,7 @@ struct pcr_worker {
 };
 
 /* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
-int pcr_server_body_budget_ok(const pcr_server_t *srv);
+int pcr_worker_body_budget_ok(const pcr_worker_t *w);
 void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta);
 void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);

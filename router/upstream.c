@@ -88,15 +88,19 @@ static void conn_close(pcr_upconn_t *c);
 static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r);
 static void req_dispatch(pcr_upreq_t *r);
 
-static const pcr_timeouts_conf_t *tmo(const pcr_backend_t *be) { return &be->srv->cfg->timeouts; }
+/* The timeouts of the thread that owns the pool: a worker's config may be newer than what the
+ * control thread reads (a reload is seen by each thread in turn). */
+static const pcr_timeouts_conf_t *tmo(const pcr_pool_t *pool) { return &(*pool->cfg)->timeouts; }
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
-                   unsigned max_connections, const int *draining)
+                   unsigned max_connections, const int *draining,
+                   const pcr_config_t *const *cfg)
 {
     memset(pool, 0, sizeof(*pool));
     pool->be = be;
     pool->base = base;
     pool->draining = draining;
+    pool->cfg = cfg;
     pool->max_connections = max_connections ? max_connections : 1;
     TAILQ_INIT(&pool->idle);
     TAILQ_INIT(&pool->waiters);
@@ -239,7 +243,7 @@ static int on_headers_complete(http_parser *p)
         clen = (int64_t)p->content_length;
     c->got_head = 1;
     /* The response started: from here on, silence is measured by the stream idle timeout. */
-    timer_arm(c, tmo(c->be)->stream_idle_ms);
+    timer_arm(c, tmo(c->pool)->stream_idle_ms);
     r->cbs->on_head(r->ctx, (int)status, hdrs, n, clen);
     return 0;
 }
@@ -294,7 +298,7 @@ static void conn_to_pool(pcr_upconn_t *c)
     }
     /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
     pcr_sock_read_start(c->sock);
-    timer_arm(c, tmo(c->be)->upstream_keepalive_ms);
+    timer_arm(c, tmo(c->pool)->upstream_keepalive_ms);
     TAILQ_INSERT_HEAD(&pool->idle, c, idle_link);
     c->in_idle = 1;
     pool->nidle++;
@@ -457,7 +461,7 @@ static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
     }
     pcr_sock_flush(c->sock);
     pcr_sock_read_start(c->sock);
-    timer_arm(c, tmo(c->be)->response_ms);
+    timer_arm(c, tmo(c->pool)->response_ms);
 }
 
 static const pcr_sock_cbs_t up_sock_cbs = {on_sock_read, on_sock_drain, on_sock_end, on_sock_ready};
@@ -487,7 +491,7 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
     evbuffer_add(out, evbuffer_pullup(r->request, -1), len);
     if (c->connected) {
         pcr_sock_read_start(c->sock);
-        timer_arm(c, tmo(c->be)->response_ms);
+        timer_arm(c, tmo(c->pool)->response_ms);
         pcr_sock_flush(c->sock);
     }
 }
@@ -502,7 +506,7 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
     c->be = be;
     c->timer = evtimer_new(pool->base, on_timer, c);
     c->sock = pcr_sock_connect(pool->base, (struct sockaddr *)&be->addr, be->addrlen,
-                               tmo(be)->connect_ms);
+                               tmo(pool)->connect_ms);
     if (c->timer == NULL || c->sock == NULL) {
         if (c->timer)
             event_free(c->timer);
@@ -512,7 +516,7 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
     }
     pcr_sock_set_cbs(c->sock, &up_sock_cbs, c);
     /* A pod that does not read the request is as stuck as one that does not answer. */
-    pcr_sock_set_write_timeout(c->sock, tmo(be)->response_ms);
+    pcr_sock_set_write_timeout(c->sock, tmo(pool)->response_ms);
     pool->nconns++;
     PCR_ADD(be->conns, 1);
     return c;
@@ -549,7 +553,7 @@ static void req_dispatch(pcr_upreq_t *r)
     if (r->wait_timer == NULL)
         r->wait_timer = evtimer_new(pool->base, on_wait_timeout, r);
     if (r->wait_timer != NULL) {
-        struct timeval wt = ms_tv(tmo(pool->be)->response_ms);
+        struct timeval wt = ms_tv(tmo(pool)->response_ms);
         evtimer_add(r->wait_timer, &wt);
     }
     TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);

@@ -25,9 +25,9 @@
 
 /* ---- the request-body budget --------------------------------------------------------- */
 
-int pcr_server_body_budget_ok(const pcr_server_t *srv)
+int pcr_worker_body_budget_ok(const pcr_worker_t *w)
 {
-    return PCR_LOAD(((pcr_server_t *)srv)->body_buffered) < srv->cfg->limits.max_buffered_body_bytes;
+    return PCR_LOAD(w->srv->body_buffered) < w->cfg->limits.max_buffered_body_bytes;
 }
 
 void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
@@ -38,7 +38,7 @@ void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
     }
     PCR_SUB(w->srv->body_buffered, (size_t)-delta);
     /* This worker's waiters hear of it now; the others' at their next tick. */
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_server_body_budget_ok(w->srv))
+    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_worker_body_budget_ok(w))
         event_active(w->budget_event, 0, 0);
 }
 
@@ -67,7 +67,7 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
     pcr_budget_waiter_t *bw;
     TAILQ_FOREACH(bw, &w->budget_waiters, link)
         n++;
-    while (n-- > 0 && pcr_server_body_budget_ok(w->srv) &&
+    while (n-- > 0 && pcr_worker_body_budget_ok(w) &&
            (bw = TAILQ_FIRST(&w->budget_waiters)) != NULL) {
         pcr_worker_body_unwait(w, bw);
         bw->resume(bw);
@@ -76,7 +76,7 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
-void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, w->policy); }
+void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
 
 pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
 {
@@ -103,7 +103,8 @@ pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
         return NULL;
     /* The backend's bound is for the process: each worker gets its share. */
     unsigned max = PCR_LOAD(be->max_connections);
-    pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining);
+    pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining,
+                  &w->cfg);
     pcr_backend_ref(be);
     w->pools[id] = pool;
     return pool;
@@ -142,7 +143,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);
     PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_server_body_budget_ok(w->srv))
+    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_worker_body_budget_ok(w))
         event_active(w->budget_event, 0, 0);
 }
 
@@ -223,7 +224,7 @@ static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     struct timeval tv = {0, TICK_MS * 1000};
     event_add(w->cmd_event, NULL);
     event_add(w->tick, &tv);
-    return pcr_listeners_start(w);
+    return pcr_listeners_adopt(w, srv->listen_plan, w->cfg);
 }
 
 static void worker_dispose(pcr_worker_t *w)

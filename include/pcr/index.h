@@ -40,6 +40,9 @@ typedef struct pcr_index pcr_index_t;
 pcr_index_t *pcr_index_new(const pcr_index_opts_t *opts);
 void pcr_index_free(pcr_index_t *idx);  /* NULL is a no-op */
 
+/* Changes the memory cap (0 = none), evicting the oldest leaves down to it. */
+void pcr_index_set_max_bytes(pcr_index_t *idx, size_t max_bytes);
+
 /* Makes room for backends up to `nbackends` (new ones empty, unlimited). 0, PCR_ERR_INVAL, or
  * PCR_ERR_NOMEM (the index unchanged). Never shrinks. */
 int pcr_index_grow(pcr_index_t *idx, size_t nbackends);

@@ -129,6 +129,12 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *de
 int pcr_policy_backend_remove(pcr_policy_t *p, int id);
 size_t pcr_policy_backend_slots(const pcr_policy_t *p);
 
+/* A reload: applies what can change in place (load_factor, load_weight, zone_penalty, zone,
+ * vnodes, index_max_bytes). PCR_ERR_INVAL when `opts` is invalid or changes the kind,
+ * block_bytes or max_prefix_bytes: the keys and the index would mean something else, so the
+ * caller makes a new policy. */
+int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *opts);
+
 /* Marks a backend down/up for the index: a backend that went down loses its entries
  * (its pod's cache cannot be trusted after a restart). */
 void pcr_policy_backend_reset(pcr_policy_t *p, int backend);

@@ -402,9 +402,10 @@ static void test_error_top_level_not_object(void)
 static void test_error_unknown_keys(void)
 {
     CHECK_ERROR(LISTEN_OK "'backend': []}",
-                "t.json:1:1: $: missing required key \"backends\"\n"
+                "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
+                "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, workers, routing, limits, timeouts, upstream, health, scrape, outlier, log)");
+                "(allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, upstream, health, scrape, outlier, log)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
@@ -454,7 +455,7 @@ static void test_error_wrong_types(void)
 static void test_error_required_and_empty(void)
 {
     CHECK_ERROR("{}", "t.json:1:1: $: missing required key \"listen\"\n"
-                      "t.json:1:1: $: missing required key \"backends\"");
+                      "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one backend or discovery entry is needed");
     CHECK_ERROR("{'listen': [],\n'backends': []}",
                 "t.json:1:12: listen: must not be empty: at least one listener is needed\n"
                 "t.json:2:13: backends: must not be empty: at least one backend is needed");
@@ -607,7 +608,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "t.json:4:23: routing.policy: unknown policy \"x\"; expected one of round_robin, least_loaded, "
         "consistent_hash, cache_aware\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
-        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, workers, routing, limits, timeouts, "
+        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
         "upstream, health, scrape, outlier, log)\n";
     PCR_CHECK_STR(e, want);
     free(e);
@@ -635,7 +636,7 @@ static void test_positions_survive_awkward_text(void)
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'models': [[[[]], []], 'm']}],\n"
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
-                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, workers, routing, limits, timeouts, "
+                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
                 "upstream, health, scrape, outlier, log)");
 }
 
@@ -643,7 +644,7 @@ static void test_positions_survive_awkward_text(void)
 static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
-                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, workers, routing, "
+                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, routing, "
                 "limits, timeouts, upstream, health, scrape, outlier, log)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");

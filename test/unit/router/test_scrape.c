@@ -95,7 +95,7 @@ static void test_cache_config_sets_capacity(void)
     setup(&be);
     feed(&be, "vllm:cache_config_info{block_size=\"16\",model_name=\"m\",num_gpu_blocks=\"2048\"} 1.0\n");
     PCR_CHECK_EQ_INT(be.pod_cache_tokens, 16 * 2048);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, policy), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
     /* The index now holds at most 32768 tokens * 4 bytes / 256-byte blocks = 512 blocks. */
     uint64_t blocks[600];
     pcr_key_t key = {.blocks = blocks};

@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "bus.h"
 #include "log.h"
+#include "reload.h"
 #include "scrape.h"
 #include "upstream.h"
 
@@ -70,8 +71,26 @@ pcr_backend_t *pcr_backend_find(pcr_server_t *srv, const char *name)
 
 static void backend_free(pcr_backend_t *be);
 
+static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *bc,
+                                  const struct sockaddr *sa, socklen_t salen, const char *dns,
+                                  unsigned dport);
+
 pcr_backend_t *pcr_backend_add(pcr_server_t *srv, const pcr_backend_conf_t *bc,
                                const struct sockaddr *sa, socklen_t salen)
+{
+    return backend_add(srv, bc, sa, salen, NULL, 0);
+}
+
+pcr_backend_t *pcr_backend_add_discovered(pcr_server_t *srv, const pcr_backend_conf_t *bc,
+                                          const struct sockaddr *sa, socklen_t salen,
+                                          const char *dns, unsigned port)
+{
+    return backend_add(srv, bc, sa, salen, dns, port);
+}
+
+static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *bc,
+                                  const struct sockaddr *sa, socklen_t salen, const char *dns,
+                                  unsigned dport)
 {
     size_t id = 0;
     while (id < PCR_MAX_BACKENDS && (srv->slot_taken[id]))
@@ -88,6 +107,15 @@ pcr_backend_t *pcr_backend_add(pcr_server_t *srv, const pcr_backend_conf_t *bc,
     const pcr_config_t *cfg = srv->cfg;
     be->srv = srv;
     be->id = (int)id;
+    if (dns != NULL) {
+        be->discovered = 1;
+        be->disc_dns = strdup(dns);
+        be->disc_port = dport;
+        if (be->disc_dns == NULL) {
+            backend_free(be);
+            return NULL;
+        }
+    }
     be->up = 1; /* optimistic: the first check or request says otherwise */
     be->max_connections = bc->max_connections ? bc->max_connections : cfg->upstream.max_connections;
     memcpy(&be->addr, sa, salen);
@@ -112,6 +140,7 @@ pcr_backend_t *pcr_backend_add(pcr_server_t *srv, const pcr_backend_conf_t *bc,
             return NULL;
         }
     }
+    pcr_backend_config_models(be, bc);
     srv->slot_taken[id] = 1;
     /* The policy replicas learn the slot before any worker can see the backend in it. */
     if (id >= pcr_backend_slots(srv))
@@ -289,39 +318,51 @@ void pcr_backend_uneject(pcr_backend_t *be)
 
 uint64_t pcr_model_hash(const char *model, size_t len) { return XXH3_64bits(model, len); }
 
-void pcr_backend_set_models(pcr_backend_t *be, const uint64_t *hashes, size_t n)
+void pcr_modelset_store(pcr_modelset_t *set, const uint64_t *hashes, size_t n)
 {
     if (n > PCR_MAX_MODELS)
         n = PCR_MAX_MODELS;
-    __atomic_fetch_add(&be->models_seq, 1, __ATOMIC_ACQ_REL); /* odd: being written */
+    __atomic_fetch_add(&set->seq, 1, __ATOMIC_ACQ_REL); /* odd: being written */
     for (size_t i = 0; i < n; i++)
-        PCR_STORE(be->models[i], hashes[i]);
-    PCR_STORE(be->nmodels, (uint32_t)n);
-    PCR_STORE(be->models_known, 1);
-    __atomic_fetch_add(&be->models_seq, 1, __ATOMIC_RELEASE);
+        PCR_STORE(set->h[i], hashes[i]);
+    PCR_STORE(set->n, (uint32_t)n);
+    PCR_STORE(set->known, 1);
+    __atomic_fetch_add(&set->seq, 1, __ATOMIC_RELEASE);
 }
 
-/* Whether the pod's own list holds `h`: -1 unknown, 0 no, 1 yes. A reader that meets a write
- * in progress tries again; writes are rare (one per models refresh). */
-static int pod_serves(const pcr_backend_t *be, uint64_t h)
+void pcr_backend_config_models(pcr_backend_t *be, const pcr_backend_conf_t *conf)
 {
-    pcr_backend_t *b = (pcr_backend_t *)be;
+    uint64_t h[PCR_MAX_MODELS];
+    size_t n = conf->nmodels < PCR_MAX_MODELS ? conf->nmodels : PCR_MAX_MODELS;
+    for (size_t i = 0; i < n; i++)
+        h[i] = pcr_model_hash(conf->models[i], strlen(conf->models[i]));
+    pcr_modelset_store(&be->cfg_models, h, n);
+}
+
+/* Whether `set` holds `h`: -1 never written, 0 no, 1 yes; *count gets its size. A reader that
+ * meets a write in progress tries again; writes are rare (a reload, a models refresh). */
+static int modelset_has(const pcr_modelset_t *cset, uint64_t h, uint32_t *count)
+{
+    pcr_modelset_t *set = (pcr_modelset_t *)cset;
     for (;;) {
-        uint32_t s1 = __atomic_load_n(&b->models_seq, __ATOMIC_ACQUIRE);
+        uint32_t s1 = __atomic_load_n(&set->seq, __ATOMIC_ACQUIRE);
         if (s1 & 1)
             continue;
         /* Acquire loads: the second read of the sequence cannot move before them (a fence
          * would do, but ThreadSanitizer does not model fences). */
         int found = -1;
-        if (__atomic_load_n(&b->models_known, __ATOMIC_ACQUIRE)) {
+        uint32_t n = 0;
+        if (__atomic_load_n(&set->known, __ATOMIC_ACQUIRE)) {
             found = 0;
-            uint32_t n = __atomic_load_n(&b->nmodels, __ATOMIC_ACQUIRE);
+            n = __atomic_load_n(&set->n, __ATOMIC_ACQUIRE);
             for (uint32_t i = 0; i < n && i < PCR_MAX_MODELS; i++)
-                if (__atomic_load_n(&b->models[i], __ATOMIC_ACQUIRE) == h)
+                if (__atomic_load_n(&set->h[i], __ATOMIC_ACQUIRE) == h)
                     found = 1;
         }
-        if (__atomic_load_n(&b->models_seq, __ATOMIC_RELAXED) == s1)
+        if (__atomic_load_n(&set->seq, __ATOMIC_RELAXED) == s1) {
+            *count = n;
             return found;
+        }
     }
 }
 
@@ -329,13 +370,13 @@ int pcr_backend_serves(const pcr_backend_t *be, const char *model, uint64_t mode
 {
     if (model == NULL || model[0] == '\0')
         return 1;
-    for (size_t i = 0; i < be->conf.nmodels; i++)
-        if (strcmp(be->conf.models[i], model) == 0)
-            return 1;
-    int pod = pod_serves(be, model_hash);
+    uint32_t ncfg = 0, npod = 0;
+    if (modelset_has(&be->cfg_models, model_hash, &ncfg) == 1)
+        return 1;
+    int pod = modelset_has(&be->pod_models, model_hash, &npod);
     if (pod >= 0)
         return pod;
-    return be->conf.nmodels == 0; /* not known yet: only a config list can say no */
+    return ncfg == 0; /* the pod has not said yet: only a config list can say no */
 }
 
 /* ---- active health checks ------------------------------------------------------------ */
@@ -444,6 +485,7 @@ static void on_probe_tick(evutil_socket_t fd, short what, void *arg)
             health_start(be);
     }
     pcr_backends_collect(srv);
+    pcr_reload_collect(srv);
 }
 
 /* Every scrape.interval_ms, independent of the health checks: the pods' load, hit rate and
@@ -535,7 +577,36 @@ static void backend_free(pcr_backend_t *be)
     }
     pcr_backend_conf_dispose(&be->conf);
     free(be->host_header);
+    free(be->disc_dns);
     free(be);
+}
+
+void pcr_backends_retime(pcr_server_t *srv)
+{
+    const pcr_config_t *cfg = srv->cfg;
+    struct timeval ptv = {cfg->outlier.probe_ms / 1000,
+                          (suseconds_t)(cfg->outlier.probe_ms % 1000) * 1000};
+    event_add(srv->probe_tick, &ptv);
+    if (cfg->scrape.interval_ms == 0) {
+        if (srv->scrape_tick)
+            event_del(srv->scrape_tick);
+        return;
+    }
+    if (srv->scrape_tick == NULL)
+        srv->scrape_tick = event_new(srv->base, -1, EV_PERSIST, on_scrape_tick, srv);
+    if (srv->scrape_tick == NULL)
+        return;
+    struct timeval stv = {cfg->scrape.interval_ms / 1000,
+                          (suseconds_t)(cfg->scrape.interval_ms % 1000) * 1000};
+    event_add(srv->scrape_tick, &stv);
+    /* A backend whose health checks were off (or on) follows the new interval. */
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be != NULL && cfg->health.interval_ms > 0 && be->health_timer == NULL) {
+            be->health_timer = evtimer_new(srv->base, on_health_timer, be);
+            health_schedule(be);
+        }
+    }
 }
 
 void pcr_backends_dispose(pcr_server_t *srv)

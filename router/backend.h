@@ -25,6 +25,15 @@
 #define PCR_MAX_BACKENDS 1024
 #define PCR_MAX_MODELS 256
 
+/* A set of model names, as hashes, written by the control thread under a sequence lock and
+ * read by any worker. */
+typedef struct {
+    uint32_t seq;                            /* odd while being written */
+    uint32_t known;                          /* written at least once */
+    uint32_t n;
+    uint64_t h[PCR_MAX_MODELS];
+} pcr_modelset_t;
+
 typedef struct pcr_upconn pcr_upconn_t;
 typedef struct pcr_upreq pcr_upreq_t;
 
@@ -37,6 +46,9 @@ struct pcr_backend {
     char *host_header;                       /* "host:port" for the Host header */
     unsigned max_connections;                /* for the whole process (atomic: a reload moves it) */
     int removed;                             /* left the config: draining (atomic) */
+    int discovered;                          /* found by DNS discovery (disc_dns, disc_port) */
+    char *disc_dns;
+    unsigned disc_port;
     unsigned refs;                           /* exchanges and pools holding it (atomic) */
     uint64_t retired_epoch;                  /* control thread: freed once workers passed it */
     LIST_ENTRY(pcr_backend) retired_link;
@@ -57,12 +69,10 @@ struct pcr_backend {
     pcr_upreq_t *scrape_req;
     void *scrape_ctx;
 
-    /* The models the pod says it serves (GET /v1/models, LoRA adapters included), as hashes of
-     * their names, written by the control thread under a sequence lock, read by any worker. */
-    uint32_t models_seq;                     /* odd while being written */
-    uint32_t models_known;                   /* the pod answered at least once */
-    uint32_t nmodels;
-    uint64_t models[PCR_MAX_MODELS];
+    /* The models it serves: those its config lists, and those its pod says it serves (GET
+     * /v1/models, LoRA adapters included). */
+    pcr_modelset_t cfg_models;
+    pcr_modelset_t pod_models;
     pcr_upreq_t *models_req;
     void *models_ctx;
 
@@ -105,6 +115,12 @@ void pcr_backends_dispose(pcr_server_t *srv);
 pcr_backend_t *pcr_backend_add(pcr_server_t *srv, const pcr_backend_conf_t *conf,
                                const struct sockaddr *sa, socklen_t salen);
 void pcr_backend_remove(pcr_backend_t *be);
+/* The same, for a backend DNS discovery found under `dns`:`port`. */
+pcr_backend_t *pcr_backend_add_discovered(pcr_server_t *srv, const pcr_backend_conf_t *conf,
+                                          const struct sockaddr *sa, socklen_t salen,
+                                          const char *dns, unsigned port);
+/* A reload changed the intervals: the control ticks take them. */
+void pcr_backends_retime(pcr_server_t *srv);
 void pcr_backends_collect(pcr_server_t *srv);
 /* Finds the backend named `name` (control thread), NULL when none. */
 pcr_backend_t *pcr_backend_find(pcr_server_t *srv, const char *name);
@@ -141,7 +157,9 @@ size_t pcr_backends_count(const pcr_server_t *srv);
  * serves any (any thread). */
 int pcr_backend_serves(const pcr_backend_t *be, const char *model, uint64_t model_hash);
 uint64_t pcr_model_hash(const char *model, size_t len);
-/* The pod's own list (control thread): `n` hashes, at most PCR_MAX_MODELS. */
-void pcr_backend_set_models(pcr_backend_t *be, const uint64_t *hashes, size_t n);
+/* A list of `n` hashes, at most PCR_MAX_MODELS (control thread): the pod's own, or the one of
+ * its config (a reload). */
+void pcr_modelset_store(pcr_modelset_t *set, const uint64_t *hashes, size_t n);
+void pcr_backend_config_models(pcr_backend_t *be, const pcr_backend_conf_t *conf);
 
 #endif

@@ -11,13 +11,17 @@
 static pcr_log_level_t log_level = PCR_LOG_INFO;
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
-void pcr_log_set_level(pcr_log_level_t level) { log_level = level; }
+/* A reload sets it on the control thread while workers log: a relaxed atomic. */
+void pcr_log_set_level(pcr_log_level_t level) { __atomic_store_n(&log_level, level, __ATOMIC_RELAXED); }
 
-int pcr_log_enabled(pcr_log_level_t level) { return level <= log_level; }
+int pcr_log_enabled(pcr_log_level_t level)
+{
+    return level <= __atomic_load_n(&log_level, __ATOMIC_RELAXED);
+}
 
 void pcr_log(pcr_log_level_t level, const char *fmt, ...)
 {
-    if (level > log_level)
+    if (!pcr_log_enabled(level))
         return;
     char line[2048];
     struct timeval tv;

@@ -17,8 +17,11 @@
 
 #include "backend.h"
 #include "bus.h"
+#include "discovery.h"
+#include "dns.h"
 #include "config.h"
 #include "log.h"
+#include "reload.h"
 #include "session.h"
 #include "sock.h"
 #include "upstream.h"
@@ -54,8 +57,11 @@ static void on_workers_done(evutil_socket_t fd, short what, void *arg)
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     pcr_server_t *srv = arg;
-    pcr_log_warn("SIGHUP: reloading the config is not supported yet; still running with %s",
-                 srv->cfg->path);
+    if (PCR_LOAD(srv->draining)) {
+        pcr_log_warn("SIGHUP while draining: no reload");
+        return;
+    }
+    pcr_reload_start(srv);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -147,6 +153,13 @@ static int run(const char *path)
         pcr_log_error("cannot start: out of memory");
         goto out;
     }
+    char dns_err[256];
+    srv.dns = pcr_dns_new(srv.base, srv.cfg->dns.nameservers, srv.cfg->dns.nnameservers,
+                          srv.cfg->dns.timeout_ms, dns_err, sizeof(dns_err));
+    if (srv.dns == NULL) {
+        pcr_log_error("cannot start: %s", dns_err);
+        goto out;
+    }
     if (pcr_backends_init(&srv) < 0 ||
         (srv.listen_plan = pcr_listen_plan_new(&srv, srv.cfg, NULL)) == NULL)
         goto out;
@@ -162,6 +175,7 @@ static int run(const char *path)
     if (pcr_workers_start(&srv) < 0)
         goto out;
     started = 1;
+    pcr_discovery_start(&srv);
     pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s, %u worker(s)", PCR_VERSION,
                  pcr_backends_count(&srv), pcr_policy_kind_name(srv.cfg->routing.policy),
                  srv.nworkers);
@@ -174,9 +188,12 @@ out:
         pcr_log_info("stopped");
     }
     PCR_STORE(srv.draining, 1);
+    pcr_discovery_stop(&srv);
+    pcr_reload_dispose(&srv);
     pcr_listen_plan_free(srv.listen_plan);
     pcr_backends_dispose(&srv);
     pcr_bus_free(srv.bus);
+    pcr_dns_free(srv.dns);
     if (srv.sig_term)
         event_free(srv.sig_term);
     if (srv.sig_int)

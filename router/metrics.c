@@ -217,6 +217,19 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
            "Request body bytes held in memory, against limits.max_buffered_body_bytes.");
     evbuffer_add_printf(out, "pcrouter_request_body_buffered_bytes %llu\n",
                         (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->body_buffered));
+    HEADER(out, "pcrouter_config_reloads_total", "counter",
+           "Config reloads (SIGHUP) by result: ok, or error (the previous config kept running).");
+    evbuffer_add_printf(out, "pcrouter_config_reloads_total{result=\"ok\"} %llu\n"
+                             "pcrouter_config_reloads_total{result=\"error\"} %llu\n",
+                        (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->reloads_ok),
+                        (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->reloads_failed));
+    counter(out, "pcrouter_discovery_lookups_total", "DNS discovery lookups done.",
+            PCR_LOAD(((pcr_server_t *)srv)->discovery_lookups));
+    counter(out, "pcrouter_discovery_failures_total",
+            "DNS discovery lookups that failed (the backends they found stayed).",
+            PCR_LOAD(((pcr_server_t *)srv)->discovery_failures));
+    HEADER(out, "pcrouter_backends", "gauge", "Backends in rotation or draining, all sources.");
+    evbuffer_add_printf(out, "pcrouter_backends %zu\n", pcr_backends_count(srv));
     HEADER(out, "pcrouter_workers", "gauge", "Event-loop threads.");
     evbuffer_add_printf(out, "pcrouter_workers %u\n", srv->nworkers);
     counter(out, "pcrouter_index_updates_dropped_total",

@@ -56,6 +56,19 @@ typedef struct pcr_listen_plan {
 #define PCR_INC(x) PCR_STORE(x, PCR_LOAD(x) + 1)
 #define PCR_BUMP(x, v) PCR_STORE(x, PCR_LOAD(x) + (v))
 
+typedef struct pcr_dns pcr_dns_t;
+typedef struct pcr_reload pcr_reload_t;
+struct pcr_watch;
+
+/* A reload's new config and listeners, waiting for every worker to take them (reload.c). */
+typedef struct {
+    pcr_config_t *cfg;
+    pcr_listen_plan_t *plan;
+    uint64_t gen;
+    pcr_config_t *old_cfg;        /* freed once every worker switched */
+    pcr_listen_plan_t *old_plan;
+} pcr_switch_t;
+
 typedef struct pcr_server {
     pcr_config_t *cfg;
     /* Backends by slot (= policy id), PCR_MAX_BACKENDS of them, NULL for an empty slot; read
@@ -83,6 +96,18 @@ typedef struct pcr_server {
     /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
     size_t body_buffered;         /* atomic */
     pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
+
+    /* Names, DNS discovery and reloads (control thread). */
+    pcr_dns_t *dns;
+    struct pcr_watch *watches;    /* one per discovery entry */
+    size_t nwatches;
+    uint64_t discovery_lookups, discovery_failures;  /* atomic */
+    pcr_reload_t *reload;         /* in progress */
+    int reload_again;             /* a SIGHUP came during one */
+    pcr_switch_t *pending_switch; /* atomic: what the workers switch to at 'R' */
+    pcr_switch_t *switching;      /* control: waiting for every worker */
+    uint64_t cfg_gen;             /* atomic: reloads applied */
+    uint64_t reloads_ok, reloads_failed;  /* atomic */
 } pcr_server_t;
 
 /* A session waiting for request-body budget: `resume` runs from its worker's loop once some was
@@ -103,6 +128,7 @@ struct pcr_worker {
     pcr_pool_t **pools;           /* by backend slot: this worker's upstream connections */
     size_t npools;
     uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
+    uint64_t cfg_gen;             /* the reload this worker runs (atomic) */
     pcr_metrics_t metrics;        /* written by this worker only */
     struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
     size_t nlisteners;
@@ -140,6 +166,8 @@ void pcr_worker_check_drained(pcr_worker_t *w);
 int pcr_workers_start(pcr_server_t *srv);
 void pcr_workers_drain(pcr_server_t *srv);
 void pcr_workers_stop(pcr_server_t *srv);
+/* 'D' drain, 'S' stop, 'R' take srv->pending_switch. */
+void pcr_workers_command(pcr_server_t *srv, char cmd);
 void pcr_workers_join(pcr_server_t *srv);
 /* Before a decision: apply what the other workers learned since the last one. */
 void pcr_worker_sync(pcr_worker_t *w);

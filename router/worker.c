@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "bus.h"
 #include "log.h"
+#include "reload.h"
 #include "session.h"
 #include "sock.h"
 #include "upstream.h"
@@ -165,6 +166,19 @@ static void worker_drain(pcr_worker_t *w)
     pcr_worker_check_drained(w);
 }
 
+/* A reload: the new config and listeners. What the worker read of the old config before
+ * returns to the loop is done with it; the control thread frees it once every worker said so. */
+static void worker_switch(pcr_worker_t *w)
+{
+    pcr_switch_t *sw = __atomic_load_n(&w->srv->pending_switch, __ATOMIC_ACQUIRE);
+    if (sw == NULL || PCR_LOAD(w->cfg_gen) >= sw->gen)
+        return;
+    if (pcr_listeners_adopt(w, sw->plan, sw->cfg) < 0)
+        pcr_log_error("worker %u: out of memory taking the new listeners", w->id);
+    w->cfg = sw->cfg;
+    PCR_STORE(w->cfg_gen, sw->gen);
+}
+
 static void on_cmd(evutil_socket_t fd, short what, void *arg)
 {
     pcr_worker_t *w = arg;
@@ -175,6 +189,8 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
             worker_drain(w);
         else if (cmds[i] == 'S')
             event_base_loopbreak(w->base);
+        else if (cmds[i] == 'R')
+            worker_switch(w);
     }
 }
 
@@ -185,16 +201,7 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
 static pcr_policy_t *make_policy(const pcr_config_t *cfg)
 {
     pcr_policy_opts_t o;
-    pcr_policy_opts_default(&o);
-    o.kind = cfg->routing.policy;
-    o.block_bytes = cfg->routing.block_bytes;
-    o.max_prefix_bytes = cfg->routing.max_prefix_bytes;
-    o.index_max_bytes = cfg->routing.index_max_bytes;
-    o.load_factor = cfg->routing.load_factor;
-    o.load_weight = cfg->routing.load_weight;
-    o.zone_penalty = cfg->routing.zone_penalty;
-    o.zone = cfg->routing.zone;
-    o.vnodes = cfg->routing.vnodes;
+    pcr_reload_policy_opts(cfg, &o);
     return pcr_policy_new(&o, NULL, 0);
 }
 
@@ -203,6 +210,7 @@ static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
 {
     w->srv = srv;
     w->cfg = srv->cfg;
+    w->cfg_gen = PCR_LOAD(srv->cfg_gen);
     w->id = id;
     w->spare_fd = -1;
     w->cmd_fd[0] = w->cmd_fd[1] = -1;
@@ -325,7 +333,7 @@ int pcr_workers_start(pcr_server_t *srv)
     return 0;
 }
 
-static void send_cmd(pcr_server_t *srv, char c)
+void pcr_workers_command(pcr_server_t *srv, char c)
 {
     for (unsigned i = 0; i < srv->nworkers; i++) {
         ssize_t n = write(srv->workers[i].cmd_fd[1], &c, 1);
@@ -333,8 +341,8 @@ static void send_cmd(pcr_server_t *srv, char c)
     }
 }
 
-void pcr_workers_drain(pcr_server_t *srv) { send_cmd(srv, 'D'); }
-void pcr_workers_stop(pcr_server_t *srv) { send_cmd(srv, 'S'); }
+void pcr_workers_drain(pcr_server_t *srv) { pcr_workers_command(srv, 'D'); }
+void pcr_workers_stop(pcr_server_t *srv) { pcr_workers_command(srv, 'S'); }
 
 void pcr_workers_join(pcr_server_t *srv)
 {

@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "bus.h"
 #include "log.h"
+#include "models.h"
 #include "reload.h"
 #include "scrape.h"
 #include "upstream.h"
@@ -155,6 +156,7 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
         evtimer_add(be->health_timer, &now);
     }
     pcr_scrape_start(be);
+    pcr_models_fetch(be);
     return be;
 }
 
@@ -168,6 +170,7 @@ void pcr_backend_remove(pcr_backend_t *be)
     if (be->health_timer)
         event_del(be->health_timer);
     pcr_scrape_cancel(be);
+    pcr_models_cancel(be);
     be->retired_epoch = PCR_ADD(srv->epoch, 1) + 1;
     LIST_INSERT_HEAD(&srv->retired, be, retired_link);
 }
@@ -184,7 +187,8 @@ void pcr_backends_collect(pcr_server_t *srv)
     pcr_backend_t *be = LIST_FIRST(&srv->retired), *next;
     for (; be != NULL; be = next) {
         next = LIST_NEXT(be, retired_link);
-        if (be->retired_epoch > seen || PCR_LOAD(be->refs) != 0 || be->health_req != NULL)
+        if (be->retired_epoch > seen || PCR_LOAD(be->refs) != 0 || be->health_req != NULL ||
+            be->models_req != NULL)
             continue;
         LIST_REMOVE(be, retired_link);
         srv->slot_taken[be->id] = 0;
@@ -495,10 +499,13 @@ static void on_scrape_tick(evutil_socket_t fd, short what, void *arg)
     pcr_server_t *srv = arg;
     if (PCR_LOAD(srv->draining))
         return;
+    uint64_t now = pcr_now_us();
     for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be != NULL)
+        if (be != NULL) {
             pcr_scrape_start(be);
+            pcr_models_tick(be, now);
+        }
     }
 }
 
@@ -571,6 +578,7 @@ static void backend_free(pcr_backend_t *be)
         free(h);
     }
     pcr_scrape_cancel(be);
+    pcr_models_cancel(be);
     if (be->check_pool) {
         pcr_pool_dispose(be->check_pool);
         free(be->check_pool);

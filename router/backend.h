@@ -75,6 +75,7 @@ struct pcr_backend {
     pcr_modelset_t pod_models;
     pcr_upreq_t *models_req;
     void *models_ctx;
+    uint64_t models_at_us;                   /* control: when the pod was last asked */
 
     /* Health: active checks move `up` (control thread); passive outlier detection, from the
      * outcome of real requests on any worker, ejects the backend for a while (atomics). */

@@ -19,6 +19,7 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->zone_penalty = 2048;
     o->zone = NULL;
     o->vnodes = 160;
+    o->unavailable_keep = 300000000; /* 300 s in microseconds */
 }
 
 static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
@@ -31,6 +32,8 @@ static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
     }
     return NULL;
 }
+
+static void expire_unavailable(pcr_policy_t *p, uint64_t now);
 
 static char *dup_str(const char *s)
 {
@@ -167,7 +170,7 @@ static int grow(pcr_policy_t *p, size_t n)
     if (p->index != NULL && pcr_index_grow(p->index, n) != 0)
         return PCR_ERR_NOMEM;
     for (size_t b = p->n; b < n; b++)
-        p->be[b] = (pcr_pbackend_t){NULL, NULL, 0, 0};
+        p->be[b] = (pcr_pbackend_t){NULL, NULL, 0, 0, 0};
     p->n = n;
     return 0;
 }
@@ -192,7 +195,10 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
     if (b->name != NULL && strcmp(b->name, d->name) != 0 && p->index != NULL)
         pcr_index_remove_backend(p->index, (unsigned)id);
     pcr_pbackend_t old = *b;
-    *b = (pcr_pbackend_t){name, zone, d->weight, p->zone[0] == '\0' || strcmp(z, p->zone) == 0};
+    *b = (pcr_pbackend_t){name, zone, d->weight, p->zone[0] == '\0' || strcmp(z, p->zone) == 0,
+                          old.name != NULL && strcmp(old.name, d->name) == 0 ? old.down_since : 0};
+    if (old.down_since != 0 && b->down_since == 0)
+        p->ndown--;
     rc = ring_rebuild(p);
     if (rc != 0) {
         free(name);
@@ -225,6 +231,9 @@ int pcr_policy_backend_remove(pcr_policy_t *p, int id)
     free(name);
     free(b->zone);
     b->zone = NULL;
+    if (b->down_since != 0)
+        p->ndown--;
+    b->down_since = 0;
     if (p->index != NULL)
         pcr_index_remove_backend(p->index, (unsigned)id);
     return 0;
@@ -244,6 +253,7 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
     p->o.load_factor = o->load_factor;
     p->o.load_weight = o->load_weight;
     p->o.zone_penalty = o->zone_penalty;
+    p->o.unavailable_keep = o->unavailable_keep;
     p->o.vnodes = o->vnodes;
     if (o->vnodes != old_vnodes && ring_rebuild(p) != 0) {
         p->o.vnodes = old_vnodes;
@@ -337,6 +347,7 @@ int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         usable += loads[b].usable != 0;
     if (usable == 0)
         return PCR_ERR_UNAVAIL;
+    expire_unavailable(p, now);
     out->total_blocks = key != NULL ? (uint32_t)key->nblocks : 0;
     out->uncached_prefill = key != NULL ? key->prompt_tokens : 0;
     p->ops->decide(p, key, loads, now, out);
@@ -370,6 +381,52 @@ void pcr_policy_forget(pcr_policy_t *p, int backend, const pcr_key_t *key, uint3
     if (p == NULL || p->index == NULL || key == NULL || backend < 0 || (size_t)backend >= p->n)
         return;
     pcr_index_erase(p->index, (unsigned)backend, key->blocks, key->nblocks, added_from);
+}
+
+/* Backends unavailable for longer than opts.unavailable_keep lose their entries. */
+static void expire_unavailable(pcr_policy_t *p, uint64_t now)
+{
+    if (p->ndown == 0)
+        return;
+    for (size_t b = 0; b < p->n; b++) {
+        uint64_t since = p->be[b].down_since;
+        if (since != 0 && now >= since && now - since >= p->o.unavailable_keep) {
+            if (p->index != NULL)
+                pcr_index_remove_backend(p->index, (unsigned)b);
+            p->be[b].down_since = 0;
+            p->ndown--;
+        }
+    }
+}
+
+int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t state,
+                             uint64_t now)
+{
+    if (p == NULL || backend < 0 || (size_t)backend >= p->n)
+        return PCR_ERR_INVAL;
+    pcr_pbackend_t *b = &p->be[backend];
+    switch (state) {
+    case PCR_BACKEND_UNAVAILABLE:
+        if (b->down_since == 0) {
+            b->down_since = now ? now : 1;
+            p->ndown++;
+        }
+        break;
+    case PCR_BACKEND_AVAILABLE:
+        if (b->down_since != 0) {
+            b->down_since = 0;
+            p->ndown--;
+        }
+        break;
+    case PCR_BACKEND_RESTARTED:
+        if (p->index != NULL)
+            pcr_index_remove_backend(p->index, (unsigned)backend);
+        break;
+    default:
+        return PCR_ERR_INVAL;
+    }
+    expire_unavailable(p, now);
+    return 0;
 }
 
 void pcr_policy_backend_reset(pcr_policy_t *p, int backend)

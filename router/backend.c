@@ -210,6 +210,8 @@ static void set_up(pcr_backend_t *be, int up)
     else
         pcr_log_warn("backend %s is down after %u failed health checks", be->conf.name,
                      PCR_LOAD(be->consecutive_failures));
+    pcr_bus_state(be->srv->bus, be->id, up ? PCR_BACKEND_AVAILABLE : PCR_BACKEND_UNAVAILABLE,
+                  pcr_now_us());
 }
 
 void pcr_backend_check_result(pcr_backend_t *be, int ok)
@@ -279,6 +281,7 @@ static void eject(pcr_backend_t *be, const pcr_outlier_conf_t *o, uint64_t now, 
     PCR_STORE(be->consecutive_connect_errors, 0);
     pcr_log_warn("backend %s ejected for %llu ms after %u %s in a row", be->conf.name,
                  (unsigned long long)ms, count, why);
+    pcr_bus_state(be->srv->bus, be->id, PCR_BACKEND_UNAVAILABLE, now);
 }
 
 void pcr_backend_report(pcr_backend_t *be, const pcr_outlier_conf_t *o, pcr_outcome_t outcome,
@@ -316,6 +319,8 @@ void pcr_backend_uneject(pcr_backend_t *be)
     PCR_STORE(be->consecutive_errors, 0);
     PCR_STORE(be->consecutive_connect_errors, 0);
     pcr_log_info("backend %s answers its probe: back in rotation", be->conf.name);
+    if (PCR_LOAD(be->up))
+        pcr_bus_state(be->srv->bus, be->id, PCR_BACKEND_AVAILABLE, pcr_now_us());
 }
 
 /* ---- models -------------------------------------------------------------------------- */

@@ -13,12 +13,13 @@
 #include "bus.h"
 #include "server.h"
 
-enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE };
+enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE,
+       OP_STATE };
 
 /* OP_TUNE's payload: the options but the zone, then the zone, NUL-terminated. */
 typedef struct {
     uint32_t kind, vnodes;
-    uint64_t block_bytes, max_prefix_bytes, index_max_bytes;
+    uint64_t block_bytes, max_prefix_bytes, index_max_bytes, unavailable_keep;
     double load_factor, load_weight, zone_penalty;
 } tune_t;
 
@@ -181,6 +182,7 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
                 opts.block_bytes = t.block_bytes;
                 opts.max_prefix_bytes = t.max_prefix_bytes;
                 opts.index_max_bytes = t.index_max_bytes;
+                opts.unavailable_keep = t.unavailable_keep;
                 opts.load_factor = t.load_factor;
                 opts.load_weight = t.load_weight;
                 opts.zone_penalty = t.zone_penalty;
@@ -226,11 +228,18 @@ void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *o)
     uint64_t payload[words];
     memset(payload, 0, sizeof(payload));
     tune_t t = {(uint32_t)o->kind, o->vnodes, o->block_bytes, o->max_prefix_bytes,
-                o->index_max_bytes, o->load_factor, o->load_weight, o->zone_penalty};
+                o->index_max_bytes, o->unavailable_keep, o->load_factor, o->load_weight,
+                o->zone_penalty};
     memcpy(payload, &t, sizeof(t));
     memcpy((char *)payload + sizeof(t), zone, zl);
     msg_t m = {OP_TUNE, 0, 0, (uint32_t)words, 0, 0};
     publish(bus, PCR_BUS_CONTROL, &m, payload);
+}
+
+void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint64_t now)
+{
+    msg_t m = {OP_STATE, 0, (uint16_t)backend, 0, now, (uint64_t)state};
+    publish(bus, PCR_BUS_CONTROL, &m, NULL);
 }
 
 void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
@@ -262,6 +271,10 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
         break;
     case PCR_BUS_OP_REMOVE:
         pcr_policy_backend_remove(policy, m->backend);
+        break;
+    case PCR_BUS_OP_STATE:
+        pcr_policy_backend_state(policy, m->backend, (pcr_backend_state_t)m->key->prompt_tokens,
+                                 m->arg);
         break;
     case PCR_BUS_OP_TUNE:
         if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {

@@ -39,6 +39,8 @@ void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
                     uint32_t added_from);
 void pcr_bus_reset(pcr_bus_t *bus, int from, int backend);
 void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
+/* What was seen of a backend (any thread): every replica applies it (pcr_policy_backend_state). */
+void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint64_t now);
 /* A reload (the control thread): the policy's options change; every slot's membership follows. */
 void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *opts);
 /* Membership (the control thread): slot `backend` now holds `desc` (copied), or is empty. */
@@ -61,6 +63,7 @@ typedef enum {
     PCR_BUS_OP_SET,            /* slot backend holds desc (membership: control only) */
     PCR_BUS_OP_REMOVE,         /* slot backend is empty (membership: control only) */
     PCR_BUS_OP_TUNE,           /* the policy's options (a reload: control only) */
+    PCR_BUS_OP_STATE,          /* what was seen of a backend (key->prompt_tokens: the state) */
 } pcr_bus_op_t;
 
 typedef struct {

@@ -61,6 +61,8 @@ typedef struct {
     double load_weight;            /* default 0.25, >= 0 */
     double zone_penalty;           /* tokens of prefill a zone change costs, default 2048, >= 0 */
     unsigned vnodes;               /* virtual nodes per unit of weight, default 160, 1..10000 */
+    unsigned unavailable_keep_ms;  /* a pod down or ejected keeps its index entries this long,
+                                      default 300000; a detected restart drops them at once */
 } pcr_routing_conf_t;
 
 typedef struct {

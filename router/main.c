@@ -29,12 +29,6 @@
 
 #define PCR_VERSION "0.1.0"
 
-uint64_t pcr_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
 {

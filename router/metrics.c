@@ -82,6 +82,7 @@ static uint64_t v_queries(const pcr_worker_t *w, const pcr_backend_t *be) { retu
 static uint64_t v_connect_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->connect_errors); }
 static uint64_t v_upstream_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->upstream_errors); }
 static uint64_t v_ejections(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->ejections_total); }
+static uint64_t v_restarts(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->restarts); }
 
 static uint64_t v_ejected(const pcr_worker_t *w, const pcr_backend_t *be)
 {
@@ -109,6 +110,8 @@ static const struct {
      "1 while passive outlier detection keeps the backend out of rotation.", v_ejected},
     {"pcrouter_backend_ejections_total", "counter",
      "Times the backend was ejected for consecutive errors or failed connects.", v_ejections},
+    {"pcrouter_backend_restarts_total", "counter",
+     "Restarts of the pod its scrape revealed (its prefix entries were dropped).", v_restarts},
     {"pcrouter_backend_in_flight", "gauge", "Requests in flight per backend.", v_inflight},
     {"pcrouter_backend_queued_prefill_tokens", "gauge",
      "Uncached prompt tokens sent to the backend whose first byte has not come back.", v_queued},

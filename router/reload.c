@@ -148,6 +148,7 @@ static void policy_opts(const pcr_config_t *cfg, pcr_policy_opts_t *o)
     o->zone_penalty = cfg->routing.zone_penalty;
     o->zone = cfg->routing.zone;
     o->vnodes = cfg->routing.vnodes;
+    o->unavailable_keep = (uint64_t)cfg->routing.unavailable_keep_ms * 1000; /* now is in us */
 }
 
 void pcr_reload_policy_opts(const pcr_config_t *cfg, pcr_policy_opts_t *o) { policy_opts(cfg, o); }

@@ -60,21 +60,24 @@ static uint64_t cache_config_tokens(const char *line, size_t len)
     return label_u64(line, len, "block_size") * label_u64(line, len, "num_gpu_blocks");
 }
 
-static void accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
+/* Adds what the counter grew by; returns 1 when it went back (the pod restarted). */
+static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
 {
     uint64_t v = raw > 0 ? (uint64_t)raw : 0;
+    int went_back = *have && v < *last;
     if (*have && v >= *last)
         *total += v - *last;
     else if (*have)
         *total += v; /* the pod restarted: its counter began again at 0 */
     *last = v;
     *have = 1;
+    return went_back;
 }
 
 void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
 {
-    double waiting = 0, running = 0, hits = 0, queries = 0;
-    int seen_waiting = 0, seen_hits = 0;
+    double waiting = 0, running = 0, hits = 0, queries = 0, started = 0;
+    int seen_waiting = 0, seen_hits = 0, restarted = 0;
     uint64_t cache_tokens = 0;
     char *line;
     size_t len;
@@ -92,6 +95,8 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
                 seen_hits = 1;
             } else if (metric_is(line, len, "vllm:cache_config_info")) {
                 cache_tokens = cache_config_tokens(line, len);
+            } else if (metric_is(line, len, "process_start_time_seconds")) {
+                started = metric_value(line, len);
             } else if (metric_is(line, len, "vllm:prefix_cache_queries_total") ||
                        metric_is(line, len, "vllm:gpu_prefix_cache_queries_total")) {
                 queries += metric_value(line, len);
@@ -105,10 +110,25 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
     }
     if (seen_hits) {
         uint64_t h = PCR_LOAD(be->pod_hits), q = PCR_LOAD(be->pod_queries);
-        accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, hits);
-        accumulate(&q, &be->pod_queries_last, &be->pod_have_queries, queries);
+        restarted |= accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, hits);
+        restarted |= accumulate(&q, &be->pod_queries_last, &be->pod_have_queries, queries);
         PCR_STORE(be->pod_hits, h);
         PCR_STORE(be->pod_queries, q);
+    }
+    if (started > 0) {
+        restarted |= be->pod_start_time > 0 && started != be->pod_start_time;
+        be->pod_start_time = started;
+    }
+    /* A new cache geometry is a new engine too. */
+    restarted |= cache_tokens > 0 && PCR_LOAD(be->pod_cache_tokens) > 0 &&
+                 cache_tokens != PCR_LOAD(be->pod_cache_tokens);
+    if (restarted) {
+        /* Its KV cache is empty: every replica of the index forgets what it believed of it
+         * (the routing library decides; we report). */
+        PCR_ADD(be->restarts, 1);
+        pcr_log_warn("backend %s restarted (its metrics say so): its cache starts empty",
+                     be->conf.name);
+        pcr_bus_state(be->srv->bus, be->id, PCR_BACKEND_RESTARTED, pcr_now_us());
     }
     if (cache_tokens > 0 && cache_tokens != PCR_LOAD(be->pod_cache_tokens)) {
         /* The pod's real KV capacity replaces the configured guess: the index must never

@@ -57,6 +57,10 @@ typedef struct {
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */
+    /* How long a backend reported unavailable keeps its entries, in the unit of `now` (the
+     * router passes microseconds): default 300 s. A pod unreachable for a while still holds
+     * its KV cache; only a restart empties it (PCR_BACKEND_RESTARTED). */
+    uint64_t unavailable_keep;
 } pcr_policy_opts_t;
 
 /* Fills `opts` with the defaults above (kind = cache_aware). */
@@ -130,14 +134,25 @@ int pcr_policy_backend_remove(pcr_policy_t *p, int id);
 size_t pcr_policy_backend_slots(const pcr_policy_t *p);
 
 /* A reload: applies what can change in place (load_factor, load_weight, zone_penalty, zone,
- * vnodes, index_max_bytes). PCR_ERR_INVAL when `opts` is invalid or changes the kind,
+ * vnodes, index_max_bytes, unavailable_keep). PCR_ERR_INVAL when `opts` is invalid or changes the kind,
  * block_bytes or max_prefix_bytes: the keys and the index would mean something else, so the
  * caller makes a new policy. */
 int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *opts);
 
-/* Marks a backend down/up for the index: a backend that went down loses its entries
- * (its pod's cache cannot be trusted after a restart). */
+/* Drops every entry of a backend. */
 void pcr_policy_backend_reset(pcr_policy_t *p, int backend);
+
+/* What the router saw of a backend, and what it means for its entries (decided here, not in
+ * the router): UNAVAILABLE (down, ejected) keeps them for opts.unavailable_keep from `now`,
+ * then drops them; AVAILABLE again keeps them; RESTARTED (the pod's counters went back, its
+ * start time or cache geometry changed) drops them at once: its cache is empty. */
+typedef enum {
+    PCR_BACKEND_AVAILABLE = 0,
+    PCR_BACKEND_UNAVAILABLE,
+    PCR_BACKEND_RESTARTED,
+} pcr_backend_state_t;
+int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t state,
+                             uint64_t now);
 
 /* Updates a backend's capacity in blocks (0 = unknown, no limit), e.g. once its pod reports
  * vllm:cache_config_info; evicts its least recently used blocks down to it. 0 or PCR_ERR_INVAL. */

@@ -540,6 +540,47 @@ static void test_membership(void)
     pcr_policy_free(p);
 }
 
+/* Down is not forgotten: an unavailable backend keeps its entries for opts.unavailable_keep,
+ * a restart drops them at once, coming back in time keeps them. */
+static void test_backend_states(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.unavailable_keep = 1000;
+    pcr_policy_t *p = pcr_policy_new(&o, four, 2);
+    keybuf_t kb;
+    size_t len;
+    char *s = prompt(3, 4096, &len);
+    pcr_key_t *k = key_of(p, &kb, s, len);
+    uint32_t from;
+    pcr_backend_load_t loads[2];
+    all_usable(loads, 2);
+    pcr_decision_t d;
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, k, 10, &from), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, k, 10, &from), 0);
+    uint64_t held = pcr_policy_backend_blocks(p, 0);
+    PCR_CHECK(held > 0);
+    /* Unavailable, then back within the time: nothing lost. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 0, PCR_BACKEND_UNAVAILABLE, 100), 0);
+    pcr_policy_decide(p, k, loads, 900, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 0, PCR_BACKEND_AVAILABLE, 950), 0);
+    pcr_policy_decide(p, k, loads, 5000, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
+    /* Unavailable for longer than unavailable_keep: forgotten, at the next call with a time. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 0, PCR_BACKEND_UNAVAILABLE, 6000), 0);
+    pcr_policy_decide(p, k, loads, 6999, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
+    pcr_policy_decide(p, k, loads, 7001, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), 0);
+    /* A restart: at once, whatever else. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 1, PCR_BACKEND_RESTARTED, 7002), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 7, PCR_BACKEND_RESTARTED, 1), PCR_ERR_INVAL);
+    free(s);
+    pcr_policy_free(p);
+}
+
 int main(void)
 {
     PCR_RUN(test_defaults_and_arguments);
@@ -555,5 +596,6 @@ int main(void)
     PCR_RUN(test_keyless_balances_load);
     PCR_RUN(test_cold_avoids_long_prefill_queue);
     PCR_RUN(test_membership);
+    PCR_RUN(test_backend_states);
     return pcr_test_done();
 }

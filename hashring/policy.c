@@ -303,9 +303,8 @@ int pcr_policy_key(const pcr_policy_t *p, const char *model, size_t model_len, c
     if (p == NULL || key == NULL || (model == NULL && model_len > 0) ||
         (bytes == NULL && len > 0) || (key->blocks == NULL && len > 0))
         return PCR_ERR_INVAL;
-    uint64_t seed = pcr_prefix_seed(model, model_len);
-    key->nblocks = pcr_prefix_hash(seed, bytes, len, p->o.block_bytes, p->o.max_prefix_bytes,
-                                   key->blocks);
+    key->nblocks = pcr_prefix_hash(model, model_len, bytes, len, p->o.block_bytes,
+                                   p->o.max_prefix_bytes, key->blocks);
     key->prompt_tokens = len / 4 + (len % 4 != 0);
     return 0;
 }

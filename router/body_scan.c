@@ -1,0 +1,381 @@
+/* router/body_scan.c: a request body to yajl, chunk by chunk, with no string re-scanned
+ * (router/body_scan.h says why and how). This file knows where strings start and end and
+ * how long an escape is; whether the JSON is valid is yajl's to say, for every byte. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "body_scan.h"
+#include "pcr/common.h"
+
+enum { ESC_NONE = 0, ESC_CHAR, ESC_HEX };  /* after a backslash; in the 4 digits of \uXXXX */
+
+struct pcr_body_scan {
+    yajl_handle p;             /* the structure, long strings read as "" */
+    yajl_handle v;             /* long strings' contents: an array of strings, never closed */
+    const pcr_scan_cbs_t *cbs;
+    void *ud;
+    pcr_scan_err_t *err;
+    uint64_t off;              /* body offset of the chunk being fed */
+
+    size_t tok_run;            /* outside strings: length of the number or literal so far */
+
+    /* The string being read. */
+    int in_string, is_long;
+    size_t short_max;
+    size_t clen;               /* content bytes so far */
+    uint64_t quote_off;        /* body offset of its opening quote */
+    int esc;
+    unsigned esc_left;         /* ESC_HEX: digits still to come */
+    unsigned esc_have;         /* bytes of the unfinished escape, backslash included */
+    char sbuf[PCR_SCAN_SHORT_MAX + 2];  /* a short string spanning chunks: quote, contents */
+    size_t slen;
+    char pend[8];              /* long: contents not yet given to V (a split escape or */
+    size_t plen;               /* UTF-8 character, at most 5 bytes) */
+    uint64_t v_off;            /* body offset of pend[0] */
+    char *scratch;             /* one piece for V: comma, quote, pend, contents, quote */
+};
+
+#define SCRATCH_BYTES (3 + sizeof(((pcr_body_scan_t *)0)->pend) + PCR_SCAN_SHORT_MAX + \
+                       PCR_SCAN_WINDOW + 2)
+
+/* Outside strings, the bytes that end a number or literal (yajl's whitespace: JSON's and
+ * \v, \f). */
+static const unsigned char delim[256] = {
+    [' '] = 1, ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, ['\v'] = 1, ['\f'] = 1,
+    ['{'] = 1, ['}'] = 1, ['['] = 1, [']'] = 1, [','] = 1, [':'] = 1,
+};
+
+static int fail(pcr_body_scan_t *s, int rc, const char *fmt, ...)
+{
+    if (s->err->rc != 0)
+        return s->err->rc;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->err->msg, sizeof(s->err->msg), fmt, ap);
+    va_end(ap);
+    return s->err->rc = rc;
+}
+
+/* yajl's reason, without its "lexical error: " / "parse error: " prefix and final ".\n". */
+static int yajl_fail(pcr_body_scan_t *s, yajl_handle h, uint64_t at)
+{
+    unsigned char *e = yajl_get_error(h, 0, NULL, 0);
+    const char *why = e != NULL ? (const char *)e : "";
+    const char *colon = strstr(why, "error: ");
+    if (colon != NULL)
+        why = colon + 7;
+    size_t n = strlen(why);
+    while (n > 0 && (why[n - 1] == '\n' || why[n - 1] == '.' || why[n - 1] == ' '))
+        n--;
+    int rc;
+    if (n == 16 && memcmp(why, "trailing garbage", 16) == 0)
+        rc = fail(s, PCR_ERR_PARSE, "request body has data after its JSON value (at byte %llu)",
+                  (unsigned long long)at);
+    else
+        rc = fail(s, PCR_ERR_PARSE, "request body is not valid JSON (at byte %llu: %.*s)",
+                  (unsigned long long)at, (int)n, why);
+    if (e != NULL)
+        yajl_free_error(h, e);
+    return rc;
+}
+
+/* Feeds P bytes that start at body offset `at`. */
+static int p_feed(pcr_body_scan_t *s, const char *buf, size_t n, uint64_t at)
+{
+    if (n == 0)
+        return 0;
+    yajl_status st = yajl_parse(s->p, (const unsigned char *)buf, n);
+    if (st == yajl_status_ok)
+        return 0;
+    if (st == yajl_status_client_canceled)
+        return s->err->rc != 0 ? s->err->rc
+                               : fail(s, PCR_ERR_PARSE, "request body could not be read");
+    size_t used = yajl_get_bytes_consumed(s->p);
+    return yajl_fail(s, s->p, at + (used < n ? used : n));
+}
+
+/* How many bytes at the end of a long string's contents `c` (n bytes) must wait for the next
+ * chunk, so a piece for V never ends inside an escape or a UTF-8 character. A byte sequence
+ * that is invalid anyway is not held back: V refuses it wherever it is cut. */
+static size_t holdback(const pcr_body_scan_t *s, const char *c, size_t n)
+{
+    if (s->esc != ESC_NONE)
+        return s->esc_have < n ? s->esc_have : n;
+    size_t i = n, k = 0;
+    while (k < 3 && i > 0 && ((unsigned char)c[i - 1] & 0xC0) == 0x80) {
+        i--;
+        k++;
+    }
+    if (i == 0)
+        return 0;
+    unsigned char lead = (unsigned char)c[i - 1];
+    size_t need = (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3 : (lead & 0xF8) == 0xF0 ? 4 : 1;
+    size_t have = n - (i - 1);
+    return need > 1 && have < need ? have : 0;
+}
+
+/* Gives V the held bytes, then `a` and `b` (the string's next contents, in order), as one
+ * string token, less what must wait; `closed` when the string ends with them. */
+static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, size_t bn,
+                  int closed)
+{
+    char *c = s->scratch + 2;
+    size_t n = s->plen + an + bn;
+    memcpy(c, s->pend, s->plen);
+    if (an > 0)
+        memcpy(c + s->plen, a, an);
+    if (bn > 0)
+        memcpy(c + s->plen + an, b, bn);
+    size_t h = closed ? 0 : holdback(s, c, n), k = n - h;
+    memcpy(s->pend, c + k, h);
+    s->plen = h;
+    if (k == 0 && !closed)
+        return 0;
+    /* The comma first: yajl copies the first token of each call into its lexer's buffer
+     * (the previous call ended at EOF), and a comma is cheaper to copy than 16 KiB. */
+    s->scratch[0] = ',';
+    s->scratch[1] = '"';
+    c[k] = '"';
+    yajl_status st = yajl_parse(s->v, (const unsigned char *)s->scratch, k + 3);
+    if (st != yajl_status_ok) {
+        size_t used = yajl_get_bytes_consumed(s->v);
+        used = used > 1 ? used - 2 : 0;  /* V's offsets 0 and 1 are what we added */
+        return yajl_fail(s, s->v, s->v_off + (used < k ? used : k));
+    }
+    s->v_off += k;
+    return 0;
+}
+
+static int string_begin(pcr_body_scan_t *s, uint64_t at)
+{
+    s->in_string = 1;
+    s->is_long = 0;
+    s->clen = 0;
+    s->slen = 0;
+    s->esc = ESC_NONE;
+    s->esc_have = 0;
+    s->quote_off = at;
+    s->short_max = PCR_SCAN_SHORT_MAX;
+    if (s->cbs->string_begin(s->ud, &s->short_max) != 0)
+        return s->err->rc != 0 ? s->err->rc : fail(s, PCR_ERR_PARSE, "request body could not be read");
+    if (s->short_max > PCR_SCAN_SHORT_MAX)
+        s->short_max = PCR_SCAN_SHORT_MAX;
+    return 0;
+}
+
+/* Outside strings, from *pos to the next quote or the chunk's end: to P. */
+static int scan_outside(pcr_body_scan_t *s, const char *data, size_t len, size_t *pos,
+                        size_t *sstart)
+{
+    size_t from = *pos, i = from;
+    int rc;
+
+    for (; i < len; i++) {
+        unsigned char ch = (unsigned char)data[i];
+        if (ch == '"')
+            break;
+        if (delim[ch]) {
+            s->tok_run = 0;
+        } else if (++s->tok_run > PCR_SCAN_TOKEN_MAX) {
+            if ((rc = p_feed(s, data + from, i - from, s->off + from)) != 0)
+                return rc;  /* P may see a mistake before the limit */
+            return fail(s, PCR_ERR_PARSE, "request body is not valid JSON (at byte %llu: a "
+                        "number longer than %d bytes)", (unsigned long long)(s->off + i),
+                        PCR_SCAN_TOKEN_MAX);
+        }
+    }
+    if ((rc = p_feed(s, data + from, i - from, s->off + from)) != 0)
+        return rc;
+    if (i < len) {
+        s->tok_run = 0;
+        *sstart = i;
+        if ((rc = string_begin(s, s->off + i)) != 0)
+            return rc;
+        i++;
+    }
+    *pos = i;
+    return 0;
+}
+
+/* The end of the string's contents in data[from, wend): its closing quote, or wend. Follows
+ * escapes so that \" does not end the string; memchr does the long stretches between. */
+static size_t find_end(pcr_body_scan_t *s, const char *data, size_t from, size_t wend,
+                       int *closed)
+{
+    size_t p = from, nq = 0, nb = 0;
+    int have_q = 0, have_b = 0;
+
+    *closed = 0;
+    while (p < wend) {
+        if (s->esc == ESC_CHAR) {
+            s->esc_have++;
+            if (data[p++] == 'u') {
+                s->esc = ESC_HEX;
+                s->esc_left = 4;
+            } else {
+                s->esc = ESC_NONE;
+                s->esc_have = 0;
+            }
+            continue;
+        }
+        if (s->esc == ESC_HEX) {
+            size_t take = wend - p < s->esc_left ? wend - p : s->esc_left;
+            p += take;
+            s->esc_left -= (unsigned)take;
+            s->esc_have += (unsigned)take;
+            if (s->esc_left == 0) {
+                s->esc = ESC_NONE;
+                s->esc_have = 0;
+            }
+            continue;
+        }
+        if (!have_q || nq < p) {
+            const char *q = memchr(data + p, '"', wend - p);
+            nq = q != NULL ? (size_t)(q - data) : wend;
+            have_q = 1;
+        }
+        if (!have_b || nb < p) {
+            const char *b = memchr(data + p, '\\', wend - p);
+            nb = b != NULL ? (size_t)(b - data) : wend;
+            have_b = 1;
+        }
+        p = nq < nb ? nq : nb;
+        if (p == wend)
+            break;
+        if (p == nq) {
+            *closed = 1;
+            return p;
+        }
+        s->esc = ESC_CHAR;
+        s->esc_have = 1;
+        p++;
+    }
+    return wend;
+}
+
+/* Inside a string, data[*pos, wend): its bytes to the reader, and to P or V. */
+static int scan_inside(pcr_body_scan_t *s, const char *data, size_t wend, size_t *pos,
+                       size_t sstart)
+{
+    size_t from = *pos;
+    int closed, rc;
+    size_t cend = find_end(s, data, from, wend, &closed), n = cend - from;
+
+    if (n > 0 && s->cbs->string_bytes(s->ud, data + from, n) != 0)
+        return s->err->rc != 0 ? s->err->rc : fail(s, PCR_ERR_PARSE, "request body could not be read");
+    if (!s->is_long && s->clen + n > s->short_max) {
+        /* Too long for P: what came so far, and this, go to V. */
+        s->is_long = 1;
+        s->plen = 0;
+        s->v_off = s->quote_off + 1;
+        if (sstart != SIZE_MAX)
+            rc = v_feed(s, data + sstart + 1, cend - sstart - 1, NULL, 0, closed);
+        else
+            rc = v_feed(s, s->sbuf + 1, s->slen - 1, data + from, n, closed);
+    } else if (s->is_long) {
+        rc = v_feed(s, data + from, n, NULL, 0, closed);
+    } else {
+        if (sstart == SIZE_MAX) {  /* began in an earlier chunk: keep it for P */
+            memcpy(s->sbuf + s->slen, data + from, n);
+            s->slen += n;
+        }
+        rc = 0;
+    }
+    s->clen += n;
+    if (rc != 0)
+        return rc;
+    if (!closed) {
+        *pos = wend;
+        return 0;
+    }
+    s->in_string = 0;
+    *pos = cend + 1;
+    if (s->cbs->string_end(s->ud, s->is_long) != 0)
+        return s->err->rc != 0 ? s->err->rc : fail(s, PCR_ERR_PARSE, "request body could not be read");
+    if (s->is_long)
+        return p_feed(s, "\"\"", 2, s->quote_off);
+    if (sstart != SIZE_MAX)
+        return p_feed(s, data + sstart, cend + 1 - sstart, s->off + sstart);
+    s->sbuf[s->slen++] = '"';
+    return p_feed(s, s->sbuf, s->slen, s->quote_off);
+}
+
+int pcr_body_scan_feed(pcr_body_scan_t *s, const char *data, size_t len)
+{
+    size_t pos = 0, sstart = SIZE_MAX;  /* where the string began, when in this chunk */
+    int rc = 0;
+
+    if (s->err->rc != 0)
+        return s->err->rc;
+    if (data == NULL && len > 0)
+        return fail(s, PCR_ERR_PARSE, "request body could not be read");
+    while (pos < len && rc == 0) {
+        if (!s->in_string) {
+            rc = scan_outside(s, data, len, &pos, &sstart);
+        } else {
+            size_t wend = len - pos > PCR_SCAN_WINDOW ? pos + PCR_SCAN_WINDOW : len;
+            rc = scan_inside(s, data, wend, &pos, sstart);
+        }
+    }
+    if (rc == 0 && s->in_string && !s->is_long && sstart != SIZE_MAX) {
+        /* A short string goes on in the next chunk: keep what P is to read of it. */
+        s->slen = len - sstart;
+        memcpy(s->sbuf, data + sstart, s->slen);
+    }
+    s->off += len;
+    return rc;
+}
+
+int pcr_body_scan_finish(pcr_body_scan_t *s)
+{
+    if (s->err->rc != 0)
+        return s->err->rc;
+    if (s->in_string)
+        return fail(s, PCR_ERR_PARSE, "request body is not valid JSON (at byte %llu: it ends "
+                    "inside a string)", (unsigned long long)s->off);
+    if (yajl_complete_parse(s->p) != yajl_status_ok)
+        return s->err->rc != 0 ? s->err->rc : yajl_fail(s, s->p, s->off);
+    return 0;
+}
+
+uint64_t pcr_body_scan_offset(const pcr_body_scan_t *s)
+{
+    return s->off;
+}
+
+pcr_body_scan_t *pcr_body_scan_new(const yajl_callbacks *p_cbs, const pcr_scan_cbs_t *cbs,
+                                   void *ud, pcr_scan_err_t *err)
+{
+    pcr_body_scan_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->cbs = cbs;
+    s->ud = ud;
+    s->err = err;
+    s->scratch = malloc(SCRATCH_BYTES);
+    s->p = yajl_alloc(p_cbs, NULL, ud);
+    s->v = yajl_alloc(NULL, NULL, NULL);
+    if (s->scratch == NULL || s->p == NULL || s->v == NULL) {
+        pcr_body_scan_free(s);
+        return NULL;
+    }
+    if (yajl_parse(s->v, (const unsigned char *)"[\"\"", 3) != yajl_status_ok) {
+        pcr_body_scan_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void pcr_body_scan_free(pcr_body_scan_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->p != NULL)
+        yajl_free(s->p);
+    if (s->v != NULL)
+        yajl_free(s->v);
+    free(s->scratch);
+    free(s);
+}

@@ -228,9 +228,11 @@ static level_t *top(pcr_body_reader_t *r)
 
 static int push(pcr_body_reader_t *r, int kind, int is_map, int sink)
 {
-    if (r->depth == MAX_DEPTH)
-        return fatal(r, PCR_ERR_PARSE, "request body nests deeper than %d levels (at byte %llu)",
-                     MAX_DEPTH, (unsigned long long)pcr_body_scan_offset(r->scan));
+    if (r->depth == MAX_DEPTH) {
+        fatal(r, PCR_ERR_PARSE, "request body nests deeper than %d levels", MAX_DEPTH);
+        r->err.add_at = 1;
+        return 0;
+    }
     level_t *L = &r->st[r->depth++];
     memset(L, 0, sizeof(*L));
     L->kind = (unsigned char)kind;
@@ -357,10 +359,7 @@ static int part_value(pcr_body_reader_t *r, level_t *L, int vt, int *mode)
     return emit_value(r, vt, SINK_CANON, mode);
 }
 
-/* A value starts (a container's bracket, a scalar, a string's opening quote). Returns 1, or 0
- * after a fatal error. Sets *mode: where a string's bytes go, or M_EMIT for a scalar whose
- * text its callback must write. */
-static int value_begin(pcr_body_reader_t *r, int vt, int *mode)
+static int value_dispatch(pcr_body_reader_t *r, int vt, int *mode)
 {
     *mode = M_NONE;
     if (r->depth == 0) {
@@ -394,6 +393,20 @@ static int value_begin(pcr_body_reader_t *r, int vt, int *mode)
         return part_value(r, L, vt, mode);
     }
     return skip(r, vt);  /* K_STREAM_OPTS: its booleans are read by on_boolean */
+}
+
+/* A value starts (a container's bracket, a scalar, a string's opening quote). Returns 1, or 0
+ * after a fatal error. Sets *mode: where a string's bytes go, or M_EMIT for a scalar whose
+ * text its callback must write. A container always gets its level, even one refused as a
+ * field's value (it is skipped), so that its end pops what its start pushed. */
+static int value_begin(pcr_body_reader_t *r, int vt, int *mode)
+{
+    size_t depth = r->depth;
+    if (!value_dispatch(r, vt, mode))
+        return 0;
+    if ((vt == VT_MAP || vt == VT_ARRAY) && r->depth == depth)
+        return push(r, K_SKIP, vt == VT_MAP, 0);
+    return 1;
 }
 
 /* ---- yajl's callbacks (P) ------------------------------------------------------------------ */

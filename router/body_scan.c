@@ -19,7 +19,12 @@ struct pcr_body_scan {
     pcr_scan_err_t *err;
     uint64_t off;              /* body offset of the chunk being fed */
 
-    size_t tok_run;            /* outside strings: length of the number or literal so far */
+    /* Outside strings: a number or literal cut by the chunk's end, given to P whole with the
+     * next chunk (yajl re-scans a token that spans calls, and names the wrong byte for a
+     * mistake found in one). */
+    char tbuf[PCR_SCAN_TOKEN_MAX + 1];  /* and the byte that ends it */
+    size_t tlen;
+    uint64_t t_off;            /* its body offset */
 
     /* The string being read. */
     int in_string, is_long;
@@ -29,6 +34,7 @@ struct pcr_body_scan {
     int esc;
     unsigned esc_left;         /* ESC_HEX: digits still to come */
     unsigned esc_have;         /* bytes of the unfinished escape, backslash included */
+    uint64_t esc_end;          /* body offset just past the last whole escape */
     char sbuf[PCR_SCAN_SHORT_MAX + 2];  /* a short string spanning chunks: quote, contents */
     size_t slen;
     char pend[8];              /* long: contents not yet given to V (a split escape or */
@@ -89,10 +95,18 @@ static int p_feed(pcr_body_scan_t *s, const char *buf, size_t n, uint64_t at)
     yajl_status st = yajl_parse(s->p, (const unsigned char *)buf, n);
     if (st == yajl_status_ok)
         return 0;
-    if (st == yajl_status_client_canceled)
-        return s->err->rc != 0 ? s->err->rc
-                               : fail(s, PCR_ERR_PARSE, "request body could not be read");
     size_t used = yajl_get_bytes_consumed(s->p);
+    if (st == yajl_status_client_canceled) {
+        if (s->err->rc == 0)
+            return fail(s, PCR_ERR_PARSE, "request body could not be read");
+        if (s->err->add_at) {  /* where P stopped: the same byte however the body was cut */
+            size_t k = strlen(s->err->msg);
+            snprintf(s->err->msg + k, sizeof(s->err->msg) - k, " (at byte %llu)",
+                     (unsigned long long)(at + (used < n ? used : n)));
+            s->err->add_at = 0;
+        }
+        return s->err->rc;
+    }
     return yajl_fail(s, s->p, at + (used < n ? used : n));
 }
 
@@ -103,6 +117,8 @@ static size_t holdback(const pcr_body_scan_t *s, const char *c, size_t n)
 {
     if (s->esc != ESC_NONE)
         return s->esc_have < n ? s->esc_have : n;
+    /* Never a byte of an escape: in "\<0xC3>" the 0xC3 is the escape's (bad) character. */
+    size_t floor = s->esc_end > s->v_off ? (size_t)(s->esc_end - s->v_off) : 0;
     size_t i = n, k = 0;
     while (k < 3 && i > 0 && ((unsigned char)c[i - 1] & 0xC0) == 0x80) {
         i--;
@@ -113,7 +129,7 @@ static size_t holdback(const pcr_body_scan_t *s, const char *c, size_t n)
     unsigned char lead = (unsigned char)c[i - 1];
     size_t need = (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3 : (lead & 0xF8) == 0xF0 ? 4 : 1;
     size_t have = n - (i - 1);
-    return need > 1 && have < need ? have : 0;
+    return need > 1 && have < need && i - 1 >= floor ? have : 0;
 }
 
 /* Gives V the held bytes, then `a` and `b` (the string's next contents, in order), as one
@@ -141,8 +157,11 @@ static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, s
     yajl_status st = yajl_parse(s->v, (const unsigned char *)s->scratch, k + 3);
     if (st != yajl_status_ok) {
         size_t used = yajl_get_bytes_consumed(s->v);
-        used = used > 1 ? used - 2 : 0;  /* V's offsets 0 and 1 are what we added */
-        return yajl_fail(s, s->v, s->v_off + (used < k ? used : k));
+        /* V's offsets 0 and 1 are what we added. Not clamped to k: when V stops at our
+         * closing quote, that quote stands where the held-back byte is, and yajl given the
+         * whole body stops after that byte too. */
+        used = used > 1 ? used - 2 : 0;
+        return yajl_fail(s, s->v, s->v_off + used);
     }
     s->v_off += k;
     return 0;
@@ -165,31 +184,71 @@ static int string_begin(pcr_body_scan_t *s, uint64_t at)
     return 0;
 }
 
-/* Outside strings, from *pos to the next quote or the chunk's end: to P. */
+static int token_too_long(pcr_body_scan_t *s, uint64_t at)
+{
+    return fail(s, PCR_ERR_PARSE, "request body is not valid JSON (at byte %llu: a number or "
+                "word longer than %d bytes)", (unsigned long long)at, PCR_SCAN_TOKEN_MAX);
+}
+
+/* A held token goes on in this chunk: to its end (then to P, whole) or to the chunk's end. */
+static int token_go_on(pcr_body_scan_t *s, const char *data, size_t len, size_t *pos)
+{
+    size_t i = *pos;
+    while (i < len && data[i] != '"' && !delim[(unsigned char)data[i]])
+        i++;
+    size_t n = i - *pos;
+    if (s->tlen + n > PCR_SCAN_TOKEN_MAX)
+        return token_too_long(s, s->off + *pos + (PCR_SCAN_TOKEN_MAX - s->tlen));
+    memcpy(s->tbuf + s->tlen, data + *pos, n);
+    s->tlen += n;
+    *pos = i;
+    if (i == len)
+        return 0;
+    /* With the byte that ends it, as in a chunk read whole: yajl needs it to end a number. */
+    size_t t = s->tlen;
+    if (data[i] != '"') {
+        s->tbuf[t++] = data[i];
+        *pos = i + 1;
+    }
+    s->tlen = 0;
+    return p_feed(s, s->tbuf, t, s->t_off);
+}
+
+/* Outside strings, from *pos to the next quote or the chunk's end: to P, but for a number or
+ * literal the chunk's end cuts, which is held for the next chunk. */
 static int scan_outside(pcr_body_scan_t *s, const char *data, size_t len, size_t *pos,
                         size_t *sstart)
 {
-    size_t from = *pos, i = from;
+    size_t from = *pos, i = from, run = 0;
     int rc;
 
+    if (s->tlen > 0) {
+        if ((rc = token_go_on(s, data, len, pos)) != 0 || *pos == len)
+            return rc;
+        from = i = *pos;
+    }
     for (; i < len; i++) {
         unsigned char ch = (unsigned char)data[i];
         if (ch == '"')
             break;
-        if (delim[ch]) {
-            s->tok_run = 0;
-        } else if (++s->tok_run > PCR_SCAN_TOKEN_MAX) {
-            if ((rc = p_feed(s, data + from, i - from, s->off + from)) != 0)
-                return rc;  /* P may see a mistake before the limit */
-            return fail(s, PCR_ERR_PARSE, "request body is not valid JSON (at byte %llu: a "
-                        "number longer than %d bytes)", (unsigned long long)(s->off + i),
-                        PCR_SCAN_TOKEN_MAX);
+        if (delim[ch])
+            run = 0;
+        else if (++run > PCR_SCAN_TOKEN_MAX) {
+            /* P reads up to the token first: a mistake before it is the one to tell. */
+            if ((rc = p_feed(s, data + from, i - PCR_SCAN_TOKEN_MAX - from, s->off + from)) != 0)
+                return rc;
+            return token_too_long(s, s->off + i);
         }
     }
-    if ((rc = p_feed(s, data + from, i - from, s->off + from)) != 0)
+    size_t held = i == len ? run : 0;
+    if ((rc = p_feed(s, data + from, i - held - from, s->off + from)) != 0)
         return rc;
+    if (held > 0) {
+        memcpy(s->tbuf, data + i - held, held);
+        s->tlen = held;
+        s->t_off = s->off + i - held;
+    }
     if (i < len) {
-        s->tok_run = 0;
         *sstart = i;
         if ((rc = string_begin(s, s->off + i)) != 0)
             return rc;
@@ -217,6 +276,7 @@ static size_t find_end(pcr_body_scan_t *s, const char *data, size_t from, size_t
             } else {
                 s->esc = ESC_NONE;
                 s->esc_have = 0;
+                s->esc_end = s->off + p;
             }
             continue;
         }
@@ -228,6 +288,7 @@ static size_t find_end(pcr_body_scan_t *s, const char *data, size_t from, size_t
             if (s->esc_left == 0) {
                 s->esc = ESC_NONE;
                 s->esc_have = 0;
+                s->esc_end = s->off + p;
             }
             continue;
         }
@@ -335,14 +396,15 @@ int pcr_body_scan_finish(pcr_body_scan_t *s)
     if (s->in_string)
         return fail(s, PCR_ERR_PARSE, "request body is not valid JSON (at byte %llu: it ends "
                     "inside a string)", (unsigned long long)s->off);
+    if (s->tlen > 0) {
+        size_t t = s->tlen;
+        s->tlen = 0;
+        if (p_feed(s, s->tbuf, t, s->t_off) != 0)
+            return s->err->rc;
+    }
     if (yajl_complete_parse(s->p) != yajl_status_ok)
         return s->err->rc != 0 ? s->err->rc : yajl_fail(s, s->p, s->off);
     return 0;
-}
-
-uint64_t pcr_body_scan_offset(const pcr_body_scan_t *s)
-{
-    return s->off;
 }
 
 pcr_body_scan_t *pcr_body_scan_new(const yajl_callbacks *p_cbs, const pcr_scan_cbs_t *cbs,

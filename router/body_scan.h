@@ -20,8 +20,11 @@
  *   - Every string's raw bytes (as sent, escapes undecoded) go to the reader as they arrive,
  *     which is how a prompt is hashed before its end is read.
  *
- * A number or literal longer than 256 bytes is refused: yajl would re-scan it the same way.
- * Memory is bounded: the buffers below, whatever the body. */
+ * Numbers and literals too reach P whole: one cut by a chunk's end is held (at most 256
+ * bytes; a longer one is refused) and given to P with the next chunk, so that yajl never
+ * holds a token across calls. That also keeps its error offsets exact: for a token that
+ * spanned calls, yajl names the second call's first byte. Memory is bounded: the buffers
+ * below, whatever the body. */
 #ifndef PCR_ROUTER_BODY_SCAN_H
 #define PCR_ROUTER_BODY_SCAN_H
 
@@ -39,6 +42,7 @@
 typedef struct {
     int rc;
     char msg[256];
+    int add_at;                /* set with rc from a callback: the scanner appends the byte */
 } pcr_scan_err_t;
 
 /* What the reader is told of strings. Each returns 0, or nonzero after setting err->rc. */
@@ -64,8 +68,5 @@ int pcr_body_scan_feed(pcr_body_scan_t *s, const char *data, size_t len);
 
 /* The last byte was fed: 0 when the body is one complete JSON value, else err->rc. */
 int pcr_body_scan_finish(pcr_body_scan_t *s);
-
-/* Body bytes fed so far. */
-uint64_t pcr_body_scan_offset(const pcr_body_scan_t *s);
 
 #endif

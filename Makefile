@@ -9,8 +9,9 @@ PREFIX     ?= /usr/local
 # DESTDIR (empty by default) stages an install under another root, as packagers do.
 
 # Build: compilers, meson, and the libraries found through pkg-config.
-BUILD_PKGS := gcc pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
-              libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libhiredis-dev libhttp-parser-dev
+BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
+              libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libsimdjson-dev libhiredis-dev \
+              libhttp-parser-dev
 # Run and test: real clients and servers the tests start themselves, groff for the manual page,
 # YAML and the Kubernetes object models for the manifests' offline check.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \

@@ -116,6 +116,8 @@ struct pcr_body_reader {
     size_t model_len;
     int stream, include_usage;
     buf_t canon, context;      /* kept with o.keep_canonical only */
+    char cpend[256];           /* context bytes not yet hashed: the tools come a few bytes */
+    size_t cplen;              /* at a time, and each XXH3 update has a fixed cost */
 };
 
 /* ---- errors ------------------------------------------------------------------------------- */
@@ -172,11 +174,29 @@ static int buf_put(buf_t *b, const void *data, size_t n)
     return 0;
 }
 
+static int context_flush(pcr_body_reader_t *r)
+{
+    int rc = r->cplen > 0 ? pcr_prefix_stream_context(r->key, r->cpend, r->cplen) : 0;
+    r->cplen = 0;
+    return rc;
+}
+
+static int context_put(pcr_body_reader_t *r, const void *p, size_t n)
+{
+    if (r->cplen + n > sizeof(r->cpend)) {
+        int rc = context_flush(r);
+        if (rc != 0 || n > sizeof(r->cpend))
+            return rc != 0 ? rc : pcr_prefix_stream_context(r->key, p, n);
+    }
+    memcpy(r->cpend + r->cplen, p, n);
+    r->cplen += n;
+    return 0;
+}
+
 /* Returns 1, or 0 after a fatal error (so callbacks can return it). */
 static int emit(pcr_body_reader_t *r, int sink, const void *p, size_t n)
 {
-    int rc = sink == SINK_CANON ? pcr_prefix_stream_update(r->key, p, n)
-                                : pcr_prefix_stream_context(r->key, p, n);
+    int rc = sink == SINK_CANON ? pcr_prefix_stream_update(r->key, p, n) : context_put(r, p, n);
     if (rc == 0 && r->o.keep_canonical)
         rc = buf_put(sink == SINK_CANON ? &r->canon : &r->context, p, n);
     return rc == 0 ? 1 : nomem(r);
@@ -758,6 +778,10 @@ int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
     if (!(r->root_seen & (1u << want))) {
         inval(r, "'%s' is required", key_name(want));
         return PCR_ERR_INVAL;
+    }
+    if (context_flush(r) != 0) {
+        nomem(r);
+        return PCR_ERR_NOMEM;
     }
     size_t max = pcr_prefix_max_blocks(r->o.block_bytes, r->o.max_prefix_bytes);
     out->blocks = malloc((max ? max : 1) * sizeof(uint64_t));

@@ -5,7 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
+#include "body_check.h"
 #include "body_scan.h"
 #include "pcr/common.h"
 
@@ -44,7 +48,7 @@ struct pcr_body_scan {
 };
 
 #define SCRATCH_BYTES (3 + sizeof(((pcr_body_scan_t *)0)->pend) + PCR_SCAN_SHORT_MAX + \
-                       PCR_SCAN_WINDOW + 2)
+                       PCR_SCAN_WINDOW + 2 + PCR_BODY_CHECK_PADDING)
 
 /* Outside strings, the bytes that end a number or literal (yajl's whitespace: JSON's and
  * \v, \f). */
@@ -132,7 +136,7 @@ static size_t holdback(const pcr_body_scan_t *s, const char *c, size_t n)
     return need > 1 && have < need && i - 1 >= floor ? have : 0;
 }
 
-/* Gives V the held bytes, then `a` and `b` (the string's next contents, in order), as one
+/* Checks the held bytes, then `a` and `b` (the string's next contents, in order), as one
  * string token, less what must wait; `closed` when the string ends with them. */
 static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, size_t bn,
                   int closed)
@@ -149,19 +153,21 @@ static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, s
     s->plen = h;
     if (k == 0 && !closed)
         return 0;
-    /* The comma first: yajl copies the first token of each call into its lexer's buffer
-     * (the previous call ended at EOF), and a comma is cheaper to copy than 16 KiB. */
     s->scratch[0] = ',';
     s->scratch[1] = '"';
     c[k] = '"';
-    yajl_status st = yajl_parse(s->v, (const unsigned char *)s->scratch, k + 3);
-    if (st != yajl_status_ok) {
-        size_t used = yajl_get_bytes_consumed(s->v);
-        /* V's offsets 0 and 1 are what we added. Not clamped to k: when V stops at our
-         * closing quote, that quote stands where the held-back byte is, and yajl given the
-         * whole body stops after that byte too. */
-        used = used > 1 ? used - 2 : 0;
-        return yajl_fail(s, s->v, s->v_off + used);
+    if (!pcr_body_check_string(s->scratch + 1, k + 2)) {
+        /* simdjson refused it: yajl says whether it is JSON, and where not. The comma
+         * first: yajl copies the first token of each call into its lexer's buffer (the
+         * previous call ended at EOF), and a comma is cheaper to copy than 16 KiB. */
+        if (yajl_parse(s->v, (const unsigned char *)s->scratch, k + 3) != yajl_status_ok) {
+            size_t used = yajl_get_bytes_consumed(s->v);
+            /* V's offsets 0 and 1 are what we added. Not clamped to k: when V stops at our
+             * closing quote, that quote stands where the held-back byte is, and yajl given
+             * the whole body stops after that byte too. */
+            used = used > 1 ? used - 2 : 0;
+            return yajl_fail(s, s->v, s->v_off + used);
+        }
     }
     s->v_off += k;
     return 0;
@@ -258,13 +264,32 @@ static int scan_outside(pcr_body_scan_t *s, const char *data, size_t len, size_t
     return 0;
 }
 
+/* The first '"' or '\\' in [p, end), or end: memchr for two bytes. Prompts have an escape
+ * every line or so, and two memchr calls per escape cost more than the scan. */
+static const char *find_quote_or_backslash(const char *p, const char *end)
+{
+#if defined(__SSE2__)
+    const __m128i q = _mm_set1_epi8('"'), b = _mm_set1_epi8('\\');
+    for (; end - p >= 16; p += 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+        unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(x, q),
+                                                              _mm_cmpeq_epi8(x, b)));
+        if (m != 0)
+            return p + __builtin_ctz(m);
+    }
+#endif
+    for (; p < end; p++)
+        if (*p == '"' || *p == '\\')
+            return p;
+    return end;
+}
+
 /* The end of the string's contents in data[from, wend): its closing quote, or wend. Follows
- * escapes so that \" does not end the string; memchr does the long stretches between. */
+ * escapes so that \" does not end the string. */
 static size_t find_end(pcr_body_scan_t *s, const char *data, size_t from, size_t wend,
                        int *closed)
 {
-    size_t p = from, nq = 0, nb = 0;
-    int have_q = 0, have_b = 0;
+    size_t p = from;
 
     *closed = 0;
     while (p < wend) {
@@ -292,20 +317,10 @@ static size_t find_end(pcr_body_scan_t *s, const char *data, size_t from, size_t
             }
             continue;
         }
-        if (!have_q || nq < p) {
-            const char *q = memchr(data + p, '"', wend - p);
-            nq = q != NULL ? (size_t)(q - data) : wend;
-            have_q = 1;
-        }
-        if (!have_b || nb < p) {
-            const char *b = memchr(data + p, '\\', wend - p);
-            nb = b != NULL ? (size_t)(b - data) : wend;
-            have_b = 1;
-        }
-        p = nq < nb ? nq : nb;
+        p = (size_t)(find_quote_or_backslash(data + p, data + wend) - data);
         if (p == wend)
             break;
-        if (p == nq) {
+        if (data[p] == '"') {
             *closed = 1;
             return p;
         }
@@ -416,7 +431,7 @@ pcr_body_scan_t *pcr_body_scan_new(const yajl_callbacks *p_cbs, const pcr_scan_c
     s->cbs = cbs;
     s->ud = ud;
     s->err = err;
-    s->scratch = malloc(SCRATCH_BYTES);
+    s->scratch = calloc(1, SCRATCH_BYTES);  /* zeroed: simdjson reads the padding */
     s->p = yajl_alloc(p_cbs, NULL, ud);
     s->v = yajl_alloc(NULL, NULL, NULL);
     if (s->scratch == NULL || s->p == NULL || s->v == NULL) {

@@ -15,8 +15,9 @@
  *     whole, from the chunk, or from a small buffer when it spans chunks; the reader gets its
  *     decoded value from P's callback (keys, "model", "role", "type").
  *   - A longer string reaches P as "" and its contents go, in pieces cut at character and
- *     escape boundaries, to the validator V (a second yajl handle, reading one endless array of
- *     strings), each piece a whole string token: every byte is scanned once.
+ *     escape boundaries, each piece a whole string token, to simdjson (body_check.h), and to
+ *     the validator V (a second yajl handle, reading one endless array of strings) when
+ *     simdjson refuses one: every byte is checked once, and yajl has the last word.
  *   - Every string's raw bytes (as sent, escapes undecoded) go to the reader as they arrive,
  *     which is how a prompt is hashed before its end is read.
  *

@@ -9,9 +9,9 @@
  * must agree on whether it is JSON: a body yajl refuses must be refused as JSON, and a body
  * yajl accepts may be refused as JSON only for one of the reader's limits.
  *
- * Build (clang): -fsanitize=fuzzer,address,undefined with router/body.c, router/body_scan.c,
- * hashring/prefix.c, hashring/policy.c and what it links, -lyajl -lxxhash. The seed corpus is
- * test/fuzz/corpus/body/. */
+ * Build (clang, clang++ for the one C++ file): -fsanitize=fuzzer,address,undefined with
+ * router/body.c, router/body_scan.c, router/body_check.cpp and the files of hashring/,
+ * linked with -lyajl -lsimdjson -lxxhash -lm. The seed corpus is test/fuzz/corpus/body/. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -68,6 +68,12 @@ static int fail(pcr_body_scan_t *s, int rc, const char *fmt, ...)
     return s->err->rc = rc;
 }
 
+/* A callback of the reader's refused: its error, or a generic one if it set none. */
+static int cb_failed(pcr_body_scan_t *s)
+{
+    return s->err->rc != 0 ? s->err->rc : fail(s, PCR_ERR_PARSE, "request body could not be read");
+}
+
 /* yajl's reason, without its "lexical error: " / "parse error: " prefix and final ".\n". */
 static int yajl_fail(pcr_body_scan_t *s, yajl_handle h, uint64_t at)
 {
@@ -131,7 +137,8 @@ static size_t holdback(const pcr_body_scan_t *s, const char *c, size_t n)
     if (i == 0)
         return 0;
     unsigned char lead = (unsigned char)c[i - 1];
-    size_t need = (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3 : (lead & 0xF8) == 0xF0 ? 4 : 1;
+    size_t need = (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3
+                : (lead & 0xF8) == 0xF0 ? 4 : 1;
     size_t have = n - (i - 1);
     return need > 1 && have < need && i - 1 >= floor ? have : 0;
 }
@@ -184,7 +191,7 @@ static int string_begin(pcr_body_scan_t *s, uint64_t at)
     s->quote_off = at;
     s->short_max = PCR_SCAN_SHORT_MAX;
     if (s->cbs->string_begin(s->ud, &s->short_max) != 0)
-        return s->err->rc != 0 ? s->err->rc : fail(s, PCR_ERR_PARSE, "request body could not be read");
+        return cb_failed(s);
     if (s->short_max > PCR_SCAN_SHORT_MAX)
         s->short_max = PCR_SCAN_SHORT_MAX;
     return 0;
@@ -340,7 +347,7 @@ static int scan_inside(pcr_body_scan_t *s, const char *data, size_t wend, size_t
     size_t cend = find_end(s, data, from, wend, &closed), n = cend - from;
 
     if (n > 0 && s->cbs->string_bytes(s->ud, data + from, n) != 0)
-        return s->err->rc != 0 ? s->err->rc : fail(s, PCR_ERR_PARSE, "request body could not be read");
+        return cb_failed(s);
     if (!s->is_long && s->clen + n > s->short_max) {
         /* Too long for P: what came so far, and this, go to V. */
         s->is_long = 1;
@@ -369,7 +376,7 @@ static int scan_inside(pcr_body_scan_t *s, const char *data, size_t wend, size_t
     s->in_string = 0;
     *pos = cend + 1;
     if (s->cbs->string_end(s->ud, s->is_long) != 0)
-        return s->err->rc != 0 ? s->err->rc : fail(s, PCR_ERR_PARSE, "request body could not be read");
+        return cb_failed(s);
     if (s->is_long)
         return p_feed(s, "\"\"", 2, s->quote_off);
     if (sstart != SIZE_MAX)

@@ -10,7 +10,7 @@
  * yajl accepts may be refused as JSON only for one of the reader's limits.
  *
  * Build (clang, clang++ for the one C++ file): -fsanitize=fuzzer,address,undefined with
- * router/body.c, router/body_scan.c, router/body_check.cpp and the files of hashring/,
+ * router/body.c, body_fields.c, body_scan.c, body_check.cpp and the files of hashring/,
  * linked with -lyajl -lsimdjson -lxxhash -lm. The seed corpus is test/fuzz/corpus/body/. */
 #include <stdint.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* bench_decision.c: the routing decision, timed from the request body's last byte: the last
  * chunk fed to the reader (router/body.h), its finish, and pcr_policy_decide() against the
- * pre-filled index. Issue 12's target: within 10 us for any prompt up to 512 KiB.
+ * pre-filled index. The target: within 10 us for any prompt up to 512 KiB.
  *
  * Prompts of 1k, 8k, 32k and 128k tokens (4 bytes a token, so up to 512 KiB), as completions
  * (one string) and as chat (a system prompt and turns, the model and tools after the

@@ -17,7 +17,7 @@ BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev l
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
               groff-base python3-yaml python3-kubernetes
 # Benchmarks: the proxies we compare with, the load generators, the plots.
-BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
+BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 
 .PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring clean
 

@@ -112,7 +112,11 @@ def dpkg_owner(path):
     for p in (real, path):
         out = subprocess.run(["dpkg", "-S", p], capture_output=True, text=True, timeout=30)
         if out.returncode == 0:
-            return out.stdout.split(":")[0].split(",")[0].strip()
+            # A diverted file (linux-perf diverts /usr/bin/perf to its wrapper) lists the
+            # diversion first; the owner is on the line of the form "package: path".
+            for line in out.stdout.splitlines():
+                if not line.startswith("diversion by "):
+                    return line.split(":")[0].split(",")[0].strip()
     return None
 
 

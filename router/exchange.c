@@ -179,12 +179,45 @@ int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, c
     return 0;
 }
 
+static int path_is(const char *path, const char *want);
+
+/* The routed paths (a prompt to hash): which API, or -1. */
+static int routed_api(const pcr_exchange_t *ex)
+{
+    const char *p = ex->path ? ex->path : "";
+    if (strcmp(ex->method, "POST") != 0)
+        return -1;
+    if (path_is(p, "/v1/completions"))
+        return PCR_API_COMPLETIONS;
+    if (path_is(p, "/v1/chat/completions"))
+        return PCR_API_CHAT;
+    return -1;
+}
+
+static int body_reader_start(pcr_exchange_t *ex)
+{
+    pcr_body_opts_t o;
+    pcr_body_opts_default(&o);
+    o.block_bytes = ex->w->cfg->routing.block_bytes;
+    o.max_prefix_bytes = ex->w->cfg->routing.max_prefix_bytes;
+    ex->reader = pcr_body_reader_new((pcr_api_t)routed_api(ex), &o);
+    return ex->reader != NULL ? 0 : PCR_ERR_NOMEM;
+}
+
 int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
     if (evbuffer_get_length(ex->body) + len > ex->w->cfg->limits.max_body_bytes)
         return PCR_ERR_TOO_LARGE;
     if (evbuffer_add(ex->body, data, len) != 0)
         return PCR_ERR_NOMEM;
+    /* A routed request's body is parsed and its prompt hashed as it arrives, so the decision
+     * after the last byte does not wait for the whole prompt (router/body.h). A body found bad
+     * here still arrives whole; the reader says why when the request runs. */
+    if (routed_api(ex) >= 0) {
+        if (ex->reader == NULL && body_reader_start(ex) < 0)
+            return PCR_ERR_NOMEM;
+        pcr_body_reader_feed(ex->reader, data, len);
+    }
     ex->body_counted += len;
     pcr_body_account(ex->w, (ptrdiff_t)len);
     return 0;
@@ -568,31 +601,32 @@ void pcr_exchange_on_writable(pcr_exchange_t *ex)
 }
 
 /* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. */
-static void proxy_routed(pcr_exchange_t *ex, pcr_api_t api)
+/* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. The body was
+ * parsed and its prompt hashed while it arrived (pcr_exchange_add_body): what is left is the
+ * reader's last step and the decision. */
+static void proxy_routed(pcr_exchange_t *ex)
 {
-    size_t len = evbuffer_get_length(ex->body);
-    const char *data = len ? (const char *)evbuffer_pullup(ex->body, -1) : "";
-    char err[256];
-    int rc = pcr_body_parse(api, data, len, &ex->req, err, sizeof(err));
+    if (ex->reader == NULL && body_reader_start(ex) < 0) {
+        pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
+        return;
+    }
+    int rc = pcr_body_reader_finish(ex->reader, &ex->req);
+    const char *why = pcr_body_reader_error(ex->reader);
     if (rc == PCR_ERR_PARSE) {
-        pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json", "%s", err);
+        pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json", "%s", why);
         return;
     }
     if (rc == PCR_ERR_INVAL) {
-        pcr_exchange_error(ex, 400, "invalid_request_error", "missing_prompt", "%s", err);
+        pcr_exchange_error(ex, 400, "invalid_request_error", "missing_prompt", "%s", why);
         return;
     }
     if (rc < 0) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "%s", pcr_strerror(rc));
         return;
     }
-    pcr_policy_t *pol = ex->w->policy;
-    ex->key.blocks = malloc(pcr_policy_max_blocks(pol) * sizeof(uint64_t));
-    if (ex->key.blocks == NULL) {
-        pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
-        return;
-    }
-    pcr_policy_key(pol, ex->req.model, ex->req.model_len, ex->req.key, ex->req.key_len, &ex->key);
+    pcr_body_reader_free(ex->reader);
+    ex->reader = NULL;
+    ex->key = pcr_body_key(&ex->req);
     ex->model_hash = pcr_model_hash(ex->req.model, ex->req.model_len);
     ex->has_key = 1;
     dispatch(ex);
@@ -633,7 +667,7 @@ void pcr_exchange_run(pcr_exchange_t *ex)
                                "%s is not allowed on %s; use POST", ex->method, p);
             return;
         }
-        proxy_routed(ex, path_is(p, "/v1/completions") ? PCR_API_COMPLETIONS : PCR_API_CHAT);
+        proxy_routed(ex);
         return;
     }
     if (strncmp(p, "/v1/", 4) == 0 && post) {
@@ -671,7 +705,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     if (ex->body_counted)
         pcr_body_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
-    free(ex->key.blocks);
+    pcr_body_reader_free(ex->reader);
     if (ex->be != NULL)
         pcr_backend_unref(ex->be);
     free(ex->path);

@@ -59,8 +59,9 @@ struct pcr_exchange {
     char peer[64];
 
     /* Routing. */
-    pcr_body_t req;                   /* parsed body (model, canonical key) */
-    pcr_key_t key;
+    pcr_body_reader_t *reader;        /* a routed request's body, parsed as it arrives */
+    pcr_body_t req;                   /* what it gave: model, key blocks (owned here) */
+    pcr_key_t key;                    /* a view of req's blocks */
     int has_key;
     pcr_decision_t decision;
     uint32_t added_from;

@@ -63,6 +63,7 @@ struct pcr_backend {
     uint64_t pod_hits, pod_queries;          /* prefix-cache counters (tokens), as deltas */
     uint64_t pod_scrapes;
     uint64_t pod_cache_tokens;               /* KV capacity from vllm:cache_config_info, 0 unknown */
+    uint32_t pod_kv_usage_ppm;               /* vllm:kv_cache_usage_perc, in millionths */
     uint64_t restarts;                       /* restarts the scrape saw (atomic) */
     /* The scrape's own state (control thread only). */
     double pod_start_time;                   /* process_start_time_seconds, 0 unknown */

@@ -3,9 +3,9 @@
  *   - the load the pod reports: vllm:num_requests_waiting feeds the routing cost;
  *   - the hit rate the pod delivers: vllm:prefix_cache_hits_total / _queries_total (tokens),
  *     shown in pcrouter's /metrics beside the hit rate the router predicted.
- * vLLM v0 named the counters vllm:gpu_prefix_cache_{hits,queries}_total; both are read.
- * Counters are accumulated as deltas, so a pod restart (its counters fall to 0) is not a
- * negative rate. */
+ * The text is read by prom.c (pure, bounded, fuzzed); this file does the I/O and applies the
+ * sample to the backend. Counters are accumulated as deltas, so a pod restart (its counters
+ * fall to 0) is not a negative rate. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "bus.h"
 #include "log.h"
+#include "prom.h"
 #include "scrape.h"
 #include "upstream.h"
 
@@ -26,49 +27,26 @@ typedef struct {
     struct evbuffer *body;
 } scrape_ctx_t;
 
-static int metric_is(const char *line, size_t len, const char *name)
+/* A count the pod reported (finite, >= 0: prom.c checked) as an integer, saturated. */
+static uint64_t to_u64(double v)
 {
-    size_t n = strlen(name);
-    return len > n && strncmp(line, name, n) == 0 && (line[n] == '{' || line[n] == ' ');
+    return v >= 18446744073709551615.0 ? UINT64_MAX : v > 0 ? (uint64_t)v : 0;
 }
 
-/* The sample value: the text after the last space (vLLM writes no timestamps). */
-static double metric_value(const char *line, size_t len)
+static uint32_t to_u32(double v)
 {
-    const char *sp = NULL;
-    for (size_t i = 0; i < len; i++)
-        if (line[i] == ' ')
-            sp = line + i;
-    return sp ? strtod(sp + 1, NULL) : 0.0;
-}
-
-/* The value of label `name` ("16" in block_size="16"), as an integer; 0 when absent. */
-static uint64_t label_u64(const char *line, size_t len, const char *name)
-{
-    size_t n = strlen(name);
-    for (size_t i = 0; i + n + 2 < len; i++) {
-        if ((i == 0 || line[i - 1] == '{' || line[i - 1] == ',') && strncmp(line + i, name, n) == 0 &&
-            line[i + n] == '=' && line[i + n + 1] == '"')
-            return strtoull(line + i + n + 2, NULL, 10);
-    }
-    return 0;
-}
-
-/* vllm:cache_config_info{block_size="16",num_gpu_blocks="N",...} 1.0: the pod's KV capacity. */
-static uint64_t cache_config_tokens(const char *line, size_t len)
-{
-    return label_u64(line, len, "block_size") * label_u64(line, len, "num_gpu_blocks");
+    return v >= 4294967295.0 ? UINT32_MAX : v > 0 ? (uint32_t)v : 0;
 }
 
 /* Adds what the counter grew by; returns 1 when it went back (the pod restarted). */
 static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
 {
-    uint64_t v = raw > 0 ? (uint64_t)raw : 0;
+    uint64_t v = to_u64(raw);
     int went_back = *have && v < *last;
-    if (*have && v >= *last)
-        *total += v - *last;
-    else if (*have)
-        *total += v; /* the pod restarted: its counter began again at 0 */
+    uint64_t add = *have && v >= *last ? v - *last : v; /* below the last: the pod restarted,
+                                                          its counter began again at 0 */
+    if (*have)
+        *total = add > UINT64_MAX - *total ? UINT64_MAX : *total + add;
     *last = v;
     *have = 1;
     return went_back;
@@ -76,49 +54,33 @@ static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
 
 void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
 {
-    double waiting = 0, running = 0, hits = 0, queries = 0, started = 0;
-    int seen_waiting = 0, seen_hits = 0, restarted = 0;
-    uint64_t cache_tokens = 0;
-    char *line;
-    size_t len;
-    while ((line = evbuffer_readln(body, &len, EVBUFFER_EOL_LF)) != NULL) {
-        if (len > 0 && line[0] != '#') {
-            /* Sum over label sets: one pod may expose several models or engines. */
-            if (metric_is(line, len, "vllm:num_requests_waiting")) {
-                waiting += metric_value(line, len);
-                seen_waiting = 1;
-            } else if (metric_is(line, len, "vllm:num_requests_running")) {
-                running += metric_value(line, len);
-            } else if (metric_is(line, len, "vllm:prefix_cache_hits_total") ||
-                       metric_is(line, len, "vllm:gpu_prefix_cache_hits_total")) {
-                hits += metric_value(line, len);
-                seen_hits = 1;
-            } else if (metric_is(line, len, "vllm:cache_config_info")) {
-                cache_tokens = cache_config_tokens(line, len);
-            } else if (metric_is(line, len, "process_start_time_seconds")) {
-                started = metric_value(line, len);
-            } else if (metric_is(line, len, "vllm:prefix_cache_queries_total") ||
-                       metric_is(line, len, "vllm:gpu_prefix_cache_queries_total")) {
-                queries += metric_value(line, len);
-            }
-        }
-        free(line);
+    pcr_pod_sample_t s;
+    size_t len = evbuffer_get_length(body);
+    const char *text = len > 0 ? (const char *)evbuffer_pullup(body, -1) : NULL;
+    if (pcr_prom_parse(text, text != NULL ? len : 0, &s) != 0)
+        return;
+    evbuffer_drain(body, len);
+    int restarted = 0;
+    if (s.seen & PCR_PROM_WAITING) {
+        PCR_STORE(be->pod_waiting, to_u32(s.num_requests_waiting));
+        PCR_STORE(be->pod_running, to_u32(s.num_requests_running));
     }
-    if (seen_waiting) {
-        PCR_STORE(be->pod_waiting, (uint32_t)waiting);
-        PCR_STORE(be->pod_running, (uint32_t)running);
-    }
-    if (seen_hits) {
+    if (s.seen & PCR_PROM_KV_USAGE)
+        PCR_STORE(be->pod_kv_usage_ppm, (uint32_t)(s.kv_cache_usage * 1e6));
+    if (s.seen & PCR_PROM_HITS) {
         uint64_t h = PCR_LOAD(be->pod_hits), q = PCR_LOAD(be->pod_queries);
-        restarted |= accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, hits);
-        restarted |= accumulate(&q, &be->pod_queries_last, &be->pod_have_queries, queries);
+        restarted |= accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, s.prefix_cache_hits);
+        restarted |= accumulate(&q, &be->pod_queries_last, &be->pod_have_queries,
+                                s.prefix_cache_queries);
         PCR_STORE(be->pod_hits, h);
         PCR_STORE(be->pod_queries, q);
     }
-    if (started > 0) {
-        restarted |= be->pod_start_time > 0 && started != be->pod_start_time;
-        be->pod_start_time = started;
+    if (s.seen & PCR_PROM_START_TIME) {
+        restarted |= be->pod_start_time > 0 && s.process_start_time != be->pod_start_time;
+        be->pod_start_time = s.process_start_time;
     }
+    /* prom.h bounds both factors, so neither product below can overflow. */
+    uint64_t cache_tokens = s.block_size * s.num_gpu_blocks;
     /* A new cache geometry is a new engine too. */
     restarted |= cache_tokens > 0 && PCR_LOAD(be->pod_cache_tokens) > 0 &&
                  cache_tokens != PCR_LOAD(be->pod_cache_tokens);

@@ -4,6 +4,8 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_S     ?= 60
 PY         := /usr/bin/python3
 PREFIX     ?= /usr/local
 # DESTDIR (empty by default) stages an install under another root, as packagers do.
@@ -18,8 +20,12 @@ TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest py
               groff-base python3-yaml python3-kubernetes
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
+# Fuzzing: clang with libFuzzer and the sanitizer runtimes; llvm for llvm-symbolizer, so crash
+# reports name functions and lines.
+FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
-.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
+        install fuzz bench bench-routing bench-proxies bench-hashring clean
 
 all: build
 
@@ -44,6 +50,9 @@ deps-test: deps
 deps-bench: deps-test
 	$(call ensure_pkgs,$(BENCH_PKGS))
 
+deps-fuzz: deps
+	$(call ensure_pkgs,$(FUZZ_PKGS))
+
 $(BUILD)/build.ninja:
 	meson setup $(BUILD) --buildtype=release
 
@@ -62,6 +71,18 @@ build-asan: deps $(ASAN_BUILD)/build.ninja
 
 build-tsan: deps $(TSAN_BUILD)/build.ninja
 	ninja -C $(TSAN_BUILD)
+
+# The fuzz build: clang, libFuzzer, ASan+UBSan; only the fuzz targets are built in it.
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang-14 meson setup $(FUZZ_BUILD) --buildtype=debugoptimized -Dfuzz=true \
+	  -Db_sanitize=address,undefined -Db_lundef=false
+
+build-fuzz: deps-fuzz $(FUZZ_BUILD)/build.ninja
+	ninja -C $(FUZZ_BUILD) fuzzers
+
+# Every fuzz target for FUZZ_S seconds (make fuzz FUZZ_S=600); see test/fuzz/README.md.
+fuzz: build-fuzz
+	$(PY) test/fuzz/run.py $(FUZZ_BUILD) $(FUZZ_S)
 
 run: deps-test build
 	$(PY) bench/demo.py --build $(BUILD)
@@ -89,4 +110,4 @@ bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -1,0 +1,175 @@
+/* test/fuzz/fuzz_prom.c: the Prometheus text parser (router/prom.c) and the scrape that applies
+ * it to a backend (router/scrape.c), on any bytes a pod could send.
+ *
+ * Invariants, beyond "no crash, no leak, no undefined behaviour":
+ *   1. The sample is sane: every value finite and >= 0, the usage within 0..1, the KV labels
+ *      within their bounds, a value not seen is 0, and no more lines read than there are.
+ *   2. Lines are independent: the input cut at a line boundary near its middle, each half
+ *      parsed alone, gives the whole's sample (sums add, maxima and last values combine).
+ *   3. Numbers round-trip: values taken from the input's first bytes, printed as a pod would
+ *      (%.17g, %llu), read back exactly when the router can use them, refused otherwise.
+ *   4. The backend gets what the sample says, saturated to its integer fields. */
+#include <math.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "backend.h"
+#include "fuzz.h"
+#include "log.h"
+#include "prom.h"
+#include "scrape.h"
+
+static void check_sane(const pcr_pod_sample_t *s, const uint8_t *data, size_t size)
+{
+    const struct {
+        unsigned bit;
+        double v;
+    } vals[] = {
+        {PCR_PROM_WAITING, s->num_requests_waiting}, {PCR_PROM_RUNNING, s->num_requests_running},
+        {PCR_PROM_HITS, s->prefix_cache_hits},       {PCR_PROM_QUERIES, s->prefix_cache_queries},
+        {PCR_PROM_KV_USAGE, s->kv_cache_usage},      {PCR_PROM_START_TIME, s->process_start_time},
+    };
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+        FUZZ_CHECKF(isfinite(vals[i].v) && vals[i].v >= 0, "value %zu is %g", i, vals[i].v);
+        FUZZ_CHECKF((s->seen & vals[i].bit) || vals[i].v == 0, "value %zu unseen but %g", i,
+                    vals[i].v);
+    }
+    FUZZ_CHECK(s->kv_cache_usage <= 1);
+    FUZZ_CHECK(!(s->seen & PCR_PROM_START_TIME) || s->process_start_time > 0);
+    if (s->seen & PCR_PROM_CACHE_CONFIG) {
+        FUZZ_CHECK(s->block_size >= 1 && s->block_size <= PCR_PROM_MAX_BLOCK_SIZE);
+        FUZZ_CHECK(s->num_gpu_blocks >= 1 && s->num_gpu_blocks <= PCR_PROM_MAX_GPU_BLOCKS);
+    } else {
+        FUZZ_CHECK(s->block_size == 0 && s->num_gpu_blocks == 0);
+    }
+    FUZZ_CHECK(s->seen < (PCR_PROM_START_TIME << 1));
+    size_t lines = 0;
+    for (size_t i = 0; i < size; i++)
+        lines += data[i] == '\n';
+    FUZZ_CHECKF(s->samples + s->bad_lines <= lines, "%zu samples + %zu bad in %zu lines",
+                s->samples, s->bad_lines, lines);
+}
+
+static int close_to(double whole, double sum)
+{
+    double scale = whole > sum ? whole : sum;
+    return fabs(whole - sum) <= scale * 1e-9;
+}
+
+static void check_split(const pcr_pod_sample_t *w, const uint8_t *data, size_t size)
+{
+    const uint8_t *nl = memchr(data + size / 2, '\n', size - size / 2);
+    if (nl == NULL)
+        return;
+    size_t cut = (size_t)(nl - data) + 1;
+    pcr_pod_sample_t a, b;
+    FUZZ_CHECK(pcr_prom_parse((const char *)data, cut, &a) == 0);
+    FUZZ_CHECK(pcr_prom_parse((const char *)data + cut, size - cut, &b) == 0);
+    /* A sum that overflows in the whole is refused at the line that overflows it, which each
+     * half alone would have accepted: then the halves cannot be compared. */
+    const double big = 1e300;
+    if (a.num_requests_waiting + b.num_requests_waiting > big ||
+        a.num_requests_running + b.num_requests_running > big ||
+        a.prefix_cache_hits + b.prefix_cache_hits > big ||
+        a.prefix_cache_queries + b.prefix_cache_queries > big)
+        return;
+    FUZZ_CHECK(w->seen == (a.seen | b.seen));
+    FUZZ_CHECK(w->samples == a.samples + b.samples);
+    FUZZ_CHECK(w->bad_lines == a.bad_lines + b.bad_lines);
+    FUZZ_CHECK(close_to(w->num_requests_waiting, a.num_requests_waiting + b.num_requests_waiting));
+    FUZZ_CHECK(close_to(w->num_requests_running, a.num_requests_running + b.num_requests_running));
+    FUZZ_CHECK(close_to(w->prefix_cache_hits, a.prefix_cache_hits + b.prefix_cache_hits));
+    FUZZ_CHECK(close_to(w->prefix_cache_queries, a.prefix_cache_queries + b.prefix_cache_queries));
+    FUZZ_CHECK(w->kv_cache_usage == fmax(a.kv_cache_usage, b.kv_cache_usage));
+    const pcr_pod_sample_t *last = (b.seen & PCR_PROM_CACHE_CONFIG) ? &b : &a;
+    FUZZ_CHECK(w->block_size == last->block_size && w->num_gpu_blocks == last->num_gpu_blocks);
+    last = (b.seen & PCR_PROM_START_TIME) ? &b : &a;
+    FUZZ_CHECK(w->process_start_time == last->process_start_time);
+}
+
+static void check_round_trip(const uint8_t *data, size_t size)
+{
+    double v;
+    uint64_t u;
+    uint8_t raw[16] = {0};
+    memcpy(raw, data, size < sizeof raw ? size : sizeof raw);
+    memcpy(&v, raw, sizeof v);
+    memcpy(&u, raw + 8, sizeof u);
+    char text[512];
+    snprintf(text, sizeof text,
+             "vllm:num_requests_waiting{model_name=\"m\"} %.17g\n"
+             "vllm:kv_cache_usage_perc{engine=\"0\"} %.17g\n"
+             "process_start_time_seconds %.17g\n"
+             "vllm:cache_config_info{block_size=\"%llu\",num_gpu_blocks=\"%llu\"} 1.0\n",
+             v, v, v, (unsigned long long)u, (unsigned long long)(u >> 11));
+    pcr_pod_sample_t s;
+    FUZZ_CHECK(pcr_prom_parse(text, strlen(text), &s) == 0);
+    int count_ok = isfinite(v) && v >= 0;
+    int usage_ok = v >= 0 && v <= 1;
+    int start_ok = isfinite(v) && v > 0;
+    int kv_ok = u >= 1 && u <= PCR_PROM_MAX_BLOCK_SIZE && (u >> 11) >= 1 &&
+                (u >> 11) <= PCR_PROM_MAX_GPU_BLOCKS;
+    FUZZ_CHECKF(!!(s.seen & PCR_PROM_WAITING) == count_ok, "%.17g as a count", v);
+    FUZZ_CHECKF(!!(s.seen & PCR_PROM_KV_USAGE) == usage_ok, "%.17g as a usage", v);
+    FUZZ_CHECKF(!!(s.seen & PCR_PROM_START_TIME) == start_ok, "%.17g as a start time", v);
+    FUZZ_CHECKF(!!(s.seen & PCR_PROM_CACHE_CONFIG) == kv_ok, "block_size %llu",
+                (unsigned long long)u);
+    FUZZ_CHECK(!count_ok || s.num_requests_waiting == v);
+    FUZZ_CHECK(!usage_ok || s.kv_cache_usage == v);
+    FUZZ_CHECK(!start_ok || s.process_start_time == v);
+    FUZZ_CHECK(!kv_ok || (s.block_size == u && s.num_gpu_blocks == u >> 11));
+    FUZZ_CHECK(s.samples + s.bad_lines == 4);
+}
+
+/* The scrape applied to a fresh backend. The policy is made once and kept (only its
+ * capacities change, which nothing here reads back). */
+static void check_apply(const pcr_pod_sample_t *s, const uint8_t *data, size_t size)
+{
+    static pcr_config_t cfg;
+    static pcr_server_t srv;
+    static pcr_backend_conf_t bconf = {.name = "pod-a"};
+    if (srv.policy == NULL) {
+        pcr_log_set_level(PCR_LOG_ERROR);
+        cfg.routing.block_bytes = 256;
+        srv.cfg = &cfg;
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        pcr_backend_desc_t d = {.name = "pod-a", .zone = "", .weight = 1, .capacity_blocks = 1000};
+        srv.policy = pcr_policy_new(&o, &d, 1);
+        FUZZ_CHECK(srv.policy != NULL);
+    }
+    pcr_backend_t be;
+    memset(&be, 0, sizeof be);
+    be.srv = &srv;
+    be.conf = &bconf;
+    struct evbuffer *body = evbuffer_new();
+    FUZZ_CHECK(body != NULL);
+    evbuffer_add(body, data, size);
+    pcr_scrape_parse(&be, body);
+    evbuffer_free(body);
+    FUZZ_CHECK(be.pod_scrapes == 1);
+    if (s->seen & PCR_PROM_WAITING) {
+        FUZZ_CHECK(be.pod_waiting == (s->num_requests_waiting >= 4294967295.0 ? UINT32_MAX
+                                      : (uint32_t)s->num_requests_waiting));
+        FUZZ_CHECK(be.pod_running == (s->num_requests_running >= 4294967295.0 ? UINT32_MAX
+                                      : (uint32_t)s->num_requests_running));
+    } else {
+        FUZZ_CHECK(be.pod_waiting == 0 && be.pod_running == 0);
+    }
+    /* The first scrape is the baseline of the counters: nothing delivered yet. */
+    FUZZ_CHECK(be.pod_hits == 0 && be.pod_queries == 0);
+    FUZZ_CHECK(be.pod_have_hits == !!(s->seen & PCR_PROM_HITS));
+    FUZZ_CHECK(be.pod_cache_tokens == s->block_size * s->num_gpu_blocks);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    pcr_pod_sample_t s;
+    FUZZ_CHECK(pcr_prom_parse((const char *)data, size, &s) == 0);
+    check_sane(&s, data, size);
+    check_split(&s, data, size);
+    check_round_trip(data, size);
+    check_apply(&s, data, size);
+    return 0;
+}

@@ -120,8 +120,12 @@ static void on_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t
 static void on_body(void *ctx, const char *data, size_t len)
 {
     scrape_ctx_t *c = ctx;
-    if (evbuffer_get_length(c->body) + len <= SCRAPE_MAX_BYTES)
-        evbuffer_add(c->body, data, len);
+    size_t have = evbuffer_get_length(c->body);
+    size_t room = have < SCRAPE_MAX_BYTES ? SCRAPE_MAX_BYTES - have : 0;
+    /* Past the bound everything is dropped, not just the chunks that do not fit: a later,
+     * smaller chunk kept after a dropped one would glue two unrelated lines into one. The
+     * text stays what the pod sent, cut; prom.c ignores the last line, cut without its '\n'. */
+    evbuffer_add(c->body, data, len < room ? len : room);
 }
 
 static void on_done(void *ctx)

@@ -227,23 +227,18 @@ static int keep(const line_t *ln, pcr_pod_sample_t *out)
     for (size_t i = 0; i < PCR_ARRAY_SIZE(known); i++)
         if (strlen(known[i].name) == ln->nlen && memcmp(known[i].name, ln->name, ln->nlen) == 0)
             bit = known[i].bit;
+    double *sum = bit == PCR_PROM_WAITING ? &out->num_requests_waiting
+                : bit == PCR_PROM_RUNNING ? &out->num_requests_running
+                : bit == PCR_PROM_HITS ? &out->prefix_cache_hits
+                : bit == PCR_PROM_QUERIES ? &out->prefix_cache_queries : NULL;
     switch (bit) {
     case 0:
         return 0;
     case PCR_PROM_WAITING:
-        if (add_count(&out->num_requests_waiting, ln->value) != 0)
-            return -1;
-        break;
     case PCR_PROM_RUNNING:
-        if (add_count(&out->num_requests_running, ln->value) != 0)
-            return -1;
-        break;
     case PCR_PROM_HITS:
-        if (add_count(&out->prefix_cache_hits, ln->value) != 0)
-            return -1;
-        break;
     case PCR_PROM_QUERIES:
-        if (add_count(&out->prefix_cache_queries, ln->value) != 0)
+        if (add_count(sum, ln->value) != 0)
             return -1;
         break;
     case PCR_PROM_KV_USAGE:

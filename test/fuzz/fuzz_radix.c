@@ -22,7 +22,8 @@
  *     (without the memory cap), and other backends are untouched;
  *   - erase and set_capacity may forget more than asked (never anything else, never another
  *     backend's blocks), and never fail;
- *   - the memory cap only takes blocks away, and after an insert the index is within it;
+ *   - the memory cap only takes blocks away, the oldest leaves first, and after an insert the
+ *     index is within it;
  * and then the model is set to what the index holds, so the comparison goes on exactly. */
 #include <string.h>
 
@@ -213,6 +214,32 @@ static void check_index(run_t *r)
     }
 }
 
+/* Under the memory cap, an insert then evicts whole leaf holdings, oldest first, so whatever
+ * it took (in the model's `succ`, not in the index's `got`) is no newer than any leaf left. */
+static void check_cap_order(const radix_ref_t *got, const radix_ref_t *succ)
+{
+    uint64_t newest_gone = 0;
+    int gone = 0;
+    for (size_t i = 0; i < succ->n; i++) {
+        const radix_ref_rec_t *e = &succ->r[i];
+        if (!bsearch(e, got->r, got->n, sizeof got->r[0], rec_cmp)) {
+            newest_gone = gone && newest_gone > e->time ? newest_gone : e->time;
+            gone = 1;
+        }
+    }
+    for (size_t i = 0; i < got->n && gone; i++) {
+        const radix_ref_rec_t *e = &got->r[i];
+        int leaf = 1;
+        for (size_t j = 0; j < got->n && leaf; j++)
+            leaf = !(got->r[j].b == e->b && got->r[j].len == e->len + 1 &&
+                     memcmp(got->r[j].seq, e->seq, e->len * sizeof(uint64_t)) == 0);
+        if (leaf && e->time < newest_gone)
+            print_rec("kept, older than an evicted block", e);
+        FUZZ_CHECKF(!leaf || e->time >= newest_gone, "the memory cap evicted a block of time %llu",
+                    (unsigned long long)newest_gone);
+    }
+}
+
 /* The model could not follow this operation: check what the contract allows, then adopt the
  * index's content. `b` is the backend operated on; r->succ (sorted) is the model's idea. */
 static void adopt(run_t *r, unsigned b)
@@ -253,6 +280,7 @@ static void do_insert(run_t *r, unsigned b, const uint64_t *k, size_t n, uint64_
         FUZZ_CHECK(rc == 0);
         FUZZ_CHECKF(from == want_from, "added from %zu, model %zu", from, want_from);
         FUZZ_CHECK(within(r->got, r->succ, -1, 0));
+        check_cap_order(r->got, r->succ);
     } else {
         FUZZ_CHECKF(rc == 0 || rc == PCR_ERR_NOMEM, "insert returned %d", rc);
         FUZZ_CHECK(from <= n);
@@ -271,7 +299,11 @@ static void do_insert(run_t *r, unsigned b, const uint64_t *k, size_t n, uint64_
             pcr_index_match(r->ix, k, n, held_after);
             FUZZ_CHECKF(held_after[b] >= held_before[b], "held %u blocks of the key, now %u",
                         held_before[b], held_after[b]);
-            /* Other backends: as before (succ is the model's idea of them, the same). */
+            /* Without an eviction to make (the one step that may fail silently, forgetting
+             * more), a failed allocation was the insert's own: it must say so. */
+            int evicts = radix_ref_count(r->before, b) + (n - held_before[b]) > r->before->cap[b];
+            FUZZ_CHECKF(evicts || rc == PCR_ERR_NOMEM, "an allocation failed, insert returned %d",
+                        rc);
         }
     }
     if (r->capped)

@@ -8,8 +8,12 @@
  *      parsed alone, gives the whole's sample (sums add, maxima and last values combine).
  *   3. Numbers round-trip: values taken from the input's first bytes, printed as a pod would
  *      (%.17g, %llu), read back exactly when the router can use them, refused otherwise.
- *   4. The backend gets what the sample says, saturated to its integer fields. */
+ *   4. The backend gets what the sample says, saturated to its integer fields.
+ *   5. Syntax, against a second reader: each line, parsed alone, is accepted only when libc's
+ *      regex (POSIX ERE) of the sample line matches it and its value is a whole strtod number,
+ *      and such a line of a metric the router ignores is always accepted. */
 #include <math.h>
+#include <regex.h>
 #include <string.h>
 
 #include <event2/buffer.h>
@@ -163,6 +167,81 @@ static void check_apply(const pcr_pod_sample_t *s, const uint8_t *data, size_t s
     FUZZ_CHECK(be.pod_cache_tokens == s->block_size * s->num_gpu_blocks);
 }
 
+/* The sample line of the text format: name, labels (quoted values with escapes, a trailing
+ * comma allowed), blanks, a value token (group 8), an optional integer timestamp. */
+#define LABEL "[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*\"([^\"\\]|\\\\.)*\"[ \t]*"
+#define SAMPLE_RE "^[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*" \
+                  "(\\{(" LABEL "(," LABEL ")*(,[ \t]*)?)?\\})?" \
+                  "[ \t]+([^ \t]+)([ \t]+-?[0-9]{1,19})?[ \t]*$"
+
+/* Which label sets the reader may refuse beyond syntax: more than it allows, or the KV labels
+ * twice (it refuses those whatever the metric). */
+static int labels_refusable(const char *line)
+{
+    const char *bs = strstr(line, "block_size"), *nb = strstr(line, "num_gpu_blocks");
+    size_t eq = 0;
+    for (const char *p = line; *p; p++)
+        eq += *p == '=';
+    return eq > PCR_PROM_MAX_LABELS || (bs && strstr(bs + 1, "block_size")) ||
+           (nb && strstr(nb + 1, "num_gpu_blocks"));
+}
+
+static void check_syntax(const uint8_t *data, size_t size)
+{
+    static regex_t re;
+    static int compiled;
+    if (!compiled) {
+        FUZZ_CHECK(regcomp(&re, SAMPLE_RE, REG_EXTENDED) == 0);
+        compiled = 1;
+    }
+    const char *p = (const char *)data, *end = p + size;
+    for (int lines = 0; lines < 32 && p < end; lines++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL)
+            return;
+        size_t n = (size_t)(nl - p);
+        char line[1024];
+        int skip = n + 2 > sizeof line || memchr(p, '\0', n) != NULL;
+        if (!skip) {
+            memcpy(line, p, n + 1);     /* with its '\n', for pcr_prom_parse */
+            line[n + 1] = '\0';
+        }
+        p = nl + 1;
+        if (skip)
+            continue;
+        pcr_pod_sample_t s;
+        FUZZ_CHECK(pcr_prom_parse(line, n + 1, &s) == 0);
+        line[n] = '\0';
+        if (n > 0 && line[n - 1] == '\r')
+            line[n - 1] = '\0';    /* the reader allows CRLF */
+        size_t lead = strspn(line, " \t");
+        if (line[lead] == '\0' || line[lead] == '#') {
+            FUZZ_CHECK(s.samples == 0 && s.bad_lines == 0);
+            continue;
+        }
+        regmatch_t m[10];
+        int ok = regexec(&re, line, 10, m, 0) == 0;
+        if (ok) {
+            /* The value token, whole, as strtod reads it. */
+            char num[64], *endp;
+            size_t vlen = (size_t)(m[8].rm_eo - m[8].rm_so);
+            ok = vlen < sizeof num;
+            if (ok) {
+                memcpy(num, line + m[8].rm_so, vlen);
+                num[vlen] = '\0';
+                strtod(num, &endp);
+                ok = endp == num + vlen;
+            }
+        }
+        FUZZ_CHECKF(s.samples + s.bad_lines == 1, "line counted %zu times: %s",
+                    s.samples + s.bad_lines, line);
+        FUZZ_CHECKF(ok || s.samples == 0, "accepted, but not a sample line: %s", line);
+        FUZZ_CHECKF(!ok || s.samples == 1 || strncmp(line + lead, "vllm:", 5) == 0 ||
+                    strncmp(line + lead, "process_start_time_seconds", 26) == 0 ||
+                    labels_refusable(line), "a sample line refused: %s", line);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     pcr_pod_sample_t s;
@@ -171,5 +250,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_split(&s, data, size);
     check_round_trip(data, size);
     check_apply(&s, data, size);
+    check_syntax(data, size);
     return 0;
 }

@@ -43,8 +43,8 @@ static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
 {
     uint64_t v = to_u64(raw);
     int went_back = *have && v < *last;
-    uint64_t add = *have && v >= *last ? v - *last : v; /* below the last: the pod restarted,
-                                                          its counter began again at 0 */
+    /* Below the last value, the pod restarted: its counter began again at 0. */
+    uint64_t add = *have && v >= *last ? v - *last : v;
     if (*have)
         *total = add > UINT64_MAX - *total ? UINT64_MAX : *total + add;
     *last = v;

@@ -168,10 +168,11 @@ static void check_apply(const pcr_pod_sample_t *s, const uint8_t *data, size_t s
 }
 
 /* The sample line of the text format: name, labels (quoted values with escapes, a trailing
- * comma allowed), blanks, a value token (group 8), an optional integer timestamp. */
+ * comma and blanks allowed, as Prometheus' own parser allows them), blanks, a value token
+ * (group 8), an optional integer timestamp. */
 #define LABEL "[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*\"([^\"\\]|\\\\.)*\"[ \t]*"
 #define SAMPLE_RE "^[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*" \
-                  "(\\{(" LABEL "(," LABEL ")*(,[ \t]*)?)?\\})?" \
+                  "(\\{[ \t]*(" LABEL "(," LABEL ")*(,[ \t]*)?)?\\})?" \
                   "[ \t]+([^ \t]+)([ \t]+-?[0-9]{1,19})?[ \t]*$"
 
 /* Which label sets the reader may refuse beyond syntax: more than it allows, or the KV labels

@@ -86,6 +86,9 @@ def main():
     if not found:
         print(f"no fuzz targets in {build}/test/fuzz (was it set up with -Dfuzz=true?)")
         return 2
+    rel = os.path.relpath(build, ROOT)
+    print(f"work corpora in {rel}/fuzz/corpus/NAME, crashes in {rel}/fuzz/crashes/NAME,"
+          f" logs in {rel}/fuzz/logs/NAME.log")
     results = []
     for name, exe in found:
         print(f"fuzzing {name} for {seconds} s ...", flush=True)
@@ -100,7 +103,7 @@ def main():
         for c in r["crashes"]:
             print(f"  {c}")
     if bad:
-        print(f"\nreplay one: {os.path.relpath(build, ROOT)}/test/fuzz/fuzz_NAME FILE"
+        print(f"\nreplay one: {rel}/test/fuzz/fuzz_NAME FILE"
               " (see test/fuzz/README.md)")
     return 1 if bad else 0
 

@@ -82,9 +82,14 @@ def main():
     build = os.path.abspath(sys.argv[1])
     seconds = int(sys.argv[2])
     wanted = sys.argv[3:]
-    found = [t for t in targets(build) if not wanted or t[0] in wanted]
-    if not found:
-        print(f"no fuzz targets in {build}/test/fuzz (was it set up with -Dfuzz=true?)")
+    exe_dir = os.path.join(build, "test", "fuzz")
+    every = targets(build) if os.path.isdir(exe_dir) else []
+    if not every:
+        print(f"no fuzz targets in {exe_dir} (was it set up with -Dfuzz=true?)")
+        return 2
+    found = [t for t in every if not wanted or t[0] in wanted]
+    if len(found) < len(wanted) or not found:
+        print(f"targets: {' '.join(t[0] for t in every)}; asked for: {' '.join(wanted)}")
         return 2
     rel = os.path.relpath(build, ROOT)
     print(f"work corpora in {rel}/fuzz/corpus/NAME, crashes in {rel}/fuzz/crashes/NAME,"

@@ -19,6 +19,7 @@
 #include <event2/buffer.h>
 
 #include "backend.h"
+#include "bus.h"
 #include "fuzz.h"
 #include "log.h"
 #include "prom.h"
@@ -126,27 +127,24 @@ static void check_round_trip(const uint8_t *data, size_t size)
     FUZZ_CHECK(s.samples + s.bad_lines == 4);
 }
 
-/* The scrape applied to a fresh backend. The policy is made once and kept (only its
- * capacities change, which nothing here reads back). */
+/* The scrape applied to a fresh backend. What it tells the policy replicas (capacity, a
+ * restart) goes to a bus with no worker to hear it: nothing here reads it back. */
 static void check_apply(const pcr_pod_sample_t *s, const uint8_t *data, size_t size)
 {
     static pcr_config_t cfg;
     static pcr_server_t srv;
     static pcr_backend_conf_t bconf = {.name = "pod-a"};
-    if (srv.policy == NULL) {
+    if (srv.bus == NULL) {
         pcr_log_set_level(PCR_LOG_ERROR);
         cfg.routing.block_bytes = 256;
         srv.cfg = &cfg;
-        pcr_policy_opts_t o;
-        pcr_policy_opts_default(&o);
-        pcr_backend_desc_t d = {.name = "pod-a", .zone = "", .weight = 1, .capacity_blocks = 1000};
-        srv.policy = pcr_policy_new(&o, &d, 1);
-        FUZZ_CHECK(srv.policy != NULL);
+        srv.bus = pcr_bus_new(0);
+        FUZZ_CHECK(srv.bus != NULL);
     }
     pcr_backend_t be;
     memset(&be, 0, sizeof be);
     be.srv = &srv;
-    be.conf = &bconf;
+    be.conf = bconf;
     struct evbuffer *body = evbuffer_new();
     FUZZ_CHECK(body != NULL);
     evbuffer_add(body, data, size);

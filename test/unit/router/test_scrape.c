@@ -289,7 +289,8 @@ static void test_huge_values_saturate(void)
     /* The largest capacity prom.c lets through does not overflow the capacity in blocks. */
     feed(&be, "vllm:cache_config_info{block_size=\"1048576\",num_gpu_blocks=\"4294967296\"} 1\n");
     PCR_CHECK_EQ_U64(be.pod_cache_tokens, 1ull << 52);
-    pcr_policy_free(srv.policy);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
 }
 
 int main(void)

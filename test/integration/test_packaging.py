@@ -56,11 +56,12 @@ ARGV_NAMES = {"argv", "args", "cmd", "command"}
 
 
 def makefile_packages():
-    """{"BUILD_PKGS": [...], "TEST_PKGS": [...], "BENCH_PKGS": [...]}, read from the Makefile."""
+    """{"BUILD_PKGS": [...], "TEST_PKGS": [...], "BENCH_PKGS": [...], "FUZZ_PKGS": [...]}, read
+    from the Makefile."""
     with open(os.path.join(ROOT, "Makefile")) as f:
         text = f.read().replace("\\\n", " ")
     lists = dict(re.findall(r"^([A-Z]+_PKGS)\s*:=(.*)$", text, re.M))
-    assert set(lists) == {"BUILD_PKGS", "TEST_PKGS", "BENCH_PKGS"}, lists
+    assert set(lists) == {"BUILD_PKGS", "TEST_PKGS", "BENCH_PKGS", "FUZZ_PKGS"}, lists
     return {k: v.split() for k, v in lists.items()}
 
 

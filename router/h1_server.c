@@ -23,6 +23,12 @@
  * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
  * connection receiving a body stops reading until some is released.
  *
+ * Lingering close: a request refused before its body was read (400, 408, 413, 431) leaves
+ * unread bytes behind; closing then would make the kernel answer them with a reset that can
+ * destroy the error response before the client reads it. So the answer is written, the sending
+ * side shut down, and what still arrives is read and thrown away until the client closes or
+ * LINGER_MS pass (nginx's lingering_close, HAProxy's "nolinger" being the exception).
+ *
  * One close path, h1_close(); the exchange is freed from the deferred `advance` event or from a
  * transport callback, never from inside the exchange's own calls. */
 #include <stddef.h>
@@ -40,7 +46,10 @@
 #include "log.h"
 #include "session.h"
 
-typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY } timer_mode_t;
+typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY, T_LINGER } timer_mode_t;
+
+/* How long a rejected request's connection keeps reading (and discarding) after its answer. */
+#define LINGER_MS 2000
 
 typedef struct {
     pcr_session_t base;
@@ -71,6 +80,8 @@ typedef struct {
     int chunked;                   /* the current response is chunked */
     int sse;                       /* the current response is an SSE stream */
     int closing;                   /* close once the output is written */
+    int linger;                    /* a rejected request: half-close, then discard input */
+    int lingering;
     int draining;
     int read_paused;               /* reading stopped: pipelined bytes wait, or budget */
 } h1_sess_t;
@@ -390,6 +401,7 @@ static void reject(h1_sess_t *s, int status, const char *detail)
     pcr_worker_t *w = s->w;
     s->keep_alive = 0;
     s->closing = 1;
+    s->linger = 1;
     pcr_sock_read_stop(s->sock);
     if (s->ex == NULL)
         s->ex = pcr_exchange_new(w, &h1_ops, s, "HTTP/1.1");
@@ -476,6 +488,8 @@ static void update_timer(h1_sess_t *s)
 {
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     timer_mode_t want;
+    if (s->lingering)
+        return;
     if (s->ex == NULL)
         want = T_IDLE;
     else if (pcr_exchange_running(s->ex))
@@ -491,6 +505,7 @@ static void update_timer(h1_sess_t *s)
     case T_HEAD: arm(s, t->request_header_ms); break;
     case T_BODY: arm(s, t->client_idle_ms); break;
     case T_BUSY: event_del(s->timer); break;
+    case T_LINGER: break;
     }
 }
 
@@ -515,7 +530,26 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         break;
     case T_BUSY:
         break;
+    case T_LINGER:
+        h1_close(s);
+        break;
     }
+}
+
+/* The answer is out: close, or half-close and linger after a rejected request. */
+static void close_written(h1_sess_t *s)
+{
+    if (!s->linger || s->draining) {
+        h1_close(s);
+        return;
+    }
+    s->lingering = 1;
+    s->mode = T_LINGER;
+    pcr_sock_shutdown_write(s->sock);
+    evbuffer_drain(pcr_sock_input(s->sock), evbuffer_get_length(pcr_sock_input(s->sock)));
+    pcr_session_set_waiting(&s->base, 1); /* first to go when connections run short */
+    arm(s, LINGER_MS);
+    pcr_sock_read_start(s->sock);
 }
 
 static void budget_resume(pcr_budget_waiter_t *w)
@@ -547,6 +581,10 @@ static void check_pause(h1_sess_t *s)
 static void on_read(pcr_sock_t *sock, void *arg)
 {
     h1_sess_t *s = arg;
+    if (s->lingering) {
+        evbuffer_drain(pcr_sock_input(sock), evbuffer_get_length(pcr_sock_input(sock)));
+        return;
+    }
     if (s->closing)
         return;
     parse_input(s);
@@ -559,8 +597,8 @@ static void on_drain(pcr_sock_t *sock, void *arg)
     h1_sess_t *s = arg;
     if (s->ex != NULL)
         pcr_exchange_on_writable(s->ex);
-    if (s->closing && s->ex == NULL && pcr_sock_pending(sock) == 0)
-        h1_close(s);
+    if (s->closing && !s->lingering && s->ex == NULL && pcr_sock_pending(sock) == 0)
+        close_written(s);
 }
 
 static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
@@ -590,7 +628,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
     if (s->closing) {
         pcr_sock_read_stop(s->sock);
         if (pcr_sock_pending(s->sock) == 0)
-            h1_close(s);
+            close_written(s);
         else
             pcr_sock_want_drain(s->sock, 0); /* on_drain closes once the output is out */
         return;
@@ -610,7 +648,7 @@ static void h1_drain(pcr_session_t *base)
 {
     h1_sess_t *s = (h1_sess_t *)base;
     s->draining = 1;
-    if (s->ex == NULL || !pcr_exchange_running(s->ex))
+    if (s->lingering || s->ex == NULL || !pcr_exchange_running(s->ex))
         h1_close(s); /* idle: nothing to finish */
     else
         s->closing = 1;

@@ -78,6 +78,12 @@ void pcr_sock_want_drain(pcr_sock_t *s, size_t low);
  * PCR_SOCK_WRITE_TIMEOUT (0: no limit). */
 void pcr_sock_set_write_timeout(pcr_sock_t *s, unsigned ms);
 
+/* Half-closes the connection once everything written is with the kernel (call it when
+ * pending() is 0): the peer sees the end of the stream while this side can still read what it
+ * keeps sending, so closing later does not reset the connection under a response the peer has
+ * not read yet (a lingering close). TLS sends no close_notify. */
+void pcr_sock_shutdown_write(pcr_sock_t *s);
+
 int pcr_sock_is_tls(const pcr_sock_t *s);
 /* TLS: 1 when ALPN selected "h2". */
 int pcr_sock_alpn_h2(const pcr_sock_t *s);

@@ -166,8 +166,11 @@ static void op_send_abort(pcr_exchange_t *ex)
 {
     h1_sess_t *s = sess_of(ex);
     /* A chunked body without its last chunk tells the client the response is incomplete; what
-     * already arrived from the pod is written first, then the connection closes. */
+     * already arrived from the pod is written first, then the connection closes. The head
+     * alone may still be unflushed (the pod broke in the read that brought it): flush here, or
+     * the close would wait for a drain that no write event is armed to report. */
     s->closing = 1;
+    pcr_sock_flush(s->sock);
     event_active(s->advance, 0, 0);
 }
 

@@ -69,7 +69,12 @@ int pcr_http_hop_by_hop(const char *n, size_t len, const char *connection_values
     return connection_values != NULL && list_has_token(connection_values, n, len);
 }
 
-void pcr_fold_reset(pcr_fold_t *f) { memset(f, 0, sizeof(*f)); }
+void pcr_fold_reset(pcr_fold_t *f)
+{
+    f->val_end = NULL;
+    f->in_value = 0;
+    f->prev_at_end = 0;
+}
 
 void pcr_fold_begin(pcr_fold_t *f, const char *buf, size_t len)
 {

@@ -32,6 +32,8 @@ typedef struct {
     int prev_at_end;                   /* the previous read ended exactly where a value piece did */
 } pcr_fold_t;
 
+/* Forgets the value state at a message's start; the bounds of the read in progress are kept
+ * (a message may begin in the middle of one read, and its values go on into the next). */
 void pcr_fold_reset(pcr_fold_t *f);
 /* Before each http_parser_execute(buf, len). */
 void pcr_fold_begin(pcr_fold_t *f, const char *buf, size_t len);

@@ -25,6 +25,7 @@ BAD = {
     "switching_101": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
     "headers_1mib": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (1 << 20) + b"\r\nContent-Length: 2\r\n\r\n{}",
     "te_list": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, identity\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    "te_obs_fold_leading": b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
     "te_space_before_colon": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding : chunked\r\nContent-Length: 6\r\n\r\n"
                               b"2\r\n{}\r\n0\r\n\r\n"),
 }

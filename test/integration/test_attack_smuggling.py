@@ -35,6 +35,8 @@ VARIANTS = {
     "te_twice": req(b"Host: x", b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked"),
     "te_xchunked": req(b"Host: x", b"Transfer-Encoding: xchunked"),
     "te_obs_fold": req(b"Host: x", b"Transfer-Encoding: identity", b" chunked"),
+    "te_obs_fold_empty": req(b"Host: x", b"Transfer-Encoding:", b" chunked"),
+    "te_obs_fold_tab_empty": req(b"Host: x", b"Transfer-Encoding: \t", b"\tchunked"),
     "host_missing": req(b"Transfer-Encoding: chunked"),
     "host_twice": req(b"Host: x", b"Host: y", b"Transfer-Encoding: chunked"),
 }
@@ -143,12 +145,21 @@ def test_header_values_split_across_reads_are_not_folds(raw_pod_router):
         assert conn.read_response()[0] == 200
     finally:
         conn.close()
-    # A fold across a read boundary is still a fold.
+    # A fold across a read boundary is still a fold, after a value or before any.
+    for first, second in ((b"X-A: one\r\n", b" two\r\n\r\n"), (b"X-A:\r\n", b" two\r\n\r\n"),
+                          (b"X-A:\r\n ", b"two\r\n\r\n")):
+        conn = RawConn(r.port, timeout=10)
+        try:
+            conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\n" + first)
+            time.sleep(0.05)
+            conn.send(second)
+            assert conn.read_response()[0] == 400, (first, second)
+        finally:
+            conn.close()
+    # An empty value is not a fold.
     conn = RawConn(r.port, timeout=10)
     try:
-        conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: one\r\n")
-        time.sleep(0.05)
-        conn.send(b" two\r\n\r\n")
-        assert conn.read_response()[0] == 400
+        conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-B: b\r\n\r\n")
+        assert conn.read_response()[0] == 200
     finally:
         conn.close()

@@ -55,7 +55,8 @@ typedef struct h2_stream {
     int head_only;
     int abort;                     /* the response broke: reset once `out` is sent */
     int submitted;                 /* a response with a data source was submitted */
-    struct event *rst_timer;       /* the reset of a broken response, sent a little later */
+    struct event *rst_timer;       /* a reset sent a little after the response (rst_later) */
+    uint32_t rst_code;
     struct h2_stream *prev, *next;
 } h2_stream_t;
 
@@ -104,8 +105,23 @@ static void stream_free(h2_stream_t *st)
 static void on_rst_timer(evutil_socket_t fd, short what, void *arg)
 {
     h2_stream_t *st = arg;
-    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, st->rst_code);
     schedule_flush(st->sess);
+}
+
+/* Resets the stream RST_DELAY_US from now: clients (curl among them) drop the frames of a
+ * response that reach them in the same read as its stream's RST_STREAM. */
+static void rst_later(h2_stream_t *st, uint32_t code)
+{
+    if (st->rst_timer != NULL)
+        return;
+    st->rst_code = code;
+    st->rst_timer = evtimer_new(st->sess->srv->base, on_rst_timer, st);
+    struct timeval tv = {0, RST_DELAY_US};
+    if (st->rst_timer)
+        evtimer_add(st->rst_timer, &tv);
+    else
+        nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, code);
 }
 
 static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
@@ -121,14 +137,8 @@ static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf
     if (st->eof && evbuffer_get_length(st->out) == 0) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     } else if (n == 0 && st->abort) {
-        /* Everything that arrived went out; the reset follows a moment later, because clients
-         * (curl among them) drop DATA that reaches them in the same read as a RST_STREAM. */
-        if (st->rst_timer == NULL) {
-            st->rst_timer = evtimer_new(st->sess->srv->base, on_rst_timer, st);
-            struct timeval tv = {0, RST_DELAY_US};
-            if (st->rst_timer)
-                evtimer_add(st->rst_timer, &tv);
-        }
+        /* Everything that arrived went out; the reset follows a moment later. */
+        rst_later(st, NGHTTP2_INTERNAL_ERROR);
         st->deferred = 1;
         return NGHTTP2_ERR_DEFERRED;
     } else if (n == 0) {
@@ -378,14 +388,15 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     /* The response ended while the client is still sending (an early 408 or 413): the rest of
-     * its request will not be read, so the stream is reset (RFC 9113, 8.1). */
+     * its request will not be read, so the stream is reset (RFC 9113, 8.1), a moment later so
+     * that the client reads the response first. */
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
     if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
         return 0;
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
     if (st != NULL && !st->req_done)
-        nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+        rst_later(st, NGHTTP2_NO_ERROR);
     return 0;
 }
 

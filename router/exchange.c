@@ -608,6 +608,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->state != EX_RECEIVING)
         srv->inflight--;
+    pcr_server_body_forget(srv, ex);
     if (ex->body_counted) {
         srv->body_buffered -= ex->body_counted;
         pcr_server_body_released(srv);

@@ -523,7 +523,7 @@ static void check_pause(h1_sess_t *s)
     if (running && queued > PIPELINE_MAX_BYTES) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-    } else if (!running && s->ex != NULL && !pcr_server_body_budget_ok(s->srv)) {
+    } else if (!running && s->ex != NULL && !pcr_server_body_may_grow(s->srv, s->ex)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
         pcr_server_body_wait(s->srv, &s->budget);

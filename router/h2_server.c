@@ -14,7 +14,10 @@
  * - Flow control is consumed by hand (no automatic WINDOW_UPDATE): a DATA frame's bytes are
  *   given back to the client's window only while the process holds less than
  *   limits.max_buffered_body_bytes of request bodies, so streams over the budget wait on their
- *   windows instead of growing memory, and resume when some is released.
+ *   windows instead of growing memory, and resume when some is released. Past the budget one
+ *   request at a time may still finish its body (server.h); the session it belongs to then
+ *   stops holding its connection window, which the other streams' held bytes would otherwise
+ *   keep shut: only stream windows hold those bytes back (at most one initial window each).
  * - One timer per connection: with no stream open it is the idle timeout
  *   (timeouts.client_idle_ms); with streams it ticks, and a stream whose head is not complete
  *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
@@ -42,7 +45,8 @@ typedef struct h2_stream {
     pcr_exchange_t *ex;
     struct evbuffer *out;          /* response body not yet taken by nghttp2 */
     size_t header_bytes;
-    size_t unconsumed;             /* DATA bytes not yet given back to the window (budget) */
+    size_t unconsumed;             /* DATA bytes not yet given back to the stream window (budget) */
+    size_t conn_held;              /* of those, not yet given back to the connection window */
     uint64_t t_begin;              /* begin-headers */
     uint64_t t_recv;               /* last request byte */
     uint64_t t_progress;           /* last response byte taken by nghttp2 (or output began) */
@@ -68,6 +72,7 @@ struct h2_sess {
     struct event *flush;
     struct event *timer;           /* idle timeout, or the streams' deadline tick */
     pcr_budget_waiter_t budget;
+    h2_stream_t *exempt;           /* the stream allowed past the body budget, if it is ours */
     h2_stream_t *streams;
     size_t nstreams;
     int closing;
@@ -90,6 +95,8 @@ static void stream_free(h2_stream_t *st)
     if (st->next)
         st->next->prev = st->prev;
     s->nstreams--;
+    if (s->exempt == st)
+        s->exempt = NULL;
     pcr_exchange_free(st->ex);
     if (st->rst_timer)
         event_free(st->rst_timer);
@@ -236,19 +243,40 @@ static const pcr_exchange_ops_t h2_ops = {op_send_head, op_send_body, op_send_en
 
 /* ---- flow control against the body budget -------------------------------------------- */
 
-/* Gives DATA bytes back to the client's windows while the budget allows. */
+/* Whether the stream's body may grow (server.h). When it becomes the request allowed past the
+ * budget, the connection window its session holds for the other streams is given back, or the
+ * client could not send it a byte. */
+static int stream_may_grow(h2_sess_t *s, h2_stream_t *st)
+{
+    if (!pcr_server_body_may_grow(s->srv, st->ex))
+        return 0;
+    if (!pcr_server_body_budget_ok(s->srv) && s->exempt != st) {
+        s->exempt = st;
+        for (h2_stream_t *o = s->streams; o != NULL; o = o->next) {
+            nghttp2_session_consume_connection(s->ng, o->conn_held);
+            o->conn_held = 0;
+        }
+    }
+    return 1;
+}
+
+/* Gives DATA bytes back to the client's windows, to the streams whose bodies may grow. */
 static void consume_pending(h2_sess_t *s)
 {
+    int wait = 0;
     for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
         if (st->unconsumed == 0)
             continue;
-        if (!pcr_server_body_budget_ok(s->srv)) {
-            pcr_server_body_wait(s->srv, &s->budget);
-            return;
+        if (!stream_may_grow(s, st)) {
+            wait = 1;
+            continue;
         }
-        nghttp2_session_consume(s->ng, st->id, st->unconsumed);
-        st->unconsumed = 0;
+        nghttp2_session_consume_stream(s->ng, st->id, st->unconsumed);
+        nghttp2_session_consume_connection(s->ng, st->conn_held);
+        st->unconsumed = st->conn_held = 0;
     }
+    if (wait)
+        pcr_server_body_wait(s->srv, &s->budget);
 }
 
 static void budget_resume(pcr_budget_waiter_t *w)
@@ -376,10 +404,14 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
         reject(st);
         return 0;
     }
-    if (st->unconsumed == 0 && pcr_server_body_budget_ok(s->srv)) {
+    if (st->unconsumed == 0 && stream_may_grow(s, st)) {
         nghttp2_session_consume(ng, id, len);
     } else {
         st->unconsumed += len;
+        if (s->exempt != NULL)
+            nghttp2_session_consume_connection(ng, len); /* see stream_may_grow */
+        else
+            st->conn_held += len;
         pcr_server_body_wait(s->srv, &s->budget);
     }
     return 0;
@@ -407,8 +439,8 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code,
     if (st == NULL)
         return 0;
     nghttp2_session_set_stream_user_data(ng, id, NULL);
-    if (st->unconsumed)
-        nghttp2_session_consume_connection(ng, st->unconsumed);
+    if (st->conn_held)
+        nghttp2_session_consume_connection(ng, st->conn_held);
     /* A reset by the client, or the natural end: either way the exchange ends here; if its
      * upstream request is still running it is closed, so the pod stops generating. */
     stream_free(st);

@@ -38,6 +38,28 @@ int pcr_server_body_budget_ok(const pcr_server_t *srv)
     return srv->body_buffered < srv->cfg->limits.max_buffered_body_bytes;
 }
 
+int pcr_server_body_may_grow(pcr_server_t *srv, const void *req)
+{
+    if (pcr_server_body_budget_ok(srv) || srv->body_exempt == req)
+        return 1;
+    if (srv->body_exempt != NULL)
+        return 0;
+    srv->body_exempt = req;
+    return 1;
+}
+
+void pcr_server_body_forget(pcr_server_t *srv, const void *req)
+{
+    if (srv->body_exempt == req)
+        srv->body_exempt = NULL;
+}
+
+/* Waiters can make progress: there is budget, or nobody holds the exemption. */
+static int budget_open(const pcr_server_t *srv)
+{
+    return pcr_server_body_budget_ok(srv) || srv->body_exempt == NULL;
+}
+
 void pcr_server_body_wait(pcr_server_t *srv, pcr_budget_waiter_t *w)
 {
     if (!w->queued) {
@@ -56,12 +78,12 @@ void pcr_server_body_unwait(pcr_server_t *srv, pcr_budget_waiter_t *w)
 
 void pcr_server_body_released(pcr_server_t *srv)
 {
-    if (!TAILQ_EMPTY(&srv->budget_waiters) && pcr_server_body_budget_ok(srv) && srv->budget_event)
+    if (!TAILQ_EMPTY(&srv->budget_waiters) && budget_open(srv) && srv->budget_event)
         event_active(srv->budget_event, 0, 0);
 }
 
-/* Wakes the sessions waiting for body budget, oldest first, while there is budget; each may
- * take some and wait again, which puts it at the back. */
+/* Wakes the sessions waiting for body budget, oldest first, while there is budget (or the
+ * exemption is free); each may take some and wait again, which puts it at the back. */
 static void on_budget(evutil_socket_t fd, short what, void *arg)
 {
     pcr_server_t *srv = arg;
@@ -69,7 +91,7 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
     pcr_budget_waiter_t *w;
     for (w = TAILQ_FIRST(&srv->budget_waiters); w != NULL; w = TAILQ_NEXT(w, link))
         n++;
-    while (n-- > 0 && pcr_server_body_budget_ok(srv) &&
+    while (n-- > 0 && budget_open(srv) &&
            (w = TAILQ_FIRST(&srv->budget_waiters)) != NULL) {
         pcr_server_body_unwait(srv, w);
         w->resume(w);

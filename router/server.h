@@ -34,6 +34,7 @@ typedef struct pcr_server {
     /* Request bodies held in memory, against limits.max_buffered_body_bytes; sessions that
      * stopped reading (or granting HTTP/2 window) for it wait on `budget_waiters`. */
     size_t body_buffered;
+    const void *body_exempt;      /* the one request allowed past the budget, NULL: none */
     TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
     struct event *budget_event;
     int draining;                 /* SIGTERM seen: no new connections or streams */
@@ -52,6 +53,13 @@ typedef struct pcr_budget_waiter {
 
 /* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
 int pcr_server_body_budget_ok(const pcr_server_t *srv);
+/* Whether the body of request `req` (an exchange) may grow. Under the budget, any may. Past
+ * it, one request at a time still may (the first to ask, until it is freed): a budget filled
+ * by partial bodies, none of which could complete, would otherwise stall every upload until
+ * each timed out. The overshoot is at most one limits.max_body_bytes. */
+int pcr_server_body_may_grow(pcr_server_t *srv, const void *req);
+/* `req` is being freed: it stops being the request allowed past the budget. */
+void pcr_server_body_forget(pcr_server_t *srv, const void *req);
 void pcr_server_body_wait(pcr_server_t *srv, pcr_budget_waiter_t *w);
 void pcr_server_body_unwait(pcr_server_t *srv, pcr_budget_waiter_t *w);
 /* Some body bytes were freed: wake the waiters (from the loop). */

@@ -423,6 +423,14 @@ def big_window_read(port, nbytes, timeout=60.0):
     import hashlib
     import h2.events
     sock, conn = h2_connect(port, window=2 ** 31 - 1, timeout=timeout)
+    # The router's SETTINGS first, and our ACK, so that nothing is owed once DATA flows.
+    settled = False
+    while not settled:
+        data = sock.recv(65536)
+        if not data:
+            raise AssertionError("the router closed the connection before its SETTINGS")
+        settled = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in conn.receive_data(data))
+        sock.sendall(conn.data_to_send())
     body = json.dumps({"model": "stub-model", "prompt": "big window", "max_tokens": 8,
                        "stub": {"bytes": nbytes}}).encode()
     sid = conn.get_next_available_stream_id()
@@ -598,11 +606,11 @@ def upload_body(size):
     return head + b"u" * max(0, size - len(head) - len(tail)) + tail
 
 
-def slow_uploads(port, streams, size, rate, duration, window=65535):
-    """`streams` POSTs of `size` bytes each on one h2c connection (more if the router's stream
-    limit asks), sent round robin in 16 KiB pieces at most `rate` bytes a second in all, as
-    flow control allows, for at most `duration` seconds. Returns the H2Streams (whose
-    snapshot tells each stream's fate) and the bytes sent."""
+def slow_uploads(port, streams, size, rate, duration, window=65535, stop_after=None):
+    """`streams` POSTs of `size` bytes each on one h2c connection, sent round robin in 16 KiB
+    pieces at most `rate` bytes a second in all, as flow control allows, for at most
+    `duration` seconds or until `stop_after` bytes are sent (the uploads then stall). Returns
+    the H2Streams (whose snapshot tells each stream's fate) and the bytes sent."""
     body = upload_body(size)
     hs = H2Streams(port, window=window, per_conn=streams)
     keys = [hs.open("/v1/completions", b"", end_stream=False, length=len(body))
@@ -611,7 +619,7 @@ def slow_uploads(port, streams, size, rate, duration, window=65535):
     sent_total = 0
     t0 = time.monotonic()
     end = t0 + duration
-    while time.monotonic() < end and offs:
+    while time.monotonic() < end and offs and (stop_after is None or sent_total < stop_after):
         progressed = False
         for k in list(offs):
             allowed = rate * (time.monotonic() - t0) - sent_total

@@ -21,7 +21,8 @@
  *   BUSY  the request is being answered: the client may be silent (a stream can take minutes);
  *         a client that accepts no bytes for timeouts.client_write_ms is cut by the transport.
  * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
- * connection receiving a body stops reading until some is released.
+ * connection receiving a body past its first PCR_BODY_FREE_BYTES stops reading until some is
+ * released (server.h: the first MiB of a request, and one request at a time, go on).
  *
  * One close path, h1_close(); the exchange is freed from the deferred `advance` event or from a
  * transport callback, never from inside the exchange's own calls. */
@@ -515,7 +516,8 @@ static void budget_resume(pcr_budget_waiter_t *w)
 }
 
 /* After a read: pause reading while pipelined bytes pile up behind a running request, or while
- * a body is arriving and the process is over its body budget. */
+ * a body past its first PCR_BODY_FREE_BYTES is arriving and the process is over its body
+ * budget. */
 static void check_pause(h1_sess_t *s)
 {
     size_t queued = evbuffer_get_length(pcr_sock_input(s->sock));
@@ -523,7 +525,8 @@ static void check_pause(h1_sess_t *s)
     if (running && queued > PIPELINE_MAX_BYTES) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-    } else if (!running && s->ex != NULL && !pcr_server_body_may_grow(s->srv, s->ex)) {
+    } else if (!running && s->ex != NULL && pcr_exchange_body_bytes(s->ex) >= PCR_BODY_FREE_BYTES &&
+               !pcr_server_body_may_grow(s->srv, s->ex)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
         pcr_server_body_wait(s->srv, &s->budget);

@@ -661,7 +661,8 @@ int pcr_h2_session_start(pcr_server_t *srv, pcr_sock_t *sock)
         goto fail;
     nghttp2_settings_entry iv[] = {
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, srv->cfg->limits.max_concurrent_streams},
-        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}, /* prompts are large: 1 MiB per stream */
+        /* Prompts are large: 1 MiB per stream, granted whatever the body budget. */
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, PCR_BODY_FREE_BYTES},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)srv->cfg->limits.max_header_bytes},
     };
     nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));

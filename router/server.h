@@ -51,6 +51,11 @@ typedef struct pcr_budget_waiter {
     int queued;
 } pcr_budget_waiter_t;
 
+/* Every request may buffer this much of its body whatever the budget: an HTTP/2 stream's
+ * initial window, and as much for an HTTP/1.1 request, so that uploads holding the budget
+ * cannot stall the small requests (most prompts) of other clients. */
+#define PCR_BODY_FREE_BYTES (1024 * 1024)
+
 /* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
 int pcr_server_body_budget_ok(const pcr_server_t *srv);
 /* Whether the body of request `req` (an exchange) may grow. Under the budget, any may. Past

@@ -3,12 +3,11 @@ stall), zero-window readers holding pod connections, many slow uploads against t
 Each runs with a well-behaved client measured alongside (attack.Watch) and the router's RSS
 sampled."""
 import json
-
-import pytest
+import time
 
 from attack import (H2Streams, Watch, big_window_read, bulk_sha, describe, router_env, sanitized,
                     slow_uploads)
-from conftest import PCROUTER, completion, get_metrics, make_config, metric, wait_for
+from conftest import PCROUTER, RawConn, completion, get_metrics, make_config, metric, wait_for
 
 MiB = 1 << 20
 # RSS beyond the accounted buffers: allocator slack, evbuffer chains, nghttp2 state. Under
@@ -65,3 +64,40 @@ def test_slow_uploads_stay_within_budget_and_complete(stub_factory, router_facto
            size // MiB, RSS_OVERHEAD_MB))
     assert figs["client"]["failed"] == 0 and figs["client"]["served"] > 0, describe(figs)
     assert metric(get_metrics(r), "pcrouter_request_body_buffered_bytes") == 0
+
+
+def test_stalled_uploads_do_not_starve_small_requests(stub_factory, router_factory):
+    """Uploads that fill the body budget and then stop sending hold it until client_idle_ms;
+    meanwhile small requests on other connections are served: an HTTP/2 stream has its initial
+    window whatever the budget, and an HTTP/1.1 request its first MiB. HTTP/1.1 requests whose
+    body came in a read of its own used to wait for the stalled uploads' 408."""
+    stub = stub_factory("pod-a")
+    r = router_factory(make_config([stub], limits={"max_buffered_body_bytes": 8 * MiB,
+                                                   "max_body_bytes": 64 * MiB},
+                                   timeouts={"client_idle_ms": 30000}), env=router_env())
+    wait_for(lambda: stub.stats()["requests"].get("/health"), 15, what="a health check")
+    hs, sent = slow_uploads(r.port, 32, 4 * MiB, rate=256 * MiB, duration=15, stop_after=24 * MiB)
+    try:
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_request_body_buffered_bytes") >= 8 * MiB,
+                 15, what="the budget filled by partial uploads")
+        body = json.dumps(completion("small one")).encode()
+        for i in range(3):
+            conn = RawConn(r.port, timeout=5)
+            try:
+                conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body))
+                time.sleep(0.05)  # pacing: the body comes in a read of its own
+                conn.send(body)
+                assert conn.read_response()[0] == 200
+            finally:
+                conn.close()
+        with Watch(r, proto="h1", rate=10, timeout=5) as w1:
+            wait_for(lambda: w1.client.count() >= 10, 20, what="10 HTTP/1.1 requests")
+        with Watch(r, proto="h2c", rate=10, timeout=5) as w2:
+            wait_for(lambda: w2.client.count() >= 10, 20, what="10 h2c requests")
+    finally:
+        hs.close()
+    for w in (w1, w2):
+        assert w.figures["client"]["failed"] == 0, describe(w.figures)
+    # The uploads themselves were not answered: they are still waiting, not lost.
+    assert not any(v["ended"] for v in hs.snapshot().values())

@@ -642,6 +642,106 @@ def slow_uploads(port, streams, size, rate, duration, window=65535, stop_after=N
 
 
 # ------------------------------------------------------------------------------------------
+# HTTP/2 frame floods
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+FLOODS = ("ping", "settings", "empty_data", "continuation", "rapid_reset")
+
+
+class _FloodConn:
+    """One raw h2c connection of a flood: frames built with hyperframe, headers with hpack."""
+
+    def __init__(self, port, read):
+        import hpack
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.read = read
+        self.enc = hpack.Encoder()
+        self.port = port
+        self.sid = 1
+        self.sock.sendall(H2_PREFACE + self.frame("SettingsFrame", 0))
+
+    @staticmethod
+    def frame(kind, sid, **kw):
+        import hyperframe.frame as F
+        return getattr(F, kind)(sid, **kw).serialize()
+
+    def headers(self, path, method="POST", length=None, end_headers=True, end_stream=False):
+        h = [(":method", method), (":path", path), (":scheme", "http"),
+             (":authority", "127.0.0.1:%d" % self.port)]
+        if length is not None:
+            h += [("content-type", "application/json"), ("content-length", str(length))]
+        flags = (["END_HEADERS"] if end_headers else []) + (["END_STREAM"] if end_stream else [])
+        sid = self.sid
+        self.sid += 2
+        return sid, self.frame("HeadersFrame", sid, data=self.enc.encode(h), flags=flags)
+
+    def send(self, data):
+        self.sock.sendall(data)
+        if self.read:
+            while select.select([self.sock], [], [], 0)[0]:
+                if not self.sock.recv(1 << 20):
+                    raise ConnectionResetError("closed by the router")
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def h2_flood(port, kind, duration, batch=256):
+    """Floods h2c connections with `kind` frames for `duration` seconds, reconnecting whenever
+    the router closes one (or stops reading it for 5 s). Returns frames sent and connections.
+      ping, settings   PING / empty SETTINGS frames, the replies never read
+      empty_data       a POST whose body is endless empty DATA frames
+      continuation     a HEADERS frame followed by endless CONTINUATION frames
+      rapid_reset      POST /v1/completions (HEADERS, DATA with END_STREAM) then RST_STREAM"""
+    assert kind in FLOODS, kind
+    body = small_completion("rapid reset")
+    frames = conns = 0
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        try:
+            c = _FloodConn(port, read=kind not in ("ping", "settings"))
+        except OSError:
+            time.sleep(0.05)  # pacing: the router is refusing or at its limit
+            continue
+        conns += 1
+        try:
+            if kind == "empty_data":
+                sid, hdr = c.headers("/v1/completions", length=1 << 20)
+                c.send(hdr)
+            elif kind == "continuation":
+                sid, hdr = c.headers("/v1/completions", length=10, end_headers=False)
+                c.send(hdr)
+                piece = c.enc.encode([("x-flood", "a" * 64)])
+            while time.monotonic() < end:
+                if kind == "ping":
+                    data = c.frame("PingFrame", 0, opaque_data=b"12345678") * batch
+                elif kind == "settings":
+                    data = c.frame("SettingsFrame", 0) * batch
+                elif kind == "empty_data":
+                    data = c.frame("DataFrame", sid, data=b"") * batch
+                elif kind == "continuation":
+                    data = c.frame("ContinuationFrame", sid, data=piece) * batch
+                else:
+                    parts = []
+                    for _ in range(batch // 4):
+                        s, hdr = c.headers("/v1/completions", length=len(body))
+                        parts += [hdr, c.frame("DataFrame", s, data=body, flags=["END_STREAM"]),
+                                  c.frame("RstStreamFrame", s, error_code=8)]
+                    data = b"".join(parts)
+                c.send(data)
+                frames += batch
+        except (OSError, ValueError):
+            pass  # the router closed it or stopped reading: a new connection
+        finally:
+            c.close()
+    return {"frames": frames, "connections": conns}
+
+
+# ------------------------------------------------------------------------------------------
 # the well-behaved client (child side)
 
 def _h1_once(port, body, path, timeout):

@@ -373,9 +373,12 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
     if (st == NULL)
         return 0;
-    st->t_recv = pcr_now_us();
-    if (frame->hd.type == NGHTTP2_HEADERS)
+    /* DATA bytes count as progress in on_data_chunk; an empty DATA frame is none (a flood of
+     * them must not keep a request that sends nothing from its 408). */
+    if (frame->hd.type == NGHTTP2_HEADERS) {
+        st->t_recv = pcr_now_us();
         st->headers_done = 1;
+    }
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
         st->req_done = 1;
     if (st->reject_status && !st->rejected) {

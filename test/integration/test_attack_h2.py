@@ -3,10 +3,13 @@ stall), zero-window readers holding pod connections, many slow uploads against t
 Each runs with a well-behaved client measured alongside (attack.Watch) and the router's RSS
 sampled."""
 import json
+import select
 import time
 
-from attack import (H2Streams, Watch, big_window_read, bulk_sha, describe, router_env, sanitized,
-                    slow_uploads)
+import pytest
+
+from attack import (FLOODS, H2Streams, Watch, big_window_read, bulk_sha, describe, h2_connect,
+                    h2_flood, post_headers, router_env, sanitized, slow_uploads)
 from conftest import PCROUTER, RawConn, completion, get_metrics, make_config, metric, wait_for
 
 MiB = 1 << 20
@@ -101,3 +104,80 @@ def test_stalled_uploads_do_not_starve_small_requests(stub_factory, router_facto
         assert w.figures["client"]["failed"] == 0, describe(w.figures)
     # The uploads themselves were not answered: they are still waiting, not lost.
     assert not any(v["ended"] for v in hs.snapshot().values())
+
+
+def test_zero_window_readers_are_reset_and_free_the_pod(stub_factory, router_factory):
+    """12 streams whose window stays 0 take all 4 connections the pod allows. With a small
+    timeouts.client_write_ms each is reset (RST_STREAM CANCEL) and its pod request cancelled, so
+    well-behaved requests queued behind them are served. Without it they held the pod's
+    connections for client_idle_ms and the others got 503 after response_ms."""
+    stub = stub_factory("pod-a")
+    n = 12
+    r = router_factory(make_config([{"name": "pod-a", "url": stub.url, "max_connections": 4}],
+                                   timeouts={"client_write_ms": 500, "response_ms": 8000}))
+    wait_for(lambda: stub.stats()["requests"].get("/health"), 15, what="a health check")
+    body = json.dumps(completion("zero window", stream=True, gate="never", events=4)).encode()
+    with Watch(r, proto="h1", rate=10) as w:
+        hs = H2Streams(r.port, window=0, ack=False)
+        try:
+            for _ in range(n):
+                hs.open("/v1/completions", body)
+            snap = hs.wait(lambda sn: all(v["reset"] is not None for v in sn.values()), 30,
+                           "every zero-window stream reset")
+            wait_for(lambda: stub.stats()["aborted"] >= n, 10, what="the pod requests cancelled")
+            served = w.client.count()
+            wait_for(lambda: w.client.count() >= served + 5, 10, what="5 more well-behaved requests")
+        finally:
+            hs.close()
+    assert all(v["status"] == "200" and v["bytes"] == 0 and v["reset"] == 8 for v in snap.values()), snap
+    assert metric(get_metrics(r), "pcrouter_client_write_timeouts_total") >= n
+    assert w.figures["client"]["failed"] == 0, describe(w.figures)
+
+
+FLOOD_RSS_MB = 48 if ASAN else 16
+
+
+@pytest.mark.parametrize("kind", FLOODS)
+def test_frame_flood(cluster, kind):
+    """PING and SETTINGS floods whose replies are never read, endless empty DATA or
+    CONTINUATION frames, rapid reset (a request to the pod, reset at once): for 3 s, while a
+    well-behaved h2c client is measured. The router lives, its RSS stays flat, the client is
+    served."""
+    c = cluster(1, timeouts={"request_header_ms": 1000, "client_idle_ms": 1000})
+    with Watch(c.router, proto="h2c", rate=10) as w:
+        res = h2_flood(c.router.port, kind, 3.0)
+    figs = w.figures
+    assert c.router.alive(), c.router.err.tail()
+    assert res["frames"] > 1000, res
+    assert figs["rss_peak_mb"] - figs["rss_first_mb"] <= FLOOD_RSS_MB, (res, describe(figs))
+    assert figs["client"]["failed"] == 0 and figs["client"]["served"] >= 5, (res, describe(figs))
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_requests_in_flight") == 0, text
+
+
+def test_empty_data_frames_are_no_progress(cluster):
+    """A request body made of empty DATA frames stops arriving as surely as one that stops:
+    408 after client_idle_ms. Each empty frame used to restart the request's idle time."""
+    c = cluster(1, timeouts={"client_idle_ms": 600})
+    sock, conn = h2_connect(c.router.port)
+    try:
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, post_headers(c.router.port, "/v1/completions", 1000))
+        sock.sendall(conn.data_to_send())
+        status = None
+        deadline = time.monotonic() + 10
+        while status is None and time.monotonic() < deadline:
+            conn.send_data(sid, b"")
+            sock.sendall(conn.data_to_send())
+            if select.select([sock], [], [], 0.05)[0]:
+                data = sock.recv(65536)
+                assert data, "the router closed the connection"
+                for e in conn.receive_data(data):
+                    if getattr(e, "stream_id", None) == sid and hasattr(e, "headers"):
+                        status = dict(e.headers).get(b":status")
+                sock.sendall(conn.data_to_send())
+        assert status == b"408", status
+    finally:
+        sock.close()
+    assert metric(get_metrics(c.router), "pcrouter_request_timeouts_total") == 1
+    assert c.stubs[0].stats()["requests"].get("/v1/completions", 0) == 0

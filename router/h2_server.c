@@ -59,6 +59,7 @@ typedef struct h2_stream {
     int head_only;
     int abort;                     /* the response broke: reset once `out` is sent */
     int submitted;                 /* a response with a data source was submitted */
+    int run_queued;                /* complete: to run once the whole read is processed */
     struct event *rst_timer;       /* a reset sent a little after the response (rst_later) */
     uint32_t rst_code;
     struct h2_stream *prev, *next;
@@ -386,8 +387,25 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
         return 0;
     }
     if (st->req_done && !st->rejected && !pcr_exchange_running(st->ex))
-        pcr_exchange_run(st->ex);
+        st->run_queued = 1; /* run_queued() */
     return 0;
+}
+
+/* Runs the requests completed by the read just processed. Not from on_frame_recv: a stream the
+ * same read resets (rapid reset sends HEADERS, DATA and RST_STREAM together) is then closed
+ * before anything was sent to a pod for it. */
+static void run_queued(h2_sess_t *s)
+{
+    h2_stream_t *st = s->streams;
+    while (st != NULL && st->next != NULL)
+        st = st->next; /* the oldest: requests run in the order they came */
+    for (; st != NULL; st = st->prev) {
+        if (!st->run_queued)
+            continue;
+        st->run_queued = 0;
+        if (!st->rejected && !pcr_exchange_running(st->ex))
+            pcr_exchange_run(st->ex);
+    }
 }
 
 static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
@@ -586,6 +604,8 @@ static void on_read(pcr_sock_t *sock, void *arg)
         }
         evbuffer_drain(in, (size_t)n);
     }
+    if (!s->closing)
+        run_queued(s);
     flush_now(s);
 }
 

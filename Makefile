@@ -13,7 +13,8 @@ TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest py
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 
-.PHONY: all build deps deps-test deps-bench run test bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build deps deps-test deps-bench run test bench bench-routing bench-proxies bench-hashring \
+        bench-attacks clean
 
 all: build
 
@@ -56,7 +57,7 @@ run: deps-test build
 test: deps-test build build-asan
 	$(PY) test/run.py $(BUILD) $(ASAN_BUILD)
 
-bench: deps-bench build bench-hashring bench-proxies bench-routing
+bench: deps-bench build bench-hashring bench-proxies bench-routing bench-attacks
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
@@ -66,6 +67,11 @@ bench-proxies: deps-bench build
 
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD)
+
+# The attacks of the hardening tests at full scale: the router's RSS and CPU, and a
+# well-behaved client's p99, during each (needs only the test packages).
+bench-attacks: deps-test build
+	$(PY) bench/attacks.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

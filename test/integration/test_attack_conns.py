@@ -1,4 +1,4 @@
-"""Issue 7, clients that hold what they should not: slowloris connections, request bodies that
+"""Hardening: clients that hold what they should not: slowloris connections, request bodies that
 stop arriving, readers that stop reading, more connections than pcrouter has descriptors for;
 and SIGHUP, which used to kill the process. A well-behaved client is measured alongside
 (attack.Watch): it must be served throughout, or, for EMFILE, as soon as the descriptors are

@@ -1,4 +1,4 @@
-"""Issue 7, pods that misbehave: a status outside 100-599, a 101 nobody asked for, 1 MiB of
+"""Hardening: pods that misbehave: a status outside 100-599, a 101 nobody asked for, 1 MiB of
 headers, broken chunking, a Transfer-Encoding a proxy could read differently. The client gets a
 502 (or, once the head has gone out, a cut response), the router lives on, its metrics stay
 sane; and 499 is recorded only when the client left, not when the pod cut the response."""

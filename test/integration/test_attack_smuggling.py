@@ -1,4 +1,4 @@
-"""Issue 7, request smuggling: framing that a proxy and a pod could read differently is refused
+"""Hardening: request smuggling: framing that a proxy and a pod could read differently is refused
 with 400 and the connection closes, and the pod receives nothing at all (a raw pod records every
 byte it is sent; health checks are off so nothing else reaches it). An absolute-form target is
 accepted as its path, and hop-by-hop fields never reach the pod."""

@@ -1,7 +1,12 @@
 """Hardening: pods that misbehave: a status outside 100-599, a 101 nobody asked for, 1 MiB of
-headers, broken chunking, a Transfer-Encoding a proxy could read differently. The client gets a
-502 (or, once the head has gone out, a cut response), the router lives on, its metrics stay
-sane; and 499 is recorded only when the client left, not when the pod cut the response."""
+headers, broken chunking, a Transfer-Encoding a proxy could read differently, a head that never
+ends. The client gets a 502 or 504 (or, once the head has gone out, a cut response), the router
+lives on, its metrics stay sane; and 499 is recorded only when the client left, not when the
+pod cut the response."""
+import socket
+import threading
+import time
+
 import pytest
 
 from attack import RawPod
@@ -127,3 +132,58 @@ def test_499_only_when_the_client_left(cluster):
     wait_for(lambda: codes(get_metrics(c.router)).get(("pcrouter_requests_total", None, 499)) == 1,
              10, what="the client who left recorded as 499")
     wait_for(lambda: c.stubs[0].stats()["aborted"] >= 1, 10, what="the pod request cancelled")
+
+
+class DribblingPod:
+    """A pod that answers the first request with `first`, then `piece` every 50 ms, forever
+    (until closed): a response head that never ends, or 1xx after 1xx."""
+
+    def __init__(self, first, piece):
+        self.first, self.piece = first, piece
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.url = "http://127.0.0.1:%d" % self.lsock.getsockname()[1]
+        self.stop = threading.Event()
+        self.closed_by_router = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        try:
+            c, _ = self.lsock.accept()
+        except OSError:
+            return
+        with c:
+            c.settimeout(10)
+            c.recv(65536)
+            c.sendall(self.first)
+            while not self.stop.wait(0.05):  # the pod's own pace
+                try:
+                    c.sendall(self.piece)
+                except OSError:
+                    self.closed_by_router.set()
+                    return
+
+    def close(self):
+        self.stop.set()
+        self.lsock.close()
+
+
+@pytest.mark.parametrize("first,piece", [(b"HTTP/1.1 200 OK\r\nX-Slow: ", b"a"),
+                                         (b"", b"HTTP/1.1 100 Continue\r\n\r\n")],
+                         ids=["dribbled_head", "endless_1xx"])
+def test_pod_that_never_finishes_its_head_gets_504(router_factory, first, piece):
+    """timeouts.response_ms bounds the wait for a response head. Every byte from the pod used to
+    restart it, so a pod dribbling its head (or sending 1xx after 1xx) held the request for
+    good."""
+    pod = DribblingPod(first, piece)
+    try:
+        r = router_factory(make_config([("pod-slow", pod.url)], health={"interval_ms": 0},
+                                       timeouts={"response_ms": 800}))
+        t0 = time.monotonic()
+        res = curl(r.url("/v1/completions"), completion("slow head"), timeout=15)
+        assert_error(res, 504, "upstream_timeout", "timeout")
+        assert time.monotonic() - t0 < 10
+        assert pod.closed_by_router.wait(10), "the router kept the pod connection"
+    finally:
+        pod.close()

@@ -11,7 +11,8 @@ import socket
 
 import pytest
 
-from attack import H2Streams, HeldConns, Slowloris, Watch, describe, router_env
+from attack import (H2Streams, HeldConns, Slowloris, Watch, describe, h2_connect, post_headers,
+                    router_env)
 from conftest import (CurlStream, RawConn, completion, curl, get_metrics, http_request,
                       make_config, metric, split_head, sse_events, wait_for)
 
@@ -75,22 +76,49 @@ def test_h2_body_stall_gets_408(cluster):
     assert c.stubs[0].stats()["requests"].get("/v1/completions", 0) == 1
 
 
-def test_h1_reader_that_stops_reading_is_cut(cluster):
-    """A client that accepts no response bytes for timeouts.client_write_ms loses its
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_reader_that_stops_reading_is_cut(cluster, proto):
+    """A client that accepts no response bytes at all for timeouts.client_write_ms loses its
     connection, and its pod request is cancelled (the pod sees the close)."""
     c = cluster(1, timeouts={"client_write_ms": 500})
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-    s.settimeout(10)
-    s.connect(("127.0.0.1", c.router.port))
+    big = completion("never read", bytes=256 << 20)
+    if proto == "h1":
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", c.router.port))
+        s.sendall(http_request("POST", "/v1/completions", big))
+    else:
+        s, conn = h2_connect(c.router.port, window=2 ** 31 - 1)
+        body = json.dumps(big).encode()
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, post_headers(c.router.port, "/v1/completions", len(body)))
+        conn.send_data(sid, body, end_stream=True)
+        s.sendall(conn.data_to_send())
     try:
-        s.sendall(http_request("POST", "/v1/completions", completion("never read", bytes=256 << 20)))
         wait_for(lambda: c.stubs[0].stats()["aborted"] >= 1, 20, what="the pod request cancelled")
         wait_for(lambda: metric(get_metrics(c.router), "pcrouter_client_write_timeouts_total") == 1,
                  10, what="the write timeout counted")
     finally:
         s.close()
     assert curl(c.url("/v1/completions"), completion("next")).status == 200
+
+
+@pytest.mark.parametrize("what", ["tls_silent", "tls_partial_hello", "h2c_partial_preface", "silent"])
+def test_handshake_that_never_ends_is_closed(cluster, tls_cert, what):
+    """A connection that never finishes its TLS handshake, or its h2c preface, or sends nothing,
+    is closed after timeouts.request_header_ms."""
+    c = cluster(1, tls=tls_cert, timeouts={"request_header_ms": 500})
+    port = c.router.tls_port if what.startswith("tls") else c.router.port
+    data = {"tls_silent": b"", "tls_partial_hello": b"\x16\x03\x01\x02\x00\x01",
+            "h2c_partial_preface": b"PRI * HTTP/2.0\r\n", "silent": b""}[what]
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(data)
+        assert s.recv(100) == b""
+    finally:
+        s.close()
+    assert curl(c.url("/health")).status == 200
 
 
 def limit_fds(n):

@@ -28,7 +28,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -306,31 +305,34 @@ class RawPod:
                 self.conns.append(c)
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
+    def _recv_until(self, c, buf, done):
+        """Reads (keeping every byte) until done(buf); None when the peer closed first."""
+        while not done(buf):
+            chunk = c.recv(65536)
+            if not chunk:
+                return None
+            with self.lock:
+                self.received += chunk
+            buf += chunk
+        return buf
+
     def _serve(self, c):
         c.settimeout(30)
         buf = b""
         try:
             while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = c.recv(65536)
-                    if not chunk:
-                        return
-                    with self.lock:
-                        self.received += chunk
-                    buf += chunk
+                buf = self._recv_until(c, buf, lambda b: b"\r\n\r\n" in b)
+                if buf is None:
+                    return
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 n = 0
                 for line in head.split(b"\r\n")[1:]:
                     k, _, v = line.partition(b":")
                     if k.strip().lower() == b"content-length":
                         n = int(v.strip() or b"0")
-                while len(buf) < n:
-                    chunk = c.recv(65536)
-                    if not chunk:
-                        return
-                    with self.lock:
-                        self.received += chunk
-                    buf += chunk
+                buf = self._recv_until(c, buf, lambda b: len(b) >= n)
+                if buf is None:
+                    return
                 body, buf = buf[:n], buf[n:]
                 first = head.split(b"\r\n", 1)[0].split(b" ")
                 req = {"method": first[0].decode("latin-1"),
@@ -415,6 +417,22 @@ def post_headers(port, path, length, extra=()):
             ("content-length", str(length))] + list(extra)
 
 
+def note_event(rec, e):
+    """Updates a stream's record (status, bytes, ended, reset) from a python-h2 event; returns
+    the DATA the event carried (b"" for any other)."""
+    import h2.events
+    if isinstance(e, h2.events.ResponseReceived):
+        rec["status"] = dict(e.headers).get(b":status", b"").decode()
+    elif isinstance(e, h2.events.DataReceived):
+        rec["bytes"] += len(e.data)
+        return e.data
+    elif isinstance(e, h2.events.StreamEnded):
+        rec["ended"] = True
+    elif isinstance(e, h2.events.StreamReset):
+        rec["reset"] = e.error_code
+    return b""
+
+
 def big_window_read(port, nbytes, timeout=60.0):
     """One h2c stream asking the stub pod for `nbytes`, with windows large enough for all of it
     so that the client never has to send a frame once the response flows (a WINDOW_UPDATE or a
@@ -453,17 +471,8 @@ def big_window_read(port, nbytes, timeout=60.0):
             if not data:
                 break
             for e in conn.receive_data(data):
-                if getattr(e, "stream_id", None) != sid:
-                    continue
-                if isinstance(e, h2.events.ResponseReceived):
-                    res["status"] = dict(e.headers).get(b":status", b"").decode()
-                elif isinstance(e, h2.events.DataReceived):
-                    res["bytes"] += len(e.data)
-                    h.update(e.data)
-                elif isinstance(e, h2.events.StreamEnded):
-                    res["ended"] = True
-                elif isinstance(e, h2.events.StreamReset):
-                    res["reset"] = e.error_code
+                if getattr(e, "stream_id", None) == sid:
+                    h.update(note_event(res, e))
             out = conn.data_to_send()
             if out:
                 if res["bytes"] > 0:
@@ -558,16 +567,9 @@ class H2Streams:
                         st = self.streams.get((ci, getattr(e, "stream_id", None)))
                         if st is None:
                             continue
-                        if isinstance(e, h2.events.ResponseReceived):
-                            st["status"] = dict(e.headers).get(b":status", b"").decode()
-                        elif isinstance(e, h2.events.DataReceived):
-                            st["bytes"] += len(e.data)
-                            if self.ack:
-                                conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
-                        elif isinstance(e, h2.events.StreamEnded):
-                            st["ended"] = True
-                        elif isinstance(e, h2.events.StreamReset):
-                            st["reset"] = e.error_code
+                        note_event(st, e)
+                        if self.ack and isinstance(e, h2.events.DataReceived):
+                            conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
                     out = conn.data_to_send()
                 if out:
                     sock.sendall(out)

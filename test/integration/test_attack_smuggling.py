@@ -57,6 +57,22 @@ def raw_pod_router(router_factory):
         p.close()
 
 
+def status_of(port, *parts, pause=0.05):
+    """Sends the parts of a request with a pause between them, so that the router reads them
+    apart (loopback may still merge some: that only makes a test weaker, never flaky), and
+    returns the response's status."""
+    conn = RawConn(port, timeout=10)
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        for i, part in enumerate(parts):
+            if i:
+                time.sleep(pause)  # pacing, not synchronisation
+            conn.send(part)
+        return conn.read_response()[0]
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_smuggling_variant_is_refused(raw_pod_router, name):
     pod, r = raw_pod_router()
@@ -74,12 +90,7 @@ def test_smuggling_variant_is_refused(raw_pod_router, name):
     finally:
         conn.close()
     # The router is fine, and the pod never saw a byte (not even a connection).
-    ok = RawConn(r.port, timeout=10)
-    try:
-        ok.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert ok.read_response()[0] == 200
-    finally:
-        ok.close()
+    assert status_of(r.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n") == 200
     snap = pod.snapshot()
     assert snap["connections"] == 0 and snap["bytes"] == b"", snap["bytes"][:500]
 
@@ -110,17 +121,6 @@ def test_absolute_form_target_accepted_and_hop_by_hop_dropped(raw_pod_router):
     assert reqs[0]["body"] == JSON
 
 
-def dribble(port, data, piece):
-    """Sends `data` in pieces with a pause between them, so that the router reads it in many
-    reads (loopback may still merge some: that only makes the test weaker, never flaky)."""
-    conn = RawConn(port, timeout=10)
-    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for i in range(0, len(data), piece):
-        conn.send(data[i:i + piece])
-        time.sleep(0.01)  # pacing, not synchronisation
-    return conn
-
-
 def test_header_values_split_across_reads_are_not_folds(raw_pod_router):
     """A value cut by a read boundary is one value, whichever read the request began in. The
     fold check took a value split in a request's first read for an obs-fold: a legitimate client
@@ -130,36 +130,12 @@ def test_header_values_split_across_reads_are_not_folds(raw_pod_router):
         data = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: abcdefgh\r\n"
                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(JSON), JSON))
         cut = data.index(split) + len(split)
-        conn = RawConn(r.port, timeout=10)
-        try:
-            conn.send(data[:cut])
-            time.sleep(0.05)  # pacing: the router reads the first part on its own
-            conn.send(data[cut:])
-            status, _, body = conn.read_response()
-            assert status == 200, (split, status, body)
-        finally:
-            conn.close()
-    conn = dribble(r.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: one two three\r\n"
-                           b"X-B: four\r\n\r\n", 3)
-    try:
-        assert conn.read_response()[0] == 200
-    finally:
-        conn.close()
+        assert status_of(r.port, data[:cut], data[cut:]) == 200, split
+    dribbled = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: one two three\r\nX-B: four\r\n\r\n"
+    assert status_of(r.port, *[dribbled[i:i + 3] for i in range(0, len(dribbled), 3)], pause=0.01) == 200
     # A fold across a read boundary is still a fold, after a value or before any.
     for first, second in ((b"X-A: one\r\n", b" two\r\n\r\n"), (b"X-A:\r\n", b" two\r\n\r\n"),
                           (b"X-A:\r\n ", b"two\r\n\r\n")):
-        conn = RawConn(r.port, timeout=10)
-        try:
-            conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\n" + first)
-            time.sleep(0.05)
-            conn.send(second)
-            assert conn.read_response()[0] == 400, (first, second)
-        finally:
-            conn.close()
+        assert status_of(r.port, b"GET /health HTTP/1.1\r\nHost: x\r\n" + first, second) == 400, first
     # An empty value is not a fold.
-    conn = RawConn(r.port, timeout=10)
-    try:
-        conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-B: b\r\n\r\n")
-        assert conn.read_response()[0] == 200
-    finally:
-        conn.close()
+    assert status_of(r.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-B: b\r\n\r\n") == 200

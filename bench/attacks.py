@@ -7,7 +7,7 @@ For each attack it prints the router's peak RSS, its CPU time over the attack (s
 one core), and the well-behaved client's served/failed requests and p99 latency; a first row
 without any attack is the reference. The client is an HTTP/1.1 client in its own process
 posting a small completion 20 times a second, a fresh connection each time; the attackers are
-threads of this process. The harness is test/integration/attack.py, shared with the attack
+threads of this process. The harness is test/integration/attack*.py, shared with the attack
 tests (test/integration/test_attack_*.py), which run the same attacks at a small scale and
 assert on them.
 
@@ -51,6 +51,9 @@ def parse_args():
 ARGS = parse_args()
 os.environ["PCR_BUILD"] = os.path.abspath(os.path.join(ROOT, ARGS.build))
 import attack as A  # noqa: E402  (after PCR_BUILD: conftest reads it at import)
+import attack_conn  # noqa: E402
+import attack_h2 as H2  # noqa: E402
+import attack_pod  # noqa: E402
 import conftest as C  # noqa: E402
 
 
@@ -142,9 +145,9 @@ def attack_smuggling(ctx):
 def attack_big_window(ctx):
     end = time.monotonic() + ctx["duration"]
     n = whole = 0
-    want = A.bulk_sha(64 * MiB)
+    want = H2.bulk_sha(64 * MiB)
     while n == 0 or time.monotonic() < end:
-        res = A.big_window_read(ctx["port"], 64 * MiB, timeout=120)
+        res = H2.big_window_read(ctx["port"], 64 * MiB, timeout=120)
         n += 1
         whole += res["bytes"] == 64 * MiB and res["sha256"] == want
     return "64 MiB responses over h2c, windows never updated: %d of %d arrived whole" % (whole, n)
@@ -152,7 +155,7 @@ def attack_big_window(ctx):
 
 def attack_zero_window(ctx):
     body = json.dumps(C.completion("zero window", stream=True, gate="never", events=4)).encode()
-    hs = A.H2Streams(ctx["port"], window=0, ack=False, per_conn=150)
+    hs = H2.H2Streams(ctx["port"], window=0, ack=False, per_conn=150)
     n, opened = 300, 0
     end = time.monotonic() + ctx["duration"]
     try:
@@ -173,7 +176,7 @@ def attack_zero_window(ctx):
 def attack_uploads(ctx):
     # Three times as long as the others: the sender here reaches about 100 MB/s, and the
     # budget, the windows and the bodies on their way to the pods add up to about 900 MiB.
-    hs, sent = A.slow_uploads(ctx["port"], 256, 32 * MiB, rate=400 * MiB, duration=3 * ctx["duration"])
+    hs, sent = H2.slow_uploads(ctx["port"], 256, 32 * MiB, rate=400 * MiB, duration=3 * ctx["duration"])
     snap = hs.snapshot()
     hs.close()
     done = sum(1 for v in snap.values() if v["status"] == "200")
@@ -182,7 +185,7 @@ def attack_uploads(ctx):
 
 
 def attack_slowloris(ctx):
-    sl = A.Slowloris(ctx["port"], 2000, 0.5, reconnect=True).start()
+    sl = attack_conn.Slowloris(ctx["port"], 2000, 0.5, reconnect=True).start()
     time.sleep(ctx["duration"])  # the attack's length: the attackers run in their thread
     st = sl.stop()
     return "a byte every 500 ms, re-opened when closed, limit 1,000: %d opened, %d got 408, %d evicted" % (
@@ -190,7 +193,7 @@ def attack_slowloris(ctx):
 
 
 def attack_emfile(ctx):
-    held = A.HeldConns(ctx["port"], 150)
+    held = attack_conn.HeldConns(ctx["port"], 150)
     time.sleep(ctx["duration"])  # the attack's length: the connections are simply held
     held.close()
     t0 = time.monotonic()
@@ -203,7 +206,7 @@ def attack_emfile(ctx):
 
 def attack_flood(kind):
     def run(ctx):
-        res = A.h2_flood(ctx["port"], kind, ctx["duration"])
+        res = H2.h2_flood(ctx["port"], kind, ctx["duration"])
         return "%d frames sent on %d connections" % (res["frames"], res["connections"])
     return run
 
@@ -227,12 +230,12 @@ SCENARIOS = [
      {"config": {"limits": {"max_client_connections": 1000}, "timeouts": {"request_header_ms": 2000}}},
      attack_slowloris),
     ("emfile", "EMFILE (ulimit -n 64)", {"popen": {"preexec_fn": limit_fds}}, attack_emfile),
-] + [("flood_" + k, k.replace("_", " ") + " flood", {}, attack_flood(k)) for k in A.FLOODS]
+] + [("flood_" + k, k.replace("_", " ") + " flood", {}, attack_flood(k)) for k in H2.FLOODS]
 
 
 def run_scenario(name, what, setup, fn, duration, tmp):
     stubs = [C.Stub(p, None, tmp) for p in ("pod-a", "pod-b")]
-    raw = A.RawPod(lambda req: A.ok_response()) if setup.get("raw") else None
+    raw = attack_pod.RawPod(lambda req: attack_pod.ok_response()) if setup.get("raw") else None
     router = None
     try:
         backends = [dict({"name": s.name, "url": s.url}, **setup.get("pod", {})) for s in stubs]

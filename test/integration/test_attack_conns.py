@@ -11,8 +11,9 @@ import socket
 
 import pytest
 
-from attack import (H2Streams, HeldConns, Slowloris, Watch, describe, h2_connect, post_headers,
-                    router_env)
+from attack import Watch, describe, router_env
+from attack_conn import HeldConns, Slowloris
+from attack_h2 import H2Streams, h2_connect, post_headers
 from conftest import (CurlStream, RawConn, completion, curl, get_metrics, http_request,
                       make_config, metric, split_head, sse_events, wait_for)
 

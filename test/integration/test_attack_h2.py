@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from attack import (FLOODS, H2Streams, Watch, big_window_read, bulk_sha, describe, h2_connect,
-                    h2_flood, post_headers, router_env, sanitized, slow_uploads)
+from attack import Watch, describe, router_env, sanitized
+from attack_h2 import (FLOODS, H2Streams, big_window_read, bulk_sha, h2_connect, h2_flood,
+                       post_headers, slow_uploads)
 from conftest import PCROUTER, RawConn, completion, get_metrics, make_config, metric, wait_for
 
 MiB = 1 << 20

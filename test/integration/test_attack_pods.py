@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from attack import RawPod
+from attack_pod import RawPod
 from conftest import (CurlStream, assert_error, completion, curl, get_metrics, make_config,
                       parse_metrics, sse_events, split_head, wait_for)
 

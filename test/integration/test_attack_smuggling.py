@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from attack import RawPod, ok_response
+from attack_pod import RawPod, ok_response
 from conftest import RawConn, make_config
 
 JSON = b'{"model":"m","prompt":"smuggled"}'

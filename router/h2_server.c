@@ -76,6 +76,7 @@ struct h2_sess {
     h2_stream_t *exempt;           /* the stream allowed past the body budget, if it is ours */
     h2_stream_t *streams;
     size_t nstreams;
+    size_t nqueued;                /* streams with run_queued set */
     int closing;
     int in_flush;
 };
@@ -96,6 +97,8 @@ static void stream_free(h2_stream_t *st)
     if (st->next)
         st->next->prev = st->prev;
     s->nstreams--;
+    if (st->run_queued)
+        s->nqueued--;
     if (s->exempt == st)
         s->exempt = NULL;
     pcr_exchange_free(st->ex);
@@ -386,8 +389,10 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
         reject(st);
         return 0;
     }
-    if (st->req_done && !st->rejected && !pcr_exchange_running(st->ex))
+    if (st->req_done && !st->rejected && !pcr_exchange_running(st->ex) && !st->run_queued) {
         st->run_queued = 1; /* run_queued() */
+        st->sess->nqueued++;
+    }
     return 0;
 }
 
@@ -396,6 +401,9 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
  * before anything was sent to a pod for it. */
 static void run_queued(h2_sess_t *s)
 {
+    if (s->nqueued == 0)
+        return;
+    s->nqueued = 0;
     h2_stream_t *st = s->streams;
     while (st != NULL && st->next != NULL)
         st = st->next; /* the oldest: requests run in the order they came */

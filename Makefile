@@ -17,6 +17,7 @@ BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev l
 # Run and test: real clients and servers the tests start themselves, groff for the manual page,
 # YAML and the Kubernetes object models for the manifests' offline check.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
+              python3-hpack python3-hyperframe \
               groff-base python3-yaml python3-kubernetes
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
@@ -25,7 +26,7 @@ BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
 .PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
-        install fuzz bench bench-routing bench-proxies bench-hashring clean
+        install fuzz bench bench-routing bench-proxies bench-hashring bench-attacks clean
 
 all: build
 
@@ -98,7 +99,7 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-proxies bench-routing
+bench: deps-bench build bench-hashring bench-proxies bench-routing bench-attacks
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
@@ -108,6 +109,11 @@ bench-proxies: deps-bench build
 
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD)
+
+# The attacks of the hardening tests at full scale: the router's RSS and CPU, and a
+# well-behaved client's p99, during each (needs only the test packages).
+bench-attacks: deps-test build
+	$(PY) bench/attacks.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

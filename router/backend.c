@@ -155,8 +155,10 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
         struct timeval now = {0, 0};
         evtimer_add(be->health_timer, &now);
     }
-    pcr_scrape_start(be);
-    pcr_models_fetch(be);
+    if (srv->cfg->scrape.interval_ms != 0)
+        pcr_scrape_start(be);
+    if (srv->cfg->scrape.models_interval_ms != 0)
+        pcr_models_fetch(be);
     return be;
 }
 

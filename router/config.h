@@ -103,7 +103,7 @@ typedef struct {
 typedef struct {
     unsigned interval_ms;          /* the pods' /metrics, default 200; 0 disables */
     unsigned timeout_ms;           /* default 1000 */
-    unsigned models_interval_ms;   /* GET /v1/models again, default 10000; 0: only when joining */
+    unsigned models_interval_ms;   /* GET /v1/models again, default 10000; 0: never */
 } pcr_scrape_conf_t;
 
 typedef struct {

@@ -60,6 +60,8 @@ int pcr_exchange_finished(const pcr_exchange_t *ex)
 
 int pcr_exchange_running(const pcr_exchange_t *ex) { return ex->state != EX_RECEIVING; }
 
+size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex) { return ex->body_counted; }
+
 /* ---- the state machine --------------------------------------------------------------- */
 
 static int holds_backend(pcr_ex_state_t s)
@@ -702,6 +704,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->state != EX_RECEIVING)
         PCR_STORE(w->inflight, w->inflight - 1);
+    pcr_worker_body_forget(w, ex);
     if (ex->body_counted)
         pcr_body_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);

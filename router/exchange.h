@@ -67,6 +67,7 @@ void pcr_exchange_on_writable(pcr_exchange_t *ex);
 int pcr_exchange_responded(const pcr_exchange_t *ex);  /* the head went out */
 int pcr_exchange_finished(const pcr_exchange_t *ex);   /* the end went out (or the response broke) */
 int pcr_exchange_running(const pcr_exchange_t *ex);    /* the request is complete (or refused) */
+size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex); /* request body buffered so far */
 
 /* Session back-pointer (the h1 session or the h2 stream). */
 void *pcr_exchange_session(const pcr_exchange_t *ex);

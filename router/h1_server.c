@@ -21,7 +21,8 @@
  *   BUSY  the request is being answered: the client may be silent (a stream can take minutes);
  *         a client that accepts no bytes for timeouts.client_write_ms is cut by the transport.
  * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
- * connection receiving a body stops reading until some is released.
+ * connection receiving a body past its first PCR_BODY_FREE_BYTES stops reading until some is
+ * released (server.h: the first MiB of a request, and one request at a time, go on).
  *
  * Lingering close: a request refused before its body was read (400, 408, 413, 431) leaves
  * unread bytes behind; closing then would make the kernel answer them with a reset that can
@@ -190,12 +191,14 @@ static void op_send_abort(pcr_exchange_t *ex)
     h1_sess_t *s = sess_of(ex);
     /* A chunked body without its last chunk tells the client the response is incomplete; what
      * already arrived from the pod is written first, then an SSE error event for a stream, then
-     * the connection closes. */
+     * the connection closes. The head alone may still be unflushed (the pod broke in the read
+     * that brought it): the flush below covers it, or the close would wait for a drain that no
+     * write event is armed to report. */
     if (s->sse && s->chunked && !s->head_only)
         evbuffer_add_printf(pcr_sock_output(s->sock), "%zx\r\n%s\r\n", sizeof(sse_error) - 1,
                             sse_error);
-    pcr_sock_flush(s->sock);
     s->closing = 1;
+    pcr_sock_flush(s->sock);
     event_active(s->advance, 0, 0);
 }
 
@@ -563,7 +566,8 @@ static void budget_resume(pcr_budget_waiter_t *w)
 }
 
 /* After a read: pause reading while pipelined bytes pile up behind a running request, or while
- * a body is arriving and the process is over its body budget. */
+ * a body past its first PCR_BODY_FREE_BYTES is arriving and the process is over its body
+ * budget. */
 static void check_pause(h1_sess_t *s)
 {
     size_t queued = evbuffer_get_length(pcr_sock_input(s->sock));
@@ -571,7 +575,8 @@ static void check_pause(h1_sess_t *s)
     if (running && queued > PIPELINE_MAX_BYTES) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-    } else if (!running && s->ex != NULL && !pcr_worker_body_budget_ok(s->w)) {
+    } else if (!running && s->ex != NULL && pcr_exchange_body_bytes(s->ex) >= PCR_BODY_FREE_BYTES &&
+               !pcr_worker_body_may_grow(s->w, s->ex)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
         pcr_worker_body_wait(s->w, &s->budget);

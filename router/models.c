@@ -1,6 +1,6 @@
 /* router/models.c: what each pod says it serves, from its GET /v1/models (LoRA adapters appear
  * there as models of their own), read on the control thread over the checks' connection when a
- * backend joins and then every scrape.models_interval_ms. The list joins the config's `models`
+ * backend joins and then every scrape.models_interval_ms (0: never). The list joins the config's `models`
  * (backend.h): a request names a model, and only pods serving it are candidates; a request for
  * a model no pod serves gets 404 model_not_found. A pod that has not answered yet serves any
  * model unless its config lists some. */

@@ -95,6 +95,7 @@ typedef struct pcr_server {
 
     /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
     size_t body_buffered;         /* atomic */
+    const void *body_exempt;      /* atomic: the one request allowed past the budget, or NULL */
     pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
 
     /* Names, DNS discovery and reloads (control thread). */
@@ -149,8 +150,20 @@ struct pcr_worker {
     struct event *tick;
 };
 
+/* Every request may buffer this much of its body whatever the budget: an HTTP/2 stream's
+ * initial window, and as much for an HTTP/1.1 request, so that uploads holding the budget
+ * cannot stall the small requests (most prompts) of other clients. */
+#define PCR_BODY_FREE_BYTES (1024 * 1024)
+
 /* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
 int pcr_worker_body_budget_ok(const pcr_worker_t *w);
+/* Whether the body of request `req` (an exchange) may grow. Under the budget, any may. Past
+ * it, one request at a time in the process still may (the first to ask, until it is freed): a
+ * budget filled by partial bodies, none of which could complete, would otherwise stall every
+ * upload until each timed out. The overshoot is at most one limits.max_body_bytes. */
+int pcr_worker_body_may_grow(pcr_worker_t *w, const void *req);
+/* `req` is being freed: it stops being the request allowed past the budget. */
+void pcr_worker_body_forget(pcr_worker_t *w, const void *req);
 void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta);
 void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);

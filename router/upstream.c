@@ -19,9 +19,9 @@
  * (PCR_UP_PROTOCOL, a 502 when nothing reached the client yet), decided here and only here.
  *
  * Deadlines, one timer per connection: connecting (the transport's connect timeout), waiting
- * for the head (timeouts.response_ms), silence inside a body (timeouts.stream_idle_ms, restarted
- * by every read, stopped while the client side paused reading), idle in the pool
- * (timeouts.upstream_keepalive_ms).
+ * for the head (timeouts.response_ms, from the request: bytes before the head do not restart
+ * it), silence inside a body (timeouts.stream_idle_ms, restarted by every read, stopped while
+ * the client side paused reading), idle in the pool (timeouts.upstream_keepalive_ms).
  *
  * Freeing: a callback may cancel its own request; the connection notices through `req == NULL`
  * after the parser returns, never touching freed memory (one close path, conn_close()). */
@@ -406,8 +406,11 @@ static void conn_parse(pcr_upconn_t *c)
         int keep = http_should_keep_alive(&c->parser) && trailing == 0 &&
                    pcr_sock_pending(c->sock) == 0;
         conn_done(c, keep);
-    } else if (c->req != NULL && !c->req->paused) {
-        timer_arm(c, c->timer_ms); /* silence is measured from the last byte */
+    } else if (c->req != NULL && !c->req->paused && c->got_head) {
+        /* Inside a body, silence is measured from the last byte. Before the head, the deadline
+         * stays where it was set: a pod dribbling its head, or sending 1xx after 1xx, still
+         * gets its 504 at timeouts.response_ms. */
+        timer_arm(c, c->timer_ms);
     }
 }
 

@@ -31,6 +31,35 @@ int pcr_worker_body_budget_ok(const pcr_worker_t *w)
     return PCR_LOAD(w->srv->body_buffered) < w->cfg->limits.max_buffered_body_bytes;
 }
 
+int pcr_worker_body_may_grow(pcr_worker_t *w, const void *req)
+{
+    if (pcr_worker_body_budget_ok(w))
+        return 1;
+    const void *held = __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE);
+    if (held == req)
+        return 1;
+    if (held != NULL)
+        return 0;
+    return __atomic_compare_exchange_n(&w->srv->body_exempt, &held, req, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
+void pcr_worker_body_forget(pcr_worker_t *w, const void *req)
+{
+    const void *mine = req;
+    if (__atomic_compare_exchange_n(&w->srv->body_exempt, &mine, NULL, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE) &&
+        !TAILQ_EMPTY(&w->budget_waiters))
+        event_active(w->budget_event, 0, 0);
+}
+
+/* Waiters can make progress: there is budget, or nobody holds the exemption. */
+static int budget_open(const pcr_worker_t *w)
+{
+    return pcr_worker_body_budget_ok(w) ||
+           __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE) == NULL;
+}
+
 void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
 {
     if (delta >= 0) {
@@ -39,7 +68,7 @@ void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
     }
     PCR_SUB(w->srv->body_buffered, (size_t)-delta);
     /* This worker's waiters hear of it now; the others' at their next tick. */
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_worker_body_budget_ok(w))
+    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
         event_active(w->budget_event, 0, 0);
 }
 
@@ -59,8 +88,8 @@ void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
     }
 }
 
-/* Wakes the sessions waiting for body budget, oldest first, while there is budget; each may
- * take some and wait again, which puts it at the back. */
+/* Wakes the sessions waiting for body budget, oldest first, while there is budget (or the
+ * exemption is free); each may take some and wait again, which puts it at the back. */
 static void on_budget(evutil_socket_t fd, short what, void *arg)
 {
     pcr_worker_t *w = arg;
@@ -68,7 +97,7 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
     pcr_budget_waiter_t *bw;
     TAILQ_FOREACH(bw, &w->budget_waiters, link)
         n++;
-    while (n-- > 0 && pcr_worker_body_budget_ok(w) &&
+    while (n-- > 0 && budget_open(w) &&
            (bw = TAILQ_FIRST(&w->budget_waiters)) != NULL) {
         pcr_worker_body_unwait(w, bw);
         bw->resume(bw);
@@ -144,7 +173,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);
     PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_worker_body_budget_ok(w))
+    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
         event_active(w->budget_event, 0, 0);
 }
 

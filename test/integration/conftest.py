@@ -3,7 +3,8 @@
 Everything runs on loopback with ports the OS picks. `PCR_BUILD` names the build folder whose
 `pcrouter` is tested (default: build/). Fixtures:
   stub_factory(name, models=None)   starts a stub_backend.py process (see its docstring)
-  router_factory(config_dict)       writes the config, starts pcrouter, waits for `ready`
+  router_factory(config_dict, **popen_kw)  writes the config, starts pcrouter (extra Popen
+                                    arguments: env, preexec_fn), waits for `ready`
   cluster(n=2, policy=..., ...)     n stubs pod-a, pod-b, ... and a router in front of them
   tls_cert                          (cert, key) made once by the `openssl` command
 Every router a test started is stopped at teardown with SIGTERM and must exit 0 with no
@@ -190,6 +191,10 @@ def deep_merge(base, over):
     return out
 
 
+# For pods that record every byte they get: no metrics scrape, no model listing.
+QUIET_SCRAPE = {"interval_ms": 0, "models_interval_ms": 0}
+
+
 def make_config(backends, tls=None, **sections):
     """backends: Stub objects or (name, url) pairs. tls: (cert, key) adds a TLS listener."""
     listen = [{"address": "127.0.0.1:0"}]
@@ -211,7 +216,7 @@ def make_config(backends, tls=None, **sections):
 
 
 class Router:
-    def __init__(self, config, tmpdir):
+    def __init__(self, config, tmpdir, **popen_kw):
         self.config = config
         self.path = os.path.join(str(tmpdir), "pcrouter-%d.json" % id(self))
         with open(self.path, "w") as f:
@@ -219,7 +224,7 @@ class Router:
         assert os.access(PCROUTER, os.X_OK), "no pcrouter binary at %s (build it first)" % PCROUTER
         self.outf = open(self.path + ".stdout", "wb")
         self.proc = subprocess.Popen([PCROUTER, "-c", self.path], stdout=self.outf,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, **popen_kw)
         self.err = LineReader(self.proc.stderr, "pcrouter")
         self.stopped = False
         try:
@@ -310,8 +315,8 @@ class Router:
 def router_factory(tmp_path):
     routers = []
 
-    def make(config):
-        r = Router(config, tmp_path)
+    def make(config, **popen_kw):
+        r = Router(config, tmp_path, **popen_kw)
         routers.append(r)
         return r
 

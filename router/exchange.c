@@ -142,9 +142,10 @@ int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
     return 0;
 }
 
-void pcr_exchange_set_peer(pcr_exchange_t *ex, const char *peer)
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin)
 {
     snprintf(ex->peer, sizeof(ex->peer), "%s", peer ? peer : "-");
+    ex->admin = admin;
 }
 
 static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)
@@ -610,8 +611,21 @@ void pcr_exchange_run(pcr_exchange_t *ex)
     const char *p = ex->path ? ex->path : "";
     int get = strcmp(ex->method, "GET") == 0 || strcmp(ex->method, "HEAD") == 0;
     int post = strcmp(ex->method, "POST") == 0;
+    int own = path_is(p, "/health") || path_is(p, "/metrics");
 
-    if (path_is(p, "/health") || path_is(p, "/metrics") || path_is(p, "/v1/models")) {
+    /* With an admin listener, the router's own endpoints live there and only there: the
+     * public listeners need not expose the pool's state. */
+    if (ex->admin && !own) {
+        pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
+                           "the admin listener serves /metrics and /health only");
+        return;
+    }
+    if (!ex->admin && own && ex->w->cfg->admin.addrlen != 0) {
+        pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
+                           "%s is served on the admin listener (admin.address)", p);
+        return;
+    }
+    if (own || path_is(p, "/v1/models")) {
         if (!get) {
             pcr_exchange_error(ex, 405, "invalid_request_error", "method_not_allowed",
                                "%s is not allowed on %s; use GET", ex->method, p);

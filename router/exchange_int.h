@@ -57,6 +57,7 @@ struct pcr_exchange {
     struct evbuffer *body;
     size_t body_counted;              /* bytes of `body` counted in the process's body budget */
     char peer[64];
+    int admin;                        /* came through the admin listener */
 
     /* Routing. */
     pcr_body_t req;                   /* parsed body (model, canonical key) */

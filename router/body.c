@@ -246,6 +246,7 @@ int pcr_body_parse(pcr_api_t api, const char *buf, size_t len, pcr_body_t *out, 
     out->key = key.p;
     out->key_len = key.len - 1;  /* a NUL follows the bytes, for convenience in logs and tests */
     out->stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
+    out->stream_options = cJSON_GetObjectItemCaseSensitive(root, "stream_options") != NULL;
     cJSON_Delete(root);
     return 0;
 fail:

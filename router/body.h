@@ -19,6 +19,7 @@ typedef struct {
     char *key;                 /* heap: canonical prompt bytes (see body.c for the format) */
     size_t key_len;
     int stream;                /* "stream": true */
+    int stream_options;        /* "stream_options" is present (pcrouter then adds none) */
 } pcr_body_t;
 
 /* Parses `len` bytes of `buf` (need not be NUL-terminated). Returns 0 and fills `out`, or:

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "exchange.h"
+#include "usage.h"
 
 #define PCR_MAX_REQ_HEADERS 100
 
@@ -81,6 +82,13 @@ struct pcr_exchange {
     int status;
     uint64_t resp_bytes;
     uint64_t t_start, t_head;
+
+    /* Per-request truth: the cached tokens the decision predicted, and what the pod said. */
+    int inject_usage;                 /* stream_options added to the body sent (request_usage) */
+    pcr_usage_t usage;                /* reads the answer's usage as it is forwarded */
+    uint64_t predicted;               /* cached tokens the current decision predicted */
+    int64_t delivered;                /* cached tokens the pod reported, -1 until it did */
+    uint64_t t_parse_ns, ns_parse, ns_hash;  /* the decision's phases (first attempt) */
 };
 
 /* endpoints.c */

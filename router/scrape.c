@@ -76,8 +76,8 @@ static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
 
 void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
 {
-    double waiting = 0, running = 0, hits = 0, queries = 0, started = 0;
-    int seen_waiting = 0, seen_hits = 0, restarted = 0;
+    double waiting = 0, running = 0, hits = 0, queries = 0, started = 0, kv = 0;
+    int seen_waiting = 0, seen_hits = 0, restarted = 0, seen_kv = 0;
     uint64_t cache_tokens = 0;
     char *line;
     size_t len;
@@ -95,6 +95,10 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
                 seen_hits = 1;
             } else if (metric_is(line, len, "vllm:cache_config_info")) {
                 cache_tokens = cache_config_tokens(line, len);
+            } else if (metric_is(line, len, "vllm:kv_cache_usage_perc") ||
+                       metric_is(line, len, "vllm:gpu_cache_usage_perc")) {
+                kv += metric_value(line, len); /* a ratio, 0..1, despite the name */
+                seen_kv++;
             } else if (metric_is(line, len, "process_start_time_seconds")) {
                 started = metric_value(line, len);
             } else if (metric_is(line, len, "vllm:prefix_cache_queries_total") ||
@@ -107,6 +111,12 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
     if (seen_waiting) {
         PCR_STORE(be->pod_waiting, (uint32_t)waiting);
         PCR_STORE(be->pod_running, (uint32_t)running);
+    }
+    if (seen_kv) {
+        /* Several engines in one pod: their mean. */
+        double r = kv / seen_kv;
+        PCR_STORE(be->pod_kv_usage_ppm, (uint32_t)(r > 1 ? 1e6 : r > 0 ? r * 1e6 + 0.5 : 0));
+        PCR_STORE(be->pod_kv_usage_known, 1);
     }
     if (seen_hits) {
         uint64_t h = PCR_LOAD(be->pod_hits), q = PCR_LOAD(be->pod_queries);

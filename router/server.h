@@ -130,6 +130,8 @@ struct pcr_worker {
     uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
     uint64_t cfg_gen;             /* the reload this worker runs (atomic) */
     pcr_metrics_t metrics;        /* written by this worker only */
+    uint64_t evictions_seen;      /* the policy's eviction count at the last tick, */
+    const pcr_policy_t *evictions_policy; /* of this replica (a new one counts from 0) */
     struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
     size_t nlisteners;
     int spare_fd;                 /* given back to accept one connection when out of fds */
@@ -155,8 +157,9 @@ void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta);
 void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 
-/* Monotonic time in microseconds. */
+/* Monotonic time in microseconds, and in nanoseconds (same clock). */
 uint64_t pcr_now_us(void);
+uint64_t pcr_now_ns(void);
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
  * nothing is left. */

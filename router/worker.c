@@ -144,6 +144,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);
     PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
+    /* A counter that never goes back: a replica made afresh (a reload that changed the keys)
+     * starts its count at 0 again, and all of it is new. */
+    uint64_t ev = ps.index_evictions;
+    if (w->evictions_policy != w->policy) {
+        w->evictions_policy = w->policy;
+        w->evictions_seen = 0;
+    }
+    PCR_BUMP(w->metrics.index_evictions, ev >= w->evictions_seen ? ev - w->evictions_seen : ev);
+    w->evictions_seen = ev;
     if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_worker_body_budget_ok(w))
         event_active(w->budget_event, 0, 0);
 }

@@ -27,8 +27,14 @@ static void test_completions_string(void)
     PCR_CHECK_EQ_INT(b.model_len, 5);
     PCR_CHECK(key_is(&b, "Hello\nworld", 11));
     PCR_CHECK_EQ_INT(b.stream, 1);
+    PCR_CHECK_EQ_INT(b.stream_options, 0);
     pcr_body_dispose(&b);
     pcr_body_dispose(&b);  /* safe twice */
+    /* Any stream_options, even one that asks for nothing, is the client's: noted. */
+    PCR_CHECK_EQ_INT(parse(PCR_API_COMPLETIONS,
+                           "{\"prompt\":\"x\",\"stream\":true,\"stream_options\":{}}", &b), 0);
+    PCR_CHECK_EQ_INT(b.stream_options, 1);
+    pcr_body_dispose(&b);
 }
 
 static void test_completions_arrays(void)

@@ -70,17 +70,6 @@ static int holds_backend(pcr_ex_state_t s)
 
 static int holds_prefill(pcr_ex_state_t s) { return s == EX_UP_WAIT || s == EX_UP_HEAD; }
 
-static void access_log(const pcr_exchange_t *ex, int status, double secs)
-{
-    if (!ex->w->cfg->log.access_log)
-        return;
-    pcr_log_info("access %s %s %s %s %d %llu backend=%s route=%s blocks=%u/%u attempts=%u %.3fs",
-                 ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, ex->path ? ex->path : "-",
-                 status, (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf.name : "-",
-                 ex->be ? pcr_reason_name(ex->decision.reason) : "-", ex->decision.matched_blocks,
-                 ex->decision.total_blocks, ex->attempts, secs);
-}
-
 /* The request's outcome, once: status counters, durations, the access log line. */
 static void record(pcr_exchange_t *ex, int status, int via_backend)
 {
@@ -89,11 +78,10 @@ static void record(pcr_exchange_t *ex, int status, int via_backend)
     if (via_backend && ex->be != NULL)
         pcr_metrics_count_status_shared(ex->be->requests_by_code, status);
     uint64_t now = pcr_now_us();
-    double secs = (double)(now - ex->t_start) / 1e6;
     pcr_hist_observe(&m->duration, &pcr_hist_latency_us, (int64_t)(now - ex->t_start));
     if (ex->t_head)
         pcr_hist_observe(&m->ttfb, &pcr_hist_latency_us, (int64_t)(ex->t_head - ex->t_start));
-    access_log(ex, status, secs);
+    pcr_access_record(ex, status, now);
 }
 
 /* The one place a request changes state; see the table in exchange_int.h. */

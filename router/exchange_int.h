@@ -91,6 +91,9 @@ struct pcr_exchange {
     uint64_t t_parse_ns, ns_parse, ns_hash;  /* the decision's phases (first attempt) */
 };
 
+/* access.c: the request's access-log line (log.access_log), handed to the writer. */
+void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);
+
 /* endpoints.c */
 void pcr_endpoint_health(pcr_exchange_t *ex);
 void pcr_endpoint_metrics(pcr_exchange_t *ex);

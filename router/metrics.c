@@ -11,6 +11,7 @@
 
 #include <event2/buffer.h>
 
+#include "accesslog.h"
 #include "backend.h"
 #include "bus.h"
 #include "metrics.h"
@@ -307,6 +308,9 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     evbuffer_add_printf(out, "pcrouter_backends %zu\n", pcr_backends_count(srv));
     HEADER(out, "pcrouter_workers", "gauge", "Event-loop threads.");
     evbuffer_add_printf(out, "pcrouter_workers %u\n", srv->nworkers);
+    counter(out, "pcrouter_access_log_dropped_total",
+            "Access log lines lost: the writer's queue was full (a disk slower than the requests), or a write failed.",
+            pcr_accesslog_dropped(srv->access_log));
     counter(out, "pcrouter_index_updates_dropped_total",
             "Index updates between workers dropped because a worker's inbox was full.",
             pcr_bus_dropped(srv->bus));

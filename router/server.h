@@ -58,6 +58,7 @@ typedef struct pcr_listen_plan {
 
 typedef struct pcr_dns pcr_dns_t;
 typedef struct pcr_reload pcr_reload_t;
+typedef struct pcr_accesslog pcr_accesslog_t;
 struct pcr_watch;
 
 /* A reload's new config and listeners, waiting for every worker to take them (reload.c). */
@@ -81,12 +82,13 @@ typedef struct pcr_server {
     pcr_worker_t *workers;
     unsigned nworkers;
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
+    pcr_accesslog_t *access_log;  /* the access log's writer (accesslog.h) */
 
     /* The control loop, on the main thread. */
     struct event_base *base;
     struct event *probe_tick;     /* probes of ejected backends (backend.c) */
     struct event *scrape_tick;    /* the pods' metrics (scrape.c) */
-    struct event *sig_term, *sig_int, *sig_hup;
+    struct event *sig_term, *sig_int, *sig_hup, *sig_usr1;
     struct event *drain_timer;
     struct event *workers_done;   /* the last worker to stop wakes the control loop */
     int draining;                 /* SIGTERM seen (atomic: workers read it) */

@@ -12,13 +12,14 @@ PREFIX     ?= /usr/local
 BUILD_PKGS := gcc pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libhiredis-dev libhttp-parser-dev
 # Run and test: real clients and servers the tests start themselves, groff for the manual page,
-# YAML and the Kubernetes object models for the manifests' offline check.
+# YAML and the Kubernetes object models for the manifests' offline check, promtool (prometheus)
+# for the metrics, the alert rules and their unit tests.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
-              groff-base python3-yaml python3-kubernetes
+              groff-base python3-yaml python3-kubernetes prometheus
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 
-.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring bench-metrics clean
 
 all: build
 
@@ -76,10 +77,13 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-proxies bench-routing
+bench: deps-bench build bench-hashring bench-metrics bench-proxies bench-routing
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
+
+bench-metrics: build
+	$(BUILD)/bench/metrics/bench_metrics
 
 bench-proxies: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD)

@@ -10,6 +10,8 @@ OpenAI endpoints
   POST /v1/embeddings and any other POST /v1/... a JSON answer naming the pod
   GET  /v1/models                              {"object":"list","data":[{"id":...}]}
   GET  /health                                 200 (or what /stub/config set)
+  GET  /metrics                                vllm:kv_cache_usage_perc, once /stub/config set
+                                               "kv_usage" (404 before: a pod that hides it)
 Every /v1 answer carries `x-stub-pod`, `x-stub-body-bytes`, `x-stub-body-sha256` headers and,
 in JSON answers, a "stub" object with the same facts ("pod", "body_bytes", "body_sha256",
 "tag", "path"), so a test can check what reached the backend even if headers were dropped.
@@ -44,7 +46,8 @@ Control endpoints (never counted in stats)
   GET  /stub/stats    JSON counters, see State.snapshot()
   POST /stub/release  {"gate": name} or {} for every gate known so far
   POST /stub/reset    zero the counters
-  POST /stub/config   {"models": [...], "health_status": 503, "defaults": {controls}}
+  POST /stub/config   {"models": [...], "health_status": 503, "defaults": {controls},
+                       "kv_usage": 0.25}
 """
 import argparse
 import hashlib
@@ -66,6 +69,7 @@ class State:
         self.name = name
         self.models = models
         self.health_status = 200
+        self.kv_usage = None
         self.defaults = {}
         self.gates = {}
         self.reset()
@@ -233,6 +237,17 @@ def make_handler(state):
                 state.requests[path] = state.requests.get(path, 0) + 1
             if path == "/health":
                 return self.send_json(state.health_status, {"status": "ok" if state.health_status == 200 else "down"})
+            if path == "/metrics" and state.kv_usage is not None:
+                data = ("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+                        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                        "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"stub-model\"} %r\n"
+                        % state.kv_usage).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if path == "/v1/models":
                 return self.send_json(200, {"object": "list", "data": [
                     {"id": m, "object": "model", "owned_by": state.name, "created": 0} for m in state.models]})
@@ -288,6 +303,8 @@ def make_handler(state):
                         state.health_status = int(arg["health_status"])
                     if "defaults" in arg:
                         state.defaults = dict(arg["defaults"])
+                    if "kv_usage" in arg:
+                        state.kv_usage = float(arg["kv_usage"])
             else:
                 return self.send_json(404, {"error": "unknown control"})
             return self.send_json(200, {"ok": True})

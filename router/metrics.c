@@ -226,7 +226,8 @@ static void row(struct evbuffer *out, const char *name, const char *label, const
     memcpy(p, value, vl);
     p += vl;
     *p++ = '"';
-    memcpy(p, extra, el);
+    if (el > 0)
+        memcpy(p, extra, el);
     p += el;
     *p++ = '}';
     *p++ = ' ';

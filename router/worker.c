@@ -185,7 +185,9 @@ static void worker_switch(pcr_worker_t *w)
     if (pcr_listeners_adopt(w, sw->plan, sw->cfg) < 0)
         pcr_log_error("worker %u: out of memory taking the new listeners", w->id);
     w->cfg = sw->cfg;
-    PCR_STORE(w->cfg_gen, sw->gen);
+    /* Release: every read of `sw` above happens before the control thread, seeing this
+     * (acquire, pcr_reload_collect), frees it. */
+    __atomic_store_n(&w->cfg_gen, sw->gen, __ATOMIC_RELEASE);
 }
 
 static void on_cmd(evutil_socket_t fd, short what, void *arg)

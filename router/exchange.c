@@ -506,8 +506,6 @@ static void usage_start(pcr_exchange_t *ex, int status, const pcr_hdr_t *hdrs, s
     pcr_usage_init(&ex->usage, mode, ex->inject_usage);
 }
 
-static void emit_body(void *ctx, const char *data, size_t len);
-
 /* The one place a request's delivered cached tokens arrive, once per request, before its
  * outcome is recorded: the backend that answered (ex->be, slot ex->be->id), the decision that
  * chose it (ex->decision: matched and total blocks; ex->predicted in tokens), the prefix key
@@ -532,7 +530,7 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     PCR_ADD(be->prompt_tokens, prompt);
     pcr_hist_observe(&ex->w->metrics.cached_error, &pcr_hist_tokens_error,
                      (int64_t)predicted - (int64_t)delivered);
-    (void)now_us;
+    (void)now_us; /* the feedback's: the index's entries carry the time of their last use */
 }
 
 static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, int64_t clen)

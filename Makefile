@@ -15,10 +15,11 @@ BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev l
               libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libsimdjson-dev libhiredis-dev \
               libhttp-parser-dev
 # Run and test: real clients and servers the tests start themselves, groff for the manual page,
-# YAML and the Kubernetes object models for the manifests' offline check.
+# YAML and the Kubernetes object models for the manifests' offline check, promtool (prometheus)
+# for the metrics, the alert rules and their unit tests.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
               python3-hpack python3-hyperframe \
-              groff-base python3-yaml python3-kubernetes
+              groff-base python3-yaml python3-kubernetes prometheus
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 # Fuzzing: clang with libFuzzer and the sanitizer runtimes; llvm for llvm-symbolizer, so crash
@@ -26,7 +27,8 @@ BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
 .PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
-        install fuzz bench bench-routing bench-proxies bench-hashring bench-attacks clean
+        install fuzz bench bench-routing bench-proxies bench-hashring bench-attacks bench-metrics \
+        clean
 
 all: build
 
@@ -99,10 +101,13 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-proxies bench-routing bench-attacks
+bench: deps-bench build bench-hashring bench-metrics bench-proxies bench-routing bench-attacks
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
+
+bench-metrics: build
+	$(BUILD)/bench/metrics/bench_metrics
 
 bench-proxies: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD)

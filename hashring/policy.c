@@ -451,6 +451,7 @@ void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out)
         return;
     out->index_bytes = p != NULL ? pcr_index_bytes(p->index) : 0;
     out->index_nodes = p != NULL ? pcr_index_nodes(p->index) : 0;
+    out->index_evictions = p != NULL ? pcr_index_evictions(p->index) : 0;
 }
 
 uint64_t pcr_policy_backend_blocks(const pcr_policy_t *p, int backend)

@@ -64,6 +64,7 @@ struct pcr_backend {
     uint64_t pod_scrapes;
     uint64_t pod_cache_tokens;               /* KV capacity from vllm:cache_config_info, 0 unknown */
     uint32_t pod_kv_usage_ppm;               /* vllm:kv_cache_usage_perc, in millionths */
+    int pod_kv_usage_known;                  /* the pod reported it at least once */
     uint64_t restarts;                       /* restarts the scrape saw (atomic) */
     /* The scrape's own state (control thread only). */
     double pod_start_time;                   /* process_start_time_seconds, 0 unknown */
@@ -98,6 +99,9 @@ struct pcr_backend {
 
     /* Counters for /metrics (atomic). */
     uint64_t requests_by_code[600];
+    /* Cached prompt tokens, over the requests whose pod reported its usage (exchange.c): what
+     * the index predicted, what the pod said it reused, and their prompts' tokens. */
+    uint64_t cached_predicted, cached_delivered, prompt_tokens;
     uint64_t connect_errors;
     uint64_t upstream_errors;                /* resets, timeouts, malformed responses */
 };

@@ -263,6 +263,7 @@ int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
     out->model_len = r->model_len;
     out->stream = r->stream;
     out->include_usage = r->include_usage;
+    out->stream_options = r->stream_options;
     uint64_t bytes = pcr_prefix_stream_bytes(r->key);
     out->prompt_tokens = (size_t)(bytes / 4 + (bytes % 4 != 0));
     if (r->o.keep_canonical) {

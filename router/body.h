@@ -41,6 +41,7 @@ typedef struct {
     size_t key_len;
     char *context;             /* heap, only with keep_canonical: a chat request's tools, as */
     size_t context_len;        /* hashed (compact JSON, strings as sent); "" without tools */
+    int stream_options;        /* "stream_options" is present (pcrouter then adds none) */
 } pcr_body_t;
 
 /* The key to route on, a view into `b` (valid while b is). */

@@ -114,6 +114,7 @@ static int root_value(pcr_body_reader_t *r, level_t *L, int vt, int *mode)
     case KEY_TOOLS:
         return vt == VT_NULL ? 1 : emit_value(r, vt, SINK_CONTEXT, mode);
     case KEY_STREAM_OPTIONS:
+        r->stream_options = 1;
         if (vt == VT_MAP)
             return push(r, K_STREAM_OPTS, 1, 0);
         break;

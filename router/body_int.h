@@ -80,6 +80,7 @@ struct pcr_body_reader {
     char model[NAME_MAX_BYTES + 1];
     size_t model_len;
     int stream, include_usage;
+    int stream_options;        /* the key is present, whatever its value */
     buf_t canon, context;      /* kept with o.keep_canonical only */
     char cpend[256];           /* context bytes not yet hashed: the tools come a few bytes */
     size_t cplen;              /* at a time, and each XXH3 update has a fixed cost */

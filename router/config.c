@@ -49,6 +49,7 @@ typedef enum {
     FT_FILE,        /* string naming a readable file */
     FT_POLICY,      /* routing policy name into pcr_policy_kind_t */
     FT_LOG_LEVEL,   /* log level name into pcr_log_level_t */
+    FT_LOG_FORMAT,  /* access log format name into pcr_access_format_t */
     FT_HTTP_PATH,   /* "/..." request path into char * */
     FT_ADDRESS,     /* listen address: fills pcr_listen_conf_t's address, addr, addrlen */
     FT_TLS,         /* tls object: fills pcr_listen_conf_t's tls, cert, key */
@@ -160,6 +161,7 @@ static const field_t timeouts_fields[] = {
 static const field_t upstream_fields[] = {
     F_INT(pcr_upstream_conf_t, max_connections, FT_UINT, 1, 65535),
     F_INT(pcr_upstream_conf_t, retries, FT_UINT, 0, 16),
+    F_OF(pcr_upstream_conf_t, request_usage, FT_BOOL, 0),
 };
 
 static const field_t health_fields[] = {
@@ -187,6 +189,12 @@ static const field_t outlier_fields[] = {
 static const field_t log_fields[] = {
     F_OF(pcr_log_conf_t, level, FT_LOG_LEVEL, 0),
     F_OF(pcr_log_conf_t, access_log, FT_BOOL, 0),
+    F_OF(pcr_log_conf_t, access_log_path, FT_STRING, 0),
+    F_OF(pcr_log_conf_t, access_log_format, FT_LOG_FORMAT, 0),
+};
+
+static const field_t admin_fields[] = {
+    F_OF(pcr_listen_conf_t, address, FT_ADDRESS, F_REQUIRED),
 };
 
 static const field_t root_fields[] = {
@@ -203,11 +211,16 @@ static const field_t root_fields[] = {
     F_SECTION(scrape, scrape_fields),
     F_SECTION(outlier, outlier_fields),
     F_SECTION(log, log_fields),
+    F_SECTION(admin, admin_fields),
 };
 
 static const char *const log_level_names[] = {
     [PCR_LOG_ERROR] = "error", [PCR_LOG_WARN] = "warn", [PCR_LOG_INFO] = "info",
     [PCR_LOG_DEBUG] = "debug",
+};
+
+static const char *const access_format_names[] = {
+    [PCR_ACCESS_TEXT] = "text", [PCR_ACCESS_JSON] = "json",
 };
 
 /* Reports every key of `obj` the table does not know, listing the allowed ones and the
@@ -564,6 +577,18 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
         pcr_cfg_err(c, "unknown log level %s; expected one of error, warn, info, debug",
                     pcr_cfg_quote(q, sizeof q, s));
         break;
+    case FT_LOG_FORMAT:
+        if ((s = get_text(c, v, 0)) == NULL)
+            break;
+        for (size_t k = 0; k < PCR_ARRAY_SIZE(access_format_names); k++) {
+            if (strcmp(s, access_format_names[k]) == 0) {
+                *(pcr_access_format_t *)slot = (pcr_access_format_t)k;
+                return;
+            }
+        }
+        pcr_cfg_err(c, "unknown access log format %s; expected one of text, json",
+                    pcr_cfg_quote(q, sizeof q, s));
+        break;
     case FT_HTTP_PATH:
         if ((s = get_text(c, v, 0)) == NULL)
             break;
@@ -702,6 +727,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     set_string(c, &cfg->path, name);
     set_string(c, &cfg->routing.zone, "");
     set_string(c, &cfg->health.path, "/health");
+    set_string(c, &cfg->log.access_log_path, "");
     return cfg;
 }
 
@@ -722,6 +748,21 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
         pcr_cfg_err(c, "must be >= routing.block_bytes (%zu), got %zu", cfg->routing.block_bytes,
             cfg->routing.max_prefix_bytes);
         pcr_cfg_path_pop(&c->path, mark);
+    }
+    /* The admin listener is a listener too: it may not take a public one's address. */
+    for (size_t j = 0; cfg->admin.addrlen != 0 && !listen_port_is_0(&cfg->admin) &&
+                       j < cfg->nlisten; j++) {
+        const pcr_listen_conf_t *o = &cfg->listen[j];
+        if (o->addrlen == cfg->admin.addrlen &&
+            memcmp(&o->addr, &cfg->admin.addr, o->addrlen) == 0) {
+            char q[PCR_CFG_QBUF];
+            size_t mark = pcr_cfg_path_push_key(&c->path, "admin");
+            pcr_cfg_path_push_key(&c->path, "address");
+            pcr_cfg_err(c, "admin address %s is also listen[%zu].address: the admin listener "
+                           "needs an address of its own", pcr_cfg_quote(q, sizeof q, cfg->admin.address), j);
+            pcr_cfg_path_pop(&c->path, mark);
+            break;
+        }
     }
     for (size_t i = 0; i < cfg->nbackends; i++)
         if (cfg->backends[i].max_connections == 0)
@@ -885,6 +926,8 @@ void pcr_config_free(pcr_config_t *cfg)
     free(cfg->dns.nameservers);
     free(cfg->routing.zone);
     free(cfg->health.path);
+    free(cfg->log.access_log_path);
+    free(cfg->admin.address);
     free(cfg->path);
     free(cfg);
 }

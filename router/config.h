@@ -90,6 +90,9 @@ typedef struct {
 typedef struct {
     unsigned max_connections;      /* per backend default, default 256 */
     unsigned retries;              /* other backends tried before answering 502, default 1 */
+    int request_usage;             /* ask pods for usage on streams whose clients did not (and
+                                      drop that usage event before the client sees it); default
+                                      false */
 } pcr_upstream_conf_t;
 
 typedef struct {
@@ -116,9 +119,13 @@ typedef struct {
 
 typedef enum { PCR_LOG_ERROR = 0, PCR_LOG_WARN, PCR_LOG_INFO, PCR_LOG_DEBUG } pcr_log_level_t;
 
+typedef enum { PCR_ACCESS_TEXT = 0, PCR_ACCESS_JSON } pcr_access_format_t;
+
 typedef struct {
     pcr_log_level_t level;         /* "error" | "warn" | "info" (default) | "debug" */
-    int access_log;                /* one line per request on stderr, default true */
+    int access_log;                /* one line per request, default true */
+    char *access_log_path;         /* the file it goes to; "" (default): stderr */
+    pcr_access_format_t access_log_format; /* "text" (default) | "json" */
 } pcr_log_conf_t;
 
 typedef struct {
@@ -139,6 +146,9 @@ typedef struct {
     pcr_scrape_conf_t scrape;
     pcr_outlier_conf_t outlier;
     pcr_log_conf_t log;
+    /* admin.address: /metrics and /health are served there, and no longer on the listeners
+     * of `listen` (they answer 404). addrlen 0 when there is no admin listener. */
+    pcr_listen_conf_t admin;
 } pcr_config_t;
 
 /* Reads and validates `path`. On success returns a config (free with pcr_config_free).

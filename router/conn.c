@@ -13,7 +13,13 @@
  *
  * The connection limit (limits.max_client_connections) counts every session, handshakes
  * included; at the limit, the session that has waited longest for its client is closed to make
- * room (session.h), and only when every session has a request in flight is the new one refused. */
+ * room (session.h), and only when every session has a request in flight is the new one refused.
+ *
+ * The admin listener (admin.address) is one more listener of the same plan, after those of
+ * `listen`: every worker accepts on it, so /metrics is answered by a loop that sees the
+ * workers' counters as any public request would, a reload keeps or moves it like the others,
+ * and no second HTTP server is needed. Its connections are marked (pcr_sock_set_admin): the
+ * exchange then serves /metrics and /health there, and nothing else. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +49,7 @@ struct pcr_listener {
     unsigned backoff_ms;
     uint64_t refused;           /* connections closed unserved during this back-off */
     SSL_CTX *ssl_ctx;
+    int admin;                  /* the admin listener: its connections are marked */
 };
 
 /* ---- the handshake ------------------------------------------------------------------- */
@@ -139,6 +146,8 @@ static void start_handshake(struct pcr_listener *lst, int fd)
     } else {
         hs->sock = pcr_sock_plain_new(w->base, fd);
     }
+    if (hs->sock != NULL && lst->admin)
+        pcr_sock_set_admin(hs->sock);
     hs->deadline = evtimer_new(w->base, on_hs_deadline, hs);
     if (hs->sock == NULL || hs->deadline == NULL) {
         pcr_sock_free(hs->sock);
@@ -276,10 +285,12 @@ fail:
 }
 
 static void log_listening(const pcr_listen_conf_t *lc, const struct sockaddr_storage *ss,
-                          unsigned nworkers)
+                          unsigned nworkers, int admin)
 {
     char host[INET6_ADDRSTRLEN] = "?";
-    const char *proto = lc->tls ? "TLS: h2, http/1.1" : "http/1.1 + h2c";
+    const char *proto = admin     ? "admin: /metrics, /health; http/1.1 + h2c"
+                        : lc->tls ? "TLS: h2, http/1.1"
+                                  : "http/1.1 + h2c";
     if (ss->ss_family == AF_INET6) {
         const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
         inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
@@ -291,6 +302,17 @@ static void log_listening(const pcr_listen_conf_t *lc, const struct sockaddr_sto
         pcr_log_info("listening on %s:%u (%s, %u worker(s))", host, ntohs(s4->sin_port), proto,
                      nworkers);
     }
+}
+
+/* The plan's listeners: those of `listen`, then the admin one when there is one. */
+static size_t plan_count(const pcr_config_t *cfg)
+{
+    return cfg->nlisten + (cfg->admin.addrlen != 0);
+}
+
+static const pcr_listen_conf_t *plan_conf(const pcr_config_t *cfg, size_t i)
+{
+    return i < cfg->nlisten ? &cfg->listen[i] : &cfg->admin;
 }
 
 /* Whether the running listener `old` can keep its sockets for `nw` (the same address as
@@ -322,26 +344,31 @@ pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cf
     pcr_listen_plan_t *plan = calloc(1, sizeof(*plan));
     if (plan == NULL)
         return NULL;
-    plan->n = cfg->nlisten;
+    size_t n = plan_count(cfg);
+    plan->n = n;
     plan->nworkers = nw;
-    plan->fds = malloc(cfg->nlisten * nw * sizeof(int));
-    plan->ctx = calloc(cfg->nlisten, sizeof(*plan->ctx));
-    plan->keep = malloc(cfg->nlisten * sizeof(*plan->keep));
+    plan->fds = malloc((n ? n : 1) * nw * sizeof(int));
+    plan->ctx = calloc(n ? n : 1, sizeof(*plan->ctx));
+    plan->keep = malloc((n ? n : 1) * sizeof(*plan->keep));
     if (plan->fds == NULL || plan->ctx == NULL || plan->keep == NULL) {
         pcr_listen_plan_free(plan);
         return NULL;
     }
-    for (size_t i = 0; i < cfg->nlisten * nw; i++)
+    for (size_t i = 0; i < n * nw; i++)
         plan->fds[i] = -1;
-    for (size_t i = 0; i < cfg->nlisten; i++) {
-        const pcr_listen_conf_t *lc = &cfg->listen[i];
-        char err[256];
+    for (size_t i = 0; i < n; i++) {
+        const pcr_listen_conf_t *lc = plan_conf(cfg, i);
+        char what[32], err[256];
+        if (i < cfg->nlisten)
+            snprintf(what, sizeof(what), "listen[%zu]", i);
+        else
+            snprintf(what, sizeof(what), "admin");
         plan->keep[i] = -1;
-        for (size_t j = 0; old != NULL && j < old->nlisten && plan->keep[i] < 0; j++) {
+        for (size_t j = 0; old != NULL && j < plan_count(old) && plan->keep[i] < 0; j++) {
             int taken = 0;
             for (size_t k = 0; k < i; k++)
                 taken |= plan->keep[k] == (int)j;
-            if (!taken && same_listener(&old->listen[j], lc))
+            if (!taken && same_listener(plan_conf(old, j), lc))
                 plan->keep[i] = (int)j;
         }
         /* TLS: the files are read again even for a kept listener, so a renewed certificate
@@ -349,7 +376,7 @@ pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cf
         if (lc->tls) {
             plan->ctx[i] = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
             if (plan->ctx[i] == NULL) {
-                pcr_log_error("listen[%zu].tls: cannot load certificate %s and key %s: %s", i,
+                pcr_log_error("%s.tls: cannot load certificate %s and key %s: %s", what,
                               lc->cert, lc->key, err);
                 pcr_listen_plan_free(plan);
                 return NULL;
@@ -365,7 +392,7 @@ pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cf
         for (unsigned k = 0; k < nw; k++) {
             int fd = listen_socket((const struct sockaddr *)&ss, sl, nw > 1, err, sizeof(err));
             if (fd < 0) {
-                pcr_log_error("listen[%zu]: cannot listen on %s: %s", i, lc->address, err);
+                pcr_log_error("%s: cannot listen on %s: %s", what, lc->address, err);
                 pcr_listen_plan_free(plan);
                 return NULL;
             }
@@ -375,7 +402,7 @@ pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cf
                 getsockname(fd, (struct sockaddr *)&ss, &sl);
             }
         }
-        log_listening(lc, &ss, nw);
+        log_listening(lc, &ss, nw, i >= cfg->nlisten);
     }
     return plan;
 }
@@ -423,7 +450,8 @@ int pcr_listeners_adopt(pcr_worker_t *w, pcr_listen_plan_t *plan, const pcr_conf
             lst->fd = plan->fds[i * plan->nworkers + w->id];
             plan->fds[i * plan->nworkers + w->id] = -1;
         }
-        lst->conf = &cfg->listen[i];
+        lst->conf = plan_conf(cfg, i);
+        lst->admin = i >= cfg->nlisten;
         lst->ssl_ctx = plan->ctx[i];
         if (lst->ev == NULL && lst->fd >= 0) {
             lst->ev = event_new(w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);

@@ -46,6 +46,7 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
         return NULL;
     }
     ex->t_start = pcr_now_us();
+    ex->delivered = -1;
     return ex;
 }
 
@@ -71,17 +72,6 @@ static int holds_backend(pcr_ex_state_t s)
 
 static int holds_prefill(pcr_ex_state_t s) { return s == EX_UP_WAIT || s == EX_UP_HEAD; }
 
-static void access_log(const pcr_exchange_t *ex, int status, double secs)
-{
-    if (!ex->w->cfg->log.access_log)
-        return;
-    pcr_log_info("access %s %s %s %s %d %llu backend=%s route=%s blocks=%u/%u attempts=%u %.3fs",
-                 ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, ex->path ? ex->path : "-",
-                 status, (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf.name : "-",
-                 ex->be ? pcr_reason_name(ex->decision.reason) : "-", ex->decision.matched_blocks,
-                 ex->decision.total_blocks, ex->attempts, secs);
-}
-
 /* The request's outcome, once: status counters, durations, the access log line. */
 static void record(pcr_exchange_t *ex, int status, int via_backend)
 {
@@ -90,11 +80,10 @@ static void record(pcr_exchange_t *ex, int status, int via_backend)
     if (via_backend && ex->be != NULL)
         pcr_metrics_count_status_shared(ex->be->requests_by_code, status);
     uint64_t now = pcr_now_us();
-    double secs = (double)(now - ex->t_start) / 1e6;
-    pcr_hist_observe(&m->duration, now - ex->t_start);
+    pcr_hist_observe(&m->duration, &pcr_hist_latency_us, (int64_t)(now - ex->t_start));
     if (ex->t_head)
-        pcr_hist_observe(&m->ttfb, ex->t_head - ex->t_start);
-    access_log(ex, status, secs);
+        pcr_hist_observe(&m->ttfb, &pcr_hist_latency_us, (int64_t)(ex->t_head - ex->t_start));
+    pcr_access_record(ex, status, now);
 }
 
 /* The one place a request changes state; see the table in exchange_int.h. */
@@ -144,9 +133,10 @@ int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
     return 0;
 }
 
-void pcr_exchange_set_peer(pcr_exchange_t *ex, const char *peer)
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin)
 {
     snprintf(ex->peer, sizeof(ex->peer), "%s", peer ? peer : "-");
+    ex->admin = admin;
 }
 
 static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)
@@ -216,9 +206,11 @@ int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
      * after the last byte does not wait for the whole prompt (router/body.h). A body found bad
      * here still arrives whole; the reader says why when the request runs. */
     if (routed_api(ex) >= 0) {
+        uint64_t t0 = pcr_now_ns();
         if (ex->reader == NULL && body_reader_start(ex) < 0)
             return PCR_ERR_NOMEM;
         pcr_body_reader_feed(ex->reader, data, len);
+        ex->ns_parse += pcr_now_ns() - t0;
     }
     ex->body_counted += len;
     pcr_body_account(ex->w, (ptrdiff_t)len);
@@ -334,6 +326,12 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
         return NULL;
     char *conn = request_connection(ex);
     size_t blen = evbuffer_get_length(ex->body);
+    /* upstream.request_usage: "stream_options" goes before the object's closing brace. */
+    static const char opt[] = "\"stream_options\":{\"include_usage\":true}";
+    const char *body = blen ? (const char *)evbuffer_pullup(ex->body, -1) : "";
+    int empty = 0;
+    long at = ex->inject_usage ? pcr_usage_insert_at(body, blen, &empty) : -1;
+    size_t extra = at >= 0 ? sizeof(opt) - 1 + !empty : 0;
     evbuffer_add_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", ex->method, ex->path, be->host_header);
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
         const char *n = ex->hbuf + ex->hoff[i];
@@ -346,10 +344,17 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
     }
     free(conn);
     if (blen > 0 || strcmp(ex->method, "POST") == 0)
-        evbuffer_add_printf(b, "Content-Length: %zu\r\n", blen);
+        evbuffer_add_printf(b, "Content-Length: %zu\r\n", blen + extra);
     evbuffer_add(b, "\r\n", 2);
-    if (blen > 0)
-        evbuffer_add(b, evbuffer_pullup(ex->body, -1), blen);
+    if (at >= 0) {
+        evbuffer_add(b, body, (size_t)at);
+        if (!empty)
+            evbuffer_add(b, ",", 1);
+        evbuffer_add(b, opt, sizeof(opt) - 1);
+        evbuffer_add(b, body + at, blen - (size_t)at);
+    } else if (blen > 0) {
+        evbuffer_add(b, body, blen);
+    }
     return b;
 }
 
@@ -419,6 +424,26 @@ static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n
     return usable;
 }
 
+/* The decision's phases (a routed request's first attempt), in the worker's histograms. */
+static void observe_decision(pcr_exchange_t *ex, uint64_t t_decide, uint64_t t_end)
+{
+    pcr_hist_t *h = ex->w->metrics.decision;
+    pcr_hist_observe(&h[PCR_PHASE_PARSE], &pcr_hist_decision_ns, (int64_t)ex->ns_parse);
+    pcr_hist_observe(&h[PCR_PHASE_HASH], &pcr_hist_decision_ns, (int64_t)ex->ns_hash);
+    pcr_hist_observe(&h[PCR_PHASE_DECIDE], &pcr_hist_decision_ns, (int64_t)(t_end - t_decide));
+    pcr_hist_observe(&h[PCR_PHASE_TOTAL], &pcr_hist_decision_ns, (int64_t)(t_end - ex->t_parse_ns));
+}
+
+/* The cached tokens the decision predicts: the chosen backend's matched blocks, a token being
+ * 4 bytes of canonical prompt, at most the prompt's own tokens. */
+static uint64_t predicted_tokens(const pcr_exchange_t *ex)
+{
+    if (!ex->has_key)
+        return 0;
+    uint64_t t = (uint64_t)ex->decision.matched_blocks * ex->w->cfg->routing.block_bytes / 4;
+    return t < ex->key.prompt_tokens ? t : ex->key.prompt_tokens;
+}
+
 /* Chooses a backend (skipping those already tried) and sends the request there. */
 static void dispatch(pcr_exchange_t *ex)
 {
@@ -431,6 +456,7 @@ static void dispatch(pcr_exchange_t *ex)
     pcr_decision_t d;
     pcr_backend_t *be = NULL;
     uint64_t now = pcr_now_us();
+    uint64_t t_decide = pcr_now_ns();
     for (;;) {
         fill_loads(ex, loads, n);
         int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
@@ -441,6 +467,8 @@ static void dispatch(pcr_exchange_t *ex)
         /* It left between the two reads: never again for this request. */
         ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     }
+    if (ex->attempts == 0 && ex->has_key)
+        observe_decision(ex, t_decide, pcr_now_ns());
     if (be == NULL) {
         if (ex->attempts > 0) {
             fail_unrouted(ex);
@@ -465,6 +493,7 @@ static void dispatch(pcr_exchange_t *ex)
         PCR_INC(w->metrics.retries);
     }
     ex->decision = d;
+    ex->predicted = predicted_tokens(ex);
     ex->attempts++;
     ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     if (ex->has_key && pcr_policy_commit(w->policy, d.backend, &ex->key, now, &ex->added_from) == 0) {
@@ -497,6 +526,50 @@ static void dispatch(pcr_exchange_t *ex)
     }
 }
 
+/* ---- per-request truth: the pod's usage ------------------------------------------------ */
+
+/* The answer's usage is read as it is forwarded (usage.h), for routed requests. */
+static void usage_start(pcr_exchange_t *ex, int status, const pcr_hdr_t *hdrs, size_t n)
+{
+    const pcr_hdr_t *ct = NULL, *ce = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (hdrs[i].name_len == 12 && strncasecmp(hdrs[i].name, "content-type", 12) == 0)
+            ct = &hdrs[i];
+        else if (hdrs[i].name_len == 16 && strncasecmp(hdrs[i].name, "content-encoding", 16) == 0)
+            ce = &hdrs[i];
+    }
+    pcr_usage_mode_t mode = pcr_usage_mode(status, ct ? ct->value : NULL, ct ? ct->value_len : 0,
+                                           ce ? ce->value : NULL, ce ? ce->value_len : 0);
+    pcr_usage_init(&ex->usage, mode, ex->inject_usage);
+}
+
+/* The one place a request's delivered cached tokens arrive, once per request, before its
+ * outcome is recorded: the backend that answered (ex->be, slot ex->be->id), the decision that
+ * chose it (ex->decision: matched and total blocks; ex->predicted in tokens), the prefix key
+ * (ex->key), what the pod says it reused (`delivered`, and `prompt` tokens, in the pod's own
+ * count) and the time.
+ *
+ * The routing library's feedback, pcr_policy_feedback() (written on another branch), is to be
+ * called from here: when the pod delivered less than predicted it no longer holds the rest of
+ * that prefix, and the index forgets it for this backend; when it delivered more, the index
+ * learns it. The policy is the library's; the router only passes the observation on. */
+static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t prompt,
+                              uint64_t now_us)
+{
+    pcr_backend_t *be = ex->be;
+    uint64_t predicted = ex->predicted;
+    if (prompt > 0 && predicted > prompt)
+        predicted = prompt; /* the pod's tokens are the truth; ours are bytes / 4 */
+    ex->predicted = predicted;
+    ex->delivered = (int64_t)delivered;
+    PCR_ADD(be->cached_predicted, predicted);
+    PCR_ADD(be->cached_delivered, delivered);
+    PCR_ADD(be->prompt_tokens, prompt);
+    pcr_hist_observe(&ex->w->metrics.cached_error, &pcr_hist_tokens_error,
+                     (int64_t)predicted - (int64_t)delivered);
+    (void)now_us; /* the feedback's: the index's entries carry the time of their last use */
+}
+
 static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, int64_t clen)
 {
     pcr_exchange_t *ex = ctx;
@@ -523,15 +596,26 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
     /* A 4xx is the client's fault: for outlier detection it is a pod that works. */
     pcr_backend_report(ex->be, &ex->w->cfg->outlier, status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK,
                        pcr_now_us());
+    if (ex->has_key) {
+        usage_start(ex, status, hdrs, n);
+        if (ex->usage.strip)
+            clen = -1; /* an event may be dropped: the length is no longer known */
+    }
     ex_to(ex, EX_UP_HEAD);
     respond_head(ex, status, out, k, clen);
+}
+
+static void emit_body(void *ctx, const char *data, size_t len)
+{
+    if (len > 0)
+        respond_body(ctx, data, len);
 }
 
 static void on_up_body(void *ctx, const char *data, size_t len)
 {
     pcr_exchange_t *ex = ctx;
     ex_to(ex, EX_UP_BODY); /* the pod has started answering: its prefill is done */
-    respond_body(ex, data, len);
+    pcr_usage_feed(&ex->usage, data, len, emit_body, ex);
     if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {
         ex->paused = 1;
         pcr_upstream_pause(ex->up);
@@ -542,6 +626,9 @@ static void on_up_done(void *ctx)
 {
     pcr_exchange_t *ex = ctx;
     ex->up = NULL;
+    if (pcr_usage_finish(&ex->usage, emit_body, ex))
+        observe_delivered(ex, ex->usage.cached_tokens, ex->usage.prompt_tokens, pcr_now_us());
+    pcr_usage_dispose(&ex->usage);
     ex_to(ex, EX_DONE);
     ex->ops->send_end(ex);
 }
@@ -608,12 +695,16 @@ void pcr_exchange_on_writable(pcr_exchange_t *ex)
  * reader's last step and the decision. */
 static void proxy_routed(pcr_exchange_t *ex)
 {
+    /* The body was read and its prefix hashed as it came (ns_parse); from here on is the time
+     * after its last byte: the reader's last step (ns_hash), then the decision. */
+    ex->t_parse_ns = pcr_now_ns();
     if (ex->reader == NULL && body_reader_start(ex) < 0) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
         return;
     }
     int rc = pcr_body_reader_finish(ex->reader, &ex->req);
     const char *why = pcr_body_reader_error(ex->reader);
+    ex->ns_hash = pcr_now_ns() - ex->t_parse_ns;
     if (rc == PCR_ERR_PARSE) {
         pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json", "%s", why);
         return;
@@ -631,6 +722,10 @@ static void proxy_routed(pcr_exchange_t *ex)
     ex->key = pcr_body_key(&ex->req);
     ex->model_hash = pcr_model_hash(ex->req.model, ex->req.model_len);
     ex->has_key = 1;
+    /* A stream whose client asked nothing of its options: pcrouter may ask for usage (where,
+     * build_upstream_request finds). */
+    ex->inject_usage = ex->w->cfg->upstream.request_usage && ex->req.stream &&
+                       !ex->req.stream_options;
     dispatch(ex);
 }
 
@@ -646,8 +741,21 @@ void pcr_exchange_run(pcr_exchange_t *ex)
     const char *p = ex->path ? ex->path : "";
     int get = strcmp(ex->method, "GET") == 0 || strcmp(ex->method, "HEAD") == 0;
     int post = strcmp(ex->method, "POST") == 0;
+    int own = path_is(p, "/health") || path_is(p, "/metrics");
 
-    if (path_is(p, "/health") || path_is(p, "/metrics") || path_is(p, "/v1/models")) {
+    /* With an admin listener, the router's own endpoints live there and only there: the
+     * public listeners need not expose the pool's state. */
+    if (ex->admin && !own) {
+        pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
+                           "the admin listener serves /metrics and /health only");
+        return;
+    }
+    if (!ex->admin && own && ex->w->cfg->admin.addrlen != 0) {
+        pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
+                           "%s is served on the admin listener (admin.address)", p);
+        return;
+    }
+    if (own || path_is(p, "/v1/models")) {
         if (!get) {
             pcr_exchange_error(ex, 405, "invalid_request_error", "method_not_allowed",
                                "%s is not allowed on %s; use GET", ex->method, p);
@@ -709,6 +817,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
         pcr_body_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
     pcr_body_reader_free(ex->reader);
+    pcr_usage_dispose(&ex->usage);
     if (ex->be != NULL)
         pcr_backend_unref(ex->be);
     free(ex->path);

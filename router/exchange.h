@@ -40,8 +40,9 @@ void pcr_exchange_free(pcr_exchange_t *ex);  /* NULL is a no-op; cancels any ups
 
 int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len);
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len);
-/* The client's address, for the access log. */
-void pcr_exchange_set_peer(pcr_exchange_t *ex, const char *peer);
+/* The client's address, for the access log, and whether it came through the admin listener
+ * (then only /metrics and /health are served). */
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin);
 /* Adds a request header as received. PCR_ERR_INVAL when the name is not an RFC 9110 token or
  * the value holds CR, LF or NUL; PCR_ERR_TOO_LARGE past PCR_MAX_REQ_HEADERS. */
 int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, const char *value,

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "exchange.h"
+#include "usage.h"
 
 #define PCR_MAX_REQ_HEADERS 100
 
@@ -57,6 +58,7 @@ struct pcr_exchange {
     struct evbuffer *body;
     size_t body_counted;              /* bytes of `body` counted in the process's body budget */
     char peer[64];
+    int admin;                        /* came through the admin listener */
 
     /* Routing. */
     pcr_body_reader_t *reader;        /* a routed request's body, parsed as it arrives */
@@ -81,7 +83,19 @@ struct pcr_exchange {
     int status;
     uint64_t resp_bytes;
     uint64_t t_start, t_head;
+
+    /* Per-request truth: the cached tokens the decision predicted, and what the pod said. */
+    int inject_usage;                 /* stream_options added to the body sent (request_usage) */
+    pcr_usage_t usage;                /* reads the answer's usage as it is forwarded */
+    uint64_t predicted;               /* cached tokens the current decision predicted */
+    int64_t delivered;                /* cached tokens the pod reported, -1 until it did */
+    /* The decision's phases (first attempt): ns_parse, the reader's time while the body came;
+     * from t_parse_ns (the last byte is in) ns_hash, the reader's last step, then the policy. */
+    uint64_t t_parse_ns, ns_parse, ns_hash;
 };
+
+/* access.c: the request's access-log line (log.access_log), handed to the writer. */
+void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);
 
 /* endpoints.c */
 void pcr_endpoint_health(pcr_exchange_t *ex);

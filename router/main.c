@@ -15,6 +15,7 @@
 #include <event2/event.h>
 #include <openssl/ssl.h>
 
+#include "accesslog.h"
 #include "backend.h"
 #include "bus.h"
 #include "discovery.h"
@@ -56,6 +57,15 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
         return;
     }
     pcr_reload_start(srv);
+}
+
+/* Log rotation: the access log's writer reopens its file (the renamed one keeps every line
+ * written before). */
+static void on_usr1(evutil_socket_t sig, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
+    pcr_log_info("SIGUSR1: reopening the access log");
+    pcr_accesslog_reopen(srv->access_log, NULL);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -147,6 +157,13 @@ static int run(const char *path)
         pcr_log_error("cannot start: out of memory");
         goto out;
     }
+    char al_err[512];
+    srv.access_log = pcr_accesslog_new(srv.cfg->log.access_log_path, srv.nworkers,
+                                       PCR_ACCESSLOG_QUEUE_BYTES, al_err, sizeof(al_err));
+    if (srv.access_log == NULL) {
+        pcr_log_error("cannot start: log.access_log_path: %s", al_err);
+        goto out;
+    }
     char dns_err[256];
     srv.dns = pcr_dns_new(srv.base, srv.cfg->dns.nameservers, srv.cfg->dns.nnameservers,
                           srv.cfg->dns.timeout_ms, dns_err, sizeof(dns_err));
@@ -160,11 +177,12 @@ static int run(const char *path)
     srv.sig_term = evsignal_new(srv.base, SIGTERM, on_signal, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, on_signal, &srv);
     srv.sig_hup = evsignal_new(srv.base, SIGHUP, on_hup, &srv);
+    srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, on_usr1, &srv);
     srv.workers_done = event_new(srv.base, srv.wake_fd[0], EV_READ, on_workers_done, &srv);
     if (srv.sig_term == NULL || srv.sig_int == NULL || srv.sig_hup == NULL ||
-        srv.workers_done == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
+        srv.sig_usr1 == NULL || srv.workers_done == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
         evsignal_add(srv.sig_int, NULL) < 0 || evsignal_add(srv.sig_hup, NULL) < 0 ||
-        event_add(srv.workers_done, NULL) < 0)
+        evsignal_add(srv.sig_usr1, NULL) < 0 || event_add(srv.workers_done, NULL) < 0)
         goto out;
     if (pcr_workers_start(&srv) < 0)
         goto out;
@@ -194,6 +212,10 @@ out:
         event_free(srv.sig_int);
     if (srv.sig_hup)
         event_free(srv.sig_hup);
+    if (srv.sig_usr1)
+        event_free(srv.sig_usr1);
+    /* After the workers: every line they queued is written before the file closes. */
+    pcr_accesslog_free(srv.access_log);
     if (srv.workers_done)
         event_free(srv.workers_done);
     if (srv.drain_timer)

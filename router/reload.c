@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "accesslog.h"
 #include "backend.h"
 #include "bus.h"
 #include "discovery.h"
@@ -189,6 +190,10 @@ static void apply(pcr_reload_t *r)
     /* From here on nothing fails: the new config is the control thread's. */
     srv->cfg = cfg;
     pcr_log_set_level(cfg->log.level);
+    /* Another access log file: the writer moves to it once what is queued is written (the
+     * format changes with each worker's config). */
+    if (strcmp(cfg->log.access_log_path, old->log.access_log_path) != 0)
+        pcr_accesslog_reopen(srv->access_log, cfg->log.access_log_path);
     if (dns != NULL) {
         pcr_discovery_stop(srv); /* its queries belong to the old resolver */
         pcr_dns_free(srv->dns);
@@ -244,7 +249,7 @@ void pcr_reload_collect(pcr_server_t *srv)
     }
     for (unsigned k = 0; k < srv->nworkers; k++) {
         pcr_worker_t *w = &srv->workers[k];
-        if (!PCR_LOAD(w->stopped) && PCR_LOAD(w->cfg_gen) < sw->gen)
+        if (!PCR_LOAD(w->stopped) && __atomic_load_n(&w->cfg_gen, __ATOMIC_ACQUIRE) < sw->gen)
             return;
     }
     /* Every worker runs the new config: the old one and its listeners' leftovers can go. */

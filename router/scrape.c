@@ -65,8 +65,11 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
         PCR_STORE(be->pod_waiting, to_u32(s.num_requests_waiting));
         PCR_STORE(be->pod_running, to_u32(s.num_requests_running));
     }
-    if (s.seen & PCR_PROM_KV_USAGE)
-        PCR_STORE(be->pod_kv_usage_ppm, (uint32_t)(s.kv_cache_usage * 1e6));
+    if (s.seen & PCR_PROM_KV_USAGE) {
+        double r = s.kv_cache_usage; /* a ratio, 0..1, despite the name */
+        PCR_STORE(be->pod_kv_usage_ppm, (uint32_t)(r > 1 ? 1e6 : r > 0 ? r * 1e6 + 0.5 : 0));
+        PCR_STORE(be->pod_kv_usage_known, 1);
+    }
     if (s.seen & PCR_PROM_HITS) {
         uint64_t h = PCR_LOAD(be->pod_hits), q = PCR_LOAD(be->pod_queries);
         restarted |= accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, s.prefix_cache_hits);

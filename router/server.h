@@ -58,6 +58,7 @@ typedef struct pcr_listen_plan {
 
 typedef struct pcr_dns pcr_dns_t;
 typedef struct pcr_reload pcr_reload_t;
+typedef struct pcr_accesslog pcr_accesslog_t;
 struct pcr_watch;
 
 /* A reload's new config and listeners, waiting for every worker to take them (reload.c). */
@@ -81,12 +82,13 @@ typedef struct pcr_server {
     pcr_worker_t *workers;
     unsigned nworkers;
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
+    pcr_accesslog_t *access_log;  /* the access log's writer (accesslog.h) */
 
     /* The control loop, on the main thread. */
     struct event_base *base;
     struct event *probe_tick;     /* probes of ejected backends (backend.c) */
     struct event *scrape_tick;    /* the pods' metrics (scrape.c) */
-    struct event *sig_term, *sig_int, *sig_hup;
+    struct event *sig_term, *sig_int, *sig_hup, *sig_usr1;
     struct event *drain_timer;
     struct event *workers_done;   /* the last worker to stop wakes the control loop */
     int draining;                 /* SIGTERM seen (atomic: workers read it) */
@@ -131,6 +133,8 @@ struct pcr_worker {
     uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
     uint64_t cfg_gen;             /* the reload this worker runs (atomic) */
     pcr_metrics_t metrics;        /* written by this worker only */
+    uint64_t evictions_seen;      /* the policy's eviction count at the last tick, */
+    const pcr_policy_t *evictions_policy; /* of this replica (a new one counts from 0) */
     struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
     size_t nlisteners;
     int spare_fd;                 /* given back to accept one connection when out of fds */
@@ -168,8 +172,9 @@ void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta);
 void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 
-/* Monotonic time in microseconds. */
+/* Monotonic time in microseconds, and in nanoseconds (same clock). */
 uint64_t pcr_now_us(void);
+uint64_t pcr_now_ns(void);
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
  * nothing is left. */

@@ -71,6 +71,9 @@ void pcr_sock_shutdown_write(pcr_sock_t *s)
 int pcr_sock_is_tls(const pcr_sock_t *s) { return s->tls; }
 int pcr_sock_alpn_h2(const pcr_sock_t *s) { return s->alpn_h2; }
 
+void pcr_sock_set_admin(pcr_sock_t *s) { s->admin = 1; }
+int pcr_sock_admin(const pcr_sock_t *s) { return s->admin; }
+
 const char *pcr_sock_peer(pcr_sock_t *s)
 {
     if (s->peer[0] != '\0')

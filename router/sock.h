@@ -89,6 +89,9 @@ int pcr_sock_is_tls(const pcr_sock_t *s);
 int pcr_sock_alpn_h2(const pcr_sock_t *s);
 /* The peer's address as text ("127.0.0.1:5555"), "-" when unknown. */
 const char *pcr_sock_peer(pcr_sock_t *s);
+/* Accepted on the admin listener (conn.c marks it): it is answered /metrics and /health only. */
+void pcr_sock_set_admin(pcr_sock_t *s);
+int pcr_sock_admin(const pcr_sock_t *s);
 
 /* An event base tuned for the transports: epoll with a changelist. */
 struct event_base *pcr_sock_base_new(void);
@@ -117,6 +120,7 @@ struct pcr_sock {
     size_t drain_low;
     int drain_wanted;
     unsigned write_timeout_ms;
+    int admin;                  /* accepted on the admin listener */
     char peer[64];              /* filled on first use */
 };
 

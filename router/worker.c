@@ -173,6 +173,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);
     PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
+    /* A counter that never goes back: a replica made afresh (a reload that changed the keys)
+     * starts its count at 0 again, and all of it is new. */
+    uint64_t ev = ps.index_evictions;
+    if (w->evictions_policy != w->policy) {
+        w->evictions_policy = w->policy;
+        w->evictions_seen = 0;
+    }
+    PCR_BUMP(w->metrics.index_evictions, ev >= w->evictions_seen ? ev - w->evictions_seen : ev);
+    w->evictions_seen = ev;
     if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
         event_active(w->budget_event, 0, 0);
 }
@@ -205,7 +214,9 @@ static void worker_switch(pcr_worker_t *w)
     if (pcr_listeners_adopt(w, sw->plan, sw->cfg) < 0)
         pcr_log_error("worker %u: out of memory taking the new listeners", w->id);
     w->cfg = sw->cfg;
-    PCR_STORE(w->cfg_gen, sw->gen);
+    /* Release: every read of `sw` above happens before the control thread, seeing this
+     * (acquire, pcr_reload_collect), frees it. */
+    __atomic_store_n(&w->cfg_gen, sw->gen, __ATOMIC_RELEASE);
 }
 
 static void on_cmd(evutil_socket_t fd, short what, void *arg)

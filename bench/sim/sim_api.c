@@ -111,7 +111,9 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
     r->chat = chat;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
     r->stream = cJSON_IsTrue(stream);
-    r->include_usage = 1;   /* usage always rides on the final event; harmless to clients */
+    /* As vLLM: a stream reports usage only when asked, in one last event of its own. */
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    r->include_usage = !r->stream || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     r->prompt_tokens = (plen + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
     long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
     if (mt < 0 && chat)
@@ -211,13 +213,16 @@ void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int
         evbuffer_add_printf(out, "\"choices\":[{\"index\":0,\"text\":\"");
     for (size_t i = 0; i < ntok; i++)
         sim_api_token_text(first_tok + i, out);
-    evbuffer_add_printf(out, "\"%s,\"logprobs\":null,\"finish_reason\":%s}]", r->chat ? "}" : "",
+    evbuffer_add_printf(out, "\"%s,\"logprobs\":null,\"finish_reason\":%s}]}\n\n", r->chat ? "}" : "",
                         final ? "\"length\"" : "null");
-    if (final) {
-        evbuffer_add(out, ",", 1);
+    if (final && r->include_usage) {
+        /* vLLM's usage event: no choices, the whole request's usage. */
+        evbuffer_add(out, "data: ", 6);
+        add_head(r, r->chat ? "chat.completion.chunk" : "text_completion", out);
+        evbuffer_add(out, "\"choices\":[],", 14);
         add_usage(r, first_tok + ntok, out);
+        evbuffer_add(out, "}\n\n", 3);
     }
-    evbuffer_add(out, "}\n\n", 3);
     if (final)
         evbuffer_add(out, "data: [DONE]\n\n", 14);
 }

@@ -76,6 +76,9 @@ void pcr_index_remove_backend(pcr_index_t *idx, unsigned backend);
 uint64_t pcr_index_backend_blocks(const pcr_index_t *idx, unsigned backend);
 uint64_t pcr_index_pairs(const pcr_index_t *idx);   /* stored (block, backend) pairs */
 uint64_t pcr_index_nodes(const pcr_index_t *idx);
+/* (block, backend) pairs evicted since the index was made: by a backend's capacity or by the
+ * memory cap (not by pcr_index_erase or pcr_index_remove_backend, which forget on request). */
+uint64_t pcr_index_evictions(const pcr_index_t *idx);
 size_t pcr_index_bytes(const pcr_index_t *idx);     /* bytes asked from the allocator */
 
 /* Checks every invariant (a test helper, O(size)); 0, or PCR_ERR_INVAL with a message.

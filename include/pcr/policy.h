@@ -163,6 +163,7 @@ int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_bloc
 typedef struct {
     size_t index_bytes;        /* memory the radix index holds */
     uint64_t index_nodes;
+    uint64_t index_evictions;  /* (block, backend) pairs the index evicted (pcr_index_evictions) */
 } pcr_policy_stats_t;
 
 void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out);

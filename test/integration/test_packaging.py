@@ -36,6 +36,7 @@ COMMANDS = {
     "wrk": "wrk",
     "gnuplot": "gnuplot-nox",
     "perf": "linux-perf",
+    "promtool": "prometheus",
 }
 # Commands from Debian's Essential packages, on every Debian system: no list needs them.
 ESSENTIAL_COMMANDS = {

@@ -207,6 +207,7 @@ static void test_cold_then_warm(void)
     pcr_policy_stats(p, &st);
     PCR_CHECK(st.index_bytes > 0);
     PCR_CHECK(st.index_nodes >= 1);
+    PCR_CHECK_EQ_U64(st.index_evictions, 0);  /* forget and reset are not evictions */
     pcr_policy_backend_reset(p, first);
     PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, first), 0);
     pcr_policy_decide(p, key, l, 4, &d);
@@ -214,6 +215,8 @@ static void test_cold_then_warm(void)
     PCR_CHECK_EQ_INT(pcr_policy_set_capacity(p, 0, 3), 0);
     pcr_policy_commit(p, 0, key, 5, &from);
     PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, 0), 3);
+    pcr_policy_stats(p, &st);
+    PCR_CHECK_EQ_U64(st.index_evictions, key->nblocks - 3);  /* over the capacity of 3 */
     free(s);
     pcr_policy_free(p);
 }

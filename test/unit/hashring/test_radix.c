@@ -129,6 +129,7 @@ static void test_capacity_evicts_lru(void)
     PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 10);
     pcr_index_match(ix, a, 6, m);
     PCR_CHECK_EQ_INT(m[0], 4);  /* the oldest prefix lost its last two blocks */
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 2);
     pcr_index_match(ix, b, 6, m);
     PCR_CHECK_EQ_INT(m[0], 6);
     /* Using a makes b the oldest. */
@@ -138,10 +139,15 @@ static void test_capacity_evicts_lru(void)
     PCR_CHECK_EQ_INT(m[0], 3);
     pcr_index_match(ix, a, 6, m);
     PCR_CHECK_EQ_INT(m[0], 4);
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 5);
+    /* Forgetting on request is not an eviction. */
+    pcr_index_erase(ix, 0, c, 3, 2);
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 5);
     /* Shrinking the capacity evicts at once; the other backend is untouched. */
     pcr_index_insert(ix, 1, a, 6, 5, &from);
     PCR_CHECK_EQ_INT(pcr_index_set_capacity(ix, 0, 2), 0);
     PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 2);
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 5 + 7);
     pcr_index_match(ix, a, 6, m);
     PCR_CHECK_EQ_INT(m[1], 6);
     CHECK_VALID(ix);
@@ -354,6 +360,8 @@ static void test_memory_cap_evicts_oldest(void)
     CHECK_VALID(ix);
     PCR_CHECK_EQ_INT(over, 0);
     PCR_CHECK(pcr_index_pairs(ix) > 100);
+    /* Every pair inserted is either still there or was evicted. */
+    PCR_CHECK_EQ_U64(pcr_index_pairs(ix) + pcr_index_evictions(ix), 2000 * 8);
     for (int j = 0; j < 8; j++)
         k[j] = 0 * 100 + (uint64_t)j;
     PCR_CHECK_EQ_INT(pcr_index_match(ix, k, 8, m), 0);   /* the first went first */

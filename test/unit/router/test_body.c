@@ -44,8 +44,14 @@ static void test_completions_string(void)
     PCR_CHECK_EQ_U64(b.blocks[0], want[0]);
     pcr_key_t k = pcr_body_key(&b);
     PCR_CHECK(k.blocks == b.blocks && k.nblocks == 1 && k.prompt_tokens == 3);
+    PCR_CHECK_EQ_INT(b.stream_options, 0);
     pcr_body_dispose(&b);
     pcr_body_dispose(&b);  /* safe twice */
+    /* Any stream_options, even one that asks for nothing, is the client's: noted. */
+    PCR_CHECK_EQ_INT(parse(PCR_API_COMPLETIONS,
+                           "{\"prompt\":\"x\",\"stream\":true,\"stream_options\":{}}", &b), 0);
+    PCR_CHECK_EQ_INT(b.stream_options, 1);
+    pcr_body_dispose(&b);
 }
 
 static void test_completions_arrays(void)

@@ -1,8 +1,9 @@
 /* test/unit/router/test_scrape.c: tests router/scrape.c, the reading of a pod's vLLM metrics:
  * queue length, delivered prefix-cache counters as deltas (a pod restart included), the v0
- * metric names, and the KV capacity from vllm:cache_config_info reaching the index; and
- * router/prom.c, the text parser under it: the format's corners and every number the pod
- * could get wrong (NaN, infinities, negatives, overflow). */
+ * metric names, the KV capacity from vllm:cache_config_info reaching the index, and the KV cache
+ * usage (vllm:kv_cache_usage_perc, or v0's vllm:gpu_cache_usage_perc); and router/prom.c, the
+ * text parser under it: the format's corners and every number the pod could get wrong (NaN,
+ * infinities, negatives, overflow). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -293,6 +294,31 @@ static void test_huge_values_saturate(void)
     pcr_bus_free(srv.bus);
 }
 
+static void test_kv_cache_usage(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    feed(&be, "vllm:num_requests_waiting 0\n");
+    PCR_CHECK_EQ_INT(be.pod_kv_usage_known, 0);  /* not reported: unknown, not 0 */
+    feed(&be, "# TYPE vllm:kv_cache_usage_perc gauge\n"
+              "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n");
+    PCR_CHECK_EQ_INT(be.pod_kv_usage_known, 1);
+    PCR_CHECK_EQ_INT(be.pod_kv_usage_ppm, 250000);
+    /* vLLM v0's name; two engines in one pod: the fuller one (prom.c). */
+    feed(&be, "vllm:gpu_cache_usage_perc{model_name=\"a\"} 0.5\n"
+              "vllm:gpu_cache_usage_perc{model_name=\"b\"} 1.0\n");
+    PCR_CHECK_EQ_INT(be.pod_kv_usage_ppm, 1000000);
+    feed(&be, "vllm:kv_cache_usage_perc 0.4\n");
+    PCR_CHECK_EQ_INT(be.pod_kv_usage_ppm, 400000);
+    /* A value out of range is refused (prom.c): the last good one stays. */
+    feed(&be, "vllm:kv_cache_usage_perc 7\n");
+    PCR_CHECK_EQ_INT(be.pod_kv_usage_ppm, 400000);
+    feed(&be, "vllm:kv_cache_usage_perc -1\n");
+    PCR_CHECK_EQ_INT(be.pod_kv_usage_ppm, 400000);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
+}
+
 int main(void)
 {
     PCR_RUN(test_waiting_and_running);
@@ -305,5 +331,6 @@ int main(void)
     PCR_RUN(test_prom_labels);
     PCR_RUN(test_prom_bounds);
     PCR_RUN(test_huge_values_saturate);
+    PCR_RUN(test_kv_cache_usage);
     return pcr_test_done();
 }

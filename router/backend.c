@@ -9,8 +9,11 @@
  * run on the control thread, over a connection of their own, so a pod whose request pool is
  * full of long generations is still checked. Outcomes of real requests come from the workers,
  * hence the atomics: consecutive errors eject a backend for a back-off that grows with repeated
- * ejections, and a probe that succeeds brings it back at once, so a pod that restarts in a few
- * milliseconds costs a fraction of a second. */
+ * ejections. An ejected pod is probed (a health check, so one that cannot be reached is soon
+ * marked down). One ejected because it refused connections comes back as soon as a probe
+ * succeeds, so a pod that restarts in a few milliseconds costs a fraction of a second; one
+ * ejected for 5xx or resets serves its ejection (it may answer /health while failing requests),
+ * and is back in rotation when the ejection ends. */
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,7 +259,7 @@ int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us)
 }
 
 static void eject(pcr_backend_t *be, const pcr_outlier_conf_t *o, uint64_t now, const char *why,
-                  unsigned count)
+                  unsigned count, int connects)
 {
     uint64_t until = PCR_LOAD(be->ejected_until_us);
     if (until > now)
@@ -274,6 +277,7 @@ static void eject(pcr_backend_t *be, const pcr_outlier_conf_t *o, uint64_t now, 
     if (!__atomic_compare_exchange_n(&be->ejected_until_us, &until, now + ms * 1000, 0,
                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
+    PCR_STORE(be->ejected_for_connects, connects);
     PCR_STORE(be->ejected_at_us, now);
     PCR_ADD(be->ejections, 1);
     PCR_ADD(be->ejections_total, 1);
@@ -298,29 +302,37 @@ void pcr_backend_report(pcr_backend_t *be, const pcr_outlier_conf_t *o, pcr_outc
     case PCR_OUTCOME_ERROR: {
         unsigned n = PCR_ADD(be->consecutive_errors, 1) + 1;
         if (o->consecutive_errors > 0 && n >= o->consecutive_errors)
-            eject(be, o, now_us, outcome == PCR_OUTCOME_5XX ? "errors (5xx)" : "errors", n);
+            eject(be, o, now_us, outcome == PCR_OUTCOME_5XX ? "errors (5xx)" : "errors", n, 0);
         break;
     }
     case PCR_OUTCOME_CONNECT: {
         unsigned n = PCR_ADD(be->consecutive_connect_errors, 1) + 1;
         PCR_ADD(be->consecutive_errors, 1);
         if (o->consecutive_connect_errors > 0 && n >= o->consecutive_connect_errors)
-            eject(be, o, now_us, "failed connects", n);
+            eject(be, o, now_us, "failed connects", n, 1);
         break;
     }
     }
 }
 
-void pcr_backend_uneject(pcr_backend_t *be)
+/* Ends the ejection that `until` (read by the caller) describes; a no-op when another ended it
+ * first or a new one began. */
+static void ejection_over(pcr_backend_t *be, uint64_t until, const char *why)
 {
-    if (PCR_LOAD(be->ejected_until_us) == 0)
+    if (until == 0 || !__atomic_compare_exchange_n(&be->ejected_until_us, &until, 0, 0,
+                                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
-    PCR_STORE(be->ejected_until_us, 0);
     PCR_STORE(be->consecutive_errors, 0);
     PCR_STORE(be->consecutive_connect_errors, 0);
-    pcr_log_info("backend %s answers its probe: back in rotation", be->conf.name);
+    pcr_log_info("backend %s %s: back in rotation", be->conf.name, why);
+    /* The policy was told it was unavailable: it keeps the entries only for so long. */
     if (PCR_LOAD(be->up))
         pcr_bus_state(be->srv->bus, be->id, PCR_BACKEND_AVAILABLE, pcr_now_us());
+}
+
+void pcr_backend_uneject(pcr_backend_t *be)
+{
+    ejection_over(be, PCR_LOAD(be->ejected_until_us), "answers its probe");
 }
 
 /* ---- models -------------------------------------------------------------------------- */
@@ -404,7 +416,7 @@ static void health_end(health_ctx_t *h, int ok)
     be->health_ctx = NULL;
     event_free(h->deadline);
     free(h);
-    if (ok && pcr_backend_ejected(be, pcr_now_us()))
+    if (ok && pcr_backend_ejected(be, pcr_now_us()) && PCR_LOAD(be->ejected_for_connects))
         pcr_backend_uneject(be); /* a probe, or a check that happened to come first */
     pcr_backend_check_result(be, ok);
     health_schedule(be);
@@ -481,17 +493,23 @@ static void health_schedule(pcr_backend_t *be)
     evtimer_add(be->health_timer, &tv);
 }
 
-/* Every outlier.probe_ms: an ejected backend is probed (a health check), so it comes back as
- * soon as it answers rather than when its ejection ends. Backends that left and drained are
- * freed here too. */
+/* Every outlier.probe_ms: an ejected backend is probed (a health check), so one that cannot be
+ * reached is marked down after health.fall probes, and one ejected for failed connects comes
+ * back as soon as it answers rather than when its ejection ends; an ejection that ran its course
+ * ends here. Backends that left and drained are freed here too. */
 static void on_probe_tick(evutil_socket_t fd, short what, void *arg)
 {
     pcr_server_t *srv = arg;
     uint64_t now = pcr_now_us();
     for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be != NULL && pcr_backend_ejected(be, now))
+        if (be == NULL)
+            continue;
+        uint64_t until = PCR_LOAD(be->ejected_until_us);
+        if (until > now)
             health_start(be);
+        else if (until != 0 && until <= now)
+            ejection_over(be, until, "has served its ejection");
     }
     pcr_backends_collect(srv);
     pcr_reload_collect(srv);

@@ -1,0 +1,244 @@
+"""Resilience: health checks apart from traffic, scrapes on their own clock, passive outlier
+detection (ejection, back-off, probes, panic), a pod killed under load, a pod restarting in a
+few milliseconds, and what the prefix index keeps of a pod that was away.
+
+Every pod is a real process on loopback (the stub, or bench/sim's vllm_sim where the test needs
+vLLM's /metrics); timestamps compared with pcrouter's log lines come from the same wall clock
+(its lines start with an ISO-8601 UTC time to the millisecond)."""
+import calendar
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import (BUILD, H2Client, Load, completion, curl, free_port, get_metrics,
+                      make_config, metric, wait_for)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
+import routing  # noqa: E402  (bench/routing.py: Sims, vllm_sim processes)
+
+# A prompt long enough for several 256-byte prefix blocks.
+SYSTEM = "You are a careful assistant. " * 40
+
+
+def prompt(tag):
+    return SYSTEM + "Question %s: what is the answer?" % tag
+
+
+def log_time(line):
+    """The wall-clock time (seconds since the epoch) a pcrouter log line starts with."""
+    m = re.match(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z", line)
+    assert m, "no timestamp in %r" % line
+    y, mo, d, h, mi, s, ms = (int(x) for x in m.groups())
+    return calendar.timegm((y, mo, d, h, mi, s)) + ms / 1000.0
+
+
+def log_lines(router, regex, start=0):
+    rx = re.compile(regex)
+    with router.err.cond:
+        lines = list(router.err.lines[start:])
+    return [l for l in lines if rx.search(l)]
+
+
+def backend_metric(router, name, backend):
+    return metric(get_metrics(router), name, backend=backend)
+
+
+# ---- checks apart from traffic ------------------------------------------------------------
+
+def test_saturated_pool_keeps_pod_up_and_its_prefixes(stub_factory, router_factory):
+    """Every request connection of the pod carries a long stream: its health checks still pass
+    (they have a connection of their own), it is neither marked down nor ejected, and the index
+    keeps its prefixes."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url, "max_connections": 2}],
+                                   workers=1, routing={"policy": "cache_aware"},
+                                   health={"interval_ms": 100, "timeout_ms": 300, "fall": 1}))
+    assert curl(r.url("/v1/completions"), completion(prompt("warm"))).status == 200
+    blocks = wait_for(lambda: backend_metric(r, "pcrouter_index_blocks", "pod-a"), 10,
+                      what="prefix blocks indexed for pod-a")
+    from conftest import CurlStream
+    streams = [CurlStream(r.url("/v1/completions"),
+                          completion(prompt("s%d" % i), stream=True, gate="long"))
+               for i in range(6)]
+    try:
+        # Both connections carry a stream; the other four wait for one in pcrouter's queue.
+        wait_for(lambda: a.stats()["active"] == 2, 15, what="the pool saturated")
+        checks = a.stats()["requests"].get("/health", 0)
+        wait_for(lambda: a.stats()["requests"].get("/health", 0) >= checks + 8, 15,
+                 what="health checks answered while the pool is full")
+        assert a.stats()["active"] == 2
+        text = get_metrics(r)
+        assert metric(text, "pcrouter_backend_up", backend="pod-a") == 1, text
+        assert metric(text, "pcrouter_backend_ejected", backend="pod-a") == 0, text
+        assert metric(text, "pcrouter_backend_ejections_total", backend="pod-a") == 0, text
+        assert metric(text, "pcrouter_index_blocks", backend="pod-a") >= blocks, text
+        assert "is down" not in r.stderr_text()
+        a.release("long")
+        for cs in streams:
+            rc, out = cs.finish(30)
+            assert rc == 0 and b"[DONE]" in out, out[-500:]
+    finally:
+        for cs in streams:
+            cs.kill()
+
+
+def test_health_checks_off_scrapes_go_on(router_factory, tmp_path):
+    """health.interval_ms 0 turns off health checks, not the scrape of the pod's /metrics."""
+    sims = routing.Sims(BUILD, ["sim-a"], 100)
+    try:
+        r = router_factory(make_config([("sim-a", sims.urls["sim-a"])],
+                                       health={"interval_ms": 0}, scrape={"interval_ms": 100}))
+        for i in range(3):
+            resp = curl(r.url("/v1/completions"), completion(prompt(i), model="sim-8b"))
+            assert resp.status == 200, resp
+        wait_for(lambda: (backend_metric(r, "pcrouter_backend_prefix_cache_queries_tokens_total",
+                                         "sim-a") or 0) > 0, 10,
+                 what="the pod's prefix-cache counters scraped")
+        assert metric(get_metrics(r), "pcrouter_delivered_hit_rate") is not None
+    finally:
+        sims.stop()
+
+
+# ---- passive outlier detection ------------------------------------------------------------
+
+def sequential(router, n, tag="q", **stub):
+    """n requests one after another: their (status, backend) pairs."""
+    out = []
+    for i in range(n):
+        resp = curl(router.url("/v1/completions"), completion("%s%d" % (tag, i), **stub))
+        out.append((resp.status, resp.header("x-pcrouter-backend")))
+    return out
+
+
+def test_5xx_in_a_row_eject_and_traffic_moves(cluster):
+    c = cluster(2, policy="round_robin", health={"interval_ms": 100},
+                outlier={"consecutive_errors": 3, "ejection_ms": 5000})
+    a = c.by_name["pod-a"]
+    a.configure(defaults={"status": 500})
+    start = len(c.router.err.lines)
+    got = []
+    wait_for(lambda: got.extend(sequential(c.router, 2)) or
+             backend_metric(c.router, "pcrouter_backend_ejected", "pod-a") == 1, 15,
+             what="pod-a ejected")
+    # Exactly the threshold reached it in a row before it was ejected.
+    assert [s for s, b in got].count(500) == 3, got
+    line = log_lines(c.router, r"backend pod-a ejected for 5000 ms after 3 errors \(5xx\)", start)
+    assert line, c.router.err.tail()
+    # pod-a answers its health checks, yet it stays out for its whole ejection: a pod that
+    # passes /health while failing requests must not be let back every probe.
+    served = a.stats()["requests"].get("/v1/completions", 0)
+    checks = a.stats()["requests"].get("/health", 0)
+    after = sequential(c.router, 30, "moved")
+    wait_for(lambda: a.stats()["requests"].get("/health", 0) >= checks + 3, 10,
+             what="health checks of the ejected pod")
+    after += sequential(c.router, 10, "moved-more")
+    assert all(s == 200 and b == "pod-b" for s, b in after), after
+    assert a.stats()["requests"].get("/v1/completions", 0) == served
+    assert backend_metric(c.router, "pcrouter_backend_ejected", "pod-a") == 1
+
+
+def test_4xx_never_ejects(cluster):
+    c = cluster(2, policy="round_robin", workers=1, outlier={"consecutive_errors": 2})
+    c.by_name["pod-a"].configure(defaults={"status": 400})
+    got = sequential(c.router, 20)
+    assert sorted(set(got)) == [(200, "pod-b"), (400, "pod-a")], got
+    assert [b for s, b in got].count("pod-a") == 10
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_backend_ejections_total", backend="pod-a") == 0, text
+    assert metric(text, "pcrouter_backend_ejected", backend="pod-a") == 0, text
+
+
+def test_failed_connects_eject_after_threshold(stub_factory, router_factory):
+    b = stub_factory("pod-b")
+    r = router_factory(make_config([("pod-dead", "http://127.0.0.1:%d" % free_port()), b],
+                                   workers=1, routing={"policy": "round_robin"},
+                                   health={"interval_ms": 60000, "fall": 100},
+                                   outlier={"consecutive_connect_errors": 3,
+                                            "ejection_ms": 30000}))
+    seen = []
+    for i in range(20):
+        resp = curl(r.url("/v1/completions"), completion("c%d" % i))
+        assert resp.status == 200 and resp.header("x-pcrouter-backend") == "pod-b", resp
+        text = get_metrics(r)
+        seen.append((metric(text, "pcrouter_retries_total"),
+                     metric(text, "pcrouter_backend_ejected", backend="pod-dead")))
+    # Each request round robin sent to pod-dead was retried on pod-b; the third ejected it, and
+    # no request was sent there after that.
+    first = next(i for i, (_, ej) in enumerate(seen) if ej == 1)
+    assert seen[first][0] == 3, seen
+    assert all(ej == 1 and n == 3 for n, ej in seen[first:]), seen
+    assert re.search(r"backend pod-dead ejected for 30000 ms after 3 failed connects",
+                     r.stderr_text())
+
+
+def test_pod_back_within_a_probe_after_connect_ejection(stub_factory, router_factory):
+    a = stub_factory("pod-a")
+    b = stub_factory("pod-b")
+    r = router_factory(make_config([a, b], routing={"policy": "round_robin"},
+                                   health={"interval_ms": 60000, "fall": 100},
+                                   outlier={"consecutive_connect_errors": 2,
+                                            "ejection_ms": 20000, "probe_ms": 100}))
+    port = a.port
+    a.kill()
+    wait_for(lambda: sequential(r, 2, "k") and
+             backend_metric(r, "pcrouter_backend_ejected", "pod-a") == 1, 15,
+             what="pod-a ejected for failed connects")
+    assert all(s == 200 for s, _ in sequential(r, 6, "away")), "retried on pod-b"
+    a2 = stub_factory("pod-a", port=port)
+    t_back = time.monotonic()
+    wait_for(lambda: backend_metric(r, "pcrouter_backend_ejected", "pod-a") == 0, 10, 0.01,
+             what="pod-a back in rotation")
+    # Its ejection had 20 s to run: a probe (every 100 ms) brought it back.
+    assert time.monotonic() - t_back < 3.0
+    got = sequential(r, 6, "back")
+    assert ("200", "pod-a") in [(str(s), b) for s, b in got], got
+    assert a2.stats()["requests"].get("/v1/completions", 0) >= 1
+    assert re.search(r"backend pod-a answers its probe: back in rotation", r.stderr_text())
+
+
+def test_repeated_ejections_back_off(cluster):
+    c = cluster(2, policy="round_robin", health={"interval_ms": 100},
+                outlier={"consecutive_errors": 2, "ejection_ms": 300, "max_ejection_ms": 5000})
+    c.by_name["pod-a"].configure(defaults={"status": 500})
+    start = len(c.router.err.lines)
+    load = Load(c.router.port, lambda n: completion("b%d" % n), threads=2)
+    try:
+        wait_for(lambda: len(log_lines(c.router, r"backend pod-a ejected for", start)) >= 3, 20,
+                 what="three ejections of pod-a")
+    finally:
+        load.stop()
+    lines = log_lines(c.router, r"backend pod-a ejected for", start)[:3]
+    ms = [int(re.search(r"ejected for (\d+) ms", l).group(1)) for l in lines]
+    assert ms == [300, 600, 1200], lines
+    # Each ejection ran its course before the pod could fail again (log times are to the ms).
+    t = [log_time(l) for l in lines]
+    assert t[1] - t[0] >= 0.300 - 0.002, lines
+    assert t[2] - t[1] >= 0.600 - 0.002, lines
+    # pod-b took everything pod-a could not: only pod-a's own 500s reached clients.
+    fails = [x for x in load.results if x["status"] != 200]
+    assert all(x["status"] == 500 and x["backend"] == "pod-a" for x in fails), fails[:5]
+
+
+def test_panic_sends_to_ejected_pods_rather_than_503(cluster):
+    c = cluster(2, policy="round_robin", health={"interval_ms": 100},
+                outlier={"consecutive_errors": 2, "ejection_ms": 20000})
+    for s in c.stubs:
+        s.configure(defaults={"status": 500})
+    wait_for(lambda: sequential(c.router, 2, "p") and
+             all(backend_metric(c.router, "pcrouter_backend_ejected", n) == 1
+                 for n in ("pod-a", "pod-b")), 15, what="both pods ejected")
+    for s in c.stubs:
+        s.configure(defaults={})
+    panics = metric(get_metrics(c.router), "pcrouter_panic_routes_total")
+    got = sequential(c.router, 4, "after")
+    assert all(s == 200 for s, _ in got), got
+    assert metric(get_metrics(c.router), "pcrouter_panic_routes_total") >= panics + 4
+    assert curl(c.url("/health")).status == 200

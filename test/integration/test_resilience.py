@@ -242,3 +242,172 @@ def test_panic_sends_to_ejected_pods_rather_than_503(cluster):
     assert all(s == 200 for s, _ in got), got
     assert metric(get_metrics(c.router), "pcrouter_panic_routes_total") >= panics + 4
     assert curl(c.url("/health")).status == 200
+
+
+# ---- a pod killed under load ----------------------------------------------------------------
+
+def h1_exchange(port, body, timeout=60):
+    """One POST /v1/completions on its own connection (Connection: close), read to EOF: a dict
+    with status, headers, the de-chunked body and whether the response ended properly (the
+    last chunk, or the whole Content-Length). Errors are kept, not raised."""
+    out = {"status": 0, "headers": {}, "body": b"", "complete": False, "error": None}
+    data = json.dumps(body).encode()
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(data)) + data
+    raw = b""
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        s.sendall(req)
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+        s.close()
+    except OSError as e:
+        out["error"] = "%s: %s" % (type(e).__name__, e)
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return out
+    lines = head.decode("latin-1").split("\r\n")
+    out["status"] = int(lines[0].split()[1])
+    out["headers"] = {k.strip().lower(): v.strip()
+                      for k, _, v in (l.partition(":") for l in lines[1:])}
+    if "chunked" in out["headers"].get("transfer-encoding", ""):
+        body_out = b""
+        while True:
+            line, sep, rest = rest.partition(b"\r\n")
+            if not sep:
+                break
+            size = int(line.split(b";")[0] or b"0", 16)
+            if size == 0:
+                out["complete"] = True
+                break
+            if len(rest) < size + 2:
+                body_out += rest[:size]
+                break
+            body_out += rest[:size]
+            rest = rest[size + 2:]
+        out["body"] = body_out
+    else:
+        n = int(out["headers"].get("content-length", "-1"))
+        out["body"] = rest
+        out["complete"] = n == len(rest)
+    return out
+
+
+def run_threads(fns):
+    results = [None] * len(fns)
+
+    def one(i):
+        results[i] = fns[i]()
+    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in ts:
+        t.start()
+    return ts, results
+
+
+def first_line_after(router, regex, t0):
+    """Time (log clock) of the first line matching regex logged at or after t0, or None."""
+    for l in log_lines(router, regex):
+        t = log_time(l)
+        if t >= t0 - 0.001:
+            return t
+    return None
+
+
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_pod_killed_under_200_streams(stub_factory, router_factory, proto):
+    """200 requests in flight over three pods, half of them streams whose first event went out;
+    pod-c is killed. The requests it had not started answering are retried on the others and
+    succeed; its streams end with a visible error; it gets no new request once it has been
+    dead for a second; it rejoins when it comes back on its port."""
+    stubs = [stub_factory(n) for n in ("pod-a", "pod-b", "pod-c")]
+    victim = stubs[2]
+    r = router_factory(make_config(stubs, routing={"policy": "round_robin"},
+                                   health={"interval_ms": 500, "fall": 2},
+                                   timeouts={"drain_ms": 5000}))
+    wait_for(lambda: curl(r.url("/health")).status == 200, 15, what="/health 200")
+    n = 200
+    bodies = [completion("k%d" % i, stream=(i % 2 == 0), gate="g", events=4) for i in range(n)]
+    h2 = None
+    if proto == "h1":
+        threads, results = run_threads([lambda b=b: h1_exchange(r.port, b) for b in bodies])
+    else:
+        h2 = H2Client(r.port, timeout=60)
+        sids = [h2.request("POST", "/v1/completions", b) for b in bodies]
+    try:
+        def in_flight():
+            if h2 is not None:
+                h2.pump(0.05)
+            return sum(s.stats()["active"] for s in stubs) == n
+        wait_for(in_flight, 40, what="all %d requests in flight at the pods" % n)
+        on_victim = victim.stats()["active"]
+        assert on_victim >= 20, on_victim
+        port = victim.port
+        t_kill = time.time()
+        victim.kill()
+        # New requests keep coming during and after the death.
+        load = Load(r.port, lambda k: completion("after%d" % k), threads=4)
+        wait_for(lambda: load.count() >= 20 and time.time() > t_kill + 1.5, 20,
+                 what="load through the first 1.5 s after the kill")
+        # The requests pod-c had not answered yet now wait at the other pods' gate.
+        wait_for(lambda: sum(s.stats()["active"] for s in stubs[:2]) >= n // 2 + 1, 20,
+                 what="pod-c's unanswered requests retried elsewhere")
+        for s in stubs[:2]:
+            s.release("g")
+        if h2 is None:
+            for t in threads:
+                t.join(60)
+                assert not t.is_alive(), "a client did not finish"
+        else:
+            h2.wait(lambda: all(h2.streams[s]["ended"] or h2.streams[s]["reset"] is not None
+                                for s in sids), 60, "every h2 stream to end")
+            results = []
+            for s in sids:
+                st = h2.streams[s]
+                results.append({"status": int((st["headers"] or {}).get(":status", 0)),
+                                "headers": st["headers"] or {}, "body": bytes(st["data"]),
+                                "complete": st["ended"], "reset": st["reset"]})
+        after = load.stop()
+    finally:
+        if h2 is not None:
+            h2.close()
+        for s in stubs[:2]:
+            try:
+                s.release()
+            except OSError:
+                pass
+    cut = 0
+    for i, (b, res) in enumerate(zip(bodies, results)):
+        pod = res["headers"].get("x-pcrouter-backend")
+        if not b.get("stream"):
+            # Not streaming yet when pod-c died: retried, answered.
+            assert res["status"] == 200 and res["complete"], (i, res)
+            assert pod in ("pod-a", "pod-b"), (i, res)
+            continue
+        assert res["status"] == 200, (i, res)
+        if pod != "pod-c":
+            assert res["complete"] and b"[DONE]" in res["body"], (i, res)
+            continue
+        cut += 1
+        assert not res["complete"] and b"[DONE]" not in res["body"], (i, res)
+        if proto == "h1":
+            assert b"event: error" in res["body"] and b'"code":"response_cut"' in res["body"], res
+        else:
+            assert res["reset"] is not None, res  # RST_STREAM
+    assert cut >= 10, "pod-c carried %d streams" % cut
+    # Every new request succeeded, none on the dead pod.
+    bad = [x for x in after if x["status"] != 200 or x["backend"] == "pod-c"]
+    assert not bad, bad[:5]
+    # Out of rotation within a second: no request was sent to it after that.
+    out_at = first_line_after(r, r"backend pod-c (ejected|is down)", t_kill)
+    assert out_at is not None and out_at - t_kill < 1.0, r.err.tail()
+    late = [l for l in log_lines(r, r"backend pod-c failed before answering")
+            if log_time(l) > t_kill + 1.0]
+    assert not late, late[:5]
+    # It comes back on its port and takes requests again.
+    back = stub_factory("pod-c", port=port)
+    wait_for(lambda: any(b == "pod-c" for _, b in sequential(r, 3, "rejoin")), 15,
+             what="pod-c back in rotation")
+    assert back.stats()["requests"].get("/v1/completions", 0) >= 1

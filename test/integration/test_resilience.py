@@ -411,3 +411,58 @@ def test_pod_killed_under_200_streams(stub_factory, router_factory, proto):
     wait_for(lambda: any(b == "pod-c" for _, b in sequential(r, 3, "rejoin")), 15,
              what="pod-c back in rotation")
     assert back.stats()["requests"].get("/v1/completions", 0) >= 1
+
+
+# ---- a pod restarting in a few milliseconds ---------------------------------------------------
+
+def restart_sim(sims, name, port, time_scale):
+    """SIGKILL the vllm_sim process serving `name`, start a new one on the same port at once:
+    returns (new Sims, kill time, time the new one listened)."""
+    t_kill = time.time()
+    os.killpg(sims.proc.p.pid, signal.SIGKILL)
+    sims.proc.p.wait(10)
+    new = routing.Sims(BUILD, [name], time_scale, ports=[port])
+    return new, t_kill, time.time()
+
+
+@pytest.mark.parametrize("pods", [1, 2])
+def test_quick_restart_under_load(router_factory, pods):
+    """A pod killed and started again on its port at once (a few ms: one exec) under steady
+    load. With another pod, nothing fails: what the restarting pod could not take is retried
+    there. Alone, only requests sent while it was gone can fail (there is no other pod), and
+    none after it is back: not a health interval of 503s."""
+    scale = 200
+    victim = routing.Sims(BUILD, ["pod-v"], scale)
+    other = routing.Sims(BUILD, ["pod-o"], scale) if pods == 2 else None
+    try:
+        urls = dict(victim.urls, **(other.urls if other else {}))
+        r = router_factory(make_config(sorted(urls.items()), routing={"policy": "round_robin"},
+                                       health={"interval_ms": 2000, "fall": 2},
+                                       timeouts={"drain_ms": 5000}))
+        wait_for(lambda: curl(r.url("/health")).status == 200, 15, what="/health 200")
+        port = int(victim.urls["pod-v"].rsplit(":", 1)[1])
+        load = Load(r.port, lambda k: completion("r%d" % k, model="sim-8b"), threads=6)
+        try:
+            load.wait_count(300)
+            victim, t_kill, t_back = restart_sim(victim, "pod-v", port, scale)
+            n_kill = load.count()
+            wait_for(lambda: load.count() >= n_kill + 600 and time.time() > t_back + 1.0, 30,
+                     what="load after the restart")
+        finally:
+            results = load.stop()
+        fails = [x for x in results if x["status"] != 200]
+        served_after = [x for x in results if x["t0"] > t_back + 0.5 and x["backend"] == "pod-v"]
+        print("restart: gap %.1f ms, %d requests, %d failed" % (
+            (t_back - t_kill) * 1000, len(results), len(fails)))
+        assert served_after, "pod-v took no request after its restart"
+        if pods == 2:
+            assert not fails, fails[:5]
+        else:
+            # Requests in flight at the kill or sent in the gap; none once it is back.
+            assert all(t_kill - 0.5 <= x["t0"] <= t_back + 0.5 for x in fails), \
+                [x for x in fails if not t_kill - 0.5 <= x["t0"] <= t_back + 0.5][:5]
+            assert all(x["status"] in (0, 502, 503) for x in fails), fails[:5]
+    finally:
+        victim.stop()
+        if other:
+            other.stop()

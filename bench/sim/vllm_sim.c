@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <arpa/inet.h>
 
 #include "sim.h"
@@ -155,6 +156,10 @@ int main(int argc, char **argv)
     }
     sim_rand_seed(seed);
     signal(SIGPIPE, SIG_IGN);
+    /* What vLLM's /metrics says of its process: a restart shows as a new start time. */
+    struct timeval started;
+    gettimeofday(&started, NULL);
+    conf.start_time = (double)started.tv_sec + started.tv_usec / 1e6;
 
     int rc = 1;
     struct event_base *base = event_base_new();

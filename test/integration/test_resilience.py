@@ -466,3 +466,86 @@ def test_quick_restart_under_load(router_factory, pods):
         victim.stop()
         if other:
             other.stop()
+
+
+# ---- down is not forgotten ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("keep_ms", [300000, 0])
+def test_pod_away_for_a_moment_keeps_its_prefixes(stub_factory, router_factory, keep_ms):
+    """A pod that could not be reached for a while still holds its KV cache: its index entries
+    stay, and a prompt warm there before is warm there again when it is back. With
+    routing.unavailable_keep_ms 0 (what "down" meant before) they are dropped at once, which
+    shows the test can tell."""
+    stubs = [stub_factory("pod-a"), stub_factory("pod-b")]
+    r = router_factory(make_config(stubs, routing={"policy": "cache_aware",
+                                                   "unavailable_keep_ms": keep_ms},
+                                   health={"interval_ms": 100, "fall": 1, "rise": 1}))
+    wait_for(lambda: curl(r.url("/health")).status == 200, 15, what="/health 200")
+    first = curl(r.url("/v1/completions"), completion(prompt("kept")))
+    assert first.status == 200, first
+    owner = first.header("x-pcrouter-backend")
+    again = curl(r.url("/v1/completions"), completion(prompt("kept")))
+    assert (again.header("x-pcrouter-backend"), again.header("x-pcrouter-route")) == (owner, "warm")
+    blocks = backend_metric(r, "pcrouter_index_blocks", owner)
+    assert blocks > 0
+    s = next(x for x in stubs if x.name == owner)
+    port = s.port
+    s.kill()
+    wait_for(lambda: backend_metric(r, "pcrouter_backend_up", owner) == 0, 10,
+             what="%s down" % owner)
+    # While it is away the traffic goes elsewhere, and the index still says what it holds.
+    for i in range(3):
+        away = curl(r.url("/v1/completions"), completion(prompt("other%d" % i)))
+        assert away.status == 200 and away.header("x-pcrouter-backend") != owner, away
+    kept = backend_metric(r, "pcrouter_index_blocks", owner)
+    stub_factory(owner, port=port)
+    wait_for(lambda: backend_metric(r, "pcrouter_backend_up", owner) == 1, 10,
+             what="%s up again" % owner)
+    back = curl(r.url("/v1/completions"), completion(prompt("kept")))
+    if keep_ms:
+        assert kept == blocks
+        assert (back.header("x-pcrouter-backend"), back.header("x-pcrouter-route")) == \
+            (owner, "warm"), back
+    else:
+        assert kept == 0
+        assert back.header("x-pcrouter-route") != "warm" or \
+            back.header("x-pcrouter-backend") != owner, back
+
+
+def test_pod_restart_seen_by_scrape_drops_its_prefixes(router_factory):
+    """A pod whose /metrics shows a restart (its counters start again, a new
+    process_start_time_seconds) holds nothing any more: its entries are dropped at once, even
+    though it was never seen down."""
+    scale = 100
+    sims = {n: routing.Sims(BUILD, [n], scale) for n in ("sim-a", "sim-b")}
+    try:
+        urls = sorted((n, s.urls[n]) for n, s in sims.items())
+        r = router_factory(make_config(urls, routing={"policy": "cache_aware"},
+                                       health={"interval_ms": 60000},
+                                       scrape={"interval_ms": 100}))
+        resp = curl(r.url("/v1/completions"), completion(prompt("restart"), model="sim-8b"))
+        assert resp.status == 200, resp
+        owner = resp.header("x-pcrouter-backend")
+        assert backend_metric(r, "pcrouter_index_blocks", owner) > 0
+        # The pod's counters have been scraped once with this request in them.
+        wait_for(lambda: (backend_metric(r, "pcrouter_backend_prefix_cache_queries_tokens_total",
+                                         owner) or 0) > 0, 10, what="a scrape after the request")
+        port = int(sims[owner].urls[owner].rsplit(":", 1)[1])
+        sims[owner], _, _ = restart_sim(sims[owner], owner, port, scale)
+        wait_for(lambda: backend_metric(r, "pcrouter_backend_restarts_total", owner) == 1, 10,
+                 what="the restart seen by the scrape")
+        assert backend_metric(r, "pcrouter_index_blocks", owner) == 0
+        assert backend_metric(r, "pcrouter_backend_up", owner) == 1
+        assert re.search(r"backend %s restarted \(its metrics say so\)" % owner, r.stderr_text())
+        resp = curl(r.url("/v1/completions"), completion(prompt("restart"), model="sim-8b"))
+        assert resp.status == 200 and resp.header("x-pcrouter-route") != "warm", resp
+        # A pod that served nothing has no counter to go back: its start time tells.
+        idle = next(n for n in sims if n != owner)
+        assert backend_metric(r, "pcrouter_backend_prefix_cache_queries_tokens_total", idle) == 0
+        port = int(sims[idle].urls[idle].rsplit(":", 1)[1])
+        sims[idle], _, _ = restart_sim(sims[idle], idle, port, scale)
+        wait_for(lambda: backend_metric(r, "pcrouter_backend_restarts_total", idle) == 1, 10,
+                 what="the idle pod's restart seen by its start time")
+    finally:
+        for s in sims.values():
+            s.stop()

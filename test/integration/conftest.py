@@ -282,7 +282,9 @@ class Router:
     def assert_clean_exit(self, rc):
         text = self.err.text()
         bad = [m for m in SANITIZER_MARKERS if m in text]
-        assert not bad, "sanitizer report in pcrouter's stderr:\n" + text[-8000:]
+        # The report itself, not the access log lines that may follow it.
+        at = min(text.index(m) for m in bad) if bad else 0
+        assert not bad, "sanitizer report in pcrouter's stderr:\n" + text[max(0, at - 500):at + 8000]
         assert rc == 0, "pcrouter exited with %s; stderr:\n%s" % (rc, self.err.tail())
 
     def stop(self, sig=signal.SIGTERM, timeout=None):

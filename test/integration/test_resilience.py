@@ -549,3 +549,37 @@ def test_pod_restart_seen_by_scrape_drops_its_prefixes(router_factory):
     finally:
         for s in sims.values():
             s.stop()
+
+
+# ---- a dead pooled connection -------------------------------------------------------------------
+
+def test_dead_pooled_connection_is_retried_on_a_fresh_one(stub_factory, router_factory):
+    """A pod closed the router's idle keep-alive connections (a restart, its own idle timeout):
+    a request that finds one dead is sent again on a new connection, not on the next idle one
+    (older, and as dead), and succeeds though there is no other pod to retry on."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([a], workers=1, upstream={"retries": 0},
+                                   outlier={"consecutive_errors": 0}))
+    from conftest import CurlStream
+    streams = [CurlStream(r.url("/v1/completions"), completion("p%d" % i, gate="pool"))
+               for i in range(4)]
+    try:
+        wait_for(lambda: a.stats()["active"] == 4, 15, what="four pooled connections busy")
+        a.release("pool")
+        for cs in streams:
+            rc, out = cs.finish(30)
+            assert rc == 0 and b" 200" in out.split(b"\r\n", 1)[0], out[:300]
+    finally:
+        for cs in streams:
+            cs.kill()
+    opened = a.stats()["connections"]
+    a.configure(defaults={"close_reused": True})
+    for i in range(3):
+        resp = curl(r.url("/v1/completions"), completion("after%d" % i, tag="after"))
+        assert resp.status == 200, resp
+    log = a.stats()["log"]
+    closed = [e for e in log if e["tag"] == "after" and e["outcome"] == "closed"]
+    answered = [e for e in log if e["tag"] == "after" and e["outcome"] == "completed"]
+    # Each request tried one pooled connection, found it dead, and went to a new one.
+    assert len(closed) == 3, log[-8:]
+    assert all(e["conn"] > opened for e in answered), log[-8:]

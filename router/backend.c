@@ -46,7 +46,9 @@ pcr_backend_t *pcr_backend_at(const pcr_server_t *srv, size_t id)
 size_t pcr_backend_slots(const pcr_server_t *srv) { return PCR_LOAD(((pcr_server_t *)srv)->nslots); }
 
 void pcr_backend_ref(pcr_backend_t *be) { PCR_ADD(be->refs, 1); }
-void pcr_backend_unref(pcr_backend_t *be) { PCR_SUB(be->refs, 1); }
+/* Release: what the holder did with the backend happens before the control thread, seeing no
+ * reference left (an acquire load), frees it. */
+void pcr_backend_unref(pcr_backend_t *be) { __atomic_fetch_sub(&be->refs, 1, __ATOMIC_RELEASE); }
 
 void pcr_backend_desc(const pcr_backend_t *be, pcr_backend_desc_t *d)
 {
@@ -174,7 +176,8 @@ void pcr_backend_remove(pcr_backend_t *be)
         event_del(be->health_timer);
     pcr_scrape_cancel(be);
     pcr_models_cancel(be);
-    be->retired_epoch = PCR_ADD(srv->epoch, 1) + 1;
+    /* Release: a worker that reads the new epoch (acquire) reads the emptied slot too. */
+    be->retired_epoch = __atomic_fetch_add(&srv->epoch, 1, __ATOMIC_RELEASE) + 1;
     LIST_INSERT_HEAD(&srv->retired, be, retired_link);
 }
 
@@ -183,15 +186,19 @@ void pcr_backends_collect(pcr_server_t *srv)
     uint64_t seen = UINT64_MAX;
     for (unsigned k = 0; k < srv->nworkers && srv->workers != NULL; k++) {
         pcr_worker_t *w = &srv->workers[k];
-        uint64_t e = PCR_LOAD(w->stopped) ? UINT64_MAX : PCR_LOAD(w->epoch_seen);
+        /* Acquire, pairing with the worker's release stores: whatever it did with a retired
+         * backend before it passed the epoch (or stopped) happens before the free below. */
+        uint64_t e = __atomic_load_n(&w->stopped, __ATOMIC_ACQUIRE)
+                         ? UINT64_MAX
+                         : __atomic_load_n(&w->epoch_seen, __ATOMIC_ACQUIRE);
         if (e < seen)
             seen = e;
     }
     pcr_backend_t *be = LIST_FIRST(&srv->retired), *next;
     for (; be != NULL; be = next) {
         next = LIST_NEXT(be, retired_link);
-        if (be->retired_epoch > seen || PCR_LOAD(be->refs) != 0 || be->health_req != NULL ||
-            be->models_req != NULL)
+        if (be->retired_epoch > seen || __atomic_load_n(&be->refs, __ATOMIC_ACQUIRE) != 0 ||
+            be->health_req != NULL || be->models_req != NULL)
             continue;
         LIST_REMOVE(be, retired_link);
         srv->slot_taken[be->id] = 0;

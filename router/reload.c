@@ -244,7 +244,9 @@ void pcr_reload_collect(pcr_server_t *srv)
     }
     for (unsigned k = 0; k < srv->nworkers; k++) {
         pcr_worker_t *w = &srv->workers[k];
-        if (!PCR_LOAD(w->stopped) && PCR_LOAD(w->cfg_gen) < sw->gen)
+        /* Acquire, pairing with worker_switch: its reads of the old config are over. */
+        if (!__atomic_load_n(&w->stopped, __ATOMIC_ACQUIRE) &&
+            __atomic_load_n(&w->cfg_gen, __ATOMIC_ACQUIRE) < sw->gen)
             return;
     }
     /* Every worker runs the new config: the old one and its listeners' leftovers can go. */

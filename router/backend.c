@@ -25,6 +25,7 @@
 
 #include "backend.h"
 #include "bus.h"
+#include "dns.h"
 #include "log.h"
 #include "models.h"
 #include "reload.h"
@@ -541,11 +542,48 @@ static void on_scrape_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ---- set-up -------------------------------------------------------------------------- */
 
-/* Resolves a backend's host at start-up, before the loops run (getaddrinfo blocks; at run time
- * names are resolved asynchronously, discovery.c). */
-static int resolve_now(const pcr_backend_conf_t *bc, struct sockaddr_storage *ss, socklen_t *len,
-                       char *err, size_t errlen)
+typedef struct {
+    int done, err;
+    char msg[96];
+    pcr_dns_addr_t addr;
+} startup_answer_t;
+
+static void on_startup_answer(const pcr_dns_addr_t *addrs, size_t n, int err, const char *msg,
+                              void *arg)
 {
+    startup_answer_t *a = arg;
+    a->done = 1;
+    a->err = err != 0 || n == 0;
+    if (err != 0)
+        snprintf(a->msg, sizeof(a->msg), "%s", msg);
+    else if (n == 0)
+        snprintf(a->msg, sizeof(a->msg), "no address");
+    else
+        a->addr = addrs[0];
+}
+
+/* Resolves a backend's host at start-up, before the workers run. With dns.nameservers, through
+ * them, as a reload would (the control loop runs only this lookup until evdns answers, within
+ * dns.timeout_ms per attempt); without, with the system's resolver (getaddrinfo). */
+static int resolve_now(pcr_server_t *srv, const pcr_backend_conf_t *bc,
+                       struct sockaddr_storage *ss, socklen_t *len, char *err, size_t errlen)
+{
+    if (srv->cfg->dns.nnameservers > 0 && srv->dns != NULL) {
+        startup_answer_t a = {0};
+        if (pcr_dns_resolve(srv->dns, bc->host, bc->port, on_startup_answer, &a) == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return PCR_ERR_NOMEM;
+        }
+        while (!a.done)
+            event_base_loop(srv->base, EVLOOP_ONCE);
+        if (a.err) {
+            snprintf(err, errlen, "%s", a.msg);
+            return PCR_ERR_INVAL;
+        }
+        memcpy(ss, &a.addr.addr, a.addr.len);
+        *len = a.addr.len;
+        return 0;
+    }
     char port[8];
     snprintf(port, sizeof(port), "%u", bc->port);
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC}, *res = NULL;
@@ -573,7 +611,7 @@ int pcr_backends_init(pcr_server_t *srv)
         struct sockaddr_storage ss;
         socklen_t len;
         char err[128];
-        if (resolve_now(bc, &ss, &len, err, sizeof(err)) < 0) {
+        if (resolve_now(srv, bc, &ss, &len, err, sizeof(err)) < 0) {
             pcr_log_error("backends[%zu].url: cannot resolve host \"%s\": %s", i, bc->host, err);
             return PCR_ERR_INVAL;
         }

@@ -41,10 +41,11 @@ def free_dns_port():
 class Dnsmasq:
     """dnsmasq in the foreground on 127.0.0.1:port, answering only from its hosts file."""
 
-    def __init__(self, tmpdir, addrs, port=None):
+    def __init__(self, tmpdir, addrs, port=None, extra=()):
         self.hosts = os.path.join(str(tmpdir), "hosts")
         self.port = port or free_dns_port()
         self.reads = 0
+        self.extra = list(extra)  # (address, name) lines besides pods.test
         self._write(addrs)
         user = pwd.getpwuid(os.geteuid()).pw_name  # as root it would switch to nobody
         self.proc = subprocess.Popen(
@@ -54,12 +55,14 @@ class Dnsmasq:
              "--pid-file=", "--user=" + user],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.err = LineReader(self.proc.stderr, "dnsmasq")
-        self._await_read(len(addrs))
+        self._await_read(len(addrs) + len(self.extra))
 
     def _write(self, addrs):
         with open(self.hosts, "w") as f:
             for a in addrs:
                 f.write("%s %s\n" % (a, NAME))
+            for a, name in self.extra:
+                f.write("%s %s\n" % (a, name))
 
     def _await_read(self, n):
         got = self.err.wait_line(r"read %s - %d names?" % (self.hosts, n), 15, self.reads)
@@ -72,7 +75,7 @@ class Dnsmasq:
         """From now on pods.test resolves to addrs."""
         self._write(addrs)
         self.proc.send_signal(signal.SIGHUP)
-        self._await_read(len(addrs))
+        self._await_read(len(addrs) + len(self.extra))
 
     def stop(self):
         if self.proc.poll() is None:
@@ -84,8 +87,8 @@ class Dnsmasq:
 def dns(tmp_path):
     made = []
 
-    def make(addrs, port=None):
-        d = Dnsmasq(tmp_path, addrs, port)
+    def make(addrs, port=None, extra=()):
+        d = Dnsmasq(tmp_path, addrs, port, extra)
         made.append(d)
         return d
     yield make
@@ -245,3 +248,41 @@ def test_resolver_changed_and_stopped_with_lookups_in_flight(stub_factory, route
         r.stop()
     finally:
         silent.close()
+
+
+def test_backend_host_names_resolved_through_dns_nameservers(stub_factory, router_factory,
+                                                             dns):
+    """Backends named by host name are resolved through dns.nameservers, at start as at a
+    reload; a name that does not resolve refuses the reload and the old config stays."""
+    from conftest import metric
+    pods, port = start_pods(stub_factory, ["127.0.0.2", "127.0.0.3"])
+    d = dns(["127.0.0.3"], extra=[("127.0.0.2", "two.test")])
+
+    def config(backends):
+        return make_config(backends, routing={"policy": "round_robin"},
+                           dns={"nameservers": ["127.0.0.1:%d" % d.port], "timeout_ms": 500})
+    # The machine's resolver knows no pods.test: only the configured one can answer.
+    r = router_factory(config([("pod-3", "http://%s:%d" % (NAME, port))]))
+    assert backends(r) == {"pod-3"}
+    assert curl(r.url("/v1/completions"), completion("s")).json()["stub"]["pod"] == "pod-3"
+
+    def reload_to(backends, result):
+        import json
+        cfg = config(backends)
+        before = metric(get_metrics(r), "pcrouter_config_reloads_total", result=result)
+        with open(r.path, "w") as f:
+            json.dump(cfg, f)
+        r.config = cfg
+        r.send_signal(signal.SIGHUP)
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_config_reloads_total",
+                                result=result) == before + 1, 15, 0.05, "reload " + result)
+    reload_to([("pod-3", "http://%s:%d" % (NAME, port)), ("pod-2", "http://two.test:%d" % port)],
+              "ok")
+    assert backends(r) == {"pod-2", "pod-3"}
+    got = {curl(r.url("/v1/completions"), completion("h%d" % i)).json()["stub"]["pod"]
+           for i in range(4)}
+    assert got == {"pod-2", "pod-3"}, got
+    reload_to([("pod-3", "http://%s:%d" % (NAME, port)), ("pod-4", "http://nothere.test:%d" % port)],
+              "error")
+    assert 'cannot resolve host "nothere.test"' in r.stderr_text()
+    assert backends(r) == {"pod-2", "pod-3"}

@@ -254,3 +254,39 @@ def test_config_with_errors_is_refused_and_old_one_kept(cluster):
     # And a good one after the bad ones goes through.
     reload(c.router, good)
     assert reloads(c.router) == (1, 2)
+
+
+def test_backend_changed_in_place_or_replaced(stub_factory, router_factory):
+    """A backend whose models change is updated in place; one whose url changes is replaced
+    (the old pod drains, the new one takes its name)."""
+    a, b, a2 = stub_factory("pod-a"), stub_factory("pod-b"), stub_factory("pod-a2")
+    cfg = make_config([{"name": "pod-a", "url": a.url}, {"name": "pod-b", "url": b.url}],
+                      routing={"policy": "round_robin"}, scrape={"models_interval_ms": 0})
+    r = router_factory(cfg)
+    wait_for(lambda: curl(r.url("/health")).status == 200, 15, what="/health 200")
+    # pod-a's own list says stub-model only; the config adds "extra" to pod-b alone.
+    cfg = make_config([{"name": "pod-a", "url": a.url},
+                       {"name": "pod-b", "url": b.url, "models": ["extra"]}],
+                      routing={"policy": "round_robin"}, scrape={"models_interval_ms": 0})
+    start = reload(r, cfg)
+    assert since(r, start, r"backend pod-b changes in place"), r.err.tail()
+    for i in range(4):
+        resp = curl(r.url("/v1/completions"), completion("e%d" % i, model="extra"))
+        assert resp.status == 200 and resp.header("x-pcrouter-backend") == "pod-b", resp
+    # pod-a moves to another address: a new backend under the same name.
+    cfg = make_config([{"name": "pod-a", "url": a2.url},
+                       {"name": "pod-b", "url": b.url, "models": ["extra"]}],
+                      routing={"policy": "round_robin"}, scrape={"models_interval_ms": 0})
+    stream = CurlStream(r.url("/v1/completions"), completion("held", stream=True, gate="move"))
+    wait_for(lambda: a.stats()["active"] + b.stats()["active"] == 1, 15, what="a stream")
+    start = reload(r, cfg)
+    assert since(r, start, r"1 backend\(s\) joined, 1 left"), r.err.tail()
+    n_a = pod_requests(a)
+    got = {curl(r.url("/v1/completions"), completion("m%d" % i)).json()["stub"]["pod"]
+           for i in range(6)}
+    assert got == {"pod-a2", "pod-b"}, got
+    assert pod_requests(a) == n_a
+    for s in (a, b):
+        s.release("move")
+    rc, out = stream.finish(30)
+    assert rc == 0 and b"[DONE]" in out, out[-300:]

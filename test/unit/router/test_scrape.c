@@ -1,6 +1,7 @@
 /* test/unit/router/test_scrape.c: tests router/scrape.c, the reading of a pod's vLLM metrics:
  * queue length, delivered prefix-cache counters as deltas (a pod restart included), the v0
- * metric names, and the KV capacity from vllm:cache_config_info reaching the index. */
+ * metric names, the KV capacity from vllm:cache_config_info reaching the index, and a restart
+ * (counters going back, a new start time or cache geometry) dropping the pod's entries. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,11 +111,64 @@ static void test_cache_config_sets_capacity(void)
     pcr_bus_free(srv.bus);
 }
 
+/* Indexes a prompt for the pod in the worker's replica; returns its blocks there. */
+static uint64_t index_some(pcr_policy_t *pol)
+{
+    uint64_t blocks[64];
+    pcr_key_t key = {.blocks = blocks};
+    char prompt[16 * 256];
+    memset(prompt, 'y', sizeof(prompt));
+    pcr_policy_key(pol, "m", 1, prompt, sizeof(prompt), &key);
+    uint32_t from;
+    pcr_policy_commit(pol, 0, &key, 1, &from);
+    return pcr_policy_backend_blocks(pol, 0);
+}
+
+static void test_restart_drops_the_pods_entries(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    PCR_CHECK(index_some(policy) > 0);
+    /* The first scrape is a baseline, never a restart. */
+    feed(&be, "process_start_time_seconds 1700000000.25\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 100\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 400\n");
+    feed(&be, "process_start_time_seconds 1700000000.25\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 150\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 500\n");
+    PCR_CHECK_EQ_INT(be.restarts, 0);
+    pcr_bus_drain(srv.bus, 0, &policy);
+    PCR_CHECK(pcr_policy_backend_blocks(policy, 0) > 0);
+    /* Counters went back: a new engine, an empty cache. */
+    feed(&be, "process_start_time_seconds 1700000000.25\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 0\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 10\n");
+    PCR_CHECK_EQ_INT(be.restarts, 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(policy, 0), 0);
+    /* A new start time alone says so too (a pod that served nothing has no counter to drop). */
+    PCR_CHECK(index_some(policy) > 0);
+    feed(&be, "process_start_time_seconds 1700000099.5\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 0\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 10\n");
+    PCR_CHECK_EQ_INT(be.restarts, 2);
+    pcr_bus_drain(srv.bus, 0, &policy);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(policy, 0), 0);
+    /* And a new cache geometry. */
+    feed(&be, "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1\n");
+    PCR_CHECK_EQ_INT(be.restarts, 2);
+    feed(&be, "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8192\"} 1\n");
+    PCR_CHECK_EQ_INT(be.restarts, 3);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
+}
+
 int main(void)
 {
     PCR_RUN(test_waiting_and_running);
     PCR_RUN(test_counters_are_deltas);
     PCR_RUN(test_v0_names_and_label_sum);
     PCR_RUN(test_cache_config_sets_capacity);
+    PCR_RUN(test_restart_drops_the_pods_entries);
     return pcr_test_done();
 }

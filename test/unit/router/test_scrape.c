@@ -111,6 +111,43 @@ static void test_cache_config_sets_capacity(void)
     pcr_bus_free(srv.bus);
 }
 
+/* The same page whole and in pieces cut anywhere (lines split across reads), with a line far
+ * longer than any we read and a last line without its newline: the same figures. */
+static void test_page_in_pieces(void)
+{
+    static char page[20000];
+    size_t n = 0;
+    n += (size_t)snprintf(page + n, sizeof(page) - n,
+                          "# HELP vllm:num_requests_waiting x\n"
+                          "vllm:num_requests_waiting{model_name=\"m\"} 5\n"
+                          "vllm:e2e_request_latency_seconds_bucket{le=\"0.5\",model_name=\"m\",x=\"");
+    memset(page + n, 'z', 9000); /* a 9 KB line: skipped, and the next one still read */
+    n += 9000;
+    n += (size_t)snprintf(page + n, sizeof(page) - n,
+                          "\"} 3\n"
+                          "vllm:num_requests_running{model_name=\"m\"} 2\n"
+                          "vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n"
+                          "vllm:prefix_cache_queries_total{model_name=\"m\"} 40\n"
+                          "vllm:num_requests_waiting{model_name=\"other\"} 4");
+    for (size_t piece = 1; piece <= 4099; piece += piece < 8 ? 1 : 997) {
+        pcr_backend_t be;
+        setup(&be);
+        struct evbuffer *b = evbuffer_new();
+        for (size_t off = 0; off < n; off += piece)
+            evbuffer_add_reference(b, page + off, off + piece <= n ? piece : n - off, NULL, NULL);
+        pcr_scrape_parse(&be, b);
+        PCR_CHECK_EQ_INT(evbuffer_get_length(b), 0);
+        evbuffer_free(b);
+        PCR_CHECK_EQ_INT(be.pod_waiting, 9); /* 5 + 4, the last one without a newline */
+        PCR_CHECK_EQ_INT(be.pod_running, 2);
+        PCR_CHECK_EQ_INT(be.pod_have_hits, 1);
+        PCR_CHECK_EQ_INT(be.pod_hits_last, 10);
+        PCR_CHECK_EQ_INT(be.pod_queries_last, 40);
+        pcr_policy_free(policy);
+        pcr_bus_free(srv.bus);
+    }
+}
+
 /* Indexes a prompt for the pod in the worker's replica; returns its blocks there. */
 static uint64_t index_some(pcr_policy_t *pol)
 {
@@ -170,5 +207,6 @@ int main(void)
     PCR_RUN(test_v0_names_and_label_sum);
     PCR_RUN(test_cache_config_sets_capacity);
     PCR_RUN(test_restart_drops_the_pods_entries);
+    PCR_RUN(test_page_in_pieces);
     return pcr_test_done();
 }

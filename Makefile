@@ -19,7 +19,7 @@ TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest py
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 
-.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring bench-resilience clean
 
 all: build
 
@@ -77,7 +77,7 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-proxies bench-routing
+bench: deps-bench build bench-hashring bench-proxies bench-routing bench-resilience
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
@@ -87,6 +87,9 @@ bench-proxies: deps-bench build
 
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD)
+
+bench-resilience: deps-bench build
+	$(PY) bench/resilience.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -9,9 +9,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import time
-
-import pytest
 
 from conftest import (CurlStream, Load, RawConn, assert_error, completion, curl, get_metrics,
                       http_request, make_config, metric, wait_for)
@@ -263,7 +260,9 @@ def test_backend_changed_in_place_or_replaced(stub_factory, router_factory):
     cfg = make_config([{"name": "pod-a", "url": a.url}, {"name": "pod-b", "url": b.url}],
                       routing={"policy": "round_robin"}, scrape={"models_interval_ms": 0})
     r = router_factory(cfg)
-    wait_for(lambda: curl(r.url("/health")).status == 200, 15, what="/health 200")
+    # Both pods have said what they serve (until then a pod may serve any model).
+    wait_for(lambda: curl(r.url("/v1/completions"), completion("?", model="extra")).status == 404,
+             15, what="both pods' model lists known")
     # pod-a's own list says stub-model only; the config adds "extra" to pod-b alone.
     cfg = make_config([{"name": "pod-a", "url": a.url},
                        {"name": "pod-b", "url": b.url, "models": ["extra"]}],

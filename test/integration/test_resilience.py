@@ -6,11 +6,9 @@ Every pod is a real process on loopback (the stub, or bench/sim's vllm_sim where
 vLLM's /metrics); timestamps compared with pcrouter's log lines come from the same wall clock
 (its lines start with an ISO-8601 UTC time to the millisecond)."""
 import calendar
-import json
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 import time
@@ -22,6 +20,7 @@ from conftest import (BUILD, H2Client, Load, completion, curl, free_port, get_me
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
+import resilience  # noqa: E402  (bench/resilience.py: post, an HTTP/1.1 client read to EOF)
 import routing  # noqa: E402  (bench/routing.py: Sims, vllm_sim processes)
 
 # A prompt long enough for several 256-byte prefix blocks.
@@ -246,56 +245,6 @@ def test_panic_sends_to_ejected_pods_rather_than_503(cluster):
 
 # ---- a pod killed under load ----------------------------------------------------------------
 
-def h1_exchange(port, body, timeout=60):
-    """One POST /v1/completions on its own connection (Connection: close), read to EOF: a dict
-    with status, headers, the de-chunked body and whether the response ended properly (the
-    last chunk, or the whole Content-Length). Errors are kept, not raised."""
-    out = {"status": 0, "headers": {}, "body": b"", "complete": False, "error": None}
-    data = json.dumps(body).encode()
-    req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-           b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(data)) + data
-    raw = b""
-    try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        s.sendall(req)
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            raw += chunk
-        s.close()
-    except OSError as e:
-        out["error"] = "%s: %s" % (type(e).__name__, e)
-    head, sep, rest = raw.partition(b"\r\n\r\n")
-    if not sep:
-        return out
-    lines = head.decode("latin-1").split("\r\n")
-    out["status"] = int(lines[0].split()[1])
-    out["headers"] = {k.strip().lower(): v.strip()
-                      for k, _, v in (l.partition(":") for l in lines[1:])}
-    if "chunked" in out["headers"].get("transfer-encoding", ""):
-        body_out = b""
-        while True:
-            line, sep, rest = rest.partition(b"\r\n")
-            if not sep:
-                break
-            size = int(line.split(b";")[0] or b"0", 16)
-            if size == 0:
-                out["complete"] = True
-                break
-            if len(rest) < size + 2:
-                body_out += rest[:size]
-                break
-            body_out += rest[:size]
-            rest = rest[size + 2:]
-        out["body"] = body_out
-    else:
-        n = int(out["headers"].get("content-length", "-1"))
-        out["body"] = rest
-        out["complete"] = n == len(rest)
-    return out
-
-
 def run_threads(fns):
     results = [None] * len(fns)
 
@@ -332,7 +281,7 @@ def test_pod_killed_under_200_streams(stub_factory, router_factory, proto):
     bodies = [completion("k%d" % i, stream=(i % 2 == 0), gate="g", events=4) for i in range(n)]
     h2 = None
     if proto == "h1":
-        threads, results = run_threads([lambda b=b: h1_exchange(r.port, b) for b in bodies])
+        threads, results = run_threads([lambda b=b: resilience.post(r.port, b) for b in bodies])
     else:
         h2 = H2Client(r.port, timeout=60)
         sids = [h2.request("POST", "/v1/completions", b) for b in bodies]
@@ -366,8 +315,9 @@ def test_pod_killed_under_200_streams(stub_factory, router_factory, proto):
             results = []
             for s in sids:
                 st = h2.streams[s]
-                results.append({"status": int((st["headers"] or {}).get(":status", 0)),
-                                "headers": st["headers"] or {}, "body": bytes(st["data"]),
+                hdrs = st["headers"] or {}
+                results.append({"status": int(hdrs.get(":status", 0)), "body": bytes(st["data"]),
+                                "backend": hdrs.get("x-pcrouter-backend"),
                                 "complete": st["ended"], "reset": st["reset"]})
         after = load.stop()
     finally:
@@ -380,7 +330,7 @@ def test_pod_killed_under_200_streams(stub_factory, router_factory, proto):
                 pass
     cut = 0
     for i, (b, res) in enumerate(zip(bodies, results)):
-        pod = res["headers"].get("x-pcrouter-backend")
+        pod = res["backend"]
         if not b.get("stream"):
             # Not streaming yet when pod-c died: retried, answered.
             assert res["status"] == 200 and res["complete"], (i, res)

@@ -574,8 +574,12 @@ static int resolve_now(pcr_server_t *srv, const pcr_backend_conf_t *bc,
             snprintf(err, errlen, "out of memory");
             return PCR_ERR_NOMEM;
         }
-        while (!a.done)
-            event_base_loop(srv->base, EVLOOP_ONCE);
+        while (!a.done) {
+            if (event_base_loop(srv->base, EVLOOP_ONCE) != 0) {
+                snprintf(err, errlen, "the lookup could not run");
+                return PCR_ERR_IO; /* the query is freed with the resolver */
+            }
+        }
         if (a.err) {
             snprintf(err, errlen, "%s", a.msg);
             return PCR_ERR_INVAL;

@@ -438,8 +438,10 @@ def test_pod_away_for_a_moment_keeps_its_prefixes(stub_factory, router_factory, 
     owner = first.header("x-pcrouter-backend")
     again = curl(r.url("/v1/completions"), completion(prompt("kept")))
     assert (again.header("x-pcrouter-backend"), again.header("x-pcrouter-route")) == (owner, "warm")
-    blocks = backend_metric(r, "pcrouter_index_blocks", owner)
-    assert blocks > 0
+    # /metrics shows one worker's replica of the index, which learns within a tick; both
+    # requests had the same prompt, so once there its count does not move.
+    blocks = wait_for(lambda: backend_metric(r, "pcrouter_index_blocks", owner), 10,
+                      what="the prompt indexed for %s" % owner)
     s = next(x for x in stubs if x.name == owner)
     port = s.port
     s.kill()
@@ -449,6 +451,10 @@ def test_pod_away_for_a_moment_keeps_its_prefixes(stub_factory, router_factory, 
     for i in range(3):
         away = curl(r.url("/v1/completions"), completion(prompt("other%d" % i)))
         assert away.status == 200 and away.header("x-pcrouter-backend") != owner, away
+    if not keep_ms:
+        # Every replica drops them once it has heard the pod is down (within a tick).
+        wait_for(lambda: backend_metric(r, "pcrouter_index_blocks", owner) == 0, 10,
+                 what="%s's entries dropped" % owner)
     kept = backend_metric(r, "pcrouter_index_blocks", owner)
     stub_factory(owner, port=port)
     wait_for(lambda: backend_metric(r, "pcrouter_backend_up", owner) == 1, 10,
@@ -478,7 +484,9 @@ def test_pod_restart_seen_by_scrape_drops_its_prefixes(router_factory):
         resp = curl(r.url("/v1/completions"), completion(prompt("restart"), model="sim-8b"))
         assert resp.status == 200, resp
         owner = resp.header("x-pcrouter-backend")
-        assert backend_metric(r, "pcrouter_index_blocks", owner) > 0
+        # /metrics shows one worker's replica of the index: it learns within a tick.
+        wait_for(lambda: backend_metric(r, "pcrouter_index_blocks", owner) > 0, 10,
+                 what="the prompt indexed for %s" % owner)
         # The pod's counters have been scraped once with this request in them.
         wait_for(lambda: (backend_metric(r, "pcrouter_backend_prefix_cache_queries_tokens_total",
                                          owner) or 0) > 0, 10, what="a scrape after the request")
@@ -486,7 +494,8 @@ def test_pod_restart_seen_by_scrape_drops_its_prefixes(router_factory):
         sims[owner], _, _ = restart_sim(sims[owner], owner, port, scale)
         wait_for(lambda: backend_metric(r, "pcrouter_backend_restarts_total", owner) == 1, 10,
                  what="the restart seen by the scrape")
-        assert backend_metric(r, "pcrouter_index_blocks", owner) == 0
+        wait_for(lambda: backend_metric(r, "pcrouter_index_blocks", owner) == 0, 10,
+                 what="%s's entries dropped" % owner)
         assert backend_metric(r, "pcrouter_backend_up", owner) == 1
         assert re.search(r"backend %s restarted \(its metrics say so\)" % owner, r.stderr_text())
         resp = curl(r.url("/v1/completions"), completion(prompt("restart"), model="sim-8b"))

@@ -14,11 +14,12 @@ PREFIX     ?= /usr/local
 BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libsimdjson-dev libhiredis-dev \
               libhttp-parser-dev
-# Run and test: real clients and servers the tests start themselves, groff for the manual page,
-# YAML and the Kubernetes object models for the manifests' offline check, promtool (prometheus)
-# for the metrics, the alert rules and their unit tests.
+# Run and test: real clients and servers the tests start themselves (dnsmasq-base: a DNS server
+# the discovery tests control, without a system service), groff for the manual page, YAML and
+# the Kubernetes object models for the manifests' offline check, promtool (prometheus) for the
+# metrics, the alert rules and their unit tests.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
-              python3-hpack python3-hyperframe \
+              python3-hpack python3-hyperframe dnsmasq-base \
               groff-base python3-yaml python3-kubernetes prometheus
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
@@ -28,7 +29,7 @@ FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
 .PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
         install fuzz bench bench-routing bench-proxies bench-hashring bench-attacks bench-metrics \
-        clean
+        bench-resilience clean
 
 all: build
 
@@ -101,7 +102,8 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-metrics bench-proxies bench-routing bench-attacks
+bench: deps-bench build bench-hashring bench-metrics bench-proxies bench-routing bench-attacks \
+       bench-resilience
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
@@ -119,6 +121,9 @@ bench-routing: deps-bench build
 # well-behaved client's p99, during each (needs only the test packages).
 bench-attacks: deps-test build
 	$(PY) bench/attacks.py --build $(BUILD)
+
+bench-resilience: deps-bench build
+	$(PY) bench/resilience.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -9,8 +9,11 @@
  * run on the control thread, over a connection of their own, so a pod whose request pool is
  * full of long generations is still checked. Outcomes of real requests come from the workers,
  * hence the atomics: consecutive errors eject a backend for a back-off that grows with repeated
- * ejections, and a probe that succeeds brings it back at once, so a pod that restarts in a few
- * milliseconds costs a fraction of a second. */
+ * ejections. An ejected pod is probed (a health check, so one that cannot be reached is soon
+ * marked down). One ejected because it refused connections comes back as soon as a probe
+ * succeeds, so a pod that restarts in a few milliseconds costs a fraction of a second; one
+ * ejected for 5xx or resets serves its ejection (it may answer /health while failing requests),
+ * and is back in rotation when the ejection ends. */
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 
 #include "backend.h"
 #include "bus.h"
+#include "dns.h"
 #include "log.h"
 #include "models.h"
 #include "reload.h"
@@ -43,7 +47,9 @@ pcr_backend_t *pcr_backend_at(const pcr_server_t *srv, size_t id)
 size_t pcr_backend_slots(const pcr_server_t *srv) { return PCR_LOAD(((pcr_server_t *)srv)->nslots); }
 
 void pcr_backend_ref(pcr_backend_t *be) { PCR_ADD(be->refs, 1); }
-void pcr_backend_unref(pcr_backend_t *be) { PCR_SUB(be->refs, 1); }
+/* Release: what the holder did with the backend happens before the control thread, seeing no
+ * reference left (an acquire load), frees it. */
+void pcr_backend_unref(pcr_backend_t *be) { __atomic_fetch_sub(&be->refs, 1, __ATOMIC_RELEASE); }
 
 void pcr_backend_desc(const pcr_backend_t *be, pcr_backend_desc_t *d)
 {
@@ -173,7 +179,8 @@ void pcr_backend_remove(pcr_backend_t *be)
         event_del(be->health_timer);
     pcr_scrape_cancel(be);
     pcr_models_cancel(be);
-    be->retired_epoch = PCR_ADD(srv->epoch, 1) + 1;
+    /* Release: a worker that reads the new epoch (acquire) reads the emptied slot too. */
+    be->retired_epoch = __atomic_fetch_add(&srv->epoch, 1, __ATOMIC_RELEASE) + 1;
     LIST_INSERT_HEAD(&srv->retired, be, retired_link);
 }
 
@@ -182,15 +189,19 @@ void pcr_backends_collect(pcr_server_t *srv)
     uint64_t seen = UINT64_MAX;
     for (unsigned k = 0; k < srv->nworkers && srv->workers != NULL; k++) {
         pcr_worker_t *w = &srv->workers[k];
-        uint64_t e = PCR_LOAD(w->stopped) ? UINT64_MAX : PCR_LOAD(w->epoch_seen);
+        /* Acquire, pairing with the worker's release stores: whatever it did with a retired
+         * backend before it passed the epoch (or stopped) happens before the free below. */
+        uint64_t e = __atomic_load_n(&w->stopped, __ATOMIC_ACQUIRE)
+                         ? UINT64_MAX
+                         : __atomic_load_n(&w->epoch_seen, __ATOMIC_ACQUIRE);
         if (e < seen)
             seen = e;
     }
     pcr_backend_t *be = LIST_FIRST(&srv->retired), *next;
     for (; be != NULL; be = next) {
         next = LIST_NEXT(be, retired_link);
-        if (be->retired_epoch > seen || PCR_LOAD(be->refs) != 0 || be->health_req != NULL ||
-            be->models_req != NULL)
+        if (be->retired_epoch > seen || __atomic_load_n(&be->refs, __ATOMIC_ACQUIRE) != 0 ||
+            be->health_req != NULL || be->models_req != NULL)
             continue;
         LIST_REMOVE(be, retired_link);
         srv->slot_taken[be->id] = 0;
@@ -258,7 +269,7 @@ int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us)
 }
 
 static void eject(pcr_backend_t *be, const pcr_outlier_conf_t *o, uint64_t now, const char *why,
-                  unsigned count)
+                  unsigned count, int connects)
 {
     uint64_t until = PCR_LOAD(be->ejected_until_us);
     if (until > now)
@@ -276,6 +287,7 @@ static void eject(pcr_backend_t *be, const pcr_outlier_conf_t *o, uint64_t now, 
     if (!__atomic_compare_exchange_n(&be->ejected_until_us, &until, now + ms * 1000, 0,
                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
+    PCR_STORE(be->ejected_for_connects, connects);
     PCR_STORE(be->ejected_at_us, now);
     PCR_ADD(be->ejections, 1);
     PCR_ADD(be->ejections_total, 1);
@@ -300,29 +312,37 @@ void pcr_backend_report(pcr_backend_t *be, const pcr_outlier_conf_t *o, pcr_outc
     case PCR_OUTCOME_ERROR: {
         unsigned n = PCR_ADD(be->consecutive_errors, 1) + 1;
         if (o->consecutive_errors > 0 && n >= o->consecutive_errors)
-            eject(be, o, now_us, outcome == PCR_OUTCOME_5XX ? "errors (5xx)" : "errors", n);
+            eject(be, o, now_us, outcome == PCR_OUTCOME_5XX ? "errors (5xx)" : "errors", n, 0);
         break;
     }
     case PCR_OUTCOME_CONNECT: {
         unsigned n = PCR_ADD(be->consecutive_connect_errors, 1) + 1;
         PCR_ADD(be->consecutive_errors, 1);
         if (o->consecutive_connect_errors > 0 && n >= o->consecutive_connect_errors)
-            eject(be, o, now_us, "failed connects", n);
+            eject(be, o, now_us, "failed connects", n, 1);
         break;
     }
     }
 }
 
-void pcr_backend_uneject(pcr_backend_t *be)
+/* Ends the ejection that `until` (read by the caller) describes; a no-op when another ended it
+ * first or a new one began. */
+static void ejection_over(pcr_backend_t *be, uint64_t until, const char *why)
 {
-    if (PCR_LOAD(be->ejected_until_us) == 0)
+    if (until == 0 || !__atomic_compare_exchange_n(&be->ejected_until_us, &until, 0, 0,
+                                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
-    PCR_STORE(be->ejected_until_us, 0);
     PCR_STORE(be->consecutive_errors, 0);
     PCR_STORE(be->consecutive_connect_errors, 0);
-    pcr_log_info("backend %s answers its probe: back in rotation", be->conf.name);
+    pcr_log_info("backend %s %s: back in rotation", be->conf.name, why);
+    /* The policy was told it was unavailable: it keeps the entries only for so long. */
     if (PCR_LOAD(be->up))
         pcr_bus_state(be->srv->bus, be->id, PCR_BACKEND_AVAILABLE, pcr_now_us());
+}
+
+void pcr_backend_uneject(pcr_backend_t *be)
+{
+    ejection_over(be, PCR_LOAD(be->ejected_until_us), "answers its probe");
 }
 
 /* ---- models -------------------------------------------------------------------------- */
@@ -406,7 +426,7 @@ static void health_end(health_ctx_t *h, int ok)
     be->health_ctx = NULL;
     event_free(h->deadline);
     free(h);
-    if (ok && pcr_backend_ejected(be, pcr_now_us()))
+    if (ok && pcr_backend_ejected(be, pcr_now_us()) && PCR_LOAD(be->ejected_for_connects))
         pcr_backend_uneject(be); /* a probe, or a check that happened to come first */
     pcr_backend_check_result(be, ok);
     health_schedule(be);
@@ -483,17 +503,23 @@ static void health_schedule(pcr_backend_t *be)
     evtimer_add(be->health_timer, &tv);
 }
 
-/* Every outlier.probe_ms: an ejected backend is probed (a health check), so it comes back as
- * soon as it answers rather than when its ejection ends. Backends that left and drained are
- * freed here too. */
+/* Every outlier.probe_ms: an ejected backend is probed (a health check), so one that cannot be
+ * reached is marked down after health.fall probes, and one ejected for failed connects comes
+ * back as soon as it answers rather than when its ejection ends; an ejection that ran its course
+ * ends here. Backends that left and drained are freed here too. */
 static void on_probe_tick(evutil_socket_t fd, short what, void *arg)
 {
     pcr_server_t *srv = arg;
     uint64_t now = pcr_now_us();
     for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be != NULL && pcr_backend_ejected(be, now))
+        if (be == NULL)
+            continue;
+        uint64_t until = PCR_LOAD(be->ejected_until_us);
+        if (until > now)
             health_start(be);
+        else if (until != 0 && until <= now)
+            ejection_over(be, until, "has served its ejection");
     }
     pcr_backends_collect(srv);
     pcr_reload_collect(srv);
@@ -518,11 +544,52 @@ static void on_scrape_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ---- set-up -------------------------------------------------------------------------- */
 
-/* Resolves a backend's host at start-up, before the loops run (getaddrinfo blocks; at run time
- * names are resolved asynchronously, discovery.c). */
-static int resolve_now(const pcr_backend_conf_t *bc, struct sockaddr_storage *ss, socklen_t *len,
-                       char *err, size_t errlen)
+typedef struct {
+    int done, err;
+    char msg[96];
+    pcr_dns_addr_t addr;
+} startup_answer_t;
+
+static void on_startup_answer(const pcr_dns_addr_t *addrs, size_t n, int err, const char *msg,
+                              void *arg)
 {
+    startup_answer_t *a = arg;
+    a->done = 1;
+    a->err = err != 0 || n == 0;
+    if (err != 0)
+        snprintf(a->msg, sizeof(a->msg), "%s", msg);
+    else if (n == 0)
+        snprintf(a->msg, sizeof(a->msg), "no address");
+    else
+        a->addr = addrs[0];
+}
+
+/* Resolves a backend's host at start-up, before the workers run. With dns.nameservers, through
+ * them, as a reload would (the control loop runs only this lookup until evdns answers, within
+ * dns.timeout_ms per attempt); without, with the system's resolver (getaddrinfo). */
+static int resolve_now(pcr_server_t *srv, const pcr_backend_conf_t *bc,
+                       struct sockaddr_storage *ss, socklen_t *len, char *err, size_t errlen)
+{
+    if (srv->cfg->dns.nnameservers > 0 && srv->dns != NULL) {
+        startup_answer_t a = {0};
+        if (pcr_dns_resolve(srv->dns, bc->host, bc->port, on_startup_answer, &a) == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return PCR_ERR_NOMEM;
+        }
+        while (!a.done) {
+            if (event_base_loop(srv->base, EVLOOP_ONCE) != 0) {
+                snprintf(err, errlen, "the lookup could not run");
+                return PCR_ERR_IO; /* the query is freed with the resolver */
+            }
+        }
+        if (a.err) {
+            snprintf(err, errlen, "%s", a.msg);
+            return PCR_ERR_INVAL;
+        }
+        memcpy(ss, &a.addr.addr, a.addr.len);
+        *len = a.addr.len;
+        return 0;
+    }
     char port[8];
     snprintf(port, sizeof(port), "%u", bc->port);
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC}, *res = NULL;
@@ -550,7 +617,7 @@ int pcr_backends_init(pcr_server_t *srv)
         struct sockaddr_storage ss;
         socklen_t len;
         char err[128];
-        if (resolve_now(bc, &ss, &len, err, sizeof(err)) < 0) {
+        if (resolve_now(srv, bc, &ss, &len, err, sizeof(err)) < 0) {
             pcr_log_error("backends[%zu].url: cannot resolve host \"%s\": %s", i, bc->host, err);
             return PCR_ERR_INVAL;
         }

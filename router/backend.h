@@ -90,6 +90,8 @@ struct pcr_backend {
     unsigned consecutive_connect_errors;     /* requests: refused or timed-out connects (atomic) */
     unsigned ejections;                      /* in a row, for the back-off (atomic) */
     uint64_t ejected_until_us;               /* 0: not ejected (atomic) */
+    int ejected_for_connects;                /* the ejection in force came from failed
+                                                connects, so a probe may end it (atomic) */
     uint64_t ejected_at_us;                  /* atomic */
     uint64_t ejections_total;                /* atomic */
     struct event *health_timer;
@@ -152,7 +154,10 @@ typedef enum {
 } pcr_outcome_t;
 void pcr_backend_report(pcr_backend_t *be, const pcr_outlier_conf_t *o, pcr_outcome_t outcome,
                         uint64_t now_us);
-/* A probe of an ejected backend succeeded: it takes requests again at once. */
+/* A probe of a backend ejected for failed connects succeeded: it takes requests again at once.
+ * A backend ejected for errors (5xx, resets, timeouts) serves its whole ejection instead: such a
+ * pod often answers its health check while failing requests, and letting it back at each probe
+ * would defeat the back-off. */
 void pcr_backend_uneject(pcr_backend_t *be);
 int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us);
 

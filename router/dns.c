@@ -3,8 +3,15 @@
  * evdns may answer inside evdns_getaddrinfo() (a numeric host, a cached answer, an error); the
  * query then keeps the answer and a zero-delay event reports it from the loop, so a caller never
  * sees its callback run inside its own call. Cancelling a query still in evdns asks evdns to
- * cancel it; evdns then calls back with EVUTIL_EAI_CANCEL, and that callback only frees the
- * query. Every query is on a list, so pcr_dns_free can fail them all without a callback. */
+ * cancel it; evdns then calls back with EVUTIL_EAI_CANCEL from a later loop turn (a deferred
+ * callback), and that callback only frees the query.
+ *
+ * Those deferred callbacks read the query and the evdns base, so neither may be freed before
+ * they ran: pcr_dns_free cancels what is in flight and leaves the resolver "retiring"; the last
+ * cancelled query's callback arms a zero-delay event, which frees the evdns base one loop turn
+ * later (after any callback evdns deferred meanwhile, such as the internal cancel of a
+ * getaddrinfo timeout). pcr_dns_retiring() says how many resolvers are still on their way out,
+ * so that the process can run its loop until they are gone before it exits. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +44,43 @@ struct pcr_dns {
     struct event_base *base;
     struct evdns_base *evdns;
     LIST_HEAD(, pcr_dns_query) queries;
+    int used;                      /* a query ever went into evdns */
+    int retiring;                  /* pcr_dns_free was called: gone once evdns is done */
+    struct event *bury;            /* frees it, a loop turn after its last callback */
 };
+
+static unsigned retiring_count;    /* control thread only */
+
+static void dns_destroy(pcr_dns_t *dns)
+{
+    if (dns->evdns)
+        evdns_base_free(dns->evdns, 0); /* nothing of ours is in it any more */
+    if (dns->bury)
+        event_free(dns->bury);
+    free(dns);
+}
+
+static void on_bury(evutil_socket_t fd, short what, void *arg)
+{
+    retiring_count--;
+    dns_destroy(arg);
+}
+
+/* A retiring resolver whose last query called back: freed at the next loop turn. */
+static void bury_later(pcr_dns_t *dns)
+{
+    if (dns->bury == NULL)
+        dns->bury = evtimer_new(dns->base, on_bury, dns);
+    if (dns->bury == NULL) {
+        /* Out of memory: leak it rather than free what a deferred callback may still read. */
+        retiring_count--;
+        return;
+    }
+    struct timeval now = {0, 0};
+    evtimer_add(dns->bury, &now);
+}
+
+unsigned pcr_dns_retiring(void) { return retiring_count; }
 
 pcr_dns_t *pcr_dns_new(struct event_base *base, char *const *nameservers, size_t n,
                        unsigned timeout_ms, char *err, size_t errlen)
@@ -73,11 +116,14 @@ pcr_dns_t *pcr_dns_new(struct event_base *base, char *const *nameservers, size_t
 
 static void query_free(pcr_dns_query_t *q)
 {
+    pcr_dns_t *dns = q->dns;
     LIST_REMOVE(q, link);
     if (q->later)
         event_free(q->later);
     free(q->addrs);
     free(q);
+    if (dns->retiring && LIST_EMPTY(&dns->queries))
+        bury_later(dns);
 }
 
 static void report(pcr_dns_query_t *q)
@@ -153,6 +199,7 @@ pcr_dns_query_t *pcr_dns_resolve(pcr_dns_t *dns, const char *host, unsigned port
         return NULL;
     }
     LIST_INSERT_HEAD(&dns->queries, q, link);
+    dns->used = 1;
     char service[8];
     snprintf(service, sizeof(service), "%u", port);
     struct evutil_addrinfo hints;
@@ -172,8 +219,8 @@ pcr_dns_query_t *pcr_dns_resolve(pcr_dns_t *dns, const char *host, unsigned port
 
 void pcr_dns_cancel(pcr_dns_query_t *q)
 {
-    if (q == NULL)
-        return;
+    if (q == NULL || q->cancelled)
+        return; /* a cancelled query waits for its callback from evdns: once is enough */
     if (q->in_evdns && q->req != NULL) {
         q->cancelled = 1;
         evdns_getaddrinfo_cancel(q->req); /* on_answer frees it */
@@ -184,14 +231,29 @@ void pcr_dns_cancel(pcr_dns_query_t *q)
 
 void pcr_dns_free(pcr_dns_t *dns)
 {
-    if (dns == NULL)
+    if (dns == NULL || dns->retiring)
         return;
-    pcr_dns_query_t *q;
-    LIST_FOREACH(q, &dns->queries, link)
-        q->cancelled = 1;
-    if (dns->evdns)
-        evdns_base_free(dns->evdns, 1); /* in-flight queries end in on_answer, cancelled */
-    while ((q = LIST_FIRST(&dns->queries)) != NULL)
-        query_free(q);
-    free(dns);
+    if (!dns->used) {
+        dns_destroy(dns); /* evdns never had a query: nothing can call back */
+        return;
+    }
+    dns->retiring = 1;
+    retiring_count++;
+    pcr_dns_query_t *q = LIST_FIRST(&dns->queries), *next;
+    if (q == NULL) {
+        bury_later(dns);
+        return;
+    }
+    /* The last query out buries the resolver (query_free). */
+    for (; q != NULL; q = next) {
+        next = LIST_NEXT(q, link);
+        if (q->in_evdns && q->req != NULL) {
+            if (!q->cancelled) {
+                q->cancelled = 1;
+                evdns_getaddrinfo_cancel(q->req); /* on_answer frees it, later */
+            }
+        } else {
+            query_free(q); /* answered at once; its report is not sent */
+        }
+    }
 }

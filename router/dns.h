@@ -27,7 +27,11 @@ typedef void (*pcr_dns_cb)(const pcr_dns_addr_t *addrs, size_t naddrs, int err,
  * why in `err`. */
 pcr_dns_t *pcr_dns_new(struct event_base *base, char *const *nameservers, size_t n,
                        unsigned timeout_ms, char *err, size_t errlen);
-void pcr_dns_free(pcr_dns_t *dns);  /* cancels what is in flight, without callbacks */
+/* Cancels what is in flight (no callback of ours follows); the resolver itself goes a loop turn
+ * after evdns has called back for the last of them (dns.c says why). */
+void pcr_dns_free(pcr_dns_t *dns);
+/* Resolvers freed but not gone yet: before exiting, run the loop until this is 0. */
+unsigned pcr_dns_retiring(void);
 
 /* Resolves `host` (port `port`); the callback runs once, from the loop, unless cancelled.
  * NULL when out of memory. */

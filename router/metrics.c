@@ -350,7 +350,8 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_discovery_failures_total",
             "DNS discovery lookups that failed (the backends they found stayed).",
             PCR_LOAD(((pcr_server_t *)srv)->discovery_failures));
-    HEADER(out, "pcrouter_backends", "gauge", "Backends in rotation or draining, all sources.");
+    HEADER(out, "pcrouter_backends", "gauge",
+           "Backends in the pool, configured or discovered (one that left and drains is not).");
     evbuffer_add_printf(out, "pcrouter_backends %zu\n", pcr_backends_count(srv));
     HEADER(out, "pcrouter_workers", "gauge", "Event-loop threads.");
     evbuffer_add_printf(out, "pcrouter_workers %u\n", srv->nworkers);

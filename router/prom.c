@@ -4,9 +4,10 @@
  *
  *   name [ "{" label="value" { "," label="value" } [","] "}" ] value [ timestamp ]
  *
- * Every line is parsed in full (name, labels with their escapes, value, timestamp) before
- * any of it is used, so a line cut or garbled anywhere is skipped whole; only a handful of
- * vLLM's metrics are then kept. Numbers go through strtod/strtoull on a bounded copy and must
+ * A line of one of the few metrics the router reads is parsed in full (name, labels with their
+ * escapes, value, timestamp) before any of it is used, so a line cut or garbled anywhere is
+ * skipped whole; a line that does not begin with one of those names is dismissed there (it is
+ * counted, not checked: the router takes nothing from it). Numbers go through strtod/strtoull on a bounded copy and must
  * use every character given; what is then out of range for the router (NaN, infinities,
  * negative counts, a sum that would overflow) makes the line bad rather than clamped, so a
  * sample never holds a value the pod did not really report. */
@@ -24,6 +25,7 @@
 typedef struct {
     const char *name;            /* the metric name */
     size_t nlen;
+    unsigned bit;                /* which known metric it is (0: none of ours) */
     const char *block_size;      /* raw label values of vllm:cache_config_info, NULL absent */
     size_t block_size_len;
     const char *gpu_blocks;
@@ -32,37 +34,46 @@ typedef struct {
 } line_t;
 
 /* The metrics the router keeps; the others are parsed (to count bad lines) and dropped. */
+#define KNOWN(name, bit) {name, sizeof(name) - 1, bit}
 static const struct {
     const char *name;
+    size_t len;
     unsigned bit;
 } known[] = {
-    {"vllm:num_requests_waiting", PCR_PROM_WAITING},
-    {"vllm:num_requests_running", PCR_PROM_RUNNING},
-    {"vllm:prefix_cache_hits_total", PCR_PROM_HITS},
-    {"vllm:gpu_prefix_cache_hits_total", PCR_PROM_HITS},          /* vLLM v0 */
-    {"vllm:prefix_cache_queries_total", PCR_PROM_QUERIES},
-    {"vllm:gpu_prefix_cache_queries_total", PCR_PROM_QUERIES},    /* vLLM v0 */
-    {"vllm:kv_cache_usage_perc", PCR_PROM_KV_USAGE},
-    {"vllm:gpu_cache_usage_perc", PCR_PROM_KV_USAGE},             /* older vLLM */
-    {"vllm:cache_config_info", PCR_PROM_CACHE_CONFIG},
-    {"process_start_time_seconds", PCR_PROM_START_TIME},
+    KNOWN("vllm:num_requests_waiting", PCR_PROM_WAITING),
+    KNOWN("vllm:num_requests_running", PCR_PROM_RUNNING),
+    KNOWN("vllm:prefix_cache_hits_total", PCR_PROM_HITS),
+    KNOWN("vllm:gpu_prefix_cache_hits_total", PCR_PROM_HITS),          /* vLLM v0 */
+    KNOWN("vllm:prefix_cache_queries_total", PCR_PROM_QUERIES),
+    KNOWN("vllm:gpu_prefix_cache_queries_total", PCR_PROM_QUERIES),    /* vLLM v0 */
+    KNOWN("vllm:kv_cache_usage_perc", PCR_PROM_KV_USAGE),
+    KNOWN("vllm:gpu_cache_usage_perc", PCR_PROM_KV_USAGE),             /* older vLLM */
+    KNOWN("vllm:cache_config_info", PCR_PROM_CACHE_CONFIG),
+    KNOWN("process_start_time_seconds", PCR_PROM_START_TIME),
 };
 
 static int is_blank(char ch) { return ch == ' ' || ch == '\t'; }
 
-static int is_name_char(char ch, int first, int colon)
-{
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_' ||
-           (colon && ch == ':') || (!first && ch >= '0' && ch <= '9');
-}
+/* Name characters: N_FIRST may start a label name, N_COLON is ':' (metric names only),
+ * N_DIGIT may follow the first. A table, since a vLLM page is some 40 KB of names. */
+enum { N_FIRST = 1, N_COLON = 2, N_DIGIT = 4 };
+#define NAME_RANGE(a, b, v) [a ... b] = v
+static const unsigned char name_class[256] = {
+    NAME_RANGE('a', 'z', N_FIRST), NAME_RANGE('A', 'Z', N_FIRST), ['_'] = N_FIRST,
+    [':'] = N_COLON, NAME_RANGE('0', '9', N_DIGIT),
+};
 
 /* Advances *p over a name ([a-zA-Z_:][a-zA-Z0-9_:]*, no ':' for labels); 0 when there is none. */
 static size_t scan_name(const char **p, const char *end, int colon)
 {
-    const char *s = *p;
-    while (*p < end && is_name_char(**p, *p == s, colon))
-        (*p)++;
-    return (size_t)(*p - s);
+    const char *s = *p, *q = s;
+    unsigned first = N_FIRST | (colon ? N_COLON : 0), rest = first | N_DIGIT;
+    if (q == end || !(name_class[(unsigned char)*q] & first))
+        return 0;
+    for (q++; q < end && (name_class[(unsigned char)*q] & rest); q++)
+        ;
+    *p = q;
+    return (size_t)(q - s);
 }
 
 static void skip_blanks(const char **p, const char *end)
@@ -139,14 +150,19 @@ static int scan_labels(const char **p, const char *end, line_t *ln)
         skip_blanks(p, end);
         if (*p >= end || **p != '"')
             return -1;
-        const char *v = ++(*p);
-        while (*p < end && **p != '"') {
-            if (**p == '\\' && ++(*p) == end)   /* an escape takes the next character */
+        const char *v = ++(*p), *q = v;
+        for (;;) {
+            while (q < end && *q != '"' && *q != '\\')
+                q++;
+            if (q == end)
                 return -1;
-            (*p)++;
+            if (*q == '"')
+                break;
+            if (++q == end)     /* an escape takes the next character */
+                return -1;
+            q++;
         }
-        if (*p >= end)
-            return -1;
+        *p = q;
         size_t vlen = (size_t)(*p - v);
         (*p)++;
         const char **slot = NULL;
@@ -172,6 +188,31 @@ static int scan_labels(const char **p, const char *end, line_t *ln)
     }
 }
 
+static unsigned known_bit(const char *name, size_t n)
+{
+    if (n < 22)
+        return 0;       /* shorter than the shortest known name */
+    for (size_t i = 0; i < PCR_ARRAY_SIZE(known); i++)
+        if (known[i].len == n && memcmp(known[i].name, name, n) == 0)
+            return known[i].bit;
+    return 0;
+}
+
+/* Whether a line begins with one of the known names, whole: followed by a blank, a '{' or
+ * nothing. Each name is compared only when its sixth byte matches (they differ there). */
+static int known_start(const char *s, size_t n)
+{
+    if (n < 22)
+        return 0;
+    for (size_t i = 0; i < PCR_ARRAY_SIZE(known); i++) {
+        size_t k = known[i].len;
+        if (s[5] == known[i].name[5] && n >= k && memcmp(s, known[i].name, k) == 0 &&
+            (n == k || is_blank(s[k]) || s[k] == '{'))
+            return 1;
+    }
+    return 0;
+}
+
 /* Parses one sample line (no '\n'); 0, or -1 when it breaks the format. */
 static int parse_line(const char *s, size_t n, line_t *ln)
 {
@@ -180,6 +221,7 @@ static int parse_line(const char *s, size_t n, line_t *ln)
     ln->name = p;
     if ((ln->nlen = scan_name(&p, end, 1)) == 0)
         return -1;
+    ln->bit = known_bit(ln->name, ln->nlen);
     const char *mark = p;
     skip_blanks(&p, end);
     if (p < end && *p == '{') {
@@ -223,10 +265,7 @@ static int add_count(double *sum, double v)
 /* Keeps what one parsed line says; -1 when its value is unusable for the router. */
 static int keep(const line_t *ln, pcr_pod_sample_t *out)
 {
-    unsigned bit = 0;
-    for (size_t i = 0; i < PCR_ARRAY_SIZE(known); i++)
-        if (strlen(known[i].name) == ln->nlen && memcmp(known[i].name, ln->name, ln->nlen) == 0)
-            bit = known[i].bit;
+    unsigned bit = ln->bit;
     double *sum = bit == PCR_PROM_WAITING ? &out->num_requests_waiting
                 : bit == PCR_PROM_RUNNING ? &out->num_requests_running
                 : bit == PCR_PROM_HITS ? &out->prefix_cache_hits
@@ -277,12 +316,106 @@ static void read_line(const char *s, size_t n, pcr_pod_sample_t *out)
         i++;
     if (i == n || s[i] == '#')
         return;     /* blank, or # HELP / # TYPE / a comment */
-    if (n > PCR_PROM_MAX_LINE || memchr(s, '\0', n) != NULL ||
-        parse_line(s + i, n - i, &ln) != 0 || keep(&ln, out) != 0) {
+    if (n > PCR_PROM_MAX_LINE) {
+        out->bad_lines++;
+        return;
+    }
+    /* A line that does not begin with a metric the router reads is dismissed there: most of a
+     * vLLM page is histograms, and reading them in full was most of the cost of a scrape. */
+    if (!known_start(s + i, n - i)) {
+        if (name_class[(unsigned char)s[i]] & (N_FIRST | N_COLON))
+            out->other_lines++;
+        else
+            out->bad_lines++;   /* not even a name */
+        return;
+    }
+    if (memchr(s, '\0', n) != NULL || parse_line(s + i, n - i, &ln) != 0 ||
+        keep(&ln, out) != 0) {
         out->bad_lines++;
         return;
     }
     out->samples++;
+}
+
+/* ---- reading a page as it arrives ----------------------------------------------------- */
+
+enum { OV_BLANKS, OV_BLANKS_CR, OV_IGNORED, OV_BAD };
+
+/* A line longer than the carry, seen piece by piece: read_line would find it too long unless it
+ * is blank or a comment, which its first byte other than a blank says (a '\r' only when it is
+ * not the line's last byte: read_line strips that one). */
+static void overlong_see(pcr_prom_reader_t *r, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n && r->ov < OV_IGNORED; i++) {
+        char ch = s[i];
+        if (r->ov == OV_BLANKS_CR)
+            r->ov = OV_BAD;     /* the '\r' was not the last byte */
+        else if (is_blank(ch))
+            continue;
+        else if (ch == '\r')
+            r->ov = OV_BLANKS_CR;
+        else
+            r->ov = ch == '#' ? OV_IGNORED : OV_BAD;
+    }
+}
+
+/* Part of a line whose start is carried; `complete` when its '\n' came. */
+static void carry_add(pcr_prom_reader_t *r, const char *s, size_t n, int complete)
+{
+    if (!r->overlong) {
+        if (r->ncarry + n <= sizeof r->carry) {
+            memcpy(r->carry + r->ncarry, s, n);
+            r->ncarry += n;
+            if (complete) {
+                read_line(r->carry, r->ncarry, &r->s);
+                r->ncarry = 0;
+            }
+            return;
+        }
+        /* Longer than any line read_line would take: only its kind is followed from here. */
+        r->overlong = 1;
+        r->ov = OV_BLANKS;
+        overlong_see(r, r->carry, r->ncarry);
+        r->ncarry = 0;
+    }
+    overlong_see(r, s, n);
+    if (complete) {
+        if (r->ov == OV_BAD)
+            r->s.bad_lines++;
+        r->overlong = 0;
+    }
+}
+
+void pcr_prom_begin(pcr_prom_reader_t *r)
+{
+    memset(&r->s, 0, sizeof r->s);
+    r->ncarry = 0;
+    r->overlong = 0;
+    r->ov = OV_BLANKS;
+}
+
+void pcr_prom_feed(pcr_prom_reader_t *r, const char *data, size_t len)
+{
+    const char *p = data, *end = data + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = (size_t)((nl != NULL ? nl : end) - p);
+        if (nl != NULL && r->ncarry == 0 && !r->overlong)
+            read_line(p, n, &r->s);      /* whole in this piece: read where it is */
+        else
+            carry_add(r, p, n, nl != NULL);
+        if (nl == NULL)
+            break;
+        p = nl + 1;
+    }
+}
+
+const pcr_pod_sample_t *pcr_prom_end(pcr_prom_reader_t *r)
+{
+    /* A last line without its '\n' was cut: not read. */
+    r->ncarry = 0;
+    r->overlong = 0;
+    return &r->s;
 }
 
 int pcr_prom_parse(const char *text, size_t len, pcr_pod_sample_t *out)

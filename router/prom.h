@@ -2,9 +2,10 @@
  * of the few values the router uses. Pure: no I/O, no allocation, no global state, so it can
  * be unit-tested and fuzzed on bytes alone (router/scrape.c does the I/O and applies it).
  *
- * The pod is not trusted: every line is bounded, every number is checked, and a line that
- * breaks the text format (or holds a value the router cannot use: NaN, an infinity, a
- * negative count, a usage outside 0..1) is skipped and counted, never half-read. */
+ * The pod is not trusted: every line is bounded, every number read is checked, and a line of
+ * a metric the router reads that breaks the text format (or holds a value the router cannot
+ * use: NaN, an infinity, a negative count, a usage outside 0..1) is skipped and counted, never
+ * half-read. Lines of other metrics are dismissed on their first bytes, unchecked. */
 #ifndef PCR_ROUTER_PROM_H
 #define PCR_ROUTER_PROM_H
 
@@ -48,11 +49,27 @@ typedef struct {
     double process_start_time;     /* process_start_time_seconds (Unix time, > 0); the last wins */
     size_t samples;                /* sample lines read, of any metric */
     size_t bad_lines;              /* lines skipped as malformed or out of range */
+    size_t other_lines;            /* lines of other metrics, dismissed on their first bytes */
 } pcr_pod_sample_t;
 
 /* Reads text[0..len) (no NUL needed; NUL bytes make a line malformed) into *out, which it
  * clears first. A last line without its '\n' is ignored: the text format ends every line, so
  * it was cut. Returns 0, or PCR_ERR_INVAL when out is NULL or text is NULL with len > 0. */
 int pcr_prom_parse(const char *text, size_t len, pcr_pod_sample_t *out);
+
+/* The same, as the page arrives in pieces cut anywhere: lines whole in a piece are read where
+ * they are, only a line cut by a piece's end is copied (at most PCR_PROM_MAX_LINE + 1 bytes; a
+ * longer one is followed without a copy). begin, feed any number of times, end: the sample is
+ * the one pcr_prom_parse gives for the pieces put together. Valid until the next begin. */
+typedef struct {
+    pcr_pod_sample_t s;
+    size_t ncarry;
+    int overlong, ov;
+    char carry[PCR_PROM_MAX_LINE + 1];  /* a line and the '\r' read_line may strip */
+} pcr_prom_reader_t;
+
+void pcr_prom_begin(pcr_prom_reader_t *r);
+void pcr_prom_feed(pcr_prom_reader_t *r, const char *data, size_t len);
+const pcr_pod_sample_t *pcr_prom_end(pcr_prom_reader_t *r);
 
 #endif

@@ -113,11 +113,26 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
         if (!policy_change && !other_change)
             continue;
         (*changed)++;
-        /* The fields workers read are atomics or sets; the rest only the control thread. */
+        /* Workers read conf.name (logs, response headers, /metrics) while this runs, so name,
+         * url and host are left as they are (the same, or this would be a replacement); the
+         * fields that change are the control thread's, and reach workers as atomics and model
+         * sets. */
         pcr_backend_conf_t copy;
         if (pcr_backend_conf_copy(&copy, nc) == 0) {
-            pcr_backend_conf_dispose(&be->conf);
-            be->conf = copy;
+            free(be->conf.zone);
+            for (size_t k = 0; k < be->conf.nmodels; k++)
+                free(be->conf.models[k]);
+            free(be->conf.models);
+            be->conf.zone = copy.zone;
+            be->conf.models = copy.models;
+            be->conf.nmodels = copy.nmodels;
+            be->conf.weight = copy.weight;
+            be->conf.capacity_tokens = copy.capacity_tokens;
+            be->conf.max_connections = copy.max_connections;
+            copy.zone = NULL;
+            copy.models = NULL;
+            copy.nmodels = 0;
+            pcr_backend_conf_dispose(&copy); /* its name, url and host */
         }
         PCR_STORE(be->max_connections, nc->max_connections);
         pcr_backend_config_models(be, nc);
@@ -249,7 +264,9 @@ void pcr_reload_collect(pcr_server_t *srv)
     }
     for (unsigned k = 0; k < srv->nworkers; k++) {
         pcr_worker_t *w = &srv->workers[k];
-        if (!PCR_LOAD(w->stopped) && __atomic_load_n(&w->cfg_gen, __ATOMIC_ACQUIRE) < sw->gen)
+        /* Acquire, pairing with worker_switch: its reads of the old config are over. */
+        if (!__atomic_load_n(&w->stopped, __ATOMIC_ACQUIRE) &&
+            __atomic_load_n(&w->cfg_gen, __ATOMIC_ACQUIRE) < sw->gen)
             return;
     }
     /* Every worker runs the new config: the old one and its listeners' leftovers can go. */

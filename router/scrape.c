@@ -1,10 +1,12 @@
-/* router/scrape.c: reads each pod's own /metrics (vLLM's Prometheus text) every health
- * interval, for two things the router cannot count itself:
+/* router/scrape.c: reads each pod's own /metrics (vLLM's Prometheus text) every
+ * scrape.interval_ms, over the health checks' own connection, for what the router cannot count
+ * itself:
  *   - the load the pod reports: vllm:num_requests_waiting feeds the routing cost;
  *   - the hit rate the pod delivers: vllm:prefix_cache_hits_total / _queries_total (tokens),
  *     shown in pcrouter's /metrics beside the hit rate the router predicted.
- * The text is read by prom.c (pure, bounded, fuzzed); this file does the I/O and applies the
- * sample to the backend. Counters are accumulated as deltas, so a pod restart (its counters
+ * The text is read by prom.c (pure, bounded, fuzzed) as it arrives: a vLLM page is tens of KiB
+ * and 64 pods every 200 ms is 320 pages a second, so no copy of it is made, only of a line a
+ * read boundary cuts. This file does the I/O and applies the sample to the backend. Counters are accumulated as deltas, so a pod restart (its counters
  * fall to 0) is not a negative rate. */
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +23,13 @@
 
 #define SCRAPE_MAX_BYTES (4 * 1024 * 1024)
 
+/* One scrape in flight. The page is read as it arrives (prom.c's reader): no copy of it is
+ * kept, only a line cut by a read boundary. */
 typedef struct {
     pcr_backend_t *be;
     int status;
-    struct evbuffer *body;
+    size_t bytes;                  /* of the page so far, against SCRAPE_MAX_BYTES */
+    pcr_prom_reader_t page;
 } scrape_ctx_t;
 
 /* A count the pod reported (finite, >= 0: prom.c checked) as an integer, saturated. */
@@ -52,14 +57,10 @@ static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
     return went_back;
 }
 
-void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
+/* What one page said becomes the backend's. */
+static void apply(pcr_backend_t *be, const pcr_pod_sample_t *sp)
 {
-    pcr_pod_sample_t s;
-    size_t len = evbuffer_get_length(body);
-    const char *text = len > 0 ? (const char *)evbuffer_pullup(body, -1) : NULL;
-    if (pcr_prom_parse(text, text != NULL ? len : 0, &s) != 0)
-        return;
-    evbuffer_drain(body, len);
+    const pcr_pod_sample_t s = *sp;
     int restarted = 0;
     if (s.seen & PCR_PROM_WAITING) {
         PCR_STORE(be->pod_waiting, to_u32(s.num_requests_waiting));
@@ -107,35 +108,60 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
     PCR_INC(be->pod_scrapes);
 }
 
+void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
+{
+    pcr_prom_reader_t *r = malloc(sizeof(*r));
+    if (r == NULL)
+        return;
+    pcr_prom_begin(r);
+    struct evbuffer_ptr at;
+    struct evbuffer_iovec v;
+    evbuffer_ptr_set(body, &at, 0, EVBUFFER_PTR_SET);
+    while (evbuffer_peek(body, -1, &at, &v, 1) == 1 && v.iov_len > 0) {
+        pcr_prom_feed(r, v.iov_base, v.iov_len);
+        if (evbuffer_ptr_set(body, &at, v.iov_len, EVBUFFER_PTR_ADD) != 0)
+            break;
+    }
+    evbuffer_drain(body, evbuffer_get_length(body));
+    apply(be, pcr_prom_end(r));
+    free(r);
+}
+
 static void scrape_end(scrape_ctx_t *c)
 {
     c->be->scrape_req = NULL;
     c->be->scrape_ctx = NULL;
-    evbuffer_free(c->body);
     free(c);
 }
 
 static void on_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
 {
-    ((scrape_ctx_t *)ctx)->status = status;
+    scrape_ctx_t *c = ctx;
+    c->status = status;
+    pcr_prom_begin(&c->page);
 }
 
 static void on_body(void *ctx, const char *data, size_t len)
 {
     scrape_ctx_t *c = ctx;
-    size_t have = evbuffer_get_length(c->body);
-    size_t room = have < SCRAPE_MAX_BYTES ? SCRAPE_MAX_BYTES - have : 0;
+    if (c->status != 200)
+        return;
+    size_t room = c->bytes < SCRAPE_MAX_BYTES ? SCRAPE_MAX_BYTES - c->bytes : 0;
     /* Past the bound everything is dropped, not just the chunks that do not fit: a later,
      * smaller chunk kept after a dropped one would glue two unrelated lines into one. The
-     * text stays what the pod sent, cut; prom.c ignores the last line, cut without its '\n'. */
-    evbuffer_add(c->body, data, len < room ? len : room);
+     * text stays what the pod sent, cut; the reader ignores the last line, cut without its
+     * '\n'. */
+    if (len > room)
+        len = room;
+    c->bytes += len;
+    pcr_prom_feed(&c->page, data, len);
 }
 
 static void on_done(void *ctx)
 {
     scrape_ctx_t *c = ctx;
     if (c->status == 200)
-        pcr_scrape_parse(c->be, c->body);
+        apply(c->be, pcr_prom_end(&c->page));
     scrape_end(c);
 }
 
@@ -147,20 +173,22 @@ void pcr_scrape_start(pcr_backend_t *be)
 {
     if (be->scrape_req != NULL || !PCR_LOAD(be->up))
         return; /* the last one is still running, or the pod is down */
-    scrape_ctx_t *c = calloc(1, sizeof(*c));
+    scrape_ctx_t *c = malloc(sizeof(*c));   /* the reader's carry need not be zeroed */
     struct evbuffer *req = evbuffer_new();
-    if (c == NULL || req == NULL || (c->body = evbuffer_new()) == NULL) {
+    if (c == NULL || req == NULL) {
         free(c);
         if (req)
             evbuffer_free(req);
         return;
     }
     c->be = be;
+    c->status = 0;
+    c->bytes = 0;
+    pcr_prom_begin(&c->page);
     evbuffer_add_printf(req, "GET /metrics HTTP/1.1\r\nHost: %s\r\nUser-Agent: pcrouter-scrape\r\n\r\n",
                         be->host_header);
     be->scrape_req = pcr_upstream_send(be->check_pool, req, &scrape_cbs, c);
     if (be->scrape_req == NULL) {
-        evbuffer_free(c->body);
         free(c);
         return;
     }

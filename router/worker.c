@@ -167,7 +167,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     pcr_worker_t *w = arg;
     /* A quiescent point: no pointer read from a backend slot in an earlier callback is held
      * without a reference, so what was retired before this is free to go. */
-    PCR_STORE(w->epoch_seen, PCR_LOAD(w->srv->epoch));
+    __atomic_store_n(&w->epoch_seen, __atomic_load_n(&w->srv->epoch, __ATOMIC_ACQUIRE),
+                     __ATOMIC_RELEASE);
     pcr_worker_sync(w);
     release_pools(w, 0);
     pcr_policy_stats_t ps;
@@ -319,7 +320,7 @@ static void *worker_main(void *arg)
     pcr_server_t *srv = w->srv;
     event_base_dispatch(w->base);
     worker_dispose(w);
-    PCR_STORE(w->stopped, 1);
+    __atomic_store_n(&w->stopped, 1, __ATOMIC_RELEASE); /* after its last use of shared state */
     if (PCR_SUB(srv->workers_running, 1) == 1) {
         ssize_t n = write(srv->wake_fd[1], "x", 1); /* the last one out wakes the control loop */
         (void)n;

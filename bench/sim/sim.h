@@ -34,6 +34,8 @@ typedef struct {
     double fail_rate, drop_rate, stall_rate;
     unsigned tick_us;             /* --tick-us: shortest wall-clock gap between two writes */
     size_t max_body_bytes;
+    double start_time;            /* wall clock at start, s: process_start_time_seconds */
+    size_t metrics_pad_bytes;     /* --metrics-pad-bytes: /metrics grown to about this size */
 } sim_conf_t;
 
 typedef struct sim_pod sim_pod_t;

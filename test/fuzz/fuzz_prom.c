@@ -52,7 +52,7 @@ static void check_sane(const pcr_pod_sample_t *s, const uint8_t *data, size_t si
     size_t lines = 0;
     for (size_t i = 0; i < size; i++)
         lines += data[i] == '\n';
-    FUZZ_CHECKF(s->samples + s->bad_lines <= lines, "%zu samples + %zu bad in %zu lines",
+    FUZZ_CHECKF(s->samples + s->bad_lines + s->other_lines <= lines, "%zu samples + %zu bad in %zu lines",
                 s->samples, s->bad_lines, lines);
 }
 
@@ -82,6 +82,7 @@ static void check_split(const pcr_pod_sample_t *w, const uint8_t *data, size_t s
     FUZZ_CHECK(w->seen == (a.seen | b.seen));
     FUZZ_CHECK(w->samples == a.samples + b.samples);
     FUZZ_CHECK(w->bad_lines == a.bad_lines + b.bad_lines);
+    FUZZ_CHECK(w->other_lines == a.other_lines + b.other_lines);
     FUZZ_CHECK(close_to(w->num_requests_waiting, a.num_requests_waiting + b.num_requests_waiting));
     FUZZ_CHECK(close_to(w->num_requests_running, a.num_requests_running + b.num_requests_running));
     FUZZ_CHECK(close_to(w->prefix_cache_hits, a.prefix_cache_hits + b.prefix_cache_hits));
@@ -91,6 +92,34 @@ static void check_split(const pcr_pod_sample_t *w, const uint8_t *data, size_t s
     FUZZ_CHECK(w->block_size == last->block_size && w->num_gpu_blocks == last->num_gpu_blocks);
     last = (b.seen & PCR_PROM_START_TIME) ? &b : &a;
     FUZZ_CHECK(w->process_start_time == last->process_start_time);
+}
+
+/* The reader fed in pieces (cut where the input's first bytes say, down to single bytes)
+ * gives exactly what the whole text gives. */
+static void check_pieces(const pcr_pod_sample_t *w, const uint8_t *data, size_t size)
+{
+    static pcr_prom_reader_t r;
+    size_t step = size > 0 ? (size_t)data[0] % 7 : 1;
+    size_t sizes[] = {1, 2, 3, 64, 1000, PCR_PROM_MAX_LINE, size / 2 + 1};
+    pcr_prom_begin(&r);
+    for (size_t off = 0, i = step; off < size; i++) {
+        size_t n = sizes[i % PCR_ARRAY_SIZE(sizes)];
+        if (n > size - off)
+            n = size - off;
+        pcr_prom_feed(&r, (const char *)data + off, n);
+        off += n;
+    }
+    const pcr_pod_sample_t *p = pcr_prom_end(&r);
+    FUZZ_CHECK(memcmp(p, w, sizeof *w) == 0 ||
+               (p->seen == w->seen && p->samples == w->samples && p->bad_lines == w->bad_lines &&
+                p->other_lines == w->other_lines &&
+                p->num_requests_waiting == w->num_requests_waiting &&
+                p->num_requests_running == w->num_requests_running &&
+                p->prefix_cache_hits == w->prefix_cache_hits &&
+                p->prefix_cache_queries == w->prefix_cache_queries &&
+                p->kv_cache_usage == w->kv_cache_usage && p->block_size == w->block_size &&
+                p->num_gpu_blocks == w->num_gpu_blocks &&
+                p->process_start_time == w->process_start_time));
 }
 
 static void check_round_trip(const uint8_t *data, size_t size)
@@ -173,6 +202,26 @@ static void check_apply(const pcr_pod_sample_t *s, const uint8_t *data, size_t s
                   "(\\{[ \t]*(" LABEL "(," LABEL ")*(,[ \t]*)?)?\\})?" \
                   "[ \t]+([^ \t]+)([ \t]+-?[0-9]{1,19})?[ \t]*$"
 
+/* The metrics the reader reads; a line that does not begin with one of them, whole, is
+ * dismissed (other_lines) when it begins with a name character, and bad otherwise. */
+static const char *const read_names[] = {
+    "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total", "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "process_start_time_seconds",
+};
+
+static int begins_read_name(const char *l)
+{
+    for (size_t i = 0; i < sizeof read_names / sizeof read_names[0]; i++) {
+        size_t k = strlen(read_names[i]);
+        if (strncmp(l, read_names[i], k) == 0 &&
+            (l[k] == '\0' || l[k] == ' ' || l[k] == '\t' || l[k] == '{'))
+            return 1;
+    }
+    return 0;
+}
+
 /* Which label sets the reader may refuse beyond syntax: more than it allows, or the KV labels
  * twice (it refuses those whatever the metric). */
 static int labels_refusable(const char *line)
@@ -218,6 +267,13 @@ static void check_syntax(const uint8_t *data, size_t size)
             FUZZ_CHECK(s.samples == 0 && s.bad_lines == 0);
             continue;
         }
+        if (!begins_read_name(line + lead)) {
+            int name = strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:",
+                              line[lead]) != NULL;
+            FUZZ_CHECKF(s.samples == 0 && s.other_lines == (size_t)name &&
+                        s.bad_lines == (size_t)!name, "a line not read, counted wrong: %s", line);
+            continue;
+        }
         regmatch_t m[10];
         int ok = regexec(&re, line, 10, m, 0) == 0;
         if (ok) {
@@ -247,6 +303,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(pcr_prom_parse((const char *)data, size, &s) == 0);
     check_sane(&s, data, size);
     check_split(&s, data, size);
+    check_pieces(&s, data, size);
     check_round_trip(data, size);
     check_apply(&s, data, size);
     check_syntax(data, size);

@@ -22,6 +22,8 @@ or headers `x-stub-<key>` (underscores written as dashes). Keys:
   delay_ms     wait before answering
   mode         "stall": never answer (until the peer closes or 120 s pass)
                "close": close the connection without answering
+  close_reused true: "close" for a request on a connection that carried one before (a pooled
+               connection the pod had closed), an answer on a new connection
   gate         name: a non-streaming answer waits until the gate is released; a stream sends
                its first event, then waits. Released by POST /stub/release {"gate": name}
                (a released gate stays open). Waiting watches the socket: a peer that closes
@@ -168,6 +170,7 @@ def make_handler(state):
             with state.lock:
                 state.connections += 1
                 self.conn_id = state.connections
+            self.served = 0  # /v1 requests this connection carried
 
         def log_message(self, fmt, *args):
             pass
@@ -277,6 +280,9 @@ def make_handler(state):
             entry = state.begin(path, self.conn_id, headers, body, ctl)
             so = req.get("stream_options")
             entry["include_usage"] = isinstance(so, dict) and so.get("include_usage") is True
+            if ctl.get("close_reused") and self.served > 0:
+                ctl["mode"] = "close"  # as a pod that closed its idle keep-alive connections
+            self.served += 1
             outcome = "aborted"
             try:
                 outcome = self.answer(path, req, body, ctl, entry)

@@ -40,3 +40,20 @@ def test_config_models_join_the_pods_list(stub_factory, router_factory):
                          for _ in range(4)), 15, what="extra routed to pod-a only")
     for _ in range(4):
         assert pod_of(curl(r.url("/v1/completions"), completion("q", model="extra"))) == "pod-a"
+
+
+def test_models_read_again_as_pods_change(cluster):
+    """A pod that starts serving a new model (a LoRA adapter loaded) gets its requests once its
+    list is read again (scrape.models_interval_ms); one it stopped serving no longer reaches it."""
+    c = cluster(2, policy="round_robin", models=[["base"], ["base"]],
+                scrape={"models_interval_ms": 200})
+    wait_for(lambda: curl(c.url("/v1/completions"), completion("q", model="lora-new")).status == 404,
+             15, what="lora-new unknown everywhere")
+    c.by_name["pod-b"].configure(models=["base", "lora-new"])
+    wait_for(lambda: curl(c.url("/v1/completions"), completion("q", model="lora-new")).status == 200,
+             15, what="lora-new learned from pod-b")
+    for _ in range(4):
+        assert pod_of(curl(c.url("/v1/completions"), completion("q", model="lora-new"))) == "pod-b"
+    c.by_name["pod-b"].configure(models=["lora-new"])
+    wait_for(lambda: all(pod_of(curl(c.url("/v1/completions"), completion("q", model="base")))
+                         == "pod-a" for _ in range(4)), 15, what="base only on pod-a")

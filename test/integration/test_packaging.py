@@ -37,6 +37,7 @@ COMMANDS = {
     "gnuplot": "gnuplot-nox",
     "perf": "linux-perf",
     "promtool": "prometheus",
+    "dnsmasq": "dnsmasq-base",
 }
 # Commands from Debian's Essential packages, on every Debian system: no list needs them.
 ESSENTIAL_COMMANDS = {

@@ -3,7 +3,8 @@
  * metric names, the KV capacity from vllm:cache_config_info reaching the index, and the KV cache
  * usage (vllm:kv_cache_usage_perc, or v0's vllm:gpu_cache_usage_perc); and router/prom.c, the
  * text parser under it: the format's corners and every number the pod could get wrong (NaN,
- * infinities, negatives, overflow). */
+ * infinities, negatives, overflow); and a restart (counters going back, a new start time or
+ * cache geometry) dropping the pod's entries. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,7 +152,8 @@ static void test_prom_every_value(void)
     PCR_CHECK_EQ_INT(s.block_size, 16);
     PCR_CHECK_EQ_INT(s.num_gpu_blocks, 2048);
     PCR_CHECK(s.process_start_time == 1.7e9);
-    PCR_CHECK_EQ_INT(s.samples, 10);        /* a negative value is fine for a metric not ours */
+    PCR_CHECK_EQ_INT(s.samples, 9);
+    PCR_CHECK_EQ_INT(s.other_lines, 1);     /* a metric not ours: dismissed, not checked */
     PCR_CHECK_EQ_INT(s.bad_lines, 0);
 }
 
@@ -218,8 +220,6 @@ static void test_prom_labels(void)
         "vllm:num_requests_waiting{a=\"1\" b=\"2\"} 3\n",         /* no comma */
         "vllm:num_requests_waiting{a=\"1\"}3\n",                  /* value not set apart */
         "vllm:num_requests_waiting{a=\"\\\n",                    /* escape at the end */
-        "vllm:num_requests_waiting-x 3\n",
-        "vllm:num_requests_waiting\0 3\n",
         "{a=\"1\"} 3\n",
         "vllm:cache_config_info{block_size=\"16\",block_size=\"32\",num_gpu_blocks=\"8\"} 1\n",
         "vllm:cache_config_info{block_size=\"16\"} 1\n",
@@ -239,6 +239,21 @@ static void test_prom_labels(void)
             printf("# accepted: %s", bad[i]);
         PCR_CHECK_EQ_INT(t.seen, 0);
         PCR_CHECK_EQ_INT(t.bad_lines, 1);
+    }
+    /* Not one of the names read, whole: dismissed, unread (a name character, then not a name
+     * the router reads), never a sample. */
+    static const char *const other[] = {
+        "vllm:num_requests_waiting-x 3\n",
+        "vllm:num_requests_waiting\0 3\n",
+        "vllm:num_requests_waitingx 3\n",
+    };
+    for (size_t i = 0; i < PCR_ARRAY_SIZE(other); i++) {
+        pcr_pod_sample_t t;
+        size_t n = (size_t)((const char *)memchr(other[i], '\n', 200) - other[i]) + 1;
+        PCR_CHECK_EQ_INT(pcr_prom_parse(other[i], n, &t), 0);
+        PCR_CHECK_EQ_INT(t.seen, 0);
+        PCR_CHECK_EQ_INT(t.samples + t.bad_lines, 0);
+        PCR_CHECK_EQ_INT(t.other_lines, 1);
     }
 }
 
@@ -319,6 +334,96 @@ static void test_kv_cache_usage(void)
     pcr_bus_free(srv.bus);
 }
 
+/* The same page whole and in pieces cut anywhere (lines split across reads), with a line far
+ * longer than any we read and a last line without its newline (not read: the text format ends
+ * every line with one): the same figures. */
+static void test_page_in_pieces(void)
+{
+    static char page[20000];
+    size_t n = 0;
+    n += (size_t)snprintf(page + n, sizeof(page) - n,
+                          "# HELP vllm:num_requests_waiting x\n"
+                          "vllm:num_requests_waiting{model_name=\"m\"} 5\n"
+                          "vllm:e2e_request_latency_seconds_bucket{le=\"0.5\",model_name=\"m\",x=\"");
+    memset(page + n, 'z', 9000); /* a 9 KB line: skipped, and the next one still read */
+    n += 9000;
+    n += (size_t)snprintf(page + n, sizeof(page) - n,
+                          "\"} 3\n"
+                          "vllm:num_requests_running{model_name=\"m\"} 2\n"
+                          "vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n"
+                          "vllm:prefix_cache_queries_total{model_name=\"m\"} 40\n"
+                          "vllm:num_requests_waiting{model_name=\"other\"} 4");
+    for (size_t piece = 1; piece <= 4099; piece += piece < 8 ? 1 : 997) {
+        pcr_backend_t be;
+        setup(&be);
+        struct evbuffer *b = evbuffer_new();
+        for (size_t off = 0; off < n; off += piece)
+            evbuffer_add_reference(b, page + off, off + piece <= n ? piece : n - off, NULL, NULL);
+        pcr_scrape_parse(&be, b);
+        PCR_CHECK_EQ_INT(evbuffer_get_length(b), 0);
+        evbuffer_free(b);
+        PCR_CHECK_EQ_INT(be.pod_waiting, 5); /* not + 4: that last line has no newline */
+        PCR_CHECK_EQ_INT(be.pod_running, 2);
+        PCR_CHECK_EQ_INT(be.pod_have_hits, 1);
+        PCR_CHECK_EQ_INT(be.pod_hits_last, 10);
+        PCR_CHECK_EQ_INT(be.pod_queries_last, 40);
+        pcr_policy_free(policy);
+        pcr_bus_free(srv.bus);
+    }
+}
+
+/* Indexes a prompt for the pod in the worker's replica; returns its blocks there. */
+static uint64_t index_some(pcr_policy_t *pol)
+{
+    uint64_t blocks[64];
+    pcr_key_t key = {.blocks = blocks};
+    char prompt[16 * 256];
+    memset(prompt, 'y', sizeof(prompt));
+    pcr_policy_key(pol, "m", 1, prompt, sizeof(prompt), &key);
+    uint32_t from;
+    pcr_policy_commit(pol, 0, &key, 1, &from);
+    return pcr_policy_backend_blocks(pol, 0);
+}
+
+static void test_restart_drops_the_pods_entries(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    PCR_CHECK(index_some(policy) > 0);
+    /* The first scrape is a baseline, never a restart. */
+    feed(&be, "process_start_time_seconds 1700000000.25\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 100\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 400\n");
+    feed(&be, "process_start_time_seconds 1700000000.25\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 150\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 500\n");
+    PCR_CHECK_EQ_INT(be.restarts, 0);
+    pcr_bus_drain(srv.bus, 0, &policy);
+    PCR_CHECK(pcr_policy_backend_blocks(policy, 0) > 0);
+    /* Counters went back: a new engine, an empty cache. */
+    feed(&be, "process_start_time_seconds 1700000000.25\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 0\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 10\n");
+    PCR_CHECK_EQ_INT(be.restarts, 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(policy, 0), 0);
+    /* A new start time alone says so too (a pod that served nothing has no counter to drop). */
+    PCR_CHECK(index_some(policy) > 0);
+    feed(&be, "process_start_time_seconds 1700000099.5\n"
+              "vllm:prefix_cache_hits_total{model_name=\"m\"} 0\n"
+              "vllm:prefix_cache_queries_total{model_name=\"m\"} 10\n");
+    PCR_CHECK_EQ_INT(be.restarts, 2);
+    pcr_bus_drain(srv.bus, 0, &policy);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(policy, 0), 0);
+    /* And a new cache geometry. */
+    feed(&be, "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1\n");
+    PCR_CHECK_EQ_INT(be.restarts, 2);
+    feed(&be, "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8192\"} 1\n");
+    PCR_CHECK_EQ_INT(be.restarts, 3);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
+}
+
 int main(void)
 {
     PCR_RUN(test_waiting_and_running);
@@ -332,5 +437,7 @@ int main(void)
     PCR_RUN(test_prom_bounds);
     PCR_RUN(test_huge_values_saturate);
     PCR_RUN(test_kv_cache_usage);
+    PCR_RUN(test_restart_drops_the_pods_entries);
+    PCR_RUN(test_page_in_pieces);
     return pcr_test_done();
 }

@@ -396,8 +396,13 @@ def test_quick_restart_under_load(router_factory, pods):
             load.wait_count(300)
             victim, t_kill, t_back = restart_sim(victim, "pod-v", port, scale)
             n_kill = load.count()
-            wait_for(lambda: load.count() >= n_kill + 600 and time.time() > t_back + 1.0, 30,
-                     what="load after the restart")
+
+            def pod_v_served_again():
+                with load.lock:
+                    return any(x["t0"] > t_back + 0.5 and x["backend"] == "pod-v"
+                               for x in load.results)
+            wait_for(lambda: load.count() >= n_kill + 600 and time.time() > t_back + 1.0 and
+                     pod_v_served_again(), 30, what="load after the restart")
         finally:
             results = load.stop()
         fails = [x for x in results if x["status"] != 200]

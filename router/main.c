@@ -2,7 +2,9 @@
  * workers), the control loop on the main thread, and the graceful stop (SIGTERM/SIGINT: every
  * worker stops accepting and lets its in-flight requests finish within timeouts.drain_ms; the
  * process exits 0 once the last worker is done). */
+#include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <getopt.h>
 #include <sched.h>
 #include <signal.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/signalfd.h>
 
 #include <event2/event.h>
 #include <openssl/ssl.h>
@@ -49,9 +52,8 @@ static void on_workers_done(evutil_socket_t fd, short what, void *arg)
     event_base_loopexit(srv->base, NULL);
 }
 
-static void on_hup(evutil_socket_t sig, short what, void *arg)
+static void on_hup(pcr_server_t *srv)
 {
-    pcr_server_t *srv = arg;
     if (PCR_LOAD(srv->draining)) {
         pcr_log_warn("SIGHUP while draining: no reload");
         return;
@@ -61,16 +63,14 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 
 /* Log rotation: the access log's writer reopens its file (the renamed one keeps every line
  * written before). */
-static void on_usr1(evutil_socket_t sig, short what, void *arg)
+static void on_usr1(pcr_server_t *srv)
 {
-    pcr_server_t *srv = arg;
     pcr_log_info("SIGUSR1: reopening the access log");
     pcr_accesslog_reopen(srv->access_log, NULL);
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg)
+static void on_stop_signal(pcr_server_t *srv, int sig)
 {
-    pcr_server_t *srv = arg;
     if (srv->draining) {
         pcr_log_warn("second signal: stopping now");
         pcr_workers_stop(srv);
@@ -93,6 +93,44 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
     if (srv->drain_timer)
         evtimer_add(srv->drain_timer, &tv);
+}
+
+/* Signals arrive through a signalfd read by the control loop: every thread blocks them from
+ * the start (they are blocked before the first thread exists), so none is ever interrupted by a
+ * handler, and each one is read here as data, in order, on the loop that acts on it. */
+static void on_signalfd(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
+    struct signalfd_siginfo si;
+    for (int n = 0; n < 64; n++) {
+        ssize_t got = read(fd, &si, sizeof(si));
+        if (got != (ssize_t)sizeof(si))
+            return; /* EAGAIN: all read */
+        switch ((int)si.ssi_signo) {
+        case SIGHUP:
+            on_hup(srv);
+            break;
+        case SIGUSR1:
+            on_usr1(srv);
+            break;
+        case SIGTERM:
+        case SIGINT:
+            on_stop_signal(srv, (int)si.ssi_signo);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static int signals_block(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+    sigaddset(set, SIGUSR1);
+    return pthread_sigmask(SIG_BLOCK, set, NULL);
 }
 
 static void usage(FILE *f)
@@ -142,6 +180,7 @@ static int run(const char *path)
     pcr_server_t srv;
     memset(&srv, 0, sizeof(srv));
     srv.wake_fd[0] = srv.wake_fd[1] = -1;
+    srv.sig_fd = -1;
     srv.cfg = pcr_config_load(path, &errors);
     if (srv.cfg == NULL) {
         fprintf(stderr, "%s", errors ? errors : "invalid config\n");
@@ -150,6 +189,14 @@ static int run(const char *path)
     }
     pcr_log_set_level(srv.cfg->log.level);
     signal(SIGPIPE, SIG_IGN);
+    /* Before any thread starts (the access log's writer is the first): every thread inherits
+     * the mask, and the signals wait for the signalfd. */
+    sigset_t sigs;
+    if (signals_block(&sigs) != 0 ||
+        (srv.sig_fd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
+        pcr_log_error("cannot start: signalfd: %s", strerror(errno));
+        goto out;
+    }
     srv.nworkers = worker_count(srv.cfg);
     srv.base = pcr_sock_base_new();
     srv.bus = pcr_bus_new(srv.nworkers);
@@ -174,15 +221,10 @@ static int run(const char *path)
     if (pcr_backends_init(&srv) < 0 ||
         (srv.listen_plan = pcr_listen_plan_new(&srv, srv.cfg, NULL)) == NULL)
         goto out;
-    srv.sig_term = evsignal_new(srv.base, SIGTERM, on_signal, &srv);
-    srv.sig_int = evsignal_new(srv.base, SIGINT, on_signal, &srv);
-    srv.sig_hup = evsignal_new(srv.base, SIGHUP, on_hup, &srv);
-    srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, on_usr1, &srv);
+    srv.sig_ev = event_new(srv.base, srv.sig_fd, EV_READ | EV_PERSIST, on_signalfd, &srv);
     srv.workers_done = event_new(srv.base, srv.wake_fd[0], EV_READ, on_workers_done, &srv);
-    if (srv.sig_term == NULL || srv.sig_int == NULL || srv.sig_hup == NULL ||
-        srv.sig_usr1 == NULL || srv.workers_done == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
-        evsignal_add(srv.sig_int, NULL) < 0 || evsignal_add(srv.sig_hup, NULL) < 0 ||
-        evsignal_add(srv.sig_usr1, NULL) < 0 || event_add(srv.workers_done, NULL) < 0)
+    if (srv.sig_ev == NULL || srv.workers_done == NULL || event_add(srv.sig_ev, NULL) < 0 ||
+        event_add(srv.workers_done, NULL) < 0)
         goto out;
     if (pcr_workers_start(&srv) < 0)
         goto out;
@@ -213,14 +255,10 @@ out:
     pcr_listen_plan_free(srv.listen_plan);
     pcr_backends_dispose(&srv);
     pcr_bus_free(srv.bus);
-    if (srv.sig_term)
-        event_free(srv.sig_term);
-    if (srv.sig_int)
-        event_free(srv.sig_int);
-    if (srv.sig_hup)
-        event_free(srv.sig_hup);
-    if (srv.sig_usr1)
-        event_free(srv.sig_usr1);
+    if (srv.sig_ev)
+        event_free(srv.sig_ev);
+    if (srv.sig_fd >= 0)
+        close(srv.sig_fd);
     /* After the workers: every line they queued is written before the file closes. */
     pcr_accesslog_free(srv.access_log);
     if (srv.workers_done)

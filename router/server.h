@@ -88,7 +88,8 @@ typedef struct pcr_server {
     struct event_base *base;
     struct event *probe_tick;     /* probes of ejected backends (backend.c) */
     struct event *scrape_tick;    /* the pods' metrics (scrape.c) */
-    struct event *sig_term, *sig_int, *sig_hup, *sig_usr1;
+    struct event *sig_ev; /* the signalfd (SIGTERM, SIGINT, SIGHUP, SIGUSR1) */
+    int sig_fd;
     struct event *drain_timer;
     struct event *workers_done;   /* the last worker to stop wakes the control loop */
     int draining;                 /* SIGTERM seen (atomic: workers read it) */

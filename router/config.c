@@ -55,6 +55,9 @@ typedef enum {
     FT_SECTION,     /* object read with `sub` into the struct at `offset` */
     FT_LISTENERS,   /* the listen array of pcr_config_t */
     FT_BACKENDS,    /* the backends array of pcr_config_t */
+    FT_REDIS,       /* redis object: sets pcr_redis_conf_t's enabled, reads redis_fields */
+    FT_REDIS_URL,   /* redis url: fills pcr_redis_conf_t's url, host, port, user, password, db */
+    FT_KEY_PREFIX,  /* a Redis key prefix: letters, digits and "-_.:{}" */
 } field_type_t;
 
 enum { F_REQUIRED = 1, F_NONEMPTY = 2 };
@@ -149,6 +152,23 @@ static const field_t log_fields[] = {
     F_OF(pcr_log_conf_t, access_log, FT_BOOL, 0),
 };
 
+/* Redis sizes stay under 512 MiB, the largest string Redis stores. */
+static const field_t redis_fields[] = {
+    F_OF(pcr_redis_conf_t, url, FT_REDIS_URL, F_REQUIRED),
+    F_OF(pcr_redis_conf_t, channel, FT_KEY_PREFIX, 0),
+    F_INT(pcr_redis_conf_t, flush_ms, FT_UINT, 1, 10000),
+    F_INT(pcr_redis_conf_t, batch_max_bytes, FT_SIZE, 4096, 1LL << 26),
+    F_INT(pcr_redis_conf_t, stream_maxlen, FT_UINT, 10, 10000000),
+    F_INT(pcr_redis_conf_t, snapshot_interval_ms, FT_UINT, 100, DAY_MS),
+    F_INT(pcr_redis_conf_t, snapshot_ttl_ms, FT_UINT, 1000, 7 * DAY_MS),
+    F_INT(pcr_redis_conf_t, snapshot_max_bytes, FT_SIZE, 65536, 1LL << 29),
+    F_INT(pcr_redis_conf_t, ready_timeout_ms, FT_UINT, 0, DAY_MS),
+    F_INT(pcr_redis_conf_t, timeout_ms, FT_UINT, 10, DAY_MS),
+    F_INT(pcr_redis_conf_t, reconnect_min_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_redis_conf_t, reconnect_max_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_redis_conf_t, max_pending_bytes, FT_SIZE, 65536, 1LL << 32),
+};
+
 static const field_t root_fields[] = {
     F_OF(pcr_config_t, listen, FT_LISTENERS, F_REQUIRED),
     F_OF(pcr_config_t, backends, FT_BACKENDS, F_REQUIRED),
@@ -159,6 +179,7 @@ static const field_t root_fields[] = {
     F_SECTION(upstream, upstream_fields),
     F_SECTION(health, health_fields),
     F_SECTION(log, log_fields),
+    F_OF(pcr_config_t, redis, FT_REDIS, 0),
 };
 
 static const char *const log_level_names[] = {
@@ -513,6 +534,40 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
     case FT_MODELS:
         read_models(c, base, v);
         break;
+    case FT_REDIS:
+        if (!json_is_object(v)) {
+            pcr_cfg_err_type(c, "object", v);
+            break;
+        }
+        ((pcr_redis_conf_t *)slot)->enabled = 1;
+        read_fields(c, v, slot, redis_fields, PCR_ARRAY_SIZE(redis_fields));
+        break;
+    case FT_REDIS_URL: {
+        pcr_redis_conf_t *r = base;
+        const char *why;
+        if ((s = get_text(c, v, F_NONEMPTY)) == NULL)
+            break;
+        free(r->host);
+        free(r->user);
+        free(r->password);
+        why = pcr_cfg_parse_redis_url(s, &r->host, &r->port, &r->user, &r->password, &r->db);
+        /* The password is left out of the message: it may be right but for one character. */
+        if (why != NULL)
+            pcr_cfg_err(c, "expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\"%s%s",
+                        why[0] ? ": " : "", why);
+        set_string(c, &r->url, s);
+        break;
+    }
+    case FT_KEY_PREFIX:
+        if ((s = get_text(c, v, F_NONEMPTY)) == NULL)
+            break;
+        if (strlen(s) > 100 || strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789-_.:{}") != strlen(s))
+            pcr_cfg_err(c, "expected up to 100 letters, digits or \"-_.:{}\", got %s",
+                        pcr_cfg_quote(q, sizeof q, s));
+        else
+            set_string(c, slot, s);
+        break;
     case FT_SECTION:
         if (!json_is_object(v))
             pcr_cfg_err_type(c, "object", v);
@@ -571,6 +626,13 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1 };
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };
     cfg->log = (pcr_log_conf_t){ .level = PCR_LOG_INFO, .access_log = 1 };
+    cfg->redis = (pcr_redis_conf_t){
+        .port = 6379, .flush_ms = 5, .batch_max_bytes = 262144, .stream_maxlen = 2000,
+        .snapshot_interval_ms = 30000, .snapshot_ttl_ms = 600000,
+        .snapshot_max_bytes = (size_t)16 << 20, .ready_timeout_ms = 5000, .timeout_ms = 2000,
+        .reconnect_min_ms = 100, .reconnect_max_ms = 5000, .max_pending_bytes = (size_t)8 << 20,
+    };
+    set_string(c, &cfg->redis.channel, "pcrouter");
     set_string(c, &cfg->path, name);
     set_string(c, &cfg->routing.zone, "");
     set_string(c, &cfg->health.path, "/health");
@@ -593,6 +655,31 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
         pcr_cfg_path_push_key(&c->path, "max_prefix_bytes");
         pcr_cfg_err(c, "must be >= routing.block_bytes (%zu), got %zu", cfg->routing.block_bytes,
             cfg->routing.max_prefix_bytes);
+        pcr_cfg_path_pop(&c->path, mark);
+    }
+    const json_t *redis = json_object_get(root, "redis");
+    if (cfg->redis.enabled && json_is_object(redis)) {
+        const pcr_redis_conf_t *r = &cfg->redis;
+        size_t mark = pcr_cfg_path_push_key(&c->path, "redis");
+        const char *key = NULL;
+        char msg[160] = "";
+        if (r->reconnect_max_ms < r->reconnect_min_ms) {
+            key = json_object_get(redis, "reconnect_max_ms") ? "reconnect_max_ms" : "reconnect_min_ms";
+            snprintf(msg, sizeof msg, "reconnect_max_ms (%u) must be >= reconnect_min_ms (%u)",
+                     r->reconnect_max_ms, r->reconnect_min_ms);
+        } else if (r->snapshot_ttl_ms < r->snapshot_interval_ms) {
+            key = json_object_get(redis, "snapshot_ttl_ms") ? "snapshot_ttl_ms" : "snapshot_interval_ms";
+            snprintf(msg, sizeof msg, "snapshot_ttl_ms (%u) must be >= snapshot_interval_ms (%u)",
+                     r->snapshot_ttl_ms, r->snapshot_interval_ms);
+        } else if (r->max_pending_bytes < r->batch_max_bytes) {
+            key = json_object_get(redis, "max_pending_bytes") ? "max_pending_bytes" : "batch_max_bytes";
+            snprintf(msg, sizeof msg, "max_pending_bytes (%zu) must be >= batch_max_bytes (%zu)",
+                     r->max_pending_bytes, r->batch_max_bytes);
+        }
+        if (key != NULL) {
+            pcr_cfg_path_push_key(&c->path, key);
+            pcr_cfg_err(c, "%s", msg);
+        }
         pcr_cfg_path_pop(&c->path, mark);
     }
     for (size_t i = 0; i < cfg->nbackends; i++)
@@ -709,6 +796,11 @@ void pcr_config_free(pcr_config_t *cfg)
     free(cfg->backends);
     free(cfg->routing.zone);
     free(cfg->health.path);
+    free(cfg->redis.url);
+    free(cfg->redis.host);
+    free(cfg->redis.user);
+    free(cfg->redis.password);
+    free(cfg->redis.channel);
     free(cfg->path);
     free(cfg);
 }

@@ -1,7 +1,8 @@
-/* router/config_addr.c: parsing the listen addresses and backend URLs of the config file
- * (contract in config_addr.h). It knows their syntax only; the loader decides what to say. */
+/* router/config_addr.c: parsing the listen addresses, backend URLs and the Redis URL of the
+ * config file (contract in config_addr.h). It knows their syntax only; the loader decides what to say. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -124,4 +125,139 @@ const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port)
     *host = strndup(h, (size_t)(end - h));
     *port = (uint16_t)p;
     return *host == NULL ? "out of memory" : NULL;
+}
+
+static int hex_value(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+/* s[0..n) with %XX sequences decoded, into a heap string; NULL when a sequence is broken or
+ * decodes to NUL (hiredis takes C strings) or when out of memory. */
+static char *percent_decode(const char *s, size_t n)
+{
+    char *out = malloc(n + 1), *o = out;
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '%') {
+            *o++ = s[i];
+            continue;
+        }
+        int hi = i + 2 < n ? hex_value(s[i + 1]) : -1;
+        int lo = i + 2 < n ? hex_value(s[i + 2]) : -1;
+        if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
+            free(out);
+            return NULL;
+        }
+        *o++ = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    *o = '\0';
+    return out;
+}
+
+const char *pcr_cfg_parse_redis_url(const char *url, char **host, uint16_t *port, char **user,
+                                    char **password, unsigned *db)
+{
+    const char *h, *end, *rest, *at, *why = NULL;
+    long p = 6379, d = 0;
+    *host = *user = *password = NULL;
+    if (strncasecmp(url, "rediss://", 9) == 0)
+        return "TLS is not supported (hiredis 0.14 has none): reach a TLS Redis through a local "
+               "tunnel such as stunnel, and point redis:// at it";
+    if (strncasecmp(url, "redis://", 8) != 0)
+        return "";
+    h = url + 8;
+    /* The userinfo ends at the last '@' before the path: a password may hold '@' if encoded,
+     * and a raw one is taken up to the host all the same. */
+    at = NULL;
+    for (const char *q = h; *q && *q != '/'; q++)
+        if (*q == '@')
+            at = q;
+    if (at != NULL) {
+        const char *colon = memchr(h, ':', (size_t)(at - h));
+        if (colon == NULL)
+            return "the part before \"@\" must be \"[USER]:PASSWORD\"";
+        if (colon > h && (*user = percent_decode(h, (size_t)(colon - h))) == NULL) {
+            why = "the user has a broken %-escape";
+            goto fail;
+        }
+        if ((*password = percent_decode(colon + 1, (size_t)(at - colon - 1))) == NULL) {
+            why = "the password has a broken %-escape";
+            goto fail;
+        }
+        if ((*password)[0] == '\0') {
+            free(*password);
+            *password = NULL;
+        }
+        h = at + 1;
+    }
+    if (*h == '[') {
+        char tmp[INET6_ADDRSTRLEN + 1];
+        struct in6_addr a6;
+        const char *close = strchr(h, ']');
+        h++;
+        if (close == NULL || (size_t)(close - h) >= sizeof tmp) {
+            why = "not a valid bracketed IPv6 address";
+            goto fail;
+        }
+        memcpy(tmp, h, (size_t)(close - h));
+        tmp[close - h] = '\0';
+        if (inet_pton(AF_INET6, tmp, &a6) != 1) {
+            why = "not a valid bracketed IPv6 address";
+            goto fail;
+        }
+        end = close;
+        rest = close + 1;
+    } else {
+        for (end = h; is_host_char(*end); end++)
+            ;
+        if (end == h) {
+            why = "the host is missing";
+            goto fail;
+        }
+        rest = end;
+    }
+    if (*rest == ':') {
+        size_t plen = strcspn(rest + 1, "/");
+        p = parse_port(rest + 1, plen);
+        if (p < 1) {
+            why = "the port must be a number from 1 to 65535";
+            goto fail;
+        }
+        rest += 1 + plen;
+    }
+    if (*rest == '/' && rest[1] != '\0') {
+        d = parse_port(rest + 1, strlen(rest + 1));
+        if (d < 0) {
+            why = "the database must be a number from 0 to 65535";
+            goto fail;
+        }
+        rest += strlen(rest);
+    } else if (*rest == '/') {
+        rest++;
+    }
+    if (*rest != '\0') {
+        why = "the host may hold only letters, digits, \"-\", \".\" and \"_\"";
+        goto fail;
+    }
+    if ((*host = strndup(h, (size_t)(end - h))) == NULL) {
+        why = "out of memory";
+        goto fail;
+    }
+    *port = (uint16_t)p;
+    *db = (unsigned)d;
+    return NULL;
+fail:
+    free(*user);
+    free(*password);
+    *user = *password = NULL;
+    return why;
 }

@@ -20,6 +20,7 @@
 #include "config.h"
 #include "log.h"
 #include "session.h"
+#include "share.h"
 #include "sock.h"
 #include "upstream.h"
 #include "version.h"
@@ -73,6 +74,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     pcr_log_info("signal %d: draining (%llu request(s) in flight, up to %u ms)", (int)sig,
                  (unsigned long long)inflight, srv->cfg->timeouts.drain_ms);
     pcr_workers_drain(srv);
+    pcr_share_drain(srv->share);
     for (size_t i = 0; i < srv->nbackends; i++)
         pcr_upstream_close_idle(&srv->check_pools[i]);
     unsigned ms = srv->cfg->timeouts.drain_ms;
@@ -155,9 +157,15 @@ static int run(const char *path)
         evsignal_add(srv.sig_int, NULL) < 0 || evsignal_add(srv.sig_hup, NULL) < 0 ||
         event_add(srv.workers_done, NULL) < 0)
         goto out;
+    /* The bus tap must be on before a worker publishes anything. */
+    if (pcr_share_new(&srv, &srv.share) < 0) {
+        pcr_log_error("cannot start: the index sharing could not be set up");
+        goto out;
+    }
     if (pcr_workers_start(&srv) < 0)
         goto out;
     started = 1;
+    pcr_share_start(srv.share);
     pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s, %u worker(s)", PCR_VERSION,
                  srv.nbackends, pcr_policy_kind_name(srv.cfg->routing.policy), srv.nworkers);
     event_base_dispatch(srv.base);
@@ -169,6 +177,7 @@ out:
         pcr_log_info("stopped");
     }
     PCR_STORE(srv.draining, 1);
+    pcr_share_free(srv.share);
     pcr_listeners_unbind(&srv);
     pcr_backends_dispose(&srv);
     pcr_bus_free(srv.bus);

@@ -13,6 +13,7 @@
 #include "bus.h"
 #include "metrics.h"
 #include "server.h"
+#include "share.h"
 #include "upstream.h"
 
 static const double buckets[PCR_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
@@ -212,6 +213,8 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_index_updates_dropped_total",
             "Index updates between workers dropped because a worker's inbox was full.",
             pcr_bus_dropped(srv->bus));
+
+    pcr_share_render_metrics(srv->share, out);
 
     /* Every worker holds a replica of the index: the memory is their sum. */
     HEADER(out, "pcrouter_index_bytes", "gauge", "Memory held by the prefix index, all worker replicas.");

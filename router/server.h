@@ -34,6 +34,7 @@ typedef struct pcr_pool pcr_pool_t;
 typedef struct pcr_session pcr_session_t;
 typedef struct pcr_worker pcr_worker_t;
 typedef struct pcr_bus pcr_bus_t;
+typedef struct pcr_share pcr_share_t;
 
 /* Relaxed atomics for counters and gauges shared between threads: a single writer (or
  * several, for the RMW forms) and readers that only need some recent value. */
@@ -52,6 +53,8 @@ typedef struct pcr_server {
     pcr_worker_t *workers;
     unsigned nworkers;
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
+    pcr_share_t *share;           /* the index shared with other replicas (share.c), or NULL */
+    int share_loading;            /* atomic: a cold start loads the shared index; /health 503 */
 
     /* The control loop, on the main thread. */
     struct event_base *base;

@@ -1,0 +1,368 @@
+"""Several pcrouter replicas share one prefix index through a real Redis (router/share.c).
+
+Each test starts its own redis-server from Debian on a free loopback port, data in memory only
+(--save "" --appendonly no), and stub pods that say which one answered. Whether a replica
+learned something from another is read from `x-pcrouter-route`: a prompt a replica has never
+seen is "cold" unless the index it routes from was told about it ("warm"). Replicas are polled
+(with a deadline) until the updates one sent have reached the other, never slept on."""
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+import redis
+
+from conftest import (LineReader, chat, completion, curl, free_port, get_metrics, make_config,
+                      metric, wait_for)
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+         "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu kernel cache "
+         "prefix token router backend latency throughput shard replica tensor matrix vector").split()
+DEADLINE = 30.0   # sanitizer builds on a shared 2-core machine are slow
+
+
+def text(rng, nbytes):
+    out, n = [], 0
+    while n < nbytes:
+        w = rng.choice(WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)
+
+
+class RedisServer:
+    """A redis-server on a free loopback port, in memory only; restartable on the same port."""
+
+    def __init__(self, tmpdir, port=None):
+        self.tmpdir = str(tmpdir)
+        for _ in range(5):
+            self.port = port or free_port()
+            if self._start():
+                break
+            if port:
+                raise AssertionError("redis-server did not start on port %d" % port)
+        else:
+            raise AssertionError("redis-server did not start")
+        self.client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10)
+
+    def _start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.tmpdir, "--daemonize", "no"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.out = LineReader(self.proc.stdout, "redis")
+        if self.out.wait_line(r"Ready to accept connections", 15) is None:
+            self.kill()
+            return False
+        return True
+
+    def restart(self):
+        self.kill()
+        if not self._start():
+            raise AssertionError("redis-server did not come back on %d:\n%s" % (self.port, self.out.tail()))
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def url(self, auth=""):
+        return "redis://%s127.0.0.1:%d/0" % (auth, self.port)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    servers = []
+
+    def make(port=None):
+        s = RedisServer(tmp_path, port)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.kill()
+
+
+def share_config(stubs, rs, channel, **redis_keys):
+    r = {"url": rs.url(), "channel": channel, "snapshot_interval_ms": 200,
+         "reconnect_min_ms": 20, "reconnect_max_ms": 200, "timeout_ms": 1000,
+         "ready_timeout_ms": 15000}
+    r.update(redis_keys)
+    return make_config(stubs, routing={"policy": "cache_aware"}, redis=r)
+
+
+def share(router, name):
+    """pcrouter_share_<name> (or <name>_total, for counters); a series that is not there fails."""
+    m = get_metrics(router)
+    for n in ("pcrouter_share_" + name, "pcrouter_share_%s_total" % name):
+        v = metric(m, n)
+        if v is not None:
+            return v
+    raise AssertionError("no metric pcrouter_share_%s in:\n%s" % (name, m))
+
+
+def send(router, body, path="/v1/chat/completions"):
+    r = curl(router.url(path), body)
+    assert r.status == 200, r
+    pod = r.header("x-pcrouter-backend")
+    assert pod == r.json()["stub"]["pod"], r
+    return pod, r.header("x-pcrouter-route")
+
+
+def wait_synced(src, dst):
+    """Waits until what `src` learned (one commit per routed request) is acknowledged by Redis
+    and applied by `dst`."""
+    def published():
+        m = get_metrics(src)
+        routed = metric(m, "pcrouter_route_decisions_total") or 0
+        return metric(m, "pcrouter_share_updates_sent_total") + \
+            metric(m, "pcrouter_share_updates_dropped_total") >= routed
+    wait_for(published, DEADLINE, 0.02, "the sender's updates acknowledged by Redis")
+    sent = share(src, "updates_sent")
+    wait_for(lambda: share(dst, "updates_received") >= sent, DEADLINE, 0.02,
+             "the receiver applying %d updates" % sent)
+
+
+def start_replicas(n, stub_factory, router_factory, redis_server, channel, **redis_keys):
+    stubs = [stub_factory("pod-%s" % c) for c in "abcd"]
+    rs = redis_server()
+    routers = [router_factory(share_config(stubs, rs, channel, **redis_keys)) for _ in range(n)]
+    for r in routers:
+        wait_for(lambda: curl(r.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+        wait_for(lambda: share(r, "connected") == 1, DEADLINE, 0.05, "connected to redis")
+    return stubs, rs, routers
+
+
+def test_two_replicas_share_conversation_and_system_prompt(stub_factory, router_factory, redis_server):
+    _, _, (a, b) = start_replicas(2, stub_factory, router_factory, redis_server, "t1")
+    rng = random.Random(11)
+    # A conversation whose turns alternate between the replicas stays on one pod: every turn
+    # after the first is warm on whichever replica gets it.
+    msgs = [{"role": "system", "content": "conversation: " + text(rng, 2048)}]
+    turns = []
+    for turn in range(8):
+        here, there = (a, b) if turn % 2 == 0 else (b, a)
+        msgs.append({"role": "user", "content": text(rng, 1024)})
+        turns.append(send(here, chat(msgs, tag="t%d" % turn)))
+        msgs.append({"role": "assistant", "content": text(rng, 256)})
+        wait_synced(here, there)
+    assert len({p for p, _ in turns}) == 1, turns
+    assert turns[0][1] == "cold" and all(r == "warm" for _, r in turns[1:]), turns
+
+    # A new system prompt learned through A is warm on B at B's first sight of it.
+    system = {"role": "system", "content": "agent: " + text(rng, 6000)}
+    home, route = send(a, chat([system, {"role": "user", "content": "first user"}]))
+    assert route == "cold"
+    wait_synced(a, b)
+    again, route2 = send(b, chat([system, {"role": "user", "content": "another user entirely"}]))
+    assert (again, route2) == (home, "warm")
+    m = get_metrics(b)
+    assert metric(m, "pcrouter_share_updates_received_total") >= 5, m
+    assert metric(m, "pcrouter_share_updates_dropped_total") == 0, m
+    assert metric(m, "pcrouter_share_rejected_total") == 0, m
+    assert 0 <= metric(m, "pcrouter_share_lag_seconds") < 60, m
+
+
+def test_late_replica_loads_the_snapshot_before_it_is_ready(stub_factory, router_factory, redis_server):
+    stubs, rs, (a,) = start_replicas(1, stub_factory, router_factory, redis_server, "t2")
+    rng = random.Random(12)
+    systems = ["prompt %d: %s" % (i, text(rng, 5000)) for i in range(4)]
+    homes = []
+    for i, sp in enumerate(systems):
+        homes.append(send(a, chat([{"role": "system", "content": sp},
+                                   {"role": "user", "content": "question %d" % i}]))[0])
+    wait_for(lambda: share(a, "updates_sent") >= 4, DEADLINE, 0.02, "A's updates sent")
+    written = share(a, "snapshots_written")
+    wait_for(lambda: share(a, "snapshots_written") > written, DEADLINE, 0.05, "A's snapshot rewritten")
+    # Only the snapshot can tell the new replica: the stream is gone.
+    rs.client.delete("t2:stream")
+
+    c = router_factory(share_config(stubs, rs, "t2"))
+    got = c.err.wait_line(r"share: ready: (\d+) update\(s\) from (\d+) snapshot", DEADLINE)
+    assert got, c.err.tail()
+    assert int(got[1].group(1)) >= 4 and int(got[1].group(2)) >= 1, got[1].group(0)
+    wait_for(lambda: curl(c.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+    for i, sp in enumerate(systems):
+        pod, route = send(c, chat([{"role": "system", "content": sp},
+                                   {"role": "user", "content": "someone else %d" % i}]))
+        assert (pod, route) == (homes[i], "warm"), (i, pod, route, homes)
+    assert share(c, "snapshots_loaded") >= 1
+
+
+def test_loading_is_bounded_when_redis_is_away(stub_factory, router_factory):
+    """Nothing listens where Redis should be: /health says "loading" (503) for at most
+    ready_timeout_ms, requests are routed meanwhile, then the replica is ready on its own."""
+    stubs = [stub_factory("pod-a"), stub_factory("pod-b")]
+    cfg = make_config(stubs, redis={"url": "redis://127.0.0.1:%d" % free_port(), "channel": "t3",
+                                    "ready_timeout_ms": 2500, "reconnect_min_ms": 20,
+                                    "reconnect_max_ms": 100})
+    r = router_factory(cfg)
+    first = curl(r.url("/health"))
+    t0 = time.monotonic()
+    assert first.status == 503 and first.json()["status"] == "loading", first
+    pod, route = send(r, completion("served while loading " * 50), "/v1/completions")
+    assert route == "cold"
+    wait_for(lambda: curl(r.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+    assert time.monotonic() - t0 < 2.5 + DEADLINE
+    assert r.err.wait_line(r"not loaded within redis.ready_timeout_ms", 5)
+    m = get_metrics(r)
+    assert metric(m, "pcrouter_share_connected") == 0
+    assert metric(m, "pcrouter_share_updates_dropped_total") >= 1, m
+
+
+class Traffic(threading.Thread):
+    """Requests alternating between replicas until stopped (at most `limit`), each checked."""
+
+    def __init__(self, routers, limit=2000):
+        super().__init__(daemon=True)
+        self.routers, self.limit = routers, limit
+        self.stop_flag = threading.Event()
+        self.statuses = []
+
+    def run(self):
+        rng = random.Random(5)
+        base = text(rng, 3000)
+        for i in range(self.limit):
+            if self.stop_flag.is_set():
+                return
+            r = self.routers[i % len(self.routers)]
+            resp = curl(r.url("/v1/completions"), completion(base + " user %d" % (i % 17)), timeout=20)
+            self.statuses.append(resp.status)
+
+    def stop(self):
+        self.stop_flag.set()
+        self.join(60)
+
+
+def test_redis_killed_mid_traffic(stub_factory, router_factory, redis_server):
+    _, rs, (a, b) = start_replicas(2, stub_factory, router_factory, redis_server, "t4")
+    traffic = Traffic([a, b])
+    traffic.start()
+    try:
+        wait_for(lambda: len(traffic.statuses) >= 20, DEADLINE, 0.05, "traffic before the kill")
+        rs.kill()
+        wait_for(lambda: share(a, "connected") == 0 and share(b, "connected") == 0, DEADLINE, 0.05,
+                 "both replicas see Redis gone")
+        during = len(traffic.statuses)
+        wait_for(lambda: len(traffic.statuses) >= during + 20, DEADLINE, 0.05, "traffic without Redis")
+        # Stopped while Redis is away, so that what follows counts only the updates it sends.
+        traffic.stop()
+        # Learned by A while Redis is away: B cannot hear of it yet.
+        rng = random.Random(13)
+        system = {"role": "system", "content": "learned during the outage: " + text(rng, 6000)}
+        home, route = send(a, chat([system, {"role": "user", "content": "q1"}]))
+        assert route == "cold"
+        wait_for(lambda: share(a, "updates_dropped") >= 1, DEADLINE, 0.05, "A's updates dropped")
+
+        loaded = share(b, "snapshots_loaded")
+        rs.restart()
+        wait_for(lambda: share(a, "connected") == 1 and share(b, "connected") == 1, DEADLINE, 0.05,
+                 "both replicas reconnected")
+        assert share(a, "reconnects") >= 1 and share(b, "reconnects") >= 1
+        # A dropped updates while away: it rewrites its snapshot and announces it; B loads it.
+        wait_for(lambda: share(b, "snapshots_loaded") > loaded, DEADLINE, 0.05, "B loading A's snapshot")
+        again, route2 = send(b, chat([system, {"role": "user", "content": "q2 from someone else"}]))
+        assert (again, route2) == (home, "warm")
+        # And live sharing resumes. (An update acknowledged just before the kill may never have
+        # reached A, so this waits for one more update rather than for all of B's.)
+        fresh = {"role": "system", "content": "after the outage: " + text(rng, 6000)}
+        sent, received = share(b, "updates_sent"), share(a, "updates_received")
+        home2, _ = send(b, chat([fresh, {"role": "user", "content": "x"}]))
+        wait_for(lambda: share(b, "updates_sent") > sent, DEADLINE, 0.02, "B's update sent")
+        wait_for(lambda: share(a, "updates_received") > received, DEADLINE, 0.02, "A applying it")
+        assert send(a, chat([fresh, {"role": "user", "content": "y"}])) == (home2, "warm")
+    finally:
+        traffic.stop()
+    assert len(traffic.statuses) >= 40
+    assert set(traffic.statuses) == {200}, [s for s in traffic.statuses if s != 200][:10]
+
+
+# ---- garbage -------------------------------------------------------------------------------
+
+def batch(ops=(), names=(b"pod-a",), flags=0, replica=0xfeedfacecafebeef, block_bytes=256,
+          version=1, sent_ms=None):
+    """A batch in the wire format of router/share_codec.h; ops: (op, name index, blocks, arg)."""
+    sent_ms = int(time.time() * 1000) if sent_ms is None else sent_ms
+    out = b"pcr" + bytes([version, flags, 0]) + struct.pack("<HII", len(names), block_bytes, len(ops))
+    out += struct.pack("<QQ", replica, sent_ms)
+    out += b"".join(bytes([len(n)]) + n for n in names)
+    for op, name, blocks, arg in ops:
+        out += struct.pack("<BHIIQ", op, name, 0, len(blocks), arg)
+        out += b"".join(struct.pack("<Q", x) for x in blocks)
+    return out
+
+
+def test_garbage_in_stream_and_keys_is_rejected(stub_factory, router_factory, redis_server):
+    stubs, rs, (a,) = start_replicas(1, stub_factory, router_factory, redis_server, "t5")
+    c = rs.client
+    rng = random.Random(14)
+    good = batch([(1, 0, [1, 2, 3], 0)])
+    garbage = [
+        os.urandom(200),                                  # no magic
+        good[:40],                                        # cut short
+        batch([(1, 0, [1, 2, 3], 0)], version=9),         # a version we do not read
+        batch([(7, 0, [1], 0)]),                          # unknown op
+        batch([(1, 3, [1], 0)]),                          # a name index out of range
+        batch([(2, 0, [1, 2], 5)]),                       # forget past the key
+        batch([(1, 0, list(range(600)), 0)]),             # longer than max_prefix_bytes allows
+        batch([(1, 0, [1], 0)], names=(b"bad\nname",)),   # a control character in a name
+        batch([(1, 0, [1], 0)], flags=1),                 # a snapshot in the stream
+        good + b"\0",                                     # trailing bytes
+    ]
+    for g in garbage:
+        c.xadd("t5:stream", {"b": g})
+    c.xadd("t5:stream", {"x": "no b field"})
+    # Well-formed but foreign: a backend this replica does not have, another block size.
+    c.xadd("t5:stream", {"b": batch([(1, 0, [9, 9], 0)], names=(b"pod-zzz",))})
+    c.xadd("t5:stream", {"b": batch([(1, 0, [9, 9], 0)], block_bytes=64)})
+    # A snapshot key of garbage, announced; one of the wrong type; an index member not an id.
+    c.set("t5:snapshot:00000000000000aa", os.urandom(64))
+    c.rpush("t5:snapshot:00000000000000bb", "a list")
+    c.zadd("t5:snapshots", {"00000000000000aa": 9e15, "00000000000000bb": 9e15, "nope": 9e15})
+    c.xadd("t5:stream", {"b": batch(flags=2, names=(), replica=0xaa)})
+    c.xadd("t5:stream", {"b": batch(flags=2, names=(), replica=0xbb)})
+
+    want = len(garbage) + 1 + 2   # the stream entries, and the two snapshots announced
+    wait_for(lambda: share(a, "rejected") >= want, DEADLINE, 0.05, "%d rejections" % want)
+    wait_for(lambda: share(a, "updates_ignored") >= 2, DEADLINE, 0.05, "2 updates ignored")
+    assert share(a, "connected") == 1
+    assert curl(a.url("/health")).status == 200
+    # Still routing and sharing: a replica started now walks the same garbage at its resync.
+    b = router_factory(share_config(stubs, rs, "t5"))
+    wait_for(lambda: curl(b.url("/health")).status == 200, DEADLINE, 0.05, "B ready")
+    wait_for(lambda: share(b, "rejected") >= want + 1, DEADLINE, 0.05, "B's rejections")
+    system = {"role": "system", "content": text(rng, 6000)}
+    home, _ = send(a, chat([system, {"role": "user", "content": "a"}]))
+    wait_synced(a, b)
+    assert send(b, chat([system, {"role": "user", "content": "b"}])) == (home, "warm")
+    # The stream key replaced by a string: sending and reading fail, routing does not.
+    c.delete("t5:stream")
+    c.set("t5:stream", "not a stream")
+    for i in range(5):
+        send(a, completion("after the stream broke %d " % i + text(rng, 600)), "/v1/completions")
+    wait_for(lambda: share(a, "updates_dropped") >= 1, DEADLINE, 0.05, "updates dropped")
+    c.delete("t5:stream")
+
+
+def test_password_and_host_name(stub_factory, router_factory, redis_server, tmp_path):
+    """AUTH with the url's password, a host name resolved without blocking (evdns), and a
+    wrong password refused and reported, not retried in a tight loop."""
+    stubs = [stub_factory("pod-a")]
+    rs = redis_server()
+    rs.client.config_set("requirepass", "s3cr@t")
+    url = "redis://:s3cr%%40t@localhost:%d" % rs.port
+    r = router_factory(make_config(stubs, redis={"url": url, "channel": "t6"}))
+    wait_for(lambda: share(r, "connected") == 1, DEADLINE, 0.05, "connected with the password")
+    bad = router_factory(make_config(stubs, redis={"url": "redis://:wrong@127.0.0.1:%d" % rs.port,
+                                                   "channel": "t6", "ready_timeout_ms": 500,
+                                                   "reconnect_min_ms": 50, "reconnect_max_ms": 400}))
+    got = bad.err.wait_line(r"share: cannot reach redis .*AUTH refused", DEADLINE)
+    assert got, bad.err.tail()
+    assert "wrong" not in bad.err.text()
+    assert share(bad, "connected") == 0

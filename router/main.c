@@ -140,7 +140,11 @@ static int run(const char *path)
     pcr_log_set_level(srv.cfg->log.level);
     signal(SIGPIPE, SIG_IGN);
     srv.nworkers = worker_count(srv.cfg);
-    srv.base = pcr_sock_base_new();
+    /* The control loop gets no epoll changelist (pcr_sock_base_new's hot-path shortcut):
+     * hiredis closes a socket right after deleting its events, and with the changelist the
+     * epoll_ctl would come later, when a worker may already have been given the same fd
+     * number by accept(). */
+    srv.base = event_base_new();
     srv.bus = pcr_bus_new(srv.nworkers);
     if (srv.base == NULL || srv.bus == NULL || pipe2(srv.wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
         pcr_log_error("cannot start: out of memory");

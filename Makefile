@@ -11,10 +11,11 @@ PREFIX     ?= /usr/local
 # Build: compilers, meson, and the libraries found through pkg-config.
 BUILD_PKGS := gcc pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libhiredis-dev libhttp-parser-dev
-# Run and test: real clients and servers the tests start themselves, groff for the manual page,
-# YAML and the Kubernetes object models for the manifests' offline check.
+# Run and test: real clients and servers the tests start themselves (redis-server and its
+# Python client for the index sharing), groff for the manual page, YAML and the Kubernetes
+# object models for the manifests' offline check.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
-              groff-base python3-yaml python3-kubernetes
+              python3-redis groff-base python3-yaml python3-kubernetes
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 

@@ -35,6 +35,7 @@ COMMANDS = {
     "nginx": "nginx-light",
     "wrk": "wrk",
     "gnuplot": "gnuplot-nox",
+    "redis-server": "redis-server",
 }
 # Commands from Debian's Essential packages, on every Debian system: no list needs them.
 ESSENTIAL_COMMANDS = {

@@ -79,16 +79,11 @@ static int is_host_char(char ch)
            ch == '-' || ch == '.' || ch == '_';
 }
 
-const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port)
+/* The host of a URL at `h`: a name, an IPv4 address or a bracketed IPv6 address. Sets *start
+ * and *end to the host without brackets and *rest to what follows; NULL, or why not. */
+static const char *parse_host(const char *h, const char **start, const char **end,
+                              const char **rest)
 {
-    const char *h, *end;   /* the host as written, brackets of an IPv6 address excluded */
-    const char *rest;      /* what follows the host */
-    long p = 80;
-    if (strncasecmp(url, "https://", 8) == 0)
-        return "TLS to backends is not supported yet; use http://";
-    if (strncasecmp(url, "http://", 7) != 0)
-        return "";
-    h = url + 7;
     if (*h == '[') {
         char tmp[INET6_ADDRSTRLEN + 1];
         struct in6_addr a6;
@@ -100,15 +95,33 @@ const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port)
         tmp[close - h] = '\0';
         if (inet_pton(AF_INET6, tmp, &a6) != 1)
             return "not a valid bracketed IPv6 address";
-        end = close;
-        rest = close + 1;
-    } else {
-        for (end = h; is_host_char(*end); end++)
-            ;
-        if (end == h)
-            return "the host is missing";
-        rest = end;
+        *start = h;
+        *end = close;
+        *rest = close + 1;
+        return NULL;
     }
+    const char *e;
+    for (e = h; is_host_char(*e); e++)
+        ;
+    if (e == h)
+        return "the host is missing";
+    *start = h;
+    *end = *rest = e;
+    return NULL;
+}
+
+const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port)
+{
+    const char *h, *end;   /* the host as written, brackets of an IPv6 address excluded */
+    const char *rest;      /* what follows the host */
+    const char *why;
+    long p = 80;
+    if (strncasecmp(url, "https://", 8) == 0)
+        return "TLS to backends is not supported yet; use http://";
+    if (strncasecmp(url, "http://", 7) != 0)
+        return "";
+    if ((why = parse_host(url + 7, &h, &end, &rest)) != NULL)
+        return why;
     if (*rest == ':') {
         size_t plen = strcspn(rest + 1, "/?#");
         p = parse_port(rest + 1, plen);
@@ -199,32 +212,8 @@ const char *pcr_cfg_parse_redis_url(const char *url, char **host, uint16_t *port
         }
         h = at + 1;
     }
-    if (*h == '[') {
-        char tmp[INET6_ADDRSTRLEN + 1];
-        struct in6_addr a6;
-        const char *close = strchr(h, ']');
-        h++;
-        if (close == NULL || (size_t)(close - h) >= sizeof tmp) {
-            why = "not a valid bracketed IPv6 address";
-            goto fail;
-        }
-        memcpy(tmp, h, (size_t)(close - h));
-        tmp[close - h] = '\0';
-        if (inet_pton(AF_INET6, tmp, &a6) != 1) {
-            why = "not a valid bracketed IPv6 address";
-            goto fail;
-        }
-        end = close;
-        rest = close + 1;
-    } else {
-        for (end = h; is_host_char(*end); end++)
-            ;
-        if (end == h) {
-            why = "the host is missing";
-            goto fail;
-        }
-        rest = end;
-    }
+    if ((why = parse_host(h, &h, &end, &rest)) != NULL)
+        goto fail;
     if (*rest == ':') {
         size_t plen = strcspn(rest + 1, "/");
         p = parse_port(rest + 1, plen);

@@ -19,20 +19,9 @@ import redis
 
 from conftest import (LineReader, chat, completion, curl, free_port, get_metrics, make_config,
                       metric, wait_for)
+from test_routing import text
 
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
-         "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu kernel cache "
-         "prefix token router backend latency throughput shard replica tensor matrix vector").split()
 DEADLINE = 30.0   # sanitizer builds on a shared 2-core machine are slow
-
-
-def text(rng, nbytes):
-    out, n = [], 0
-    while n < nbytes:
-        w = rng.choice(WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)
 
 
 class RedisServer:

@@ -178,6 +178,7 @@ out:
     if (started) {
         pcr_workers_stop(&srv); /* no-op for workers that already stopped */
         pcr_workers_join(&srv);
+        pcr_share_finish(srv.share);
         pcr_log_info("stopped");
     }
     PCR_STORE(srv.draining, 1);

@@ -29,6 +29,10 @@ void pcr_share_start(pcr_share_t *s);
 /* SIGTERM: write this replica's snapshot now, so that its replacement finds it fresh. */
 void pcr_share_drain(pcr_share_t *s);
 
+/* Once the workers are joined: publishes what they learned last and waits (at most
+ * redis.timeout_ms) for the snapshot to reach Redis, so that a replacement starts warm. */
+void pcr_share_finish(pcr_share_t *s);
+
 /* After the workers are joined, before the control loop's base is freed. NULL is a no-op. */
 void pcr_share_free(pcr_share_t *s);
 

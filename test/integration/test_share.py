@@ -188,6 +188,27 @@ def test_late_replica_loads_the_snapshot_before_it_is_ready(stub_factory, router
     assert share(c, "snapshots_loaded") >= 1
 
 
+def test_restart_starts_warm_from_the_predecessors_last_snapshot(stub_factory, router_factory,
+                                                                 redis_server):
+    """A replica stopped with SIGTERM writes its snapshot on the way out (no periodic one comes
+    in time here); the replica that replaces it loads it and routes warm at once."""
+    stubs = [stub_factory("pod-%s" % c) for c in "abcd"]
+    rs = redis_server()
+    cfg = share_config(stubs, rs, "t7", snapshot_interval_ms=600000)
+    a = router_factory(cfg)
+    wait_for(lambda: share(a, "connected") == 1, DEADLINE, 0.05, "connected to redis")
+    rng = random.Random(15)
+    system = {"role": "system", "content": text(rng, 6000)}
+    home, _ = send(a, chat([system, {"role": "user", "content": "before the restart"}]))
+    assert share(a, "snapshots_written") == 0
+    a.stop()
+    assert rs.client.keys("t7:snapshot:*"), "no snapshot written at the exit"
+    rs.client.delete("t7:stream")
+    b = router_factory(cfg)
+    wait_for(lambda: curl(b.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+    assert send(b, chat([system, {"role": "user", "content": "after"}])) == (home, "warm")
+
+
 def test_loading_is_bounded_when_redis_is_away(stub_factory, router_factory):
     """Nothing listens where Redis should be: /health says "loading" (503) for at most
     ready_timeout_ms, requests are routed meanwhile, then the replica is ready on its own."""

@@ -418,8 +418,9 @@ class RedisServer:
     def cost(self, requests):
         """Commands and bytes Redis handled, per routed request, and its memory now."""
         cmds = self.r.info("commandstats")
+        # Those of pcrouter only: not this script's INFO and CONFIG RESETSTAT.
         ours = {k: v["calls"] for k, v in cmds.items()
-                if k.split("_", 1)[-1] not in ("info", "config", "ping")}
+                if k.split("_", 1)[-1].split("|")[0] not in ("info", "config")}
         stats, mem = self.r.info("stats"), self.r.info("memory")
         n = max(requests, 1)
         return {"redis_commands_per_request": sum(ours.values()) / n,

@@ -145,17 +145,38 @@ static void on_tap(const pcr_bus_msg_t *m, void *arg)
     }
 }
 
-static void on_flush(evutil_socket_t fd, short what, void *arg)
+/* The table keeps, for each backend, about what its pod can hold: its KV capacity (reported,
+ * else configured) in blocks, twice over, since a prefix two keys share counts twice there. */
+#define TABLE_SLACK 2
+
+static void watch_backends(pcr_share_t *s)
 {
-    pcr_share_t *s = arg;
-    /* A backend that went down lost its entries in every worker (backend.c); the snapshot
-     * forgets them too. */
+    const pcr_config_t *cfg = s->srv->cfg;
     for (size_t i = 0; i < s->nbackends; i++) {
-        int up = PCR_LOAD(s->srv->backends[i].up);
+        const pcr_backend_t *be = &s->srv->backends[i];
+        /* A backend that went down lost its entries in every worker (backend.c); the
+         * snapshot forgets them too. */
+        int up = PCR_LOAD(((pcr_backend_t *)be)->up);
         if (s->was_up[i] && !up)
             pcr_share_table_reset(s->table, (unsigned)i);
         s->was_up[i] = up;
+        uint64_t tokens = PCR_LOAD(((pcr_backend_t *)be)->pod_cache_tokens);
+        if (tokens == 0)
+            tokens = be->conf->capacity_tokens;
+        uint64_t blocks = tokens > UINT64_MAX / (4 * TABLE_SLACK)
+                              ? UINT64_MAX
+                              : tokens * 4 / cfg->routing.block_bytes * TABLE_SLACK;
+        if (blocks != s->caps[i]) {
+            s->caps[i] = blocks;
+            pcr_share_table_set_capacity(s->table, (unsigned)i, blocks ? blocks : 1);
+        }
     }
+}
+
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_share_t *s = arg;
+    watch_backends(s);
     pcr_bus_drain_tap(s->srv->bus, on_tap, s);
     send_batch(s);
     PCR_STORE(s->m.table_entries, pcr_share_table_count(s->table));
@@ -233,6 +254,7 @@ int pcr_share_new(pcr_server_t *srv, pcr_share_t **out)
     s->snap_prefix_len = strlen(rc->channel) + strlen(":snapshot:");
     s->names = calloc(s->nbackends, sizeof(*s->names));
     s->was_up = calloc(s->nbackends, sizeof(*s->was_up));
+    s->caps = calloc(s->nbackends, sizeof(*s->caps));
     s->max_blocks = (srv->cfg->routing.max_prefix_bytes + srv->cfg->routing.block_bytes - 1) /
                     srv->cfg->routing.block_bytes;
     s->kbuf = malloc(s->max_blocks * sizeof(*s->kbuf));
@@ -243,7 +265,7 @@ int pcr_share_new(pcr_server_t *srv, pcr_share_t **out)
     s->snap_timer = event_new(srv->base, -1, EV_PERSIST, on_snap_timer, s);
     s->ready_timer = evtimer_new(srv->base, on_ready_timeout, s);
     if (s->k_stream == NULL || s->k_index == NULL || s->k_self == NULL || s->names == NULL ||
-        s->was_up == NULL || s->kbuf == NULL || s->table == NULL || s->link == NULL ||
+        s->was_up == NULL || s->caps == NULL || s->kbuf == NULL || s->table == NULL || s->link == NULL ||
         s->flush_timer == NULL || s->snap_timer == NULL || s->ready_timer == NULL) {
         pcr_share_free(s);
         return PCR_ERR_NOMEM;
@@ -252,6 +274,7 @@ int pcr_share_new(pcr_server_t *srv, pcr_share_t **out)
         s->names[i] = srv->backends[i].conf->name;
         s->was_up[i] = PCR_LOAD(srv->backends[i].up);
     }
+    watch_backends(s);
     int rc2 = pcr_share_enc_init(&s->enc, s->names, s->nbackends);
     if (rc2 < 0) {
         if (rc2 == PCR_ERR_INVAL)
@@ -332,6 +355,7 @@ void pcr_share_free(pcr_share_t *s)
     free(s->kbuf);
     free(s->names);
     free(s->was_up);
+    free(s->caps);
     free(s->k_stream);
     free(s->k_index);
     free(s->k_self);

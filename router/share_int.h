@@ -29,6 +29,7 @@ struct pcr_share {
     size_t snap_prefix_len;       /* "C:snapshot:" */
     const char **names;           /* backend names, by id */
     int *was_up;                  /* each backend's up state at the last flush */
+    uint64_t *caps;               /* each backend's capacity in the table, as last set */
     size_t nbackends, max_blocks;
     uint64_t *kbuf;               /* one decoded key */
     pcr_share_table_t *table;

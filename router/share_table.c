@@ -25,6 +25,8 @@ struct pcr_share_table {
     size_t bytes;              /* entries + slots */
     size_t max_bytes;
     size_t nbackends;
+    uint64_t *held;            /* per backend: its keys' blocks added up */
+    uint64_t *cap;             /* per backend: the bound on held */
     uint64_t version;
     unsigned short rng[3];     /* nrand48 state: sampling for eviction */
 };
@@ -44,10 +46,17 @@ pcr_share_table_t *pcr_share_table_new(size_t nbackends, size_t max_bytes, uint6
     if (t == NULL)
         return NULL;
     t->slots = calloc(MIN_SLOTS, sizeof(*t->slots));
-    if (t->slots == NULL) {
+    t->held = calloc(nbackends, sizeof(*t->held));
+    t->cap = malloc(nbackends * sizeof(*t->cap));
+    if (t->slots == NULL || t->held == NULL || t->cap == NULL) {
+        free(t->slots);
+        free(t->held);
+        free(t->cap);
         free(t);
         return NULL;
     }
+    for (size_t b = 0; b < nbackends; b++)
+        t->cap[b] = UINT64_MAX;
     t->mask = MIN_SLOTS - 1;
     t->bytes = MIN_SLOTS * sizeof(*t->slots);
     t->max_bytes = max_bytes;
@@ -65,6 +74,8 @@ void pcr_share_table_free(pcr_share_table_t *t)
     for (size_t i = 0; i <= t->mask; i++)
         free(t->slots[i]);
     free(t->slots);
+    free(t->held);
+    free(t->cap);
     free(t);
 }
 
@@ -94,6 +105,7 @@ static void remove_at(pcr_share_table_t *t, size_t i)
 {
     pcr_share_entry_t *e = t->slots[i];
     t->bytes -= entry_bytes(e->nblocks);
+    t->held[e->backend] -= e->nblocks;
     t->count--;
     t->version++;
     free(e);
@@ -128,23 +140,28 @@ static int grow(pcr_share_table_t *t)
     return 0;
 }
 
-/* Drops the oldest of a few entries sampled at random, never `keep`. */
-static void evict_one(pcr_share_table_t *t, const pcr_share_entry_t *keep)
+/* Drops the oldest of a few entries sampled at random, of `backend` only when it is not -1,
+ * never `keep`. Returns 0 when there was none to drop. A sample walks on from a random slot
+ * to the next candidate: short, as the table is at most half full and a backend whose keys
+ * are over its bound holds many of them. */
+static int evict_one(pcr_share_table_t *t, long backend, const pcr_share_entry_t *keep)
 {
     long victim = -1;
     for (int s = 0; s < EVICT_SAMPLES; s++) {
         size_t i = (size_t)nrand48(t->rng) & t->mask;
-        for (size_t k = 0; k <= t->mask; k++, i = (i + 1) & t->mask)
-            if (t->slots[i] != NULL && t->slots[i] != keep)
-                break;
-        const pcr_share_entry_t *e = t->slots[i];
-        if (e == NULL || e == keep)
-            return;   /* nothing else to evict */
-        if (victim < 0 || e->time < t->slots[victim]->time)
-            victim = (long)i;
+        long found = -1;
+        for (size_t k = 0; k <= t->mask && found < 0; k++, i = (i + 1) & t->mask) {
+            const pcr_share_entry_t *e = t->slots[i];
+            if (e != NULL && e != keep && (backend < 0 || e->backend == backend))
+                found = (long)i;
+        }
+        if (found < 0)
+            return 0;
+        if (victim < 0 || t->slots[found]->time < t->slots[victim]->time)
+            victim = found;
     }
-    if (victim >= 0)
-        remove_at(t, (size_t)victim);
+    remove_at(t, (size_t)victim);
+    return 1;
 }
 
 int pcr_share_table_commit(pcr_share_table_t *t, unsigned backend, const uint64_t *blocks,
@@ -185,9 +202,12 @@ int pcr_share_table_commit(pcr_share_table_t *t, unsigned backend, const uint64_
     place(t, e);
     t->count++;
     t->bytes += need;
+    t->held[backend] += n;
     t->version++;
-    while (t->bytes > t->max_bytes && t->count > 1)
-        evict_one(t, e);
+    while (t->held[backend] > t->cap[backend] && evict_one(t, backend, e))
+        ;
+    while (t->bytes > t->max_bytes && evict_one(t, -1, e))
+        ;
     return 1;
 }
 
@@ -218,6 +238,20 @@ void pcr_share_table_reset(pcr_share_table_t *t, unsigned backend)
             i++;
     }
     t->version++;
+}
+
+void pcr_share_table_set_capacity(pcr_share_table_t *t, unsigned backend, uint64_t blocks)
+{
+    if (backend >= t->nbackends)
+        return;
+    t->cap[backend] = blocks;
+    while (t->held[backend] > blocks && evict_one(t, backend, NULL))
+        ;
+}
+
+uint64_t pcr_share_table_held(const pcr_share_table_t *t, unsigned backend)
+{
+    return backend < t->nbackends ? t->held[backend] : 0;
 }
 
 size_t pcr_share_table_count(const pcr_share_table_t *t) { return t->count; }

@@ -7,8 +7,10 @@
  * the time it was last used. Block hashes are chained, so a key's last block names its whole
  * prefix: a key is found by (backend, last block), and a commit that extends a key the
  * backend held replaces it (the turns of a conversation leave one entry, the longest). It is
- * bounded in bytes; past the bound it evicts old entries, chosen as the oldest of a few
- * sampled at random (as Redis approximates LRU), which needs no ordering kept on every use.
+ * bounded in bytes, and each backend in blocks (its keys' lengths added up: a prefix two keys
+ * share counts twice), as a pod's cache is; past a bound it evicts old entries, chosen as the
+ * oldest of a few sampled at random (as Redis approximates LRU), which needs no ordering kept
+ * on every use.
  *
  * Pure: no I/O, no clock (times are the caller's), deterministic for a given seed. Not
  * thread-safe: one thread owns it. */
@@ -46,6 +48,12 @@ void pcr_share_table_forget(pcr_share_table_t *t, unsigned backend, const uint64
 
 /* Drops every key of `backend`. */
 void pcr_share_table_reset(pcr_share_table_t *t, unsigned backend);
+
+/* Bounds the blocks `backend`'s keys may add up to (UINT64_MAX, the default: no bound) and
+ * evicts its oldest keys down to it. A commit keeps the key it was given even when that key
+ * alone is over the bound. */
+void pcr_share_table_set_capacity(pcr_share_table_t *t, unsigned backend, uint64_t blocks);
+uint64_t pcr_share_table_held(const pcr_share_table_t *t, unsigned backend);
 
 size_t pcr_share_table_count(const pcr_share_table_t *t);
 size_t pcr_share_table_bytes(const pcr_share_table_t *t);   /* entries and slots, <= max_bytes */

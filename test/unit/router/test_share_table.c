@@ -202,10 +202,52 @@ static void test_bound_evicts_old_entries(void)
     pcr_share_table_free(t);
 }
 
+/* A backend's keys stay within its capacity in blocks, the newest kept; others untouched. */
+static void test_backend_capacity(void)
+{
+    pcr_share_table_t *t = pcr_share_table_new(2, 1 << 20, 5);
+    uint64_t key[10];
+    pcr_share_table_set_capacity(t, 0, 100);
+    for (uint64_t i = 1; i <= 60; i++) {
+        for (int j = 0; j < 10; j++)
+            key[j] = i * 1000003 + (uint64_t)j;
+        PCR_CHECK_EQ_INT(pcr_share_table_commit(t, 0, key, 10, i), 1);
+        PCR_CHECK(pcr_share_table_held(t, 0) <= 100);
+        PCR_CHECK_EQ_INT(pcr_share_table_commit(t, 0, key, 10, i), 0);   /* the newest stays */
+        PCR_CHECK_EQ_INT(pcr_share_table_commit(t, 1, key, 10, i), 1);   /* no bound on 1 */
+    }
+    PCR_CHECK_EQ_INT(pcr_share_table_held(t, 0), 100);
+    PCR_CHECK_EQ_INT(pcr_share_table_held(t, 1), 600);
+    const pcr_share_entry_t **v;
+    size_t n, recent = 0, of0 = 0;
+    PCR_CHECK_EQ_INT(pcr_share_table_list(t, &v, &n), 0);
+    for (size_t i = 0; i < n; i++)
+        if (v[i]->backend == 0) {
+            of0++;
+            recent += v[i]->time > 40;
+        }
+    PCR_CHECK_EQ_INT(of0, 10);
+    PCR_CHECK(recent >= 8);
+    free(v);
+    /* Lowering the bound evicts down to it; a key longer than the bound alone is kept. */
+    pcr_share_table_set_capacity(t, 0, 30);
+    PCR_CHECK(pcr_share_table_held(t, 0) <= 30);
+    uint64_t longkey[40];
+    for (int j = 0; j < 40; j++)
+        longkey[j] = 777 + (uint64_t)j;
+    PCR_CHECK_EQ_INT(pcr_share_table_commit(t, 0, longkey, 40, 100), 1);
+    PCR_CHECK_EQ_INT(pcr_share_table_held(t, 0), 40);
+    pcr_share_table_set_capacity(t, 0, 0);
+    PCR_CHECK_EQ_INT(pcr_share_table_held(t, 0), 0);
+    PCR_CHECK_EQ_INT(pcr_share_table_held(t, 1), 600);
+    pcr_share_table_free(t);
+}
+
 int main(void)
 {
     PCR_RUN(test_against_reference);
     PCR_RUN(test_extension_replaces_and_version_moves);
     PCR_RUN(test_bound_evicts_old_entries);
+    PCR_RUN(test_backend_capacity);
     return pcr_test_done();
 }

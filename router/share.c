@@ -153,14 +153,14 @@ static void watch_backends(pcr_share_t *s)
 {
     const pcr_config_t *cfg = s->srv->cfg;
     for (size_t i = 0; i < s->nbackends; i++) {
-        const pcr_backend_t *be = &s->srv->backends[i];
+        pcr_backend_t *be = &s->srv->backends[i];
         /* A backend that went down lost its entries in every worker (backend.c); the
          * snapshot forgets them too. */
-        int up = PCR_LOAD(((pcr_backend_t *)be)->up);
+        int up = PCR_LOAD(be->up);
         if (s->was_up[i] && !up)
             pcr_share_table_reset(s->table, (unsigned)i);
         s->was_up[i] = up;
-        uint64_t tokens = PCR_LOAD(((pcr_backend_t *)be)->pod_cache_tokens);
+        uint64_t tokens = PCR_LOAD(be->pod_cache_tokens);
         if (tokens == 0)
             tokens = be->conf->capacity_tokens;
         uint64_t blocks = tokens > UINT64_MAX / (4 * TABLE_SLACK)

@@ -66,7 +66,8 @@ typedef struct {
     void *arg;
 } cmd_t;
 
-static void link_failf(pcr_share_link_t *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void link_failf(pcr_share_link_t *l, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* ---- commands ------------------------------------------------------------------------ */
 

@@ -287,7 +287,8 @@ static void on_index(void *arg, redisReply *r)
             }
         }
     } else {
-        pcr_share_reject(s, "the snapshot index", r->type == REDIS_REPLY_ERROR ? r->str : "not a list");
+        pcr_share_reject(s, "the snapshot index",
+                         r->type == REDIS_REPLY_ERROR ? r->str : "not a list");
     }
     sync_step_done(s);   /* the ZRANGE itself */
 }
@@ -385,7 +386,8 @@ void pcr_share_write_snapshot(pcr_share_t *s, int announce)
     snprintf(expiry, sizeof expiry, "%" PRIu64, pcr_share_wall_ms() + s->rc->snapshot_ttl_ms);
     const char *set[5] = {"SET", s->k_self, (const char *)blob, "PX", ttl};
     size_t set_lens[5] = {3, strlen(s->k_self), len, 2, strlen(ttl)};
-    if (pcr_share_link_cmd(s->link, PCR_LINK_CMD, 0, on_snapshot_written, w, 5, set, set_lens) < 0) {
+    if (pcr_share_link_cmd(s->link, PCR_LINK_CMD, 0, on_snapshot_written, w, 5, set,
+                           set_lens) < 0) {
         free(w);
         free(blob);
         return;
@@ -405,7 +407,8 @@ void pcr_share_write_snapshot(pcr_share_t *s, int announce)
          * snapshot written. */
         pcr_share_enc_t empty;
         if (pcr_share_enc_init(&empty, s->names, 0) == 0) {
-            pcr_share_hdr_t ah = {PCR_SHARE_F_ANNOUNCE, h.block_bytes, s->replica, pcr_share_wall_ms()};
+            pcr_share_hdr_t ah = {PCR_SHARE_F_ANNOUNCE, h.block_bytes, s->replica,
+                                  pcr_share_wall_ms()};
             if (pcr_share_enc_finish(&empty, &ah, &blob, &len) == 0)
                 pcr_share_xadd(s, blob, len, 0);
             pcr_share_enc_dispose(&empty);

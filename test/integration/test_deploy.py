@@ -69,9 +69,9 @@ def linked_packages():
     out = subprocess.run(["ldd", PCROUTER], capture_output=True, text=True, check=True,
                          timeout=30).stdout
     pkgs = set()
-    sanitized = "libasan" in out or "libubsan" in out
+    sanitized = "libasan" in out or "libubsan" in out or "libtsan" in out
     for path in re.findall(r"=>\s+(/\S+)", out):
-        if sanitized and re.search(r"/lib(asan|ubsan|stdc\+\+|gcc_s)\.so", path):
+        if sanitized and re.search(r"/lib(asan|ubsan|tsan|stdc\+\+|gcc_s)\.so", path):
             continue  # the sanitizer build's runtime and what it needs: not in a release build
         real = os.path.realpath(path)
         p = subprocess.run(["dpkg", "-S", real], capture_output=True, text=True, timeout=30)

@@ -484,7 +484,9 @@ def replica_run(args, build, trace, names, routing, tmp, n, mode, k=0):
             cfg = router_config(sims.urls, "cache_aware", args.capacity_tokens, routing=routing)
             cfg["workers"] = 1
             if rs:
-                cfg["redis"] = {"url": rs.url, "flush_ms": args.flush_ms}
+                cfg["redis"] = {"url": rs.url}
+                if args.flush_ms:
+                    cfg["redis"]["flush_ms"] = args.flush_ms
             path = os.path.join(tmp, "replica-%d.json" % i)
             with open(path, "w") as f:
                 json.dump(cfg, f, indent=1)
@@ -529,7 +531,7 @@ def print_replicas(rows):
         h = r.get("hit_rate")
         rel = h / h1 if isinstance(h, (int, float)) and h1 else None
         cost = "redis_commands_per_request" in r
-        print("%-22s %9s %9s %9sms %9sms %10s %12s %12s" % (
+        print("%-22s %9s %9s %9sms %9sms %10s %12s %12s  %s" % (
             r["label"], fmt(h, ".4f"), fmt(rel, ".3f"), fmt(t.get("p50"), ".0f"),
             fmt(t.get("p99"), ".0f"),
             fmt(r.get("redis_commands_per_request"), ".2f") if cost else "-",
@@ -577,7 +579,8 @@ def main():
                          " (default 1,2,4; 1 alone skips the comparison)")
     ap.add_argument("--share", choices=("both", "on", "off"), default="both",
                     help="replicas sharing the index through Redis, not sharing, or both (default)")
-    ap.add_argument("--flush-ms", type=int, default=5, help="redis.flush_ms of the shared runs")
+    ap.add_argument("--flush-ms", type=int, default=0,
+                    help="redis.flush_ms of the shared runs (default: pcrouter's)")
     ap.add_argument("--repeat", type=int, default=3 if quick else 1,
                     help="runs of each replica setup; the table shows the run of median hit rate"
                          " (default 1; QUICK: 3)")

@@ -627,7 +627,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };
     cfg->log = (pcr_log_conf_t){ .level = PCR_LOG_INFO, .access_log = 1 };
     cfg->redis = (pcr_redis_conf_t){
-        .port = 6379, .flush_ms = 5, .batch_max_bytes = 262144, .stream_maxlen = 2000,
+        .port = 6379, .flush_ms = 1, .batch_max_bytes = 262144, .stream_maxlen = 2000,
         .snapshot_interval_ms = 30000, .snapshot_ttl_ms = 600000,
         .snapshot_max_bytes = (size_t)16 << 20, .ready_timeout_ms = 5000, .timeout_ms = 2000,
         .reconnect_min_ms = 100, .reconnect_max_ms = 5000, .max_pending_bytes = (size_t)8 << 20,

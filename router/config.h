@@ -100,7 +100,7 @@ typedef struct {
     char *password;                /* NULL when none; percent-decoded */
     unsigned db;                   /* SELECTed database, default 0 */
     char *channel;                 /* prefix of every key pcrouter uses, default "pcrouter" */
-    unsigned flush_ms;             /* batches of updates sent at least this often, default 5 */
+    unsigned flush_ms;             /* batches of updates sent at least this often, default 1 */
     size_t batch_max_bytes;        /* a batch is sent once this large, default 262144 */
     unsigned stream_maxlen;        /* entries the stream keeps (XADD MAXLEN ~), default 2000 */
     unsigned snapshot_interval_ms; /* own snapshot written this often, default 30000 */

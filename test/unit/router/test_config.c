@@ -218,7 +218,7 @@ static void test_defaults(void)
     PCR_CHECK_EQ_INT(cfg->redis.enabled, 0);
     PCR_CHECK(cfg->redis.url == NULL && cfg->redis.host == NULL);
     PCR_CHECK_STR(cfg->redis.channel, "pcrouter");
-    PCR_CHECK_EQ_INT(cfg->redis.flush_ms, 5);
+    PCR_CHECK_EQ_INT(cfg->redis.flush_ms, 1);
     PCR_CHECK_EQ_INT(cfg->redis.batch_max_bytes, 262144);
     PCR_CHECK_EQ_INT(cfg->redis.stream_maxlen, 2000);
     PCR_CHECK_EQ_INT(cfg->redis.snapshot_interval_ms, 30000);

@@ -4,22 +4,33 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_S     ?= 60
 PY         := /usr/bin/python3
 PREFIX     ?= /usr/local
 # DESTDIR (empty by default) stages an install under another root, as packagers do.
 
 # Build: compilers, meson, and the libraries found through pkg-config.
-BUILD_PKGS := gcc pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
-              libxxhash-dev libjansson-dev libcjson-dev libhiredis-dev libhttp-parser-dev
+BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
+              libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libsimdjson-dev libhiredis-dev \
+              libhttp-parser-dev
 # Run and test: real clients and servers the tests start themselves (redis-server and its
-# Python client for the index sharing), groff for the manual page, YAML and the Kubernetes
-# object models for the manifests' offline check.
+# Python client for the index sharing; dnsmasq-base: a DNS server the discovery tests control,
+# without a system service), groff for the manual page, YAML and the Kubernetes object models
+# for the manifests' offline check, promtool (prometheus) for the metrics, the alert rules and
+# their unit tests.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
-              python3-redis groff-base python3-yaml python3-kubernetes
+              python3-hpack python3-hyperframe python3-redis dnsmasq-base \
+              groff-base python3-yaml python3-kubernetes prometheus
 # Benchmarks: the proxies we compare with, the load generators, the plots.
-BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
+BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
+# Fuzzing: clang with libFuzzer and the sanitizer runtimes; llvm for llvm-symbolizer, so crash
+# reports name functions and lines.
+FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
-.PHONY: all build build-asan build-tsan deps deps-test deps-bench run test install bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
+        install fuzz bench bench-routing bench-proxies bench-hashring bench-attacks bench-metrics \
+        bench-resilience clean
 
 all: build
 
@@ -44,6 +55,9 @@ deps-test: deps
 deps-bench: deps-test
 	$(call ensure_pkgs,$(BENCH_PKGS))
 
+deps-fuzz: deps
+	$(call ensure_pkgs,$(FUZZ_PKGS))
+
 $(BUILD)/build.ninja:
 	meson setup $(BUILD) --buildtype=release
 
@@ -63,6 +77,18 @@ build-asan: deps $(ASAN_BUILD)/build.ninja
 build-tsan: deps $(TSAN_BUILD)/build.ninja
 	ninja -C $(TSAN_BUILD)
 
+# The fuzz build: clang, libFuzzer, ASan+UBSan; only the fuzz targets are built in it.
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang-14 meson setup $(FUZZ_BUILD) --buildtype=debugoptimized -Dfuzz=true \
+	  -Db_sanitize=address,undefined -Db_lundef=false
+
+build-fuzz: deps-fuzz $(FUZZ_BUILD)/build.ninja
+	ninja -C $(FUZZ_BUILD) fuzzers
+
+# Every fuzz target for FUZZ_S seconds (make fuzz FUZZ_S=600); see test/fuzz/README.md.
+fuzz: build-fuzz
+	$(PY) test/fuzz/run.py $(FUZZ_BUILD) $(FUZZ_S)
+
 run: deps-test build
 	$(PY) bench/demo.py --build $(BUILD)
 
@@ -77,10 +103,14 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-proxies bench-routing
+bench: deps-bench build bench-hashring bench-metrics bench-proxies bench-routing bench-attacks \
+       bench-resilience
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
+
+bench-metrics: build
+	$(BUILD)/bench/metrics/bench_metrics
 
 bench-proxies: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD)
@@ -88,5 +118,13 @@ bench-proxies: deps-bench build
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD)
 
+# The attacks of the hardening tests at full scale: the router's RSS and CPU, and a
+# well-behaved client's p99, during each (needs only the test packages).
+bench-attacks: deps-test build
+	$(PY) bench/attacks.py --build $(BUILD)
+
+bench-resilience: deps-bench build
+	$(PY) bench/resilience.py --build $(BUILD)
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

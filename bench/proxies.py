@@ -49,13 +49,14 @@ class BenchError(Exception):
 # ----------------------------------------------------------------------------------------------
 # Bodies
 
-def request_body():
-    """A completion request of about 2 KiB: {"model","prompt","max_tokens"}."""
+def request_body(size=2048):
+    """A completion request of about `size` bytes: {"model","prompt","max_tokens"}."""
     words = ("the quick brown fox jumps over the lazy dog while the router keeps its prefix "
              "cache warm and every pod answers in time ").split()
-    prompt, i = [], 0
-    while sum(len(w) + 1 for w in prompt) < 2000:
+    prompt, i, n = [], 0, 0
+    while n < size - 48:
         prompt.append(words[i % len(words)])
+        n += len(prompt[-1]) + 1
         i += 1
     body = json.dumps({"model": "m", "prompt": " ".join(prompt), "max_tokens": 16},
                       separators=(",", ":"))
@@ -225,6 +226,9 @@ class Bench:
         self.cpu_client = "0"
         self.cpu_backends = "0"
         self.cpu_proxy = "1"
+        self.cpu_all = "0,1"     # two-thread rows: the proxy may use both (it competes with the
+                                 # load generator and backends on CPU 0: CPU per request is the
+                                 # figure to read there)
         self.backend_ports = {}
 
     # -- backends ------------------------------------------------------------------------------
@@ -243,16 +247,27 @@ class Bench:
         return p
 
     # -- proxies -------------------------------------------------------------------------------
-    def start_haproxy(self, matched):
-        tag = "matched" if matched else "default"
+    def start_haproxy(self, matched, threads=1, hashing=False):
+        """matched: pinned to the proxy's CPU with `threads` threads; else HAProxy's defaults.
+        hashing: balance on a hash of the JSON prompt (what HAProxy offers for prefix affinity:
+        it sees only what fits its buffer, here 512 KiB, as in bench/routing.py)."""
+        tag = ("matched%d" % threads if matched else "default") + ("-hash" if hashing else "")
         port = free_port()
+        if hashing:
+            balance = ("option http-buffer-request\n    balance hash req.body,json_query('$.prompt'),"
+                       "bytes(0,256)\n    hash-type consistent\n    hash-balance-factor 125")
+            tune = "tune.bufsize 524288"
+        else:
+            balance, tune = "balance roundrobin", ""
         conf = render("haproxy.cfg.tmpl", os.path.join(self.dir, "haproxy-%s.cfg" % tag),
-                      NBTHREAD="nbthread 1" if matched else "", PORT=port,
+                      NBTHREAD="nbthread %d" % threads if matched else "", PORT=port,
+                      TUNE=tune, BALANCE=balance,
                       B1_PORT=self.backend_ports["b1"], B2_PORT=self.backend_ports["b2"])
         log = os.path.join(self.dir, "haproxy-%s.log" % tag)
+        cpus = (self.cpu_proxy if threads == 1 else self.cpu_all) if matched else None
         with open(log, "w") as lf:
-            p = self.procs.start("haproxy-" + tag, ["haproxy", "-db", "-f", conf],
-                                 self.cpu_proxy if matched else None, stdout=lf, stderr=lf)
+            p = self.procs.start("haproxy-" + tag, ["haproxy", "-db", "-f", conf], cpus,
+                                 stdout=lf, stderr=lf)
         wait_port(port, p, log)
         return p, {"h1": port, "h2": port}, log
 
@@ -272,24 +287,34 @@ class Bench:
             wait_port(port, p, log)
         return p, {"h1": h1, "h2": h2}, log
 
-    def start_pcrouter(self):
-        conf = os.path.join(self.dir, "pcrouter.json")
+    def start_pcrouter(self, policy="cache_aware", workers=1):
+        tag = "%s-w%d" % (policy, workers)
+        conf = os.path.join(self.dir, "pcrouter-%s.json" % tag)
         with open(conf, "w") as f:
             json.dump({
                 "listen": [{"address": "127.0.0.1:0"}],
                 "backends": [
                     {"name": "b1", "url": "http://127.0.0.1:%d" % self.backend_ports["b1"]},
                     {"name": "b2", "url": "http://127.0.0.1:%d" % self.backend_ports["b2"]}],
-                "routing": {"policy": "round_robin"},
+                "workers": workers,
+                "routing": {"policy": policy},
+                "limits": {"max_body_bytes": 4 << 20},
                 "log": {"access_log": False},
                 "health": {"interval_ms": 1000},
+                "scrape": {"interval_ms": 0, "models_interval_ms": 0},
             }, f, indent=2)
-        log = os.path.join(self.dir, "pcrouter.log")
+        log = os.path.join(self.dir, "pcrouter-%s.log" % tag)
         # A private copy: the build folder is shared and may be relinked while the bench runs.
         exe = os.path.join(self.dir, "pcrouter")
         if not os.path.exists(exe):
             shutil.copy2(self.args.pcrouter, exe)
-        p = self.procs.start("pcrouter", [exe, "-c", conf], self.cpu_proxy,
+        argv = [exe, "-c", conf]
+        if self.args.perf and policy == "cache_aware" and workers == 1:
+            data = os.path.join(OUT_DIR, "perf-pcrouter.data")
+            os.makedirs(OUT_DIR, exist_ok=True)
+            argv = ["perf", "record", "-e", "cpu-clock", "-F", "999", "-g", "-o", data, "--"] + argv
+        p = self.procs.start("pcrouter-" + tag, argv,
+                             self.cpu_proxy if workers == 1 else self.cpu_all,
                              stderr=subprocess.PIPE)
         port_box, ready = [], threading.Event()
 
@@ -383,7 +408,7 @@ class Bench:
         if self.procs.pin:
             argv = ["taskset", "-c", self.cpu_client] + argv
         out = self._run(argv, duration or 5)
-        m = re.search(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s", out)
+        m = re.search(r"finished in ([\d.]+)(us|ms|s), ([\d.]+) req/s", out)
         rq = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
                        r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
         sc = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
@@ -462,14 +487,22 @@ def parse_args():
     ap.add_argument("--h2-streams", type=int, default=16, help="h2load streams per connection")
     ap.add_argument("--pin", choices=("split", "none"), default="split",
                     help="split: load generator and backends on CPU 0, proxy on CPU 1")
-    ap.add_argument("--no-defaults", action="store_true",
-                    help="skip the HAProxy/nginx rows at their default thread/worker counts")
+    ap.add_argument("--defaults", action="store_true",
+                    help="add HAProxy/nginx rows at their default thread/worker counts")
+    ap.add_argument("--no-two-threads", dest="two_threads", action="store_false",
+                    help="skip the 2-worker / nbthread 2 rows")
+    ap.add_argument("--bodies", default="2048,32768",
+                    help="request body sizes in bytes, comma-separated (e.g. 2048,32768,262144)")
+    ap.add_argument("--perf", action="store_true",
+                    help="record a perf profile (cpu-clock) of pcrouter cache_aware, 1 worker, "
+                         "into bench/out/perf-pcrouter.data")
     ap.add_argument("--only", default="", help="comma-separated target names (debugging)")
     ap.add_argument("--json", default=os.path.join(OUT_DIR, "proxies.json"))
     a = ap.parse_args()
     a.quick = quick
     a.build = os.path.abspath(a.build)
     a.pcrouter = find_pcrouter(a.build)
+    a.bodies = [int(x) for x in a.bodies.split(",") if x]
     return a
 
 
@@ -511,41 +544,60 @@ def main():
             shutil.rmtree(b.dir, ignore_errors=True)
 
 
-def run(b, args, anomalies, notes):
-    b.req_file = os.path.join(b.dir, "request.json")
+def set_body(b, size):
+    """Every load generator posts this body from now on."""
+    b.req = request_body(size)
+    b.req_file = os.path.join(b.dir, "request-%d.json" % size)
     with open(b.req_file, "wb") as f:
         f.write(b.req)
     b.lua = b.wrk_script()
-    backends = b.start_backends()
 
+
+def make_targets(b, args):
     direct = Target("direct", "direct (backend 1)")
     direct.ports = {"h1": b.backend_ports["b1"], "h2": b.backend_ports["b1_h2c"]}
     targets = [direct,
-               Target("haproxy", "HAProxy nbthread 1", lambda: b.start_haproxy(True)),
-               Target("nginx", "nginx 1 worker", lambda: b.start_nginx(True))]
+               Target("haproxy", "HAProxy round robin, 1 thread", lambda: b.start_haproxy(True)),
+               Target("haproxy_hash", "HAProxy JSON hash, 1 thread",
+                      lambda: b.start_haproxy(True, hashing=True)),
+               Target("nginx", "nginx round robin, 1 worker", lambda: b.start_nginx(True))]
     if args.pcrouter:
-        targets.append(Target("pcrouter", "pcrouter", b.start_pcrouter))
-    else:
-        notes.append("pcrouter not found in %s (build it: ninja -C %s): its rows are missing"
-                     % (args.build, args.build))
-    if not args.no_defaults:
+        targets += [Target("pcrouter", "pcrouter cache_aware, 1 worker", b.start_pcrouter),
+                    Target("pcrouter_rr", "pcrouter round_robin, 1 worker",
+                           lambda: b.start_pcrouter("round_robin"))]
+    if args.two_threads:
+        targets.append(Target("haproxy_t2", "HAProxy round robin, 2 threads",
+                              lambda: b.start_haproxy(True, threads=2)))
+        if args.pcrouter:
+            targets.append(Target("pcrouter_w2", "pcrouter cache_aware, 2 workers",
+                                  lambda: b.start_pcrouter(workers=2)))
+    if args.defaults:
         targets += [Target("haproxy_default", "HAProxy default nbthread",
                            lambda: b.start_haproxy(False)),
                     Target("nginx_default", "nginx workers auto", lambda: b.start_nginx(False))]
     if args.only:
         keep = set(args.only.split(","))
         targets = [t for t in targets if t.name in keep]
+    return targets
 
+
+def run(b, args, anomalies, notes):
+    backends = b.start_backends()
+    targets = make_targets(b, args)
+    if not args.pcrouter:
+        notes.append("pcrouter not found in %s (build it: ninja -C %s): its rows are missing"
+                     % (args.build, args.build))
+    set_body(b, args.bodies[0])
     for t in list(targets):
         try:
             if t.starter:
                 t.start()
             b.smoke(t)
         except BenchError as e:
-            if t.name != "pcrouter":
+            if not t.name.startswith("pcrouter"):
                 raise
             # The router is the thing being built: say what went wrong and still measure the rest.
-            anomalies.append("pcrouter left out: %s" % e)
+            anomalies.append("%s left out: %s" % (t.label, e))
             if t.proc:
                 b.procs.stop(t.proc)
             targets.remove(t)
@@ -557,52 +609,68 @@ def run(b, args, anomalies, notes):
                 "pcrouter": tool_version([args.pcrouter, "--version"]) if args.pcrouter else "-"}
     header(b, args, versions, targets)
 
-    # Warm-up: one short run per target and protocol, so pools and caches are filled.
-    for t in targets:
-        b.run_wrk(t, 1)
-        b.run_h2load(t, duration=1)
-
     protos = ("h1", "h2")
-    results = {t.name: {p: [] for p in protos} for t in targets}
-    for rep in range(args.reps):
-        order = targets[rep % len(targets):] + targets[:rep % len(targets)]
-        for proto in protos:
-            for t in order:
-                if not t.alive():
-                    restart(t, anomalies, rep, proto, b)
-                pgid = (t.proc or backends).pid
-                cpu0 = group_cpu_seconds(pgid)
-                r = b.run_wrk(t, args.duration) if proto == "h1" else \
-                    b.run_h2load(t, duration=args.duration)
-                cpu = group_cpu_seconds(pgid) - cpu0
-                r["cpu_us_per_req"] = cpu * 1e6 / r["requests"] if r["requests"] else 0.0
-                r["rep"] = rep
-                results[t.name][proto].append(r)
-                bad = {k: v for k, v in r["errors"].items() if v}
-                if bad or r["ok"] < r["requests"]:
-                    anomalies.append("%s %s rep %d: %d requests, %d 2xx, errors %s"
-                                     % (t.label, "HTTP/1.1" if proto == "h1" else "h2c", rep + 1,
-                                        r["requests"], r["ok"], bad))
-                if not t.alive():
-                    restart(t, anomalies, rep, proto, b)
-        print("  repetition %d/%d done" % (rep + 1, args.reps), flush=True)
+    summaries, all_results = {}, {}
+    for size in args.bodies:
+        set_body(b, size)
+        for t in targets:
+            if t.name != "direct":
+                b.smoke(t)
+        # Warm-up: one short run per target and protocol, so pools and caches are filled.
+        for t in targets:
+            b.run_wrk(t, 1)
+            b.run_h2load(t, duration=1)
+        results = {t.name: {p: [] for p in protos} for t in targets}
+        for rep in range(args.reps):
+            order = targets[rep % len(targets):] + targets[:rep % len(targets)]
+            for proto in protos:
+                for t in order:
+                    if not t.alive():
+                        restart(t, anomalies, rep, proto, b)
+                    pgid = (t.proc or backends).pid
+                    cpu0 = group_cpu_seconds(pgid)
+                    r = b.run_wrk(t, args.duration) if proto == "h1" else \
+                        b.run_h2load(t, duration=args.duration)
+                    cpu = group_cpu_seconds(pgid) - cpu0
+                    r["cpu_us_per_req"] = cpu * 1e6 / r["requests"] if r["requests"] else 0.0
+                    r["rep"] = rep
+                    results[t.name][proto].append(r)
+                    bad = {k: v for k, v in r["errors"].items() if v}
+                    if bad or r["ok"] < r["requests"]:
+                        anomalies.append("%s %s %d B rep %d: %d requests, %d 2xx, errors %s"
+                                         % (t.label, "HTTP/1.1" if proto == "h1" else "h2c",
+                                            len(b.req), rep + 1, r["requests"], r["ok"], bad))
+                    if not t.alive():
+                        restart(t, anomalies, rep, proto, b)
+            print("  %d B bodies: repetition %d/%d done" % (len(b.req), rep + 1, args.reps),
+                  flush=True)
+        summaries[size] = report(targets, results, protos, len(b.req))
+        for t in targets:
+            for p in protos:
+                for r in results[t.name][p]:
+                    r.pop("raw_tail", None)
+        all_results[size] = results
     if backends.poll() is not None:
         anomalies.append("the stub backends exited (status %s)" % backends.returncode)
-
-    summary = report(targets, results, protos, anomalies, notes)
+    verdicts = targets_report(summaries)
+    for n in notes:
+        print("note: " + n)
+    if anomalies:
+        print("\nAnomalies (errors, non-2xx, crashes):")
+        for a in anomalies:
+            print("  " + a)
+    else:
+        print("\nNo errors, non-2xx responses or crashes on any target.")
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    for t in targets:
-        for p in protos:
-            for r in results[t.name][p]:
-                r.pop("raw_tail", None)
     with open(args.json, "w") as f:
         json.dump({"settings": {"reps": args.reps, "duration_s": args.duration,
-                                "quick": args.quick, "pin": args.pin,
+                                "quick": args.quick, "pin": args.pin, "bodies": args.bodies,
                                 "h1": "wrk -t1 -c%d" % args.h1_conns,
                                 "h2": "h2load -t1 -c%d -m%d" % (args.h2_conns, args.h2_streams),
-                                "request_bytes": len(b.req), "response_bytes": len(b.resp),
+                                "response_bytes": len(b.resp),
                                 "loadavg_end": os.getloadavg()},
-                   "versions": versions, "summary": summary, "runs": results,
+                   "versions": versions, "summary": {str(k): v for k, v in summaries.items()},
+                   "verdicts": verdicts, "runs": {str(k): v for k, v in all_results.items()},
                    "anomalies": anomalies, "notes": notes}, f, indent=1)
     print("\nwrote %s" % os.path.relpath(args.json, ROOT))
     return 0
@@ -617,15 +685,14 @@ def restart(t, anomalies, rep, proto, b):
 
 
 def header(b, args, versions, targets):
-    pin = ("taskset: wrk/h2load and the stub backends on CPU 0, the proxy under test on CPU 1 "
-           "(rows at the proxies' defaults unpinned)" if args.pin == "split"
-           else "no CPU pinning")
-    print("Proxy benchmark: round robin over 2 stub backends (one nginx, 1 worker, fixed reply)")
+    pin = ("taskset: wrk/h2load and the stub backends on CPU 0, a one-thread proxy on CPU 1, a "
+           "two-thread one on both" if args.pin == "split" else "no CPU pinning")
+    print("Proxy benchmark: 2 stub backends (one nginx, 1 worker, fixed reply)")
     print("  %s%s" % ("QUICK run: " if args.quick else "",
                       "%d repetitions x %d s per target and protocol, targets rotated per "
                       "repetition; medians shown" % (args.reps, args.duration)))
-    print("  POST /v1/completions, request %d B, response %d B"
-          % (len(b.req), len(b.resp)))
+    print("  POST /v1/completions, request bodies of %s bytes, response %d B"
+          % (", ".join(str(x) for x in args.bodies), len(b.resp)))
     print("  HTTP/1.1: wrk -t1 -c%d; h2c: h2load -t1 -c%d -m%d (prior knowledge)"
           % (args.h1_conns, args.h2_conns, args.h2_streams))
     print("  " + pin)
@@ -639,7 +706,8 @@ def header(b, args, versions, targets):
     print(flush=True)
 
 
-def report(targets, results, protos, anomalies, notes):
+def report(targets, results, protos, size):
+    """One table per body size; returns the medians and pcrouter's ratios."""
     med = {}
     for t in targets:
         for p in protos:
@@ -647,10 +715,10 @@ def report(targets, results, protos, anomalies, notes):
             if rs:
                 med[(t.name, p)] = {k: statistics.median(r[k] for r in rs)
                                     for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")}
-    have_pcr = any(t.name == "pcrouter" for t in targets)
-    print("\n%-26s %-8s %8s %8s %8s %8s %9s %9s %9s"
-          % ("target", "protocol", "req/s", "p50 ms", "p99 ms", "CPU us/r", "pcr/x rps",
-             "pcr/x p99", "pcr/x CPU"))
+    print("\n%d-byte request bodies" % size)
+    print("%-34s %-8s %8s %8s %8s %8s %9s %10s %10s"
+          % ("target", "protocol", "req/s", "p50 ms", "p99 ms", "CPU us/r", "req/CPU-s",
+             "pcr per-core", "pcr req/s"))
     summary = {}
     for p in protos:
         pcr = med.get(("pcrouter", p))
@@ -658,56 +726,56 @@ def report(targets, results, protos, anomalies, notes):
             m = med.get((t.name, p))
             if not m:
                 continue
+            per_core = 1e6 / m["cpu_us_per_req"] if m["cpu_us_per_req"] else 0.0
+            # pcrouter (cache_aware, 1 worker) against this row: requests per CPU-second (its
+            # CPU per request under the row's), and requests per second.
+            cr = m["cpu_us_per_req"] / pcr["cpu_us_per_req"] \
+                if pcr and pcr["cpu_us_per_req"] and t.name != "direct" else None
             rr = pcr["rps"] / m["rps"] if pcr and m["rps"] else None
-            pr = pcr["p99_ms"] / m["p99_ms"] if pcr and m["p99_ms"] else None
             paired = paired_ratios(results.get("pcrouter", {}).get(p, []), results[t.name][p])
-            cr = pcr["cpu_us_per_req"] / m["cpu_us_per_req"] \
-                if pcr and m["cpu_us_per_req"] and t.name != "direct" else None
             me = t.name == "pcrouter"
-            print("%-26s %-8s %8.0f %8.2f %8.2f %8.1f %9s %9s %9s"
+            print("%-34s %-8s %8.0f %8.2f %8.2f %8.1f %9.0f %10s %10s"
                   % (t.label, "HTTP/1.1" if p == "h1" else "h2c", m["rps"], m["p50_ms"],
-                     m["p99_ms"], m["cpu_us_per_req"], "" if me else fmt_ratio(rr),
-                     "" if me else fmt_ratio(pr), "" if me else fmt_ratio(cr)))
-            summary.setdefault(t.name, {})[p] = dict(m, pcr_rps_ratio=rr, pcr_p99_ratio=pr,
-                                                     pcr_cpu_ratio=cr, **paired)
+                     m["p99_ms"], m["cpu_us_per_req"], per_core,
+                     "" if me or t.name == "direct" else fmt_ratio(cr),
+                     "" if me else fmt_ratio(rr)))
+            summary.setdefault(t.name, {})[p] = dict(m, per_core=per_core, pcr_per_core_ratio=cr,
+                                                     pcr_rps_ratio=rr, **paired)
         print()
     print("CPU us/r: CPU time (user+sys) of the proxy's processes per request (direct: of the stub\n"
-          "  backends); less sensitive than req/s to other load on the machine.\n"
-          "pcr/x rps: pcrouter's req/s over the row's (higher is better); pcr/x p99 and pcr/x CPU:\n"
-          "  pcrouter's p99 and CPU per request over the row's (lower is better)")
-
-    verdicts = {}
-    if have_pcr:
-        print("\nTargets (level with nginx, within 10% of HAProxy), against the proxies configured like "
-              "pcrouter (one thread):")
-        for p in protos:
-            pcr, ha, ng = (med.get((n, p)) for n in ("pcrouter", "haproxy", "nginx"))
-            if not (pcr and ha and ng):
-                continue
-            pn = summary["nginx"][p].get("paired_rps_ratio")
-            ph = summary["haproxy"][p].get("paired_rps_ratio")
-            checks = [("req/s >= nginx", pcr["rps"] >= ng["rps"],
-                       "%.2fx; same-repetition ratios, median %.2fx" % (pcr["rps"] / ng["rps"], pn)),
-                      ("req/s within 10% of HAProxy", pcr["rps"] >= 0.9 * ha["rps"],
-                       "%.2fx; same-repetition ratios, median %.2fx" % (pcr["rps"] / ha["rps"], ph)),
-                      ("p99 <= nginx", pcr["p99_ms"] <= ng["p99_ms"],
-                       "%.2f vs %.2f ms" % (pcr["p99_ms"], ng["p99_ms"])),
-                      ("p99 <= HAProxy", pcr["p99_ms"] <= ha["p99_ms"],
-                       "%.2f vs %.2f ms" % (pcr["p99_ms"], ha["p99_ms"]))]
-            name = "HTTP/1.1" if p == "h1" else "h2c"
-            for what, ok, detail in checks:
-                print("  %-8s %-28s %-4s (%s)" % (name, what, "met" if ok else "MISS", detail))
-                verdicts["%s: %s" % (name, what)] = ok
-    summary["_verdicts"] = verdicts
-    for n in notes:
-        print("note: " + n)
-    if anomalies:
-        print("\nAnomalies (errors, non-2xx, crashes):")
-        for a in anomalies:
-            print("  " + a)
-    else:
-        print("\nNo errors, non-2xx responses or crashes on any target.")
+          "  backends). req/CPU-s: requests per CPU-second. pcr per-core: pcrouter cache_aware (1\n"
+          "  worker)'s requests per CPU-second over the row's; pcr req/s: its req/s over the row's.")
     return summary
+
+
+def targets_report(summaries):
+    """The per-core and every-core targets, per body size and protocol."""
+    verdicts = {}
+    print("\nTargets:")
+    for size, summary in summaries.items():
+        for p in ("h1", "h2"):
+            name = "%s %d B" % ("HTTP/1.1" if p == "h1" else "h2c", size)
+            ha = summary.get("haproxy", {}).get(p)
+            pcr = summary.get("pcrouter", {}).get(p)
+            if ha and pcr and pcr.get("cpu_us_per_req"):
+                r = ha["cpu_us_per_req"] / pcr["cpu_us_per_req"]
+                ok = r >= 1.1
+                verdicts["per core %s" % name] = {"ratio": r, "met": ok}
+                print("  %-16s pcrouter cache_aware per core >= 1.1x HAProxy round robin: %-4s "
+                      "(%.2fx: %.1f vs %.1f us of CPU per request)"
+                      % (name, "met" if ok else "MISS", r, pcr["cpu_us_per_req"],
+                         ha["cpu_us_per_req"]))
+            h2, p2 = (summary.get(n, {}).get(p) for n in ("haproxy_t2", "pcrouter_w2"))
+            if h2 and p2:
+                print("  %-16s 2 workers vs HAProxy nbthread 2: %.2fx req/s, %.2fx per core"
+                      % (name, p2["rps"] / h2["rps"] if h2["rps"] else 0,
+                         h2["cpu_us_per_req"] / p2["cpu_us_per_req"] if p2["cpu_us_per_req"] else 0))
+            hh = summary.get("haproxy_hash", {}).get(p)
+            if hh and pcr and pcr.get("cpu_us_per_req"):
+                print("  %-16s CPU per request vs HAProxy's JSON hash: %.2fx (%.1f vs %.1f us)"
+                      % (name, pcr["cpu_us_per_req"] / hh["cpu_us_per_req"],
+                         pcr["cpu_us_per_req"], hh["cpu_us_per_req"]))
+    return verdicts
 
 
 if __name__ == "__main__":

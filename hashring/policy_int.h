@@ -16,9 +16,11 @@
 #define PCR_HASH_PREFIX_BYTES 4096u
 
 typedef struct {
-    char *name;
+    char *name;                /* NULL for a slot whose backend left */
+    char *zone;
     uint32_t weight;
     int in_zone;               /* the router has no zone, or this backend is in it */
+    uint64_t down_since;       /* reported unavailable at (0: available, or forgotten already) */
 } pcr_pbackend_t;
 
 typedef struct {
@@ -37,6 +39,7 @@ struct pcr_policy {
     pcr_index_t *index;        /* cache_aware */
     size_t max_blocks;
     uint64_t rotation;         /* round_robin position, least_loaded tie rotation */
+    size_t ndown;              /* backends with down_since set */
     /* Scratch for one decision (a policy is used by one thread). */
     uint32_t *matched;
     uint64_t *load;

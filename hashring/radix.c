@@ -380,9 +380,12 @@ static size_t run_common(const rnode_t *x, const uint64_t *key, size_t n)
 
 /* ---- eviction ----------------------------------------------------------------------------- */
 
+/* Both evictions count the (block, backend) pairs they drop, from the pair count itself: a
+ * trim whose split found no memory drops a whole node, and that counts too. */
 static void evict_backend(pcr_index_t *ix, unsigned b, uint64_t target)
 {
     rbackend_t *be = &ix->be[b];
+    uint64_t before = ix->pairs;
     while (be->blocks > target && be->head != NULL) {
         rnode_t *x = be->head;
         uint64_t need = be->blocks - target;
@@ -391,12 +394,14 @@ static void evict_backend(pcr_index_t *ix, unsigned b, uint64_t target)
         else
             hold_trim(ix, x, b, (size_t)need);
     }
+    ix->evictions += before - ix->pairs;
 }
 
 /* The memory cap: whole leaf holdings, the oldest across all backends (ties: lowest index).
  * O(backends) per eviction, which only happens at the cap. */
 static void evict_global(pcr_index_t *ix)
 {
+    uint64_t before = ix->pairs;
     while (ix->max_bytes && ix->bytes > ix->max_bytes && ix->pairs > 0) {
         unsigned best = 0;
         uint64_t best_t = UINT64_MAX;
@@ -414,6 +419,7 @@ static void evict_global(pcr_index_t *ix)
         }
         hold_remove(ix, ix->be[best].head, best, 1);
     }
+    ix->evictions += before - ix->pairs;
 }
 
 /* ---- public API --------------------------------------------------------------------------- */
@@ -449,6 +455,32 @@ pcr_index_t *pcr_index_new(const pcr_index_opts_t *opts)
     memset(ix->slots, 0, TABLE_MIN * sizeof(rnode_t *));
     ix->mask = TABLE_MIN - 1;
     return ix;
+}
+
+void pcr_index_set_max_bytes(pcr_index_t *ix, size_t max_bytes)
+{
+    if (ix == NULL)
+        return;
+    ix->max_bytes = max_bytes;
+    evict_global(ix);
+}
+
+int pcr_index_grow(pcr_index_t *ix, size_t nbackends)
+{
+    if (ix == NULL || nbackends > PCR_INDEX_MAX_BACKENDS)
+        return PCR_ERR_INVAL;
+    if (nbackends <= ix->nb)
+        return 0;
+    rbackend_t *nbe = ix_alloc(ix, nbackends * sizeof(*nbe));
+    if (nbe == NULL)
+        return PCR_ERR_NOMEM;
+    memcpy(nbe, ix->be, ix->nb * sizeof(*nbe));
+    for (size_t b = ix->nb; b < nbackends; b++)
+        nbe[b] = (rbackend_t){NULL, NULL, 0, PCR_INDEX_UNLIMITED};
+    ix_free(ix, ix->be, ix->nb * sizeof(*ix->be));
+    ix->be = nbe;
+    ix->nb = nbackends;
+    return 0;
 }
 
 void pcr_index_free(pcr_index_t *ix)
@@ -630,6 +662,11 @@ uint64_t pcr_index_backend_blocks(const pcr_index_t *ix, unsigned b)
 uint64_t pcr_index_pairs(const pcr_index_t *ix)
 {
     return ix != NULL ? ix->pairs : 0;
+}
+
+uint64_t pcr_index_evictions(const pcr_index_t *ix)
+{
+    return ix != NULL ? ix->evictions : 0;
 }
 
 uint64_t pcr_index_nodes(const pcr_index_t *ix)

@@ -45,6 +45,7 @@ struct pcr_index {
     size_t mask;
     size_t count;           /* nodes in the table = nodes in the tree */
     uint64_t pairs;
+    uint64_t evictions;     /* (block, backend) pairs dropped by capacity or the memory cap */
 };
 
 static inline size_t pcr_radix_node_size(uint32_t cap)

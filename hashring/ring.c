@@ -39,12 +39,14 @@ pcr_ring_t *pcr_ring_new(const char *const *names, const uint32_t *weights, size
         return NULL;
     for (size_t b = 0; b < n; b++) {
         uint32_t w = weights ? weights[b] : 1;
-        if (names[b] == NULL || w == 0)
+        if (w > 0 && names[b] == NULL)
             return NULL;
         total += (uint64_t)w * vnodes;
         if (total > PCR_RING_MAX_POINTS)
             return NULL;
     }
+    if (total == 0)
+        return NULL;
     r = calloc(1, sizeof(*r));
     if (r == NULL)
         return NULL;
@@ -58,8 +60,10 @@ pcr_ring_t *pcr_ring_new(const char *const *names, const uint32_t *weights, size
     }
     size_t k = 0;
     for (size_t b = 0; b < n; b++) {
-        size_t len = strlen(names[b]);
         r->weight[b] = weights ? weights[b] : 1;
+        if (r->weight[b] == 0)
+            continue; /* a slot with no backend: no points */
+        size_t len = strlen(names[b]);
         for (uint64_t i = 0; i < (uint64_t)r->weight[b] * vnodes; i++) {
             r->points[k].pos = XXH3_64bits_withSeed(names[b], len, i);
             r->points[k].backend = (uint32_t)b;

@@ -1,259 +1,320 @@
-/* router/body.c: reads an OpenAI-style request body (router/body.h) with cJSON and builds the
- * canonical prompt bytes that the prefix key is hashed from.
+/* router/body.c: reads an OpenAI-style request body (router/body.h) as it arrives, and hashes
+ * its canonical prompt bytes into the prefix key while it does.
  *
  * The canonical bytes
  * -------------------
- * /v1/completions: a string "prompt" is its own UTF-8 bytes; any other prompt (a token-id
- * array, an array of prompts, an array of token arrays) is its compact JSON text, so equal
- * prompts still give equal keys.
+ * They are made of the JSON text as sent: every string as its raw bytes between the quotes
+ * (escapes undecoded), every other value as compact JSON (no whitespace) with its strings the
+ * same way. Raw JSON text never holds a byte below 0x20 (yajl refuses one in a string), so
+ * the records are framed by such bytes, and no content byte can be mistaken for framing:
  *
- * /v1/chat/completions: a sequence of records, each a one-letter tag followed by
- * length-prefixed fields ("<decimal length>:<bytes>", netstring style, so no byte of content
- * can be mistaken for framing, whatever it contains):
+ * /v1/completions: a string "prompt" is its raw bytes; any other prompt (a token-id array, an
+ * array of prompts, ...) is 0x06 followed by its compact JSON.
  *
- *   T<len>:<tools JSON>                 once, first, when "tools" is present
- *   M<len>:<role>                       each message, in order, followed by its content:
- *     t<len>:<text>                     string content, or a run of consecutive text parts
- *                                       concatenated (so "hi" and [{"type":"text","text":"hi"}]
- *                                       give the same bytes, as a chat template renders them)
- *     o<len>:<part JSON>                a non-text part (image_url, input_audio, ...)
- *     c<len>:<tool_calls JSON>          an assistant message's tool calls, when present
+ * /v1/chat/completions: each message in order, each ending with its role:
  *
- * Example: {"messages":[{"role":"user","content":"hi"}]} gives "M4:usert2:hi".
- * A message's bytes depend only on that message, so two requests that share their first N
- * messages (and tools) share the canonical bytes of those N messages as a byte prefix: the
- * property that makes a multi-turn conversation's turns extend one another's prefix. */
+ *   0x02 <text>            string content, or a run of text parts one after the other (so
+ *                          "hi" and [{"type":"text","text":"hi"}] give the same bytes, as a
+ *                          chat template renders them); a part's "type":"text" adds nothing
+ *   0x03 "<key>":<JSON>    any other member of a content part ("type":"image_url", ...)
+ *   0x05 <JSON>            the message's "tool_calls"
+ *   0x01 <role>            last: ends the message (and any run of text)
+ *
+ * in the order the message's fields come. Example: {"messages":[{"role":"user","content":
+ * "hi"}]} gives "\x02hi\x01user". A message's bytes depend on that message only, so a
+ * request that repeats the previous turn's messages and adds some extends the previous
+ * turn's bytes: the property that makes a conversation's turns share their prefix blocks.
+ * The role is written last because a message's fields may come in any order, and the
+ * content must be hashed as it arrives. "tools" (any place in the body) is not in these
+ * bytes: its compact JSON is hashed apart and mixed, with the model, into every block
+ * (pcr/prefix.h), since a chat template puts the tools before the first message.
+ *
+ * Why raw bytes: a stream cannot know a string's decoded length before its end (the old
+ * netstring framing needed it first), and decoding escapes would mean a JSON lexer of our
+ * own. The price: "\u00e9" and "é" (or "\/" and "/") hash differently. A client writes one
+ * conversation's turns with the same encoder, so its turns still share prefixes; two
+ * clients spelling one prompt two ways at worst miss a cache, never get a wrong answer.
+ *
+ * How: body_scan.c feeds yajl and says where strings are; body_fields.c, driven by yajl's
+ * callbacks and those string events, knows which field is which and writes the records here.
+ * This file has the output (the prefix key's stream, and the bytes themselves for tests) and
+ * the API. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
-#include "body.h"
+#include "body_int.h"
 #include "pcr/common.h"
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} buf_t;
+/* ---- errors ------------------------------------------------------------------------------- */
 
-static int buf_reserve(buf_t *b, size_t more)
+/* A fatal error: yajl stops (callbacks return 0). */
+int pcr_body_fatal(pcr_body_reader_t *r, int rc, const char *fmt, ...)
 {
-    if (b->len + more <= b->cap)
-        return 0;
-    size_t ncap = b->cap ? b->cap : 256;
-    while (ncap < b->len + more)
-        ncap *= 2;
-    char *np = realloc(b->p, ncap);
-    if (np == NULL)
-        return PCR_ERR_NOMEM;
-    b->p = np;
-    b->cap = ncap;
+    if (r->err.rc == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->err.msg, sizeof(r->err.msg), fmt, ap);
+        va_end(ap);
+        r->err.rc = rc;
+    }
     return 0;
 }
+
+/* A field error: kept for finish, while yajl reads on, so that a body that is not JSON at all
+ * is told so whatever its fields. Returns 1 (go on). */
+int pcr_body_inval(pcr_body_reader_t *r, const char *fmt, ...)
+{
+    if (!r->inval) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->inval_msg, sizeof(r->inval_msg), fmt, ap);
+        va_end(ap);
+        r->inval = 1;
+    }
+    return 1;
+}
+
+int pcr_body_nomem(pcr_body_reader_t *r)
+{
+    return pcr_body_fatal(r, PCR_ERR_NOMEM, "out of memory while reading the request body");
+}
+
+/* ---- output: the canonical bytes and the context ------------------------------------------ */
 
 static int buf_put(buf_t *b, const void *data, size_t n)
 {
-    if (buf_reserve(b, n) != 0)
-        return PCR_ERR_NOMEM;
-    if (n > 0)
-        memcpy(b->p + b->len, data, n);
-    b->len += n;
-    return 0;
-}
-
-/* Writes the tag and "<n>:"; the caller then writes exactly n bytes. */
-static int buf_field_head(buf_t *b, char tag, size_t n)
-{
-    char head[32];
-    int k = snprintf(head, sizeof(head), "%c%zu:", tag, n);
-    return buf_put(b, head, (size_t)k);
-}
-
-static int buf_field(buf_t *b, char tag, const char *s, size_t n)
-{
-    if (buf_field_head(b, tag, n) != 0)
-        return PCR_ERR_NOMEM;
-    return buf_put(b, s, n);
-}
-
-static int buf_json_field(buf_t *b, char tag, const cJSON *item)
-{
-    char *text = cJSON_PrintUnformatted(item);
-    if (text == NULL)
-        return PCR_ERR_NOMEM;
-    int rc = tag ? buf_field(b, tag, text, strlen(text)) : buf_put(b, text, strlen(text));
-    cJSON_free(text);
-    return rc;
-}
-
-static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
-static int is_text_part(const cJSON *part)
-{
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-    return cJSON_IsString(type) && strcmp(type->valuestring, "text") == 0;
-}
-
-/* Multi-part content: runs of text parts as one "t" field, other parts as "o" fields. */
-static int put_parts(buf_t *b, const cJSON *content, size_t mi, char *err, size_t errlen)
-{
-    size_t pi = 0;
-    const cJSON *part = content->child;
-    while (part != NULL) {
-        if (!cJSON_IsObject(part))
-            return set_err(err, errlen, PCR_ERR_INVAL,
-                           "'messages[%zu].content[%zu]' must be an object", mi, pi);
-        if (!is_text_part(part)) {
-            if (buf_json_field(b, 'o', part) != 0)
-                return PCR_ERR_NOMEM;
-            part = part->next;
-            pi++;
-            continue;
-        }
-        size_t total = 0, k = pi;
-        const cJSON *q;
-        for (q = part; q != NULL && cJSON_IsObject(q) && is_text_part(q); q = q->next, k++) {
-            const cJSON *text = cJSON_GetObjectItemCaseSensitive(q, "text");
-            if (!cJSON_IsString(text))
-                return set_err(err, errlen, PCR_ERR_INVAL,
-                               "'messages[%zu].content[%zu].text' must be a string", mi, k);
-            total += strlen(text->valuestring);
-        }
-        if (buf_field_head(b, 't', total) != 0 || buf_reserve(b, total) != 0)
+    if (b->len + n + 1 > b->cap) {
+        size_t ncap = b->cap ? b->cap : 256;
+        while (ncap < b->len + n + 1)
+            ncap *= 2;
+        char *np = realloc(b->p, ncap);
+        if (np == NULL)
             return PCR_ERR_NOMEM;
-        for (; part != q; part = part->next, pi++) {
-            const char *s = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
-            buf_put(b, s, strlen(s));
-        }
+        b->p = np;
+        b->cap = ncap;
     }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = '\0';
     return 0;
 }
 
-static int chat_key(buf_t *b, const cJSON *root, char *err, size_t errlen)
+static int context_flush(pcr_body_reader_t *r)
 {
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    size_t mi = 0;
+    int rc = r->cplen > 0 ? pcr_prefix_stream_context(r->key, r->cpend, r->cplen) : 0;
+    r->cplen = 0;
+    return rc;
+}
+
+static int context_put(pcr_body_reader_t *r, const void *p, size_t n)
+{
+    if (r->cplen + n > sizeof(r->cpend)) {
+        int rc = context_flush(r);
+        if (rc != 0 || n > sizeof(r->cpend))
+            return rc != 0 ? rc : pcr_prefix_stream_context(r->key, p, n);
+    }
+    memcpy(r->cpend + r->cplen, p, n);
+    r->cplen += n;
+    return 0;
+}
+
+/* Returns 1, or 0 after a fatal error (so callbacks can return it). */
+int pcr_body_emit(pcr_body_reader_t *r, int sink, const void *p, size_t n)
+{
+    int rc = sink == SINK_CANON ? pcr_prefix_stream_update(r->key, p, n) : context_put(r, p, n);
+    if (rc == 0 && r->o.keep_canonical)
+        rc = buf_put(sink == SINK_CANON ? &r->canon : &r->context, p, n);
+    return rc == 0 ? 1 : pcr_body_nomem(r);
+}
+
+int pcr_body_emit_c(pcr_body_reader_t *r, int sink, char c)
+{
+    return pcr_body_emit(r, sink, &c, 1);
+}
+
+int pcr_body_emit_tag(pcr_body_reader_t *r, char tag)
+{
+    r->text_open = 0;
+    return pcr_body_emit_c(r, SINK_CANON, tag);
+}
+
+int pcr_body_text_begin(pcr_body_reader_t *r)
+{
+    if (r->text_open)
+        return 1;
+    if (!pcr_body_emit_tag(r, TAG_TEXT))
+        return 0;
+    r->text_open = 1;
+    return 1;
+}
+
+/* ---- the API ------------------------------------------------------------------------------- */
+
+void pcr_body_opts_default(pcr_body_opts_t *o)
+{
+    pcr_policy_opts_t po;
+    pcr_policy_opts_default(&po);
+    memset(o, 0, sizeof(*o));
+    o->block_bytes = po.block_bytes;
+    o->max_prefix_bytes = po.max_prefix_bytes;
+}
+
+pcr_body_reader_t *pcr_body_reader_new(pcr_api_t api, const pcr_body_opts_t *opts)
+{
+    pcr_body_opts_t o;
+    if (opts == NULL)
+        pcr_body_opts_default(&o);
+    else
+        o = *opts;
+    if (o.block_bytes == 0 || o.max_prefix_bytes == 0)
+        return NULL;
+    pcr_body_reader_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->api = api;
+    r->o = o;
+    r->key = pcr_prefix_stream_new(o.block_bytes, o.max_prefix_bytes);
+    r->scan = pcr_body_scan_new(&pcr_body_p_callbacks, &pcr_body_scan_callbacks, r, &r->err);
+    if (r->key == NULL || r->scan == NULL) {
+        pcr_body_reader_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void pcr_body_reader_free(pcr_body_reader_t *r)
+{
+    if (r == NULL)
+        return;
+    pcr_body_scan_free(r->scan);
+    pcr_prefix_stream_free(r->key);
+    free(r->canon.p);
+    free(r->context.p);
+    free(r);
+}
+
+int pcr_body_reader_feed(pcr_body_reader_t *r, const void *data, size_t len)
+{
+    if (r == NULL)
+        return PCR_ERR_INVAL;
+    if (r->finished) {
+        if (r->err.rc == 0)
+            pcr_body_fatal(r, PCR_ERR_INVAL, "request body fed after its end");
+        return r->err.rc;
+    }
+    return pcr_body_scan_feed(r->scan, data, len);
+}
+
+const char *pcr_body_reader_error(const pcr_body_reader_t *r)
+{
+    if (r == NULL)
+        return "";
+    return r->err.rc != 0 ? r->err.msg : r->inval ? r->inval_msg : "";
+}
+
+static char *dup_bytes(const char *p, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d != NULL) {
+        if (n > 0)
+            memcpy(d, p, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
+{
     int rc;
 
-    if (msgs == NULL)
-        return set_err(err, errlen, PCR_ERR_INVAL, "'messages' is required");
-    if (!cJSON_IsArray(msgs))
-        return set_err(err, errlen, PCR_ERR_INVAL, "'messages' must be an array");
-    if (tools != NULL && !cJSON_IsNull(tools) && buf_json_field(b, 'T', tools) != 0)
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (r == NULL || out == NULL)
+        return PCR_ERR_INVAL;
+    if (r->finished) {
+        if (r->err.rc == 0)
+            pcr_body_fatal(r, PCR_ERR_INVAL, "request body finished twice");
+        return r->err.rc;
+    }
+    r->finished = 1;
+    if ((rc = pcr_body_scan_finish(r->scan)) != 0)
+        return rc;
+    if (r->inval)
+        return PCR_ERR_INVAL;
+    int want = r->api == PCR_API_CHAT ? KEY_MESSAGES : KEY_PROMPT;
+    if (!(r->root_seen & (1u << want))) {
+        pcr_body_inval(r, "'%s' is required", want == KEY_MESSAGES ? "messages" : "prompt");
+        return PCR_ERR_INVAL;
+    }
+    if (context_flush(r) != 0) {
+        pcr_body_nomem(r);
         return PCR_ERR_NOMEM;
-    for (const cJSON *m = msgs->child; m != NULL; m = m->next, mi++) {
-        if (!cJSON_IsObject(m))
-            return set_err(err, errlen, PCR_ERR_INVAL, "'messages[%zu]' must be an object", mi);
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        if (!cJSON_IsString(role))
-            return set_err(err, errlen, PCR_ERR_INVAL, "'messages[%zu].role' must be a string",
-                           mi);
-        if (buf_field(b, 'M', role->valuestring, strlen(role->valuestring)) != 0)
-            return PCR_ERR_NOMEM;
-        if (cJSON_IsString(content)) {
-            if (buf_field(b, 't', content->valuestring, strlen(content->valuestring)) != 0)
-                return PCR_ERR_NOMEM;
-        } else if (cJSON_IsArray(content)) {
-            if ((rc = put_parts(b, content, mi, err, errlen)) != 0)
-                return rc;
-        } else if (content != NULL && !cJSON_IsNull(content)) {
-            return set_err(err, errlen, PCR_ERR_INVAL,
-                           "'messages[%zu].content' must be a string, an array or null", mi);
-        }
-        if (calls != NULL && !cJSON_IsNull(calls) && buf_json_field(b, 'c', calls) != 0)
-            return PCR_ERR_NOMEM;
+    }
+    size_t max = pcr_prefix_max_blocks(r->o.block_bytes, r->o.max_prefix_bytes);
+    out->blocks = malloc((max ? max : 1) * sizeof(uint64_t));
+    out->model = dup_bytes(r->model, r->model_len);
+    if (out->blocks == NULL || out->model == NULL)
+        goto oom;
+    out->nblocks = pcr_prefix_stream_finish(r->key, r->model, r->model_len, out->blocks, &rc);
+    if (rc != 0)
+        goto oom;
+    out->model_len = r->model_len;
+    out->stream = r->stream;
+    out->include_usage = r->include_usage;
+    out->stream_options = r->stream_options;
+    uint64_t bytes = pcr_prefix_stream_bytes(r->key);
+    out->prompt_tokens = (size_t)(bytes / 4 + (bytes % 4 != 0));
+    if (r->o.keep_canonical) {
+        out->key = dup_bytes(r->canon.p, r->canon.len);
+        out->key_len = r->canon.len;
+        out->context = dup_bytes(r->context.p, r->context.len);
+        out->context_len = r->context.len;
+        if (out->key == NULL || out->context == NULL)
+            goto oom;
     }
     return 0;
+oom:
+    pcr_body_dispose(out);
+    pcr_body_nomem(r);
+    return PCR_ERR_NOMEM;
 }
 
-static int completions_key(buf_t *b, const cJSON *root, char *err, size_t errlen)
+int pcr_body_parse_opts(pcr_api_t api, const pcr_body_opts_t *opts, const char *buf, size_t len,
+                        pcr_body_t *out, char *err, size_t errlen)
 {
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (prompt == NULL)
-        return set_err(err, errlen, PCR_ERR_INVAL, "'prompt' is required");
-    if (cJSON_IsString(prompt))
-        return buf_put(b, prompt->valuestring, strlen(prompt->valuestring));
-    if (cJSON_IsArray(prompt))
-        return buf_json_field(b, 0, prompt);
-    return set_err(err, errlen, PCR_ERR_INVAL, "'prompt' must be a string or an array");
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (out == NULL || (buf == NULL && len > 0)) {
+        if (err != NULL && errlen > 0)
+            snprintf(err, errlen, "no request body");
+        return PCR_ERR_INVAL;
+    }
+    pcr_body_reader_t *r = pcr_body_reader_new(api, opts);
+    if (r == NULL) {
+        if (err != NULL && errlen > 0)
+            snprintf(err, errlen, "out of memory while reading the request body");
+        return PCR_ERR_NOMEM;
+    }
+    int rc = pcr_body_reader_feed(r, buf, len);
+    if (rc == 0)
+        rc = pcr_body_reader_finish(r, out);
+    if (rc != 0 && err != NULL && errlen > 0)
+        snprintf(err, errlen, "%s", pcr_body_reader_error(r));
+    pcr_body_reader_free(r);
+    return rc;
 }
 
 int pcr_body_parse(pcr_api_t api, const char *buf, size_t len, pcr_body_t *out, char *err,
                    size_t errlen)
 {
-    const char *end = NULL;
-    cJSON *root = NULL;
-    buf_t key = {0};
-    int rc;
-
-    if (out == NULL || (buf == NULL && len > 0))
-        return set_err(err, errlen, PCR_ERR_INVAL, "no request body");
-    memset(out, 0, sizeof(*out));
-    if (err != NULL && errlen > 0)
-        err[0] = '\0';
-    root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    if (root == NULL) {
-        size_t at = end != NULL && end >= buf ? (size_t)(end - buf) : 0;
-        return set_err(err, errlen, PCR_ERR_PARSE, "request body is not valid JSON (at byte %zu)",
-                       at);
-    }
-    while (end != NULL && (size_t)(end - buf) < len &&
-           (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
-        end++;
-    if (end != NULL && (size_t)(end - buf) < len) {
-        rc = set_err(err, errlen, PCR_ERR_PARSE,
-                     "request body has data after its JSON value (at byte %zu)",
-                     (size_t)(end - buf));
-        goto fail;
-    }
-    if (!cJSON_IsObject(root)) {
-        rc = set_err(err, errlen, PCR_ERR_PARSE, "request body must be a JSON object");
-        goto fail;
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (model != NULL && !cJSON_IsString(model)) {
-        rc = set_err(err, errlen, PCR_ERR_INVAL, "'model' must be a string");
-        goto fail;
-    }
-    rc = api == PCR_API_CHAT ? chat_key(&key, root, err, errlen)
-                             : completions_key(&key, root, err, errlen);
-    if (rc == PCR_ERR_NOMEM)
-        set_err(err, errlen, rc, "out of memory while reading the request body");
-    if (rc != 0)
-        goto fail;
-    const char *m = model != NULL ? model->valuestring : "";
-    out->model_len = strlen(m);
-    out->model = malloc(out->model_len + 1);
-    if (out->model == NULL || buf_put(&key, "", 1) != 0) {
-        rc = set_err(err, errlen, PCR_ERR_NOMEM, "out of memory while reading the request body");
-        goto fail;
-    }
-    memcpy(out->model, m, out->model_len + 1);
-    out->key = key.p;
-    out->key_len = key.len - 1;  /* a NUL follows the bytes, for convenience in logs and tests */
-    out->stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
-    cJSON_Delete(root);
-    return 0;
-fail:
-    free(out->model);
-    free(key.p);
-    memset(out, 0, sizeof(*out));
-    cJSON_Delete(root);
-    return rc;
+    pcr_body_opts_t o;
+    pcr_body_opts_default(&o);
+    o.keep_canonical = 1;
+    return pcr_body_parse_opts(api, &o, buf, len, out, err, errlen);
 }
 
 void pcr_body_dispose(pcr_body_t *b)
@@ -261,6 +322,8 @@ void pcr_body_dispose(pcr_body_t *b)
     if (b == NULL)
         return;
     free(b->model);
+    free(b->blocks);
     free(b->key);
+    free(b->context);
     memset(b, 0, sizeof(*b));
 }

@@ -3,7 +3,9 @@
  * A message is a fixed header and the key's block hashes:
  *   op (u8) | pad (u8) | backend (u16) | nblocks (u32) | arg (u64: now, added_from, blocks) |
  *   prompt_tokens (u64) | blocks (nblocks x u64)
- * copied into each target inbox (a growable byte buffer) under its mutex. */
+ * copied into each target inbox (a growable byte buffer) under its mutex. A membership message
+ * (OP_SET) carries the backend's weight in prompt_tokens, its capacity in arg, and its name and
+ * zone, NUL-terminated, in the words where a key's blocks would be. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,15 @@
 #include "bus.h"
 #include "server.h"
 
-enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY };
+enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE,
+       OP_STATE };
+
+/* OP_TUNE's payload: the options but the zone, then the zone, NUL-terminated. */
+typedef struct {
+    uint32_t kind, vnodes;
+    uint64_t block_bytes, max_prefix_bytes, index_max_bytes, unavailable_keep;
+    double load_factor, load_weight, zone_penalty;
+} tune_t;
 
 typedef struct {
     uint8_t op, pad;
@@ -158,7 +168,36 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
             break;
         /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
         pcr_key_t key = {(uint64_t *)(void *)(buf + off), m.nblocks, m.prompt_tokens};
-        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg};
+        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL};
+        pcr_backend_desc_t desc;
+        pcr_policy_opts_t opts;
+        if (m.op == OP_TUNE && bytes > sizeof(tune_t)) {
+            tune_t t;
+            memcpy(&t, buf + off, sizeof(t));
+            const char *zone = (const char *)(buf + off + sizeof(t));
+            if (strnlen(zone, bytes - sizeof(t)) < bytes - sizeof(t)) {
+                pcr_policy_opts_default(&opts);
+                opts.kind = (pcr_policy_kind_t)t.kind;
+                opts.vnodes = t.vnodes;
+                opts.block_bytes = t.block_bytes;
+                opts.max_prefix_bytes = t.max_prefix_bytes;
+                opts.index_max_bytes = t.index_max_bytes;
+                opts.unavailable_keep = t.unavailable_keep;
+                opts.load_factor = t.load_factor;
+                opts.load_weight = t.load_weight;
+                opts.zone_penalty = t.zone_penalty;
+                opts.zone = zone;
+                bm.opts = &opts;
+            }
+        }
+        if (m.op == OP_SET) {
+            const char *name = (const char *)(buf + off);
+            size_t room = bytes, nl = strnlen(name, room);
+            if (nl + 1 < room) {
+                desc = (pcr_backend_desc_t){name, name + nl + 1, (uint32_t)m.prompt_tokens, m.arg};
+                bm.desc = &desc;
+            }
+        }
         fn(&bm, arg);
         off += bytes;
         n++;
@@ -168,9 +207,50 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
     return n;
 }
 
+void pcr_bus_backend_set(pcr_bus_t *bus, int from, int backend, const pcr_backend_desc_t *d)
+{
+    const char *zone = d->zone ? d->zone : "";
+    size_t nl = strlen(d->name) + 1, zl = strlen(zone) + 1;
+    size_t words = (nl + zl + 7) / 8;
+    uint64_t text[words];
+    memset(text, 0, sizeof(text));
+    memcpy(text, d->name, nl);
+    memcpy((char *)text + nl, zone, zl);
+    msg_t m = {OP_SET, 0, (uint16_t)backend, (uint32_t)words, d->capacity_blocks, d->weight};
+    publish(bus, from, &m, text);
+}
+
+void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *o)
+{
+    const char *zone = o->zone ? o->zone : "";
+    size_t zl = strlen(zone) + 1;
+    size_t words = (sizeof(tune_t) + zl + 7) / 8;
+    uint64_t payload[words];
+    memset(payload, 0, sizeof(payload));
+    tune_t t = {(uint32_t)o->kind, o->vnodes, o->block_bytes, o->max_prefix_bytes,
+                o->index_max_bytes, o->unavailable_keep, o->load_factor, o->load_weight,
+                o->zone_penalty};
+    memcpy(payload, &t, sizeof(t));
+    memcpy((char *)payload + sizeof(t), zone, zl);
+    msg_t m = {OP_TUNE, 0, 0, (uint32_t)words, 0, 0};
+    publish(bus, PCR_BUS_CONTROL, &m, payload);
+}
+
+void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint64_t now)
+{
+    msg_t m = {OP_STATE, 0, (uint16_t)backend, 0, now, (uint64_t)state};
+    publish(bus, PCR_BUS_CONTROL, &m, NULL);
+}
+
+void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
+{
+    msg_t m = {OP_REMOVE, 0, (uint16_t)backend, 0, 0, 0};
+    publish(bus, from, &m, NULL);
+}
+
 static void apply(const pcr_bus_msg_t *m, void *arg)
 {
-    pcr_policy_t *policy = arg;
+    pcr_policy_t **pp = arg, *policy = *pp;
     uint32_t from;
     switch (m->op) {
     case PCR_BUS_OP_COMMIT:
@@ -185,10 +265,32 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
     case PCR_BUS_OP_CAPACITY:
         pcr_policy_set_capacity(policy, m->backend, m->arg);
         break;
+    case PCR_BUS_OP_SET:
+        if (m->desc != NULL)
+            pcr_policy_backend_set(policy, m->backend, m->desc);
+        break;
+    case PCR_BUS_OP_REMOVE:
+        pcr_policy_backend_remove(policy, m->backend);
+        break;
+    case PCR_BUS_OP_STATE:
+        pcr_policy_backend_state(policy, m->backend, (pcr_backend_state_t)m->key->prompt_tokens,
+                                 m->arg);
+        break;
+    case PCR_BUS_OP_TUNE:
+        if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {
+            /* The keys change meaning: a new, empty policy; the control thread publishes every
+             * slot's membership right after. Kept as is when even that fails. */
+            pcr_policy_t *fresh = pcr_policy_new(m->opts, NULL, 0);
+            if (fresh != NULL) {
+                pcr_policy_free(policy);
+                *pp = fresh;
+            }
+        }
+        break;
     }
 }
 
-size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy)
+size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy)
 {
     if (bus == NULL || id >= bus->n)
         return 0;

@@ -39,10 +39,18 @@ void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
                     uint32_t added_from);
 void pcr_bus_reset(pcr_bus_t *bus, int from, int backend);
 void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
+/* What was seen of a backend (any thread): every replica applies it (pcr_policy_backend_state). */
+void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint64_t now);
+/* A reload (the control thread): the policy's options change; every slot's membership follows. */
+void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *opts);
+/* Membership (the control thread): slot `backend` now holds `desc` (copied), or is empty. */
+void pcr_bus_backend_set(pcr_bus_t *bus, int from, int backend, const pcr_backend_desc_t *desc);
+void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend);
 
-/* Applies worker `id`'s pending updates to `policy`; returns how many. Cheap when empty (one
- * relaxed load). */
-size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t *policy);
+/* Applies worker `id`'s pending updates to `*policy`; returns how many. Cheap when empty (one
+ * relaxed load). A reload that changes what the keys mean replaces `*policy` with a new one
+ * (the membership follows on the bus). */
+size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy);
 
 /* The tap: a consumer on the control thread (the Redis sharing, share.c) that sees every update
  * the workers publish, not those the control thread publishes itself. Off until enabled,
@@ -52,6 +60,10 @@ typedef enum {
     PCR_BUS_OP_FORGET,         /* backend failed the request: drop key's blocks from arg on */
     PCR_BUS_OP_RESET,          /* drop every entry of backend */
     PCR_BUS_OP_CAPACITY,       /* backend's capacity is arg blocks */
+    PCR_BUS_OP_SET,            /* slot backend holds desc (membership: control only) */
+    PCR_BUS_OP_REMOVE,         /* slot backend is empty (membership: control only) */
+    PCR_BUS_OP_TUNE,           /* the policy's options (a reload: control only) */
+    PCR_BUS_OP_STATE,          /* what was seen of a backend (key->prompt_tokens: the state) */
 } pcr_bus_op_t;
 
 typedef struct {
@@ -59,6 +71,8 @@ typedef struct {
     int backend;
     const pcr_key_t *key;      /* blocks valid during the callback only */
     uint64_t arg;
+    const pcr_backend_desc_t *desc;  /* PCR_BUS_OP_SET */
+    const pcr_policy_opts_t *opts;   /* PCR_BUS_OP_TUNE */
 } pcr_bus_msg_t;
 
 void pcr_bus_enable_tap(pcr_bus_t *bus);

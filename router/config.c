@@ -15,6 +15,8 @@
  * Lines and columns are 1-based; columns count UTF-8 characters, as jansson's do, so the
  * positions of parse errors (from jansson) and of validation errors (from the scanner) agree.
  * Listen addresses and backend URLs are parsed in config_addr.c. */
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -47,6 +49,7 @@ typedef enum {
     FT_FILE,        /* string naming a readable file */
     FT_POLICY,      /* routing policy name into pcr_policy_kind_t */
     FT_LOG_LEVEL,   /* log level name into pcr_log_level_t */
+    FT_LOG_FORMAT,  /* access log format name into pcr_access_format_t */
     FT_HTTP_PATH,   /* "/..." request path into char * */
     FT_ADDRESS,     /* listen address: fills pcr_listen_conf_t's address, addr, addrlen */
     FT_TLS,         /* tls object: fills pcr_listen_conf_t's tls, cert, key */
@@ -58,6 +61,9 @@ typedef enum {
     FT_REDIS,       /* redis object: sets pcr_redis_conf_t's enabled, reads redis_fields */
     FT_REDIS_URL,   /* redis url: fills pcr_redis_conf_t's url, host, port, user, password, db */
     FT_KEY_PREFIX,  /* a Redis key prefix: letters, digits and "-_.:{}" */
+    FT_DISCOVERY,   /* the discovery array of pcr_config_t */
+    FT_HOSTNAME,    /* a DNS name to resolve, into char * (heap) */
+    FT_NAMESERVERS, /* array of "IP" or "IP:PORT": fills pcr_dns_conf_t's nameservers */
 } field_type_t;
 
 enum { F_REQUIRED = 1, F_NONEMPTY = 2 };
@@ -101,6 +107,26 @@ static const field_t backend_fields[] = {
     F_OF(pcr_backend_conf_t, models, FT_MODELS, 0),
 };
 
+/* The key differs from the member: the backend settings of a discovery entry. */
+#define F_TMPL(k, ty, lo, hi) { .key = #k, .type = ty, .offset = offsetof(pcr_discovery_conf_t, tmpl.k), \
+                                .min = lo, .max = hi }
+
+static const field_t discovery_fields[] = {
+    F_OF(pcr_discovery_conf_t, dns, FT_HOSTNAME, F_REQUIRED | F_NONEMPTY),
+    F_INT(pcr_discovery_conf_t, port, FT_UINT, 1, 65535),
+    F_INT(pcr_discovery_conf_t, interval_ms, FT_UINT, 100, DAY_MS),
+    F_TMPL(zone, FT_STRING, 0, 0),
+    F_TMPL(weight, FT_UINT, 1, 1000),
+    F_TMPL(capacity_tokens, FT_U64, 1, LLONG_MAX),
+    F_TMPL(max_connections, FT_UINT, 1, 65535),
+    F_TMPL(models, FT_MODELS, 0, 0),
+};
+
+static const field_t dns_fields[] = {
+    F_OF(pcr_dns_conf_t, nameservers, FT_NAMESERVERS, 0),
+    F_INT(pcr_dns_conf_t, timeout_ms, FT_UINT, 1, DAY_MS),
+};
+
 static const field_t routing_fields[] = {
     F_OF(pcr_routing_conf_t, policy, FT_POLICY, 0),
     F_OF(pcr_routing_conf_t, zone, FT_STRING, 0),
@@ -111,6 +137,7 @@ static const field_t routing_fields[] = {
     F_DBL(pcr_routing_conf_t, load_weight, 0.0, INFINITY),
     F_DBL(pcr_routing_conf_t, zone_penalty, 0.0, INFINITY),
     F_INT(pcr_routing_conf_t, vnodes, FT_UINT, 1, 10000),
+    F_INT(pcr_routing_conf_t, unavailable_keep_ms, FT_UINT, 0, DAY_MS),
 };
 
 static const field_t limits_fields[] = {
@@ -137,6 +164,7 @@ static const field_t timeouts_fields[] = {
 static const field_t upstream_fields[] = {
     F_INT(pcr_upstream_conf_t, max_connections, FT_UINT, 1, 65535),
     F_INT(pcr_upstream_conf_t, retries, FT_UINT, 0, 16),
+    F_OF(pcr_upstream_conf_t, request_usage, FT_BOOL, 0),
 };
 
 static const field_t health_fields[] = {
@@ -147,9 +175,29 @@ static const field_t health_fields[] = {
     F_INT(pcr_health_conf_t, rise, FT_UINT, 1, 100),
 };
 
+static const field_t scrape_fields[] = {
+    F_INT(pcr_scrape_conf_t, interval_ms, FT_UINT, 0, DAY_MS),
+    F_INT(pcr_scrape_conf_t, timeout_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_scrape_conf_t, models_interval_ms, FT_UINT, 0, DAY_MS),
+};
+
+static const field_t outlier_fields[] = {
+    F_INT(pcr_outlier_conf_t, consecutive_errors, FT_UINT, 0, 1000),
+    F_INT(pcr_outlier_conf_t, consecutive_connect_errors, FT_UINT, 0, 1000),
+    F_INT(pcr_outlier_conf_t, ejection_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_outlier_conf_t, max_ejection_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_outlier_conf_t, probe_ms, FT_UINT, 10, DAY_MS),
+};
+
 static const field_t log_fields[] = {
     F_OF(pcr_log_conf_t, level, FT_LOG_LEVEL, 0),
     F_OF(pcr_log_conf_t, access_log, FT_BOOL, 0),
+    F_OF(pcr_log_conf_t, access_log_path, FT_STRING, 0),
+    F_OF(pcr_log_conf_t, access_log_format, FT_LOG_FORMAT, 0),
+};
+
+static const field_t admin_fields[] = {
+    F_OF(pcr_listen_conf_t, address, FT_ADDRESS, F_REQUIRED),
 };
 
 /* Redis sizes stay under 512 MiB, the largest string Redis stores. */
@@ -171,20 +219,29 @@ static const field_t redis_fields[] = {
 
 static const field_t root_fields[] = {
     F_OF(pcr_config_t, listen, FT_LISTENERS, F_REQUIRED),
-    F_OF(pcr_config_t, backends, FT_BACKENDS, F_REQUIRED),
+    F_OF(pcr_config_t, backends, FT_BACKENDS, 0),
+    F_OF(pcr_config_t, discovery, FT_DISCOVERY, 0),
+    F_SECTION(dns, dns_fields),
     F_INT(pcr_config_t, workers, FT_UINT, 0, 256),
     F_SECTION(routing, routing_fields),
     F_SECTION(limits, limits_fields),
     F_SECTION(timeouts, timeouts_fields),
     F_SECTION(upstream, upstream_fields),
     F_SECTION(health, health_fields),
+    F_SECTION(scrape, scrape_fields),
+    F_SECTION(outlier, outlier_fields),
     F_SECTION(log, log_fields),
+    F_SECTION(admin, admin_fields),
     F_OF(pcr_config_t, redis, FT_REDIS, 0),
 };
 
 static const char *const log_level_names[] = {
     [PCR_LOG_ERROR] = "error", [PCR_LOG_WARN] = "warn", [PCR_LOG_INFO] = "info",
     [PCR_LOG_DEBUG] = "debug",
+};
+
+static const char *const access_format_names[] = {
+    [PCR_ACCESS_TEXT] = "text", [PCR_ACCESS_JSON] = "json",
 };
 
 /* Reports every key of `obj` the table does not know, listing the allowed ones and the
@@ -389,6 +446,67 @@ static void backend_init(pcr_cfg_ctx_t *c, void *el)
     set_string(c, &b->zone, "");
 }
 
+static void discovery_init(pcr_cfg_ctx_t *c, void *el)
+{
+    pcr_discovery_conf_t *d = el;
+    backend_init(c, &d->tmpl);
+    d->port = 8000;
+    d->interval_ms = 5000;
+}
+
+static void read_discovery(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
+{
+    cfg->discovery = read_object_array(c, v, "discovery entry", sizeof *cfg->discovery,
+                                       discovery_fields, PCR_ARRAY_SIZE(discovery_fields),
+                                       discovery_init, &cfg->ndiscovery);
+}
+
+/* A DNS name: letters, digits, '-', '.', '_' (as in SRV-style labels), at most 253 bytes. */
+static const char *hostname_problem(const char *s)
+{
+    size_t n = strlen(s);
+    if (n > 253)
+        return "longer than 253 bytes";
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '-' || s[i] == '.' || s[i] == '_'))
+            return "only letters, digits, '-', '_' and '.' may appear in a DNS name";
+    return NULL;
+}
+
+static void read_nameservers(pcr_cfg_ctx_t *c, pcr_dns_conf_t *d, const json_t *v)
+{
+    if (!json_is_array(v)) {
+        pcr_cfg_err_type(c, "array", v);
+        return;
+    }
+    size_t n = json_array_size(v);
+    d->nameservers = calloc(n ? n : 1, sizeof(char *));
+    if (d->nameservers == NULL) {
+        c->nomem = 1;
+        return;
+    }
+    d->nnameservers = n;
+    for (size_t i = 0; i < n; i++) {
+        size_t mark = pcr_cfg_path_push_index(&c->path, i);
+        const char *s = get_text(c, json_array_get(v, i), F_NONEMPTY);
+        if (s != NULL) {
+            struct sockaddr_storage ss;
+            socklen_t len;
+            struct in6_addr a6;
+            struct in_addr a4;
+            char q[PCR_CFG_QBUF];
+            /* "IP" alone means port 53; otherwise the listen-address form. */
+            if (inet_pton(AF_INET, s, &a4) != 1 && inet_pton(AF_INET6, s, &a6) != 1 &&
+                pcr_cfg_parse_listen_address(s, &ss, &len) != NULL)
+                pcr_cfg_err(c, "expected \"IP\" or \"IP:PORT\" of a DNS server, got %s",
+                            pcr_cfg_quote(q, sizeof q, s));
+            else
+                set_string(c, &d->nameservers[i], s);
+        }
+        pcr_cfg_path_pop(&c->path, mark);
+    }
+}
+
 static void read_backends(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
 {
     cfg->backends = read_object_array(c, v, "backend", sizeof *cfg->backends, backend_fields,
@@ -480,6 +598,18 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
         pcr_cfg_err(c, "unknown log level %s; expected one of error, warn, info, debug",
                     pcr_cfg_quote(q, sizeof q, s));
         break;
+    case FT_LOG_FORMAT:
+        if ((s = get_text(c, v, 0)) == NULL)
+            break;
+        for (size_t k = 0; k < PCR_ARRAY_SIZE(access_format_names); k++) {
+            if (strcmp(s, access_format_names[k]) == 0) {
+                *(pcr_access_format_t *)slot = (pcr_access_format_t)k;
+                return;
+            }
+        }
+        pcr_cfg_err(c, "unknown access log format %s; expected one of text, json",
+                    pcr_cfg_quote(q, sizeof q, s));
+        break;
     case FT_HTTP_PATH:
         if ((s = get_text(c, v, 0)) == NULL)
             break;
@@ -568,6 +698,22 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
         else
             set_string(c, slot, s);
         break;
+    case FT_HOSTNAME: {
+        const char *why;
+        if ((s = get_text(c, v, f->flags)) == NULL)
+            break;
+        if ((why = hostname_problem(s)) != NULL)
+            pcr_cfg_err(c, "expected a DNS name, got %s: %s", pcr_cfg_quote(q, sizeof q, s), why);
+        else
+            set_string(c, (char **)slot, s);
+        break;
+    }
+    case FT_NAMESERVERS:
+        read_nameservers(c, base, v);
+        break;
+    case FT_DISCOVERY:
+        read_discovery(c, base, v);
+        break;
     case FT_SECTION:
         if (!json_is_object(v))
             pcr_cfg_err_type(c, "object", v);
@@ -613,6 +759,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .policy = po.kind, .block_bytes = po.block_bytes, .max_prefix_bytes = po.max_prefix_bytes,
         .index_max_bytes = po.index_max_bytes, .load_factor = po.load_factor,
         .load_weight = po.load_weight, .zone_penalty = po.zone_penalty, .vnodes = po.vnodes,
+        .unavailable_keep_ms = (unsigned)(po.unavailable_keep / 1000),
     };
     cfg->limits = (pcr_limits_conf_t){
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,
@@ -625,6 +772,12 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     };
     cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1 };
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };
+    cfg->scrape = (pcr_scrape_conf_t){ .interval_ms = 200, .timeout_ms = 1000,
+                                       .models_interval_ms = 10000 };
+    cfg->dns = (pcr_dns_conf_t){ .timeout_ms = 2000 };
+    cfg->outlier = (pcr_outlier_conf_t){ .consecutive_errors = 5, .consecutive_connect_errors = 2,
+                                         .ejection_ms = 1000, .max_ejection_ms = 30000,
+                                         .probe_ms = 100 };
     cfg->log = (pcr_log_conf_t){ .level = PCR_LOG_INFO, .access_log = 1 };
     cfg->redis = (pcr_redis_conf_t){
         .port = 6379, .flush_ms = 1, .batch_max_bytes = 262144, .stream_maxlen = 2000,
@@ -636,6 +789,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     set_string(c, &cfg->path, name);
     set_string(c, &cfg->routing.zone, "");
     set_string(c, &cfg->health.path, "/health");
+    set_string(c, &cfg->log.access_log_path, "");
     return cfg;
 }
 
@@ -682,9 +836,30 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
         }
         pcr_cfg_path_pop(&c->path, mark);
     }
+    /* The admin listener is a listener too: it may not take a public one's address. */
+    for (size_t j = 0; cfg->admin.addrlen != 0 && !listen_port_is_0(&cfg->admin) &&
+                       j < cfg->nlisten; j++) {
+        const pcr_listen_conf_t *o = &cfg->listen[j];
+        if (o->addrlen == cfg->admin.addrlen &&
+            memcmp(&o->addr, &cfg->admin.addr, o->addrlen) == 0) {
+            char q[PCR_CFG_QBUF];
+            size_t mark = pcr_cfg_path_push_key(&c->path, "admin");
+            pcr_cfg_path_push_key(&c->path, "address");
+            pcr_cfg_err(c, "admin address %s is also listen[%zu].address: the admin listener "
+                           "needs an address of its own", pcr_cfg_quote(q, sizeof q, cfg->admin.address), j);
+            pcr_cfg_path_pop(&c->path, mark);
+            break;
+        }
+    }
     for (size_t i = 0; i < cfg->nbackends; i++)
         if (cfg->backends[i].max_connections == 0)
             cfg->backends[i].max_connections = cfg->upstream.max_connections;
+    for (size_t i = 0; i < cfg->ndiscovery; i++)
+        if (cfg->discovery[i].tmpl.max_connections == 0)
+            cfg->discovery[i].tmpl.max_connections = cfg->upstream.max_connections;
+    if (json_object_get(root, "backends") == NULL && json_object_get(root, "discovery") == NULL)
+        pcr_cfg_err(c, "missing required key \"backends\" (or \"discovery\"): at least one "
+                       "backend or discovery entry is needed");
 }
 
 static pcr_config_t *config_from_text(const char *text, size_t len, const char *name, char **errors)
@@ -773,6 +948,90 @@ cleanup:
     return cfg;
 }
 
+void pcr_backend_conf_dispose(pcr_backend_conf_t *b)
+{
+    free(b->name);
+    free(b->url);
+    free(b->host);
+    free(b->zone);
+    for (size_t j = 0; j < b->nmodels; j++)
+        free(b->models[j]);
+    free(b->models);
+    memset(b, 0, sizeof(*b));
+}
+
+static int copy_str(char **dst, const char *src)
+{
+    *dst = NULL;
+    if (src == NULL)
+        return 0;
+    *dst = strdup(src);
+    return *dst != NULL ? 0 : PCR_ERR_NOMEM;
+}
+
+int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src)
+{
+    *dst = *src;
+    dst->name = dst->url = dst->host = dst->zone = NULL;
+    dst->models = NULL;
+    dst->nmodels = 0;
+    int rc = copy_str(&dst->name, src->name) | copy_str(&dst->url, src->url) |
+             copy_str(&dst->host, src->host) | copy_str(&dst->zone, src->zone);
+    if (rc == 0 && src->nmodels > 0) {
+        dst->models = calloc(src->nmodels, sizeof(char *));
+        rc = dst->models != NULL ? 0 : PCR_ERR_NOMEM;
+        for (size_t j = 0; rc == 0 && j < src->nmodels; j++, dst->nmodels++)
+            rc = copy_str(&dst->models[j], src->models[j]);
+    }
+    if (rc != 0) {
+        pcr_backend_conf_dispose(dst);
+        return PCR_ERR_NOMEM;
+    }
+    return 0;
+}
+
+void pcr_redis_conf_dispose(pcr_redis_conf_t *r)
+{
+    free(r->url);
+    free(r->host);
+    free(r->user);
+    free(r->password);
+    free(r->channel);
+    memset(r, 0, sizeof(*r));
+}
+
+int pcr_redis_conf_copy(pcr_redis_conf_t *dst, const pcr_redis_conf_t *src)
+{
+    *dst = *src;
+    int rc = copy_str(&dst->url, src->url) | copy_str(&dst->host, src->host) |
+             copy_str(&dst->user, src->user) | copy_str(&dst->password, src->password) |
+             copy_str(&dst->channel, src->channel);
+    if (rc != 0) {
+        pcr_redis_conf_dispose(dst);
+        return PCR_ERR_NOMEM;
+    }
+    return 0;
+}
+
+static int same_str(const char *a, const char *b)
+{
+    return a == b || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+int pcr_redis_conf_equal(const pcr_redis_conf_t *a, const pcr_redis_conf_t *b)
+{
+    /* url holds host, port, user, password and db: the parsed parts need no check of their own. */
+    return a->enabled == b->enabled && same_str(a->url, b->url) &&
+           same_str(a->channel, b->channel) && a->flush_ms == b->flush_ms &&
+           a->batch_max_bytes == b->batch_max_bytes && a->stream_maxlen == b->stream_maxlen &&
+           a->snapshot_interval_ms == b->snapshot_interval_ms &&
+           a->snapshot_ttl_ms == b->snapshot_ttl_ms &&
+           a->snapshot_max_bytes == b->snapshot_max_bytes &&
+           a->ready_timeout_ms == b->ready_timeout_ms && a->timeout_ms == b->timeout_ms &&
+           a->reconnect_min_ms == b->reconnect_min_ms && a->reconnect_max_ms == b->reconnect_max_ms &&
+           a->max_pending_bytes == b->max_pending_bytes;
+}
+
 void pcr_config_free(pcr_config_t *cfg)
 {
     if (cfg == NULL)
@@ -783,24 +1042,22 @@ void pcr_config_free(pcr_config_t *cfg)
         free(cfg->listen[i].key);
     }
     free(cfg->listen);
-    for (size_t i = 0; i < cfg->nbackends; i++) {
-        pcr_backend_conf_t *b = &cfg->backends[i];
-        free(b->name);
-        free(b->url);
-        free(b->host);
-        free(b->zone);
-        for (size_t j = 0; j < b->nmodels; j++)
-            free(b->models[j]);
-        free(b->models);
-    }
+    for (size_t i = 0; i < cfg->nbackends; i++)
+        pcr_backend_conf_dispose(&cfg->backends[i]);
     free(cfg->backends);
+    for (size_t i = 0; i < cfg->ndiscovery; i++) {
+        pcr_backend_conf_dispose(&cfg->discovery[i].tmpl);
+        free(cfg->discovery[i].dns);
+    }
+    free(cfg->discovery);
+    for (size_t i = 0; i < cfg->dns.nnameservers; i++)
+        free(cfg->dns.nameservers[i]);
+    free(cfg->dns.nameservers);
     free(cfg->routing.zone);
     free(cfg->health.path);
-    free(cfg->redis.url);
-    free(cfg->redis.host);
-    free(cfg->redis.user);
-    free(cfg->redis.password);
-    free(cfg->redis.channel);
+    free(cfg->log.access_log_path);
+    free(cfg->admin.address);
+    pcr_redis_conf_dispose(&cfg->redis);
     free(cfg->path);
     free(cfg);
 }

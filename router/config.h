@@ -35,6 +35,22 @@ typedef struct {
     size_t nmodels;
 } pcr_backend_conf_t;
 
+/* discovery[]: one backend per address a DNS name resolves to (a Kubernetes headless Service),
+ * named "ADDRESS:PORT" so that ring positions stay stable, re-resolved every interval_ms. The
+ * settings every such backend gets are those of a backend (tmpl; no name or url). */
+typedef struct {
+    pcr_backend_conf_t tmpl;       /* first: zone, weight, capacity_tokens, max_connections, models */
+    char *dns;                     /* the name to resolve */
+    unsigned port;                 /* 1..65535 */
+    unsigned interval_ms;          /* default 5000 */
+} pcr_discovery_conf_t;
+
+typedef struct {
+    char **nameservers;            /* "IP" or "IP:PORT"; none: /etc/resolv.conf */
+    size_t nnameservers;
+    unsigned timeout_ms;           /* one query, default 2000 */
+} pcr_dns_conf_t;
+
 typedef struct {
     pcr_policy_kind_t policy;      /* "policy": default "cache_aware" */
     char *zone;                    /* the router's own zone, "" when absent */
@@ -45,6 +61,8 @@ typedef struct {
     double load_weight;            /* default 0.25, >= 0 */
     double zone_penalty;           /* tokens of prefill a zone change costs, default 2048, >= 0 */
     unsigned vnodes;               /* virtual nodes per unit of weight, default 160, 1..10000 */
+    unsigned unavailable_keep_ms;  /* a pod down or ejected keeps its index entries this long,
+                                      default 300000; a detected restart drops them at once */
 } pcr_routing_conf_t;
 
 typedef struct {
@@ -72,6 +90,9 @@ typedef struct {
 typedef struct {
     unsigned max_connections;      /* per backend default, default 256 */
     unsigned retries;              /* other backends tried before answering 502, default 1 */
+    int request_usage;             /* ask pods for usage on streams whose clients did not (and
+                                      drop that usage event before the client sees it); default
+                                      false */
 } pcr_upstream_conf_t;
 
 typedef struct {
@@ -82,11 +103,29 @@ typedef struct {
     unsigned rise;                 /* consecutive successes that mark it up again, default 1 */
 } pcr_health_conf_t;
 
+typedef struct {
+    unsigned interval_ms;          /* the pods' /metrics, default 200; 0 disables */
+    unsigned timeout_ms;           /* default 1000 */
+    unsigned models_interval_ms;   /* GET /v1/models again, default 10000; 0: never */
+} pcr_scrape_conf_t;
+
+typedef struct {
+    unsigned consecutive_errors;   /* 5xx, resets, timeouts in a row that eject, default 5; 0 off */
+    unsigned consecutive_connect_errors; /* failed connects in a row that eject, default 2; 0 off */
+    unsigned ejection_ms;          /* first ejection, default 1000; doubles at each in a row */
+    unsigned max_ejection_ms;      /* default 30000 */
+    unsigned probe_ms;             /* an ejected backend is probed this often, default 100 */
+} pcr_outlier_conf_t;
+
 typedef enum { PCR_LOG_ERROR = 0, PCR_LOG_WARN, PCR_LOG_INFO, PCR_LOG_DEBUG } pcr_log_level_t;
+
+typedef enum { PCR_ACCESS_TEXT = 0, PCR_ACCESS_JSON } pcr_access_format_t;
 
 typedef struct {
     pcr_log_level_t level;         /* "error" | "warn" | "info" (default) | "debug" */
-    int access_log;                /* one line per request on stderr, default true */
+    int access_log;                /* one line per request, default true */
+    char *access_log_path;         /* the file it goes to; "" (default): stderr */
+    pcr_access_format_t access_log_format; /* "text" (default) | "json" */
 } pcr_log_conf_t;
 
 /* Sharing the prefix index between replicas through Redis (router/share.c, docs/SHARING.md).
@@ -117,15 +156,23 @@ typedef struct {
     char *path;                    /* the file it was read from */
     pcr_listen_conf_t *listen;     /* at least one */
     size_t nlisten;
-    pcr_backend_conf_t *backends;  /* at least one */
+    pcr_backend_conf_t *backends;  /* with discovery, at least one of the two */
     size_t nbackends;
+    pcr_discovery_conf_t *discovery;
+    size_t ndiscovery;
+    pcr_dns_conf_t dns;
     unsigned workers;              /* event-loop threads; 0 (default) = one per core */
     pcr_routing_conf_t routing;
     pcr_limits_conf_t limits;
     pcr_timeouts_conf_t timeouts;
     pcr_upstream_conf_t upstream;
     pcr_health_conf_t health;
+    pcr_scrape_conf_t scrape;
+    pcr_outlier_conf_t outlier;
     pcr_log_conf_t log;
+    /* admin.address: /metrics and /health are served there, and no longer on the listeners
+     * of `listen` (they answer 404). addrlen 0 when there is no admin listener. */
+    pcr_listen_conf_t admin;
     pcr_redis_conf_t redis;
 } pcr_config_t;
 
@@ -141,5 +188,16 @@ pcr_config_t *pcr_config_load(const char *path, char **errors);
 pcr_config_t *pcr_config_parse(const char *text, const char *name, char **errors);
 
 void pcr_config_free(pcr_config_t *cfg);  /* NULL is a no-op */
+
+/* A deep copy of one backend's settings (a running backend outlives the config it came from),
+ * and its release. 0 or PCR_ERR_NOMEM (then `dst` holds nothing). */
+int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src);
+void pcr_backend_conf_dispose(pcr_backend_conf_t *b);
+
+/* The sharing keeps a deep copy of its settings, since a reload frees the config they came in:
+ * 0 or PCR_ERR_NOMEM (dst then empty). Equal: 1 when a and b set up the same sharing. */
+int pcr_redis_conf_copy(pcr_redis_conf_t *dst, const pcr_redis_conf_t *src);
+void pcr_redis_conf_dispose(pcr_redis_conf_t *r);
+int pcr_redis_conf_equal(const pcr_redis_conf_t *a, const pcr_redis_conf_t *b);
 
 #endif

@@ -13,7 +13,13 @@
  *
  * The connection limit (limits.max_client_connections) counts every session, handshakes
  * included; at the limit, the session that has waited longest for its client is closed to make
- * room (session.h), and only when every session has a request in flight is the new one refused. */
+ * room (session.h), and only when every session has a request in flight is the new one refused.
+ *
+ * The admin listener (admin.address) is one more listener of the same plan, after those of
+ * `listen`: every worker accepts on it, so /metrics is answered by a loop that sees the
+ * workers' counters as any public request would, a reload keeps or moves it like the others,
+ * and no second HTTP server is needed. Its connections are marked (pcr_sock_set_admin): the
+ * exchange then serves /metrics and /health there, and nothing else. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +49,7 @@ struct pcr_listener {
     unsigned backoff_ms;
     uint64_t refused;           /* connections closed unserved during this back-off */
     SSL_CTX *ssl_ctx;
+    int admin;                  /* the admin listener: its connections are marked */
 };
 
 /* ---- the handshake ------------------------------------------------------------------- */
@@ -139,6 +146,8 @@ static void start_handshake(struct pcr_listener *lst, int fd)
     } else {
         hs->sock = pcr_sock_plain_new(w->base, fd);
     }
+    if (hs->sock != NULL && lst->admin)
+        pcr_sock_set_admin(hs->sock);
     hs->deadline = evtimer_new(w->base, on_hs_deadline, hs);
     if (hs->sock == NULL || hs->deadline == NULL) {
         pcr_sock_free(hs->sock);
@@ -276,10 +285,12 @@ fail:
 }
 
 static void log_listening(const pcr_listen_conf_t *lc, const struct sockaddr_storage *ss,
-                          unsigned nworkers)
+                          unsigned nworkers, int admin)
 {
     char host[INET6_ADDRSTRLEN] = "?";
-    const char *proto = lc->tls ? "TLS: h2, http/1.1" : "http/1.1 + h2c";
+    const char *proto = admin     ? "admin: /metrics, /health; http/1.1 + h2c"
+                        : lc->tls ? "TLS: h2, http/1.1"
+                                  : "http/1.1 + h2c";
     if (ss->ss_family == AF_INET6) {
         const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
         inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
@@ -293,27 +304,86 @@ static void log_listening(const pcr_listen_conf_t *lc, const struct sockaddr_sto
     }
 }
 
-int pcr_listeners_bind(pcr_server_t *srv)
+/* The plan's listeners: those of `listen`, then the admin one when there is one. */
+static size_t plan_count(const pcr_config_t *cfg)
 {
-    const pcr_config_t *cfg = srv->cfg;
+    return cfg->nlisten + (cfg->admin.addrlen != 0);
+}
+
+static const pcr_listen_conf_t *plan_conf(const pcr_config_t *cfg, size_t i)
+{
+    return i < cfg->nlisten ? &cfg->listen[i] : &cfg->admin;
+}
+
+/* Whether the running listener `old` can keep its sockets for `nw` (the same address as
+ * written, and TLS or not alike). */
+static int same_listener(const pcr_listen_conf_t *old, const pcr_listen_conf_t *nw)
+{
+    return strcmp(old->address, nw->address) == 0 && old->tls == nw->tls;
+}
+
+void pcr_listen_plan_free(pcr_listen_plan_t *plan)
+{
+    if (plan == NULL)
+        return;
+    for (size_t i = 0; plan->fds != NULL && i < plan->n * plan->nworkers; i++)
+        if (plan->fds[i] >= 0)
+            close(plan->fds[i]);
+    for (size_t i = 0; plan->ctx != NULL && i < plan->n; i++)
+        SSL_CTX_free(plan->ctx[i]);
+    free(plan->fds);
+    free(plan->ctx);
+    free(plan->keep);
+    free(plan);
+}
+
+pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cfg,
+                                       const pcr_config_t *old)
+{
     unsigned nw = srv->nworkers;
-    srv->listen_fds = malloc(cfg->nlisten * nw * sizeof(int));
-    srv->tls_ctx = calloc(cfg->nlisten, sizeof(*srv->tls_ctx));
-    if (srv->listen_fds == NULL || srv->tls_ctx == NULL)
-        return PCR_ERR_NOMEM;
-    for (size_t i = 0; i < cfg->nlisten * nw; i++)
-        srv->listen_fds[i] = -1;
-    for (size_t i = 0; i < cfg->nlisten; i++) {
-        const pcr_listen_conf_t *lc = &cfg->listen[i];
-        char err[256];
+    pcr_listen_plan_t *plan = calloc(1, sizeof(*plan));
+    if (plan == NULL)
+        return NULL;
+    size_t n = plan_count(cfg);
+    plan->n = n;
+    plan->nworkers = nw;
+    plan->fds = malloc((n ? n : 1) * nw * sizeof(int));
+    plan->ctx = calloc(n ? n : 1, sizeof(*plan->ctx));
+    plan->keep = malloc((n ? n : 1) * sizeof(*plan->keep));
+    if (plan->fds == NULL || plan->ctx == NULL || plan->keep == NULL) {
+        pcr_listen_plan_free(plan);
+        return NULL;
+    }
+    for (size_t i = 0; i < n * nw; i++)
+        plan->fds[i] = -1;
+    for (size_t i = 0; i < n; i++) {
+        const pcr_listen_conf_t *lc = plan_conf(cfg, i);
+        char what[32], err[256];
+        if (i < cfg->nlisten)
+            snprintf(what, sizeof(what), "listen[%zu]", i);
+        else
+            snprintf(what, sizeof(what), "admin");
+        plan->keep[i] = -1;
+        for (size_t j = 0; old != NULL && j < plan_count(old) && plan->keep[i] < 0; j++) {
+            int taken = 0;
+            for (size_t k = 0; k < i; k++)
+                taken |= plan->keep[k] == (int)j;
+            if (!taken && same_listener(plan_conf(old, j), lc))
+                plan->keep[i] = (int)j;
+        }
+        /* TLS: the files are read again even for a kept listener, so a renewed certificate
+         * takes effect at a reload; connections already open keep theirs. */
         if (lc->tls) {
-            srv->tls_ctx[i] = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
-            if (srv->tls_ctx[i] == NULL) {
-                pcr_log_error("listen[%zu].tls: cannot load certificate %s and key %s: %s", i,
+            plan->ctx[i] = pcr_tls_ctx_new(lc->cert, lc->key, err, sizeof(err));
+            if (plan->ctx[i] == NULL) {
+                pcr_log_error("%s.tls: cannot load certificate %s and key %s: %s", what,
                               lc->cert, lc->key, err);
-                return PCR_ERR_INVAL;
+                pcr_listen_plan_free(plan);
+                return NULL;
             }
         }
+        if (plan->keep[i] >= 0)
+            continue;
         /* One socket per worker on the same address (SO_REUSEPORT: the kernel spreads the
          * connections). The first one binds what the config says, port 0 included; the others
          * bind the port it got. */
@@ -322,72 +392,98 @@ int pcr_listeners_bind(pcr_server_t *srv)
         for (unsigned k = 0; k < nw; k++) {
             int fd = listen_socket((const struct sockaddr *)&ss, sl, nw > 1, err, sizeof(err));
             if (fd < 0) {
-                pcr_log_error("listen[%zu]: cannot listen on %s: %s", i, lc->address, err);
-                return PCR_ERR_IO;
+                pcr_log_error("%s: cannot listen on %s: %s", what, lc->address, err);
+                pcr_listen_plan_free(plan);
+                return NULL;
             }
-            srv->listen_fds[i * nw + k] = fd;
+            plan->fds[i * nw + k] = fd;
             if (k == 0) {
                 sl = sizeof(ss);
                 getsockname(fd, (struct sockaddr *)&ss, &sl);
             }
         }
-        log_listening(lc, &ss, nw);
+        log_listening(lc, &ss, nw, i >= cfg->nlisten);
     }
-    return 0;
+    return plan;
 }
 
-void pcr_listeners_unbind(pcr_server_t *srv)
+static void listener_close(struct pcr_listener *lst)
 {
-    for (size_t i = 0; srv->listen_fds && i < srv->cfg->nlisten * srv->nworkers; i++)
-        if (srv->listen_fds[i] >= 0)
-            close(srv->listen_fds[i]);
-    free(srv->listen_fds);
-    srv->listen_fds = NULL;
-    for (size_t i = 0; srv->tls_ctx && i < srv->cfg->nlisten; i++)
-        SSL_CTX_free(srv->tls_ctx[i]);
-    free(srv->tls_ctx);
-    srv->tls_ctx = NULL;
+    if (lst->ev)
+        event_free(lst->ev);
+    if (lst->backoff)
+        event_free(lst->backoff);
+    lst->ev = lst->backoff = NULL;
+    if (lst->fd >= 0)
+        close(lst->fd);
+    lst->fd = -1;
 }
 
-int pcr_listeners_start(pcr_worker_t *w)
+int pcr_listeners_adopt(pcr_worker_t *w, pcr_listen_plan_t *plan, const pcr_config_t *cfg)
 {
-    pcr_server_t *srv = w->srv;
-    const pcr_config_t *cfg = w->cfg;
-    w->listeners = calloc(cfg->nlisten, sizeof(*w->listeners));
-    if (w->listeners == NULL)
+    struct pcr_listener *nl = calloc(plan->n ? plan->n : 1, sizeof(*nl));
+    if (nl == NULL)
         return PCR_ERR_NOMEM;
-    w->nlisteners = cfg->nlisten;
     spare_take(w);
-    for (size_t i = 0; i < cfg->nlisten; i++) {
-        struct pcr_listener *lst = &w->listeners[i];
-        lst->w = w;
-        lst->conf = &cfg->listen[i];
-        lst->ssl_ctx = srv->tls_ctx[i];
-        /* The descriptor is the worker's from here on. */
-        lst->fd = srv->listen_fds[i * srv->nworkers + w->id];
-        srv->listen_fds[i * srv->nworkers + w->id] = -1;
-        lst->ev = event_new(w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
-        lst->backoff = evtimer_new(w->base, on_backoff, lst);
-        if (lst->ev == NULL || lst->backoff == NULL)
-            return PCR_ERR_NOMEM;
-        event_add(lst->ev, NULL);
+    char *kept = calloc(w->nlisteners + 1, 1);
+    if (kept == NULL) {
+        free(nl);
+        return PCR_ERR_NOMEM;
     }
-    return 0;
+    int rc = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        struct pcr_listener *lst = &nl[i];
+        int k = plan->keep[i];
+        if (k >= 0 && (size_t)k < w->nlisteners) {
+            /* The same socket and events (re-pointed below), a new config and TLS context. */
+            struct pcr_listener *old = &w->listeners[k];
+            if (old->ev)
+                event_del(old->ev);
+            if (old->backoff)
+                event_del(old->backoff);
+            old->backoff_ms = 0;
+            *lst = *old;
+            kept[k] = 1;
+        } else {
+            lst->w = w;
+            /* The descriptor is the worker's from here on. */
+            lst->fd = plan->fds[i * plan->nworkers + w->id];
+            plan->fds[i * plan->nworkers + w->id] = -1;
+        }
+        lst->conf = plan_conf(cfg, i);
+        lst->admin = i >= cfg->nlisten;
+        lst->ssl_ctx = plan->ctx[i];
+        if (lst->ev == NULL && lst->fd >= 0) {
+            lst->ev = event_new(w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
+            lst->backoff = evtimer_new(w->base, on_backoff, lst);
+            if (lst->ev == NULL || lst->backoff == NULL)
+                rc = PCR_ERR_NOMEM;
+        }
+    }
+    for (size_t j = 0; j < w->nlisteners; j++)
+        if (!kept[j])
+            listener_close(&w->listeners[j]);
+    free(kept);
+    free(w->listeners);
+    w->listeners = nl;
+    w->nlisteners = plan->n;
+    /* The events point at the listener structs, which moved; none is pending now. */
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        struct pcr_listener *lst = &w->listeners[i];
+        if (lst->ev == NULL || lst->backoff == NULL)
+            continue;
+        event_assign(lst->ev, w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
+        event_assign(lst->backoff, w->base, -1, 0, on_backoff, lst);
+        if (!w->draining)
+            event_add(lst->ev, NULL);
+    }
+    return rc;
 }
 
 void pcr_listeners_stop(pcr_worker_t *w)
 {
-    for (size_t i = 0; i < w->nlisteners; i++) {
-        struct pcr_listener *lst = &w->listeners[i];
-        if (lst->ev)
-            event_free(lst->ev);
-        if (lst->backoff)
-            event_free(lst->backoff);
-        lst->ev = lst->backoff = NULL;
-        if (lst->fd >= 0)
-            close(lst->fd);
-        lst->fd = -1;
-    }
+    for (size_t i = 0; i < w->nlisteners; i++)
+        listener_close(&w->listeners[i]);
 }
 
 void pcr_listeners_free(pcr_worker_t *w)

@@ -17,7 +17,8 @@ void pcr_endpoint_health(pcr_exchange_t *ex)
     int loading = PCR_LOAD(ex->w->srv->share_loading);
     char body[200];
     int n = snprintf(body, sizeof(body), "{\"status\":\"%s\",\"backends_up\":%zu,\"backends\":%zu%s%s}",
-                     loading ? "loading" : up ? "ok" : "unavailable", up, ex->w->srv->nbackends,
+                     loading ? "loading" : up ? "ok" : "unavailable", up,
+                     pcr_backends_count(ex->w->srv),
                      loading ? ",\"detail\":\"loading the prefix index shared through Redis\"" : "",
                      ex->w->draining ? ",\"draining\":true" : "");
     pcr_exchange_reply(ex, up && !loading ? 200 : 503, "application/json", body, (size_t)n, NULL, 0);
@@ -60,6 +61,8 @@ static void fanout_free(pcr_models_fanout_t *f)
             pcr_upstream_cancel(f->legs[i].up);
         if (f->legs[i].body)
             evbuffer_free(f->legs[i].body);
+        if (f->legs[i].be)
+            pcr_backend_unref(f->legs[i].be);
     }
     free(f->legs);
     free(f);
@@ -81,7 +84,7 @@ static void fanout_finish(pcr_models_fanout_t *f)
         cJSON *doc = cJSON_ParseWithLength((const char *)evbuffer_pullup(leg->body, -1), len);
         cJSON *arr = doc ? cJSON_GetObjectItemCaseSensitive(doc, "data") : NULL;
         if (!cJSON_IsArray(arr)) {
-            pcr_log_warn("backend %s: /v1/models answer has no \"data\" array", leg->be->conf->name);
+            pcr_log_warn("backend %s: /v1/models answer has no \"data\" array", leg->be->conf.name);
             cJSON_Delete(doc);
             continue;
         }
@@ -165,14 +168,16 @@ int pcr_endpoint_models(pcr_exchange_t *ex)
     if (f == NULL)
         return PCR_ERR_NOMEM;
     f->ex = ex;
-    f->legs = calloc(srv->nbackends, sizeof(*f->legs));
+    size_t n = pcr_backend_slots(srv);
+    f->legs = calloc(n ? n : 1, sizeof(*f->legs));
     if (f->legs == NULL) {
         free(f);
         return PCR_ERR_NOMEM;
     }
-    for (size_t i = 0; i < srv->nbackends; i++) {
-        pcr_backend_t *be = &srv->backends[i];
-        if (!PCR_LOAD(be->up))
+    for (size_t i = 0; i < n; i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        pcr_pool_t *pool = be != NULL && PCR_LOAD(be->up) ? pcr_worker_pool(w, be) : NULL;
+        if (pool == NULL)
             continue;
         models_leg_t *leg = &f->legs[f->nlegs];
         struct evbuffer *req = evbuffer_new();
@@ -184,10 +189,11 @@ int pcr_endpoint_models(pcr_exchange_t *ex)
         }
         leg->f = f;
         leg->be = be;
+        pcr_backend_ref(be);
         f->nlegs++;
         evbuffer_add_printf(req, "GET /v1/models HTTP/1.1\r\nHost: %s\r\nAccept: application/json\r\n\r\n",
                             be->host_header);
-        leg->up = pcr_upstream_send(&w->pools[i], req, &leg_cbs, leg);
+        leg->up = pcr_upstream_send(pool, req, &leg_cbs, leg);
         if (leg->up)
             f->pending++;
         else

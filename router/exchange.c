@@ -41,12 +41,12 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
     ex->proto = proto;
     ex->state = EX_RECEIVING;
     ex->body = evbuffer_new();
-    ex->tried = calloc(w->srv->nbackends, 1);
-    if (ex->body == NULL || ex->tried == NULL) {
+    if (ex->body == NULL) {
         pcr_exchange_free(ex);
         return NULL;
     }
     ex->t_start = pcr_now_us();
+    ex->delivered = -1;
     return ex;
 }
 
@@ -61,6 +61,8 @@ int pcr_exchange_finished(const pcr_exchange_t *ex)
 
 int pcr_exchange_running(const pcr_exchange_t *ex) { return ex->state != EX_RECEIVING; }
 
+size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex) { return ex->body_counted; }
+
 /* ---- the state machine --------------------------------------------------------------- */
 
 static int holds_backend(pcr_ex_state_t s)
@@ -70,17 +72,6 @@ static int holds_backend(pcr_ex_state_t s)
 
 static int holds_prefill(pcr_ex_state_t s) { return s == EX_UP_WAIT || s == EX_UP_HEAD; }
 
-static void access_log(const pcr_exchange_t *ex, int status, double secs)
-{
-    if (!ex->w->cfg->log.access_log)
-        return;
-    pcr_log_info("access %s %s %s %s %d %llu backend=%s route=%s blocks=%u/%u attempts=%u %.3fs",
-                 ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, ex->path ? ex->path : "-",
-                 status, (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf->name : "-",
-                 ex->be ? pcr_reason_name(ex->decision.reason) : "-", ex->decision.matched_blocks,
-                 ex->decision.total_blocks, ex->attempts, secs);
-}
-
 /* The request's outcome, once: status counters, durations, the access log line. */
 static void record(pcr_exchange_t *ex, int status, int via_backend)
 {
@@ -89,11 +80,10 @@ static void record(pcr_exchange_t *ex, int status, int via_backend)
     if (via_backend && ex->be != NULL)
         pcr_metrics_count_status_shared(ex->be->requests_by_code, status);
     uint64_t now = pcr_now_us();
-    double secs = (double)(now - ex->t_start) / 1e6;
-    pcr_hist_observe(&m->duration, now - ex->t_start);
+    pcr_hist_observe(&m->duration, &pcr_hist_latency_us, (int64_t)(now - ex->t_start));
     if (ex->t_head)
-        pcr_hist_observe(&m->ttfb, ex->t_head - ex->t_start);
-    access_log(ex, status, secs);
+        pcr_hist_observe(&m->ttfb, &pcr_hist_latency_us, (int64_t)(ex->t_head - ex->t_start));
+    pcr_access_record(ex, status, now);
 }
 
 /* The one place a request changes state; see the table in exchange_int.h. */
@@ -143,9 +133,10 @@ int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
     return 0;
 }
 
-void pcr_exchange_set_peer(pcr_exchange_t *ex, const char *peer)
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin)
 {
     snprintf(ex->peer, sizeof(ex->peer), "%s", peer ? peer : "-");
+    ex->admin = admin;
 }
 
 static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)
@@ -180,12 +171,47 @@ int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, c
     return 0;
 }
 
+static int path_is(const char *path, const char *want);
+
+/* The routed paths (a prompt to hash): which API, or -1. */
+static int routed_api(const pcr_exchange_t *ex)
+{
+    const char *p = ex->path ? ex->path : "";
+    if (strcmp(ex->method, "POST") != 0)
+        return -1;
+    if (path_is(p, "/v1/completions"))
+        return PCR_API_COMPLETIONS;
+    if (path_is(p, "/v1/chat/completions"))
+        return PCR_API_CHAT;
+    return -1;
+}
+
+static int body_reader_start(pcr_exchange_t *ex)
+{
+    pcr_body_opts_t o;
+    pcr_body_opts_default(&o);
+    o.block_bytes = ex->w->cfg->routing.block_bytes;
+    o.max_prefix_bytes = ex->w->cfg->routing.max_prefix_bytes;
+    ex->reader = pcr_body_reader_new((pcr_api_t)routed_api(ex), &o);
+    return ex->reader != NULL ? 0 : PCR_ERR_NOMEM;
+}
+
 int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
     if (evbuffer_get_length(ex->body) + len > ex->w->cfg->limits.max_body_bytes)
         return PCR_ERR_TOO_LARGE;
     if (evbuffer_add(ex->body, data, len) != 0)
         return PCR_ERR_NOMEM;
+    /* A routed request's body is parsed and its prompt hashed as it arrives, so the decision
+     * after the last byte does not wait for the whole prompt (router/body.h). A body found bad
+     * here still arrives whole; the reader says why when the request runs. */
+    if (routed_api(ex) >= 0) {
+        uint64_t t0 = pcr_now_ns();
+        if (ex->reader == NULL && body_reader_start(ex) < 0)
+            return PCR_ERR_NOMEM;
+        pcr_body_reader_feed(ex->reader, data, len);
+        ex->ns_parse += pcr_now_ns() - t0;
+    }
     ex->body_counted += len;
     pcr_body_account(ex->w, (ptrdiff_t)len);
     return 0;
@@ -300,6 +326,12 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
         return NULL;
     char *conn = request_connection(ex);
     size_t blen = evbuffer_get_length(ex->body);
+    /* upstream.request_usage: "stream_options" goes before the object's closing brace. */
+    static const char opt[] = "\"stream_options\":{\"include_usage\":true}";
+    const char *body = blen ? (const char *)evbuffer_pullup(ex->body, -1) : "";
+    int empty = 0;
+    long at = ex->inject_usage ? pcr_usage_insert_at(body, blen, &empty) : -1;
+    size_t extra = at >= 0 ? sizeof(opt) - 1 + !empty : 0;
     evbuffer_add_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", ex->method, ex->path, be->host_header);
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
         const char *n = ex->hbuf + ex->hoff[i];
@@ -312,10 +344,17 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
     }
     free(conn);
     if (blen > 0 || strcmp(ex->method, "POST") == 0)
-        evbuffer_add_printf(b, "Content-Length: %zu\r\n", blen);
+        evbuffer_add_printf(b, "Content-Length: %zu\r\n", blen + extra);
     evbuffer_add(b, "\r\n", 2);
-    if (blen > 0)
-        evbuffer_add(b, evbuffer_pullup(ex->body, -1), blen);
+    if (at >= 0) {
+        evbuffer_add(b, body, (size_t)at);
+        if (!empty)
+            evbuffer_add(b, ",", 1);
+        evbuffer_add(b, opt, sizeof(opt) - 1);
+        evbuffer_add(b, body + at, blen - (size_t)at);
+    } else if (blen > 0) {
+        evbuffer_add(b, body, blen);
+    }
     return b;
 }
 
@@ -324,7 +363,7 @@ static void fail_unrouted(pcr_exchange_t *ex)
     switch (ex->last_error) {
     case PCR_UP_TIMEOUT:
         pcr_exchange_error(ex, 504, "timeout", "upstream_timeout",
-                           "backend %s did not answer within %u ms", ex->be ? ex->be->conf->name : "?",
+                           "backend %s did not answer within %u ms", ex->be ? ex->be->conf.name : "?",
                            ex->w->cfg->timeouts.response_ms);
         break;
     case PCR_UP_POOL_FULL:
@@ -335,7 +374,7 @@ static void fail_unrouted(pcr_exchange_t *ex)
     default:
         pcr_exchange_error(ex, 502, "upstream_error", "bad_gateway",
                            "%u backend(s) failed before answering (last: %s, %s)", ex->attempts,
-                           ex->be ? ex->be->conf->name : "?",
+                           ex->be ? ex->be->conf.name : "?",
                            ex->last_error == PCR_UP_CONNECT  ? "connection refused or timed out"
                            : ex->last_error == PCR_UP_PROTOCOL ? "malformed HTTP response"
                                                                : "connection closed");
@@ -343,22 +382,66 @@ static void fail_unrouted(pcr_exchange_t *ex)
     }
 }
 
-/* Fills loads[] for the policy: usable = up, not yet tried, serving the model. Returns how many
- * are usable. */
-static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads)
+static int tried(const pcr_exchange_t *ex, size_t i)
+{
+    return (ex->tried[i / 64] >> (i % 64)) & 1;
+}
+
+/* Fills loads[0..n) for the policy: usable = in a slot, up, not ejected, not yet tried, serving
+ * the model. Returns how many are usable. */
+static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n)
 {
     pcr_server_t *srv = ex->w->srv;
     const char *model = ex->req.model ? ex->req.model : "";
-    size_t usable = 0;
-    for (size_t i = 0; i < srv->nbackends; i++) {
-        pcr_backend_t *be = &srv->backends[i];
-        loads[i].usable = PCR_LOAD(be->up) && !ex->tried[i] && pcr_backend_serves(be, model);
+    uint64_t now = pcr_now_us();
+    size_t usable = 0, candidates = 0;
+    memset(loads, 0, n * sizeof(*loads));
+    for (size_t i = 0; i < n; i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be == NULL)
+            continue;
+        int serves = !tried(ex, i) && PCR_LOAD(be->up) &&
+                     pcr_backend_serves(be, model, ex->model_hash);
+        loads[i].usable = serves && !pcr_backend_ejected(be, now);
         loads[i].inflight = PCR_LOAD(be->inflight);
         loads[i].queued_prefill = PCR_LOAD(be->queued_prefill);
         loads[i].pod_waiting = PCR_LOAD(be->pod_waiting);
-        usable += loads[i].usable != 0;
+        loads[i].usable |= serves ? 2 : 0; /* a candidate, for panic below */
+        usable += (loads[i].usable & 1) != 0;
+        candidates += serves;
+    }
+    /* Panic (Envoy's name): every backend that passes its health checks and could take the
+     * request is ejected. Trying them anyway beats answering 503 to everything; one that
+     * answers comes back through its probe. (Backends that fail their active checks stay out:
+     * a 503 that says so is clearer than errors from a dead engine.) */
+    int panic = usable == 0 && candidates > 0;
+    for (size_t i = 0; i < n; i++)
+        loads[i].usable = panic ? (loads[i].usable & 2) != 0 : (loads[i].usable & 1);
+    if (panic) {
+        ex->panic = 1;
+        usable = candidates;
     }
     return usable;
+}
+
+/* The decision's phases (a routed request's first attempt), in the worker's histograms. */
+static void observe_decision(pcr_exchange_t *ex, uint64_t t_decide, uint64_t t_end)
+{
+    pcr_hist_t *h = ex->w->metrics.decision;
+    pcr_hist_observe(&h[PCR_PHASE_PARSE], &pcr_hist_decision_ns, (int64_t)ex->ns_parse);
+    pcr_hist_observe(&h[PCR_PHASE_HASH], &pcr_hist_decision_ns, (int64_t)ex->ns_hash);
+    pcr_hist_observe(&h[PCR_PHASE_DECIDE], &pcr_hist_decision_ns, (int64_t)(t_end - t_decide));
+    pcr_hist_observe(&h[PCR_PHASE_TOTAL], &pcr_hist_decision_ns, (int64_t)(t_end - ex->t_parse_ns));
+}
+
+/* The cached tokens the decision predicts: the chosen backend's matched blocks, a token being
+ * 4 bytes of canonical prompt, at most the prompt's own tokens. */
+static uint64_t predicted_tokens(const pcr_exchange_t *ex)
+{
+    if (!ex->has_key)
+        return 0;
+    uint64_t t = (uint64_t)ex->decision.matched_blocks * ex->w->cfg->routing.block_bytes / 4;
+    return t < ex->key.prompt_tokens ? t : ex->key.prompt_tokens;
 }
 
 /* Chooses a backend (skipping those already tried) and sends the request there. */
@@ -366,14 +449,27 @@ static void dispatch(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
     pcr_server_t *srv = w->srv;
-    pcr_backend_load_t loads[srv->nbackends];
     const char *model = ex->req.model ? ex->req.model : "";
-    pcr_worker_sync(w); /* what the other workers learned meanwhile */
-    fill_loads(ex, loads);
+    pcr_worker_sync(w); /* what the other workers (and the control thread) published meanwhile */
+    size_t n = pcr_backend_slots(srv);
+    pcr_backend_load_t loads[n ? n : 1];
     pcr_decision_t d;
+    pcr_backend_t *be = NULL;
     uint64_t now = pcr_now_us();
-    int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
-    if (rc < 0 || d.backend < 0 || (size_t)d.backend >= srv->nbackends) {
+    uint64_t t_decide = pcr_now_ns();
+    for (;;) {
+        fill_loads(ex, loads, n);
+        int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
+        if (rc < 0 || d.backend < 0 || (size_t)d.backend >= n)
+            break;
+        if ((be = pcr_backend_at(srv, (size_t)d.backend)) != NULL)
+            break;
+        /* It left between the two reads: never again for this request. */
+        ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
+    }
+    if (ex->attempts == 0 && ex->has_key)
+        observe_decision(ex, t_decide, pcr_now_ns());
+    if (be == NULL) {
         if (ex->attempts > 0) {
             fail_unrouted(ex);
         } else if (model[0] != '\0' && pcr_backends_up(srv) > 0) {
@@ -381,12 +477,12 @@ static void dispatch(pcr_exchange_t *ex)
                                "no backend serves the model '%s'", model);
         } else {
             pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
-                               "no backend is available (%zu of %zu up)", pcr_backends_up(srv),
-                               srv->nbackends);
+                               "no backend is available (%zu up)", pcr_backends_up(srv));
         }
         return;
     }
-    pcr_backend_t *be = &srv->backends[d.backend];
+    if (ex->panic)
+        PCR_INC(w->metrics.panic_routes);
     if (ex->attempts == 0) {
         PCR_INC(w->metrics.decisions[d.reason < PCR_REASON__COUNT ? d.reason : PCR_REASON_NO_BACKEND]);
         if (ex->has_key) {
@@ -397,8 +493,9 @@ static void dispatch(pcr_exchange_t *ex)
         PCR_INC(w->metrics.retries);
     }
     ex->decision = d;
+    ex->predicted = predicted_tokens(ex);
     ex->attempts++;
-    ex->tried[d.backend] = 1;
+    ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     if (ex->has_key && pcr_policy_commit(w->policy, d.backend, &ex->key, now, &ex->added_from) == 0) {
         ex->committed = 1;
         pcr_bus_commit(srv->bus, (int)w->id, d.backend, &ex->key, now);
@@ -408,14 +505,69 @@ static void dispatch(pcr_exchange_t *ex)
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
         return;
     }
+    pcr_pool_t *pool = pcr_worker_pool(w, be);
+    if (pool == NULL) {
+        evbuffer_free(req);
+        pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
+        return;
+    }
+    /* The exchange holds the backend until it is freed: a backend that leaves the config is
+     * not freed under a request it is answering. */
+    pcr_backend_ref(be);
+    if (ex->be != NULL)
+        pcr_backend_unref(ex->be);
     ex->be = be;
     ex->prefill = d.uncached_prefill;
     ex_to(ex, EX_UP_WAIT);
-    ex->up = pcr_upstream_send(&w->pools[d.backend], req, &proxy_cbs, ex);
+    ex->up = pcr_upstream_send(pool, req, &proxy_cbs, ex);
     if (ex->up == NULL) {
         ex_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
     }
+}
+
+/* ---- per-request truth: the pod's usage ------------------------------------------------ */
+
+/* The answer's usage is read as it is forwarded (usage.h), for routed requests. */
+static void usage_start(pcr_exchange_t *ex, int status, const pcr_hdr_t *hdrs, size_t n)
+{
+    const pcr_hdr_t *ct = NULL, *ce = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (hdrs[i].name_len == 12 && strncasecmp(hdrs[i].name, "content-type", 12) == 0)
+            ct = &hdrs[i];
+        else if (hdrs[i].name_len == 16 && strncasecmp(hdrs[i].name, "content-encoding", 16) == 0)
+            ce = &hdrs[i];
+    }
+    pcr_usage_mode_t mode = pcr_usage_mode(status, ct ? ct->value : NULL, ct ? ct->value_len : 0,
+                                           ce ? ce->value : NULL, ce ? ce->value_len : 0);
+    pcr_usage_init(&ex->usage, mode, ex->inject_usage);
+}
+
+/* The one place a request's delivered cached tokens arrive, once per request, before its
+ * outcome is recorded: the backend that answered (ex->be, slot ex->be->id), the decision that
+ * chose it (ex->decision: matched and total blocks; ex->predicted in tokens), the prefix key
+ * (ex->key), what the pod says it reused (`delivered`, and `prompt` tokens, in the pod's own
+ * count) and the time.
+ *
+ * The routing library's feedback, pcr_policy_feedback() (written on another branch), is to be
+ * called from here: when the pod delivered less than predicted it no longer holds the rest of
+ * that prefix, and the index forgets it for this backend; when it delivered more, the index
+ * learns it. The policy is the library's; the router only passes the observation on. */
+static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t prompt,
+                              uint64_t now_us)
+{
+    pcr_backend_t *be = ex->be;
+    uint64_t predicted = ex->predicted;
+    if (prompt > 0 && predicted > prompt)
+        predicted = prompt; /* the pod's tokens are the truth; ours are bytes / 4 */
+    ex->predicted = predicted;
+    ex->delivered = (int64_t)delivered;
+    PCR_ADD(be->cached_predicted, predicted);
+    PCR_ADD(be->cached_delivered, delivered);
+    PCR_ADD(be->prompt_tokens, prompt);
+    pcr_hist_observe(&ex->w->metrics.cached_error, &pcr_hist_tokens_error,
+                     (int64_t)predicted - (int64_t)delivered);
+    (void)now_us; /* the feedback's: the index's entries carry the time of their last use */
 }
 
 static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, int64_t clen)
@@ -437,19 +589,33 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
     for (size_t i = 0; i < n && k + 2 < PCR_ARRAY_SIZE(out); i++)
         if (!pcr_http_hop_by_hop(hdrs[i].name, hdrs[i].name_len, cl ? conn : NULL))
             out[k++] = hdrs[i];
-    const char *bname = ex->be->conf->name;
+    const char *bname = ex->be->conf.name;
     const char *reason = pcr_reason_name(ex->decision.reason);
     out[k++] = (pcr_hdr_t){"x-pcrouter-backend", 18, bname, strlen(bname)};
     out[k++] = (pcr_hdr_t){"x-pcrouter-route", 16, reason, strlen(reason)};
+    /* A 4xx is the client's fault: for outlier detection it is a pod that works. */
+    pcr_backend_report(ex->be, &ex->w->cfg->outlier, status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK,
+                       pcr_now_us());
+    if (ex->has_key) {
+        usage_start(ex, status, hdrs, n);
+        if (ex->usage.strip)
+            clen = -1; /* an event may be dropped: the length is no longer known */
+    }
     ex_to(ex, EX_UP_HEAD);
     respond_head(ex, status, out, k, clen);
+}
+
+static void emit_body(void *ctx, const char *data, size_t len)
+{
+    if (len > 0)
+        respond_body(ctx, data, len);
 }
 
 static void on_up_body(void *ctx, const char *data, size_t len)
 {
     pcr_exchange_t *ex = ctx;
     ex_to(ex, EX_UP_BODY); /* the pod has started answering: its prefill is done */
-    respond_body(ex, data, len);
+    pcr_usage_feed(&ex->usage, data, len, emit_body, ex);
     if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {
         ex->paused = 1;
         pcr_upstream_pause(ex->up);
@@ -460,6 +626,9 @@ static void on_up_done(void *ctx)
 {
     pcr_exchange_t *ex = ctx;
     ex->up = NULL;
+    if (pcr_usage_finish(&ex->usage, emit_body, ex))
+        observe_delivered(ex, ex->usage.cached_tokens, ex->usage.prompt_tokens, pcr_now_us());
+    pcr_usage_dispose(&ex->usage);
     ex_to(ex, EX_DONE);
     ex->ops->send_end(ex);
 }
@@ -467,9 +636,10 @@ static void on_up_done(void *ctx)
 /* Another backend that could take the request, without choosing it yet. */
 static int can_retry(pcr_exchange_t *ex)
 {
-    pcr_backend_load_t loads[ex->w->srv->nbackends];
+    size_t n = pcr_backend_slots(ex->w->srv);
+    pcr_backend_load_t loads[n ? n : 1];
     return ex->attempts <= ex->w->cfg->upstream.retries && !ex->w->draining &&
-           fill_loads(ex, loads) > 0;
+           fill_loads(ex, loads, n) > 0;
 }
 
 static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
@@ -478,9 +648,13 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     pcr_backend_t *be = ex->be;
     ex->up = NULL;
     ex->last_error = err;
+    if (err != PCR_UP_POOL_FULL) /* the pool is ours; the pod did nothing wrong */
+        pcr_backend_report(be, &ex->w->cfg->outlier,
+                           err == PCR_UP_CONNECT ? PCR_OUTCOME_CONNECT : PCR_OUTCOME_ERROR,
+                           pcr_now_us());
     if (got_head) {
         /* Part of the response reached the client: it cannot be retried, only cut. */
-        pcr_log_warn("backend %s: response cut short (%s) after %llu bytes", be->conf->name,
+        pcr_log_warn("backend %s: response cut short (%s) after %llu bytes", be->conf.name,
                      err == PCR_UP_TIMEOUT    ? "stream idle timeout"
                      : err == PCR_UP_PROTOCOL ? "malformed response"
                                               : "connection lost",
@@ -498,7 +672,7 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     int retryable = err == PCR_UP_CONNECT || err == PCR_UP_RESET || err == PCR_UP_PROTOCOL;
     if (retryable && can_retry(ex)) {
         pcr_log_info("backend %s failed before answering; retrying on another backend",
-                     be->conf->name);
+                     be->conf.name);
         dispatch(ex);
         return;
     }
@@ -516,32 +690,42 @@ void pcr_exchange_on_writable(pcr_exchange_t *ex)
 }
 
 /* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. */
-static void proxy_routed(pcr_exchange_t *ex, pcr_api_t api)
+/* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. The body was
+ * parsed and its prompt hashed while it arrived (pcr_exchange_add_body): what is left is the
+ * reader's last step and the decision. */
+static void proxy_routed(pcr_exchange_t *ex)
 {
-    size_t len = evbuffer_get_length(ex->body);
-    const char *data = len ? (const char *)evbuffer_pullup(ex->body, -1) : "";
-    char err[256];
-    int rc = pcr_body_parse(api, data, len, &ex->req, err, sizeof(err));
+    /* The body was read and its prefix hashed as it came (ns_parse); from here on is the time
+     * after its last byte: the reader's last step (ns_hash), then the decision. */
+    ex->t_parse_ns = pcr_now_ns();
+    if (ex->reader == NULL && body_reader_start(ex) < 0) {
+        pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
+        return;
+    }
+    int rc = pcr_body_reader_finish(ex->reader, &ex->req);
+    const char *why = pcr_body_reader_error(ex->reader);
+    ex->ns_hash = pcr_now_ns() - ex->t_parse_ns;
     if (rc == PCR_ERR_PARSE) {
-        pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json", "%s", err);
+        pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json", "%s", why);
         return;
     }
     if (rc == PCR_ERR_INVAL) {
-        pcr_exchange_error(ex, 400, "invalid_request_error", "missing_prompt", "%s", err);
+        pcr_exchange_error(ex, 400, "invalid_request_error", "missing_prompt", "%s", why);
         return;
     }
     if (rc < 0) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "%s", pcr_strerror(rc));
         return;
     }
-    pcr_policy_t *pol = ex->w->policy;
-    ex->key.blocks = malloc(pcr_policy_max_blocks(pol) * sizeof(uint64_t));
-    if (ex->key.blocks == NULL) {
-        pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
-        return;
-    }
-    pcr_policy_key(pol, ex->req.model, ex->req.model_len, ex->req.key, ex->req.key_len, &ex->key);
+    pcr_body_reader_free(ex->reader);
+    ex->reader = NULL;
+    ex->key = pcr_body_key(&ex->req);
+    ex->model_hash = pcr_model_hash(ex->req.model, ex->req.model_len);
     ex->has_key = 1;
+    /* A stream whose client asked nothing of its options: pcrouter may ask for usage (where,
+     * build_upstream_request finds). */
+    ex->inject_usage = ex->w->cfg->upstream.request_usage && ex->req.stream &&
+                       !ex->req.stream_options;
     dispatch(ex);
 }
 
@@ -557,8 +741,21 @@ void pcr_exchange_run(pcr_exchange_t *ex)
     const char *p = ex->path ? ex->path : "";
     int get = strcmp(ex->method, "GET") == 0 || strcmp(ex->method, "HEAD") == 0;
     int post = strcmp(ex->method, "POST") == 0;
+    int own = path_is(p, "/health") || path_is(p, "/metrics");
 
-    if (path_is(p, "/health") || path_is(p, "/metrics") || path_is(p, "/v1/models")) {
+    /* With an admin listener, the router's own endpoints live there and only there: the
+     * public listeners need not expose the pool's state. */
+    if (ex->admin && !own) {
+        pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
+                           "the admin listener serves /metrics and /health only");
+        return;
+    }
+    if (!ex->admin && own && ex->w->cfg->admin.addrlen != 0) {
+        pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
+                           "%s is served on the admin listener (admin.address)", p);
+        return;
+    }
+    if (own || path_is(p, "/v1/models")) {
         if (!get) {
             pcr_exchange_error(ex, 405, "invalid_request_error", "method_not_allowed",
                                "%s is not allowed on %s; use GET", ex->method, p);
@@ -580,7 +777,7 @@ void pcr_exchange_run(pcr_exchange_t *ex)
                                "%s is not allowed on %s; use POST", ex->method, p);
             return;
         }
-        proxy_routed(ex, path_is(p, "/v1/completions") ? PCR_API_COMPLETIONS : PCR_API_CHAT);
+        proxy_routed(ex);
         return;
     }
     if (strncmp(p, "/v1/", 4) == 0 && post) {
@@ -615,11 +812,14 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->state != EX_RECEIVING)
         PCR_STORE(w->inflight, w->inflight - 1);
+    pcr_worker_body_forget(w, ex);
     if (ex->body_counted)
         pcr_body_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
-    free(ex->key.blocks);
-    free(ex->tried);
+    pcr_body_reader_free(ex->reader);
+    pcr_usage_dispose(&ex->usage);
+    if (ex->be != NULL)
+        pcr_backend_unref(ex->be);
     free(ex->path);
     free(ex->hbuf);
     if (ex->body)

@@ -40,8 +40,9 @@ void pcr_exchange_free(pcr_exchange_t *ex);  /* NULL is a no-op; cancels any ups
 
 int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len);
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len);
-/* The client's address, for the access log. */
-void pcr_exchange_set_peer(pcr_exchange_t *ex, const char *peer);
+/* The client's address, for the access log, and whether it came through the admin listener
+ * (then only /metrics and /health are served). */
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin);
 /* Adds a request header as received. PCR_ERR_INVAL when the name is not an RFC 9110 token or
  * the value holds CR, LF or NUL; PCR_ERR_TOO_LARGE past PCR_MAX_REQ_HEADERS. */
 int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, const char *value,
@@ -67,6 +68,7 @@ void pcr_exchange_on_writable(pcr_exchange_t *ex);
 int pcr_exchange_responded(const pcr_exchange_t *ex);  /* the head went out */
 int pcr_exchange_finished(const pcr_exchange_t *ex);   /* the end went out (or the response broke) */
 int pcr_exchange_running(const pcr_exchange_t *ex);    /* the request is complete (or refused) */
+size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex); /* request body buffered so far */
 
 /* Session back-pointer (the h1 session or the h2 stream). */
 void *pcr_exchange_session(const pcr_exchange_t *ex);

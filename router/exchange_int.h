@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "exchange.h"
+#include "usage.h"
 
 #define PCR_MAX_REQ_HEADERS 100
 
@@ -57,18 +58,22 @@ struct pcr_exchange {
     struct evbuffer *body;
     size_t body_counted;              /* bytes of `body` counted in the process's body budget */
     char peer[64];
+    int admin;                        /* came through the admin listener */
 
     /* Routing. */
-    pcr_body_t req;                   /* parsed body (model, canonical key) */
-    pcr_key_t key;
+    pcr_body_reader_t *reader;        /* a routed request's body, parsed as it arrives */
+    pcr_body_t req;                   /* what it gave: model, key blocks (owned here) */
+    pcr_key_t key;                    /* a view of req's blocks */
     int has_key;
     pcr_decision_t decision;
     uint32_t added_from;
     int committed;                    /* the index holds the speculative entry */
-    pcr_backend_t *be;                /* current attempt's backend */
+    pcr_backend_t *be;                /* current attempt's backend (referenced) */
     uint64_t prefill;                 /* the request's uncached prefill on `be` */
-    unsigned char *tried;             /* per backend: already failed this request */
+    uint64_t tried[PCR_MAX_BACKENDS / 64];  /* per backend slot: already failed this request */
+    uint64_t model_hash;              /* of req.model, for the pods' model lists */
     unsigned attempts;
+    int panic;                        /* routed while every candidate was down or ejected */
     pcr_up_error_t last_error;
     pcr_upreq_t *up;
     int paused;
@@ -78,7 +83,19 @@ struct pcr_exchange {
     int status;
     uint64_t resp_bytes;
     uint64_t t_start, t_head;
+
+    /* Per-request truth: the cached tokens the decision predicted, and what the pod said. */
+    int inject_usage;                 /* stream_options added to the body sent (request_usage) */
+    pcr_usage_t usage;                /* reads the answer's usage as it is forwarded */
+    uint64_t predicted;               /* cached tokens the current decision predicted */
+    int64_t delivered;                /* cached tokens the pod reported, -1 until it did */
+    /* The decision's phases (first attempt): ns_parse, the reader's time while the body came;
+     * from t_parse_ns (the last byte is in) ns_hash, the reader's last step, then the policy. */
+    uint64_t t_parse_ns, ns_parse, ns_hash;
 };
+
+/* access.c: the request's access-log line (log.access_log), handed to the writer. */
+void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);
 
 /* endpoints.c */
 void pcr_endpoint_health(pcr_exchange_t *ex);

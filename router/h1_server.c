@@ -21,7 +21,14 @@
  *   BUSY  the request is being answered: the client may be silent (a stream can take minutes);
  *         a client that accepts no bytes for timeouts.client_write_ms is cut by the transport.
  * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
- * connection receiving a body stops reading until some is released.
+ * connection receiving a body past its first PCR_BODY_FREE_BYTES stops reading until some is
+ * released (server.h: the first MiB of a request, and one request at a time, go on).
+ *
+ * Lingering close: a request refused before its body was read (400, 408, 413, 431) leaves
+ * unread bytes behind; closing then would make the kernel answer them with a reset that can
+ * destroy the error response before the client reads it. So the answer is written, the sending
+ * side shut down, and what still arrives is read and thrown away until the client closes or
+ * LINGER_MS pass (nginx's lingering_close, HAProxy's "nolinger" being the exception).
  *
  * One close path, h1_close(); the exchange is freed from the deferred `advance` event or from a
  * transport callback, never from inside the exchange's own calls. */
@@ -40,7 +47,10 @@
 #include "log.h"
 #include "session.h"
 
-typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY } timer_mode_t;
+typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY, T_LINGER } timer_mode_t;
+
+/* How long a rejected request's connection keeps reading (and discarding) after its answer. */
+#define LINGER_MS 2000
 
 typedef struct {
     pcr_session_t base;
@@ -69,7 +79,10 @@ typedef struct {
     int keep_alive;                /* of the current request */
     int head_only;
     int chunked;                   /* the current response is chunked */
+    int sse;                       /* the current response is an SSE stream */
     int closing;                   /* close once the output is written */
+    int linger;                    /* a rejected request: half-close, then discard input */
+    int lingering;
     int draining;
     int read_paused;               /* reading stopped: pipelined bytes wait, or budget */
 } h1_sess_t;
@@ -124,6 +137,11 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
         evbuffer_add(out, "\r\n", 2);
     }
     s->chunked = 0;
+    s->sse = 0;
+    for (size_t i = 0; i < n; i++)
+        if (h[i].name_len == 12 && strncasecmp(h[i].name, "content-type", 12) == 0 &&
+            h[i].value_len >= 17 && strncasecmp(h[i].value, "text/event-stream", 17) == 0)
+            s->sse = 1;
     if (clen >= 0) {
         evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)clen);
     } else if (http10) {
@@ -162,12 +180,25 @@ static void op_send_end(pcr_exchange_t *ex)
     event_active(s->advance, 0, 0);
 }
 
+/* The last event of a stream the pod broke: an SSE client that ignores how the connection
+ * ended still sees that the answer is incomplete. */
+static const char sse_error[] =
+    "event: error\ndata: {\"error\":{\"message\":\"the backend stopped answering in the middle "
+    "of the response\",\"type\":\"upstream_error\",\"code\":\"response_cut\"}}\n\n";
+
 static void op_send_abort(pcr_exchange_t *ex)
 {
     h1_sess_t *s = sess_of(ex);
     /* A chunked body without its last chunk tells the client the response is incomplete; what
-     * already arrived from the pod is written first, then the connection closes. */
+     * already arrived from the pod is written first, then an SSE error event for a stream, then
+     * the connection closes. The head alone may still be unflushed (the pod broke in the read
+     * that brought it): the flush below covers it, or the close would wait for a drain that no
+     * write event is armed to report. */
+    if (s->sse && s->chunked && !s->head_only)
+        evbuffer_add_printf(pcr_sock_output(s->sock), "%zx\r\n%s\r\n", sizeof(sse_error) - 1,
+                            sse_error);
     s->closing = 1;
+    pcr_sock_flush(s->sock);
     event_active(s->advance, 0, 0);
 }
 
@@ -252,7 +283,7 @@ static int on_message_begin(http_parser *p)
     s->ex = pcr_exchange_new(s->w, &h1_ops, s, "HTTP/1.1");
     if (s->ex == NULL)
         return -1;
-    pcr_exchange_set_peer(s->ex, pcr_sock_peer(s->sock));
+    pcr_exchange_set_client(s->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock));
     s->url_len = s->name_len = s->value_len = s->header_bytes = 0;
     s->in_value = s->expect_continue = s->reject_status = s->in_body = 0;
     s->n_host = s->n_cl = s->n_te = 0;
@@ -373,6 +404,7 @@ static void reject(h1_sess_t *s, int status, const char *detail)
     pcr_worker_t *w = s->w;
     s->keep_alive = 0;
     s->closing = 1;
+    s->linger = 1;
     pcr_sock_read_stop(s->sock);
     if (s->ex == NULL)
         s->ex = pcr_exchange_new(w, &h1_ops, s, "HTTP/1.1");
@@ -459,6 +491,8 @@ static void update_timer(h1_sess_t *s)
 {
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     timer_mode_t want;
+    if (s->lingering)
+        return;
     if (s->ex == NULL)
         want = T_IDLE;
     else if (pcr_exchange_running(s->ex))
@@ -474,6 +508,7 @@ static void update_timer(h1_sess_t *s)
     case T_HEAD: arm(s, t->request_header_ms); break;
     case T_BODY: arm(s, t->client_idle_ms); break;
     case T_BUSY: event_del(s->timer); break;
+    case T_LINGER: break;
     }
 }
 
@@ -498,7 +533,26 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         break;
     case T_BUSY:
         break;
+    case T_LINGER:
+        h1_close(s);
+        break;
     }
+}
+
+/* The answer is out: close, or half-close and linger after a rejected request. */
+static void close_written(h1_sess_t *s)
+{
+    if (!s->linger || s->draining) {
+        h1_close(s);
+        return;
+    }
+    s->lingering = 1;
+    s->mode = T_LINGER;
+    pcr_sock_shutdown_write(s->sock);
+    evbuffer_drain(pcr_sock_input(s->sock), evbuffer_get_length(pcr_sock_input(s->sock)));
+    pcr_session_set_waiting(&s->base, 1); /* first to go when connections run short */
+    arm(s, LINGER_MS);
+    pcr_sock_read_start(s->sock);
 }
 
 static void budget_resume(pcr_budget_waiter_t *w)
@@ -512,7 +566,8 @@ static void budget_resume(pcr_budget_waiter_t *w)
 }
 
 /* After a read: pause reading while pipelined bytes pile up behind a running request, or while
- * a body is arriving and the process is over its body budget. */
+ * a body past its first PCR_BODY_FREE_BYTES is arriving and the process is over its body
+ * budget. */
 static void check_pause(h1_sess_t *s)
 {
     size_t queued = evbuffer_get_length(pcr_sock_input(s->sock));
@@ -520,7 +575,8 @@ static void check_pause(h1_sess_t *s)
     if (running && queued > PIPELINE_MAX_BYTES) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-    } else if (!running && s->ex != NULL && !pcr_server_body_budget_ok(s->w->srv)) {
+    } else if (!running && s->ex != NULL && pcr_exchange_body_bytes(s->ex) >= PCR_BODY_FREE_BYTES &&
+               !pcr_worker_body_may_grow(s->w, s->ex)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
         pcr_worker_body_wait(s->w, &s->budget);
@@ -530,6 +586,10 @@ static void check_pause(h1_sess_t *s)
 static void on_read(pcr_sock_t *sock, void *arg)
 {
     h1_sess_t *s = arg;
+    if (s->lingering) {
+        evbuffer_drain(pcr_sock_input(sock), evbuffer_get_length(pcr_sock_input(sock)));
+        return;
+    }
     if (s->closing)
         return;
     parse_input(s);
@@ -542,8 +602,8 @@ static void on_drain(pcr_sock_t *sock, void *arg)
     h1_sess_t *s = arg;
     if (s->ex != NULL)
         pcr_exchange_on_writable(s->ex);
-    if (s->closing && s->ex == NULL && pcr_sock_pending(sock) == 0)
-        h1_close(s);
+    if (s->closing && !s->lingering && s->ex == NULL && pcr_sock_pending(sock) == 0)
+        close_written(s);
 }
 
 static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
@@ -573,7 +633,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
     if (s->closing) {
         pcr_sock_read_stop(s->sock);
         if (pcr_sock_pending(s->sock) == 0)
-            h1_close(s);
+            close_written(s);
         else
             pcr_sock_want_drain(s->sock, 0); /* on_drain closes once the output is out */
         return;
@@ -593,7 +653,7 @@ static void h1_drain(pcr_session_t *base)
 {
     h1_sess_t *s = (h1_sess_t *)base;
     s->draining = 1;
-    if (s->ex == NULL || !pcr_exchange_running(s->ex))
+    if (s->lingering || s->ex == NULL || !pcr_exchange_running(s->ex))
         h1_close(s); /* idle: nothing to finish */
     else
         s->closing = 1;

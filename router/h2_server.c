@@ -14,7 +14,10 @@
  * - Flow control is consumed by hand (no automatic WINDOW_UPDATE): a DATA frame's bytes are
  *   given back to the client's window only while the process holds less than
  *   limits.max_buffered_body_bytes of request bodies, so streams over the budget wait on their
- *   windows instead of growing memory, and resume when some is released.
+ *   windows instead of growing memory, and resume when some is released. Past the budget one
+ *   request at a time may still finish its body (server.h); the session it belongs to then
+ *   stops holding its connection window, which the other streams' held bytes would otherwise
+ *   keep shut: only stream windows hold those bytes back (at most one initial window each).
  * - One timer per connection: with no stream open it is the idle timeout
  *   (timeouts.client_idle_ms); with streams it ticks, and a stream whose head is not complete
  *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
@@ -42,7 +45,8 @@ typedef struct h2_stream {
     pcr_exchange_t *ex;
     struct evbuffer *out;          /* response body not yet taken by nghttp2 */
     size_t header_bytes;
-    size_t unconsumed;             /* DATA bytes not yet given back to the window (budget) */
+    size_t unconsumed;             /* DATA bytes not yet given back to the stream window (budget) */
+    size_t conn_held;              /* of those, not yet given back to the connection window */
     uint64_t t_begin;              /* begin-headers */
     uint64_t t_recv;               /* last request byte */
     uint64_t t_progress;           /* last response byte taken by nghttp2 (or output began) */
@@ -55,7 +59,8 @@ typedef struct h2_stream {
     int head_only;
     int abort;                     /* the response broke: reset once `out` is sent */
     int submitted;                 /* a response with a data source was submitted */
-    struct event *rst_timer;       /* a reset sent a little later (reset_later) */
+    int run_queued;                /* complete: to run once the whole read is processed */
+    struct event *rst_timer;       /* a reset sent a little after the response (rst_later) */
     uint32_t rst_code;
     struct h2_stream *prev, *next;
 } h2_stream_t;
@@ -68,8 +73,10 @@ struct h2_sess {
     struct event *flush;
     struct event *timer;           /* idle timeout, or the streams' deadline tick */
     pcr_budget_waiter_t budget;
+    h2_stream_t *exempt;           /* the stream allowed past the body budget, if it is ours */
     h2_stream_t *streams;
     size_t nstreams;
+    size_t nqueued;                /* streams with run_queued set */
     int closing;
     int in_flush;
 };
@@ -90,6 +97,10 @@ static void stream_free(h2_stream_t *st)
     if (st->next)
         st->next->prev = st->prev;
     s->nstreams--;
+    if (st->run_queued)
+        s->nqueued--;
+    if (s->exempt == st)
+        s->exempt = NULL;
     pcr_exchange_free(st->ex);
     if (st->rst_timer)
         event_free(st->rst_timer);
@@ -109,9 +120,9 @@ static void on_rst_timer(evutil_socket_t fd, short what, void *arg)
     schedule_flush(st->sess);
 }
 
-/* Resets the stream a little later: clients (curl among them) drop what reaches them in the
- * same read as a RST_STREAM, so what was sent before it gets a moment to be read first. */
-static void reset_later(h2_stream_t *st, uint32_t code)
+/* Resets the stream RST_DELAY_US from now: clients (curl among them) drop the frames of a
+ * response that reach them in the same read as its stream's RST_STREAM. */
+static void rst_later(h2_stream_t *st, uint32_t code)
 {
     if (st->rst_timer != NULL)
         return;
@@ -120,6 +131,8 @@ static void reset_later(h2_stream_t *st, uint32_t code)
     struct timeval tv = {0, RST_DELAY_US};
     if (st->rst_timer)
         evtimer_add(st->rst_timer, &tv);
+    else
+        nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, code);
 }
 
 static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
@@ -136,7 +149,7 @@ static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     } else if (n == 0 && st->abort) {
         /* Everything that arrived went out; the reset follows a moment later. */
-        reset_later(st, NGHTTP2_INTERNAL_ERROR);
+        rst_later(st, NGHTTP2_INTERNAL_ERROR);
         st->deferred = 1;
         return NGHTTP2_ERR_DEFERRED;
     } else if (n == 0) {
@@ -234,19 +247,40 @@ static const pcr_exchange_ops_t h2_ops = {op_send_head, op_send_body, op_send_en
 
 /* ---- flow control against the body budget -------------------------------------------- */
 
-/* Gives DATA bytes back to the client's windows while the budget allows. */
+/* Whether the stream's body may grow (server.h). When it becomes the request allowed past the
+ * budget, the connection window its session holds for the other streams is given back, or the
+ * client could not send it a byte. */
+static int stream_may_grow(h2_sess_t *s, h2_stream_t *st)
+{
+    if (!pcr_worker_body_may_grow(s->w, st->ex))
+        return 0;
+    if (!pcr_worker_body_budget_ok(s->w) && s->exempt != st) {
+        s->exempt = st;
+        for (h2_stream_t *o = s->streams; o != NULL; o = o->next) {
+            nghttp2_session_consume_connection(s->ng, o->conn_held);
+            o->conn_held = 0;
+        }
+    }
+    return 1;
+}
+
+/* Gives DATA bytes back to the client's windows, to the streams whose bodies may grow. */
 static void consume_pending(h2_sess_t *s)
 {
+    int wait = 0;
     for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
         if (st->unconsumed == 0)
             continue;
-        if (!pcr_server_body_budget_ok(s->w->srv)) {
-            pcr_worker_body_wait(s->w, &s->budget);
-            return;
+        if (!stream_may_grow(s, st)) {
+            wait = 1;
+            continue;
         }
-        nghttp2_session_consume(s->ng, st->id, st->unconsumed);
-        st->unconsumed = 0;
+        nghttp2_session_consume_stream(s->ng, st->id, st->unconsumed);
+        nghttp2_session_consume_connection(s->ng, st->conn_held);
+        st->unconsumed = st->conn_held = 0;
     }
+    if (wait)
+        pcr_worker_body_wait(s->w, &s->budget);
 }
 
 static void budget_resume(pcr_budget_waiter_t *w)
@@ -280,7 +314,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         stream_free(st);
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
     }
-    pcr_exchange_set_peer(st->ex, pcr_sock_peer(s->sock));
+    pcr_exchange_set_client(st->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock));
     nghttp2_session_set_stream_user_data(ng, st->id, st);
     if (s->nstreams == 1) {
         pcr_session_set_waiting(&s->base, 0);
@@ -343,18 +377,43 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
     if (st == NULL)
         return 0;
-    st->t_recv = pcr_now_us();
-    if (frame->hd.type == NGHTTP2_HEADERS)
+    /* DATA bytes count as progress in on_data_chunk; an empty DATA frame is none (a flood of
+     * them must not keep a request that sends nothing from its 408). */
+    if (frame->hd.type == NGHTTP2_HEADERS) {
+        st->t_recv = pcr_now_us();
         st->headers_done = 1;
+    }
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
         st->req_done = 1;
     if (st->reject_status && !st->rejected) {
         reject(st);
         return 0;
     }
-    if (st->req_done && !st->rejected && !pcr_exchange_running(st->ex))
-        pcr_exchange_run(st->ex);
+    if (st->req_done && !st->rejected && !pcr_exchange_running(st->ex) && !st->run_queued) {
+        st->run_queued = 1; /* run_queued() */
+        st->sess->nqueued++;
+    }
     return 0;
+}
+
+/* Runs the requests completed by the read just processed. Not from on_frame_recv: a stream the
+ * same read resets (rapid reset sends HEADERS, DATA and RST_STREAM together) is then closed
+ * before anything was sent to a pod for it. */
+static void run_queued(h2_sess_t *s)
+{
+    if (s->nqueued == 0)
+        return;
+    s->nqueued = 0;
+    h2_stream_t *st = s->streams;
+    while (st != NULL && st->next != NULL)
+        st = st->next; /* the oldest: requests run in the order they came */
+    for (; st != NULL; st = st->prev) {
+        if (!st->run_queued)
+            continue;
+        st->run_queued = 0;
+        if (!st->rejected && !pcr_exchange_running(st->ex))
+            pcr_exchange_run(st->ex);
+    }
 }
 
 static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
@@ -374,10 +433,14 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
         reject(st);
         return 0;
     }
-    if (st->unconsumed == 0 && pcr_server_body_budget_ok(s->w->srv)) {
+    if (st->unconsumed == 0 && stream_may_grow(s, st)) {
         nghttp2_session_consume(ng, id, len);
     } else {
         st->unconsumed += len;
+        if (s->exempt != NULL)
+            nghttp2_session_consume_connection(ng, len); /* see stream_may_grow */
+        else
+            st->conn_held += len;
         pcr_worker_body_wait(s->w, &s->budget);
     }
     return 0;
@@ -386,14 +449,15 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     /* The response ended while the client is still sending (an early 408 or 413): the rest of
-     * its request will not be read, so the stream is reset (RFC 9113, 8.1). */
+     * its request will not be read, so the stream is reset (RFC 9113, 8.1), a moment later so
+     * that the client reads the response first. */
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
     if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
         return 0;
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
     if (st != NULL && !st->req_done)
-        reset_later(st, NGHTTP2_NO_ERROR);
+        rst_later(st, NGHTTP2_NO_ERROR);
     return 0;
 }
 
@@ -404,8 +468,8 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code,
     if (st == NULL)
         return 0;
     nghttp2_session_set_stream_user_data(ng, id, NULL);
-    if (st->unconsumed)
-        nghttp2_session_consume_connection(ng, st->unconsumed);
+    if (st->conn_held)
+        nghttp2_session_consume_connection(ng, st->conn_held);
     /* A reset by the client, or the natural end: either way the exchange ends here; if its
      * upstream request is still running it is closed, so the pod stops generating. */
     stream_free(st);
@@ -547,6 +611,8 @@ static void on_read(pcr_sock_t *sock, void *arg)
         }
         evbuffer_drain(in, (size_t)n);
     }
+    if (!s->closing)
+        run_queued(s);
     flush_now(s);
 }
 
@@ -625,7 +691,8 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
         goto fail;
     nghttp2_settings_entry iv[] = {
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, w->cfg->limits.max_concurrent_streams},
-        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}, /* prompts are large: 1 MiB per stream */
+        /* Prompts are large: 1 MiB per stream, granted whatever the body budget. */
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, PCR_BODY_FREE_BYTES},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)w->cfg->limits.max_header_bytes},
     };
     nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));

@@ -69,7 +69,12 @@ int pcr_http_hop_by_hop(const char *n, size_t len, const char *connection_values
     return connection_values != NULL && list_has_token(connection_values, n, len);
 }
 
-void pcr_fold_reset(pcr_fold_t *f) { memset(f, 0, sizeof(*f)); }
+void pcr_fold_reset(pcr_fold_t *f)
+{
+    f->val_end = NULL;
+    f->in_value = 0;
+    f->prev_at_end = 0;
+}
 
 void pcr_fold_begin(pcr_fold_t *f, const char *buf, size_t len)
 {
@@ -77,7 +82,16 @@ void pcr_fold_begin(pcr_fold_t *f, const char *buf, size_t len)
     f->buf_end = buf + len;
 }
 
-void pcr_fold_end(pcr_fold_t *f) { f->prev_at_end = f->in_value && f->val_end == f->buf_end; }
+void pcr_fold_end(pcr_fold_t *f)
+{
+    f->prev_at_end = f->in_value && f->val_end == f->buf_end;
+    for (const char *p = f->buf_end; p > f->buf_start; p--) {
+        if (p[-1] != ' ' && p[-1] != '\t') {
+            f->prev_last = p[-1];
+            break;
+        }
+    }
+}
 
 void pcr_fold_field(pcr_fold_t *f) { f->in_value = 0; }
 
@@ -85,6 +99,16 @@ int pcr_fold_value(pcr_fold_t *f, const char *at, size_t len)
 {
     if (f->in_value && !(at == f->buf_start && f->prev_at_end))
         return -1;
+    if (!f->in_value && len > 0) {
+        /* A value begins after the colon and optional whitespace; a line feed in between is a
+         * fold. (An empty value is reported with len 0 at the next line: not a fold.) */
+        const char *p = at;
+        while (p > f->buf_start && (p[-1] == ' ' || p[-1] == '\t'))
+            p--;
+        char before = p > f->buf_start ? p[-1] : f->prev_last;
+        if (before == '\n')
+            return -1;
+    }
     f->in_value = 1;
     f->val_end = at + len;
     return 0;

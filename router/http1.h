@@ -22,16 +22,22 @@ int pcr_http_te_is_chunked(const char *v, size_t len);
  * compared case-insensitively, exactly as parsed. */
 int pcr_http_hop_by_hop(const char *name, size_t len, const char *connection_values);
 
-/* Line folding (obs-fold) shows up from http-parser only as a second piece of the same field
- * value. A second piece is legitimate only when the previous read ended inside the value and
- * the next one starts with its rest; the tracker tells the two apart. */
+/* Line folding (obs-fold) shows up from http-parser in two ways: as a second piece of the same
+ * field value, or, when the fold comes before any of the value ("Name:\r\n value"), as a
+ * value whose first byte follows a line feed and whitespace (http-parser skips them as leading
+ * whitespace). A second piece is legitimate only when the previous read ended inside the value
+ * and the next one starts with its rest; the tracker tells the two apart, and remembers the
+ * last byte of the previous read for a value that starts a read. */
 typedef struct {
     const char *buf_start, *buf_end;   /* the bytes of the current http_parser_execute() */
     const char *val_end;               /* where the last value piece ended */
     int in_value;                      /* a value is open (no field name since) */
     int prev_at_end;                   /* the previous read ended exactly where a value piece did */
+    char prev_last;                    /* last byte other than SP/HT of the earlier reads */
 } pcr_fold_t;
 
+/* Forgets the value state at a message's start; the bounds of the read in progress are kept
+ * (a message may begin in the middle of one read, and its values go on into the next). */
 void pcr_fold_reset(pcr_fold_t *f);
 /* Before each http_parser_execute(buf, len). */
 void pcr_fold_begin(pcr_fold_t *f, const char *buf, size_t len);

@@ -1,11 +1,16 @@
 /* router/log.h: leveled logging to stderr, one line per event, with a UTC timestamp.
- * The access log (one line per request) goes through the same writer. */
+ * The access log (one line per request) has a writer of its own (accesslog.h). */
 #ifndef PCR_ROUTER_LOG_H
 #define PCR_ROUTER_LOG_H
 
 #include "config.h"
 
+#include <stddef.h>
+
 void pcr_log_set_level(pcr_log_level_t level);
+/* The time as every log line starts with it, "2026-01-31T12:00:00.123Z" (UTC, ms); returns
+ * its length. */
+size_t pcr_log_time(char *buf, size_t cap);
 int pcr_log_enabled(pcr_log_level_t level);
 void pcr_log(pcr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

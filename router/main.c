@@ -15,10 +15,14 @@
 #include <event2/event.h>
 #include <openssl/ssl.h>
 
+#include "accesslog.h"
 #include "backend.h"
 #include "bus.h"
+#include "discovery.h"
+#include "dns.h"
 #include "config.h"
 #include "log.h"
+#include "reload.h"
 #include "session.h"
 #include "share.h"
 #include "sock.h"
@@ -27,12 +31,6 @@
 
 #define PCR_VERSION "0.1.0"
 
-uint64_t pcr_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
 {
@@ -55,8 +53,20 @@ static void on_workers_done(evutil_socket_t fd, short what, void *arg)
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     pcr_server_t *srv = arg;
-    pcr_log_warn("SIGHUP: reloading the config is not supported yet; still running with %s",
-                 srv->cfg->path);
+    if (PCR_LOAD(srv->draining)) {
+        pcr_log_warn("SIGHUP while draining: no reload");
+        return;
+    }
+    pcr_reload_start(srv);
+}
+
+/* Log rotation: the access log's writer reopens its file (the renamed one keeps every line
+ * written before). */
+static void on_usr1(evutil_socket_t sig, short what, void *arg)
+{
+    pcr_server_t *srv = arg;
+    pcr_log_info("SIGUSR1: reopening the access log");
+    pcr_accesslog_reopen(srv->access_log, NULL);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -75,8 +85,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
                  (unsigned long long)inflight, srv->cfg->timeouts.drain_ms);
     pcr_workers_drain(srv);
     pcr_share_drain(srv->share);
-    for (size_t i = 0; i < srv->nbackends; i++)
-        pcr_upstream_close_idle(&srv->check_pools[i]);
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be != NULL)
+            pcr_upstream_close_idle(be->check_pool);
+    }
     unsigned ms = srv->cfg->timeouts.drain_ms;
     struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
@@ -140,26 +153,43 @@ static int run(const char *path)
     pcr_log_set_level(srv.cfg->log.level);
     signal(SIGPIPE, SIG_IGN);
     srv.nworkers = worker_count(srv.cfg);
-    /* The control loop gets no epoll changelist (pcr_sock_base_new's hot-path shortcut):
-     * hiredis closes a socket right after deleting its events, and with the changelist the
-     * epoll_ctl would come later, when a worker may already have been given the same fd
-     * number by accept(). */
+    /* The control loop gets no epoll changelist (pcr_sock_base_new's hot-path shortcut; it
+     * runs checks, scrapes, lookups and the Redis link, no hot path): hiredis closes a socket
+     * right after deleting its events, and with the changelist the epoll_ctl would come after
+     * the close, when a worker may already have been given the same fd number. That is
+     * harmless (test/tsan.supp says why) but avoidable here, so it is avoided. */
     srv.base = event_base_new();
     srv.bus = pcr_bus_new(srv.nworkers);
     if (srv.base == NULL || srv.bus == NULL || pipe2(srv.wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
         pcr_log_error("cannot start: out of memory");
         goto out;
     }
-    if (pcr_backends_init(&srv) < 0 || pcr_listeners_bind(&srv) < 0)
+    char al_err[512];
+    srv.access_log = pcr_accesslog_new(srv.cfg->log.access_log_path, srv.nworkers,
+                                       PCR_ACCESSLOG_QUEUE_BYTES, al_err, sizeof(al_err));
+    if (srv.access_log == NULL) {
+        pcr_log_error("cannot start: log.access_log_path: %s", al_err);
+        goto out;
+    }
+    char dns_err[256];
+    srv.dns = pcr_dns_new(srv.base, srv.cfg->dns.nameservers, srv.cfg->dns.nnameservers,
+                          srv.cfg->dns.timeout_ms, dns_err, sizeof(dns_err));
+    if (srv.dns == NULL) {
+        pcr_log_error("cannot start: %s", dns_err);
+        goto out;
+    }
+    if (pcr_backends_init(&srv) < 0 ||
+        (srv.listen_plan = pcr_listen_plan_new(&srv, srv.cfg, NULL)) == NULL)
         goto out;
     srv.sig_term = evsignal_new(srv.base, SIGTERM, on_signal, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, on_signal, &srv);
     srv.sig_hup = evsignal_new(srv.base, SIGHUP, on_hup, &srv);
+    srv.sig_usr1 = evsignal_new(srv.base, SIGUSR1, on_usr1, &srv);
     srv.workers_done = event_new(srv.base, srv.wake_fd[0], EV_READ, on_workers_done, &srv);
     if (srv.sig_term == NULL || srv.sig_int == NULL || srv.sig_hup == NULL ||
-        srv.workers_done == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
+        srv.sig_usr1 == NULL || srv.workers_done == NULL || evsignal_add(srv.sig_term, NULL) < 0 ||
         evsignal_add(srv.sig_int, NULL) < 0 || evsignal_add(srv.sig_hup, NULL) < 0 ||
-        event_add(srv.workers_done, NULL) < 0)
+        evsignal_add(srv.sig_usr1, NULL) < 0 || event_add(srv.workers_done, NULL) < 0)
         goto out;
     /* The bus tap must be on before a worker publishes anything. */
     if (pcr_share_new(&srv, &srv.share) < 0) {
@@ -170,8 +200,10 @@ static int run(const char *path)
         goto out;
     started = 1;
     pcr_share_start(srv.share);
+    pcr_discovery_start(&srv);
     pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s, %u worker(s)", PCR_VERSION,
-                 srv.nbackends, pcr_policy_kind_name(srv.cfg->routing.policy), srv.nworkers);
+                 pcr_backends_count(&srv), pcr_policy_kind_name(srv.cfg->routing.policy),
+                 srv.nworkers);
     event_base_dispatch(srv.base);
     rc = 0;
 out:
@@ -182,8 +214,20 @@ out:
         pcr_log_info("stopped");
     }
     PCR_STORE(srv.draining, 1);
+    /* Before the resolvers go: the link's own lookups are cancelled first (dns.c). */
     pcr_share_free(srv.share);
-    pcr_listeners_unbind(&srv);
+    srv.share = NULL;
+    pcr_discovery_stop(&srv);
+    pcr_reload_dispose(&srv);
+    /* evdns calls back for the lookups just cancelled from a later loop turn, and only then
+     * can the resolver go (dns.c): a few turns of the loop, with nothing else left to do. */
+    pcr_dns_free(srv.dns);
+    srv.dns = NULL;
+    if (srv.drain_timer)
+        event_del(srv.drain_timer);
+    for (int turn = 0; turn < 100 && pcr_dns_retiring() > 0; turn++)
+        event_base_loop(srv.base, EVLOOP_NONBLOCK);
+    pcr_listen_plan_free(srv.listen_plan);
     pcr_backends_dispose(&srv);
     pcr_bus_free(srv.bus);
     if (srv.sig_term)
@@ -192,6 +236,10 @@ out:
         event_free(srv.sig_int);
     if (srv.sig_hup)
         event_free(srv.sig_hup);
+    if (srv.sig_usr1)
+        event_free(srv.sig_usr1);
+    /* After the workers: every line they queued is written before the file closes. */
+    pcr_accesslog_free(srv.access_log);
     if (srv.workers_done)
         event_free(srv.workers_done);
     if (srv.drain_timer)

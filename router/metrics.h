@@ -9,12 +9,35 @@
 #include "pcr/policy.h"
 
 #define PCR_HIST_BUCKETS 16
+#define PCR_LABEL_MAX 256   /* a label value once escaped; longer ones are cut */
+
+/* A histogram's buckets: upper bounds in the unit values are observed in (microseconds,
+ * nanoseconds, tokens), ascending, and how many of that unit make one of the unit rendered
+ * (1e6 for microseconds shown as seconds). */
+typedef struct {
+    int64_t le[PCR_HIST_BUCKETS];
+    size_t n;
+    double scale;
+} pcr_hist_spec_t;
+
+extern const pcr_hist_spec_t pcr_hist_latency_us;   /* 5 ms .. 10 min, rendered in seconds */
+extern const pcr_hist_spec_t pcr_hist_decision_ns;  /* 1 us .. 100 ms, rendered in seconds */
+extern const pcr_hist_spec_t pcr_hist_tokens_error; /* -65536 .. 65536 tokens */
 
 typedef struct {
-    uint64_t counts[PCR_HIST_BUCKETS + 1];  /* last one is +Inf */
-    uint64_t sum_us;
+    uint64_t counts[PCR_HIST_BUCKETS + 1];  /* counts[spec->n] is +Inf */
+    int64_t sum;                            /* may go negative (the prediction error) */
     uint64_t total;
 } pcr_hist_t;
+
+/* The phases of a routing decision, timed in exchange.c. */
+typedef enum {
+    PCR_PHASE_PARSE = 0,   /* the request body's JSON, into canonical prompt bytes */
+    PCR_PHASE_HASH,        /* the chained block hashes of the prefix key */
+    PCR_PHASE_DECIDE,      /* the policy: index match, costs, bounded loads */
+    PCR_PHASE_TOTAL,       /* all of it, from the body's parse to the chosen backend */
+    PCR_PHASE__COUNT
+} pcr_phase_t;
 
 /* One worker's counters. Only that worker writes them (PCR_INC, server.h); /metrics, rendered
  * by whichever worker got the scrape, sums every worker's with relaxed loads. */
@@ -24,6 +47,7 @@ typedef struct {
     uint64_t prefix_blocks;                      /* blocks of routed prompts */
     uint64_t prefix_blocks_matched;              /* of those, held by the chosen backend */
     uint64_t retries;
+    uint64_t panic_routes;                       /* sent while every candidate was out */
     uint64_t client_connections_total;
     uint64_t connections_evicted;                /* closed at the limit to make room */
     uint64_t connections_refused;                /* closed at accept: limit, draining */
@@ -33,12 +57,15 @@ typedef struct {
     uint64_t write_timeouts;                     /* clients that accepted no bytes in time */
     uint64_t responses_aborted;                  /* broken after their head went out */
     uint64_t index_bytes;                        /* this worker's replica, set on its tick */
-    pcr_hist_t duration;                         /* request start -> response end */
-    pcr_hist_t ttfb;                             /* request start -> first response byte */
+    uint64_t index_evictions;                    /* its evictions, added up on its tick */
+    pcr_hist_t duration;                         /* request start -> response end (us) */
+    pcr_hist_t ttfb;                             /* request start -> first response byte (us) */
+    pcr_hist_t decision[PCR_PHASE__COUNT];       /* routing decision phases (ns) */
+    pcr_hist_t cached_error;                     /* predicted - delivered cached tokens */
 } pcr_metrics_t;
 
-/* Records one duration in microseconds (owner thread only). */
-void pcr_hist_observe(pcr_hist_t *h, uint64_t us);
+/* Records one value in the unit of `spec` (owner thread only). */
+void pcr_hist_observe(pcr_hist_t *h, const pcr_hist_spec_t *spec, int64_t v);
 
 /* Counts `status` in a per-code array of 600 (100..599); anything else, which only a
  * malformed peer could produce, lands in slot 0 ("other") instead of outside the array. The

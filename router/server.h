@@ -36,6 +36,17 @@ typedef struct pcr_worker pcr_worker_t;
 typedef struct pcr_bus pcr_bus_t;
 typedef struct pcr_share pcr_share_t;
 
+/* What the workers' listeners are to be (conn.c): for each config listener, the running
+ * listener to keep (its sockets), or new sockets, one per worker, bound by the main thread; and
+ * each one's TLS context, shared by the workers. Made at start and at each reload. */
+typedef struct pcr_listen_plan {
+    size_t n;
+    unsigned nworkers;
+    int *keep;                    /* [n]: index of the running listener kept, or -1 */
+    int *fds;                     /* [n * nworkers]: new sockets, -1 once a worker took one */
+    SSL_CTX **ctx;                /* [n]: NULL for plain */
+} pcr_listen_plan_t;
+
 /* Relaxed atomics for counters and gauges shared between threads: a single writer (or
  * several, for the RMW forms) and readers that only need some recent value. */
 #define PCR_LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
@@ -46,20 +57,41 @@ typedef struct pcr_share pcr_share_t;
 #define PCR_INC(x) PCR_STORE(x, PCR_LOAD(x) + 1)
 #define PCR_BUMP(x, v) PCR_STORE(x, PCR_LOAD(x) + (v))
 
+typedef struct pcr_dns pcr_dns_t;
+typedef struct pcr_reload pcr_reload_t;
+typedef struct pcr_accesslog pcr_accesslog_t;
+struct pcr_watch;
+
+/* A reload's new config and listeners, waiting for every worker to take them (reload.c). */
+typedef struct {
+    pcr_config_t *cfg;
+    pcr_listen_plan_t *plan;
+    uint64_t gen;
+    pcr_config_t *old_cfg;        /* freed once every worker switched */
+    pcr_listen_plan_t *old_plan;
+} pcr_switch_t;
+
 typedef struct pcr_server {
     pcr_config_t *cfg;
-    pcr_backend_t *backends;      /* cfg->nbackends of them, in config order (= policy ids) */
-    size_t nbackends;
+    /* Backends by slot (= policy id), PCR_MAX_BACKENDS of them, NULL for an empty slot; read
+     * with pcr_backend_at() (backend.h). Slots below `nslots` (atomic) may be in use. */
+    pcr_backend_t **backends;
+    size_t nslots;
+    char *slot_taken;             /* control thread: the slot's backend is not freed yet */
+    LIST_HEAD(, pcr_backend) retired;  /* left, freed once nothing holds them */
+    uint64_t epoch;               /* atomic: retirements; workers publish the last they saw */
     pcr_worker_t *workers;
     unsigned nworkers;
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
+    pcr_accesslog_t *access_log;  /* the access log's writer (accesslog.h) */
     pcr_share_t *share;           /* the index shared with other replicas (share.c), or NULL */
     int share_loading;            /* atomic: a cold start loads the shared index; /health 503 */
 
     /* The control loop, on the main thread. */
     struct event_base *base;
-    pcr_pool_t *check_pools;      /* one per backend: health checks and scrapes */
-    struct event *sig_term, *sig_int, *sig_hup;
+    struct event *probe_tick;     /* probes of ejected backends (backend.c) */
+    struct event *scrape_tick;    /* the pods' metrics (scrape.c) */
+    struct event *sig_term, *sig_int, *sig_hup, *sig_usr1;
     struct event *drain_timer;
     struct event *workers_done;   /* the last worker to stop wakes the control loop */
     int draining;                 /* SIGTERM seen (atomic: workers read it) */
@@ -68,8 +100,20 @@ typedef struct pcr_server {
 
     /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
     size_t body_buffered;         /* atomic */
-    SSL_CTX **tls_ctx;            /* per listener (NULL for plain), shared by the workers */
-    int *listen_fds;              /* [listener * nworkers + worker], bound by the main thread */
+    const void *body_exempt;      /* atomic: the one request allowed past the budget, or NULL */
+    pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
+
+    /* Names, DNS discovery and reloads (control thread). */
+    pcr_dns_t *dns;
+    struct pcr_watch *watches;    /* one per discovery entry */
+    size_t nwatches;
+    uint64_t discovery_lookups, discovery_failures;  /* atomic */
+    pcr_reload_t *reload;         /* in progress */
+    int reload_again;             /* a SIGHUP came during one */
+    pcr_switch_t *pending_switch; /* atomic: what the workers switch to at 'R' */
+    pcr_switch_t *switching;      /* control: waiting for every worker */
+    uint64_t cfg_gen;             /* atomic: reloads applied */
+    uint64_t reloads_ok, reloads_failed;  /* atomic */
 } pcr_server_t;
 
 /* A session waiting for request-body budget: `resume` runs from its worker's loop once some was
@@ -87,8 +131,13 @@ struct pcr_worker {
     pthread_t thread;
     struct event_base *base;
     pcr_policy_t *policy;         /* this worker's replica */
-    pcr_pool_t *pools;            /* one per backend: this worker's upstream connections */
+    pcr_pool_t **pools;           /* by backend slot: this worker's upstream connections */
+    size_t npools;
+    uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
+    uint64_t cfg_gen;             /* the reload this worker runs (atomic) */
     pcr_metrics_t metrics;        /* written by this worker only */
+    uint64_t evictions_seen;      /* the policy's eviction count at the last tick, */
+    const pcr_policy_t *evictions_policy; /* of this replica (a new one counts from 0) */
     struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
     size_t nlisteners;
     int spare_fd;                 /* given back to accept one connection when out of fds */
@@ -99,7 +148,7 @@ struct pcr_worker {
     TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
     struct event *budget_event;
     int draining;
-    int stopped;                  /* the loop has ended */
+    int stopped;                  /* the loop has ended (atomic) */
 
     /* Cross-thread: commands through a pipe (rare: drain, stop), index updates through the
      * inbox (bus.c), drained by `tick` too so an idle worker does not fall behind. */
@@ -108,14 +157,27 @@ struct pcr_worker {
     struct event *tick;
 };
 
+/* Every request may buffer this much of its body whatever the budget: an HTTP/2 stream's
+ * initial window, and as much for an HTTP/1.1 request, so that uploads holding the budget
+ * cannot stall the small requests (most prompts) of other clients. */
+#define PCR_BODY_FREE_BYTES (1024 * 1024)
+
 /* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
-int pcr_server_body_budget_ok(const pcr_server_t *srv);
+int pcr_worker_body_budget_ok(const pcr_worker_t *w);
+/* Whether the body of request `req` (an exchange) may grow. Under the budget, any may. Past
+ * it, one request at a time in the process still may (the first to ask, until it is freed): a
+ * budget filled by partial bodies, none of which could complete, would otherwise stall every
+ * upload until each timed out. The overshoot is at most one limits.max_body_bytes. */
+int pcr_worker_body_may_grow(pcr_worker_t *w, const void *req);
+/* `req` is being freed: it stops being the request allowed past the budget. */
+void pcr_worker_body_forget(pcr_worker_t *w, const void *req);
 void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta);
 void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 
-/* Monotonic time in microseconds. */
+/* Monotonic time in microseconds, and in nanoseconds (same clock). */
 uint64_t pcr_now_us(void);
+uint64_t pcr_now_ns(void);
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
  * nothing is left. */
@@ -125,8 +187,13 @@ void pcr_worker_check_drained(pcr_worker_t *w);
 int pcr_workers_start(pcr_server_t *srv);
 void pcr_workers_drain(pcr_server_t *srv);
 void pcr_workers_stop(pcr_server_t *srv);
+/* 'D' drain, 'S' stop, 'R' take srv->pending_switch. */
+void pcr_workers_command(pcr_server_t *srv, char cmd);
 void pcr_workers_join(pcr_server_t *srv);
 /* Before a decision: apply what the other workers learned since the last one. */
 void pcr_worker_sync(pcr_worker_t *w);
+/* This worker's pool of connections to `be` (made on first use; it holds a reference). NULL
+ * when out of memory. */
+pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be);
 
 #endif

@@ -41,12 +41,14 @@ void pcr_session_set_waiting(pcr_session_t *s, int waiting);
 int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock);
 int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock);
 
-/* Listeners (conn.c). The main thread binds one socket per listener and worker, and loads the
- * TLS contexts; each worker then accepts on its own sockets: TLS handshake and ALPN, h2c preface
- * detection. */
-int pcr_listeners_bind(pcr_server_t *srv);
-void pcr_listeners_unbind(pcr_server_t *srv);  /* what no worker took, and the TLS contexts */
-int pcr_listeners_start(pcr_worker_t *w);
+/* Listeners (conn.c). The main thread makes a plan (binds one socket per new listener and
+ * worker, loads the TLS contexts; `old`: the config whose listeners run now, NULL at start);
+ * each worker adopts it (keeps, opens, closes its listeners) and then accepts on its own
+ * sockets: TLS handshake and ALPN, h2c preface detection. */
+pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cfg,
+                                       const pcr_config_t *old);
+void pcr_listen_plan_free(pcr_listen_plan_t *plan);  /* sockets no worker took, TLS contexts */
+int pcr_listeners_adopt(pcr_worker_t *w, pcr_listen_plan_t *plan, const pcr_config_t *cfg);
 void pcr_listeners_stop(pcr_worker_t *w);      /* stop accepting */
 void pcr_listeners_free(pcr_worker_t *w);
 

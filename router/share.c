@@ -8,6 +8,7 @@
  *   C:stream            a stream, XADD MAXLEN ~ redis.stream_maxlen, field "b" = one batch
  *   C:snapshot:<id>     replica <id>'s snapshot (16 hex digits), SET PX redis.snapshot_ttl_ms
  *   C:snapshots         sorted set of the replica ids with a snapshot, scored by expiry (ms) */
+#include <arpa/inet.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,8 +103,7 @@ static void send_batch(pcr_share_t *s)
     uint32_t nops = pcr_share_enc_count(&s->enc);
     if (nops == 0)
         return;
-    pcr_share_hdr_t h = {0, (uint32_t)s->srv->cfg->routing.block_bytes, s->replica,
-                         pcr_share_wall_ms()};
+    pcr_share_hdr_t h = {0, (uint32_t)s->block_bytes, s->replica, pcr_share_wall_ms()};
     unsigned char *blob;
     size_t len;
     if (pcr_share_enc_finish(&s->enc, &h, &blob, &len) < 0)
@@ -128,11 +128,15 @@ static void add_op(pcr_share_t *s, pcr_share_opcode_t op, int backend, const pcr
         PCR_INC(s->m.dropped);
 }
 
-/* What a worker learned, from the tap: into the table, and into the batch. */
+/* What a worker learned, from the tap: into the table, and into the batch. The slot's name is
+ * the one pcr_share_sync_slots saw just before the tap was drained; an update a worker made
+ * for a backend that left its slot within that flush interval is taken for the new one's (the
+ * workers' own replicas have the same window: a hint, at worst a cold decision). */
 static void on_tap(const pcr_bus_msg_t *m, void *arg)
 {
     pcr_share_t *s = arg;
-    if (m->backend < 0 || (size_t)m->backend >= s->nbackends || m->key->nblocks == 0)
+    if (m->backend < 0 || (size_t)m->backend >= s->nseen || s->names[m->backend] == NULL ||
+        m->key->nblocks == 0 || m->key->nblocks > s->max_blocks)
         return;
     if (m->op == PCR_BUS_OP_COMMIT) {
         pcr_share_table_commit(s->table, (unsigned)m->backend, m->key->blocks, m->key->nblocks,
@@ -145,38 +149,107 @@ static void on_tap(const pcr_bus_msg_t *m, void *arg)
     }
 }
 
+/* ---- following the backends ---------------------------------------------------------- */
+
 /* The table keeps, for each backend, about what its pod can hold: its KV capacity (reported,
  * else configured) in blocks, twice over, since a prefix two keys share counts twice there. */
 #define TABLE_SLACK 2
 
-static void watch_backends(pcr_share_t *s)
+/* Slot `i` now holds `be` (or nothing): what the table knew of the slot goes. */
+static void slot_changed(pcr_share_t *s, size_t i, const pcr_backend_t *be)
+{
+    /* The names are the batch's: none may change under ops already in it. */
+    send_batch(s);
+    pcr_share_table_reset(s->table, (unsigned)i);
+    free((void *)s->names[i]);
+    s->names[i] = NULL;
+    s->slots[i] = (share_slot_t){0};
+    if (be == NULL)
+        return;
+    s->names[i] = strdup(be->conf.name);
+    if (s->names[i] == NULL)
+        return;   /* out of memory: the slot is not shared until the backend changes */
+    s->slots[i].be = be;
+    s->slots[i].restarts = PCR_LOAD(((pcr_backend_t *)be)->restarts);
+}
+
+/* routing.block_bytes or max_prefix_bytes changed (a reload): the workers start afresh with
+ * keys of the new size (bus.c), and so does the table. */
+static void follow_routing(pcr_share_t *s)
 {
     const pcr_config_t *cfg = s->srv->cfg;
-    for (size_t i = 0; i < s->nbackends; i++) {
-        pcr_backend_t *be = &s->srv->backends[i];
-        /* A backend that went down lost its entries in every worker (backend.c); the
-         * snapshot forgets them too. */
-        int up = PCR_LOAD(be->up);
-        if (s->was_up[i] && !up)
+    size_t bb = cfg->routing.block_bytes, mp = cfg->routing.max_prefix_bytes;
+    if (bb == s->block_bytes && mp == s->max_prefix_bytes)
+        return;
+    size_t max_blocks = (mp + bb - 1) / bb;
+    uint64_t *kbuf = realloc(s->kbuf, max_blocks * sizeof(*kbuf));
+    if (kbuf == NULL)
+        return;   /* tried again at the next flush */
+    send_batch(s);
+    s->kbuf = kbuf;
+    s->max_blocks = max_blocks;
+    if (s->block_bytes != 0) {
+        pcr_log_info("share: routing.block_bytes or max_prefix_bytes changed: this replica's "
+                     "shared entries start afresh");
+        for (size_t i = 0; i < s->nseen; i++)
             pcr_share_table_reset(s->table, (unsigned)i);
-        s->was_up[i] = up;
-        uint64_t tokens = PCR_LOAD(be->pod_cache_tokens);
-        if (tokens == 0)
-            tokens = be->conf->capacity_tokens;
-        uint64_t blocks = tokens > UINT64_MAX / (4 * TABLE_SLACK)
-                              ? UINT64_MAX
-                              : tokens * 4 / cfg->routing.block_bytes * TABLE_SLACK;
-        if (blocks != s->caps[i]) {
-            s->caps[i] = blocks;
+    }
+    s->block_bytes = bb;
+    s->max_prefix_bytes = mp;
+}
+
+void pcr_share_sync_slots(pcr_share_t *s)
+{
+    pcr_server_t *srv = s->srv;
+    follow_routing(s);
+    size_t n = pcr_backend_slots(srv);
+    if (n > PCR_MAX_BACKENDS)
+        n = PCR_MAX_BACKENDS;
+    uint64_t now = pcr_now_us();
+    uint64_t keep = (uint64_t)srv->cfg->routing.unavailable_keep_ms * 1000;
+    for (size_t i = 0; i < (n > s->nseen ? n : s->nseen); i++) {
+        pcr_backend_t *be = i < n ? pcr_backend_at(srv, i) : NULL;
+        share_slot_t *sl = &s->slots[i];
+        /* A backend's name never changes; another name is another backend, even at an
+         * address the allocator gave again. */
+        if ((const void *)be != sl->be || (be != NULL && (s->names[i] == NULL ||
+                                                          strcmp(be->conf.name, s->names[i]) != 0)))
+            slot_changed(s, i, be);
+        if (be == NULL || s->names[i] == NULL)
+            continue;
+        /* Down is not forgotten (pcr_policy_backend_state): a pod unreachable for a while
+         * still holds its cache. A restart empties it; unavailable past unavailable_keep_ms,
+         * it is dropped as the workers drop it. */
+        uint64_t restarts = PCR_LOAD(be->restarts);
+        if (restarts != sl->restarts) {
+            sl->restarts = restarts;
+            pcr_share_table_reset(s->table, (unsigned)i);
+        }
+        if (PCR_LOAD(be->up) && !pcr_backend_ejected(be, now)) {
+            sl->down_since_us = 0;
+            sl->expired = 0;
+        } else if (sl->down_since_us == 0) {
+            sl->down_since_us = now ? now : 1;
+        } else if (!sl->expired && now - sl->down_since_us >= keep) {
+            sl->expired = 1;
+            pcr_share_table_reset(s->table, (unsigned)i);
+        }
+        pcr_backend_desc_t d;
+        pcr_backend_desc(be, &d);
+        uint64_t blocks = d.capacity_blocks > UINT64_MAX / TABLE_SLACK
+                              ? UINT64_MAX : d.capacity_blocks * TABLE_SLACK;
+        if (blocks != sl->cap) {
+            sl->cap = blocks;
             pcr_share_table_set_capacity(s->table, (unsigned)i, blocks ? blocks : 1);
         }
     }
+    s->nseen = n;
 }
 
 static void on_flush(evutil_socket_t fd, short what, void *arg)
 {
     pcr_share_t *s = arg;
-    watch_backends(s);
+    pcr_share_sync_slots(s);
     pcr_bus_drain_tap(s->srv->bus, on_tap, s);
     send_batch(s);
     PCR_STORE(s->m.table_entries, pcr_share_table_count(s->table));
@@ -234,15 +307,18 @@ static char *key_of(const char *channel, const char *suffix)
 int pcr_share_new(pcr_server_t *srv, pcr_share_t **out)
 {
     *out = NULL;
-    const pcr_redis_conf_t *rc = &srv->cfg->redis;
-    if (!rc->enabled)
+    if (!srv->cfg->redis.enabled)
         return 0;
     pcr_share_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return PCR_ERR_NOMEM;
     s->srv = srv;
-    s->rc = rc;
-    s->nbackends = srv->nbackends;
+    s->rc = &s->conf;
+    if (pcr_redis_conf_copy(&s->conf, &srv->cfg->redis) < 0) {
+        free(s);
+        return PCR_ERR_NOMEM;
+    }
+    const pcr_redis_conf_t *rc = s->rc;
     if (getrandom(&s->replica, sizeof s->replica, GRND_NONBLOCK) != sizeof s->replica)
         s->replica = pcr_now_us() ^ ((uint64_t)getpid() << 40) ^ pcr_share_wall_ms() << 20;
     snprintf(s->self_hex, sizeof s->self_hex, "%016" PRIx64, s->replica);
@@ -252,36 +328,39 @@ int pcr_share_new(pcr_server_t *srv, pcr_share_t **out)
     s->k_index = key_of(rc->channel, "snapshots");
     s->k_self = key_of(rc->channel, self);
     s->snap_prefix_len = strlen(rc->channel) + strlen(":snapshot:");
-    s->names = calloc(s->nbackends, sizeof(*s->names));
-    s->was_up = calloc(s->nbackends, sizeof(*s->was_up));
-    s->caps = calloc(s->nbackends, sizeof(*s->caps));
-    s->max_blocks = (srv->cfg->routing.max_prefix_bytes + srv->cfg->routing.block_bytes - 1) /
-                    srv->cfg->routing.block_bytes;
-    s->kbuf = malloc(s->max_blocks * sizeof(*s->kbuf));
-    s->table = pcr_share_table_new(s->nbackends, rc->snapshot_max_bytes, s->replica);
+    s->names = calloc(PCR_MAX_BACKENDS, sizeof(*s->names));
+    s->slots = calloc(PCR_MAX_BACKENDS, sizeof(*s->slots));
+    s->table = pcr_share_table_new(PCR_MAX_BACKENDS, rc->snapshot_max_bytes, s->replica);
+    /* A host given by name is resolved as the backends' are, through dns.nameservers (as at
+     * start: the link keeps its resolver), never blocking the loop. */
+    unsigned char tmp[sizeof(struct in6_addr)];
+    int numeric = inet_pton(AF_INET, rc->host, tmp) == 1 || inet_pton(AF_INET6, rc->host, tmp) == 1;
+    if (!numeric) {
+        char err[256];
+        s->dns = pcr_dns_new(srv->base, srv->cfg->dns.nameservers, srv->cfg->dns.nnameservers,
+                             srv->cfg->dns.timeout_ms, err, sizeof err);
+        if (s->dns == NULL) {
+            pcr_log_error("share: redis.url: cannot resolve its host: %s", err);
+            pcr_share_free(s);
+            return PCR_ERR_INVAL;
+        }
+    }
     static const pcr_share_link_cbs_t cbs = {on_up, on_down};
-    s->link = pcr_share_link_new(srv->base, rc, &cbs, s);
+    s->link = pcr_share_link_new(srv->base, rc, s->dns, &cbs, s);
     s->flush_timer = event_new(srv->base, -1, EV_PERSIST, on_flush, s);
     s->snap_timer = event_new(srv->base, -1, EV_PERSIST, on_snap_timer, s);
     s->ready_timer = evtimer_new(srv->base, on_ready_timeout, s);
     if (s->k_stream == NULL || s->k_index == NULL || s->k_self == NULL || s->names == NULL ||
-        s->was_up == NULL || s->caps == NULL || s->kbuf == NULL || s->table == NULL || s->link == NULL ||
-        s->flush_timer == NULL || s->snap_timer == NULL || s->ready_timer == NULL) {
+        s->slots == NULL || s->table == NULL || s->link == NULL || s->flush_timer == NULL ||
+        s->snap_timer == NULL || s->ready_timer == NULL ||
+        pcr_share_enc_init(&s->enc, s->names, PCR_MAX_BACKENDS) < 0) {
         pcr_share_free(s);
         return PCR_ERR_NOMEM;
     }
-    for (size_t i = 0; i < s->nbackends; i++) {
-        s->names[i] = srv->backends[i].conf->name;
-        s->was_up[i] = PCR_LOAD(srv->backends[i].up);
-    }
-    watch_backends(s);
-    int rc2 = pcr_share_enc_init(&s->enc, s->names, s->nbackends);
-    if (rc2 < 0) {
-        if (rc2 == PCR_ERR_INVAL)
-            pcr_log_error("share: every backend name must be 1 to %d bytes to be shared",
-                          PCR_SHARE_NAME_MAX);
+    pcr_share_sync_slots(s);
+    if (s->kbuf == NULL) {
         pcr_share_free(s);
-        return rc2;
+        return PCR_ERR_NOMEM;
     }
     pcr_bus_enable_tap(srv->bus);
     s->loaded = rc->ready_timeout_ms == 0;
@@ -353,12 +432,17 @@ void pcr_share_free(pcr_share_t *s)
     pcr_share_enc_dispose(&s->enc);
     pcr_share_table_free(s->table);
     free(s->kbuf);
+    for (size_t i = 0; s->names != NULL && i < PCR_MAX_BACKENDS; i++)
+        free((void *)s->names[i]);
     free(s->names);
-    free(s->was_up);
-    free(s->caps);
+    free(s->slots);
     free(s->k_stream);
     free(s->k_index);
     free(s->k_self);
+    /* After the link: its lookup, if any, is cancelled; the resolver goes once evdns is done
+     * with it (dns.c). */
+    pcr_dns_free(s->dns);
+    pcr_redis_conf_dispose(&s->conf);
     free(s);
 }
 

@@ -57,9 +57,6 @@ int pcr_share_enc_init(pcr_share_enc_t *e, const char *const *names, size_t nnam
     memset(e, 0, sizeof(*e));
     if (nnames > PCR_SHARE_MAX_NAMES)
         return PCR_ERR_INVAL;
-    for (size_t i = 0; i < nnames; i++)
-        if (names[i] == NULL || !name_ok((const unsigned char *)names[i], strlen(names[i])))
-            return PCR_ERR_INVAL;
     e->names = names;
     e->nnames = nnames;
     e->slot = malloc((nnames ? nnames : 1) * sizeof(*e->slot));
@@ -115,6 +112,11 @@ int pcr_share_enc_add(pcr_share_enc_t *e, pcr_share_opcode_t op, unsigned backen
 {
     if (backend >= e->nnames || n == 0 || n > UINT32_MAX || e->nops == UINT32_MAX ||
         (op != PCR_SHARE_COMMIT && op != PCR_SHARE_FORGET) || (op == PCR_SHARE_FORGET && arg > n))
+        return PCR_ERR_INVAL;
+    /* Checked at its first use in the batch: the caller's names may be NULL where unused. */
+    if (e->slot[backend] < 0 && (e->names[backend] == NULL ||
+                                 !name_ok((const unsigned char *)e->names[backend],
+                                          strlen(e->names[backend]))))
         return PCR_ERR_INVAL;
     size_t shared = 0;
     while (shared < n && shared < e->nprev && blocks[shared] == e->prev[shared])

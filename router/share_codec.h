@@ -58,7 +58,9 @@ typedef struct {
 /* ---- the encoder --------------------------------------------------------------------- */
 
 /* One batch being built over the sender's backends, named by id (0..nnames-1). Embedded:
- * pcr_share_enc_init / pcr_share_enc_dispose. A failed add leaves the batch as it was. */
+ * pcr_share_enc_init / pcr_share_enc_dispose. A failed add leaves the batch as it was. The
+ * names array is the caller's: an entry may be NULL where no op uses it, and may change while
+ * the batch is empty (after a reset), never while an op in the batch names it. */
 typedef struct {
     const char *const *names;  /* the sender's backend names, by id; borrowed */
     size_t nnames;
@@ -73,8 +75,7 @@ typedef struct {
     size_t nprev, prev_cap;
 } pcr_share_enc_t;
 
-/* 0, PCR_ERR_NOMEM, or PCR_ERR_INVAL (more than PCR_SHARE_MAX_NAMES names, or a name empty,
- * longer than PCR_SHARE_NAME_MAX or holding a control character). */
+/* 0, PCR_ERR_NOMEM, or PCR_ERR_INVAL (more than PCR_SHARE_MAX_NAMES names). */
 int pcr_share_enc_init(pcr_share_enc_t *e, const char *const *names, size_t nnames);
 void pcr_share_enc_dispose(pcr_share_enc_t *e);
 
@@ -82,7 +83,8 @@ void pcr_share_enc_dispose(pcr_share_enc_t *e);
 void pcr_share_enc_reset(pcr_share_enc_t *e);
 
 /* Appends one op about `backend` and the key blocks[0..n) (n >= 1). 0, PCR_ERR_NOMEM, or
- * PCR_ERR_INVAL (backend out of range, n 0 or over UINT32_MAX, a forget from past n). */
+ * PCR_ERR_INVAL (backend out of range, n 0 or over UINT32_MAX, a forget from past n, or the
+ * backend's name NULL, empty, longer than PCR_SHARE_NAME_MAX or holding a control character). */
 int pcr_share_enc_add(pcr_share_enc_t *e, pcr_share_opcode_t op, unsigned backend,
                       const uint64_t *blocks, size_t n, uint64_t arg);
 

@@ -8,6 +8,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "dns.h"
 #include "share.h"
 #include "share_codec.h"
 #include "share_link.h"
@@ -19,21 +20,35 @@ typedef struct {
     uint64_t table_entries, table_bytes;
 } share_metrics_t;
 
+/* What the sharing knew of one backend slot at its last look (share.c, pcr_share_sync_slots):
+ * backends come and go (a reload, DNS discovery), and a slot's entries in the table are only
+ * ever those of the backend in it now. */
+typedef struct {
+    const void *be;               /* the backend in the slot then: compared, never followed */
+    uint64_t restarts;            /* its pod's restarts the scrape had seen */
+    uint64_t down_since_us;       /* unavailable (down or ejected) since; 0 when available */
+    int expired;                  /* unavailable past routing.unavailable_keep_ms: dropped */
+    uint64_t cap;                 /* its bound in the table, as last set */
+} share_slot_t;
+
 struct pcr_share {
     pcr_server_t *srv;
-    const pcr_redis_conf_t *rc;
+    pcr_redis_conf_t conf;        /* a copy: a reload frees the config it came from */
+    const pcr_redis_conf_t *rc;   /* &conf */
+    pcr_dns_t *dns;               /* resolves a redis host given by name, else NULL */
     pcr_share_link_t *link;
     uint64_t replica;             /* this process's random id */
     char self_hex[17];
     char *k_stream, *k_index, *k_self;
     size_t snap_prefix_len;       /* "C:snapshot:" */
-    const char **names;           /* backend names, by id */
-    int *was_up;                  /* each backend's up state at the last flush */
-    uint64_t *caps;               /* each backend's capacity in the table, as last set */
-    size_t nbackends, max_blocks;
-    uint64_t *kbuf;               /* one decoded key */
+    const char **names;           /* [PCR_MAX_BACKENDS] each slot's backend name (heap), or NULL */
+    share_slot_t *slots;          /* [PCR_MAX_BACKENDS] */
+    size_t nseen;                 /* slots looked at: every one from here on is empty */
+    size_t block_bytes, max_prefix_bytes;   /* routing's, as the table's keys were made */
+    size_t max_blocks;
+    uint64_t *kbuf;               /* one decoded key, max_blocks long */
     pcr_share_table_t *table;
-    pcr_share_enc_t enc;          /* the batch being filled */
+    pcr_share_enc_t enc;          /* the batch being filled (empty outside on_flush) */
     struct event *flush_timer, *snap_timer, *ready_timer;
 
     char last_id[64];             /* the last stream entry read */
@@ -56,6 +71,10 @@ struct pcr_share {
 
 /* share.c */
 uint64_t pcr_share_wall_ms(void);
+/* Brings the table and the slots' names in line with the backends there are now, and with
+ * routing.block_bytes: a slot whose backend changed, restarted, or stayed unavailable past
+ * routing.unavailable_keep_ms loses its entries. Before anything is applied or sent. */
+void pcr_share_sync_slots(pcr_share_t *s);
 /* Counts a rejection and logs it, at most every 10 s with how many were not logged. */
 void pcr_share_reject(pcr_share_t *s, const char *where, const char *why);
 /* A reply nobody needs: an error is logged at debug level. */

@@ -14,11 +14,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <event2/dns.h>
 #include <event2/util.h>
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "dns.h"
 #include "log.h"
 #include "pcr/common.h"
 #include "server.h"
@@ -45,8 +45,8 @@ struct pcr_share_link {
     lstate_t state;
     unsigned gen;               /* bumped when connections are given up */
     conn_t conn[2];
-    struct evdns_base *dns;
-    struct evdns_getaddrinfo_request *dns_req;
+    pcr_dns_t *dns;             /* borrowed; NULL when the host is an address */
+    pcr_dns_query_t *dns_req;
     struct event *tick, *retry, *fail_ev;
     uint64_t attempt_us;        /* start of the current attempt */
     unsigned backoff_ms;
@@ -234,71 +234,52 @@ static void connect_both(pcr_share_link_t *l)
     }
 }
 
-static void on_resolved(int err, struct evutil_addrinfo *res, void *arg)
+static void on_resolved(const pcr_dns_addr_t *addrs, size_t n, int err, const char *errmsg,
+                        void *arg)
 {
     pcr_share_link_t *l = arg;
     l->dns_req = NULL;
-    if (err == EVUTIL_EAI_CANCEL || l->closing || l->state != L_RESOLVING) {
-        if (res)
-            evutil_freeaddrinfo(res);
+    if (l->closing || l->state != L_RESOLVING)
         return;
-    }
-    if (err != 0 || res == NULL) {
-        link_failf(l, "cannot resolve %s: %s", l->rc->host, evutil_gai_strerror(err));
-        if (res)
-            evutil_freeaddrinfo(res);
+    if (err != 0 || n == 0) {
+        link_failf(l, "cannot resolve %s: %s", l->rc->host, err != 0 ? errmsg : "no address");
         return;
     }
     /* IPv4 first, as hiredis itself tries it first: "localhost" is often ::1 too, where a
      * Redis bound to 127.0.0.1 is not. */
-    const struct evutil_addrinfo *ai = res;
-    for (const struct evutil_addrinfo *x = res; x != NULL; x = x->ai_next)
-        if (x->ai_family == AF_INET) {
-            ai = x;
+    const pcr_dns_addr_t *a = &addrs[0];
+    for (size_t i = 0; i < n; i++)
+        if (addrs[i].addr.ss_family == AF_INET) {
+            a = &addrs[i];
             break;
         }
-    const void *a = ai->ai_family == AF_INET6
-                        ? (const void *)&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr
-                        : (const void *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr;
-    if (inet_ntop(ai->ai_family, a, l->addr, sizeof l->addr) == NULL) {
-        evutil_freeaddrinfo(res);
+    const void *ip = a->addr.ss_family == AF_INET6
+                         ? (const void *)&((const struct sockaddr_in6 *)&a->addr)->sin6_addr
+                         : (const void *)&((const struct sockaddr_in *)&a->addr)->sin_addr;
+    if ((a->addr.ss_family != AF_INET && a->addr.ss_family != AF_INET6) ||
+        inet_ntop(a->addr.ss_family, ip, l->addr, sizeof l->addr) == NULL) {
         link_failf(l, "cannot resolve %s: no usable address", l->rc->host);
         return;
     }
-    evutil_freeaddrinfo(res);
     connect_both(l);
 }
 
-/* One attempt: a numeric host is connected to at once, a name resolved first (evdns). */
+/* One attempt: a numeric host is connected to at once, a name resolved first (dns.c: the
+ * answer always comes from the loop, never inside pcr_dns_resolve). */
 static void attempt(pcr_share_link_t *l)
 {
     const char *host = l->rc->host;
-    unsigned char tmp[sizeof(struct in6_addr)];
     l->attempt_us = pcr_now_us();
     l->was_up = 0;
-    if (inet_pton(AF_INET, host, tmp) == 1 || inet_pton(AF_INET6, host, tmp) == 1) {
-        snprintf(l->addr, sizeof l->addr, "%s", host);
+    snprintf(l->addr, sizeof l->addr, "%s", host);
+    if (l->dns == NULL) {
         connect_both(l);
         return;
     }
-    if (l->dns == NULL)
-        l->dns = evdns_base_new(l->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
-                                             EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-    if (l->dns == NULL) {
-        l->state = L_CONNECTING;   /* so that the failure is handled like any other */
-        link_failf(l, "cannot set up name resolution");
-        return;
-    }
     l->state = L_RESOLVING;
-    snprintf(l->addr, sizeof l->addr, "%s", host);
-    struct evutil_addrinfo hints;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    struct evdns_getaddrinfo_request *req =
-        evdns_getaddrinfo(l->dns, host, NULL, &hints, on_resolved, l);
-    if (l->state == L_RESOLVING && !l->failing)
-        l->dns_req = req;   /* NULL when it was answered at once */
+    l->dns_req = pcr_dns_resolve(l->dns, host, l->rc->port, on_resolved, l);
+    if (l->dns_req == NULL)
+        link_failf(l, "cannot resolve %s: out of memory", host);
 }
 
 /* ---- failure, back-off, watchdog ----------------------------------------------------- */
@@ -320,11 +301,8 @@ void pcr_share_link_fail(pcr_share_link_t *l, const char *why) { link_failf(l, "
 
 static void close_conns(pcr_share_link_t *l)
 {
-    if (l->dns_req != NULL) {
-        struct evdns_getaddrinfo_request *req = l->dns_req;
-        l->dns_req = NULL;
-        evdns_getaddrinfo_cancel(req);
-    }
+    pcr_dns_cancel(l->dns_req);   /* no callback follows */
+    l->dns_req = NULL;
     for (int i = 0; i < 2; i++) {
         conn_t *c = &l->conn[i];
         redisAsyncContext *ac = c->ac;
@@ -391,13 +369,14 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 /* ---- life ---------------------------------------------------------------------------- */
 
 pcr_share_link_t *pcr_share_link_new(struct event_base *base, const pcr_redis_conf_t *rc,
-                                     const pcr_share_link_cbs_t *cbs, void *arg)
+                                     pcr_dns_t *dns, const pcr_share_link_cbs_t *cbs, void *arg)
 {
     pcr_share_link_t *l = calloc(1, sizeof(*l));
     if (l == NULL)
         return NULL;
     l->base = base;
     l->rc = rc;
+    l->dns = dns;
     l->cbs = *cbs;
     l->arg = arg;
     l->backoff_ms = rc->reconnect_min_ms;
@@ -427,8 +406,6 @@ void pcr_share_link_free(pcr_share_link_t *l)
     l->closing = 1;
     l->gen++;
     close_conns(l);
-    if (l->dns != NULL)
-        evdns_base_free(l->dns, 0);
     if (l->tick)
         event_free(l->tick);
     if (l->retry)

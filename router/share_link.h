@@ -2,7 +2,7 @@
  * 0.14 async connections on the control thread's event loop, one for commands and one for the
  * stream's blocking reads (XREAD BLOCK holds its connection until it returns).
  *
- * It never blocks: host names are resolved with libevent's evdns, connects are non-blocking,
+ * It never blocks: host names are resolved on the loop (dns.c), connects are non-blocking,
  * and since hiredis 0.14's async API has no timeouts of its own, a watchdog gives every command
  * and connect `timeout_ms` (plus what a blocking command asks for). Any failure closes both
  * connections (every command in flight is answered NULL), reports `on_down` once, and a
@@ -18,6 +18,7 @@
 #include <hiredis/hiredis.h>
 
 #include "config.h"
+#include "dns.h"
 
 typedef struct pcr_share_link pcr_share_link_t;
 
@@ -32,9 +33,11 @@ typedef struct {
  * when the command was lost with its connection (or the link is being freed). */
 typedef void (*pcr_link_reply_fn)(void *arg, redisReply *reply);
 
-/* NULL when out of memory. Nothing happens until pcr_share_link_start. `rc` is borrowed. */
+/* NULL when out of memory. Nothing happens until pcr_share_link_start. `rc` and `dns` are
+ * borrowed and outlive the link; `dns` resolves rc->host, or is NULL when rc->host is an IP
+ * address. */
 pcr_share_link_t *pcr_share_link_new(struct event_base *base, const pcr_redis_conf_t *rc,
-                                     const pcr_share_link_cbs_t *cbs, void *arg);
+                                     pcr_dns_t *dns, const pcr_share_link_cbs_t *cbs, void *arg);
 void pcr_share_link_start(pcr_share_link_t *l);
 /* Closes everything: commands in flight are answered NULL first. NULL is a no-op. */
 void pcr_share_link_free(pcr_share_link_t *l);

@@ -3,8 +3,10 @@
  * that follows a cold start or a gap in the stream (docs/SHARING.md).
  *
  * Every update applied from Redis goes to the workers with pcr_bus_*(PCR_BUS_CONTROL), which
- * the tap does not hand back: nothing is echoed. Backends travel by name; an update for a name
- * this replica does not have, or keyed with another block size, is ignored and counted. Times:
+ * the tap does not hand back: nothing is echoed. Backends travel by name, looked up among the
+ * backends there are when the batch is applied (a reload or DNS discovery may have changed
+ * them since the last one); an update for a name this replica does not have (or no longer
+ * has), or keyed with another block size, is ignored and counted. Times:
  * an update's age travels (the sender's wall clock at sending, plus a snapshot entry's age),
  * and is subtracted from this process's monotonic clock. */
 #include <inttypes.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "bus.h"
 #include "log.h"
 #include "pcr/common.h"
@@ -30,7 +33,9 @@ static uint64_t time_of_age(uint64_t age_ms)
 
 /* ---- applying what others learned ---------------------------------------------------- */
 
-/* Local backend ids for the batch's names (-1: none by that name); NULL when out of memory. */
+/* The slot of each of the batch's names among today's backends (-1: none by that name, or no
+ * longer); NULL when out of memory. Names are looked up as the batch is applied, never kept:
+ * a slot may hold another backend by the next batch. */
 static int *map_names(pcr_share_t *s, const pcr_share_batch_t *b)
 {
     int *map = malloc((b->nnames ? b->nnames : 1) * sizeof(*map));
@@ -38,12 +43,12 @@ static int *map_names(pcr_share_t *s, const pcr_share_batch_t *b)
         return NULL;
     size_t pos = 0, len, k = 0;
     const char *name;
+    char z[PCR_SHARE_NAME_MAX + 1];
     while (pcr_share_next_name(b, &pos, &name, &len)) {
-        map[k] = -1;
-        for (size_t i = 0; i < s->nbackends; i++)
-            if (strlen(s->names[i]) == len && memcmp(s->names[i], name, len) == 0)
-                map[k] = (int)i;
-        k++;
+        memcpy(z, name, len);   /* len <= PCR_SHARE_NAME_MAX: the decoder checked it */
+        z[len] = '\0';
+        pcr_backend_t *be = pcr_backend_find(s->srv, z);
+        map[k++] = be != NULL && (size_t)be->id < s->nseen && s->names[be->id] != NULL ? be->id : -1;
     }
     return map;
 }
@@ -52,7 +57,7 @@ static int *map_names(pcr_share_t *s, const pcr_share_batch_t *b)
  * snapshot (only what the table did not know). Returns the updates applied. */
 static uint64_t apply(pcr_share_t *s, pcr_share_batch_t *b, int snapshot)
 {
-    if (b->hdr.block_bytes != s->srv->cfg->routing.block_bytes) {
+    if (b->hdr.block_bytes != s->block_bytes) {
         PCR_BUMP(s->m.ignored, b->nops);
         return 0;
     }
@@ -174,6 +179,8 @@ static void on_xread(void *arg, redisReply *r)
             st->element[1]->type == REDIS_REPLY_ARRAY) {
             n = st->element[1]->elements;
             uint64_t before = PCR_LOAD(s->m.received);
+            /* Before decoding: the batches are read against today's backends and key size. */
+            pcr_share_sync_slots(s);
             for (size_t i = 0; i < n; i++)
                 read_entry(s, st->element[1]->element[i]);
             s->sync_updates += s->catching_up ? PCR_LOAD(s->m.received) - before : 0;
@@ -230,6 +237,7 @@ static void on_snapshot(void *arg, redisReply *r)
         return;
     if (r->type == REDIS_REPLY_STRING) {
         pcr_share_batch_t b;
+        pcr_share_sync_slots(s);
         const char *why = pcr_share_decode(r->str, r->len, s->max_blocks, &b);
         if (why == NULL && !(b.hdr.flags & PCR_SHARE_F_SNAPSHOT))
             why = "a batch where a snapshot belongs";
@@ -355,7 +363,7 @@ void pcr_share_write_snapshot(pcr_share_t *s, int announce)
     pcr_share_enc_t e;
     if (pcr_share_table_list(s->table, &v, &n) < 0)
         return;
-    if (pcr_share_enc_init(&e, s->names, s->nbackends) < 0) {
+    if (pcr_share_enc_init(&e, s->names, PCR_MAX_BACKENDS) < 0) {
         free(v);
         return;
     }
@@ -367,7 +375,7 @@ void pcr_share_write_snapshot(pcr_share_t *s, int announce)
             break;
     }
     free(v);
-    pcr_share_hdr_t h = {PCR_SHARE_F_SNAPSHOT, (uint32_t)s->srv->cfg->routing.block_bytes,
+    pcr_share_hdr_t h = {PCR_SHARE_F_SNAPSHOT, (uint32_t)s->block_bytes,
                          s->replica, pcr_share_wall_ms()};
     unsigned char *blob;
     size_t len;

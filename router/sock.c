@@ -62,8 +62,17 @@ void pcr_sock_set_write_timeout(pcr_sock_t *s, unsigned ms)
     }
 }
 
+void pcr_sock_shutdown_write(pcr_sock_t *s)
+{
+    if (s->fd >= 0)
+        (void)shutdown(s->fd, SHUT_WR); /* fails only when the peer is already gone */
+}
+
 int pcr_sock_is_tls(const pcr_sock_t *s) { return s->tls; }
 int pcr_sock_alpn_h2(const pcr_sock_t *s) { return s->alpn_h2; }
+
+void pcr_sock_set_admin(pcr_sock_t *s) { s->admin = 1; }
+int pcr_sock_admin(const pcr_sock_t *s) { return s->admin; }
 
 const char *pcr_sock_peer(pcr_sock_t *s)
 {

@@ -78,11 +78,20 @@ void pcr_sock_want_drain(pcr_sock_t *s, size_t low);
  * PCR_SOCK_WRITE_TIMEOUT (0: no limit). */
 void pcr_sock_set_write_timeout(pcr_sock_t *s, unsigned ms);
 
+/* Half-closes the connection once everything written is with the kernel (call it when
+ * pending() is 0): the peer sees the end of the stream while this side can still read what it
+ * keeps sending, so closing later does not reset the connection under a response the peer has
+ * not read yet (a lingering close). TLS sends no close_notify. */
+void pcr_sock_shutdown_write(pcr_sock_t *s);
+
 int pcr_sock_is_tls(const pcr_sock_t *s);
 /* TLS: 1 when ALPN selected "h2". */
 int pcr_sock_alpn_h2(const pcr_sock_t *s);
 /* The peer's address as text ("127.0.0.1:5555"), "-" when unknown. */
 const char *pcr_sock_peer(pcr_sock_t *s);
+/* Accepted on the admin listener (conn.c marks it): it is answered /metrics and /health only. */
+void pcr_sock_set_admin(pcr_sock_t *s);
+int pcr_sock_admin(const pcr_sock_t *s);
 
 /* An event base tuned for the transports: epoll with a changelist. */
 struct event_base *pcr_sock_base_new(void);
@@ -111,6 +120,7 @@ struct pcr_sock {
     size_t drain_low;
     int drain_wanted;
     unsigned write_timeout_ms;
+    int admin;                  /* accepted on the admin listener */
     char peer[64];              /* filled on first use */
 };
 

@@ -1,9 +1,9 @@
 /* router/sock_plain.c: the plain TCP transport (sock.h): a non-blocking fd with its own read
  * and write events and two evbuffers.
  *
- * Reading: one readv(2) per readable event straight into the input buffer's free space (no
+ * Reading: one recvmsg(2) per readable event straight into the input buffer's free space (no
  * FIONREAD ioctl first, as libevent's evbuffer_read makes). Writing: pcr_sock_flush() writes at
- * once with one writev(2); only when the kernel did not take everything is the write event
+ * once with one sendmsg(2) of the output's chains; only when the kernel did not take everything is the write event
  * added, so a request that fits the socket buffer costs no epoll_ctl at all (and with the epoll
  * changelist an add and delete in one loop turn cancel). The write event carries the write
  * timeout, restarted only when bytes actually leave, so a peer that stops reading is caught even
@@ -11,7 +11,11 @@
  *
  * The write event also carries everything reported "from the loop": a write error found inside
  * flush(), the result of a connect, and the drain notification, which is why flush() never calls
- * back into its caller. */
+ * back into its caller.
+ *
+ * recvmsg and sendmsg, not readv and writev: the socket calls skip the VFS layer (file position
+ * lock, iterator setup), a measurable part of the kernel's time per request; MSG_NOSIGNAL
+ * replaces ignoring SIGPIPE. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -28,6 +32,7 @@
 #include "sock.h"
 
 #define READ_SIZE 16384
+#define WRITE_IOV 64               /* chains per sendmsg; the rest goes with the next */
 
 typedef struct {
     pcr_sock_t base;
@@ -82,7 +87,8 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         end(p, PCR_SOCK_ERROR);
         return;
     }
-    ssize_t n = readv(fd, (struct iovec *)v, nv);
+    struct msghdr mh = {.msg_iov = (struct iovec *)v, .msg_iovlen = (size_t)nv};
+    ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT);
     if (n <= 0) {
         evbuffer_commit_space(p->in, v, 0);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -107,7 +113,14 @@ static void write_some(plain_t *p)
         disarm_write(p);
         return;
     }
-    int n = evbuffer_write(p->out, p->base.fd);
+    struct evbuffer_iovec v[WRITE_IOV];
+    int nv = evbuffer_peek(p->out, -1, NULL, v, WRITE_IOV);
+    if (nv > WRITE_IOV)
+        nv = WRITE_IOV;
+    struct msghdr mh = {.msg_iov = (struct iovec *)v, .msg_iovlen = (size_t)nv};
+    ssize_t n = sendmsg(p->base.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0)
+        evbuffer_drain(p->out, (size_t)n);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         p->write_err = errno ? errno : EIO;
         event_active(p->wev, EV_WRITE, 0); /* reported from the loop */

@@ -19,9 +19,9 @@
  * (PCR_UP_PROTOCOL, a 502 when nothing reached the client yet), decided here and only here.
  *
  * Deadlines, one timer per connection: connecting (the transport's connect timeout), waiting
- * for the head (timeouts.response_ms), silence inside a body (timeouts.stream_idle_ms, restarted
- * by every read, stopped while the client side paused reading), idle in the pool
- * (timeouts.upstream_keepalive_ms).
+ * for the head (timeouts.response_ms, from the request: bytes before the head do not restart
+ * it), silence inside a body (timeouts.stream_idle_ms, restarted by every read, stopped while
+ * the client side paused reading), idle in the pool (timeouts.upstream_keepalive_ms).
  *
  * Freeing: a callback may cancel its own request; the connection notices through `req == NULL`
  * after the parser returns, never touching freed memory (one close path, conn_close()). */
@@ -88,15 +88,19 @@ static void conn_close(pcr_upconn_t *c);
 static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r);
 static void req_dispatch(pcr_upreq_t *r);
 
-static const pcr_timeouts_conf_t *tmo(const pcr_backend_t *be) { return &be->srv->cfg->timeouts; }
+/* The timeouts of the thread that owns the pool: a worker's config may be newer than what the
+ * control thread reads (a reload is seen by each thread in turn). */
+static const pcr_timeouts_conf_t *tmo(const pcr_pool_t *pool) { return &(*pool->cfg)->timeouts; }
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
-                   unsigned max_connections, const int *draining)
+                   unsigned max_connections, const int *draining,
+                   const pcr_config_t *const *cfg)
 {
     memset(pool, 0, sizeof(*pool));
     pool->be = be;
     pool->base = base;
     pool->draining = draining;
+    pool->cfg = cfg;
     pool->max_connections = max_connections ? max_connections : 1;
     TAILQ_INIT(&pool->idle);
     TAILQ_INIT(&pool->waiters);
@@ -153,7 +157,7 @@ static void req_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head)
 static int malformed(pcr_upconn_t *c, const char *why)
 {
     if (!c->malformed)
-        pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name, why);
+        pcr_log_warn("backend %s: malformed response: %s", c->be->conf.name, why);
     c->malformed = 1;
     return -1;
 }
@@ -239,7 +243,7 @@ static int on_headers_complete(http_parser *p)
         clen = (int64_t)p->content_length;
     c->got_head = 1;
     /* The response started: from here on, silence is measured by the stream idle timeout. */
-    timer_arm(c, tmo(c->be)->stream_idle_ms);
+    timer_arm(c, tmo(c->pool)->stream_idle_ms);
     r->cbs->on_head(r->ctx, (int)status, hdrs, n, clen);
     return 0;
 }
@@ -294,7 +298,7 @@ static void conn_to_pool(pcr_upconn_t *c)
     }
     /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
     pcr_sock_read_start(c->sock);
-    timer_arm(c, tmo(c->be)->upstream_keepalive_ms);
+    timer_arm(c, tmo(c->pool)->upstream_keepalive_ms);
     TAILQ_INSERT_HEAD(&pool->idle, c, idle_link);
     c->in_idle = 1;
     pool->nidle++;
@@ -311,7 +315,8 @@ static void conn_close(pcr_upconn_t *c)
     pcr_sock_free(c->sock);
     free(c->hbuf);
     free(c);
-    PCR_STORE(pool->nconns, pool->nconns - 1);
+    pool->nconns--;
+    PCR_SUB(pool->be->conns, 1);
     /* A slot freed up: give it to the oldest waiter. */
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
     if (w != NULL && !*pool->draining) {
@@ -346,8 +351,6 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
         req_dispatch(r);
         return;
     }
-    if (err == PCR_UP_CONNECT)
-        pcr_backend_note_failure(r->pool->be);
     req_fail(r, err, got_head);
 }
 
@@ -360,7 +363,6 @@ static void conn_done(pcr_upconn_t *c, int keep)
     r->conn = NULL;
     c->req = NULL;
     req_free(r);
-    pcr_backend_note_success(c->be);
     if (keep)
         conn_to_pool(c);
     else
@@ -396,7 +398,7 @@ static void conn_parse(pcr_upconn_t *c)
         conn_close(c);
     } else if (e != HPE_OK && e != HPE_PAUSED) {
         if (!c->malformed)
-            pcr_log_warn("backend %s: malformed response: %s", c->be->conf->name,
+            pcr_log_warn("backend %s: malformed response: %s", c->be->conf.name,
                          http_errno_description(e));
         conn_fail(c, PCR_UP_PROTOCOL);
     } else if (c->done) {
@@ -404,8 +406,11 @@ static void conn_parse(pcr_upconn_t *c)
         int keep = http_should_keep_alive(&c->parser) && trailing == 0 &&
                    pcr_sock_pending(c->sock) == 0;
         conn_done(c, keep);
-    } else if (c->req != NULL && !c->req->paused) {
-        timer_arm(c, c->timer_ms); /* silence is measured from the last byte */
+    } else if (c->req != NULL && !c->req->paused && c->got_head) {
+        /* Inside a body, silence is measured from the last byte. Before the head, the deadline
+         * stays where it was set: a pod dribbling its head, or sending 1xx after 1xx, still
+         * gets its 504 at timeouts.response_ms. */
+        timer_arm(c, c->timer_ms);
     }
 }
 
@@ -448,7 +453,7 @@ static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
             conn_close(c);
             return;
         }
-        pcr_log_warn("backend %s: connect failed: %s", c->be->conf->name, strerror(err));
+        pcr_log_warn("backend %s: connect failed: %s", c->be->conf.name, strerror(err));
         conn_fail(c, PCR_UP_CONNECT);
         return;
     }
@@ -459,7 +464,7 @@ static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
     }
     pcr_sock_flush(c->sock);
     pcr_sock_read_start(c->sock);
-    timer_arm(c, tmo(c->be)->response_ms);
+    timer_arm(c, tmo(c->pool)->response_ms);
 }
 
 static const pcr_sock_cbs_t up_sock_cbs = {on_sock_read, on_sock_drain, on_sock_end, on_sock_ready};
@@ -489,7 +494,7 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
     evbuffer_add(out, evbuffer_pullup(r->request, -1), len);
     if (c->connected) {
         pcr_sock_read_start(c->sock);
-        timer_arm(c, tmo(c->be)->response_ms);
+        timer_arm(c, tmo(c->pool)->response_ms);
         pcr_sock_flush(c->sock);
     }
 }
@@ -504,7 +509,7 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
     c->be = be;
     c->timer = evtimer_new(pool->base, on_timer, c);
     c->sock = pcr_sock_connect(pool->base, (struct sockaddr *)&be->addr, be->addrlen,
-                               tmo(be)->connect_ms);
+                               tmo(pool)->connect_ms);
     if (c->timer == NULL || c->sock == NULL) {
         if (c->timer)
             event_free(c->timer);
@@ -514,8 +519,9 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
     }
     pcr_sock_set_cbs(c->sock, &up_sock_cbs, c);
     /* A pod that does not read the request is as stuck as one that does not answer. */
-    pcr_sock_set_write_timeout(c->sock, tmo(be)->response_ms);
-    PCR_STORE(pool->nconns, pool->nconns + 1);
+    pcr_sock_set_write_timeout(c->sock, tmo(pool)->response_ms);
+    pool->nconns++;
+    PCR_ADD(be->conns, 1);
     return c;
 }
 
@@ -550,7 +556,7 @@ static void req_dispatch(pcr_upreq_t *r)
     if (r->wait_timer == NULL)
         r->wait_timer = evtimer_new(pool->base, on_wait_timeout, r);
     if (r->wait_timer != NULL) {
-        struct timeval wt = ms_tv(tmo(pool->be)->response_ms);
+        struct timeval wt = ms_tv(tmo(pool)->response_ms);
         evtimer_add(r->wait_timer, &wt);
     }
     TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
+#include "config.h"
+
 struct evbuffer;
 struct event_base;
 typedef struct pcr_backend pcr_backend_t;
@@ -50,6 +52,7 @@ typedef struct pcr_pool {
     pcr_backend_t *be;
     struct event_base *base;
     const int *draining;             /* the owner's flag: no new idle connections once set */
+    const pcr_config_t *const *cfg;  /* the owner's config (a reload swaps it) */
     TAILQ_HEAD(pcr_upconn_idle, pcr_upconn) idle;
     TAILQ_HEAD(pcr_upreq_wait, pcr_upreq) waiters;
     unsigned nconns;                 /* open: connecting + idle + busy */
@@ -58,7 +61,8 @@ typedef struct pcr_pool {
 } pcr_pool_t;
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
-                   unsigned max_connections, const int *draining);
+                   unsigned max_connections, const int *draining,
+                   const pcr_config_t *const *cfg);
 /* Closes the idle connections; the busy ones end with their requests. */
 void pcr_pool_dispose(pcr_pool_t *pool);
 

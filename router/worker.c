@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "bus.h"
 #include "log.h"
+#include "reload.h"
 #include "session.h"
 #include "sock.h"
 #include "upstream.h"
@@ -25,9 +26,38 @@
 
 /* ---- the request-body budget --------------------------------------------------------- */
 
-int pcr_server_body_budget_ok(const pcr_server_t *srv)
+int pcr_worker_body_budget_ok(const pcr_worker_t *w)
 {
-    return PCR_LOAD(((pcr_server_t *)srv)->body_buffered) < srv->cfg->limits.max_buffered_body_bytes;
+    return PCR_LOAD(w->srv->body_buffered) < w->cfg->limits.max_buffered_body_bytes;
+}
+
+int pcr_worker_body_may_grow(pcr_worker_t *w, const void *req)
+{
+    if (pcr_worker_body_budget_ok(w))
+        return 1;
+    const void *held = __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE);
+    if (held == req)
+        return 1;
+    if (held != NULL)
+        return 0;
+    return __atomic_compare_exchange_n(&w->srv->body_exempt, &held, req, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
+void pcr_worker_body_forget(pcr_worker_t *w, const void *req)
+{
+    const void *mine = req;
+    if (__atomic_compare_exchange_n(&w->srv->body_exempt, &mine, NULL, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE) &&
+        !TAILQ_EMPTY(&w->budget_waiters))
+        event_active(w->budget_event, 0, 0);
+}
+
+/* Waiters can make progress: there is budget, or nobody holds the exemption. */
+static int budget_open(const pcr_worker_t *w)
+{
+    return pcr_worker_body_budget_ok(w) ||
+           __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE) == NULL;
 }
 
 void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
@@ -38,7 +68,7 @@ void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
     }
     PCR_SUB(w->srv->body_buffered, (size_t)-delta);
     /* This worker's waiters hear of it now; the others' at their next tick. */
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_server_body_budget_ok(w->srv))
+    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
         event_active(w->budget_event, 0, 0);
 }
 
@@ -58,8 +88,8 @@ void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
     }
 }
 
-/* Wakes the sessions waiting for body budget, oldest first, while there is budget; each may
- * take some and wait again, which puts it at the back. */
+/* Wakes the sessions waiting for body budget, oldest first, while there is budget (or the
+ * exemption is free); each may take some and wait again, which puts it at the back. */
 static void on_budget(evutil_socket_t fd, short what, void *arg)
 {
     pcr_worker_t *w = arg;
@@ -67,7 +97,7 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
     pcr_budget_waiter_t *bw;
     TAILQ_FOREACH(bw, &w->budget_waiters, link)
         n++;
-    while (n-- > 0 && pcr_server_body_budget_ok(w->srv) &&
+    while (n-- > 0 && budget_open(w) &&
            (bw = TAILQ_FIRST(&w->budget_waiters)) != NULL) {
         pcr_worker_body_unwait(w, bw);
         bw->resume(bw);
@@ -76,7 +106,55 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
-void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, w->policy); }
+void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
+
+pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
+{
+    size_t id = (size_t)be->id;
+    if (id >= w->npools) {
+        size_t n = w->npools ? w->npools : 8;
+        while (n <= id)
+            n *= 2;
+        pcr_pool_t **np = realloc(w->pools, n * sizeof(*np));
+        if (np == NULL)
+            return NULL;
+        memset(np + w->npools, 0, (n - w->npools) * sizeof(*np));
+        w->pools = np;
+        w->npools = n;
+    }
+    pcr_pool_t *pool = w->pools[id];
+    if (pool != NULL && pool->be == be)
+        return pool;
+    /* A slot is reused only once the backend that had it is gone, pools included. */
+    if (pool != NULL)
+        return NULL;
+    pool = calloc(1, sizeof(*pool));
+    if (pool == NULL)
+        return NULL;
+    /* The backend's bound is for the process: each worker gets its share. */
+    unsigned max = PCR_LOAD(be->max_connections);
+    pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining,
+                  &w->cfg);
+    pcr_backend_ref(be);
+    w->pools[id] = pool;
+    return pool;
+}
+
+/* Pools of backends that left: idle connections close now, the pool goes with its last one. */
+static void release_pools(pcr_worker_t *w, int all)
+{
+    for (size_t i = 0; i < w->npools; i++) {
+        pcr_pool_t *pool = w->pools[i];
+        if (pool == NULL || (!all && !PCR_LOAD(pool->be->removed)))
+            continue;
+        pcr_upstream_close_idle(pool);
+        if (pool->nconns == 0 && TAILQ_EMPTY(&pool->waiters)) {
+            pcr_backend_unref(pool->be);
+            free(pool);
+            w->pools[i] = NULL;
+        }
+    }
+}
 
 void pcr_worker_check_drained(pcr_worker_t *w)
 {
@@ -87,11 +165,25 @@ void pcr_worker_check_drained(pcr_worker_t *w)
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     pcr_worker_t *w = arg;
+    /* A quiescent point: no pointer read from a backend slot in an earlier callback is held
+     * without a reference, so what was retired before this is free to go. */
+    __atomic_store_n(&w->epoch_seen, __atomic_load_n(&w->srv->epoch, __ATOMIC_ACQUIRE),
+                     __ATOMIC_RELEASE);
     pcr_worker_sync(w);
+    release_pools(w, 0);
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);
     PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_server_body_budget_ok(w->srv))
+    /* A counter that never goes back: a replica made afresh (a reload that changed the keys)
+     * starts its count at 0 again, and all of it is new. */
+    uint64_t ev = ps.index_evictions;
+    if (w->evictions_policy != w->policy) {
+        w->evictions_policy = w->policy;
+        w->evictions_seen = 0;
+    }
+    PCR_BUMP(w->metrics.index_evictions, ev >= w->evictions_seen ? ev - w->evictions_seen : ev);
+    w->evictions_seen = ev;
+    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
         event_active(w->budget_event, 0, 0);
 }
 
@@ -107,9 +199,25 @@ static void worker_drain(pcr_worker_t *w)
         next = LIST_NEXT(s, link);
         s->ops->drain(s);
     }
-    for (size_t i = 0; i < w->srv->nbackends; i++)
-        pcr_upstream_close_idle(&w->pools[i]);
+    for (size_t i = 0; i < w->npools; i++)
+        if (w->pools[i] != NULL)
+            pcr_upstream_close_idle(w->pools[i]);
     pcr_worker_check_drained(w);
+}
+
+/* A reload: the new config and listeners. What the worker read of the old config before
+ * returns to the loop is done with it; the control thread frees it once every worker said so. */
+static void worker_switch(pcr_worker_t *w)
+{
+    pcr_switch_t *sw = __atomic_load_n(&w->srv->pending_switch, __ATOMIC_ACQUIRE);
+    if (sw == NULL || PCR_LOAD(w->cfg_gen) >= sw->gen)
+        return;
+    if (pcr_listeners_adopt(w, sw->plan, sw->cfg) < 0)
+        pcr_log_error("worker %u: out of memory taking the new listeners", w->id);
+    w->cfg = sw->cfg;
+    /* Release: every read of `sw` above happens before the control thread, seeing this
+     * (acquire, pcr_reload_collect), frees it. */
+    __atomic_store_n(&w->cfg_gen, sw->gen, __ATOMIC_RELEASE);
 }
 
 static void on_cmd(evutil_socket_t fd, short what, void *arg)
@@ -122,35 +230,20 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
             worker_drain(w);
         else if (cmds[i] == 'S')
             event_base_loopbreak(w->base);
+        else if (cmds[i] == 'R')
+            worker_switch(w);
     }
 }
 
 /* ---- set-up and teardown ------------------------------------------------------------- */
 
+/* The policy starts with no backend: they join through the bus (pcr_backend_add published
+ * each one before the workers existed), like every later one. */
 static pcr_policy_t *make_policy(const pcr_config_t *cfg)
 {
-    pcr_backend_desc_t descs[cfg->nbackends];
-    for (size_t i = 0; i < cfg->nbackends; i++) {
-        const pcr_backend_conf_t *b = &cfg->backends[i];
-        descs[i].name = b->name;
-        descs[i].zone = b->zone;
-        descs[i].weight = b->weight;
-        /* A token is 4 bytes of canonical prompt: capacity in tokens -> blocks. */
-        uint64_t blocks = b->capacity_tokens * 4 / cfg->routing.block_bytes;
-        descs[i].capacity_blocks = blocks ? blocks : 1;
-    }
     pcr_policy_opts_t o;
-    pcr_policy_opts_default(&o);
-    o.kind = cfg->routing.policy;
-    o.block_bytes = cfg->routing.block_bytes;
-    o.max_prefix_bytes = cfg->routing.max_prefix_bytes;
-    o.index_max_bytes = cfg->routing.index_max_bytes;
-    o.load_factor = cfg->routing.load_factor;
-    o.load_weight = cfg->routing.load_weight;
-    o.zone_penalty = cfg->routing.zone_penalty;
-    o.zone = cfg->routing.zone;
-    o.vnodes = cfg->routing.vnodes;
-    return pcr_policy_new(&o, descs, cfg->nbackends);
+    pcr_reload_policy_opts(cfg, &o);
+    return pcr_policy_new(&o, NULL, 0);
 }
 
 /* Everything of a worker but its thread; on the main thread. Undone by worker_dispose(). */
@@ -158,6 +251,7 @@ static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
 {
     w->srv = srv;
     w->cfg = srv->cfg;
+    w->cfg_gen = PCR_LOAD(srv->cfg_gen);
     w->id = id;
     w->spare_fd = -1;
     w->cmd_fd[0] = w->cmd_fd[1] = -1;
@@ -166,15 +260,9 @@ static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     TAILQ_INIT(&w->budget_waiters);
     w->base = pcr_sock_base_new();
     w->policy = make_policy(srv->cfg);
-    w->pools = calloc(srv->nbackends, sizeof(*w->pools));
-    if (w->base == NULL || w->policy == NULL || w->pools == NULL)
+    if (w->base == NULL || w->policy == NULL)
         return PCR_ERR_NOMEM;
-    for (size_t i = 0; i < srv->nbackends; i++) {
-        pcr_backend_t *be = &srv->backends[i];
-        /* The backend's bound is for the process: each worker gets its share. */
-        unsigned share = (be->max_connections + srv->nworkers - 1) / srv->nworkers;
-        pcr_pool_init(&w->pools[i], be, w->base, share, &w->draining);
-    }
+    pcr_worker_sync(w);
     if (pipe2(w->cmd_fd, O_CLOEXEC | O_NONBLOCK) != 0)
         return PCR_ERR_IO;
     w->cmd_event = event_new(w->base, w->cmd_fd[0], EV_READ | EV_PERSIST, on_cmd, w);
@@ -185,7 +273,7 @@ static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     struct timeval tv = {0, TICK_MS * 1000};
     event_add(w->cmd_event, NULL);
     event_add(w->tick, &tv);
-    return pcr_listeners_start(w);
+    return pcr_listeners_adopt(w, srv->listen_plan, w->cfg);
 }
 
 static void worker_dispose(pcr_worker_t *w)
@@ -197,10 +285,10 @@ static void worker_dispose(pcr_worker_t *w)
         s->ops->close(s);
     }
     pcr_listeners_free(w);
-    /* The pools array stays until every worker is joined: another worker's /metrics may be
-     * reading its connection counts right now. */
-    for (size_t i = 0; w->pools != NULL && i < w->srv->nbackends; i++)
-        pcr_pool_dispose(&w->pools[i]);
+    release_pools(w, 1);
+    free(w->pools);
+    w->pools = NULL;
+    w->npools = 0;
     pcr_policy_free(w->policy);
     w->policy = NULL;
     if (w->cmd_event)
@@ -224,8 +312,6 @@ static void worker_release(pcr_worker_t *w)
         if (w->cmd_fd[i] >= 0)
             close(w->cmd_fd[i]);
     w->cmd_fd[0] = w->cmd_fd[1] = -1;
-    free(w->pools);
-    w->pools = NULL;
 }
 
 static void *worker_main(void *arg)
@@ -234,6 +320,7 @@ static void *worker_main(void *arg)
     pcr_server_t *srv = w->srv;
     event_base_dispatch(w->base);
     worker_dispose(w);
+    __atomic_store_n(&w->stopped, 1, __ATOMIC_RELEASE); /* after its last use of shared state */
     if (PCR_SUB(srv->workers_running, 1) == 1) {
         ssize_t n = write(srv->wake_fd[1], "x", 1); /* the last one out wakes the control loop */
         (void)n;
@@ -287,7 +374,7 @@ int pcr_workers_start(pcr_server_t *srv)
     return 0;
 }
 
-static void send_cmd(pcr_server_t *srv, char c)
+void pcr_workers_command(pcr_server_t *srv, char c)
 {
     for (unsigned i = 0; i < srv->nworkers; i++) {
         ssize_t n = write(srv->workers[i].cmd_fd[1], &c, 1);
@@ -295,8 +382,8 @@ static void send_cmd(pcr_server_t *srv, char c)
     }
 }
 
-void pcr_workers_drain(pcr_server_t *srv) { send_cmd(srv, 'D'); }
-void pcr_workers_stop(pcr_server_t *srv) { send_cmd(srv, 'S'); }
+void pcr_workers_drain(pcr_server_t *srv) { pcr_workers_command(srv, 'D'); }
+void pcr_workers_stop(pcr_server_t *srv) { pcr_workers_command(srv, 'S'); }
 
 void pcr_workers_join(pcr_server_t *srv)
 {

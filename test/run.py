@@ -24,7 +24,9 @@ SAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=86:strict_string_checks=1",
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=87",
     "LSAN_OPTIONS": "exitcode=88",
-    "TSAN_OPTIONS": "halt_on_error=0:exitcode=66:second_deadlock_stack=1",
+    # test/tsan.supp says why each suppression is there.
+    "TSAN_OPTIONS": "halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions="
+                    + os.path.join(ROOT, "test", "tsan.supp"),
 }
 
 

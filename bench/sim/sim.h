@@ -34,6 +34,8 @@ typedef struct {
     double fail_rate, drop_rate, stall_rate;
     unsigned tick_us;             /* --tick-us: shortest wall-clock gap between two writes */
     size_t max_body_bytes;
+    double start_time;            /* wall clock at start, s: process_start_time_seconds */
+    size_t metrics_pad_bytes;     /* --metrics-pad-bytes: /metrics grown to about this size */
 } sim_conf_t;
 
 typedef struct sim_pod sim_pod_t;
@@ -47,7 +49,7 @@ struct sim_req {
     sim_conn_t *conn;
     sim_req_t *prev, *next;     /* on the pod's waiting or running list */
     int state;
-    int chat, stream, include_usage;
+    int chat, stream, include_usage;   /* usage: always in a full answer, on request in a stream */
     uint64_t seq;               /* id number, per pod */
     size_t prompt_tokens, max_tokens;
     uint64_t *hashes;           /* full prompt blocks, chained */
@@ -125,7 +127,8 @@ void sim_conn_end(sim_conn_t *c);   /* last chunk, then the next request on the 
 /* Parses a completion body into a new request (not yet submitted). On a bad body it answers
  * the error itself and returns NULL. */
 sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len);
-/* Appends one SSE event carrying `ntok` tokens (final: with finish_reason and usage). */
+/* Appends one SSE event carrying `ntok` tokens (final: with finish_reason, then the usage event
+ * when the request asked for it with stream_options.include_usage, as vLLM does, and [DONE]). */
 void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int final,
                           struct evbuffer *out);
 /* The whole non-streaming response body. */

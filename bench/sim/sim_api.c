@@ -111,7 +111,9 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
     r->chat = chat;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
     r->stream = cJSON_IsTrue(stream);
-    r->include_usage = 1;   /* usage always rides on the final event; harmless to clients */
+    /* As vLLM: a stream reports usage only when asked, in one last event of its own. */
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    r->include_usage = !r->stream || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     r->prompt_tokens = (plen + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
     long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
     if (mt < 0 && chat)
@@ -211,13 +213,16 @@ void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int
         evbuffer_add_printf(out, "\"choices\":[{\"index\":0,\"text\":\"");
     for (size_t i = 0; i < ntok; i++)
         sim_api_token_text(first_tok + i, out);
-    evbuffer_add_printf(out, "\"%s,\"logprobs\":null,\"finish_reason\":%s}]", r->chat ? "}" : "",
+    evbuffer_add_printf(out, "\"%s,\"logprobs\":null,\"finish_reason\":%s}]}\n\n", r->chat ? "}" : "",
                         final ? "\"length\"" : "null");
-    if (final) {
-        evbuffer_add(out, ",", 1);
+    if (final && r->include_usage) {
+        /* vLLM's usage event: no choices, the whole request's usage. */
+        evbuffer_add(out, "data: ", 6);
+        add_head(r, r->chat ? "chat.completion.chunk" : "text_completion", out);
+        evbuffer_add(out, "\"choices\":[],", 14);
         add_usage(r, first_tok + ntok, out);
+        evbuffer_add(out, "}\n\n", 3);
     }
-    evbuffer_add(out, "}\n\n", 3);
     if (final)
         evbuffer_add(out, "data: [DONE]\n\n", 14);
 }
@@ -252,8 +257,35 @@ static void metric(struct evbuffer *out, const char *name, const char *type, con
                         name, help, name, type, name, model, v);
 }
 
+/* vLLM's request histograms, as many as it takes to grow the page to conf->metrics_pad_bytes:
+ * what a scraper reads through on a real pod (its values here are zeros). */
+static void metrics_pad(const sim_pod_t *pod, struct evbuffer *out, size_t start)
+{
+    static const char *const families[] = {
+        "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+        "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds", "vllm:time_per_output_token_seconds",
+        "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+        "vllm:request_params_max_tokens", "vllm:iteration_tokens_total",
+    };
+    const char *m = pod->conf->model;
+    for (unsigned f = 0; evbuffer_get_length(out) - start < pod->conf->metrics_pad_bytes; f++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s%s", families[f % 10], f < 10 ? "" : "_extra");
+        evbuffer_add_printf(out, "# HELP %s Histogram of %s.\n# TYPE %s histogram\n", name, name,
+                            name);
+        double le = 0.001;
+        for (int i = 0; i < 24; i++, le *= 2)
+            evbuffer_add_printf(out, "%s_bucket{le=\"%g\",model_name=\"%s\"} 0.0\n", name, le, m);
+        evbuffer_add_printf(out, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} 0.0\n"
+                            "%s_count{model_name=\"%s\"} 0.0\n%s_sum{model_name=\"%s\"} 0.0\n",
+                            name, m, name, m, name, m);
+    }
+}
+
 void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
 {
+    size_t start = evbuffer_get_length(out);
     const char *m = pod->conf->model;
     size_t cap = pcr_kvcache_capacity(pod->kv);
     double usage = (double)(pcr_kvcache_pinned(pod->kv) + pcr_kvcache_reserved(pod->kv)) / cap;
@@ -296,6 +328,9 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
     evbuffer_add_printf(out, "vllm:time_to_first_token_seconds_count{model_name=\"%s\"} %llu\n"
                         "vllm:time_to_first_token_seconds_sum{model_name=\"%s\"} %.9g\n",
                         m, (unsigned long long)pod->ttft_count, m, pod->ttft_sum);
+    evbuffer_add_printf(out, "# HELP process_start_time_seconds Start time of the process since "
+                        "unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\n"
+                        "process_start_time_seconds %.17g\n", pod->conf->start_time);
     evbuffer_add_printf(out, "# HELP vllm_sim:faults_total Faults injected or seen by the "
                         "simulator.\n# TYPE vllm_sim:faults_total counter\n"
                         "vllm_sim:faults_total{kind=\"fail\",pod=\"%s\"} %llu\n"
@@ -308,4 +343,6 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                         pod->name, (unsigned long long)pod->stalled,
                         pod->name, (unsigned long long)pod->cancelled,
                         pod->name, (unsigned long long)pod->rejected);
+    if (pod->conf->metrics_pad_bytes > 0)
+        metrics_pad(pod, out, start);
 }

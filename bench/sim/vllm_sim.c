@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <arpa/inet.h>
 
 #include "sim.h"
@@ -43,7 +44,9 @@ static void usage(FILE *f)
 "  --fail-rate F                answer this fraction with 500 (default 0)\n"
 "  --drop-rate F                close this fraction mid-stream (default 0)\n"
 "  --stall-rate F               never answer this fraction (default 0)\n"
-"  --seed N                     seed of the fault draws (default 1)\n");
+"  --seed N                     seed of the fault draws (default 1)\n"
+"  --metrics-pad-bytes N        grow /metrics to about N bytes with latency histograms nobody\n"
+"                               reads, as a real vLLM page is tens of KiB (default 0: no)\n");
 }
 
 static int valid_name(const char *s)
@@ -93,7 +96,8 @@ int main(int argc, char **argv)
     const char *names[MAX_PODS];
     uint64_t seed = 1;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
-           O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_HELP };
+           O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
+           O_HELP };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -102,7 +106,8 @@ int main(int argc, char **argv)
         {"prefill-batch-slowdown", 1, 0, O_SLOW}, {"overhead-ms", 1, 0, O_OVER},
         {"itl-ms", 1, 0, O_ITL}, {"itl-per-seq-us", 1, 0, O_ITLSEQ}, {"tick-us", 1, 0, O_TICK},
         {"fail-rate", 1, 0, O_FAIL}, {"drop-rate", 1, 0, O_DROP}, {"stall-rate", 1, 0, O_STALL},
-        {"seed", 1, 0, O_SEED}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"seed", 1, 0, O_SEED}, {"metrics-pad-bytes", 1, 0, O_PAD}, {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0},
     };
     int o;
     double v;
@@ -135,6 +140,10 @@ int main(int argc, char **argv)
         case O_DROP: bad = parse_double(optarg, 0, 1, &conf.drop_rate); break;
         case O_STALL: bad = parse_double(optarg, 0, 1, &conf.stall_rate); break;
         case O_SEED: bad = parse_double(optarg, 0, 1e18, &v); seed = (uint64_t)v; break;
+        case O_PAD:
+            bad = parse_double(optarg, 0, 16 << 20, &v);
+            conf.metrics_pad_bytes = (size_t)v;
+            break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -155,6 +164,10 @@ int main(int argc, char **argv)
     }
     sim_rand_seed(seed);
     signal(SIGPIPE, SIG_IGN);
+    /* What vLLM's /metrics says of its process: a restart shows as a new start time. */
+    struct timeval started;
+    gettimeofday(&started, NULL);
+    conf.start_time = (double)started.tv_sec + started.tv_usec / 1e6;
 
     int rc = 1;
     struct event_base *base = event_base_new();

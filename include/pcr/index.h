@@ -40,6 +40,13 @@ typedef struct pcr_index pcr_index_t;
 pcr_index_t *pcr_index_new(const pcr_index_opts_t *opts);
 void pcr_index_free(pcr_index_t *idx);  /* NULL is a no-op */
 
+/* Changes the memory cap (0 = none), evicting the oldest leaves down to it. */
+void pcr_index_set_max_bytes(pcr_index_t *idx, size_t max_bytes);
+
+/* Makes room for backends up to `nbackends` (new ones empty, unlimited). 0, PCR_ERR_INVAL, or
+ * PCR_ERR_NOMEM (the index unchanged). Never shrinks. */
+int pcr_index_grow(pcr_index_t *idx, size_t nbackends);
+
 /* Sets a backend's capacity in blocks (PCR_INDEX_UNLIMITED = none) and evicts its least
  * recently used leaf blocks down to it. 0 or PCR_ERR_INVAL. */
 int pcr_index_set_capacity(pcr_index_t *idx, unsigned backend, uint64_t blocks);
@@ -69,6 +76,9 @@ void pcr_index_remove_backend(pcr_index_t *idx, unsigned backend);
 uint64_t pcr_index_backend_blocks(const pcr_index_t *idx, unsigned backend);
 uint64_t pcr_index_pairs(const pcr_index_t *idx);   /* stored (block, backend) pairs */
 uint64_t pcr_index_nodes(const pcr_index_t *idx);
+/* (block, backend) pairs evicted since the index was made: by a backend's capacity or by the
+ * memory cap (not by pcr_index_erase or pcr_index_remove_backend, which forget on request). */
+uint64_t pcr_index_evictions(const pcr_index_t *idx);
 size_t pcr_index_bytes(const pcr_index_t *idx);     /* bytes asked from the allocator */
 
 /* Checks every invariant (a test helper, O(size)); 0, or PCR_ERR_INVAL with a message.

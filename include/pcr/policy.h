@@ -57,6 +57,10 @@ typedef struct {
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */
+    /* How long a backend reported unavailable keeps its entries, in the unit of `now` (the
+     * router passes microseconds): default 300 s. A pod unreachable for a while still holds
+     * its KV cache; only a restart empties it (PCR_BACKEND_RESTARTED). */
+    uint64_t unavailable_keep;
 } pcr_policy_opts_t;
 
 /* Fills `opts` with the defaults above (kind = cache_aware). */
@@ -72,8 +76,9 @@ typedef struct {
 
 typedef struct pcr_policy pcr_policy_t;
 
-/* Creates a policy over `n` backends (n >= 1). Copies what it needs from `opts` and
- * `backends`. Returns NULL when out of memory or when an argument is invalid. */
+/* Creates a policy over `n` backends (0 is allowed: they join later, pcr_policy_backend_set).
+ * Copies what it needs from `opts` and `backends`. Returns NULL when out of memory or when an
+ * argument is invalid. */
 pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_desc_t *backends,
                              size_t n);
 void pcr_policy_free(pcr_policy_t *p);  /* NULL is a no-op */
@@ -85,8 +90,10 @@ typedef struct {
     size_t prompt_tokens;      /* canonical prompt bytes / 4, rounded up (all of it, not only hashed) */
 } pcr_key_t;
 
-/* Hashes `model` (seed) and the canonical prompt `bytes` into `key->blocks`, which must have room
- * for pcr_policy_max_blocks(p) entries. Returns 0. */
+/* Hashes the canonical prompt `bytes` with `model` mixed in (pcr/prefix.h) into `key->blocks`,
+ * which must have room for pcr_policy_max_blocks(p) entries. Returns 0. A request whose body
+ * is read as it arrives gets the same key from router/body.h's reader, which also mixes in a
+ * chat request's tools. */
 int pcr_policy_key(const pcr_policy_t *p, const char *model, size_t model_len, const void *bytes,
                    size_t len, pcr_key_t *key);
 size_t pcr_policy_max_blocks(const pcr_policy_t *p);
@@ -116,9 +123,38 @@ int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64
  * [added_from, key->nblocks) of `key` for `backend`. */
 void pcr_policy_forget(pcr_policy_t *p, int backend, const pcr_key_t *key, uint32_t added_from);
 
-/* Marks a backend down/up for the index: a backend that went down loses its entries
- * (its pod's cache cannot be trusted after a restart). */
+/* Membership. Backends live in numbered slots; the router hands out slot numbers and must pass
+ * usable = 0 for a slot that holds no backend. Both calls are deterministic, so replicas given
+ * the same calls agree on slots, ring and index.
+ * - pcr_policy_backend_set: slot `id` (an existing one, or the next one, n, to grow) now holds
+ *   the backend `desc` (copied). The same name keeps its entries (a change of weight, zone or
+ *   capacity); another name starts empty. The ring is rebuilt: about 1/n of the keys move.
+ * - pcr_policy_backend_remove: slot `id` is empty: its entries are dropped, it leaves the ring.
+ * 0, PCR_ERR_INVAL or PCR_ERR_NOMEM (then nothing changed). */
+int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *desc);
+int pcr_policy_backend_remove(pcr_policy_t *p, int id);
+size_t pcr_policy_backend_slots(const pcr_policy_t *p);
+
+/* A reload: applies what can change in place (load_factor, load_weight, zone_penalty, zone,
+ * vnodes, index_max_bytes, unavailable_keep). PCR_ERR_INVAL when `opts` is invalid or changes the kind,
+ * block_bytes or max_prefix_bytes: the keys and the index would mean something else, so the
+ * caller makes a new policy. */
+int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *opts);
+
+/* Drops every entry of a backend. */
 void pcr_policy_backend_reset(pcr_policy_t *p, int backend);
+
+/* What the router saw of a backend, and what it means for its entries (decided here, not in
+ * the router): UNAVAILABLE (down, ejected) keeps them for opts.unavailable_keep from `now`,
+ * then drops them; AVAILABLE again keeps them; RESTARTED (the pod's counters went back, its
+ * start time or cache geometry changed) drops them at once: its cache is empty. */
+typedef enum {
+    PCR_BACKEND_AVAILABLE = 0,
+    PCR_BACKEND_UNAVAILABLE,
+    PCR_BACKEND_RESTARTED,
+} pcr_backend_state_t;
+int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t state,
+                             uint64_t now);
 
 /* Updates a backend's capacity in blocks (0 = unknown, no limit), e.g. once its pod reports
  * vllm:cache_config_info; evicts its least recently used blocks down to it. 0 or PCR_ERR_INVAL. */
@@ -127,6 +163,7 @@ int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_bloc
 typedef struct {
     size_t index_bytes;        /* memory the radix index holds */
     uint64_t index_nodes;
+    uint64_t index_evictions;  /* (block, backend) pairs the index evicted (pcr_index_evictions) */
 } pcr_policy_stats_t;
 
 void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out);

@@ -16,8 +16,9 @@
 
 typedef struct pcr_ring pcr_ring_t;
 
-/* names[n] (non-NULL), weights[n] (>= 1; NULL = all 1), vnodes >= 1 points per unit of weight.
- * NULL when out of memory, when an argument is invalid or when the ring would exceed
+/* names[n], weights[n] (NULL = all 1), vnodes >= 1 points per unit of weight. A backend of
+ * weight 0 gets no point (its name may be NULL): the slot of one that left. NULL when out of
+ * memory, when an argument is invalid, when no backend has a weight or when the ring would exceed
  * PCR_RING_MAX_POINTS points. */
 pcr_ring_t *pcr_ring_new(const char *const *names, const uint32_t *weights, size_t n,
                          unsigned vnodes);

@@ -2,8 +2,11 @@
 
 Everything runs on loopback with ports the OS picks. `PCR_BUILD` names the build folder whose
 `pcrouter` is tested (default: build/). Fixtures:
-  stub_factory(name, models=None)   starts a stub_backend.py process (see its docstring)
-  router_factory(config_dict)       writes the config, starts pcrouter, waits for `ready`
+  stub_factory(name, models=None, port=0, host="127.0.0.1")
+                                    starts a stub_backend.py process (see its docstring); a
+                                    port given binds that one (a pod restarted in place)
+  router_factory(config_dict, **popen_kw)  writes the config, starts pcrouter (extra Popen
+                                    arguments: env, preexec_fn), waits for `ready`
   cluster(n=2, policy=..., ...)     n stubs pod-a, pod-b, ... and a router in front of them
   tls_cert                          (cert, key) made once by the `openssl` command
 Every router a test started is stopped at teardown with SIGTERM and must exit 0 with no
@@ -118,13 +121,13 @@ class LineReader:
 # stub backends
 
 class Stub:
-    def __init__(self, name, models, tmpdir):
+    def __init__(self, name, models, tmpdir, port=0, host="127.0.0.1"):
         self.name = name
-        args = [PY, STUB, "--name", name, "--port", "0"]
+        args = [PY, STUB, "--name", name, "--port", str(port), "--host", host]
         if models:
             args += ["--models", ",".join(models)]
-        self.errpath = os.path.join(str(tmpdir), "stub-%s.err" % name)
-        self.errf = open(self.errpath, "wb")
+        self.errpath = os.path.join(str(tmpdir), "stub-%s-%s-%d.err" % (name, host, port))
+        self.errf = open(self.errpath, "ab")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.errf)
         self.out = LineReader(self.proc.stdout, name)
         got = self.out.wait_line(r"listening on ([\d.]+):(\d+)", 15)
@@ -158,13 +161,17 @@ class Stub:
         self.proc.wait(10)
         self.errf.close()
 
+    def kill(self):
+        """SIGKILL, as a pod that dies: the kernel closes its connections."""
+        self.close()
+
 
 @pytest.fixture
 def stub_factory(tmp_path):
     stubs = []
 
-    def make(name, models=None):
-        s = Stub(name, models, tmp_path)
+    def make(name, models=None, port=0, host="127.0.0.1"):
+        s = Stub(name, models, tmp_path, port, host)
         stubs.append(s)
         return s
 
@@ -190,6 +197,10 @@ def deep_merge(base, over):
     return out
 
 
+# For pods that record every byte they get: no metrics scrape, no model listing.
+QUIET_SCRAPE = {"interval_ms": 0, "models_interval_ms": 0}
+
+
 def make_config(backends, tls=None, **sections):
     """backends: Stub objects or (name, url) pairs. tls: (cert, key) adds a TLS listener."""
     listen = [{"address": "127.0.0.1:0"}]
@@ -211,7 +222,7 @@ def make_config(backends, tls=None, **sections):
 
 
 class Router:
-    def __init__(self, config, tmpdir):
+    def __init__(self, config, tmpdir, **popen_kw):
         self.config = config
         self.path = os.path.join(str(tmpdir), "pcrouter-%d.json" % id(self))
         with open(self.path, "w") as f:
@@ -219,7 +230,7 @@ class Router:
         assert os.access(PCROUTER, os.X_OK), "no pcrouter binary at %s (build it first)" % PCROUTER
         self.outf = open(self.path + ".stdout", "wb")
         self.proc = subprocess.Popen([PCROUTER, "-c", self.path], stdout=self.outf,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, **popen_kw)
         self.err = LineReader(self.proc.stderr, "pcrouter")
         self.stopped = False
         try:
@@ -276,7 +287,9 @@ class Router:
     def assert_clean_exit(self, rc):
         text = self.err.text()
         bad = [m for m in SANITIZER_MARKERS if m in text]
-        assert not bad, "sanitizer report in pcrouter's stderr:\n" + text[-8000:]
+        # The report itself, not the access log lines that may follow it.
+        at = min(text.index(m) for m in bad) if bad else 0
+        assert not bad, "sanitizer report in pcrouter's stderr:\n" + text[max(0, at - 500):at + 8000]
         assert rc == 0, "pcrouter exited with %s; stderr:\n%s" % (rc, self.err.tail())
 
     def stop(self, sig=signal.SIGTERM, timeout=None):
@@ -310,8 +323,8 @@ class Router:
 def router_factory(tmp_path):
     routers = []
 
-    def make(config):
-        r = Router(config, tmp_path)
+    def make(config, **popen_kw):
+        r = Router(config, tmp_path, **popen_kw)
         routers.append(r)
         return r
 
@@ -777,6 +790,78 @@ class H2Client:
         except Exception:
             pass
         self.sock.close()
+
+
+class Load:
+    """Steady load: `threads` client threads, each on its own keep-alive HTTP/1.1 connection,
+    POST body_fn(n) to `path` one after another until stop(). Every request's outcome is kept
+    as a dict: t0, t1 (time.time()), status (0: no HTTP response), backend (the
+    x-pcrouter-backend header), error (the exception's text, if any)."""
+
+    def __init__(self, port, body_fn, threads=4, path="/v1/completions", timeout=30):
+        import http.client
+        self._http = http.client
+        self.port = port
+        self.body_fn = body_fn
+        self.path = path
+        self.timeout = timeout
+        self.results = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.n = 0
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _next(self):
+        with self.lock:
+            self.n += 1
+            return self.n
+
+    def _run(self):
+        conn = None
+        while not self.stopping.is_set():
+            body = json.dumps(self.body_fn(self._next()))
+            rec = {"t0": time.time(), "status": 0, "backend": None, "error": None}
+            try:
+                if conn is None:
+                    conn = self._http.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+                conn.request("POST", self.path, body, {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                rec["status"] = r.status
+                rec["backend"] = r.getheader("x-pcrouter-backend")
+                if r.getheader("connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except (OSError, self._http.HTTPException) as e:
+                rec["error"] = "%s: %s" % (type(e).__name__, e)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            rec["t1"] = time.time()
+            with self.lock:
+                self.results.append(rec)
+        if conn is not None:
+            conn.close()
+
+    def count(self):
+        with self.lock:
+            return len(self.results)
+
+    def wait_count(self, n, timeout=20):
+        wait_for(lambda: self.count() >= n, timeout, 0.02, "%d requests of the load" % n)
+
+    def stop(self, timeout=40):
+        self.stopping.set()
+        for t in self.threads:
+            t.join(timeout)
+            assert not t.is_alive(), "a load thread did not finish within %ss" % timeout
+        return list(self.results)
+
+    def failures(self):
+        with self.lock:
+            return [r for r in self.results if r["status"] != 200]
 
 
 # ------------------------------------------------------------------------------------------

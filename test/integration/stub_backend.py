@@ -10,6 +10,8 @@ OpenAI endpoints
   POST /v1/embeddings and any other POST /v1/... a JSON answer naming the pod
   GET  /v1/models                              {"object":"list","data":[{"id":...}]}
   GET  /health                                 200 (or what /stub/config set)
+  GET  /metrics                                vllm:kv_cache_usage_perc, once /stub/config set
+                                               "kv_usage" (404 before: a pod that hides it)
 Every /v1 answer carries `x-stub-pod`, `x-stub-body-bytes`, `x-stub-body-sha256` headers and,
 in JSON answers, a "stub" object with the same facts ("pod", "body_bytes", "body_sha256",
 "tag", "path"), so a test can check what reached the backend even if headers were dropped.
@@ -20,6 +22,8 @@ or headers `x-stub-<key>` (underscores written as dashes). Keys:
   delay_ms     wait before answering
   mode         "stall": never answer (until the peer closes or 120 s pass)
                "close": close the connection without answering
+  close_reused true: "close" for a request on a connection that carried one before (a pooled
+               connection the pod had closed), an answer on a new connection
   gate         name: a non-streaming answer waits until the gate is released; a stream sends
                its first event, then waits. Released by POST /stub/release {"gate": name}
                (a released gate stays open). Waiting watches the socket: a peer that closes
@@ -31,11 +35,21 @@ or headers `x-stub-<key>` (underscores written as dashes). Keys:
   bytes        answer with a body of this many bytes (a 16-byte pattern repeated, written
                in 64 KiB pieces; the log entry's "written" shows the progress), for
                backpressure checks
+  cached_tokens  report this many cached prompt tokens instead of the prefix cache's answer
+  usage        "plain": usage without prompt_tokens_details (a pod run without
+               --enable-prompt-tokens-details)
+Usage, as vLLM reports it: completions and chats carry "usage" with prompt_tokens (prompt
+bytes / 4, rounded up) and prompt_tokens_details.cached_tokens; a stream carries it only when
+the request has "stream_options": {"include_usage": true}, as one last event with
+"choices": [] before [DONE]. Cached tokens come from a small prefix cache per stub: the longest
+prefix the prompt shares with an earlier one, in whole 16-token blocks (64 bytes), never the
+prompt's last token (vLLM always computes one). /stub/reset empties it.
 Control endpoints (never counted in stats)
   GET  /stub/stats    JSON counters, see State.snapshot()
   POST /stub/release  {"gate": name} or {} for every gate known so far
   POST /stub/reset    zero the counters
-  POST /stub/config   {"models": [...], "health_status": 503, "defaults": {controls}}
+  POST /stub/config   {"models": [...], "health_status": 503, "defaults": {controls},
+                       "kv_usage": 0.25}
 """
 import argparse
 import hashlib
@@ -57,6 +71,7 @@ class State:
         self.name = name
         self.models = models
         self.health_status = 200
+        self.kv_usage = None
         self.defaults = {}
         self.gates = {}
         self.reset()
@@ -71,6 +86,7 @@ class State:
             self.request_conns = set()
             self.last = None
             self.log = []
+            self.prompts = []
 
     def gate(self, name):
         with self.lock:
@@ -99,6 +115,23 @@ class State:
             if len(self.log) > 5000:
                 del self.log[:1000]
             return entry
+
+    def cached_tokens(self, prompt):
+        """Tokens of `prompt` (bytes) this pod holds cached, then remembers it."""
+        with self.lock:
+            best = 0
+            for p in self.prompts:
+                n = min(len(p), len(prompt))
+                k = 0
+                while k < n and p[k] == prompt[k]:
+                    k += 1
+                best = max(best, k)
+            if prompt not in self.prompts:
+                self.prompts.append(prompt)
+                if len(self.prompts) > 200:
+                    del self.prompts[0]
+        tokens = (len(prompt) + 3) // 4
+        return min(best // 64 * 16, max(tokens - 1, 0) // 16 * 16)
 
     def end(self, entry, outcome):
         with self.lock:
@@ -137,6 +170,7 @@ def make_handler(state):
             with state.lock:
                 state.connections += 1
                 self.conn_id = state.connections
+            self.served = 0  # /v1 requests this connection carried
 
         def log_message(self, fmt, *args):
             pass
@@ -206,6 +240,17 @@ def make_handler(state):
                 state.requests[path] = state.requests.get(path, 0) + 1
             if path == "/health":
                 return self.send_json(state.health_status, {"status": "ok" if state.health_status == 200 else "down"})
+            if path == "/metrics" and state.kv_usage is not None:
+                data = ("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+                        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                        "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"stub-model\"} %r\n"
+                        % state.kv_usage).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if path == "/v1/models":
                 return self.send_json(200, {"object": "list", "data": [
                     {"id": m, "object": "model", "owned_by": state.name, "created": 0} for m in state.models]})
@@ -233,6 +278,11 @@ def make_handler(state):
                     ctl[k.lower()[7:].replace("-", "_")] = v
             headers = {k.lower(): v for k, v in self.headers.items()}
             entry = state.begin(path, self.conn_id, headers, body, ctl)
+            so = req.get("stream_options")
+            entry["include_usage"] = isinstance(so, dict) and so.get("include_usage") is True
+            if ctl.get("close_reused") and self.served > 0:
+                ctl["mode"] = "close"  # as a pod that closed its idle keep-alive connections
+            self.served += 1
             outcome = "aborted"
             try:
                 outcome = self.answer(path, req, body, ctl, entry)
@@ -259,6 +309,8 @@ def make_handler(state):
                         state.health_status = int(arg["health_status"])
                     if "defaults" in arg:
                         state.defaults = dict(arg["defaults"])
+                    if "kv_usage" in arg:
+                        state.kv_usage = float(arg["kv_usage"])
             else:
                 return self.send_json(404, {"error": "unknown control"})
             return self.send_json(200, {"ok": True})
@@ -292,8 +344,9 @@ def make_handler(state):
                 return "completed"
             model = req.get("model") or (state.models[0] if state.models else "stub-model")
             chat = path == "/v1/chat/completions"
+            usage = self.usage(req, chat, ctl) if path in ("/v1/completions", "/v1/chat/completions") else None
             if req.get("stream") and path in ("/v1/completions", "/v1/chat/completions"):
-                return self.stream(model, chat, ctl, gate, extra, info)
+                return self.stream(model, chat, ctl, gate, extra, info, usage, entry["include_usage"])
             if gate is not None and not self.wait(gate):
                 self.close_connection = True
                 return "aborted"
@@ -301,12 +354,12 @@ def make_handler(state):
                 obj = {"id": "cmpl-stub", "object": "text_completion", "created": int(time.time()),
                        "model": model, "system_fingerprint": state.name,
                        "choices": [{"index": 0, "text": "hello from " + state.name, "logprobs": None, "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": entry["body_bytes"] // 4, "completion_tokens": 3, "total_tokens": entry["body_bytes"] // 4 + 3}}
+                       "usage": usage}
             elif chat:
                 obj = {"id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()),
                        "model": model, "system_fingerprint": state.name,
                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello from " + state.name}, "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": entry["body_bytes"] // 4, "completion_tokens": 3, "total_tokens": entry["body_bytes"] // 4 + 3}}
+                       "usage": usage}
             elif path == "/v1/embeddings":
                 obj = {"object": "list", "model": model, "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]}
             else:
@@ -314,6 +367,22 @@ def make_handler(state):
             obj["stub"] = info
             self.send_json(200, obj, extra)
             return "completed"
+
+        def usage(self, req, chat, ctl):
+            """The usage object vLLM would report for this request."""
+            if chat:
+                prompt = json.dumps(req.get("messages"), sort_keys=True).encode()
+            else:
+                p = req.get("prompt")
+                prompt = p.encode() if isinstance(p, str) else json.dumps(p).encode()
+            cached = state.cached_tokens(prompt)
+            if ctl.get("cached_tokens") is not None:
+                cached = int(ctl["cached_tokens"])
+            tokens = (len(prompt) + 3) // 4
+            u = {"prompt_tokens": tokens, "completion_tokens": 3, "total_tokens": tokens + 3}
+            if ctl.get("usage") != "plain":
+                u["prompt_tokens_details"] = {"cached_tokens": cached}
+            return u
 
         def send_bulk(self, n, entry):
             self.send_response(200)
@@ -329,7 +398,7 @@ def make_handler(state):
                 entry["written"] += len(data)
             return "completed"
 
-        def stream(self, model, chat, ctl, gate, extra, info):
+        def stream(self, model, chat, ctl, gate, extra, info, usage, include_usage):
             n = int(ctl.get("events") or 4)
             abort_after = int(ctl.get("abort_after") or 0)
             interval = int(ctl.get("interval_ms") or 0) / 1000.0
@@ -363,6 +432,10 @@ def make_handler(state):
                 if interval and i < n - 1 and not self.wait(None, interval):
                     self.close_connection = True
                     return "aborted"
+            if include_usage:
+                ev = {"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
+                      "created": int(time.time()), "model": model, "choices": [], "usage": usage}
+                self.write_chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
             self.write_chunk(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
             return "completed"

@@ -251,3 +251,46 @@ def test_many_malformed_connections_in_a_row(cluster):
             pass
         conn.close()
     still_serving(c)
+
+
+@pytest.mark.parametrize("status,head", [
+    (413, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          "Content-Length: 10000000\r\n\r\n"),
+    (400, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nHost: y\r\nContent-Length: 10000000\r\n\r\n"),
+])
+def test_rejected_upload_gets_its_answer(cluster, status, head):
+    """A request refused before its body was read leaves unread bytes behind. Closing the
+    socket on them makes the kernel send a reset, which can destroy the error response before
+    the client reads it; the router half-closes and discards what still arrives instead. The
+    client here keeps uploading after the answer was sent and must still read it whole, then a
+    clean end of stream."""
+    import select
+    import socket
+    c = cluster(1, limits=LIMITS)
+    s = socket.create_connection(("127.0.0.1", c.router.port), timeout=15)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answer waits in our buffer
+    s.sendall(head.encode() + b"x" * 65536)
+    r, _, _ = select.select([s], [], [], 15)
+    assert r, "no answer within 15 s"
+    # The answer is here, unread; the router already closed its side. More body bytes now
+    # arrive at a socket that must still be open for reading.
+    s.sendall(b"y" * 262144)
+    data = b""
+    while True:
+        chunk = s.recv(65536)  # ConnectionResetError when the router reset the connection
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    head_part, _, body = data.partition(b"\r\n\r\n")
+    assert head_part.startswith(b"HTTP/1.1 %d " % status), data[:300]
+    assert b"connection: close" in head_part.lower(), head_part
+    assert json.loads(body)["error"]["code"] in ("body_too_large", "bad_request"), body
+    # A client that neither reads nor closes: the lingering ends on its own (2 s), the
+    # connection is gone from the router while the client still holds its socket.
+    s2 = socket.create_connection(("127.0.0.1", c.router.port), timeout=15)
+    s2.sendall(head.encode() + b"x" * 65536)
+    wait_for(lambda: metric(get_metrics(c.router), "pcrouter_client_connections") <= 1,
+             what="the lingering connection to close")
+    assert s2.recv(65536).startswith(b"HTTP/1.1 %d " % status)
+    s2.close()

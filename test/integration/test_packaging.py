@@ -35,6 +35,9 @@ COMMANDS = {
     "nginx": "nginx-light",
     "wrk": "wrk",
     "gnuplot": "gnuplot-nox",
+    "perf": "linux-perf",
+    "promtool": "prometheus",
+    "dnsmasq": "dnsmasq-base",
     "redis-server": "redis-server",
 }
 # Commands from Debian's Essential packages, on every Debian system: no list needs them.
@@ -56,11 +59,12 @@ ARGV_NAMES = {"argv", "args", "cmd", "command"}
 
 
 def makefile_packages():
-    """{"BUILD_PKGS": [...], "TEST_PKGS": [...], "BENCH_PKGS": [...]}, read from the Makefile."""
+    """{"BUILD_PKGS": [...], "TEST_PKGS": [...], "BENCH_PKGS": [...], "FUZZ_PKGS": [...]}, read
+    from the Makefile."""
     with open(os.path.join(ROOT, "Makefile")) as f:
         text = f.read().replace("\\\n", " ")
     lists = dict(re.findall(r"^([A-Z]+_PKGS)\s*:=(.*)$", text, re.M))
-    assert set(lists) == {"BUILD_PKGS", "TEST_PKGS", "BENCH_PKGS"}, lists
+    assert set(lists) == {"BUILD_PKGS", "TEST_PKGS", "BENCH_PKGS", "FUZZ_PKGS"}, lists
     return {k: v.split() for k, v in lists.items()}
 
 
@@ -112,7 +116,11 @@ def dpkg_owner(path):
     for p in (real, path):
         out = subprocess.run(["dpkg", "-S", p], capture_output=True, text=True, timeout=30)
         if out.returncode == 0:
-            return out.stdout.split(":")[0].split(",")[0].strip()
+            # A diverted file (linux-perf diverts /usr/bin/perf to its wrapper) lists the
+            # diversion first; the owner is on the line of the form "package: path".
+            for line in out.stdout.splitlines():
+                if not line.startswith("diversion by "):
+                    return line.split(":")[0].split(",")[0].strip()
     return None
 
 

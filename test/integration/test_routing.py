@@ -227,7 +227,7 @@ def test_structured_prompts_route_consistently(cluster):
 
 
 def test_models_do_not_share_prefixes(cluster):
-    c = cluster(4, policy="cache_aware")
+    c = cluster(4, policy="cache_aware", models=[["model-one", "model-two"]] * 4)
     prompt = text(random.Random(12), 4096)
     send(c, "/v1/completions", completion(prompt, model="model-one"))
     assert send(c, "/v1/completions", completion(prompt + " x", model="model-one"))[1] == "warm"

@@ -66,7 +66,17 @@ static void test_defaults_and_arguments(void)
     PCR_CHECK_EQ_INT(k, PCR_POLICY_CONSISTENT_HASH);
     PCR_CHECK_EQ_INT(pcr_policy_kind_parse("random", &k), PCR_ERR_INVAL);
     PCR_CHECK_STR(pcr_reason_name(PCR_REASON_OVERLOAD_SPILL), "overload_spill");
-    PCR_CHECK(pcr_policy_new(&o, four, 0) == NULL);
+    /* No backend yet is a policy that answers "none usable" until some join. */
+    pcr_policy_t *empty = pcr_policy_new(&o, NULL, 0);
+    PCR_CHECK(empty != NULL);
+    pcr_backend_load_t none[1] = {{0}};
+    pcr_decision_t nd;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(empty, NULL, none, 1, &nd), PCR_ERR_UNAVAIL);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(empty, 0, &four[0]), 0);
+    none[0].usable = 1;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(empty, NULL, none, 1, &nd), 0);
+    PCR_CHECK_EQ_INT(nd.backend, 0);
+    pcr_policy_free(empty);
     PCR_CHECK(pcr_policy_new(&o, NULL, 4) == NULL);
     o.load_factor = 0.5;
     PCR_CHECK(pcr_policy_new(&o, four, 4) == NULL);
@@ -197,6 +207,7 @@ static void test_cold_then_warm(void)
     pcr_policy_stats(p, &st);
     PCR_CHECK(st.index_bytes > 0);
     PCR_CHECK(st.index_nodes >= 1);
+    PCR_CHECK_EQ_U64(st.index_evictions, 0);  /* forget and reset are not evictions */
     pcr_policy_backend_reset(p, first);
     PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, first), 0);
     pcr_policy_decide(p, key, l, 4, &d);
@@ -204,6 +215,8 @@ static void test_cold_then_warm(void)
     PCR_CHECK_EQ_INT(pcr_policy_set_capacity(p, 0, 3), 0);
     pcr_policy_commit(p, 0, key, 5, &from);
     PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, 0), 3);
+    pcr_policy_stats(p, &st);
+    PCR_CHECK_EQ_U64(st.index_evictions, key->nblocks - 3);  /* over the capacity of 3 */
     free(s);
     pcr_policy_free(p);
 }
@@ -459,6 +472,118 @@ static void test_cold_avoids_long_prefill_queue(void)
     pcr_policy_free(p);
 }
 
+/* Membership: a backend joins a new slot and about 1/n of the cold placements move to it; one
+ * that leaves loses its entries; two replicas fed the same calls decide alike. */
+static void test_membership(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CONSISTENT_HASH, four, 3, NULL);
+    pcr_policy_t *q = make(PCR_POLICY_CONSISTENT_HASH, four, 3, NULL);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 3);
+    enum { K = 400 };
+    int before[K];
+    pcr_backend_load_t loads[NB];
+    all_usable(loads, NB);
+    keybuf_t kb;
+    char text[64];
+    for (int i = 0; i < K; i++) {
+        int n = snprintf(text, sizeof(text), "prompt number %d", i);
+        pcr_decision_t d;
+        pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), loads, 1, &d);
+        before[i] = d.backend;
+    }
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 5, &four[3]), PCR_ERR_INVAL); /* no gaps */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 3, &four[3]), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(q, 3, &four[3]), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 4);
+    int moved = 0, to_new = 0;
+    for (int i = 0; i < K; i++) {
+        int n = snprintf(text, sizeof(text), "prompt number %d", i);
+        pcr_decision_t d, e;
+        pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), loads, 1, &d);
+        pcr_policy_decide(q, key_of(q, &kb, text, (size_t)n), loads, 1, &e);
+        PCR_CHECK_EQ_INT(d.backend, e.backend);
+        moved += d.backend != before[i];
+        to_new += d.backend == 3;
+        PCR_CHECK(d.backend == before[i] || d.backend == 3); /* only moves to the newcomer */
+    }
+    PCR_CHECK(to_new > K / 8 && to_new < K * 3 / 8);
+    PCR_CHECK_EQ_INT(moved, to_new);
+    /* Leaving: slot 1 is skipped (the router passes it unusable) and holds nothing. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_remove(p, 1), 0);
+    loads[1].usable = 0;
+    for (int i = 0; i < K; i++) {
+        int n = snprintf(text, sizeof(text), "prompt number %d", i);
+        pcr_decision_t d;
+        pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), loads, 1, &d);
+        PCR_CHECK(d.backend != 1);
+    }
+    pcr_policy_free(p);
+    pcr_policy_free(q);
+
+    /* cache_aware: the same name keeps its entries, another name in the slot starts empty. */
+    p = make(PCR_POLICY_CACHE_AWARE, four, 2, NULL);
+    size_t len;
+    char *s = prompt(1, 4096, &len);
+    pcr_key_t *k = key_of(p, &kb, s, len);
+    uint32_t from;
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, k, 1, &from), 0);
+    uint64_t held = pcr_policy_backend_blocks(p, 1);
+    PCR_CHECK(held > 0);
+    pcr_backend_desc_t heavier = four[1];
+    heavier.weight = 3;
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 1, &heavier), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), held);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 1, &four[2]), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, k, 2, &from), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_remove(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_remove(p, 1), 0); /* twice is fine */
+    free(s);
+    pcr_policy_free(p);
+}
+
+/* Down is not forgotten: an unavailable backend keeps its entries for opts.unavailable_keep,
+ * a restart drops them at once, coming back in time keeps them. */
+static void test_backend_states(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.unavailable_keep = 1000;
+    pcr_policy_t *p = pcr_policy_new(&o, four, 2);
+    keybuf_t kb;
+    size_t len;
+    char *s = prompt(3, 4096, &len);
+    pcr_key_t *k = key_of(p, &kb, s, len);
+    uint32_t from;
+    pcr_backend_load_t loads[2];
+    all_usable(loads, 2);
+    pcr_decision_t d;
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, k, 10, &from), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, k, 10, &from), 0);
+    uint64_t held = pcr_policy_backend_blocks(p, 0);
+    PCR_CHECK(held > 0);
+    /* Unavailable, then back within the time: nothing lost. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 0, PCR_BACKEND_UNAVAILABLE, 100), 0);
+    pcr_policy_decide(p, k, loads, 900, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 0, PCR_BACKEND_AVAILABLE, 950), 0);
+    pcr_policy_decide(p, k, loads, 5000, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
+    /* Unavailable for longer than unavailable_keep: forgotten, at the next call with a time. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 0, PCR_BACKEND_UNAVAILABLE, 6000), 0);
+    pcr_policy_decide(p, k, loads, 6999, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
+    pcr_policy_decide(p, k, loads, 7001, &d);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), 0);
+    /* A restart: at once, whatever else. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 1, PCR_BACKEND_RESTARTED, 7002), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 7, PCR_BACKEND_RESTARTED, 1), PCR_ERR_INVAL);
+    free(s);
+    pcr_policy_free(p);
+}
+
 int main(void)
 {
     PCR_RUN(test_defaults_and_arguments);
@@ -473,5 +598,7 @@ int main(void)
     PCR_RUN(test_zone);
     PCR_RUN(test_keyless_balances_load);
     PCR_RUN(test_cold_avoids_long_prefill_queue);
+    PCR_RUN(test_membership);
+    PCR_RUN(test_backend_states);
     return pcr_test_done();
 }

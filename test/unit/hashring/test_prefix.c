@@ -1,8 +1,9 @@
-/* test_prefix.c: hashring/prefix.c, the chained block hashes. The golden values pin the
- * scheme: if one changes, every router replica would remap every prefix. */
+/* test_prefix.c: hashring/prefix.c, the chained block hashes, one-shot and streamed. The golden
+ * values pin the scheme: if one changes, every router replica would remap every prefix. */
 #include <stdlib.h>
 #include <xxhash.h>
 
+#include "pcr/common.h"
 #include "pcr/prefix.h"
 #include "pcr_test.h"
 
@@ -14,33 +15,71 @@ static void fill_text(void)
         text[i] = (char)('a' + i % 26);
 }
 
+static uint64_t rng = 0x243F6A8885A308D3ull;
+
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
 static void test_golden_vectors(void)
 {
     uint64_t out[8];
-    uint64_t seed = pcr_prefix_seed("llama", 5);
-    PCR_CHECK_EQ_U64(seed, 0x1cd9e3046f25882full);
-    PCR_CHECK_EQ_U64(pcr_prefix_seed("", 0), 0x2d06800538d394c2ull);
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, text, 600, 256, 131072, out), 3);
-    PCR_CHECK_EQ_U64(out[0], 0x3411e70a77666c0eull);
-    PCR_CHECK_EQ_U64(out[1], 0xd4f2a9124c35c566ull);
-    PCR_CHECK_EQ_U64(out[2], 0xfff17a6da72025abull);
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, "hello", 5, 256, 131072, out), 1);
-    PCR_CHECK_EQ_U64(out[0], 0x7ba72645fd8a709bull);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("llama", 5, text, 600, 256, 131072, out), 3);
+    PCR_CHECK_EQ_U64(out[0], 0xc67c5f82997cd268ull);
+    PCR_CHECK_EQ_U64(out[1], 0x5bbbe2d20e27cd75ull);
+    PCR_CHECK_EQ_U64(out[2], 0x9bc11dacbfdd84bcull);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("llama", 5, "hello", 5, 256, 131072, out), 1);
+    PCR_CHECK_EQ_U64(out[0], 0x656e343e88cd9a3eull);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("", 0, "hello", 5, 256, 131072, out), 1);
+    PCR_CHECK_EQ_U64(out[0], 0x74dd2d7e29001d7bull);
+    /* With context bytes (a chat request's tools). */
+    pcr_prefix_stream_t *s = pcr_prefix_stream_new(256, 131072);
+    PCR_CHECK(s != NULL);
+    pcr_prefix_stream_update(s, "hello", 5);
+    pcr_prefix_stream_context(s, "[{\"type\":\"function\"}]", 21);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_finish(s, "llama", 5, out, NULL), 1);
+    PCR_CHECK_EQ_U64(out[0], 0x8528b0f45ff2995full);
+    pcr_prefix_stream_free(s);
 }
 
-/* The scheme, restated with XXH3 directly: block i seeded by block i-1, the last one partial. */
+static void le64(uint64_t v, unsigned char out[8])
+{
+    for (int i = 0; i < 8; i++)
+        out[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* The scheme, restated with XXH3 directly: an unseeded chain, the last block partial, then the
+ * model (seeded by the context's hash, 0 without one) mixed into each chain value. */
 static void test_chain_definition(void)
 {
     uint64_t out[8];
-    uint64_t seed = XXH3_64bits("m", 1);
-    PCR_CHECK_EQ_U64(pcr_prefix_seed("m", 1), seed);
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, text, 300, 128, 131072, out), 3);
-    uint64_t h0 = XXH3_64bits_withSeed(text, 128, seed);
-    uint64_t h1 = XXH3_64bits_withSeed(text + 128, 128, h0);
-    uint64_t h2 = XXH3_64bits_withSeed(text + 256, 44, h1);
-    PCR_CHECK_EQ_U64(out[0], h0);
-    PCR_CHECK_EQ_U64(out[1], h1);
-    PCR_CHECK_EQ_U64(out[2], h2);
+    unsigned char le[8];
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, text, 300, 128, 131072, out), 3);
+    uint64_t c0 = XXH3_64bits_withSeed(text, 128, 0);
+    uint64_t c1 = XXH3_64bits_withSeed(text + 128, 128, c0);
+    uint64_t c2 = XXH3_64bits_withSeed(text + 256, 44, c1);
+    uint64_t ctx = XXH3_64bits_withSeed("m", 1, 0);
+    le64(c0, le);
+    PCR_CHECK_EQ_U64(out[0], XXH3_64bits_withSeed(le, 8, ctx));
+    le64(c1, le);
+    PCR_CHECK_EQ_U64(out[1], XXH3_64bits_withSeed(le, 8, ctx));
+    le64(c2, le);
+    PCR_CHECK_EQ_U64(out[2], XXH3_64bits_withSeed(le, 8, ctx));
+
+    pcr_prefix_stream_t *s = pcr_prefix_stream_new(128, 131072);
+    pcr_prefix_stream_update(s, text, 300);
+    pcr_prefix_stream_context(s, "TOOLS", 2);
+    pcr_prefix_stream_context(s, "OLS", 3);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_finish(s, "m", 1, out, NULL), 3);
+    ctx = XXH3_64bits_withSeed("m", 1, XXH3_64bits("TOOLS", 5));
+    le64(c2, le);
+    PCR_CHECK_EQ_U64(out[2], XXH3_64bits_withSeed(le, 8, ctx));
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_bytes(s), 305);
+    pcr_prefix_stream_free(s);
 }
 
 static void test_shared_prefix_shares_blocks(void)
@@ -49,9 +88,8 @@ static void test_shared_prefix_shares_blocks(void)
     char other[1000];
     memcpy(other, text, sizeof(other));
     other[700] = '#';
-    uint64_t seed = pcr_prefix_seed("m", 1);
-    size_t na = pcr_prefix_hash(seed, text, 1000, 256, 131072, a);
-    size_t nb = pcr_prefix_hash(seed, other, 1000, 256, 131072, b);
+    size_t na = pcr_prefix_hash("m", 1, text, 1000, 256, 131072, a);
+    size_t nb = pcr_prefix_hash("m", 1, other, 1000, 256, 131072, b);
     PCR_CHECK_EQ_INT(na, 4);
     PCR_CHECK_EQ_INT(nb, 4);
     PCR_CHECK_EQ_U64(a[0], b[0]);
@@ -59,36 +97,118 @@ static void test_shared_prefix_shares_blocks(void)
     PCR_CHECK(a[2] != b[2]);  /* byte 700 is in block 2 */
     PCR_CHECK(a[3] != b[3]);  /* and the chain carries the difference on */
     /* A prompt that extends another keeps its full blocks. */
-    na = pcr_prefix_hash(seed, text, 512, 256, 131072, a);
-    nb = pcr_prefix_hash(seed, text, 900, 256, 131072, b);
+    na = pcr_prefix_hash("m", 1, text, 512, 256, 131072, a);
+    nb = pcr_prefix_hash("m", 1, text, 900, 256, 131072, b);
     PCR_CHECK_EQ_INT(na, 2);
     PCR_CHECK(memcmp(a, b, 2 * sizeof(uint64_t)) == 0);
 }
 
+/* Two models, or one model with two tool lists, share no block at any position. */
 static void test_models_never_share(void)
 {
-    uint64_t a[4], b[4];
-    pcr_prefix_hash(pcr_prefix_seed("base", 4), text, 256, 256, 131072, a);
-    pcr_prefix_hash(pcr_prefix_seed("base-lora1", 10), text, 256, 256, 131072, b);
-    PCR_CHECK(a[0] != b[0]);
+    uint64_t a[4], b[4], c[4];
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("base", 4, text, 1000, 256, 131072, a), 4);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("base-lora1", 10, text, 1000, 256, 131072, b), 4);
+    pcr_prefix_stream_t *s = pcr_prefix_stream_new(256, 131072);
+    pcr_prefix_stream_update(s, text, 1000);
+    pcr_prefix_stream_context(s, "[]", 2);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_finish(s, "base", 4, c, NULL), 4);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            PCR_CHECK(a[i] != b[j]);
+            PCR_CHECK(a[i] != c[j]);
+        }
+    pcr_prefix_stream_free(s);
+}
+
+/* Any split of the bytes over updates gives the one-shot key; so does a reset stream. */
+static void test_stream_any_split(void)
+{
+    uint64_t want[16], got[16];
+    pcr_prefix_stream_t *s = pcr_prefix_stream_new(64, 700);
+    size_t nwant = pcr_prefix_hash("mod", 3, text, 1000, 64, 700, want);
+    PCR_CHECK_EQ_INT(nwant, 11);
+    for (size_t cut = 0; cut <= 1000; cut++) {
+        pcr_prefix_stream_reset(s);
+        pcr_prefix_stream_update(s, text, cut);
+        pcr_prefix_stream_update(s, text + cut, 1000 - cut);
+        size_t n = pcr_prefix_stream_finish(s, "mod", 3, got, NULL);
+        if (n != nwant || memcmp(got, want, n * sizeof(uint64_t)) != 0) {
+            PCR_CHECK(!"split differs");
+            break;
+        }
+    }
+    for (int round = 0; round < 200; round++) {
+        pcr_prefix_stream_reset(s);
+        for (size_t off = 0; off < 1000;) {
+            size_t take = 1 + rnd() % 90;
+            if (take > 1000 - off)
+                take = 1000 - off;
+            pcr_prefix_stream_update(s, text + off, take);
+            off += take;
+        }
+        size_t n = pcr_prefix_stream_finish(s, "mod", 3, got, NULL);
+        PCR_CHECK(n == nwant && memcmp(got, want, n * sizeof(uint64_t)) == 0);
+        /* finish leaves the stream as it was */
+        PCR_CHECK(pcr_prefix_stream_finish(s, "mod", 3, got, NULL) == nwant);
+        PCR_CHECK_EQ_INT(pcr_prefix_stream_bytes(s), 1000);
+    }
+    pcr_prefix_stream_free(s);
+}
+
+/* A long max_prefix_bytes makes the chain grow past its first allocation. */
+static void test_stream_grows(void)
+{
+    size_t len = 300000;
+    char *big = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        big[i] = (char)rnd();
+    size_t max = pcr_prefix_max_blocks(16, len);
+    uint64_t *want = malloc(max * sizeof(uint64_t)), *got = malloc(max * sizeof(uint64_t));
+    size_t nwant = pcr_prefix_hash("m", 1, big, len, 16, len, want);
+    PCR_CHECK_EQ_INT(nwant, 18750);
+    pcr_prefix_stream_t *s = pcr_prefix_stream_new(16, len);
+    for (size_t off = 0; off < len; off += 16384)
+        pcr_prefix_stream_update(s, big + off, len - off < 16384 ? len - off : 16384);
+    int err = 1;
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_finish(s, "m", 1, got, &err), nwant);
+    PCR_CHECK_EQ_INT(err, 0);
+    PCR_CHECK(memcmp(got, want, nwant * sizeof(uint64_t)) == 0);
+    pcr_prefix_stream_free(s);
+    free(big);
+    free(want);
+    free(got);
 }
 
 static void test_limits(void)
 {
     uint64_t out[8], full[8];
-    uint64_t seed = pcr_prefix_seed("m", 1);
     PCR_CHECK_EQ_INT(pcr_prefix_max_blocks(256, 131072), 512);
     PCR_CHECK_EQ_INT(pcr_prefix_max_blocks(256, 1000), 4);
     PCR_CHECK_EQ_INT(pcr_prefix_max_blocks(0, 1000), 0);
     /* Only max_prefix_bytes are hashed: a longer prompt gives the same blocks. */
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, text, 1000, 256, 600, out), 3);
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, text, 600, 256, 131072, full), 3);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, text, 1000, 256, 600, out), 3);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, text, 600, 256, 131072, full), 3);
     PCR_CHECK(memcmp(out, full, 3 * sizeof(uint64_t)) == 0);
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, text, 0, 256, 131072, out), 0);
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, text, 10, 0, 131072, out), 0);
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, NULL, 10, 256, 131072, out), 0);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, text, 0, 256, 131072, out), 0);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, text, 10, 0, 131072, out), 0);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, NULL, 10, 256, 131072, out), 0);
     /* One byte still gets a key. */
-    PCR_CHECK_EQ_INT(pcr_prefix_hash(seed, "x", 1, 256, 131072, out), 1);
+    PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, "x", 1, 256, 131072, out), 1);
+    /* The stream: past max_prefix_bytes bytes are counted, not hashed. */
+    pcr_prefix_stream_t *s = pcr_prefix_stream_new(256, 600);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_update(s, text, 1000), 0);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_finish(s, "m", 1, full, NULL), 3);
+    pcr_prefix_hash("m", 1, text, 1000, 256, 600, out);
+    PCR_CHECK(memcmp(out, full, 3 * sizeof(uint64_t)) == 0);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_bytes(s), 1000);
+    pcr_prefix_stream_reset(s);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_finish(s, "m", 1, out, NULL), 0);
+    PCR_CHECK_EQ_INT(pcr_prefix_stream_update(s, NULL, 3), PCR_ERR_INVAL);
+    pcr_prefix_stream_free(s);
+    pcr_prefix_stream_free(NULL);
+    PCR_CHECK(pcr_prefix_stream_new(0, 100) == NULL);
+    PCR_CHECK(pcr_prefix_stream_new(16, 0) == NULL);
 }
 
 int main(void)
@@ -98,6 +218,8 @@ int main(void)
     PCR_RUN(test_chain_definition);
     PCR_RUN(test_shared_prefix_shares_blocks);
     PCR_RUN(test_models_never_share);
+    PCR_RUN(test_stream_any_split);
+    PCR_RUN(test_stream_grows);
     PCR_RUN(test_limits);
     return pcr_test_done();
 }

@@ -5,6 +5,7 @@
 
 #include "pcr/index.h"
 #include "pcr_test.h"
+#include "radix_ref.h"
 
 static char errbuf[256];
 
@@ -128,6 +129,7 @@ static void test_capacity_evicts_lru(void)
     PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 10);
     pcr_index_match(ix, a, 6, m);
     PCR_CHECK_EQ_INT(m[0], 4);  /* the oldest prefix lost its last two blocks */
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 2);
     pcr_index_match(ix, b, 6, m);
     PCR_CHECK_EQ_INT(m[0], 6);
     /* Using a makes b the oldest. */
@@ -137,10 +139,15 @@ static void test_capacity_evicts_lru(void)
     PCR_CHECK_EQ_INT(m[0], 3);
     pcr_index_match(ix, a, 6, m);
     PCR_CHECK_EQ_INT(m[0], 4);
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 5);
+    /* Forgetting on request is not an eviction. */
+    pcr_index_erase(ix, 0, c, 3, 2);
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 5);
     /* Shrinking the capacity evicts at once; the other backend is untouched. */
     pcr_index_insert(ix, 1, a, 6, 5, &from);
     PCR_CHECK_EQ_INT(pcr_index_set_capacity(ix, 0, 2), 0);
     PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 2);
+    PCR_CHECK_EQ_U64(pcr_index_evictions(ix), 5 + 7);
     pcr_index_match(ix, a, 6, m);
     PCR_CHECK_EQ_INT(m[1], 6);
     CHECK_VALID(ix);
@@ -176,115 +183,9 @@ static void test_remove_backend(void)
     pcr_index_free(ix);
 }
 
-/* ---- the naive reference model ------------------------------------------------------------ */
+/* ---- against the naive reference model (radix_ref.c) ---------------------------------- */
 
-#define RL 6      /* longest key: at most 4 * (3 + 9 + ... + 729) prefixes */
-#define RMAX 8192 /* records */
-
-typedef struct {
-    unsigned b;
-    size_t len;
-    uint64_t seq[RL];
-    uint64_t time;
-} rec_t;
-
-typedef struct {
-    rec_t r[RMAX];
-    size_t n;
-    size_t nb;
-    uint64_t cap[8];
-} ref_t;
-
-static int ref_find(const ref_t *m, unsigned b, const uint64_t *seq, size_t len)
-{
-    for (size_t i = 0; i < m->n; i++)
-        if (m->r[i].b == b && m->r[i].len == len &&
-            memcmp(m->r[i].seq, seq, len * sizeof(uint64_t)) == 0)
-            return (int)i;
-    return -1;
-}
-
-static int ref_has_child(const ref_t *m, const rec_t *e)
-{
-    for (size_t i = 0; i < m->n; i++)
-        if (m->r[i].b == e->b && m->r[i].len == e->len + 1 &&
-            memcmp(m->r[i].seq, e->seq, e->len * sizeof(uint64_t)) == 0)
-            return 1;
-    return 0;
-}
-
-static uint64_t ref_count(const ref_t *m, unsigned b)
-{
-    uint64_t c = 0;
-    for (size_t i = 0; i < m->n; i++)
-        c += m->r[i].b == b;
-    return c;
-}
-
-static void ref_drop(ref_t *m, size_t i)
-{
-    m->r[i] = m->r[--m->n];
-}
-
-static void ref_evict(ref_t *m, unsigned b)
-{
-    while (ref_count(m, b) > m->cap[b]) {
-        int best = -1;
-        for (size_t i = 0; i < m->n; i++)
-            if (m->r[i].b == b && !ref_has_child(m, &m->r[i]) &&
-                (best < 0 || m->r[i].time < m->r[best].time))
-                best = (int)i;
-        ref_drop(m, (size_t)best);
-    }
-}
-
-static size_t ref_insert(ref_t *m, unsigned b, const uint64_t *k, size_t n, uint64_t now)
-{
-    size_t from = n;
-    for (size_t i = 0; i < n; i++) {
-        int at = ref_find(m, b, k, i + 1);
-        if (at < 0) {
-            at = (int)m->n++;
-            m->r[at].b = b;
-            m->r[at].len = i + 1;
-            memcpy(m->r[at].seq, k, (i + 1) * sizeof(uint64_t));
-            if (from > i)
-                from = i;
-        }
-        m->r[at].time = now;
-    }
-    ref_evict(m, b);
-    return from;
-}
-
-static void ref_erase(ref_t *m, unsigned b, const uint64_t *k, size_t n, size_t from)
-{
-    for (size_t i = n; i-- > from;) {
-        int at = ref_find(m, b, k, i + 1);
-        if (at < 0)
-            continue;
-        if (ref_has_child(m, &m->r[at]))
-            return;
-        ref_drop(m, (size_t)at);
-    }
-}
-
-static void ref_remove(ref_t *m, unsigned b)
-{
-    for (size_t i = m->n; i-- > 0;)
-        if (m->r[i].b == b)
-            ref_drop(m, i);
-}
-
-static void ref_match(const ref_t *m, const uint64_t *k, size_t n, uint32_t *out)
-{
-    for (unsigned b = 0; b < m->nb; b++) {
-        out[b] = 0;
-        for (size_t i = 1; i <= n; i++)
-            if (ref_find(m, b, k, i) >= 0)
-                out[b] = (uint32_t)i;
-    }
-}
+#define RL RADIX_REF_MAXLEN
 
 static uint64_t rng_state = 0x12345678;
 
@@ -304,70 +205,52 @@ static size_t random_key(uint64_t *k)
     return n;
 }
 
-/* Same blocks held, by comparing counts and every reference record against a match. */
-static int same_as_ref(pcr_index_t *ix, const ref_t *m)
-{
-    uint32_t got[8];
-    for (unsigned b = 0; b < m->nb; b++)
-        if (pcr_index_backend_blocks(ix, b) != ref_count(m, b))
-            return 0;
-    for (size_t i = 0; i < m->n; i++) {
-        pcr_index_match(ix, m->r[i].seq, m->r[i].len, got);
-        if (got[m->r[i].b] < m->r[i].len)
-            return 0;
-    }
-    return 1;
-}
-
 static void test_random_against_reference(void)
 {
-    static ref_t m;
+    static radix_ref_t m;
     const unsigned nb = 4;
     pcr_index_t *ix = new_index(nb, 0);
     uint64_t k[RL];
     uint32_t got[8], want[8];
     int mismatches = 0, invalid = 0;
 
-    memset(&m, 0, sizeof(m));
-    m.nb = nb;
-    for (unsigned b = 0; b < nb; b++)
-        m.cap[b] = PCR_INDEX_UNLIMITED;
+    radix_ref_init(&m, nb);
     for (uint64_t step = 1; step <= 20000 && !mismatches && !invalid; step++) {
         unsigned b = (unsigned)(rnd() % nb);
         size_t n = random_key(k);
         unsigned op = (unsigned)(rnd() % 100);
         if (op < 55) {
             size_t from;
-            size_t want_from = ref_insert(&m, b, k, n, step);
+            size_t want_from = radix_ref_insert(&m, b, k, n, step);
             pcr_index_insert(ix, b, k, n, step, &from);
             mismatches += from != want_from;
         } else if (op < 80) {
-            ref_match(&m, k, n, want);
+            radix_ref_match(&m, k, n, want);
             pcr_index_match(ix, k, n, got);
             mismatches += memcmp(got, want, nb * sizeof(uint32_t)) != 0;
         } else if (op < 92) {
             size_t from = rnd() % n;
-            ref_erase(&m, b, k, n, from);
+            radix_ref_erase(&m, b, k, n, from);
             pcr_index_erase(ix, b, k, n, from);
         } else if (op < 98) {
             uint64_t cap = rnd() % 4 == 0 ? PCR_INDEX_UNLIMITED : 3 + rnd() % 30;
-            m.cap[b] = cap;
-            ref_evict(&m, b);
+            radix_ref_set_capacity(&m, b, cap);
             pcr_index_set_capacity(ix, b, cap);
         } else {
-            ref_remove(&m, b);
+            radix_ref_remove(&m, b);
             pcr_index_remove_backend(ix, b);
         }
         invalid += pcr_index_check(ix, errbuf, sizeof(errbuf)) != 0;
         if (!invalid && step % 7 == 0)
-            mismatches += !same_as_ref(ix, &m);
+            mismatches += !radix_ref_same(ix, &m);
         if (mismatches || invalid)
             printf("# step %llu op %u backend %u: %s\n", (unsigned long long)step, op, b,
                    invalid ? errbuf : "differs from the reference");
     }
     PCR_CHECK_EQ_INT(mismatches, 0);
     PCR_CHECK_EQ_INT(invalid, 0);
-    PCR_CHECK(same_as_ref(ix, &m));
+    PCR_CHECK(radix_ref_same(ix, &m));
+    PCR_CHECK(!m.full);
     pcr_index_free(ix);
 }
 
@@ -477,6 +360,8 @@ static void test_memory_cap_evicts_oldest(void)
     CHECK_VALID(ix);
     PCR_CHECK_EQ_INT(over, 0);
     PCR_CHECK(pcr_index_pairs(ix) > 100);
+    /* Every pair inserted is either still there or was evicted. */
+    PCR_CHECK_EQ_U64(pcr_index_pairs(ix) + pcr_index_evictions(ix), 2000 * 8);
     for (int j = 0; j < 8; j++)
         k[j] = 0 * 100 + (uint64_t)j;
     PCR_CHECK_EQ_INT(pcr_index_match(ix, k, 8, m), 0);   /* the first went first */

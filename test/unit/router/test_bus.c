@@ -46,16 +46,16 @@ static void test_commit_reaches_the_others_not_the_sender(void)
     uint32_t from;
     pcr_policy_commit(w0, 1, &key, 5, &from);
     pcr_bus_commit(bus, 0, 1, &key, 5);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, w0), 0);  /* the sender applied it itself */
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 0);  /* the sender applied it itself */
     PCR_CHECK_EQ_INT(matched(w1, &key, 1), 0);       /* not before its next drain */
-    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, w1), 1);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 2, w2), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, &w1), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 2, &w2), 1);
     PCR_CHECK_EQ_INT(matched(w1, &key, 1), key.nblocks);
     PCR_CHECK_EQ_INT(matched(w2, &key, 1), matched(w0, &key, 1));
     /* The failure that undoes it travels the same way. */
     pcr_policy_forget(w0, 1, &key, 0);
     pcr_bus_forget(bus, 0, 1, &key, 0);
-    pcr_bus_drain(bus, 1, w1);
+    pcr_bus_drain(bus, 1, &w1);
     PCR_CHECK_EQ_INT(matched(w1, &key, 1), 0);
     pcr_policy_free(w0);
     pcr_policy_free(w1);
@@ -75,12 +75,12 @@ static void test_control_reaches_every_worker(void)
     pcr_policy_commit(w0, 2, &key, 1, &from);
     pcr_policy_commit(w1, 2, &key, 1, &from);
     pcr_bus_reset(bus, PCR_BUS_CONTROL, 2);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, w0), 1);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, w1), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, &w1), 1);
     PCR_CHECK_EQ_INT(matched(w0, &key, 2), 0);
     PCR_CHECK_EQ_INT(matched(w1, &key, 2), 0);
     pcr_bus_capacity(bus, PCR_BUS_CONTROL, 0, 2);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, w0), 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
     pcr_policy_commit(w0, 0, &key, 2, &from);
     PCR_CHECK(pcr_policy_backend_blocks(w0, 0) <= 2);
     pcr_policy_free(w0);

@@ -143,6 +143,8 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_INT(full->health.rise, min->health.rise);
         PCR_CHECK_EQ_INT(full->log.level, min->log.level);
         PCR_CHECK_EQ_INT(full->log.access_log, min->log.access_log);
+        PCR_CHECK_STR(full->log.access_log_path, min->log.access_log_path);
+        PCR_CHECK_EQ_INT(full->log.access_log_format, min->log.access_log_format);
         PCR_CHECK_EQ_INT(full->backends[0].weight, min->backends[0].weight);
         PCR_CHECK_EQ_U64(full->backends[0].capacity_tokens, min->backends[0].capacity_tokens);
         PCR_CHECK_EQ_INT(full->backends[0].max_connections, min->backends[0].max_connections);
@@ -213,8 +215,12 @@ static void test_defaults(void)
     PCR_CHECK_STR(cfg->health.path, "/health");
     PCR_CHECK_EQ_INT(cfg->health.fall, 2);
     PCR_CHECK_EQ_INT(cfg->health.rise, 1);
+    PCR_CHECK_EQ_INT(cfg->upstream.request_usage, 0);
     PCR_CHECK_EQ_INT(cfg->log.level, PCR_LOG_INFO);
     PCR_CHECK_EQ_INT(cfg->log.access_log, 1);
+    PCR_CHECK_STR(cfg->log.access_log_path, "");
+    PCR_CHECK_EQ_INT(cfg->log.access_log_format, PCR_ACCESS_TEXT);
+    PCR_CHECK(cfg->admin.address == NULL && cfg->admin.addrlen == 0);
     PCR_CHECK_EQ_INT(cfg->redis.enabled, 0);
     PCR_CHECK(cfg->redis.url == NULL && cfg->redis.host == NULL);
     PCR_CHECK_STR(cfg->redis.channel, "pcrouter");
@@ -334,6 +340,36 @@ static void test_error_redis(void)
                 "t.json:3:43: redis.flush_ms: must be between 1 and 10000, got 0");
 }
 
+/* The sharing keeps its own copy of its settings; a reload compares them. */
+static void test_redis_conf_copy_and_equal(void)
+{
+    char *errors = NULL;
+    pcr_config_t *a = parse(HEAD "'redis': {'url': 'redis://u:pw@r:7000/2', 'channel': 'x'}}", &errors);
+    pcr_config_t *b = parse(HEAD "'redis': {'url': 'redis://u:pw@r:7000/2', 'channel': 'y'}}", &errors);
+    pcr_config_t *off = parse(HEAD "'workers': 1}", &errors);
+    PCR_CHECK(a != NULL && b != NULL && off != NULL && errors == NULL);
+    if (a != NULL && b != NULL && off != NULL) {
+        pcr_redis_conf_t c;
+        PCR_CHECK_EQ_INT(pcr_redis_conf_copy(&c, &a->redis), 0);
+        PCR_CHECK(c.url != a->redis.url && c.host != a->redis.host);
+        PCR_CHECK_STR(c.password, "pw");
+        PCR_CHECK(pcr_redis_conf_equal(&c, &a->redis));
+        PCR_CHECK(!pcr_redis_conf_equal(&c, &b->redis));
+        PCR_CHECK(!pcr_redis_conf_equal(&c, &off->redis));
+        c.flush_ms++;
+        PCR_CHECK(!pcr_redis_conf_equal(&c, &a->redis));
+        pcr_redis_conf_dispose(&c);
+        PCR_CHECK(c.url == NULL && c.channel == NULL);
+        PCR_CHECK_EQ_INT(pcr_redis_conf_copy(&c, &off->redis), 0);
+        PCR_CHECK(pcr_redis_conf_equal(&c, &off->redis) && c.url == NULL);
+        pcr_redis_conf_dispose(&c);
+    }
+    pcr_config_free(a);
+    pcr_config_free(b);
+    pcr_config_free(off);
+    free(errors);
+}
+
 /* Every key, set to a value other than its default, lands in its field. */
 static void test_every_key_is_read(void)
 {
@@ -350,9 +386,11 @@ static void test_every_key_is_read(void)
         "            'max_client_connections': 11},\n"
         " 'timeouts': {'connect_ms': 1, 'response_ms': 2, 'stream_idle_ms': 3,\n"
         "              'upstream_keepalive_ms': 4, 'client_idle_ms': 5, 'drain_ms': 0},\n"
-        " 'upstream': {'max_connections': 12, 'retries': 0},\n"
+        " 'upstream': {'max_connections': 12, 'retries': 0, 'request_usage': true},\n"
         " 'health': {'interval_ms': 0, 'timeout_ms': 13, 'path': '/ready?x=1', 'fall': 4, 'rise': 5},\n"
-        " 'log': {'level': 'debug', 'access_log': false}}", &errors);
+        " 'log': {'level': 'debug', 'access_log': false, 'access_log_path': '/tmp/a.log',\n"
+        "         'access_log_format': 'json'},\n"
+        " 'admin': {'address': '127.0.0.1:9090'}}", &errors);
     PCR_CHECK(cfg != NULL && errors == NULL);
     if (errors != NULL)
         printf("# %s", errors);
@@ -402,8 +440,14 @@ static void test_every_key_is_read(void)
     PCR_CHECK_STR(cfg->health.path, "/ready?x=1");
     PCR_CHECK_EQ_INT(cfg->health.fall, 4);
     PCR_CHECK_EQ_INT(cfg->health.rise, 5);
+    PCR_CHECK_EQ_INT(cfg->upstream.request_usage, 1);
     PCR_CHECK_EQ_INT(cfg->log.level, PCR_LOG_DEBUG);
     PCR_CHECK_EQ_INT(cfg->log.access_log, 0);
+    PCR_CHECK_STR(cfg->log.access_log_path, "/tmp/a.log");
+    PCR_CHECK_EQ_INT(cfg->log.access_log_format, PCR_ACCESS_JSON);
+    PCR_CHECK_STR(cfg->admin.address, "127.0.0.1:9090");
+    PCR_CHECK_EQ_INT(cfg->admin.addrlen, sizeof(struct sockaddr_in));
+    PCR_CHECK_EQ_INT(ntohs(((const struct sockaddr_in *)&cfg->admin.addr)->sin_port), 9090);
     pcr_config_free(cfg);
 }
 
@@ -536,15 +580,16 @@ static void test_error_top_level_not_object(void)
 static void test_error_unknown_keys(void)
 {
     CHECK_ERROR(LISTEN_OK "'backend': []}",
-                "t.json:1:1: $: missing required key \"backends\"\n"
+                "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
+                "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, workers, routing, limits, timeouts, upstream, health, log, redis)");
+                "(allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
-                "load_factor, load_weight, zone_penalty, vnodes)\n"
+                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms)\n"
                 "t.json:3:37: routing.foo: unknown key \"foo\" (allowed: policy, zone, block_bytes, "
-                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes)");
+                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a'},\n"
                 "{'name': 'b', 'url': 'http://b', 'wieght': 2}]}",
                 "t.json:3:34: backends[1].wieght: unknown key \"wieght\"; did you mean \"weight\"? "
@@ -553,7 +598,7 @@ static void test_error_unknown_keys(void)
                 BACKENDS_OK "}",
                 "t.json:1:73: listen[0].tls.ca: unknown key \"ca\" (allowed: cert, key)");
     CHECK_ERROR(HEAD "'log': {'Level': 'info'}}",
-                "t.json:3:9: log.Level: unknown key \"Level\"; did you mean \"level\"? (allowed: level, access_log)");
+                "t.json:3:9: log.Level: unknown key \"Level\"; did you mean \"level\"? (allowed: level, access_log, access_log_path, access_log_format)");
 }
 
 static void test_error_wrong_types(void)
@@ -588,7 +633,7 @@ static void test_error_wrong_types(void)
 static void test_error_required_and_empty(void)
 {
     CHECK_ERROR("{}", "t.json:1:1: $: missing required key \"listen\"\n"
-                      "t.json:1:1: $: missing required key \"backends\"");
+                      "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one backend or discovery entry is needed");
     CHECK_ERROR("{'listen': [],\n'backends': []}",
                 "t.json:1:12: listen: must not be empty: at least one listener is needed\n"
                 "t.json:2:13: backends: must not be empty: at least one backend is needed");
@@ -645,6 +690,15 @@ static void test_error_duplicate_listen_address(void)
     CHECK_ERROR("{'listen': [{'address': '[::1]:80'}, {'address': '[0:0::1]:80'}],\n" BACKENDS_OK "}",
                 "t.json:1:50: listen[1].address: duplicate listen address \"[0:0::1]:80\" "
                 "(also listen[0].address)");
+    /* The admin listener needs an address of its own, and a valid one. */
+    CHECK_ERROR("{'listen': [{'address': '127.0.0.1:8080'}],\n" BACKENDS_OK ",\n"
+                "'admin': {'address': '127.0.0.1:8080'}}",
+                "t.json:3:22: admin.address: admin address \"127.0.0.1:8080\" is also "
+                "listen[0].address: the admin listener needs an address of its own");
+    CHECK_ERROR(HEAD "'admin': {}}", "t.json:3:10: admin: missing required key \"address\"");
+    CHECK_ERROR(HEAD "'admin': {'address': 'localhost:9090'}}",
+                "t.json:3:22: admin.address: expected \"IP:PORT\" or \"[IPv6]:PORT\", got "
+                "\"localhost:9090\": not a numeric IPv4 address (host names are not resolved)");
 }
 
 static void test_error_backend_url(void)
@@ -692,6 +746,8 @@ static void test_error_unknown_policy_and_level(void)
                 "round_robin, least_loaded, consistent_hash, cache_aware");
     CHECK_ERROR(HEAD "'log': {'level': 'trace'}}",
                 "t.json:3:18: log.level: unknown log level \"trace\"; expected one of error, warn, info, debug");
+    CHECK_ERROR(HEAD "'log': {'access_log_format': 'xml'}}",
+                "t.json:3:30: log.access_log_format: unknown access log format \"xml\"; expected one of text, json");
     CHECK_ERROR(HEAD "'health': {'path': 'health'}}",
                 "t.json:3:20: health.path: expected a request path such as \"/health\", got \"health\"");
 }
@@ -741,8 +797,8 @@ static void test_multiple_errors_all_reported_in_order(void)
         "t.json:4:23: routing.policy: unknown policy \"x\"; expected one of round_robin, least_loaded, "
         "consistent_hash, cache_aware\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
-        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, workers, routing, limits, timeouts, "
-        "upstream, health, log, redis)\n";
+        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
+        "upstream, health, scrape, outlier, log, admin, redis)\n";
     PCR_CHECK_STR(e, want);
     free(e);
 }
@@ -761,7 +817,7 @@ static void test_positions_survive_awkward_text(void)
                 "t.json:3:42: routing.vnodes: must be between 1 and 10000, got 0");
     CHECK_ERROR(HEAD "'routing': {'zone': '\\ud83d\\ude00 😀', '\\ud83d\\ude00': 1}}",
                 "t.json:3:39: routing.\xf0\x9f\x98\x80: unknown key \"\xf0\x9f\x98\x80\" (allowed: policy, zone, "
-                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes)");
+                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms)");
     /* Tabs and CRLF line ends: a tab is one column, a CR is not a line end. */
     CHECK_ERROR("{'listen': [{'address': '127.0.0.1:0'}],\r\n" BACKENDS_OK ",\r\n\t'log': {'level': 1}}",
                 "t.json:3:19: log.level: expected string, got integer 1");
@@ -769,16 +825,16 @@ static void test_positions_survive_awkward_text(void)
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'models': [[[[]], []], 'm']}],\n"
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
-                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, workers, routing, limits, timeouts, "
-                "upstream, health, log, redis)");
+                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
+                "upstream, health, scrape, outlier, log, admin, redis)");
 }
 
 /* A key holding a newline or a control character still makes one error line. */
 static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
-                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, workers, routing, "
-                "limits, timeouts, upstream, health, log, redis)");
+                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, routing, "
+                "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");
 }
@@ -790,6 +846,7 @@ int main(void)
     PCR_RUN(test_defaults);
     PCR_RUN(test_redis_section);
     PCR_RUN(test_error_redis);
+    PCR_RUN(test_redis_conf_copy_and_equal);
     PCR_RUN(test_every_key_is_read);
     PCR_RUN(test_listen_ipv6_and_port_0);
     PCR_RUN(test_tls_listener);

@@ -167,12 +167,23 @@ static void test_random_round_trips(void)
 static void test_encoder_refuses_bad_input(void)
 {
     pcr_share_enc_t e;
-    const char *bad1[] = {"ok", ""};
-    const char *bad2[] = {"a\nb"};
-    PCR_CHECK_EQ_INT(pcr_share_enc_init(&e, bad1, 2), PCR_ERR_INVAL);
-    PCR_CHECK_EQ_INT(pcr_share_enc_init(&e, bad2, 1), PCR_ERR_INVAL);
-    PCR_CHECK_EQ_INT(pcr_share_enc_init(&e, NAMES, NNAMES), 0);
     uint64_t k[3] = {1, 2, 3};
+    /* Names are checked when an op first uses them: an empty slot (NULL) or a name that cannot
+     * travel is refused there, and the batch stays as it was. */
+    char longname[PCR_SHARE_NAME_MAX + 2];
+    memset(longname, 'x', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    const char *bad[] = {"ok", "", "a\nb", NULL, longname};
+    PCR_CHECK_EQ_INT(pcr_share_enc_init(&e, bad, 5), 0);
+    for (unsigned b = 1; b < 5; b++)
+        PCR_CHECK_EQ_INT(pcr_share_enc_add(&e, PCR_SHARE_COMMIT, b, k, 3, 0), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_share_enc_count(&e), 0);
+    PCR_CHECK_EQ_INT(pcr_share_enc_size(&e), PCR_SHARE_HDR_BYTES);
+    PCR_CHECK_EQ_INT(pcr_share_enc_add(&e, PCR_SHARE_COMMIT, 0, k, 3, 0), 0);
+    PCR_CHECK_EQ_INT(pcr_share_enc_count(&e), 1);
+    pcr_share_enc_dispose(&e);
+
+    PCR_CHECK_EQ_INT(pcr_share_enc_init(&e, NAMES, NNAMES), 0);
     PCR_CHECK_EQ_INT(pcr_share_enc_add(&e, PCR_SHARE_COMMIT, NNAMES, k, 3, 0), PCR_ERR_INVAL);
     PCR_CHECK_EQ_INT(pcr_share_enc_add(&e, PCR_SHARE_COMMIT, 0, k, 0, 0), PCR_ERR_INVAL);
     PCR_CHECK_EQ_INT(pcr_share_enc_add(&e, PCR_SHARE_FORGET, 0, k, 3, 4), PCR_ERR_INVAL);
@@ -185,6 +196,35 @@ static void test_encoder_refuses_bad_input(void)
     PCR_CHECK_EQ_INT(pcr_share_enc_size(&e), PCR_SHARE_HDR_BYTES);
     PCR_CHECK_EQ_INT(pcr_share_enc_add(&e, PCR_SHARE_COMMIT, 1, k, 3, 0), 0);
     PCR_CHECK_EQ_INT(pcr_share_enc_size(&e), PCR_SHARE_HDR_BYTES + 6 + PCR_SHARE_OP_BYTES + 24);
+    pcr_share_enc_dispose(&e);
+}
+
+/* Backends come and go: a slot's name may change between batches, and the next batch carries
+ * the new one. */
+static void test_a_slot_renamed_between_batches(void)
+{
+    const char *names[3] = {"pod-a", NULL, "pod-c"};
+    pcr_share_enc_t e;
+    PCR_CHECK_EQ_INT(pcr_share_enc_init(&e, names, 3), 0);
+    uint64_t k[2] = {7, 8};
+    const char *want[2] = {"pod-c", "10.0.0.9:8000"};
+    for (int round = 0; round < 2; round++) {
+        PCR_CHECK_EQ_INT(pcr_share_enc_add(&e, PCR_SHARE_COMMIT, 2, k, 2, 0), 0);
+        pcr_share_hdr_t h = {0, 256, 1, 2};
+        unsigned char *buf = NULL;
+        size_t len = 0;
+        PCR_CHECK_EQ_INT(pcr_share_enc_finish(&e, &h, &buf, &len), 0);
+        pcr_share_batch_t b;
+        PCR_CHECK(buf != NULL && pcr_share_decode(buf, len, 16, &b) == NULL);
+        size_t pos = 0, nl = 0;
+        const char *name = NULL;
+        PCR_CHECK_EQ_INT(b.nnames, 1);
+        PCR_CHECK(pcr_share_next_name(&b, &pos, &name, &nl) == 1 && nl == strlen(want[round]) &&
+                  memcmp(name, want[round], nl) == 0);
+        free(buf);
+        pcr_share_enc_reset(&e);
+        names[2] = "10.0.0.9:8000";   /* the slot's backend left, another joined */
+    }
     pcr_share_enc_dispose(&e);
 }
 
@@ -314,6 +354,7 @@ int main(void)
     PCR_RUN(test_empty_batch_and_snapshot_flags);
     PCR_RUN(test_random_round_trips);
     PCR_RUN(test_encoder_refuses_bad_input);
+    PCR_RUN(test_a_slot_renamed_between_batches);
     PCR_RUN(test_every_truncation_is_rejected);
     PCR_RUN(test_each_field_checked);
     PCR_RUN(test_flipped_bytes_never_read_out_of_bounds);

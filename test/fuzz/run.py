@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""Runs every libFuzzer target of a -Dfuzz=true build for a while: `make fuzz` calls it.
+
+    test/fuzz/run.py BUILD SECONDS [TARGET...]
+
+Each target fuzz_NAME runs for SECONDS (one after the other: the machine is shared) from the
+seeds in test/fuzz/corpus/NAME/, read only, and writes what it finds new to a work corpus,
+BUILD/fuzz/corpus/NAME/, kept between runs; test/fuzz/NAME.dict is its dictionary when there.
+Crashes, leaks, timeouts and out-of-memory inputs go to BUILD/fuzz/crashes/NAME/. One line per
+target: executions, exec/s, corpus size, new crashes; then where the crashes are. The exit
+status is 1 when any target crashed. test/fuzz/README.md says how to minimize and keep inputs.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FUZZ_DIR = os.path.join(ROOT, "test", "fuzz")
+
+ENV = {
+    "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1:symbolize=1",
+    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+}
+
+
+def targets(build):
+    exe_dir = os.path.join(build, "test", "fuzz")
+    names = sorted(f[len("fuzz_"):] for f in os.listdir(exe_dir)
+                   if f.startswith("fuzz_") and os.access(os.path.join(exe_dir, f), os.X_OK)
+                   and not f.endswith(".p"))
+    return [(n, os.path.join(exe_dir, "fuzz_" + n)) for n in names]
+
+
+def run_one(build, name, exe, seconds):
+    work = os.path.join(build, "fuzz", "corpus", name)
+    crashes = os.path.join(build, "fuzz", "crashes", name)
+    log = os.path.join(build, "fuzz", "logs", name + ".log")
+    for d in (work, crashes, os.path.dirname(log)):
+        os.makedirs(d, exist_ok=True)
+    before = set(os.listdir(crashes))
+    cmd = [exe, f"-max_total_time={seconds}", "-print_final_stats=1", "-timeout=10",
+           "-rss_limit_mb=2048", f"-artifact_prefix={crashes}/"]
+    d = os.path.join(FUZZ_DIR, name + ".dict")
+    if os.path.exists(d):
+        cmd.append(f"-dict={d}")
+    cmd += [work, os.path.join(FUZZ_DIR, "corpus", name)]
+    start = time.monotonic()
+    with open(log, "w") as out:
+        # A deadline past the fuzzer's own: a target stuck outside libFuzzer's control ends too.
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, **ENV), timeout=seconds + 120).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    elapsed = time.monotonic() - start
+    text = open(log, errors="replace").read()
+
+    def stat(key):
+        m = re.findall(r"^stat::" + key + r":\s+(\d+)", text, re.M)
+        return int(m[-1]) if m else None
+
+    execs = stat("number_of_executed_units")
+    if execs is None:   # stopped by a crash: the last status line still counts them
+        m = re.findall(r"^#(\d+)\s", text, re.M)
+        execs = int(m[-1]) if m else 0
+    corp = re.findall(r"corp: (\d+)/(\d+\w*)", text)
+    new = sorted(set(os.listdir(crashes)) - before)
+    return {
+        "name": name, "seconds": elapsed, "execs": execs,
+        "rate": execs / elapsed if elapsed > 0 else 0,
+        "corpus": f"{corp[-1][0]} ({corp[-1][1]})" if corp else "?",
+        "crashes": [os.path.join(crashes, f) for f in new], "rc": rc, "log": log,
+    }
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    build = os.path.abspath(sys.argv[1])
+    seconds = int(sys.argv[2])
+    wanted = sys.argv[3:]
+    exe_dir = os.path.join(build, "test", "fuzz")
+    every = targets(build) if os.path.isdir(exe_dir) else []
+    if not every:
+        print(f"no fuzz targets in {exe_dir} (was it set up with -Dfuzz=true?)")
+        return 2
+    found = [t for t in every if not wanted or t[0] in wanted]
+    if len(found) < len(wanted) or not found:
+        print(f"targets: {' '.join(t[0] for t in every)}; asked for: {' '.join(wanted)}")
+        return 2
+    rel = os.path.relpath(build, ROOT)
+    print(f"work corpora in {rel}/fuzz/corpus/NAME, crashes in {rel}/fuzz/crashes/NAME,"
+          f" logs in {rel}/fuzz/logs/NAME.log")
+    results = []
+    for name, exe in found:
+        print(f"fuzzing {name} for {seconds} s ...", flush=True)
+        results.append(run_one(build, name, exe, seconds))
+    print(f"\n{'target':<10} {'time':>7} {'executions':>12} {'exec/s':>9}  {'corpus (files, bytes)':<22} new crashes")
+    for r in results:
+        print(f"{r['name']:<10} {r['seconds']:>6.0f}s {r['execs']:>12} {r['rate']:>9.0f}  "
+              f"{r['corpus']:<22} {len(r['crashes'])}")
+    bad = [r for r in results if r["crashes"] or r["rc"] not in (0,)]
+    for r in bad:
+        print(f"\n{r['name']}: exit {r['rc']}, log {r['log']}")
+        for c in r["crashes"]:
+            print(f"  {c}")
+    if bad:
+        print(f"\nreplay one: {rel}/test/fuzz/fuzz_NAME FILE"
+              " (see test/fuzz/README.md)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

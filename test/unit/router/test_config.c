@@ -338,6 +338,24 @@ static void test_error_redis(void)
                 "batch_max_bytes (9000000)");
     CHECK_ERROR(HEAD "'redis': {'url': 'redis://r', 'flush_ms': 0}}",
                 "t.json:3:43: redis.flush_ms: must be between 1 and 10000, got 0");
+
+    /* Replicas exchange backend names in a byte of length: a longer name is fine alone, and
+     * an error with a redis section. */
+    char name[300], text[600];
+    memset(name, 'n', 256);
+    name[256] = '\0';
+    snprintf(text, sizeof text, LISTEN_OK "'backends': [{'name': '%s', 'url': 'http://a'}]}", name);
+    char *errors = NULL;
+    pcr_config_t *cfg = parse(text, &errors);
+    PCR_CHECK(cfg != NULL && errors == NULL);
+    pcr_config_free(cfg);
+    free(errors);
+    snprintf(text, sizeof text,
+             LISTEN_OK "'backends': [{'name': '%s', 'url': 'http://a'}],\n'redis': {'url': 'redis://r'}}", name);
+    char *e = errors_of(text);
+    PCR_CHECK_STR(e, "t.json:2:23: backends[0].name: at most 255 bytes with a \"redis\" section "
+                     "(replicas exchange it), got 256\n");
+    free(e);
 }
 
 /* The sharing keeps its own copy of its settings; a reload compares them. */

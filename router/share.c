@@ -259,7 +259,10 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 static void on_snap_timer(evutil_socket_t fd, short what, void *arg)
 {
     pcr_share_t *s = arg;
-    if (pcr_share_table_count(s->table) > 0 && pcr_share_table_version(s->table) != s->snap_version)
+    /* A table that emptied (its backends left, restarted or stayed away) is written too, once
+     * one was: the snapshot in Redis must not go on naming what this replica dropped. */
+    if (pcr_share_table_version(s->table) != s->snap_version &&
+        (pcr_share_table_count(s->table) > 0 || PCR_LOAD(s->m.snapshots_written) > 0))
         pcr_share_write_snapshot(s, 0);
 }
 

@@ -19,6 +19,8 @@ import redis
 
 from conftest import (LineReader, chat, completion, curl, free_port, get_metrics, make_config,
                       metric, wait_for)
+from test_discovery import backends, discovery_config, dns, start_pods  # noqa: F401 (dns: fixture)
+from test_reload import reload, since
 from test_routing import text
 
 DEADLINE = 30.0   # sanitizer builds on a shared 2-core machine are slow
@@ -384,3 +386,164 @@ def test_password_and_host_name(stub_factory, router_factory, redis_server, tmp_
     assert got, bad.err.tail()
     assert "wrong" not in bad.err.text()
     assert share(bad, "connected") == 0
+
+
+# ---- backends that come and go --------------------------------------------------------------
+
+def test_reload_keeps_redis_and_names_map_to_todays_backends(stub_factory, router_factory,
+                                                            redis_server):
+    """B's reload replaces pod-b with pod-e, which takes pod-b's slot, and moves the channel.
+    The channel change is refused (a restart is needed) while the backends change; what A
+    learns about pod-b is then ignored by B, not taken for pod-e's, and what A learns about
+    the pods both have still reaches B through the old channel."""
+    stubs, rs, (a, b) = start_replicas(2, stub_factory, router_factory, redis_server, "t8")
+    e = stub_factory("pod-e")
+    rng = random.Random(16)
+    # B's own entry for pod-b, in its slot: it must not outlive the slot's change.
+    for i in range(60):
+        pod, _ = send(b, chat([{"role": "system", "content": "b's %d: %s" % (i, text(rng, 3000))},
+                               {"role": "user", "content": "x"}]))
+        if pod == "pod-b":
+            break
+    assert pod == "pod-b"
+    wait_for(lambda: rs.client.exists("t8:snapshot:" + replica_id(b)) and
+             "pod-b" in snapshot_names(rs, "t8", replica_id(b)), DEADLINE, 0.05,
+             "B's snapshot naming pod-b")
+    cfg = share_config([stubs[0], e, stubs[2], stubs[3]], rs, "t8-moved")
+    start = reload(b, cfg)
+    wait_for(lambda: since(b, start, r"redis\.\* changes need a restart"), DEADLINE, 0.05,
+             "the redis change refused")
+    assert since(b, start, r"reload: backend pod-e joins") and since(b, start, r"backend pod-b leaves")
+    wait_for(lambda: curl(b.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+    # Its snapshot is rewritten without pod-b's entry, which is not taken for pod-e's either.
+    wait_for(lambda: "pod-b" not in snapshot_names(rs, "t8", replica_id(b)), DEADLINE, 0.05,
+             "B's snapshot rewritten without pod-b")
+    assert "pod-e" not in snapshot_names(rs, "t8", replica_id(b))
+
+    on_b, elsewhere = None, []
+    for i in range(60):
+        system = {"role": "system", "content": "prompt %d: %s" % (i, text(rng, 3000))}
+        pod, route = send(a, chat([system, {"role": "user", "content": "from A"}]))
+        assert route == "cold"
+        if pod == "pod-b" and on_b is None:
+            on_b = system
+        elif pod != "pod-b" and len(elsewhere) < 2:
+            elsewhere.append((system, pod))
+        if on_b is not None and len(elsewhere) == 2:
+            break
+    assert on_b is not None and len(elsewhere) == 2, "pod-b never chosen in 60 prompts"
+    # Every update A sent reached B: applied, or ignored for naming a backend B no longer has.
+    def published():
+        m = get_metrics(a)
+        return metric(m, "pcrouter_share_updates_sent_total") >= \
+            metric(m, "pcrouter_route_decisions_total")
+    wait_for(published, DEADLINE, 0.02, "A's updates acknowledged by Redis")
+    sent = share(a, "updates_sent")
+    wait_for(lambda: share(b, "updates_received") + share(b, "updates_ignored") >= sent,
+             DEADLINE, 0.02, "B reading A's %d updates" % sent)
+    assert share(b, "updates_ignored") >= 1
+    pod, route = send(b, chat([on_b, {"role": "user", "content": "from B"}]))
+    assert pod != "pod-b" and route == "cold", (pod, route)
+    for system, home in elsewhere:
+        assert send(b, chat([system, {"role": "user", "content": "from B"}])) == (home, "warm")
+    # Still the channel B started with.
+    assert rs.client.keys("t8-moved:*") == []
+    assert share(b, "connected") == 1 and share(b, "rejected") == 0
+
+
+def replica_id(router):
+    got = router.err.wait_line(r"share: sharing the prefix index .* as replica ([0-9a-f]{16})", 5)
+    assert got, router.err.tail()
+    return got[1].group(1)
+
+
+def snapshot_names(rs, channel, replica):
+    """The backend names a replica's snapshot in Redis has entries for."""
+    blob = rs.client.get("%s:snapshot:%s" % (channel, replica))
+    assert blob and blob[:4] == b"pcr\x01" and blob[4] & 1, blob[:8]
+    nnames, _, nops = struct.unpack_from("<HII", blob, 6)
+    at, names = 32, []
+    for _ in range(nnames):
+        names.append(blob[at + 1:at + 1 + blob[at]].decode())
+        at += 1 + blob[at]
+    used = set()
+    for _ in range(nops):
+        _, name, _, fresh, _ = struct.unpack_from("<BHIIQ", blob, at)
+        used.add(names[name])
+        at += 19 + 8 * fresh
+    assert at == len(blob)
+    return used
+
+
+def send_any(router, body):
+    """(backend, route) of a routed chat request to a pod named by discovery ("ADDR:PORT")."""
+    r = curl(router.url("/v1/chat/completions"), body)
+    assert r.status == 200, r
+    return r.header("x-pcrouter-backend"), r.header("x-pcrouter-route")
+
+
+def test_replicas_discovering_the_same_pods_share(stub_factory, router_factory, redis_server,
+                                                  dns):
+    """Two replicas follow one headless name through DNS (dnsmasq on loopback). Discovery names
+    backends "ADDR:PORT", so replicas that see the same pods name them alike, whatever slots
+    they gave them: A saw .3 first, B all three at once. A pod that leaves takes its entries
+    along; back again, it starts empty."""
+    hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    _, port = start_pods(stub_factory, hosts)
+    names = {"%s:%d" % (h, port) for h in hosts}
+    d = dns(["127.0.0.3"])
+    rs = redis_server()
+
+    def config():
+        cfg = discovery_config(d.port, port, redis={
+            "url": rs.url(), "channel": "t9", "snapshot_interval_ms": 200,
+            "reconnect_min_ms": 100, "reconnect_max_ms": 500, "timeout_ms": 1000,
+            "ready_timeout_ms": 15000})
+        cfg["routing"] = {"policy": "cache_aware"}
+        return cfg
+    a = router_factory(config())
+    wait_for(lambda: backends(a) == {"127.0.0.3:%d" % port}, DEADLINE, 0.05, "A finding .3")
+    d.answer(hosts)
+    wait_for(lambda: backends(a) == names, DEADLINE, 0.05, "A finding all three")
+    b = router_factory(config())
+    for r in (a, b):
+        wait_for(lambda: backends(r) == names, DEADLINE, 0.05, "the three pods")
+        wait_for(lambda: curl(r.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+        wait_for(lambda: share(r, "connected") == 1, DEADLINE, 0.05, "connected to redis")
+
+    rng = random.Random(17)
+    msgs = [{"role": "system", "content": "discovered: " + text(rng, 2048)}]
+    turns = []
+    for turn in range(6):
+        here, there = (a, b) if turn % 2 == 0 else (b, a)
+        msgs.append({"role": "user", "content": text(rng, 1024)})
+        turns.append(send_any(here, chat(msgs, tag="d%d" % turn)))
+        msgs.append({"role": "assistant", "content": text(rng, 256)})
+        wait_synced(here, there)
+    assert len({p for p, _ in turns}) == 1 and turns[0][0] in names, turns
+    assert turns[0][1] == "cold" and all(r == "warm" for _, r in turns[1:]), turns
+    home = turns[0][0]
+
+    # The conversation's pod leaves the name: both replicas drop it, and sharing goes on
+    # between the two pods left.
+    d.answer([h for h in hosts if not home.startswith(h + ":")])
+    for r in (a, b):
+        wait_for(lambda: backends(r) == names - {home}, DEADLINE, 0.05, "the pod gone")
+    system = {"role": "system", "content": "after the pod left: " + text(rng, 6000)}
+    pod, route = send_any(a, chat([system, {"role": "user", "content": "a"}]))
+    assert route == "cold" and pod != home
+    wait_synced(a, b)
+    assert send_any(b, chat([system, {"role": "user", "content": "b"}])) == (pod, "warm")
+
+    # Back again (a new backend under the old name): what it held was forgotten.
+    d.answer(hosts)
+    for r in (a, b):
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_backend_up", backend=home) == 1,
+                 DEADLINE, 0.05, "the pod back and up")
+    msgs.append({"role": "user", "content": "one more turn"})
+    # Kept, the entries would make it warm on that pod, which is usable again.
+    assert send_any(b, chat(msgs, tag="after"))[1] == "cold"
+    for r in (a, b):
+        m = get_metrics(r)
+        assert metric(m, "pcrouter_share_rejected_total") == 0, m
+        assert metric(m, "pcrouter_share_updates_dropped_total") == 0, m

@@ -17,10 +17,11 @@ import time
 import pytest
 import redis
 
-from conftest import (LineReader, chat, completion, curl, free_port, get_metrics, make_config,
-                      metric, wait_for)
+from conftest import (BUILD, LineReader, chat, completion, curl, free_port, get_metrics,
+                      make_config, metric, wait_for)
 from test_discovery import backends, discovery_config, dns, start_pods  # noqa: F401 (dns: fixture)
 from test_reload import reload, since
+from test_resilience import backend_metric, restart_sim, routing
 from test_routing import text
 
 DEADLINE = 30.0   # sanitizer builds on a shared 2-core machine are slow
@@ -460,7 +461,7 @@ def replica_id(router):
 def snapshot_names(rs, channel, replica):
     """The backend names a replica's snapshot in Redis has entries for."""
     blob = rs.client.get("%s:snapshot:%s" % (channel, replica))
-    assert blob and blob[:4] == b"pcr\x01" and blob[4] & 1, blob[:8]
+    assert blob and blob[:4] == b"pcr\x01" and blob[4] & 1, blob and blob[:8]
     nnames, _, nops = struct.unpack_from("<HII", blob, 6)
     at, names = 32, []
     for _ in range(nnames):
@@ -547,3 +548,69 @@ def test_replicas_discovering_the_same_pods_share(stub_factory, router_factory, 
         m = get_metrics(r)
         assert metric(m, "pcrouter_share_rejected_total") == 0, m
         assert metric(m, "pcrouter_share_updates_dropped_total") == 0, m
+
+
+@pytest.mark.parametrize("keep_ms", [300000, 0])
+def test_down_is_not_forgotten_in_the_shared_table(stub_factory, router_factory, redis_server,
+                                                   keep_ms):
+    """A pod marked down keeps its entries in the table the snapshot is written from, as the
+    workers keep theirs, for routing.unavailable_keep_ms; with 0 they go at once."""
+    stubs = [stub_factory("pod-a"), stub_factory("pod-b")]
+    rs = redis_server()
+    cfg = share_config(stubs, rs, "t10")
+    cfg["routing"]["unavailable_keep_ms"] = keep_ms
+    cfg["health"] = {"interval_ms": 100, "fall": 1, "rise": 1}
+    r = router_factory(cfg)
+    wait_for(lambda: curl(r.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+    rng = random.Random(18)
+    owner, _ = send(r, chat([{"role": "system", "content": text(rng, 3000)},
+                             {"role": "user", "content": "kept?"}]))
+    wait_for(lambda: share(r, "snapshot_entries") == 1, DEADLINE, 0.02, "the key in the table")
+    next(x for x in stubs if x.name == owner).kill()
+    wait_for(lambda: backend_metric(r, "pcrouter_backend_up", owner) == 0, DEADLINE, 0.05,
+             "%s down" % owner)
+    # One more key, on the other pod: once the table holds it, a flush has looked at the
+    # backends since the owner went down.
+    other, _ = send(r, chat([{"role": "system", "content": text(rng, 3000)},
+                             {"role": "user", "content": "elsewhere"}]))
+    assert other != owner
+    if keep_ms:
+        wait_for(lambda: share(r, "snapshot_entries") == 2, DEADLINE, 0.02, "both keys held")
+    else:
+        wait_for(lambda: share(r, "snapshot_entries") == 1, DEADLINE, 0.02,
+                 "the owner's key dropped, the other's held")
+    # The snapshot says the same.
+    wait_for(lambda: rs.client.exists("t10:snapshot:" + replica_id(r)) and
+             snapshot_names(rs, "t10", replica_id(r)) == ({owner, other} if keep_ms else {other}),
+             DEADLINE, 0.05, "the snapshot holding what the table holds")
+
+
+def test_pod_restart_drops_its_shared_entries(router_factory, redis_server):
+    """A restart the scrape sees (vllm_sim killed and started again on its port) empties the
+    pod's cache: its entries leave the shared table at once, though it was never down."""
+    scale = 100
+    sims = {n: routing.Sims(BUILD, [n], scale) for n in ("sim-a", "sim-b")}
+    try:
+        rs = redis_server()
+        urls = sorted((n, s.urls[n]) for n, s in sims.items())
+        r = router_factory(make_config(urls, routing={"policy": "cache_aware"},
+                                       health={"interval_ms": 60000},
+                                       scrape={"interval_ms": 100},
+                                       redis={"url": rs.url(), "channel": "t11"}))
+        wait_for(lambda: curl(r.url("/health")).status == 200, DEADLINE, 0.05, "/health 200")
+        resp = curl(r.url("/v1/completions"),
+                    completion("restart me: " + text(random.Random(19), 3000), model="sim-8b"))
+        assert resp.status == 200, resp
+        owner = resp.header("x-pcrouter-backend")
+        wait_for(lambda: share(r, "snapshot_entries") == 1, DEADLINE, 0.02, "the key in the table")
+        wait_for(lambda: (backend_metric(r, "pcrouter_backend_prefix_cache_queries_tokens_total",
+                                         owner) or 0) > 0, DEADLINE, 0.05, "a scrape after it")
+        port = int(sims[owner].urls[owner].rsplit(":", 1)[1])
+        sims[owner], _, _ = restart_sim(sims[owner], owner, port, scale)
+        wait_for(lambda: backend_metric(r, "pcrouter_backend_restarts_total", owner) == 1,
+                 DEADLINE, 0.05, "the restart seen by the scrape")
+        wait_for(lambda: share(r, "snapshot_entries") == 0, DEADLINE, 0.02, "its key dropped")
+        assert backend_metric(r, "pcrouter_backend_up", owner) == 1
+    finally:
+        for sm in sims.values():
+            sm.stop()

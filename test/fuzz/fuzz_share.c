@@ -10,24 +10,15 @@
  *      (the encoder lists only the names used and shares every leading block it can), and
  *      re-encodes to itself byte for byte.
  *
- * Corpus: test/fuzz/corpus/share/. Built with -fsanitize=fuzzer it is a libFuzzer target;
- * any main that feeds it files replays the corpus. */
+ * Corpus: test/fuzz/corpus/share/, replayed by `make test` (test/fuzz/meson.build); `make fuzz`
+ * runs it under libFuzzer. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "share_codec.h"
-
-#ifndef FUZZ_CHECK
-#define FUZZ_CHECK(cond) do { \
-    if (!(cond)) { \
-        fprintf(stderr, "fuzz check failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-        abort(); \
-    } } while (0)
-#endif
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Small enough for the fuzzer to reach the "too long" branch, large enough for real keys. */
 #define MAX_BLOCKS 512

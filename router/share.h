@@ -20,7 +20,9 @@ struct evbuffer;
 
 /* When the config has a "redis" section: sets *out to the sharing, enables the bus tap (call
  * before the workers start) and sets srv->share_loading. Without one, *out is NULL and nothing
- * changes. 0, PCR_ERR_NOMEM, or PCR_ERR_INVAL (a backend name that cannot be shared; logged). */
+ * changes. 0, PCR_ERR_NOMEM, or PCR_ERR_INVAL (no resolver for a redis host given by name;
+ * logged). The backends it shares are those in srv's slots whenever it looks: they may come
+ * and go. */
 int pcr_share_new(pcr_server_t *srv, pcr_share_t **out);
 
 /* On the control thread once the workers run: connect, flush, watch the ready timeout. */

@@ -125,6 +125,23 @@ def wait_synced(src, dst):
              "the receiver applying %d updates" % sent)
 
 
+def conversation(a, b, rng, nturns, send_fn):
+    """A conversation whose turns alternate between replicas a and b, each turn shared before
+    the next: it stays on one pod, cold at its first turn and warm at every other. Returns its
+    messages and that pod."""
+    msgs = [{"role": "system", "content": "conversation: " + text(rng, 2048)}]
+    turns = []
+    for turn in range(nturns):
+        here, there = (a, b) if turn % 2 == 0 else (b, a)
+        msgs.append({"role": "user", "content": text(rng, 1024)})
+        turns.append(send_fn(here, chat(msgs, tag="t%d" % turn)))
+        msgs.append({"role": "assistant", "content": text(rng, 256)})
+        wait_synced(here, there)
+    assert len({p for p, _ in turns}) == 1, turns
+    assert turns[0][1] == "cold" and all(r == "warm" for _, r in turns[1:]), turns
+    return msgs, turns[0][0]
+
+
 def start_replicas(n, stub_factory, router_factory, redis_server, channel, **redis_keys):
     stubs = [stub_factory("pod-%s" % c) for c in "abcd"]
     rs = redis_server()
@@ -140,16 +157,7 @@ def test_two_replicas_share_conversation_and_system_prompt(stub_factory, router_
     rng = random.Random(11)
     # A conversation whose turns alternate between the replicas stays on one pod: every turn
     # after the first is warm on whichever replica gets it.
-    msgs = [{"role": "system", "content": "conversation: " + text(rng, 2048)}]
-    turns = []
-    for turn in range(8):
-        here, there = (a, b) if turn % 2 == 0 else (b, a)
-        msgs.append({"role": "user", "content": text(rng, 1024)})
-        turns.append(send(here, chat(msgs, tag="t%d" % turn)))
-        msgs.append({"role": "assistant", "content": text(rng, 256)})
-        wait_synced(here, there)
-    assert len({p for p, _ in turns}) == 1, turns
-    assert turns[0][1] == "cold" and all(r == "warm" for _, r in turns[1:]), turns
+    conversation(a, b, rng, 8, send)
 
     # A new system prompt learned through A is warm on B at B's first sight of it.
     system = {"role": "system", "content": "agent: " + text(rng, 6000)}
@@ -513,17 +521,8 @@ def test_replicas_discovering_the_same_pods_share(stub_factory, router_factory, 
         wait_for(lambda: share(r, "connected") == 1, DEADLINE, 0.05, "connected to redis")
 
     rng = random.Random(17)
-    msgs = [{"role": "system", "content": "discovered: " + text(rng, 2048)}]
-    turns = []
-    for turn in range(6):
-        here, there = (a, b) if turn % 2 == 0 else (b, a)
-        msgs.append({"role": "user", "content": text(rng, 1024)})
-        turns.append(send_any(here, chat(msgs, tag="d%d" % turn)))
-        msgs.append({"role": "assistant", "content": text(rng, 256)})
-        wait_synced(here, there)
-    assert len({p for p, _ in turns}) == 1 and turns[0][0] in names, turns
-    assert turns[0][1] == "cold" and all(r == "warm" for _, r in turns[1:]), turns
-    home = turns[0][0]
+    msgs, home = conversation(a, b, rng, 6, send_any)
+    assert home in names
 
     # The conversation's pod leaves the name: both replicas drop it, and sharing goes on
     # between the two pods left.

@@ -14,12 +14,13 @@ PREFIX     ?= /usr/local
 BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libsimdjson-dev libhiredis-dev \
               libhttp-parser-dev
-# Run and test: real clients and servers the tests start themselves (dnsmasq-base: a DNS server
-# the discovery tests control, without a system service), groff for the manual page, YAML and
-# the Kubernetes object models for the manifests' offline check, promtool (prometheus) for the
-# metrics, the alert rules and their unit tests.
+# Run and test: real clients and servers the tests start themselves (redis-server and its
+# Python client for the index sharing; dnsmasq-base: a DNS server the discovery tests control,
+# without a system service), groff for the manual page, YAML and the Kubernetes object models
+# for the manifests' offline check, promtool (prometheus) for the metrics, the alert rules and
+# their unit tests.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
-              python3-hpack python3-hyperframe dnsmasq-base \
+              python3-hpack python3-hyperframe python3-redis dnsmasq-base \
               groff-base python3-yaml python3-kubernetes prometheus
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
@@ -78,7 +79,7 @@ build-tsan: deps $(TSAN_BUILD)/build.ninja
 
 # The fuzz build: clang, libFuzzer, ASan+UBSan; only the fuzz targets are built in it.
 $(FUZZ_BUILD)/build.ninja:
-	CC=clang-14 meson setup $(FUZZ_BUILD) --buildtype=debugoptimized -Dfuzz=true \
+	CC=clang-14 CXX=clang++-14 meson setup $(FUZZ_BUILD) --buildtype=debugoptimized -Dfuzz=true \
 	  -Db_sanitize=address,undefined -Db_lundef=false
 
 build-fuzz: deps-fuzz $(FUZZ_BUILD)/build.ninja

@@ -8,7 +8,13 @@ pods' /metrics. It does the same through HAProxy 2.6 hashing the first 256 bytes
 with bounded loads. Prints one table and the hit-rate and latency targets, writes bench/out/routing.json
 and bench/out/routing.png (TTFT distribution and hit rate per policy, gnuplot).
 
-QUICK=1 replays a slice (first 2000 requests) so the whole run takes under two minutes.
+Then cache_aware again through several replicas of pcrouter (--replicas, default 1,2,4) with
+the trace's requests spread over them round robin, each replica on its own index and (--share)
+sharing it through a redis-server started for the run: the delivered hit rate against one
+replica's, and what the sharing costs Redis (commands and bytes per routed request, memory at
+the end).
+
+QUICK=1 replays a slice (first 2000 requests) so the whole run takes a few minutes.
 The helpers here (Sims, Router, run_replay) are also used by bench/demo.py and
 test/integration/test_replay.py.
 """
@@ -262,10 +268,13 @@ class Haproxy:
 
 def run_replay(build, trace, target, pods, time_scale, limit, json_path, label, cap=None,
                timeout=None, progress=True, extra=()):
-    """Runs bench/sim/replay; returns its JSON summary (dict). Raises on failure."""
+    """Runs bench/sim/replay; returns its JSON summary (dict). Raises on failure. `target` is
+    a URL, or a list of them that the rows are spread over round robin."""
     exe = os.path.join(build, "bench", "sim", "replay")
-    argv = [exe, "--trace", trace, "--target", target, "--time-scale", str(time_scale),
+    argv = [exe, "--trace", trace, "--time-scale", str(time_scale),
             "--json", json_path, "--label", label, "--pods", ",".join(pods)]
+    for t in (target if isinstance(target, (list, tuple)) else [target]):
+        argv += ["--target", t]
     if limit:
         argv += ["--limit", str(limit)]
     if cap:
@@ -380,6 +389,172 @@ unset multiplot
         return None
 
 
+# ------------------------------------------------------------------------------------------
+# several replicas, with and without sharing the index through Redis
+
+class RedisServer:
+    """redis-server on a free loopback port, data in memory only; `r` is a python3-redis client."""
+
+    def __init__(self, tmpdir):
+        import redis
+        self.port = free_port()
+        self.proc = Proc(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                          "--save", "", "--appendonly", "no", "--dir", tmpdir,
+                          "--logfile", os.path.join(tmpdir, "redis.log")], "redis-server")
+        self.proc.drain()
+        self.r = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.r.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline or self.proc.p.poll() is not None:
+                    self.proc.stop()
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.05)
+        self.url = "redis://127.0.0.1:%d/0" % self.port
+
+    def cost(self, requests):
+        """Commands and bytes Redis handled, per routed request, and its memory now."""
+        cmds = self.r.info("commandstats")
+        # Those of pcrouter only: not this script's INFO and CONFIG RESETSTAT.
+        ours = {k: v["calls"] for k, v in cmds.items()
+                if k.split("_", 1)[-1].split("|")[0] not in ("info", "config")}
+        stats, mem = self.r.info("stats"), self.r.info("memory")
+        n = max(requests, 1)
+        return {"redis_commands_per_request": sum(ours.values()) / n,
+                "redis_commands": ours,
+                "redis_bytes_in_per_request": stats["total_net_input_bytes"] / n,
+                "redis_bytes_out_per_request": stats["total_net_output_bytes"] / n,
+                "redis_used_memory_bytes": mem["used_memory"],
+                "redis_stream_entries": self.r.xlen("pcrouter:stream")}
+
+    def stop(self):
+        return self.proc.stop()
+
+
+def run_replicas(args, build, trace, names, routing, tmp):
+    """cache_aware through 1..N replicas, requests round robin, without and with sharing; every
+    replica runs one worker thread, the single replica included, so that only the count and
+    the sharing change. Returns the rows."""
+    counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    modes = {"both": ["off", "redis"], "on": ["redis"], "off": ["off"]}[args.share]
+    configs = [(n, mode) for n in counts for mode in (modes if n > 1 else ["off"])]
+    runs = {c: [] for c in configs}
+    # --repeat: each repetition visits every setup, in a rotated order, so that a slow spell of
+    # this shared machine does not always land on the same one; rows are medians.
+    for k in range(args.repeat):
+        for n, mode in configs[k % len(configs):] + configs[:k % len(configs)]:
+            r = replica_run(args, build, trace, names, routing, tmp, n, mode, k)
+            if r:
+                runs[(n, mode)].append(r)
+    rows = []
+    for c in configs:
+        got = sorted(runs[c], key=lambda r: r.get("hit_rate") or 0)
+        if got:
+            row = dict(got[len(got) // 2])
+            row["hit_rates"] = [r.get("hit_rate") for r in runs[c]]
+            rows.append(row)
+    return rows
+
+
+def share_counters(router):
+    """The pcrouter_share_* counters of one replica, from its /metrics."""
+    import urllib.request
+    text = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        router.url + "/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"pcrouter_share_(updates_\w+_total|rejected_total|snapshots_\w+_total) (\S+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def replica_run(args, build, trace, names, routing, tmp, n, mode, k=0):
+    label = "%d replica%s%s" % (n, "s" if n > 1 else "", ", shared" if mode == "redis" else "")
+    sims, routers, rs = None, [], None
+    t0 = time.monotonic()
+    try:
+        sims = Sims(build, names, args.time_scale, args.capacity_tokens)
+        if mode == "redis":
+            rs = RedisServer(tmp)
+        for i in range(n):
+            cfg = router_config(sims.urls, "cache_aware", args.capacity_tokens, routing=routing)
+            cfg["workers"] = 1
+            if rs:
+                cfg["redis"] = {"url": rs.url}
+                if args.flush_ms:
+                    cfg["redis"]["flush_ms"] = args.flush_ms
+            path = os.path.join(tmp, "replica-%d.json" % i)
+            with open(path, "w") as f:
+                json.dump(cfg, f, indent=1)
+            routers.append(Router(build, cfg, tmp, config_path=path))
+        if rs:
+            rs.r.config_resetstat()
+        print("== cache_aware, %s" % label, flush=True)
+        r = run_replay(build, trace, [x.url for x in routers], list(sims.urls.values()),
+                       args.time_scale, args.limit,
+                       os.path.join(args.out, "replay_replicas_%d_%s_%d.json" % (n, mode, k)), label,
+                       cap=args.max_tokens_cap)
+        r.update(replicas=n, sharing=mode)
+        if rs:
+            r.update(rs.cost(r.get("requests") or args.limit or 1))
+            totals = {}
+            for x in routers:
+                for k, v in share_counters(x).items():
+                    totals[k] = totals.get(k, 0) + v
+            r["share_counters"] = totals
+        return r
+    except Exception as e:   # one broken run must not hide the others
+        print("routing: %s failed: %s" % (label, e), file=sys.stderr, flush=True)
+        return None
+    finally:
+        for x in routers:
+            x.stop()
+        if rs:
+            rs.stop()
+        if sims:
+            sims.stop()
+        print("   (%.0fs)" % (time.monotonic() - t0), flush=True)
+
+
+def print_replicas(rows):
+    base = next((r for r in rows if r["replicas"] == 1), None)
+    h1 = base.get("hit_rate") if base else None
+    print("%-22s %9s %9s %10s %10s %10s %12s %12s  %s" % (
+        "replicas", "hit rate", "vs one", "TTFT p50", "TTFT p99", "cmds/req", "bytes/req",
+        "redis mem", "runs"))
+    for r in rows:
+        t = r.get("ttft_ms_model", {})
+        h = r.get("hit_rate")
+        rel = h / h1 if isinstance(h, (int, float)) and h1 else None
+        cost = "redis_commands_per_request" in r
+        print("%-22s %9s %9s %9sms %9sms %10s %12s %12s  %s" % (
+            r["label"], fmt(h, ".4f"), fmt(rel, ".3f"), fmt(t.get("p50"), ".0f"),
+            fmt(t.get("p99"), ".0f"),
+            fmt(r.get("redis_commands_per_request"), ".2f") if cost else "-",
+            ("%.0f in %.0f out" % (r["redis_bytes_in_per_request"], r["redis_bytes_out_per_request"]))
+            if cost else "-",
+            ("%.1f MiB" % (r["redis_used_memory_bytes"] / 1048576.0)) if cost else "-",
+            " ".join(fmt(x, ".4f") for x in r.get("hit_rates", []))))
+    out = []
+    if h1:
+        for r in rows:
+            if r["replicas"] == max(x["replicas"] for x in rows) and r["replicas"] > 1:
+                h = r.get("hit_rate") or 0
+                if r["sharing"] == "redis":
+                    out.append("%-4s %d replicas sharing through Redis: hit rate at most 3%% below "
+                               "one replica's (%.4f vs %.4f, %+.1f%%)" % (
+                                   "MET" if h >= 0.97 * h1 else "MISS", r["replicas"],
+                                   h, h1, 100 * (h - h1) / h1))
+                else:
+                    out.append("     %d replicas without sharing lose %.1f%% of one replica's hit "
+                               "rate (%.4f vs %.4f)" % (r["replicas"], 100 * (h1 - h) / h1, h, h1))
+    return out
+
+
 def main():
     quick = os.environ.get("QUICK", "") not in ("", "0")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -394,10 +569,21 @@ def main():
                          " scheduling jitter on this shared machine is this many ms of TTFT")
     ap.add_argument("--limit", type=int, default=2000 if quick else 0)
     ap.add_argument("--max-tokens-cap", type=int, default=4096)
-    ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash")
+    ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash",
+                    help="comma-separated; \"none\" runs only the replica comparison")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--routing", default="{}",
                     help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
+    ap.add_argument("--replicas", default="1,2,4",
+                    help="replica counts for cache_aware, requests spread round robin over them"
+                         " (default 1,2,4; 1 alone skips the comparison)")
+    ap.add_argument("--share", choices=("both", "on", "off"), default="both",
+                    help="replicas sharing the index through Redis, not sharing, or both (default)")
+    ap.add_argument("--flush-ms", type=int, default=0,
+                    help="redis.flush_ms of the shared runs (default: pcrouter's)")
+    ap.add_argument("--repeat", type=int, default=3 if quick else 1,
+                    help="runs of each replica setup; the table shows the run of median hit rate"
+                         " (default 1; QUICK: 3)")
     args = ap.parse_args()
     routing = json.loads(args.routing)
     build = os.path.abspath(args.build)
@@ -409,7 +595,7 @@ def main():
         os.path.basename(trace), args.limit or "all", args.pods, args.capacity_tokens,
         args.time_scale), flush=True)
     with tempfile.TemporaryDirectory(prefix="pcr-routing-") as tmp:
-        for policy in args.policies.split(","):
+        for policy in [p for p in args.policies.split(",") if p and p != "none"]:
             sims = front = None
             t0 = time.monotonic()
             try:
@@ -433,23 +619,40 @@ def main():
                 if sims:
                     sims.stop()
             print("   (%.0fs)" % (time.monotonic() - t0), flush=True)
-    if not results:
+        replicas = []
+        if any(int(x) > 1 for x in args.replicas.split(",") if x.strip()):
+            replicas = run_replicas(args, build, trace, names, routing, tmp)
+    if not results and not replicas:
         return 1
-    print()
-    print_table(results)
-    print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of ceil:"
-          " fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model time (wall x"
-          " time scale); req/s in model time." % (results[0].get("ceiling") or 0))
-    by = {r["label"]: r for r in results}
-    targets = check_targets(by)
+    targets = []
+    if results:
+        print()
+        print_table(results)
+        print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of ceil:"
+              " fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model time (wall x"
+              " time scale); req/s in model time." % (results[0].get("ceiling") or 0))
+        targets = check_targets({r["label"]: r for r in results})
     if targets:
         print("\ntargets (hit rate, balance, TTFT):")
         for t in targets:
             print("  " + t)
+    if replicas:
+        print("\ncache_aware through several replicas of one worker each, requests round robin"
+              " (hit rate as above;\nRedis: commands, bytes in and out per routed request,"
+              " memory at the end; each row the run of median hit rate of %d):" % args.repeat)
+        targets_r = print_replicas(replicas)
+        for r in replicas:
+            if r.get("share_counters"):
+                print("  %s: %s" % (r["label"], ", ".join(
+                    "%s %d" % (k, v) for k, v in sorted(r["share_counters"].items()))))
+        for t in targets_r:
+            print("  " + t)
+        targets += targets_r
     summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in results]
+    summary_r = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in replicas]
     with open(os.path.join(args.out, "routing.json"), "w") as f:
-        json.dump({"results": summary, "targets": targets}, f, indent=1)
-    png = plot(results, args.out)
+        json.dump({"results": summary, "replicas": summary_r, "targets": targets}, f, indent=1)
+    png = plot(results, args.out) if results else None
     if png:
         print("\nwrote %s" % os.path.relpath(png))
     return 0

@@ -32,6 +32,7 @@
 #include "config_addr.h"
 #include "config_err.h"
 #include "pcr/common.h"
+#include "share_codec.h"
 
 /* A config file larger than this is a mistake (a log, a dump), not a config. */
 #define CONFIG_MAX_FILE_BYTES (16u * 1024 * 1024)
@@ -58,6 +59,9 @@ typedef enum {
     FT_SECTION,     /* object read with `sub` into the struct at `offset` */
     FT_LISTENERS,   /* the listen array of pcr_config_t */
     FT_BACKENDS,    /* the backends array of pcr_config_t */
+    FT_REDIS,       /* redis object: sets pcr_redis_conf_t's enabled, reads redis_fields */
+    FT_REDIS_URL,   /* redis url: fills pcr_redis_conf_t's url, host, port, user, password, db */
+    FT_KEY_PREFIX,  /* a Redis key prefix: letters, digits and "-_.:{}" */
     FT_DISCOVERY,   /* the discovery array of pcr_config_t */
     FT_HOSTNAME,    /* a DNS name to resolve, into char * (heap) */
     FT_NAMESERVERS, /* array of "IP" or "IP:PORT": fills pcr_dns_conf_t's nameservers */
@@ -197,6 +201,23 @@ static const field_t admin_fields[] = {
     F_OF(pcr_listen_conf_t, address, FT_ADDRESS, F_REQUIRED),
 };
 
+/* Redis sizes stay under 512 MiB, the largest string Redis stores. */
+static const field_t redis_fields[] = {
+    F_OF(pcr_redis_conf_t, url, FT_REDIS_URL, F_REQUIRED),
+    F_OF(pcr_redis_conf_t, channel, FT_KEY_PREFIX, 0),
+    F_INT(pcr_redis_conf_t, flush_ms, FT_UINT, 1, 10000),
+    F_INT(pcr_redis_conf_t, batch_max_bytes, FT_SIZE, 4096, 1LL << 26),
+    F_INT(pcr_redis_conf_t, stream_maxlen, FT_UINT, 10, 10000000),
+    F_INT(pcr_redis_conf_t, snapshot_interval_ms, FT_UINT, 100, DAY_MS),
+    F_INT(pcr_redis_conf_t, snapshot_ttl_ms, FT_UINT, 1000, 7 * DAY_MS),
+    F_INT(pcr_redis_conf_t, snapshot_max_bytes, FT_SIZE, 65536, 1LL << 29),
+    F_INT(pcr_redis_conf_t, ready_timeout_ms, FT_UINT, 0, DAY_MS),
+    F_INT(pcr_redis_conf_t, timeout_ms, FT_UINT, 10, DAY_MS),
+    F_INT(pcr_redis_conf_t, reconnect_min_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_redis_conf_t, reconnect_max_ms, FT_UINT, 1, DAY_MS),
+    F_INT(pcr_redis_conf_t, max_pending_bytes, FT_SIZE, 65536, 1LL << 32),
+};
+
 static const field_t root_fields[] = {
     F_OF(pcr_config_t, listen, FT_LISTENERS, F_REQUIRED),
     F_OF(pcr_config_t, backends, FT_BACKENDS, 0),
@@ -212,6 +233,7 @@ static const field_t root_fields[] = {
     F_SECTION(outlier, outlier_fields),
     F_SECTION(log, log_fields),
     F_SECTION(admin, admin_fields),
+    F_OF(pcr_config_t, redis, FT_REDIS, 0),
 };
 
 static const char *const log_level_names[] = {
@@ -643,6 +665,40 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
     case FT_MODELS:
         read_models(c, base, v);
         break;
+    case FT_REDIS:
+        if (!json_is_object(v)) {
+            pcr_cfg_err_type(c, "object", v);
+            break;
+        }
+        ((pcr_redis_conf_t *)slot)->enabled = 1;
+        read_fields(c, v, slot, redis_fields, PCR_ARRAY_SIZE(redis_fields));
+        break;
+    case FT_REDIS_URL: {
+        pcr_redis_conf_t *r = base;
+        const char *why;
+        if ((s = get_text(c, v, F_NONEMPTY)) == NULL)
+            break;
+        free(r->host);
+        free(r->user);
+        free(r->password);
+        why = pcr_cfg_parse_redis_url(s, &r->host, &r->port, &r->user, &r->password, &r->db);
+        /* The password is left out of the message: it may be right but for one character. */
+        if (why != NULL)
+            pcr_cfg_err(c, "expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\"%s%s",
+                        why[0] ? ": " : "", why);
+        set_string(c, &r->url, s);
+        break;
+    }
+    case FT_KEY_PREFIX:
+        if ((s = get_text(c, v, F_NONEMPTY)) == NULL)
+            break;
+        if (strlen(s) > 100 || strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789-_.:{}") != strlen(s))
+            pcr_cfg_err(c, "expected up to 100 letters, digits or \"-_.:{}\", got %s",
+                        pcr_cfg_quote(q, sizeof q, s));
+        else
+            set_string(c, slot, s);
+        break;
     case FT_HOSTNAME: {
         const char *why;
         if ((s = get_text(c, v, f->flags)) == NULL)
@@ -724,6 +780,13 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
                                          .ejection_ms = 1000, .max_ejection_ms = 30000,
                                          .probe_ms = 100 };
     cfg->log = (pcr_log_conf_t){ .level = PCR_LOG_INFO, .access_log = 1 };
+    cfg->redis = (pcr_redis_conf_t){
+        .port = 6379, .flush_ms = 1, .batch_max_bytes = 262144, .stream_maxlen = 2000,
+        .snapshot_interval_ms = 30000, .snapshot_ttl_ms = 600000,
+        .snapshot_max_bytes = (size_t)16 << 20, .ready_timeout_ms = 5000, .timeout_ms = 2000,
+        .reconnect_min_ms = 100, .reconnect_max_ms = 5000, .max_pending_bytes = (size_t)8 << 20,
+    };
+    set_string(c, &cfg->redis.channel, "pcrouter");
     set_string(c, &cfg->path, name);
     set_string(c, &cfg->routing.zone, "");
     set_string(c, &cfg->health.path, "/health");
@@ -748,6 +811,43 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
         pcr_cfg_err(c, "must be >= routing.block_bytes (%zu), got %zu", cfg->routing.block_bytes,
             cfg->routing.max_prefix_bytes);
         pcr_cfg_path_pop(&c->path, mark);
+    }
+    const json_t *redis = json_object_get(root, "redis");
+    if (cfg->redis.enabled && json_is_object(redis)) {
+        const pcr_redis_conf_t *r = &cfg->redis;
+        size_t mark = pcr_cfg_path_push_key(&c->path, "redis");
+        const char *key = NULL;
+        char msg[160] = "";
+        if (r->reconnect_max_ms < r->reconnect_min_ms) {
+            key = json_object_get(redis, "reconnect_max_ms") ? "reconnect_max_ms" : "reconnect_min_ms";
+            snprintf(msg, sizeof msg, "reconnect_max_ms (%u) must be >= reconnect_min_ms (%u)",
+                     r->reconnect_max_ms, r->reconnect_min_ms);
+        } else if (r->snapshot_ttl_ms < r->snapshot_interval_ms) {
+            key = json_object_get(redis, "snapshot_ttl_ms") ? "snapshot_ttl_ms" : "snapshot_interval_ms";
+            snprintf(msg, sizeof msg, "snapshot_ttl_ms (%u) must be >= snapshot_interval_ms (%u)",
+                     r->snapshot_ttl_ms, r->snapshot_interval_ms);
+        } else if (r->max_pending_bytes < r->batch_max_bytes) {
+            key = json_object_get(redis, "max_pending_bytes") ? "max_pending_bytes" : "batch_max_bytes";
+            snprintf(msg, sizeof msg, "max_pending_bytes (%zu) must be >= batch_max_bytes (%zu)",
+                     r->max_pending_bytes, r->batch_max_bytes);
+        }
+        if (key != NULL) {
+            pcr_cfg_path_push_key(&c->path, key);
+            pcr_cfg_err(c, "%s", msg);
+        }
+        pcr_cfg_path_pop(&c->path, mark);
+        /* Replicas name the backends in what they exchange, in a byte of length. */
+        for (size_t i = 0; i < cfg->nbackends; i++) {
+            size_t len = cfg->backends[i].name != NULL ? strlen(cfg->backends[i].name) : 0;
+            if (len <= PCR_SHARE_NAME_MAX)
+                continue;
+            mark = pcr_cfg_path_push_key(&c->path, "backends");
+            pcr_cfg_path_push_index(&c->path, i);
+            pcr_cfg_path_push_key(&c->path, "name");
+            pcr_cfg_err(c, "at most %d bytes with a \"redis\" section (replicas exchange it), "
+                           "got %zu", PCR_SHARE_NAME_MAX, len);
+            pcr_cfg_path_pop(&c->path, mark);
+        }
     }
     /* The admin listener is a listener too: it may not take a public one's address. */
     for (size_t j = 0; cfg->admin.addrlen != 0 && !listen_port_is_0(&cfg->admin) &&
@@ -903,6 +1003,48 @@ int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src
     return 0;
 }
 
+void pcr_redis_conf_dispose(pcr_redis_conf_t *r)
+{
+    free(r->url);
+    free(r->host);
+    free(r->user);
+    free(r->password);
+    free(r->channel);
+    memset(r, 0, sizeof(*r));
+}
+
+int pcr_redis_conf_copy(pcr_redis_conf_t *dst, const pcr_redis_conf_t *src)
+{
+    *dst = *src;
+    int rc = copy_str(&dst->url, src->url) | copy_str(&dst->host, src->host) |
+             copy_str(&dst->user, src->user) | copy_str(&dst->password, src->password) |
+             copy_str(&dst->channel, src->channel);
+    if (rc != 0) {
+        pcr_redis_conf_dispose(dst);
+        return PCR_ERR_NOMEM;
+    }
+    return 0;
+}
+
+static int same_str(const char *a, const char *b)
+{
+    return a == b || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+int pcr_redis_conf_equal(const pcr_redis_conf_t *a, const pcr_redis_conf_t *b)
+{
+    /* url holds host, port, user, password and db: the parsed parts need no check of their own. */
+    return a->enabled == b->enabled && same_str(a->url, b->url) &&
+           same_str(a->channel, b->channel) && a->flush_ms == b->flush_ms &&
+           a->batch_max_bytes == b->batch_max_bytes && a->stream_maxlen == b->stream_maxlen &&
+           a->snapshot_interval_ms == b->snapshot_interval_ms &&
+           a->snapshot_ttl_ms == b->snapshot_ttl_ms &&
+           a->snapshot_max_bytes == b->snapshot_max_bytes &&
+           a->ready_timeout_ms == b->ready_timeout_ms && a->timeout_ms == b->timeout_ms &&
+           a->reconnect_min_ms == b->reconnect_min_ms && a->reconnect_max_ms == b->reconnect_max_ms &&
+           a->max_pending_bytes == b->max_pending_bytes;
+}
+
 void pcr_config_free(pcr_config_t *cfg)
 {
     if (cfg == NULL)
@@ -928,6 +1070,7 @@ void pcr_config_free(pcr_config_t *cfg)
     free(cfg->health.path);
     free(cfg->log.access_log_path);
     free(cfg->admin.address);
+    pcr_redis_conf_dispose(&cfg->redis);
     free(cfg->path);
     free(cfg);
 }

@@ -128,6 +128,30 @@ typedef struct {
     pcr_access_format_t access_log_format; /* "text" (default) | "json" */
 } pcr_log_conf_t;
 
+/* Sharing the prefix index between replicas through Redis (router/share.c, docs/SHARING.md).
+ * Off unless a "redis" section is present. */
+typedef struct {
+    int enabled;                   /* a "redis" section is present */
+    char *url;                     /* "redis://[[user]:password@]host[:port][/db]" as written */
+    char *host;                    /* host part of url, without brackets */
+    uint16_t port;                 /* default 6379 */
+    char *user;                    /* NULL when the url names none (AUTH password only) */
+    char *password;                /* NULL when none; percent-decoded */
+    unsigned db;                   /* SELECTed database, default 0 */
+    char *channel;                 /* prefix of every key pcrouter uses, default "pcrouter" */
+    unsigned flush_ms;             /* batches of updates sent at least this often, default 1 */
+    size_t batch_max_bytes;        /* a batch is sent once this large, default 262144 */
+    unsigned stream_maxlen;        /* entries the stream keeps (XADD MAXLEN ~), default 2000 */
+    unsigned snapshot_interval_ms; /* own snapshot written this often, default 30000 */
+    unsigned snapshot_ttl_ms;      /* a snapshot (and the stream) expires after, default 600000 */
+    size_t snapshot_max_bytes;     /* bound on the snapshot, default 16777216 (16 MiB) */
+    unsigned ready_timeout_ms;     /* /health says "loading" this long at most, default 5000 */
+    unsigned timeout_ms;           /* connect and reply timeout, default 2000 */
+    unsigned reconnect_min_ms;     /* first back-off after a failure, default 100 */
+    unsigned reconnect_max_ms;     /* longest back-off, default 5000 */
+    size_t max_pending_bytes;      /* updates sent and not acknowledged, default 8388608 */
+} pcr_redis_conf_t;
+
 typedef struct {
     char *path;                    /* the file it was read from */
     pcr_listen_conf_t *listen;     /* at least one */
@@ -149,6 +173,7 @@ typedef struct {
     /* admin.address: /metrics and /health are served there, and no longer on the listeners
      * of `listen` (they answer 404). addrlen 0 when there is no admin listener. */
     pcr_listen_conf_t admin;
+    pcr_redis_conf_t redis;
 } pcr_config_t;
 
 /* Reads and validates `path`. On success returns a config (free with pcr_config_free).
@@ -168,5 +193,11 @@ void pcr_config_free(pcr_config_t *cfg);  /* NULL is a no-op */
  * and its release. 0 or PCR_ERR_NOMEM (then `dst` holds nothing). */
 int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src);
 void pcr_backend_conf_dispose(pcr_backend_conf_t *b);
+
+/* The sharing keeps a deep copy of its settings, since a reload frees the config they came in:
+ * 0 or PCR_ERR_NOMEM (dst then empty). Equal: 1 when a and b set up the same sharing. */
+int pcr_redis_conf_copy(pcr_redis_conf_t *dst, const pcr_redis_conf_t *src);
+void pcr_redis_conf_dispose(pcr_redis_conf_t *r);
+int pcr_redis_conf_equal(const pcr_redis_conf_t *a, const pcr_redis_conf_t *b);
 
 #endif

@@ -1,7 +1,7 @@
-/* router/config_addr.h: the two address forms of the config file, parsed: a listen address
- * and a backend URL. Private to the config loader (config.c); nothing else includes this.
- * Both are pure functions of their text and return why it is wrong rather than an error code,
- * so that the loader can put the reason into its message. */
+/* router/config_addr.h: the address forms of the config file, parsed: a listen address, a
+ * backend URL and the Redis URL. Private to the config loader (config.c); nothing else
+ * includes this. All are pure functions of their text and return why it is wrong rather than
+ * an error code, so that the loader can put the reason into its message. */
 #ifndef PCR_ROUTER_CONFIG_ADDR_H
 #define PCR_ROUTER_CONFIG_ADDR_H
 
@@ -17,5 +17,12 @@ const char *pcr_cfg_parse_listen_address(const char *s, struct sockaddr_storage 
  * success sets *host (heap, without brackets) and *port and returns NULL; otherwise returns
  * why, or "" when the scheme is wrong (the generic message says it all). */
 const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port);
+
+/* "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]" (HOST as in a backend URL, PORT default 6379,
+ * DB default 0; USER and PASSWORD percent-decoded). On success sets *host, *user (NULL when
+ * none), *password (NULL when none) (heap) and *port, *db, and returns NULL; otherwise returns
+ * why, with every output NULL. */
+const char *pcr_cfg_parse_redis_url(const char *url, char **host, uint16_t *port, char **user,
+                                    char **password, unsigned *db);
 
 #endif

@@ -9,14 +9,19 @@
 #include "exchange_int.h"
 #include "log.h"
 
+/* 200 when a pod is usable; 503 when none is, and while a cold start loads the index shared
+ * through Redis (requests are routed meanwhile, from the local index: only readiness waits). */
 void pcr_endpoint_health(pcr_exchange_t *ex)
 {
     size_t up = pcr_backends_up(ex->w->srv);
-    char body[160];
-    int n = snprintf(body, sizeof(body), "{\"status\":\"%s\",\"backends_up\":%zu,\"backends\":%zu%s}",
-                     up ? "ok" : "unavailable", up, pcr_backends_count(ex->w->srv),
+    int loading = PCR_LOAD(ex->w->srv->share_loading);
+    char body[200];
+    int n = snprintf(body, sizeof(body), "{\"status\":\"%s\",\"backends_up\":%zu,\"backends\":%zu%s%s}",
+                     loading ? "loading" : up ? "ok" : "unavailable", up,
+                     pcr_backends_count(ex->w->srv),
+                     loading ? ",\"detail\":\"loading the prefix index shared through Redis\"" : "",
                      ex->w->draining ? ",\"draining\":true" : "");
-    pcr_exchange_reply(ex, up ? 200 : 503, "application/json", body, (size_t)n, NULL, 0);
+    pcr_exchange_reply(ex, up && !loading ? 200 : 503, "application/json", body, (size_t)n, NULL, 0);
 }
 
 void pcr_endpoint_metrics(pcr_exchange_t *ex)

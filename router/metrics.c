@@ -16,6 +16,7 @@
 #include "bus.h"
 #include "metrics.h"
 #include "server.h"
+#include "share.h"
 #include "upstream.h"
 #include "version.h"
 
@@ -361,6 +362,8 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_index_updates_dropped_total",
             "Index updates between workers dropped because a worker's inbox was full.",
             pcr_bus_dropped(srv->bus));
+
+    pcr_share_render_metrics(srv->share, out);
 
     /* Every worker holds a replica of the index: the memory is their sum. */
     HEADER(out, "pcrouter_index_bytes", "gauge", "Memory held by the prefix index, all worker replicas.");

@@ -12,7 +12,8 @@
  * bound) is refused as a whole: its errors are logged and the running config stays. In-flight
  * requests and open client connections are untouched: a removed backend finishes what it has,
  * a removed listener's accepted connections stay open. `workers` cannot change at a reload (it
- * is logged). pcrouter_config_reloads_total{result} counts the outcomes. */
+ * is logged), nor can the `redis` section (logged too; the rest of the reload applies).
+ * pcrouter_config_reloads_total{result} counts the outcomes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +202,18 @@ static void apply(pcr_reload_t *r)
             refuse(r, err);
             return;
         }
+    }
+    /* The sharing through Redis keeps what it started with (its link, its channel, its
+     * replica id and the bus tap are set up once, before the workers start): the new file's
+     * redis section is set aside, and the config keeps describing what runs, so the next
+     * reload compares against that again. */
+    if (!pcr_redis_conf_equal(&old->redis, &cfg->redis)) {
+        pcr_log_warn("reload: redis.* changes need a restart: the rest of the config applies, "
+                     "the index sharing goes on as it was started (%s)",
+                     old->redis.enabled ? "through redis" : "off");
+        pcr_redis_conf_t running = old->redis;
+        old->redis = cfg->redis;
+        cfg->redis = running;
     }
     /* From here on nothing fails: the new config is the control thread's. */
     srv->cfg = cfg;

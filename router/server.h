@@ -34,6 +34,7 @@ typedef struct pcr_pool pcr_pool_t;
 typedef struct pcr_session pcr_session_t;
 typedef struct pcr_worker pcr_worker_t;
 typedef struct pcr_bus pcr_bus_t;
+typedef struct pcr_share pcr_share_t;
 
 /* What the workers' listeners are to be (conn.c): for each config listener, the running
  * listener to keep (its sockets), or new sockets, one per worker, bound by the main thread; and
@@ -83,6 +84,8 @@ typedef struct pcr_server {
     unsigned nworkers;
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
     pcr_accesslog_t *access_log;  /* the access log's writer (accesslog.h) */
+    pcr_share_t *share;           /* the index shared with other replicas (share.c), or NULL */
+    int share_loading;            /* atomic: a cold start loads the shared index; /health 503 */
 
     /* The control loop, on the main thread. */
     struct event_base *base;

@@ -29,6 +29,7 @@
 #include "replay_trace.h"
 
 #define MAX_PODS 256
+#define MAX_TARGETS 16      /* --target repeated: requests spread round robin over them */
 
 typedef struct {
     const char *url;
@@ -60,8 +61,9 @@ static struct {
     size_t cap;
     const char *model;
     double timeout_s;
-    rc_pool_t *target;
-    rh2_pool_t *target_h2;    /* --h2c: used instead of target */
+    rc_pool_t *target[MAX_TARGETS];
+    rh2_pool_t *target_h2[MAX_TARGETS];   /* --h2c: used instead of target */
+    size_t ntargets;
     const char *target_path;
     struct event *send_timer, *progress_timer;
     int progress_tty, progress;
@@ -265,10 +267,11 @@ static void send_one(size_t i)
     evbuffer_add_reference(body, prompt, plen, free_prompt, NULL);
     evbuffer_add_printf(body, "\",\"max_tokens\":%zu,\"stream\":true,"
                         "\"stream_options\":{\"include_usage\":true}}", mt);
-    if (g.target_h2)
-        rh2_send(g.target_h2, g.target_path, body, g.timeout_s, &req_cb, r);
+    size_t t = i % g.ntargets;   /* row i to target i mod n: the replicas behind a Service */
+    if (g.target_h2[t])
+        rh2_send(g.target_h2[t], g.target_path, body, g.timeout_s, &req_cb, r);
     else
-        rc_send(g.target, "POST", g.target_path, body, g.timeout_s, &req_cb, r);
+        rc_send(g.target[t], "POST", g.target_path, body, g.timeout_s, &req_cb, r);
     evbuffer_free(body);
 }
 
@@ -329,7 +332,8 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: replay --trace FILE --target URL [options]\n"
 "  --trace FILE          Mooncake JSONL trace\n"
-"  --target URL          http://host:port[/path] (path default /v1/completions)\n"
+"  --target URL          http://host:port[/path] (path default /v1/completions); repeated,\n"
+"                        rows go to the targets round robin (several router replicas)\n"
 "  --time-scale F        send at timestamp / F (default 1)\n"
 "  --limit N             first N rows only (default all)\n"
 "  --skip N              skip the first N rows (default 0)\n"
@@ -350,6 +354,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     const char *trace = NULL, *target = NULL, *pods = NULL, *json = NULL, *label = NULL;
+    const char *targets[MAX_TARGETS];
     size_t limit = 0, skip = 0, max_input = 0;
     double ceiling_tokens = 0;
     unsigned max_conns = 4096, h2c_conns = 0;
@@ -376,7 +381,10 @@ int main(int argc, char **argv)
         int num_ok = optarg && end != optarg && *end == 0 && v >= 0;
         switch (o) {
         case O_TRACE: trace = optarg; continue;
-        case O_TARGET: target = optarg; continue;
+        case O_TARGET:
+            if (g.ntargets == MAX_TARGETS) break;
+            targets[g.ntargets++] = target = optarg;
+            continue;
         case O_MODEL:
             if (strpbrk(optarg, "\"\\")) break;
             g.model = optarg;
@@ -406,7 +414,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!label)
-        label = target;
+        label = targets[0];
     signal(SIGPIPE, SIG_IGN);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -430,12 +438,17 @@ int main(int argc, char **argv)
         if (row->nids > ids)
             row->nids = ids;
     }
-    if (h2c_conns)
-        g.target_h2 = rh2_pool_new(g.base, target, h2c_conns, &g.target_path);
-    else
-        g.target = rc_pool_new(g.base, target, max_conns, &g.target_path);
-    if (!g.target && !g.target_h2)
-        goto out;
+    for (size_t t = 0; t < g.ntargets; t++) {
+        const char *path = NULL;
+        if (h2c_conns)
+            g.target_h2[t] = rh2_pool_new(g.base, targets[t], h2c_conns, &path);
+        else
+            g.target[t] = rc_pool_new(g.base, targets[t], max_conns, &path);
+        if (!g.target[t] && !g.target_h2[t])
+            goto out;
+        if (t == 0)
+            g.target_path = path;
+    }
     if (strcmp(g.target_path, "/") == 0)
         g.target_path = "/v1/completions";
     if (pods) {
@@ -578,7 +591,8 @@ int main(int argc, char **argv)
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "label", label);
-        cJSON_AddStringToObject(j, "target", target);
+        cJSON_AddStringToObject(j, "target", targets[0]);
+        cJSON_AddNumberToObject(j, "targets", (double)g.ntargets);
         cJSON_AddStringToObject(j, "trace", trace);
         cJSON_AddNumberToObject(j, "time_scale", sc);
         cJSON_AddNumberToObject(j, "requests", (double)n);
@@ -640,8 +654,10 @@ int main(int argc, char **argv)
     free(e2e);
     rc = scrape_failed || ok == 0 ? 1 : 0;   /* a run where nothing completed is a failure */
 out:
-    rc_pool_free(g.target);
-    rh2_pool_free(g.target_h2);
+    for (size_t t = 0; t < g.ntargets; t++) {
+        rc_pool_free(g.target[t]);
+        rh2_pool_free(g.target_h2[t]);
+    }
     for (size_t i = 0; i < g.npods; i++) {
         rc_pool_free(g.pods[i].pool);
         if (g.pods[i].body)

@@ -38,6 +38,7 @@ COMMANDS = {
     "perf": "linux-perf",
     "promtool": "prometheus",
     "dnsmasq": "dnsmasq-base",
+    "redis-server": "redis-server",
 }
 # Commands from Debian's Essential packages, on every Debian system: no list needs them.
 ESSENTIAL_COMMANDS = {

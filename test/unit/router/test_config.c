@@ -148,6 +148,25 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_INT(full->backends[0].weight, min->backends[0].weight);
         PCR_CHECK_EQ_U64(full->backends[0].capacity_tokens, min->backends[0].capacity_tokens);
         PCR_CHECK_EQ_INT(full->backends[0].max_connections, min->backends[0].max_connections);
+        /* Sharing is off by default (no "redis" section); the full example shows the section
+         * with an example url and every other key at its default. */
+        PCR_CHECK_EQ_INT(min->redis.enabled, 0);
+        PCR_CHECK_EQ_INT(full->redis.enabled, 1);
+        const pcr_redis_conf_t *fr = &full->redis, *mr = &min->redis;
+        PCR_CHECK_STR(fr->channel, mr->channel);
+        PCR_CHECK_EQ_INT(fr->port, mr->port);
+        PCR_CHECK_EQ_INT(fr->db, mr->db);
+        PCR_CHECK_EQ_INT(fr->flush_ms, mr->flush_ms);
+        PCR_CHECK_EQ_INT(fr->batch_max_bytes, mr->batch_max_bytes);
+        PCR_CHECK_EQ_INT(fr->stream_maxlen, mr->stream_maxlen);
+        PCR_CHECK_EQ_INT(fr->snapshot_interval_ms, mr->snapshot_interval_ms);
+        PCR_CHECK_EQ_INT(fr->snapshot_ttl_ms, mr->snapshot_ttl_ms);
+        PCR_CHECK_EQ_INT(fr->snapshot_max_bytes, mr->snapshot_max_bytes);
+        PCR_CHECK_EQ_INT(fr->ready_timeout_ms, mr->ready_timeout_ms);
+        PCR_CHECK_EQ_INT(fr->timeout_ms, mr->timeout_ms);
+        PCR_CHECK_EQ_INT(fr->reconnect_min_ms, mr->reconnect_min_ms);
+        PCR_CHECK_EQ_INT(fr->reconnect_max_ms, mr->reconnect_max_ms);
+        PCR_CHECK_EQ_INT(fr->max_pending_bytes, mr->max_pending_bytes);
     }
     pcr_config_free(full);
     pcr_config_free(min);
@@ -202,8 +221,171 @@ static void test_defaults(void)
     PCR_CHECK_STR(cfg->log.access_log_path, "");
     PCR_CHECK_EQ_INT(cfg->log.access_log_format, PCR_ACCESS_TEXT);
     PCR_CHECK(cfg->admin.address == NULL && cfg->admin.addrlen == 0);
+    PCR_CHECK_EQ_INT(cfg->redis.enabled, 0);
+    PCR_CHECK(cfg->redis.url == NULL && cfg->redis.host == NULL);
+    PCR_CHECK_STR(cfg->redis.channel, "pcrouter");
+    PCR_CHECK_EQ_INT(cfg->redis.flush_ms, 1);
+    PCR_CHECK_EQ_INT(cfg->redis.batch_max_bytes, 262144);
+    PCR_CHECK_EQ_INT(cfg->redis.stream_maxlen, 2000);
+    PCR_CHECK_EQ_INT(cfg->redis.snapshot_interval_ms, 30000);
+    PCR_CHECK_EQ_INT(cfg->redis.snapshot_ttl_ms, 600000);
+    PCR_CHECK_EQ_INT(cfg->redis.snapshot_max_bytes, 16777216);
+    PCR_CHECK_EQ_INT(cfg->redis.ready_timeout_ms, 5000);
+    PCR_CHECK_EQ_INT(cfg->redis.timeout_ms, 2000);
+    PCR_CHECK_EQ_INT(cfg->redis.reconnect_min_ms, 100);
+    PCR_CHECK_EQ_INT(cfg->redis.reconnect_max_ms, 5000);
+    PCR_CHECK_EQ_INT(cfg->redis.max_pending_bytes, 8388608);
     PCR_CHECK_STR(cfg->path, "t.json");
     pcr_config_free(cfg);
+}
+
+/* The redis section: every key read, the URL's parts, and its defaults when only the url is
+ * given. */
+static void test_redis_section(void)
+{
+    char *errors = NULL;
+    pcr_config_t *cfg = parse(HEAD "'redis': {'url': 'redis://127.0.0.1'}}", &errors);
+    PCR_CHECK(cfg != NULL && errors == NULL);
+    if (cfg != NULL) {
+        PCR_CHECK_EQ_INT(cfg->redis.enabled, 1);
+        PCR_CHECK_STR(cfg->redis.host, "127.0.0.1");
+        PCR_CHECK_EQ_INT(cfg->redis.port, 6379);
+        PCR_CHECK_EQ_INT(cfg->redis.db, 0);
+        PCR_CHECK(cfg->redis.user == NULL && cfg->redis.password == NULL);
+        PCR_CHECK_STR(cfg->redis.channel, "pcrouter");
+    }
+    pcr_config_free(cfg);
+    free(errors);
+
+    errors = NULL;
+    cfg = parse(HEAD "'redis': {'url': 'redis://me:p%40ss%3Aw@[::1]:7000/3', 'channel': 'prod-a:{x}',\n"
+                "'flush_ms': 7, 'batch_max_bytes': 8192, 'stream_maxlen': 50, 'snapshot_interval_ms': 200,\n"
+                "'snapshot_ttl_ms': 9000, 'snapshot_max_bytes': 70000, 'ready_timeout_ms': 0,\n"
+                "'timeout_ms': 300, 'reconnect_min_ms': 10, 'reconnect_max_ms': 20,\n"
+                "'max_pending_bytes': 100000}}", &errors);
+    PCR_CHECK(cfg != NULL && errors == NULL);
+    if (errors != NULL)
+        printf("# %s", errors);
+    if (cfg != NULL) {
+        const pcr_redis_conf_t *r = &cfg->redis;
+        PCR_CHECK_STR(r->host, "::1");
+        PCR_CHECK_EQ_INT(r->port, 7000);
+        PCR_CHECK_EQ_INT(r->db, 3);
+        PCR_CHECK_STR(r->user, "me");
+        PCR_CHECK_STR(r->password, "p@ss:w");
+        PCR_CHECK_STR(r->channel, "prod-a:{x}");
+        PCR_CHECK_EQ_INT(r->flush_ms, 7);
+        PCR_CHECK_EQ_INT(r->batch_max_bytes, 8192);
+        PCR_CHECK_EQ_INT(r->stream_maxlen, 50);
+        PCR_CHECK_EQ_INT(r->snapshot_interval_ms, 200);
+        PCR_CHECK_EQ_INT(r->snapshot_ttl_ms, 9000);
+        PCR_CHECK_EQ_INT(r->snapshot_max_bytes, 70000);
+        PCR_CHECK_EQ_INT(r->ready_timeout_ms, 0);
+        PCR_CHECK_EQ_INT(r->timeout_ms, 300);
+        PCR_CHECK_EQ_INT(r->reconnect_min_ms, 10);
+        PCR_CHECK_EQ_INT(r->reconnect_max_ms, 20);
+        PCR_CHECK_EQ_INT(r->max_pending_bytes, 100000);
+    }
+    pcr_config_free(cfg);
+    free(errors);
+
+    /* A password alone (the classic AUTH), and a host name. */
+    errors = NULL;
+    cfg = parse(HEAD "'redis': {'url': 'redis://:secret@redis.llm.svc:6380/'}}", &errors);
+    PCR_CHECK(cfg != NULL && errors == NULL);
+    if (cfg != NULL) {
+        PCR_CHECK(cfg->redis.user == NULL);
+        PCR_CHECK_STR(cfg->redis.password, "secret");
+        PCR_CHECK_STR(cfg->redis.host, "redis.llm.svc");
+        PCR_CHECK_EQ_INT(cfg->redis.port, 6380);
+    }
+    pcr_config_free(cfg);
+    free(errors);
+}
+
+static void test_error_redis(void)
+{
+    CHECK_ERROR(HEAD "'redis': {}}", "t.json:3:10: redis: missing required key \"url\"");
+    CHECK_ERROR(HEAD "'redis': true}", "t.json:3:10: redis: expected object, got boolean true");
+    CHECK_ERROR(HEAD "'redis': {'url': 'http://r:6379'}}",
+                "t.json:3:18: redis.url: expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\"");
+    CHECK_ERROR(HEAD "'redis': {'url': 'rediss://r:6379'}}",
+                "t.json:3:18: redis.url: expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\": TLS is not "
+                "supported (hiredis 0.14 has none): reach a TLS Redis through a local tunnel such as "
+                "stunnel, and point redis:// at it");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://r:0'}}",
+                "t.json:3:18: redis.url: expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\": the port "
+                "must be a number from 1 to 65535");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://r/x'}}",
+                "t.json:3:18: redis.url: expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\": the "
+                "database must be a number from 0 to 65535");
+    /* The password never appears in a message. */
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://hunter2@r'}}",
+                "t.json:3:18: redis.url: expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\": the part "
+                "before \"@\" must be \"[USER]:PASSWORD\"");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://:a%4@r'}}",
+                "t.json:3:18: redis.url: expected \"redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]\": the "
+                "password has a broken %-escape");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://r', 'channel': 'a b'}}",
+                "t.json:3:42: redis.channel: expected up to 100 letters, digits or \"-_.:{}\", got \"a b\"");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://r', 'reconnect_min_ms': 50, 'reconnect_max_ms': 10}}",
+                "t.json:3:75: redis.reconnect_max_ms: reconnect_max_ms (10) must be >= reconnect_min_ms (50)");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://r', 'snapshot_interval_ms': 700000}}",
+                "t.json:3:55: redis.snapshot_interval_ms: snapshot_ttl_ms (600000) must be >= "
+                "snapshot_interval_ms (700000)");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://r', 'batch_max_bytes': 9000000}}",
+                "t.json:3:50: redis.batch_max_bytes: max_pending_bytes (8388608) must be >= "
+                "batch_max_bytes (9000000)");
+    CHECK_ERROR(HEAD "'redis': {'url': 'redis://r', 'flush_ms': 0}}",
+                "t.json:3:43: redis.flush_ms: must be between 1 and 10000, got 0");
+
+    /* Replicas exchange backend names in a byte of length: a longer name is fine alone, and
+     * an error with a redis section. */
+    char name[300], text[600];
+    memset(name, 'n', 256);
+    name[256] = '\0';
+    snprintf(text, sizeof text, LISTEN_OK "'backends': [{'name': '%s', 'url': 'http://a'}]}", name);
+    char *errors = NULL;
+    pcr_config_t *cfg = parse(text, &errors);
+    PCR_CHECK(cfg != NULL && errors == NULL);
+    pcr_config_free(cfg);
+    free(errors);
+    snprintf(text, sizeof text,
+             LISTEN_OK "'backends': [{'name': '%s', 'url': 'http://a'}],\n'redis': {'url': 'redis://r'}}", name);
+    char *e = errors_of(text);
+    PCR_CHECK_STR(e, "t.json:2:23: backends[0].name: at most 255 bytes with a \"redis\" section "
+                     "(replicas exchange it), got 256\n");
+    free(e);
+}
+
+/* The sharing keeps its own copy of its settings; a reload compares them. */
+static void test_redis_conf_copy_and_equal(void)
+{
+    char *errors = NULL;
+    pcr_config_t *a = parse(HEAD "'redis': {'url': 'redis://u:pw@r:7000/2', 'channel': 'x'}}", &errors);
+    pcr_config_t *b = parse(HEAD "'redis': {'url': 'redis://u:pw@r:7000/2', 'channel': 'y'}}", &errors);
+    pcr_config_t *off = parse(HEAD "'workers': 1}", &errors);
+    PCR_CHECK(a != NULL && b != NULL && off != NULL && errors == NULL);
+    if (a != NULL && b != NULL && off != NULL) {
+        pcr_redis_conf_t c;
+        PCR_CHECK_EQ_INT(pcr_redis_conf_copy(&c, &a->redis), 0);
+        PCR_CHECK(c.url != a->redis.url && c.host != a->redis.host);
+        PCR_CHECK_STR(c.password, "pw");
+        PCR_CHECK(pcr_redis_conf_equal(&c, &a->redis));
+        PCR_CHECK(!pcr_redis_conf_equal(&c, &b->redis));
+        PCR_CHECK(!pcr_redis_conf_equal(&c, &off->redis));
+        c.flush_ms++;
+        PCR_CHECK(!pcr_redis_conf_equal(&c, &a->redis));
+        pcr_redis_conf_dispose(&c);
+        PCR_CHECK(c.url == NULL && c.channel == NULL);
+        PCR_CHECK_EQ_INT(pcr_redis_conf_copy(&c, &off->redis), 0);
+        PCR_CHECK(pcr_redis_conf_equal(&c, &off->redis) && c.url == NULL);
+        pcr_redis_conf_dispose(&c);
+    }
+    pcr_config_free(a);
+    pcr_config_free(b);
+    pcr_config_free(off);
+    free(errors);
 }
 
 /* Every key, set to a value other than its default, lands in its field. */
@@ -419,7 +601,7 @@ static void test_error_unknown_keys(void)
                 "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
                 "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin)");
+                "(allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
@@ -634,7 +816,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "consistent_hash, cache_aware\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
         "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
-        "upstream, health, scrape, outlier, log, admin)\n";
+        "upstream, health, scrape, outlier, log, admin, redis)\n";
     PCR_CHECK_STR(e, want);
     free(e);
 }
@@ -662,7 +844,7 @@ static void test_positions_survive_awkward_text(void)
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
                 "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
-                "upstream, health, scrape, outlier, log, admin)");
+                "upstream, health, scrape, outlier, log, admin, redis)");
 }
 
 /* A key holding a newline or a control character still makes one error line. */
@@ -670,7 +852,7 @@ static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
                 "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, routing, "
-                "limits, timeouts, upstream, health, scrape, outlier, log, admin)");
+                "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");
 }
@@ -680,6 +862,9 @@ int main(void)
     PCR_RUN(test_example_configs_load);
     PCR_RUN(test_full_config_is_the_defaults);
     PCR_RUN(test_defaults);
+    PCR_RUN(test_redis_section);
+    PCR_RUN(test_error_redis);
+    PCR_RUN(test_redis_conf_copy_and_equal);
     PCR_RUN(test_every_key_is_read);
     PCR_RUN(test_listen_ipv6_and_port_0);
     PCR_RUN(test_tls_listener);

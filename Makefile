@@ -77,7 +77,7 @@ build-tsan: deps $(TSAN_BUILD)/build.ninja
 
 # The fuzz build: clang, libFuzzer, ASan+UBSan; only the fuzz targets are built in it.
 $(FUZZ_BUILD)/build.ninja:
-	CC=clang-14 meson setup $(FUZZ_BUILD) --buildtype=debugoptimized -Dfuzz=true \
+	CC=clang-14 CXX=clang++-14 meson setup $(FUZZ_BUILD) --buildtype=debugoptimized -Dfuzz=true \
 	  -Db_sanitize=address,undefined -Db_lundef=false
 
 build-fuzz: deps-fuzz $(FUZZ_BUILD)/build.ninja

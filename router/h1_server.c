@@ -630,6 +630,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
         return;
     pcr_exchange_free(s->ex);
     s->ex = NULL;
+    s->head_only = 0; /* the next request's, once its head is read: a refusal may come first */
     if (s->closing) {
         pcr_sock_read_stop(s->sock);
         if (pcr_sock_pending(s->sock) == 0)

@@ -24,7 +24,10 @@
  *   byte 1  the cut into writes: 0 one write, else the seed of the cutter
  *   byte 2  the pod's answers: the k-th request it gets is answered with kind
  *           (low nibble + k * high nibble) % 16 (see `answers`)
- *   byte 3  bits 0-3: longest write is 2^n bytes
+ *   byte 3  bits 0-3  longest write is 2^n bytes
+ *           bit 4     the pod answers every request with the input's own bytes: those after
+ *                     the first "@@pod@@" (the client sends those before it); it closes after
+ *                     each when byte 2's bit 0 is set
  *
  * Invariants, beyond "no crash, no leak, no undefined behaviour, no hang":
  *   1. Everything the router writes parses back (http-parser, as a response to what the client
@@ -39,7 +42,8 @@
  *   4. What reaches the pod parses as one HTTP/1.1 request with one Host (the backend's), no
  *      Transfer-Encoding nor any hop-by-hop field (nor one the client's Connection named), and
  *      a Content-Length that frames its body; that body is one a client request carried.
- *   5. Proxied responses carry none of the pod's hop-by-hop fields.
+ *   5. Proxied responses carry none of the pod's hop-by-hop fields, nor any field the
+ *      Connection of the pod's answer named.
  *   6. Once the client is done and time has passed, the router closes the connection, and its
  *      accounting is back to zero: no request in flight, no body bytes held against the budget,
  *      no backend load or queued prefill, no session, no pod connection.
@@ -76,6 +80,7 @@
 #include "upstream.h"
 
 #define CTRL 4
+#define POD_MARK "@@pod@@"       /* byte 3, bit 4: client bytes, the mark, the pod's answer */
 #define MAX_INPUT_BYTES (64 * 1024)
 #define MAX_MSGS 4096            /* client requests the mirror keeps */
 #define MAX_PODS 32              /* pod connections open at once */
@@ -382,6 +387,9 @@ struct h1r {
     size_t npods;
     unsigned pod_requests;       /* requests the pod has answered or ignored */
     int broken;                  /* a pod answer broke a response */
+    const uint8_t *pod_raw;      /* the input's own answer (byte 3, bit 4), or NULL */
+    size_t pod_raw_len;
+    fuzz_buf_t pod_conn;         /* the Connection values of the answers the pod gave */
     unsigned turns;
 };
 
@@ -473,11 +481,12 @@ static const http_parser_settings pod_settings = {
     .on_body = pod_body, .on_message_complete = pod_complete,
 };
 
-static int conn_lists(const msg_t *msg, const char *name, size_t len)
+/* Whether `list` (Connection values, each after a comma) names the field `name`. */
+static int conn_lists(const fuzz_buf_t *list, const char *name, size_t len)
 {
-    if (msg->conn.len == 0)
+    if (list->len == 0)
         return 0;
-    const char *p = (const char *)msg->conn.p, *end = p + msg->conn.len;
+    const char *p = (const char *)list->p, *end = p + list->len;
     while (p < end) {
         while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
             p++;
@@ -533,7 +542,7 @@ static void pod_check(pod_t *c)
             same_body++;
         size_t k = 0;
         for (const char *q = names; q < names_end; q += strlen(q) + 1, k++)
-            listed_by_all[k] &= conn_lists(m, q, strlen(q));
+            listed_by_all[k] &= conn_lists(&m->conn, q, strlen(q));
     }
     int fanout = strcmp(method, "GET") == 0 && c->url.len == 10 && fuzz_mem_eq(c->url.p, "/v1/models", 10);
     FUZZ_CHECKF(candidates > 0 || fanout, "the pod got %s %.*s, which no client sent", method,
@@ -552,14 +561,85 @@ static void pod_check(pod_t *c)
     free(listed_by_all);
 }
 
+/* The Connection values of an answer's first final response: the fields they name must not
+ * reach the client. */
+typedef struct {
+    fuzz_buf_t *out, name;
+    size_t mark;             /* out's length before the message being read */
+    int in_value, is_conn, done;
+} conn_scan_t;
+
+static int cs_field(http_parser *p, const char *at, size_t n)
+{
+    conn_scan_t *cs = p->data;
+    if (cs->in_value)
+        cs->name.len = 0;
+    cs->in_value = 0;
+    fuzz_buf_add(&cs->name, at, n);
+    return 0;
+}
+
+static int cs_value(http_parser *p, const char *at, size_t n)
+{
+    conn_scan_t *cs = p->data;
+    if (!cs->in_value) {
+        cs->in_value = 1;
+        cs->is_conn = cs->name.len == 10 && strncasecmp((char *)cs->name.p, "connection", 10) == 0;
+        if (cs->is_conn && !cs->done)
+            fuzz_buf_add(cs->out, ",", 1);
+    }
+    if (cs->is_conn && !cs->done)
+        fuzz_buf_add(cs->out, at, n);
+    return 0;
+}
+
+static int cs_headers_complete(http_parser *p)
+{
+    conn_scan_t *cs = p->data;
+    cs->name.len = 0;
+    cs->in_value = 0;
+    if (!cs->done && p->status_code < 200)
+        cs->out->len = cs->mark; /* a 1xx's fields are dropped with it */
+    cs->done |= p->status_code >= 200;
+    return 1;
+}
+
+static void scan_connection(fuzz_buf_t *out, const char *answer, size_t len)
+{
+    static const http_parser_settings s = {.on_header_field = cs_field,
+                                           .on_header_value = cs_value,
+                                           .on_headers_complete = cs_headers_complete};
+    size_t mark = out->len;
+    conn_scan_t cs = {.out = out, .mark = mark};
+    http_parser p;
+    http_parser_init(&p, HTTP_RESPONSE);
+    p.data = &cs;
+    http_parser_execute(&p, &s, answer, len);
+    if (!cs.done)
+        out->len = mark; /* not a head the router would forward */
+    fuzz_buf_free(&cs.name);
+}
+
 static void pod_answer(pod_t *c)
 {
     h1r_t *t = c->t;
-    unsigned base = t->ctl[2] & 15, stride = t->ctl[2] >> 4;
-    const answer_t *a = &answers[(base + t->pod_requests * stride) % 16];
     t->pod_requests++;
+    if (t->pod_raw != NULL) {
+        /* The input's own answer, to every request: anything may break. */
+        fuzz_write(c->fd, t->pod_raw, t->pod_raw_len);
+        scan_connection(&t->pod_conn, (const char *)t->pod_raw, t->pod_raw_len);
+        t->broken = 1;
+        if (t->ctl[2] & 1) {
+            close(c->fd);
+            c->fd = -1;
+        }
+        return;
+    }
+    unsigned base = t->ctl[2] & 15, stride = t->ctl[2] >> 4;
+    const answer_t *a = &answers[(base + (t->pod_requests - 1) * stride) % 16];
     /* Small enough for any socket buffer; a router that left already does not read it. */
     fuzz_write(c->fd, a->bytes, strlen(a->bytes));
+    scan_connection(&t->pod_conn, a->bytes, strlen(a->bytes));
     t->broken |= a->broken;
     if (a->close) {
         close(c->fd);
@@ -645,6 +725,7 @@ typedef struct {
     int status, head, proxied, conn_close, ctype_json, in_message;
     unsigned n_conn, n_te, n_cl;
     fuzz_buf_t name, value, body;
+    fuzz_buf_t hnames;       /* its field names, each followed by '\0' */
     int in_value;
 } resp_t;
 
@@ -666,8 +747,14 @@ static void resp_flush_header(resp_t *r)
     r->n_te += IS("transfer-encoding");
     r->n_cl += IS("content-length");
     FUZZ_CHECKF(!(IS("keep-alive") || IS("proxy-connection") || IS("upgrade") || IS("trailer") ||
-                  IS("te") || IS("x-drop")),
+                  IS("te")),
                 "a hop-by-hop field reached the client: %.*s", (int)len, n);
+    /* The fields the router writes itself, whatever the pod's Connection named. */
+    if (!(IS("connection") || IS("content-length") || IS("transfer-encoding") ||
+          IS("x-pcrouter-backend") || IS("x-pcrouter-route"))) {
+        fuzz_buf_add(&r->hnames, n, len);
+        fuzz_buf_add(&r->hnames, "", 1);
+    }
 #undef IS
     r->name.len = r->value.len = 0;
     r->in_value = 0;
@@ -678,7 +765,7 @@ static int re_begin(http_parser *p)
     resp_t *r = p->data;
     r->status = r->head = r->proxied = r->conn_close = r->ctype_json = 0;
     r->n_conn = r->n_te = r->n_cl = 0;
-    r->name.len = r->value.len = r->body.len = 0;
+    r->name.len = r->value.len = r->body.len = r->hnames.len = 0;
     r->in_value = 0;
     r->in_message = 1;
     return 0;
@@ -718,6 +805,11 @@ static int re_headers_complete(http_parser *p)
                 r->n_conn, r->n_te, r->n_cl);
     if (r->status < 200)
         return 0;
+    /* A field the pod's Connection named is the pod's hop-by-hop field. */
+    const char *names = r->hnames.len ? (const char *)r->hnames.p : "";
+    for (const char *q = names; r->proxied && q < names + r->hnames.len; q += strlen(q) + 1)
+        FUZZ_CHECKF(!conn_lists(&r->t->pod_conn, q, strlen(q)),
+                    "%s reached the client though the pod's Connection named it", q);
     const msg_t *m = answered(r);
     r->head = m != NULL && strcmp(m->method, "HEAD") == 0;
     /* The router takes a request for a HEAD once its head is read whole: the refusal of one
@@ -860,6 +952,7 @@ static void check_output(h1r_t *t)
     fuzz_buf_free(&r.name);
     fuzz_buf_free(&r.value);
     fuzz_buf_free(&r.body);
+    fuzz_buf_free(&r.hnames);
 }
 
 /* ---- the server under test --------------------------------------------------------------- */
@@ -936,6 +1029,7 @@ static void teardown(h1r_t *t)
         close(t->sock_fd);
     fuzz_buf_free(&t->out);
     fuzz_buf_free(&t->transcript);
+    fuzz_buf_free(&t->pod_conn);
     mirror_free(&t->mirror);
 }
 
@@ -990,6 +1084,14 @@ static void run_case(const uint8_t *data, size_t size, uint32_t seed, fuzz_buf_t
     t->admin = (data[0] >> 4) & 1;
     t->turns = TURNS;
     unsigned gap = gaps[data[0] >> 5];
+    if (data[3] & 0x10) {
+        /* The pod answers with the bytes after the marker; the client sends those before. */
+        const uint8_t *mark = memmem(t->req, t->req_len, POD_MARK, sizeof(POD_MARK) - 1);
+        size_t at = mark != NULL ? (size_t)(mark - t->req) : t->req_len;
+        t->pod_raw = t->req + at + (mark != NULL ? sizeof(POD_MARK) - 1 : 0);
+        t->pod_raw_len = t->req_len - (size_t)(t->pod_raw - t->req);
+        t->req_len = at;
+    }
     mirror_run(&t->mirror, t->req, t->req_len);
 
     fuzz_clock_start();

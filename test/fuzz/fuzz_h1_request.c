@@ -355,6 +355,8 @@ typedef struct {
     int fd;
     int eof;
     int silent;             /* answered with a silent kind: read and ignore the rest */
+    fuzz_buf_t outq;        /* the answer, as the socket takes it */
+    int close_when_sent;
     http_parser p;
     fuzz_buf_t in;          /* not parsed yet */
     fuzz_buf_t name, value, url, body;
@@ -626,27 +628,32 @@ static void pod_answer(pod_t *c)
     t->pod_requests++;
     if (t->pod_raw != NULL) {
         /* The input's own answer, to every request: anything may break. */
-        fuzz_write(c->fd, t->pod_raw, t->pod_raw_len);
+        fuzz_buf_add(&c->outq, t->pod_raw, t->pod_raw_len);
         scan_connection(&t->pod_conn, (const char *)t->pod_raw, t->pod_raw_len);
         t->broken = 1;
-        if (t->ctl[2] & 1) {
-            close(c->fd);
-            c->fd = -1;
-        }
+        c->close_when_sent = t->ctl[2] & 1;
         return;
     }
     unsigned base = t->ctl[2] & 15, stride = t->ctl[2] >> 4;
     const answer_t *a = &answers[(base + (t->pod_requests - 1) * stride) % 16];
-    /* Small enough for any socket buffer; a router that left already does not read it. */
-    fuzz_write(c->fd, a->bytes, strlen(a->bytes));
+    fuzz_buf_add(&c->outq, a->bytes, strlen(a->bytes));
     scan_connection(&t->pod_conn, a->bytes, strlen(a->bytes));
     t->broken |= a->broken;
-    if (a->close) {
+    c->close_when_sent = a->close;
+    c->silent = a->silent;
+}
+
+/* Writes what the socket takes of the answer; closes once it is out, for a closing one. */
+static int pod_send(pod_t *c)
+{
+    size_t n = c->outq.len ? fuzz_write(c->fd, c->outq.p, c->outq.len) : 0;
+    fuzz_buf_consume(&c->outq, n);
+    if (c->outq.len == 0 && c->close_when_sent) {
         close(c->fd);
         c->fd = -1;
-    } else if (a->silent) {
-        c->silent = 1;
+        return 1;
     }
+    return n > 0;
 }
 
 static int pod_step(pod_t *c)
@@ -655,7 +662,7 @@ static int pod_step(pod_t *c)
         return 0;
     size_t got = fuzz_read(c->fd, &c->in, &c->eof);
     size_t off = 0;
-    while (off < c->in.len && !c->silent && c->fd >= 0) {
+    while (off < c->in.len && !c->silent && !c->close_when_sent) {
         size_t n = http_parser_execute(&c->p, &pod_settings, (const char *)c->in.p + off,
                                        c->in.len - off);
         off += n;
@@ -668,15 +675,16 @@ static int pod_step(pod_t *c)
         pod_check(c);
         pod_answer(c);
     }
-    if (c->silent || c->fd < 0)
+    if (c->silent || c->close_when_sent)
         off = c->in.len;
     fuzz_buf_consume(&c->in, off);
+    int sent = pod_send(c);
     if (c->eof && c->fd >= 0) {
         close(c->fd);
         c->fd = -1;
         return 1;
     }
-    return got > 0;
+    return got > 0 || sent;
 }
 
 /* ---- the harness's turn ------------------------------------------------------------------ */
@@ -699,8 +707,8 @@ static int step(void *arg)
         pod_t *c = &t->pods[i];
         c->t = t;
         c->fd = fd;
-        c->eof = c->silent = 0;
-        c->in.len = 0;
+        c->eof = c->silent = c->close_when_sent = 0;
+        c->in.len = c->outq.len = 0;
         http_parser_init(&c->p, HTTP_REQUEST);
         c->p.data = c;
         moved = 1;
@@ -1020,6 +1028,7 @@ static void teardown(h1r_t *t)
         fuzz_buf_free(&c->url);
         fuzz_buf_free(&c->body);
         fuzz_buf_free(&c->hnames);
+        fuzz_buf_free(&c->outq);
     }
     int fd;
     while ((fd = fuzz_accept(t->lfd)) >= 0)

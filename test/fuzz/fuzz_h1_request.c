@@ -483,7 +483,8 @@ static const http_parser_settings pod_settings = {
     .on_body = pod_body, .on_message_complete = pod_complete,
 };
 
-/* Whether `list` (Connection values, each after a comma) names the field `name`. */
+/* Whether `list` (Connection values, each after a comma) names the field `name`. The harness's
+ * own reading, not the router's pcr_http_list_has(): a check cannot borrow what it checks. */
 static int conn_lists(const fuzz_buf_t *list, const char *name, size_t len)
 {
     if (list->len == 0)

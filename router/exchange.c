@@ -570,24 +570,26 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     (void)now_us; /* the feedback's: the index's entries carry the time of their last use */
 }
 
+/* Whether field `f` of the pod's response is hop-by-hop: one of the fixed list, or named by
+ * any of its Connection fields, however long they are. */
+static int pod_hop_by_hop(const pcr_hdr_t *hdrs, size_t n, const pcr_hdr_t *f)
+{
+    if (pcr_http_hop_by_hop(f->name, f->name_len, NULL))
+        return 1;
+    for (size_t j = 0; j < n; j++)
+        if (hdrs[j].name_len == 10 && strncasecmp(hdrs[j].name, "connection", 10) == 0 &&
+            pcr_http_list_has(hdrs[j].value, hdrs[j].value_len, f->name, f->name_len))
+            return 1;
+    return 0;
+}
+
 static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, int64_t clen)
 {
     pcr_exchange_t *ex = ctx;
     pcr_hdr_t out[PCR_MAX_REQ_HEADERS];
-    char conn[1024];
-    size_t k = 0, cl = 0;
-    conn[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
-        if (hdrs[i].name_len == 10 && strncasecmp(hdrs[i].name, "connection", 10) == 0 &&
-            cl + hdrs[i].value_len + 2 < sizeof(conn)) {
-            conn[cl++] = ',';
-            memcpy(conn + cl, hdrs[i].value, hdrs[i].value_len);
-            cl += hdrs[i].value_len;
-            conn[cl] = '\0';
-        }
-    }
+    size_t k = 0;
     for (size_t i = 0; i < n && k + 2 < PCR_ARRAY_SIZE(out); i++)
-        if (!pcr_http_hop_by_hop(hdrs[i].name, hdrs[i].name_len, cl ? conn : NULL))
+        if (!pod_hop_by_hop(hdrs, n, &hdrs[i]))
             out[k++] = hdrs[i];
     const char *bname = ex->be->conf.name;
     const char *reason = pcr_reason_name(ex->decision.reason);

@@ -78,6 +78,7 @@ typedef struct {
     pcr_fold_t fold;               /* obs-fold detection across reads */
     int keep_alive;                /* of the current request */
     int head_only;
+    int bodiless;                  /* the response has no body whatever its length: 1xx, 204, 304 */
     int chunked;                   /* the current response is chunked */
     int sse;                       /* the current response is an SSE stream */
     int closing;                   /* close once the output is written */
@@ -142,7 +143,13 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
         if (h[i].name_len == 12 && strncasecmp(h[i].name, "content-type", 12) == 0 &&
             h[i].value_len >= 17 && strncasecmp(h[i].value, "text/event-stream", 17) == 0)
             s->sse = 1;
-    if (clen >= 0) {
+    /* These statuses end at the blank line (RFC 9112, 6.3): chunked framing, or a body, would
+     * be read as the start of the next response. A 304 may say the length a 200 would have. */
+    s->bodiless = status < 200 || status == 204 || status == 304;
+    if (s->bodiless) {
+        if (clen >= 0 && status == 304)
+            evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)clen);
+    } else if (clen >= 0) {
         evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)clen);
     } else if (http10) {
         s->closing = 1; /* HTTP/1.0 has no chunking: the close ends the body */
@@ -156,7 +163,7 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
 static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
     h1_sess_t *s = sess_of(ex);
-    if (s->head_only || len == 0)
+    if (s->head_only || s->bodiless || len == 0)
         return;
     struct evbuffer *out = pcr_sock_output(s->sock);
     if (s->chunked) {
@@ -630,6 +637,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
         return;
     pcr_exchange_free(s->ex);
     s->ex = NULL;
+    s->head_only = 0; /* the next request's, once its head is read: a refusal may come first */
     if (s->closing) {
         pcr_sock_read_stop(s->sock);
         if (pcr_sock_pending(s->sock) == 0)

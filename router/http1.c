@@ -40,14 +40,14 @@ int pcr_http_te_is_chunked(const char *v, size_t len)
     return len == 7 && strncasecmp(v, "chunked", 7) == 0;
 }
 
-static int list_has_token(const char *list, const char *name, size_t len)
+int pcr_http_list_has(const char *list, size_t list_len, const char *name, size_t len)
 {
-    const char *p = list;
-    while (*p != '\0') {
-        while (*p == ' ' || *p == '\t' || *p == ',')
+    const char *p = list, *end = list + list_len;
+    while (p < end) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
             p++;
         const char *e = p;
-        while (*e != '\0' && *e != ',' && *e != ' ' && *e != '\t')
+        while (e < end && *e != ',' && *e != ' ' && *e != '\t')
             e++;
         if (e > p && (size_t)(e - p) == len && strncasecmp(p, name, len) == 0)
             return 1;
@@ -66,7 +66,8 @@ int pcr_http_hop_by_hop(const char *n, size_t len, const char *connection_values
     for (size_t i = 0; i < PCR_ARRAY_SIZE(hop); i++)
         if (strlen(hop[i]) == len && strncasecmp(n, hop[i], len) == 0)
             return 1;
-    return connection_values != NULL && list_has_token(connection_values, n, len);
+    return connection_values != NULL &&
+           pcr_http_list_has(connection_values, strlen(connection_values), n, len);
 }
 
 void pcr_fold_reset(pcr_fold_t *f)

@@ -21,6 +21,9 @@ int pcr_http_te_is_chunked(const char *v, size_t len);
  * fields (`connection_values`: their values joined by commas, NULL when none). Names are
  * compared case-insensitively, exactly as parsed. */
 int pcr_http_hop_by_hop(const char *name, size_t len, const char *connection_values);
+/* Whether a list field's value (a Connection field's: tokens between commas and whitespace,
+ * `list_len` bytes, no terminator needed) names `name`, case-insensitively. */
+int pcr_http_list_has(const char *list, size_t list_len, const char *name, size_t len);
 
 /* Line folding (obs-fold) shows up from http-parser in two ways: as a second piece of the same
  * field value, or, when the fold comes before any of the value ("Name:\r\n value"), as a

@@ -219,9 +219,11 @@ static int on_headers_complete(http_parser *p)
     if (status == 101)
         return malformed(c, "101 Switching Protocols to a request that asked for no upgrade");
     if (status < 200) {
-        /* 1xx interim response: drop it and wait for the final one. */
+        /* 1xx interim response: drop it and wait for the final one. Like 204 and 304 below, it
+         * ends at the blank line whatever its Content-Length says (RFC 9112, 6.3); returning 1
+         * tells http-parser so. */
         c->nh = c->hlen = 0;
-        return 0;
+        return 1;
     }
     pcr_hdr_t hdrs[MAX_RESP_HEADERS];
     size_t n = 0;
@@ -245,7 +247,7 @@ static int on_headers_complete(http_parser *p)
     /* The response started: from here on, silence is measured by the stream idle timeout. */
     timer_arm(c, tmo(c->pool)->stream_idle_ms);
     r->cbs->on_head(r->ctx, (int)status, hdrs, n, clen);
-    return 0;
+    return status == 204 || status == 304;
 }
 
 static int on_body(http_parser *p, const char *at, size_t len)

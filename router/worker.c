@@ -246,8 +246,8 @@ static pcr_policy_t *make_policy(const pcr_config_t *cfg)
     return pcr_policy_new(&o, NULL, 0);
 }
 
-/* Everything of a worker but its thread; on the main thread. Undone by worker_dispose(). */
-static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
+/* Everything of a worker but its thread; on the main thread. Undone by pcr_worker_dispose(). */
+int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
 {
     w->srv = srv;
     w->cfg = srv->cfg;
@@ -276,7 +276,7 @@ static int worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     return pcr_listeners_adopt(w, srv->listen_plan, w->cfg);
 }
 
-static void worker_dispose(pcr_worker_t *w)
+void pcr_worker_dispose(pcr_worker_t *w)
 {
     /* Close what is left (a drain that timed out leaves sessions): one close path each. */
     w->draining = 1; /* pools stop re-dispatching while everything closes */
@@ -305,8 +305,8 @@ static void worker_dispose(pcr_worker_t *w)
      * write to it. */
 }
 
-/* What stays after worker_dispose() until no other thread can look at the worker. */
-static void worker_release(pcr_worker_t *w)
+/* What stays after pcr_worker_dispose() until no other thread can look at the worker. */
+void pcr_worker_release(pcr_worker_t *w)
 {
     for (int i = 0; i < 2; i++)
         if (w->cmd_fd[i] >= 0)
@@ -319,7 +319,7 @@ static void *worker_main(void *arg)
     pcr_worker_t *w = arg;
     pcr_server_t *srv = w->srv;
     event_base_dispatch(w->base);
-    worker_dispose(w);
+    pcr_worker_dispose(w);
     __atomic_store_n(&w->stopped, 1, __ATOMIC_RELEASE); /* after its last use of shared state */
     if (PCR_SUB(srv->workers_running, 1) == 1) {
         ssize_t n = write(srv->wake_fd[1], "x", 1); /* the last one out wakes the control loop */
@@ -334,12 +334,12 @@ int pcr_workers_start(pcr_server_t *srv)
     if (srv->workers == NULL)
         return PCR_ERR_NOMEM;
     for (unsigned i = 0; i < srv->nworkers; i++) {
-        int rc = worker_init(srv, &srv->workers[i], i);
+        int rc = pcr_worker_init(srv, &srv->workers[i], i);
         if (rc < 0) {
             pcr_log_error("cannot start worker %u: %s", i, pcr_strerror(rc));
             for (unsigned k = 0; k <= i; k++) {
-                worker_dispose(&srv->workers[k]);
-                worker_release(&srv->workers[k]);
+                pcr_worker_dispose(&srv->workers[k]);
+                pcr_worker_release(&srv->workers[k]);
             }
             free(srv->workers);
             srv->workers = NULL;
@@ -363,8 +363,8 @@ int pcr_workers_start(pcr_server_t *srv)
         pcr_log_error("cannot start worker thread %u: %s", started, strerror(err));
         PCR_SUB(srv->workers_running, srv->nworkers - started);
         for (unsigned k = started; k < srv->nworkers; k++) {
-            worker_dispose(&srv->workers[k]);
-            worker_release(&srv->workers[k]);
+            pcr_worker_dispose(&srv->workers[k]);
+            pcr_worker_release(&srv->workers[k]);
         }
         srv->nworkers = started;
         pcr_workers_stop(srv);
@@ -390,7 +390,7 @@ void pcr_workers_join(pcr_server_t *srv)
     for (unsigned i = 0; i < srv->nworkers; i++)
         pthread_join(srv->workers[i].thread, NULL);
     for (unsigned i = 0; i < srv->nworkers; i++)
-        worker_release(&srv->workers[i]);
+        pcr_worker_release(&srv->workers[i]);
     free(srv->workers);
     srv->workers = NULL;
 }

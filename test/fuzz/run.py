@@ -5,7 +5,8 @@
 
 Each target fuzz_NAME runs for SECONDS (one after the other: the machine is shared) from the
 seeds in test/fuzz/corpus/NAME/, read only, and writes what it finds new to a work corpus,
-BUILD/fuzz/corpus/NAME/, kept between runs; test/fuzz/NAME.dict is its dictionary when there.
+BUILD/fuzz/corpus/NAME/, kept between runs; test/fuzz/NAME.dict (or the family's, h1.dict for
+h1_request) is its dictionary when there.
 Crashes, leaks, timeouts and out-of-memory inputs go to BUILD/fuzz/crashes/NAME/. One line per
 target: executions, exec/s, corpus size, new crashes; then where the crashes are. The exit
 status is 1 when any target crashed. test/fuzz/README.md says how to minimize and keep inputs.
@@ -42,9 +43,12 @@ def run_one(build, name, exe, seconds):
     before = set(os.listdir(crashes))
     cmd = [exe, f"-max_total_time={seconds}", "-print_final_stats=1", "-timeout=10",
            "-rss_limit_mb=2048", f"-artifact_prefix={crashes}/"]
-    d = os.path.join(FUZZ_DIR, name + ".dict")
-    if os.path.exists(d):
-        cmd.append(f"-dict={d}")
+    # NAME.dict, or the dictionary a family of targets shares (h1.dict for h1_request, ...).
+    for d in (os.path.join(FUZZ_DIR, name + ".dict"),
+              os.path.join(FUZZ_DIR, name.split("_")[0] + ".dict")):
+        if os.path.exists(d):
+            cmd.append(f"-dict={d}")
+            break
     cmd += [work, os.path.join(FUZZ_DIR, "corpus", name)]
     start = time.monotonic()
     with open(log, "w") as out:

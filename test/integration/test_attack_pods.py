@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from attack_pod import RawPod
-from conftest import (QUIET_SCRAPE, CurlStream, assert_error, completion, curl, get_metrics, make_config,
-                      parse_metrics, sse_events, split_head, wait_for)
+from attack_pod import RawPod, ok_response
+from conftest import (QUIET_SCRAPE, CurlStream, RawConn, assert_error, completion, curl, get_metrics,
+                      make_config, parse_metrics, sse_events, split_head, wait_for)
 
 BODY = b'{"choices":[{"text":"from the raw pod"}]}'
 
@@ -190,3 +190,73 @@ def test_pod_that_never_finishes_its_head_gets_504(router_factory, first, piece)
         assert pod.closed_by_router.wait(10), "the router kept the pod connection"
     finally:
         pod.close()
+
+
+BODILESS = {
+    "100_with_content_length": b"HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\n" + ok_response(),
+    "204": b"HTTP/1.1 204 No Content\r\n\r\n",
+    "204_with_content_length": b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+    "304_with_content_length": b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BODILESS))
+def test_bodiless_statuses_end_at_their_head(router_factory, case):
+    """1xx, 204 and 304 end at the blank line, whatever their Content-Length says (RFC 9112,
+    6.3). The router waited for the body such a pod response announced (until stream_idle_ms cut
+    it), and framed a 204 for the client as chunked: the client took its last chunk for the
+    start of the next response. Here the next request on the connection is answered, at once,
+    and every byte the client gets belongs to a response. Found by the h1 fuzz targets."""
+    raw = RawPod(lambda req: ok_response() if req["target"] == "/v1/next" else BODILESS[case])
+    ok = b'{"choices":[{"text":"ok"}]}'
+    try:
+        r = router_factory(make_config([("pod-raw", raw.url)], health={"interval_ms": 0},
+                                       scrape=QUIET_SCRAPE, timeouts={"stream_idle_ms": 60000}))
+        conn = RawConn(r.port, timeout=10)  # a router waiting for stream_idle_ms fails here
+        try:
+            conn.send(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+                      b"POST /v1/next HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            status = int(conn._line().split(b" ")[1])
+            hdrs = {}
+            while True:
+                line = conn._line().decode("latin-1")
+                if not line:
+                    break
+                hdrs[line.split(":", 1)[0].strip().lower()] = line.split(":", 1)[1].strip()
+            want = 200 if case.startswith("100") else int(case[:3])
+            assert status == want and "transfer-encoding" not in hdrs, (status, hdrs)
+            if want == 200:  # the 1xx dropped, its would-be body not taken for the response
+                assert conn._exact(int(hdrs["content-length"])) == ok
+            else:
+                assert ("content-length" in hdrs) == (want == 304), hdrs
+            status, _, body = conn.read_response()
+            assert status == 200 and body == ok, (status, body)
+        finally:
+            conn.close()
+        assert len(raw.snapshot()["requests"]) == 2
+    finally:
+        raw.close()
+
+
+def test_long_connection_field_still_names_hop_by_hop_fields(router_factory):
+    """Every field a pod's Connection names is the pod's hop-by-hop field, never forwarded,
+    however long the list: the router joined the values into 1 KiB and skipped a field that
+    did not fit, so whatever it named reached the client. Found by the h1_request fuzz
+    target."""
+    names = b", ".join(b"x-%d" % i for i in range(250))
+    answer = (b"HTTP/1.1 200 OK\r\nConnection: " + names + b"\r\nX-249: secret\r\nX-Kept: yes\r\n"
+              b"Content-Length: 2\r\n\r\n{}")
+    raw = RawPod(lambda req: answer)
+    try:
+        r = router_factory(make_config([("pod-raw", raw.url)], health={"interval_ms": 0},
+                                       scrape=QUIET_SCRAPE))
+        conn = RawConn(r.port, timeout=10)
+        try:
+            conn.send(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            status, hdrs, body = conn.read_response()
+        finally:
+            conn.close()
+        assert status == 200 and body == b"{}", (status, body)
+        assert "x-249" not in hdrs and hdrs.get("x-kept") == "yes", hdrs
+    finally:
+        raw.close()

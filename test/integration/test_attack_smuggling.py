@@ -139,3 +139,44 @@ def test_header_values_split_across_reads_are_not_folds(raw_pod_router):
         assert status_of(r.port, b"GET /health HTTP/1.1\r\nHost: x\r\n" + first, second) == 400, first
     # An empty value is not a fold.
     assert status_of(r.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-B: b\r\n\r\n") == 200
+
+
+def read_to_close(conn, timeout=10):
+    """Every byte the router sends until it closes the connection."""
+    conn.sock.settimeout(timeout)
+    got = conn.buf
+    while True:
+        try:
+            chunk = conn.sock.recv(65536)
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+
+
+def split_response(raw):
+    """(status, headers lower->value, rest): one response head and what follows it."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    hdrs = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:]}
+    return int(lines[0].split(" ")[1]), hdrs, rest
+
+
+def test_refusal_after_a_head_request_has_its_body(raw_pod_router):
+    """A response to HEAD has no body; the refusal of the bytes after it (which begin no request
+    at all) has its body. The router kept the HEAD for that refusal: its 400 announced a body it
+    never sent, and the client waited for it until the close. Found by the h1_request fuzz
+    target."""
+    pod, r = raw_pod_router()
+    conn = RawConn(r.port, timeout=10)
+    try:
+        conn.send(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n\x01garbage\r\n\r\n")
+        status, hdrs, rest = split_response(read_to_close(conn))
+        assert status == 200 and int(hdrs["content-length"]) > 0, hdrs
+        status, hdrs, body = split_response(rest)
+        assert status == 400 and len(body) == int(hdrs["content-length"]), (hdrs, body)
+        assert json.loads(body)["error"]["code"] == "bad_request", body
+    finally:
+        conn.close()
+    assert pod.snapshot()["connections"] == 0

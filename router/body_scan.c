@@ -17,7 +17,11 @@ enum { ESC_NONE = 0, ESC_CHAR, ESC_HEX };  /* after a backslash; in the 4 digits
 
 struct pcr_body_scan {
     yajl_handle p;             /* the structure, long strings read as "" */
-    yajl_handle v;             /* long strings' contents: an array of strings, never closed */
+    yajl_handle v;             /* long strings' contents: an array of strings, never closed;
+                                * made when simdjson first refuses a piece (most bodies never
+                                * need it), and kept by a reset while it has refused none */
+    int v_failed;              /* V refused a piece: it is no longer the empty array's state */
+    const yajl_callbacks *p_cbs;
     const pcr_scan_cbs_t *cbs;
     void *ud;
     pcr_scan_err_t *err;
@@ -143,6 +147,21 @@ static size_t holdback(const pcr_body_scan_t *s, const char *c, size_t n)
     return need > 1 && have < need && i - 1 >= floor ? have : 0;
 }
 
+/* V, in the state of an array whose first string was read: every piece given to it is one
+ * more string, comma first. */
+static int v_open(pcr_body_scan_t *s)
+{
+    s->v = yajl_alloc(NULL, NULL, NULL);
+    if (s->v == NULL)
+        return PCR_ERR_NOMEM;
+    if (yajl_parse(s->v, (const unsigned char *)"[\"\"", 3) != yajl_status_ok) {
+        yajl_free(s->v);
+        s->v = NULL;
+        return PCR_ERR_NOMEM;
+    }
+    return 0;
+}
+
 /* Checks the held bytes, then `a` and `b` (the string's next contents, in order), as one
  * string token, less what must wait; `closed` when the string ends with them. */
 static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, size_t bn,
@@ -167,7 +186,10 @@ static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, s
         /* simdjson refused it: yajl says whether it is JSON, and where not. The comma
          * first: yajl copies the first token of each call into its lexer's buffer (the
          * previous call ended at EOF), and a comma is cheaper to copy than 16 KiB. */
+        if (s->v == NULL && v_open(s) != 0)
+            return fail(s, PCR_ERR_NOMEM, "out of memory while reading the request body");
         if (yajl_parse(s->v, (const unsigned char *)s->scratch, k + 3) != yajl_status_ok) {
+            s->v_failed = 1;
             size_t used = yajl_get_bytes_consumed(s->v);
             /* V's offsets 0 and 1 are what we added. Not clamped to k: when V stops at our
              * closing quote, that quote stands where the held-back byte is, and yajl given
@@ -435,21 +457,33 @@ pcr_body_scan_t *pcr_body_scan_new(const yajl_callbacks *p_cbs, const pcr_scan_c
     pcr_body_scan_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
+    s->p_cbs = p_cbs;
     s->cbs = cbs;
     s->ud = ud;
     s->err = err;
     s->scratch = calloc(1, SCRATCH_BYTES);  /* zeroed: simdjson reads the padding */
     s->p = yajl_alloc(p_cbs, NULL, ud);
-    s->v = yajl_alloc(NULL, NULL, NULL);
-    if (s->scratch == NULL || s->p == NULL || s->v == NULL) {
-        pcr_body_scan_free(s);
-        return NULL;
-    }
-    if (yajl_parse(s->v, (const unsigned char *)"[\"\"", 3) != yajl_status_ok) {
+    if (s->scratch == NULL || s->p == NULL) {
         pcr_body_scan_free(s);
         return NULL;
     }
     return s;
+}
+
+int pcr_body_scan_reset(pcr_body_scan_t *s)
+{
+    /* yajl 2.1 has no reset: P is made anew. V is kept while it has refused nothing: it is
+     * then exactly where a new one starts (a complete string inside the array), since every
+     * piece it reads is one whole string. */
+    pcr_body_scan_t keep = {.p_cbs = s->p_cbs, .cbs = s->cbs, .ud = s->ud, .err = s->err,
+                            .scratch = s->scratch, .v = s->v_failed ? NULL : s->v};
+    if (s->v_failed && s->v != NULL)
+        yajl_free(s->v);
+    if (s->p != NULL)
+        yajl_free(s->p);
+    *s = keep;
+    s->p = yajl_alloc(s->p_cbs, NULL, s->ud);
+    return s->p != NULL ? 0 : PCR_ERR_NOMEM;
 }
 
 void pcr_body_scan_free(pcr_body_scan_t *s)

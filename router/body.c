@@ -317,7 +317,12 @@ int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
         pcr_body_nomem(r);
         return PCR_ERR_NOMEM;
     }
+    /* As many blocks as the bytes fed can make (the context's bytes are counted too: a bound,
+     * not the count): a short prompt's key is a small block, not the longest key's 4 KiB. */
     size_t max = pcr_prefix_max_blocks(r->o.block_bytes, r->o.max_prefix_bytes);
+    uint64_t fed = pcr_prefix_stream_bytes(r->key);
+    if (fed / r->o.block_bytes + 1 < max)
+        max = (size_t)(fed / r->o.block_bytes) + 1;
     out->blocks = malloc((max ? max : 1) * sizeof(uint64_t));
     out->model = dup_bytes(r->model, r->model_len);
     if (out->blocks == NULL || out->model == NULL)

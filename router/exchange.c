@@ -14,6 +14,7 @@
  * The exchange never frees itself: the session that owns it does, after send_end or when the
  * client goes away (pcr_exchange_free cancels the upstream request then). */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +30,57 @@
 
 static const pcr_upstream_cbs_t proxy_cbs;
 
+/* Spare exchanges: an exchange is 3.7 KiB (its header offsets), past malloc's per-thread
+ * caches, with a body buffer, a path and a header buffer of its own, all made and freed per
+ * request. Freed ones wait on their thread's list (up to SPARE_MAX) with those buffers, empty,
+ * and the next exchange is one of them, cleared. */
+#define SPARE_MAX 32
+
+static __thread pcr_exchange_t *spare;
+static __thread unsigned nspare;
+
+static void exchange_destroy(pcr_exchange_t *ex)
+{
+    free(ex->path_buf);
+    free(ex->hbuf);
+    if (ex->body)
+        evbuffer_free(ex->body);
+    free(ex);
+}
+
+void pcr_exchange_cache_clear(void)
+{
+    while (spare != NULL) {
+        pcr_exchange_t *ex = spare;
+        spare = ex->next_spare;
+        exchange_destroy(ex);
+    }
+    nspare = 0;
+}
+
+static pcr_exchange_t *exchange_alloc(void)
+{
+    pcr_exchange_t *ex = spare;
+    if (ex == NULL)
+        return calloc(1, sizeof(*ex));
+    spare = ex->next_spare;
+    nspare--;
+    struct evbuffer *body = ex->body;
+    char *path_buf = ex->path_buf, *hbuf = ex->hbuf;
+    size_t path_cap = ex->path_cap, hcap = ex->hcap;
+    memset(ex, 0, offsetof(pcr_exchange_t, hoff));
+    ex->body = body;
+    ex->path_buf = path_buf;
+    ex->path_cap = path_cap;
+    ex->hbuf = hbuf;
+    ex->hcap = hcap;
+    return ex;
+}
+
 pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops, void *sess,
                                  const char *proto)
 {
-    pcr_exchange_t *ex = calloc(1, sizeof(*ex));
+    pcr_exchange_t *ex = exchange_alloc();
     if (ex == NULL)
         return NULL;
     ex->w = w;
@@ -40,7 +88,8 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
     ex->sess = sess;
     ex->proto = proto;
     ex->state = EX_RECEIVING;
-    ex->body = evbuffer_new();
+    if (ex->body == NULL)
+        ex->body = evbuffer_new();
     if (ex->body == NULL) {
         pcr_exchange_free(ex);
         return NULL;
@@ -124,12 +173,17 @@ int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len)
 
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
 {
-    char *p = realloc(ex->path, len + 1);
-    if (p == NULL)
-        return PCR_ERR_NOMEM;
-    memcpy(p, path, len);
-    p[len] = '\0';
-    ex->path = p;
+    if (len + 1 > ex->path_cap) {
+        size_t cap = len + 1 > 128 ? len + 1 : 128;
+        char *p = realloc(ex->path_buf, cap);
+        if (p == NULL)
+            return PCR_ERR_NOMEM;
+        ex->path_buf = p;
+        ex->path_cap = cap;
+    }
+    memcpy(ex->path_buf, path, len);
+    ex->path_buf[len] = '\0';
+    ex->path = ex->path_buf;
     return 0;
 }
 
@@ -863,10 +917,16 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     pcr_usage_dispose(&ex->usage);
     if (ex->be != NULL)
         pcr_backend_unref(ex->be);
-    free(ex->path);
-    free(ex->hbuf);
-    if (ex->body)
-        evbuffer_free(ex->body);
-    free(ex);
+    /* Kept for the next exchange: the buffers, emptied. A body still referenced by a pod
+     * connection's output (pcr_upstream_send_body) keeps its chains alive there. A path or a
+     * header buffer grown past what requests usually need is not kept. */
+    if (nspare < SPARE_MAX && ex->body != NULL && ex->path_cap <= 4096 && ex->hcap <= 16384) {
+        evbuffer_drain(ex->body, evbuffer_get_length(ex->body));
+        ex->next_spare = spare;
+        spare = ex;
+        nspare++;
+    } else {
+        exchange_destroy(ex);
+    }
     pcr_worker_check_drained(w);
 }

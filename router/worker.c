@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "body.h"
+#include "exchange.h"
 #include "bus.h"
 #include "log.h"
 #include "reload.h"
@@ -320,7 +321,8 @@ static void *worker_main(void *arg)
     pcr_server_t *srv = w->srv;
     event_base_dispatch(w->base);
     worker_dispose(w);
-    pcr_body_reader_cache_clear(); /* the spare readers this thread kept */
+    pcr_body_reader_cache_clear(); /* the spare readers and exchanges this thread kept */
+    pcr_exchange_cache_clear();
     PCR_STORE(w->stopped, 1);
     if (PCR_SUB(srv->workers_running, 1) == 1) {
         ssize_t n = write(srv->wake_fd[1], "x", 1); /* the last one out wakes the control loop */

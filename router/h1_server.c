@@ -154,8 +154,11 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
     size_t need = 9 + 20 + 1 + rlen + 2 + 16 + 20 + 2 + 28 + 24 + 2;
     for (size_t i = 0; i < n; i++)
         need += h[i].name_len + 2 + h[i].value_len + 2;
+    /* A body of known, moderate length gets room right after the head: one buffer, written
+     * with one send. */
+    size_t room = clen > 0 && clen <= 65536 && !s->head_only ? (size_t)clen : 0;
     struct evbuffer_iovec v;
-    if (evbuffer_reserve_space(out, (ev_ssize_t)need, &v, 1) != 1)
+    if (evbuffer_reserve_space(out, (ev_ssize_t)(need + room), &v, 1) != 1)
         return; /* no memory: the client sees the connection end without an answer */
     char *p = v.iov_base;
     p = put(p, "HTTP/1.1 ", 9);

@@ -243,8 +243,9 @@ static int on_headers_complete(http_parser *p)
     if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX)
         clen = (int64_t)p->content_length;
     c->got_head = 1;
-    /* The response started: from here on, silence is measured by the stream idle timeout. */
-    timer_arm(c, tmo(c->pool)->stream_idle_ms);
+    /* The response started: from here on, silence is measured by the stream idle timeout,
+     * armed when this read is parsed (conn_parse), unless the response ended in it. */
+    c->timer_ms = tmo(c->pool)->stream_idle_ms;
     r->cbs->on_head(r->ctx, (int)status, hdrs, n, clen);
     return 0;
 }

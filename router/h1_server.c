@@ -204,7 +204,7 @@ static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
     } else {
         evbuffer_add(out, data, len);
     }
-    pcr_sock_flush(s->sock);
+    pcr_sock_flush_soon(s->sock);
     if (pcr_sock_pending(s->sock) > PCR_WRITE_LOW)
         pcr_sock_want_drain(s->sock, PCR_WRITE_LOW);
 }
@@ -214,7 +214,7 @@ static void op_send_end(pcr_exchange_t *ex)
     h1_sess_t *s = sess_of(ex);
     if (s->chunked && !s->head_only)
         evbuffer_add(pcr_sock_output(s->sock), "0\r\n\r\n", 5);
-    pcr_sock_flush(s->sock);
+    pcr_sock_flush_soon(s->sock); /* written before on_advance runs: it was queued first */
     event_active(s->advance, 0, 0);
 }
 

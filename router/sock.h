@@ -70,6 +70,11 @@ struct evbuffer *pcr_sock_output(pcr_sock_t *s);
 
 /* Writes what the kernel takes now; the rest goes out when the socket is writable. */
 void pcr_sock_flush(pcr_sock_t *s);
+/* The same, from the event loop once the events ready now have run: a turn's reads are all
+ * handled before its writes wake the peers, so a peer woken by one write finds the others'
+ * bytes too instead of preempting this thread once per write. For callers that do not look at
+ * pcr_sock_pending() right after. */
+void pcr_sock_flush_soon(pcr_sock_t *s);
 /* Output bytes not yet handed to the kernel. */
 size_t pcr_sock_pending(const pcr_sock_t *s);
 /* Calls on_drain (from the event loop) once pending() <= low. */
@@ -105,6 +110,7 @@ typedef struct {
     struct evbuffer *(*input)(pcr_sock_t *s);
     struct evbuffer *(*output)(pcr_sock_t *s);
     void (*flush)(pcr_sock_t *s);
+    void (*flush_soon)(pcr_sock_t *s);
     void (*want_drain)(pcr_sock_t *s);
     void (*set_write_timeout)(pcr_sock_t *s);
 } pcr_sock_ops_t;

@@ -38,6 +38,7 @@
 typedef struct {
     pcr_sock_t base;
     struct event *rev, *wev;
+    struct event *soon;        /* pcr_sock_flush_soon(): a write from the loop */
     struct evbuffer *in, *out;
     int wev_added;
     int connecting;            /* connect in progress: the write event waits for it */
@@ -193,6 +194,8 @@ static void plain_free(pcr_sock_t *s)
         event_free(p->rev);
     if (p->wev)
         event_free(p->wev);
+    if (p->soon)
+        event_free(p->soon);
     if (p->in)
         evbuffer_free(p->in);
     if (p->out)
@@ -220,6 +223,23 @@ static void plain_flush(pcr_sock_t *s)
         write_some(p);
 }
 
+/* A write from the loop, after the events that are ready now: an event of its own, made
+ * active. Not the write event: libevent re-adds an active persistent event that has a
+ * timeout, which would leave it polling a socket that is always writable. */
+static void on_soon(evutil_socket_t fd, short what, void *arg)
+{
+    plain_t *p = arg;
+    if (!p->connecting)
+        on_writable(p->base.fd, EV_WRITE, p);
+}
+
+static void plain_flush_soon(pcr_sock_t *s)
+{
+    plain_t *p = (plain_t *)s;
+    if (!p->connecting && !p->write_err && !p->ended && evbuffer_get_length(p->out) > 0)
+        event_active(p->soon, 0, 0);
+}
+
 static void plain_want_drain(pcr_sock_t *s)
 {
     plain_t *p = (plain_t *)s;
@@ -236,7 +256,7 @@ static void plain_set_write_timeout(pcr_sock_t *s)
 
 static const pcr_sock_ops_t plain_ops = {
     plain_free, plain_read_start, plain_read_stop, plain_input,
-    plain_output, plain_flush, plain_want_drain, plain_set_write_timeout,
+    plain_output, plain_flush, plain_flush_soon, plain_want_drain, plain_set_write_timeout,
 };
 
 static plain_t *plain_make(struct event_base *base, int fd)
@@ -248,9 +268,10 @@ static plain_t *plain_make(struct event_base *base, int fd)
     p->base.fd = fd;
     p->rev = event_new(base, fd, EV_READ | EV_PERSIST, on_readable, p);
     p->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, on_writable, p);
+    p->soon = event_new(base, -1, 0, on_soon, p);
     p->in = evbuffer_new();
     p->out = evbuffer_new();
-    if (p->rev == NULL || p->wev == NULL || p->in == NULL || p->out == NULL) {
+    if (p->rev == NULL || p->wev == NULL || p->soon == NULL || p->in == NULL || p->out == NULL) {
         p->base.fd = -1;
         plain_free(&p->base);
         return NULL;

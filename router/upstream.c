@@ -517,7 +517,7 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
     if (c->connected) {
         pcr_sock_read_start(c->sock);
         timer_arm(c, tmo(c->pool)->response_ms);
-        pcr_sock_flush(c->sock);
+        pcr_sock_flush_soon(c->sock);
     }
 }
 

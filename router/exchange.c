@@ -32,9 +32,10 @@ static const pcr_upstream_cbs_t proxy_cbs;
 
 /* Spare exchanges: an exchange is 3.7 KiB (its header offsets), past malloc's per-thread
  * caches, with a body buffer, a path and a header buffer of its own, all made and freed per
- * request. Freed ones wait on their thread's list (up to SPARE_MAX) with those buffers, empty,
- * and the next exchange is one of them, cleared. */
-#define SPARE_MAX 32
+ * request. Freed ones wait on their thread's list with those buffers, empty, and the next
+ * exchange is one of them, cleared. Up to SPARE_MAX, as many as a few HTTP/2 clients keep in
+ * flight (at most about 0.5 MiB per worker). */
+#define SPARE_MAX 128
 
 static __thread pcr_exchange_t *spare;
 static __thread unsigned nspare;

@@ -169,8 +169,7 @@ void pcr_body_opts_default(pcr_body_opts_t *o)
  * them, reset. */
 #define SPARE_MAX 16
 
-static __thread pcr_body_reader_t *spare;
-static __thread unsigned nspare;
+static __thread pcr_spare_t spare;
 
 static void reader_destroy(pcr_body_reader_t *r)
 {
@@ -184,11 +183,10 @@ static void reader_destroy(pcr_body_reader_t *r)
 /* A spare reader made like new for `api` and `o`, or NULL. */
 static pcr_body_reader_t *reader_reuse(pcr_api_t api, const pcr_body_opts_t *o)
 {
-    pcr_body_reader_t *r = spare;
-    if (r == NULL)
+    pcr_spare_link_t *link = pcr_spare_take(&spare);
+    if (link == NULL)
         return NULL;
-    spare = r->next_spare;
-    nspare--;
+    pcr_body_reader_t *r = PCR_SPARE_OBJ(link, pcr_body_reader_t, spare);
     pcr_body_scan_t *scan = r->scan;
     pcr_prefix_stream_t *key = r->key;
     if (r->o.block_bytes != o->block_bytes || r->o.max_prefix_bytes != o->max_prefix_bytes) {
@@ -213,12 +211,9 @@ static pcr_body_reader_t *reader_reuse(pcr_api_t api, const pcr_body_opts_t *o)
 
 void pcr_body_reader_cache_clear(void)
 {
-    while (spare != NULL) {
-        pcr_body_reader_t *r = spare;
-        spare = r->next_spare;
-        reader_destroy(r);
-    }
-    nspare = 0;
+    pcr_spare_link_t *link;
+    while ((link = pcr_spare_take(&spare)) != NULL)
+        reader_destroy(PCR_SPARE_OBJ(link, pcr_body_reader_t, spare));
 }
 
 pcr_body_reader_t *pcr_body_reader_new(pcr_api_t api, const pcr_body_opts_t *opts)
@@ -251,13 +246,8 @@ void pcr_body_reader_free(pcr_body_reader_t *r)
 {
     if (r == NULL)
         return;
-    if (nspare >= SPARE_MAX) {
+    if (!pcr_spare_put(&spare, &r->spare, SPARE_MAX))
         reader_destroy(r);
-        return;
-    }
-    r->next_spare = spare;
-    spare = r;
-    nspare++;
 }
 
 int pcr_body_reader_feed(pcr_body_reader_t *r, const void *data, size_t len)

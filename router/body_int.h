@@ -11,6 +11,7 @@
 
 #include "body.h"
 #include "body_scan.h"
+#include "spare.h"
 #include "pcr/prefix.h"
 
 #define MAX_DEPTH 256
@@ -64,7 +65,7 @@ struct pcr_body_reader {
     char inval_msg[256];
     int finished;
     pcr_prefix_stream_t *key;
-    pcr_body_reader_t *next_spare;  /* on its thread's list of spare readers (body.c) */
+    pcr_spare_link_t spare;    /* on its thread's list of spare readers (body.c) */
 
     size_t depth;
     uint32_t root_seen;

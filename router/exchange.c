@@ -37,8 +37,7 @@ static const pcr_upstream_cbs_t proxy_cbs;
  * flight (at most about 0.5 MiB per worker). */
 #define SPARE_MAX 128
 
-static __thread pcr_exchange_t *spare;
-static __thread unsigned nspare;
+static __thread pcr_spare_t spare;
 
 static void exchange_destroy(pcr_exchange_t *ex)
 {
@@ -51,21 +50,17 @@ static void exchange_destroy(pcr_exchange_t *ex)
 
 void pcr_exchange_cache_clear(void)
 {
-    while (spare != NULL) {
-        pcr_exchange_t *ex = spare;
-        spare = ex->next_spare;
-        exchange_destroy(ex);
-    }
-    nspare = 0;
+    pcr_spare_link_t *link;
+    while ((link = pcr_spare_take(&spare)) != NULL)
+        exchange_destroy(PCR_SPARE_OBJ(link, pcr_exchange_t, spare));
 }
 
 static pcr_exchange_t *exchange_alloc(void)
 {
-    pcr_exchange_t *ex = spare;
-    if (ex == NULL)
-        return calloc(1, sizeof(*ex));
-    spare = ex->next_spare;
-    nspare--;
+    pcr_spare_link_t *link = pcr_spare_take(&spare);
+    if (link == NULL)
+        return calloc(1, sizeof(pcr_exchange_t));
+    pcr_exchange_t *ex = PCR_SPARE_OBJ(link, pcr_exchange_t, spare);
     struct evbuffer *body = ex->body;
     char *path_buf = ex->path_buf, *hbuf = ex->hbuf;
     size_t path_cap = ex->path_cap, hcap = ex->hcap;
@@ -921,13 +916,10 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     /* Kept for the next exchange: the buffers, emptied. A body still referenced by a pod
      * connection's output (pcr_upstream_send_body) keeps its chains alive there. A path or a
      * header buffer grown past what requests usually need is not kept. */
-    if (nspare < SPARE_MAX && ex->body != NULL && ex->path_cap <= 4096 && ex->hcap <= 16384) {
+    int keep = ex->body != NULL && ex->path_cap <= 4096 && ex->hcap <= 16384;
+    if (keep)
         evbuffer_drain(ex->body, evbuffer_get_length(ex->body));
-        ex->next_spare = spare;
-        spare = ex;
-        nspare++;
-    } else {
+    if (!keep || !pcr_spare_put(&spare, &ex->spare, SPARE_MAX))
         exchange_destroy(ex);
-    }
     pcr_worker_check_drained(w);
 }

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "exchange.h"
+#include "spare.h"
 #include "usage.h"
 
 #define PCR_MAX_REQ_HEADERS 100
@@ -94,7 +95,7 @@ struct pcr_exchange {
      * from t_parse_ns (the last byte is in) ns_hash, the reader's last step, then the policy. */
     uint64_t t_parse_ns, ns_parse, ns_hash;
 
-    pcr_exchange_t *next_spare;       /* on its thread's list of spare exchanges (exchange.c) */
+    pcr_spare_link_t spare;           /* on its thread's list of spare exchanges (exchange.c) */
     /* Last: a recycled exchange is cleared up to here (entries past nh are never read). */
     size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
 };

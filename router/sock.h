@@ -10,8 +10,9 @@
  *   on_end        <- end of stream, an error, or a write that made no progress for too long
  *
  * Two implementations, in the spirit of h2o's socket layer: sock_plain.c (our own read and
- * write events on a non-blocking fd: one readv per read and one writev per flush, no FIONREAD,
- * no epoll_ctl per request) and sock_tls.c (OpenSSL through libevent's bufferevent_openssl).
+ * write events on a non-blocking fd: one recv(msg) per read and one send(msg) per flush, no
+ * FIONREAD, no epoll_ctl per request) and sock_tls.c (OpenSSL through libevent's
+ * bufferevent_openssl).
  *
  * Callbacks never run inside a pcr_sock_* call: a failure found while flushing is reported
  * from the event loop. After pcr_sock_free() no callback runs. */

@@ -3,8 +3,9 @@
  *
  * Reading: one recvmsg(2) per readable event straight into the input buffer's free space (no
  * FIONREAD ioctl first, as libevent's evbuffer_read makes). Writing: pcr_sock_flush() writes at
- * once with one sendmsg(2) of the output's chains; only when the kernel did not take everything is the write event
- * added, so a request that fits the socket buffer costs no epoll_ctl at all (and with the epoll
+ * once with one sendmsg(2) of the output's chains (pcr_sock_flush_soon() the same from the
+ * loop, through the `soon` event); only when the kernel did not take everything is the write
+ * event added, so a request that fits the socket buffer costs no epoll_ctl at all (and with the epoll
  * changelist an add and delete in one loop turn cancel). The write event carries the write
  * timeout, restarted only when bytes actually leave, so a peer that stops reading is caught even
  * while its owner keeps appending.

@@ -40,6 +40,7 @@
  * This file has the output (the prefix key's stream, and the bytes themselves for tests) and
  * the API. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +162,60 @@ void pcr_body_opts_default(pcr_body_opts_t *o)
     o->max_prefix_bytes = po.max_prefix_bytes;
 }
 
+/* Spare readers: a reader is about 30 KiB in a handful of blocks (the level stack, the
+ * scanner's scratch, the prefix chain), too large for malloc's per-thread caches, and one is
+ * needed per request. Freed readers are kept on their thread's list, up to SPARE_MAX (about
+ * as many as one connection's requests arriving together), and the next reader is one of
+ * them, reset. */
+#define SPARE_MAX 16
+
+static __thread pcr_spare_t spare;
+
+static void reader_destroy(pcr_body_reader_t *r)
+{
+    pcr_body_scan_free(r->scan);
+    pcr_prefix_stream_free(r->key);
+    free(r->canon.p);
+    free(r->context.p);
+    free(r);
+}
+
+/* A spare reader made like new for `api` and `o`, or NULL. */
+static pcr_body_reader_t *reader_reuse(pcr_api_t api, const pcr_body_opts_t *o)
+{
+    pcr_spare_link_t *link = pcr_spare_take(&spare);
+    if (link == NULL)
+        return NULL;
+    pcr_body_reader_t *r = PCR_SPARE_OBJ(link, pcr_body_reader_t, spare);
+    pcr_body_scan_t *scan = r->scan;
+    pcr_prefix_stream_t *key = r->key;
+    if (r->o.block_bytes != o->block_bytes || r->o.max_prefix_bytes != o->max_prefix_bytes) {
+        pcr_prefix_stream_free(key); /* made for other sizes (a reload changed them) */
+        key = pcr_prefix_stream_new(o->block_bytes, o->max_prefix_bytes);
+    } else {
+        pcr_prefix_stream_reset(key);
+    }
+    free(r->canon.p);
+    free(r->context.p);
+    memset(r, 0, offsetof(pcr_body_reader_t, st));
+    r->api = api;
+    r->o = *o;
+    r->scan = scan;
+    r->key = key;
+    if (key == NULL || pcr_body_scan_reset(scan) != 0) {
+        reader_destroy(r);
+        return NULL;
+    }
+    return r;
+}
+
+void pcr_body_reader_cache_clear(void)
+{
+    pcr_spare_link_t *link;
+    while ((link = pcr_spare_take(&spare)) != NULL)
+        reader_destroy(PCR_SPARE_OBJ(link, pcr_body_reader_t, spare));
+}
+
 pcr_body_reader_t *pcr_body_reader_new(pcr_api_t api, const pcr_body_opts_t *opts)
 {
     pcr_body_opts_t o;
@@ -170,7 +225,10 @@ pcr_body_reader_t *pcr_body_reader_new(pcr_api_t api, const pcr_body_opts_t *opt
         o = *opts;
     if (o.block_bytes == 0 || o.max_prefix_bytes == 0)
         return NULL;
-    pcr_body_reader_t *r = calloc(1, sizeof(*r));
+    pcr_body_reader_t *r = reader_reuse(api, &o);
+    if (r != NULL)
+        return r;
+    r = calloc(1, sizeof(*r));
     if (r == NULL)
         return NULL;
     r->api = api;
@@ -178,7 +236,7 @@ pcr_body_reader_t *pcr_body_reader_new(pcr_api_t api, const pcr_body_opts_t *opt
     r->key = pcr_prefix_stream_new(o.block_bytes, o.max_prefix_bytes);
     r->scan = pcr_body_scan_new(&pcr_body_p_callbacks, &pcr_body_scan_callbacks, r, &r->err);
     if (r->key == NULL || r->scan == NULL) {
-        pcr_body_reader_free(r);
+        reader_destroy(r);
         return NULL;
     }
     return r;
@@ -188,11 +246,8 @@ void pcr_body_reader_free(pcr_body_reader_t *r)
 {
     if (r == NULL)
         return;
-    pcr_body_scan_free(r->scan);
-    pcr_prefix_stream_free(r->key);
-    free(r->canon.p);
-    free(r->context.p);
-    free(r);
+    if (!pcr_spare_put(&spare, &r->spare, SPARE_MAX))
+        reader_destroy(r);
 }
 
 int pcr_body_reader_feed(pcr_body_reader_t *r, const void *data, size_t len)
@@ -252,7 +307,12 @@ int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
         pcr_body_nomem(r);
         return PCR_ERR_NOMEM;
     }
+    /* As many blocks as the bytes fed can make (the context's bytes are counted too: a bound,
+     * not the count): a short prompt's key is a small block, not the longest key's 4 KiB. */
     size_t max = pcr_prefix_max_blocks(r->o.block_bytes, r->o.max_prefix_bytes);
+    uint64_t fed = pcr_prefix_stream_bytes(r->key);
+    if (fed / r->o.block_bytes + 1 < max)
+        max = (size_t)(fed / r->o.block_bytes) + 1;
     out->blocks = malloc((max ? max : 1) * sizeof(uint64_t));
     out->model = dup_bytes(r->model, r->model_len);
     if (out->blocks == NULL || out->model == NULL)

@@ -56,7 +56,11 @@ typedef struct pcr_body_reader pcr_body_reader_t;
 /* A reader for one request body; `opts` NULL means the defaults. NULL when out of memory or
  * when opts are invalid (block_bytes or max_prefix_bytes 0). */
 pcr_body_reader_t *pcr_body_reader_new(pcr_api_t api, const pcr_body_opts_t *opts);
-void pcr_body_reader_free(pcr_body_reader_t *r);  /* NULL is a no-op */
+/* NULL is a no-op. The reader's memory is kept for the next pcr_body_reader_new() on the same
+ * thread (a few are kept per thread); a thread that made readers calls
+ * pcr_body_reader_cache_clear() before it ends, which frees the ones kept. */
+void pcr_body_reader_free(pcr_body_reader_t *r);
+void pcr_body_reader_cache_clear(void);
 
 /* The next `len` bytes of the body, any split. Returns 0, or an error as below once the body
  * is known to be bad (JSON that cannot parse, nesting too deep); every later call returns it

@@ -11,6 +11,7 @@
 
 #include "body.h"
 #include "body_scan.h"
+#include "spare.h"
 #include "pcr/prefix.h"
 
 #define MAX_DEPTH 256
@@ -64,8 +65,8 @@ struct pcr_body_reader {
     char inval_msg[256];
     int finished;
     pcr_prefix_stream_t *key;
+    pcr_spare_link_t spare;    /* on its thread's list of spare readers (body.c) */
 
-    level_t st[MAX_DEPTH];
     size_t depth;
     uint32_t root_seen;
     int root_done;
@@ -84,6 +85,9 @@ struct pcr_body_reader {
     buf_t canon, context;      /* kept with o.keep_canonical only */
     char cpend[256];           /* context bytes not yet hashed: the tools come a few bytes */
     size_t cplen;              /* at a time, and each XXH3 update has a fixed cost */
+
+    /* Last: a recycled reader is cleared up to here; a level is set whole when pushed. */
+    level_t st[MAX_DEPTH];
 };
 
 /* body.c: errors. fatal stops yajl (returns 0, for callbacks to return); inval keeps the first

@@ -2,6 +2,7 @@
  * (router/body_scan.h says why and how). This file knows where strings start and end and
  * how long an escape is; whether the JSON is valid is yajl's to say, for every byte. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,31 @@
 
 enum { ESC_NONE = 0, ESC_CHAR, ESC_HEX };  /* after a backslash; in the 4 digits of \uXXXX */
 
+/* P's memory. yajl makes a handle in a few small blocks (the handle, its lexer, the lexer's
+ * buffer, the state stack as it grows) and P is made anew for every body, so they come from
+ * this arena, which the next body's P starts over: blocks are only handed out, a free is a
+ * no-op, and what does not fit (a lexer buffer for a token that spans calls, say) is an
+ * ordinary malloc. Each block has a header with its size (for realloc) and its origin. */
+#define ARENA_BYTES 2048
+#define ARENA_ALIGN 16
+
+typedef struct {
+    size_t used;
+    _Alignas(ARENA_ALIGN) unsigned char mem[ARENA_BYTES];
+} arena_t;
+
+typedef struct {
+    _Alignas(ARENA_ALIGN) size_t size;
+    size_t heap;               /* 1: from malloc */
+} block_t;
+
 struct pcr_body_scan {
     yajl_handle p;             /* the structure, long strings read as "" */
-    yajl_handle v;             /* long strings' contents: an array of strings, never closed */
+    yajl_handle v;             /* long strings' contents: an array of strings, never closed;
+                                * made when simdjson first refuses a piece (most bodies never
+                                * need it), and kept by a reset while it has refused none */
+    int v_failed;              /* V refused a piece: it is no longer the empty array's state */
+    const yajl_callbacks *p_cbs;
     const pcr_scan_cbs_t *cbs;
     void *ud;
     pcr_scan_err_t *err;
@@ -45,6 +68,8 @@ struct pcr_body_scan {
     size_t plen;               /* UTF-8 character, at most 5 bytes) */
     uint64_t v_off;            /* body offset of pend[0] */
     char *scratch;             /* one piece for V: comma, quote, pend, contents, quote */
+    arena_t arena;             /* P's blocks */
+    yajl_alloc_funcs p_alloc;
 };
 
 #define SCRATCH_BYTES (3 + sizeof(((pcr_body_scan_t *)0)->pend) + PCR_SCAN_SHORT_MAX + \
@@ -56,6 +81,53 @@ static const unsigned char delim[256] = {
     [' '] = 1, ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, ['\v'] = 1, ['\f'] = 1,
     ['{'] = 1, ['}'] = 1, ['['] = 1, [']'] = 1, [','] = 1, [':'] = 1,
 };
+
+static void *arena_malloc(void *ctx, size_t n)
+{
+    arena_t *a = ctx;
+    size_t need = sizeof(block_t) + (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    block_t *b;
+    if (n <= ARENA_BYTES && need <= ARENA_BYTES - a->used) {
+        b = (block_t *)(void *)(a->mem + a->used);
+        a->used += need;
+        b->heap = 0;
+    } else if ((b = malloc(sizeof(block_t) + n)) != NULL) {
+        b->heap = 1;
+    } else {
+        return NULL;
+    }
+    b->size = n;
+    return b + 1;
+}
+
+static void arena_free(void *ctx, void *p)
+{
+    if (p == NULL)
+        return;
+    block_t *b = (block_t *)p - 1;
+    if (b->heap)
+        free(b);
+}
+
+static void *arena_realloc(void *ctx, void *p, size_t n)
+{
+    if (p == NULL)
+        return arena_malloc(ctx, n);
+    block_t *b = (block_t *)p - 1;
+    if (b->heap) {
+        block_t *nb = realloc(b, sizeof(block_t) + n);
+        if (nb == NULL)
+            return NULL;
+        nb->size = n;
+        return nb + 1;
+    }
+    if (n <= b->size)
+        return p;
+    void *np = arena_malloc(ctx, n);
+    if (np != NULL)
+        memcpy(np, p, b->size);
+    return np;
+}
 
 static int fail(pcr_body_scan_t *s, int rc, const char *fmt, ...)
 {
@@ -143,6 +215,21 @@ static size_t holdback(const pcr_body_scan_t *s, const char *c, size_t n)
     return need > 1 && have < need && i - 1 >= floor ? have : 0;
 }
 
+/* V, in the state of an array whose first string was read: every piece given to it is one
+ * more string, comma first. */
+static int v_open(pcr_body_scan_t *s)
+{
+    s->v = yajl_alloc(NULL, NULL, NULL);
+    if (s->v == NULL)
+        return PCR_ERR_NOMEM;
+    if (yajl_parse(s->v, (const unsigned char *)"[\"\"", 3) != yajl_status_ok) {
+        yajl_free(s->v);
+        s->v = NULL;
+        return PCR_ERR_NOMEM;
+    }
+    return 0;
+}
+
 /* Checks the held bytes, then `a` and `b` (the string's next contents, in order), as one
  * string token, less what must wait; `closed` when the string ends with them. */
 static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, size_t bn,
@@ -167,7 +254,10 @@ static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, s
         /* simdjson refused it: yajl says whether it is JSON, and where not. The comma
          * first: yajl copies the first token of each call into its lexer's buffer (the
          * previous call ended at EOF), and a comma is cheaper to copy than 16 KiB. */
+        if (s->v == NULL && v_open(s) != 0)
+            return fail(s, PCR_ERR_NOMEM, "out of memory while reading the request body");
         if (yajl_parse(s->v, (const unsigned char *)s->scratch, k + 3) != yajl_status_ok) {
+            s->v_failed = 1;
             size_t used = yajl_get_bytes_consumed(s->v);
             /* V's offsets 0 and 1 are what we added. Not clamped to k: when V stops at our
              * closing quote, that quote stands where the held-back byte is, and yajl given
@@ -435,21 +525,47 @@ pcr_body_scan_t *pcr_body_scan_new(const yajl_callbacks *p_cbs, const pcr_scan_c
     pcr_body_scan_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
+    s->p_cbs = p_cbs;
     s->cbs = cbs;
     s->ud = ud;
     s->err = err;
+    s->p_alloc = (yajl_alloc_funcs){arena_malloc, arena_realloc, arena_free, &s->arena};
     s->scratch = calloc(1, SCRATCH_BYTES);  /* zeroed: simdjson reads the padding */
-    s->p = yajl_alloc(p_cbs, NULL, ud);
-    s->v = yajl_alloc(NULL, NULL, NULL);
-    if (s->scratch == NULL || s->p == NULL || s->v == NULL) {
-        pcr_body_scan_free(s);
-        return NULL;
-    }
-    if (yajl_parse(s->v, (const unsigned char *)"[\"\"", 3) != yajl_status_ok) {
+    s->p = yajl_alloc(p_cbs, &s->p_alloc, ud);
+    if (s->scratch == NULL || s->p == NULL) {
         pcr_body_scan_free(s);
         return NULL;
     }
     return s;
+}
+
+int pcr_body_scan_reset(pcr_body_scan_t *s)
+{
+    /* yajl 2.1 has no reset: P is made anew. V is kept while it has refused nothing: it is
+     * then exactly where a new one starts (a complete string inside the array), since every
+     * piece it reads is one whole string. */
+    yajl_handle v = s->v_failed ? NULL : s->v;
+    if (s->v_failed && s->v != NULL)
+        yajl_free(s->v);
+    if (s->p != NULL)
+        yajl_free(s->p); /* its blocks from the arena are dropped with it, below */
+    const yajl_callbacks *p_cbs = s->p_cbs;
+    const pcr_scan_cbs_t *cbs = s->cbs;
+    void *ud = s->ud;
+    pcr_scan_err_t *err = s->err;
+    char *scratch = s->scratch;
+    /* Cleared up to the arena: its bytes need not be, only its fill. */
+    memset(s, 0, offsetof(pcr_body_scan_t, arena));
+    s->arena.used = 0;
+    s->p_cbs = p_cbs;
+    s->cbs = cbs;
+    s->ud = ud;
+    s->err = err;
+    s->scratch = scratch;
+    s->v = v;
+    s->p_alloc = (yajl_alloc_funcs){arena_malloc, arena_realloc, arena_free, &s->arena};
+    s->p = yajl_alloc(s->p_cbs, &s->p_alloc, s->ud);
+    return s->p != NULL ? 0 : PCR_ERR_NOMEM;
 }
 
 void pcr_body_scan_free(pcr_body_scan_t *s)

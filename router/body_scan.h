@@ -63,6 +63,9 @@ typedef struct pcr_body_scan pcr_body_scan_t;
 pcr_body_scan_t *pcr_body_scan_new(const yajl_callbacks *p_cbs, const pcr_scan_cbs_t *cbs,
                                    void *ud, pcr_scan_err_t *err);
 void pcr_body_scan_free(pcr_body_scan_t *s);  /* NULL is a no-op */
+/* Ready for the next body, with the same callbacks, as if new; its buffers are kept. After
+ * PCR_ERR_NOMEM the scanner can only be freed. */
+int pcr_body_scan_reset(pcr_body_scan_t *s);
 
 /* The next chunk. Returns 0 or err->rc; after an error every call returns it again. */
 int pcr_body_scan_feed(pcr_body_scan_t *s, const char *data, size_t len);

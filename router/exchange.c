@@ -14,6 +14,7 @@
  * The exchange never frees itself: the session that owns it does, after send_end or when the
  * client goes away (pcr_exchange_free cancels the upstream request then). */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +30,53 @@
 
 static const pcr_upstream_cbs_t proxy_cbs;
 
+/* Spare exchanges: an exchange is 3.7 KiB (its header offsets), past malloc's per-thread
+ * caches, with a body buffer, a path and a header buffer of its own, all made and freed per
+ * request. Freed ones wait on their thread's list with those buffers, empty, and the next
+ * exchange is one of them, cleared. Up to SPARE_MAX, as many as a few HTTP/2 clients keep in
+ * flight (at most about 0.5 MiB per worker). */
+#define SPARE_MAX 128
+
+static __thread pcr_spare_t spare;
+
+static void exchange_destroy(pcr_exchange_t *ex)
+{
+    free(ex->path_buf);
+    free(ex->hbuf);
+    if (ex->body)
+        evbuffer_free(ex->body);
+    free(ex);
+}
+
+void pcr_exchange_cache_clear(void)
+{
+    pcr_spare_link_t *link;
+    while ((link = pcr_spare_take(&spare)) != NULL)
+        exchange_destroy(PCR_SPARE_OBJ(link, pcr_exchange_t, spare));
+}
+
+static pcr_exchange_t *exchange_alloc(void)
+{
+    pcr_spare_link_t *link = pcr_spare_take(&spare);
+    if (link == NULL)
+        return calloc(1, sizeof(pcr_exchange_t));
+    pcr_exchange_t *ex = PCR_SPARE_OBJ(link, pcr_exchange_t, spare);
+    struct evbuffer *body = ex->body;
+    char *path_buf = ex->path_buf, *hbuf = ex->hbuf;
+    size_t path_cap = ex->path_cap, hcap = ex->hcap;
+    memset(ex, 0, offsetof(pcr_exchange_t, hoff));
+    ex->body = body;
+    ex->path_buf = path_buf;
+    ex->path_cap = path_cap;
+    ex->hbuf = hbuf;
+    ex->hcap = hcap;
+    return ex;
+}
+
 pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops, void *sess,
                                  const char *proto)
 {
-    pcr_exchange_t *ex = calloc(1, sizeof(*ex));
+    pcr_exchange_t *ex = exchange_alloc();
     if (ex == NULL)
         return NULL;
     ex->w = w;
@@ -40,7 +84,8 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
     ex->sess = sess;
     ex->proto = proto;
     ex->state = EX_RECEIVING;
-    ex->body = evbuffer_new();
+    if (ex->body == NULL)
+        ex->body = evbuffer_new();
     if (ex->body == NULL) {
         pcr_exchange_free(ex);
         return NULL;
@@ -124,12 +169,17 @@ int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len)
 
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
 {
-    char *p = realloc(ex->path, len + 1);
-    if (p == NULL)
-        return PCR_ERR_NOMEM;
-    memcpy(p, path, len);
-    p[len] = '\0';
-    ex->path = p;
+    if (len + 1 > ex->path_cap) {
+        size_t cap = len + 1 > 128 ? len + 1 : 128;
+        char *p = realloc(ex->path_buf, cap);
+        if (p == NULL)
+            return PCR_ERR_NOMEM;
+        ex->path_buf = p;
+        ex->path_cap = cap;
+    }
+    memcpy(ex->path_buf, path, len);
+    ex->path_buf[len] = '\0';
+    ex->path = ex->path_buf;
     return 0;
 }
 
@@ -319,41 +369,83 @@ static char *request_connection(const pcr_exchange_t *ex)
     return s;
 }
 
-static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t *be)
+static char *put(char *p, const char *s, size_t n)
 {
-    struct evbuffer *b = evbuffer_new();
-    if (b == NULL)
-        return NULL;
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* The request for the pod: its head in a new buffer, written once into space of its exact
+ * size (no printf: formatting cost more than the rest of the head), and its body, which is
+ * `ex->body` itself (*body, sent by reference, never copied) unless stream_options is added to
+ * it: then the body follows the head in the new buffer and *body is NULL. */
+static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t *be,
+                                               struct evbuffer **body)
+{
     char *conn = request_connection(ex);
     size_t blen = evbuffer_get_length(ex->body);
     /* upstream.request_usage: "stream_options" goes before the object's closing brace. */
     static const char opt[] = "\"stream_options\":{\"include_usage\":true}";
-    const char *body = blen ? (const char *)evbuffer_pullup(ex->body, -1) : "";
+    const char *raw = NULL;
     int empty = 0;
-    long at = ex->inject_usage ? pcr_usage_insert_at(body, blen, &empty) : -1;
+    long at = -1;
+    if (ex->inject_usage) {
+        raw = blen ? (const char *)evbuffer_pullup(ex->body, -1) : "";
+        at = pcr_usage_insert_at(raw, blen, &empty);
+    }
     size_t extra = at >= 0 ? sizeof(opt) - 1 + !empty : 0;
-    evbuffer_add_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", ex->method, ex->path, be->host_header);
+    int clen = blen > 0 || strcmp(ex->method, "POST") == 0;
+
+    /* "<method> <path> HTTP/1.1\r\nHost: <host>\r\n", the fields kept, Content-Length, CRLF. */
+    unsigned char keep[PCR_MAX_REQ_HEADERS];
+    size_t mlen = strlen(ex->method), plen = strlen(ex->path), hlen = strlen(be->host_header);
+    size_t need = mlen + 1 + plen + 17 + hlen + 2 + 2 + (clen ? 16 + 20 + 2 : 0);
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
-        const char *n = ex->hbuf + ex->hoff[i];
-        if (pcr_http_hop_by_hop(n, ex->hsz[i], conn))
-            continue;
-        evbuffer_add(b, n, ex->hsz[i]);
-        evbuffer_add(b, ": ", 2);
-        evbuffer_add(b, ex->hbuf + ex->hoff[i + 1], ex->hsz[i + 1]);
-        evbuffer_add(b, "\r\n", 2);
+        keep[i / 2] = !pcr_http_hop_by_hop(ex->hbuf + ex->hoff[i], ex->hsz[i], conn);
+        if (keep[i / 2])
+            need += ex->hsz[i] + 2 + ex->hsz[i + 1] + 2;
     }
     free(conn);
-    if (blen > 0 || strcmp(ex->method, "POST") == 0)
-        evbuffer_add_printf(b, "Content-Length: %zu\r\n", blen + extra);
-    evbuffer_add(b, "\r\n", 2);
+    struct evbuffer *b = evbuffer_new();
+    struct evbuffer_iovec v;
+    if (b == NULL || evbuffer_reserve_space(b, (ev_ssize_t)need, &v, 1) != 1) {
+        if (b != NULL)
+            evbuffer_free(b);
+        return NULL;
+    }
+    char *p = v.iov_base;
+    p = put(p, ex->method, mlen);
+    *p++ = ' ';
+    p = put(p, ex->path, plen);
+    p = put(p, " HTTP/1.1\r\nHost: ", 17);
+    p = put(p, be->host_header, hlen);
+    p = put(p, "\r\n", 2);
+    for (size_t i = 0; i + 1 < ex->nh; i += 2) {
+        if (!keep[i / 2])
+            continue;
+        p = put(p, ex->hbuf + ex->hoff[i], ex->hsz[i]);
+        p = put(p, ": ", 2);
+        p = put(p, ex->hbuf + ex->hoff[i + 1], ex->hsz[i + 1]);
+        p = put(p, "\r\n", 2);
+    }
+    if (clen) {
+        p = put(p, "Content-Length: ", 16);
+        p += pcr_http_put_dec(p, blen + extra);
+        p = put(p, "\r\n", 2);
+    }
+    p = put(p, "\r\n", 2);
+    v.iov_len = (size_t)(p - (char *)v.iov_base);
+    evbuffer_commit_space(b, &v, 1);
+
+    *body = NULL;
     if (at >= 0) {
-        evbuffer_add(b, body, (size_t)at);
+        evbuffer_add(b, raw, (size_t)at);
         if (!empty)
             evbuffer_add(b, ",", 1);
         evbuffer_add(b, opt, sizeof(opt) - 1);
-        evbuffer_add(b, body + at, blen - (size_t)at);
+        evbuffer_add(b, raw + at, blen - (size_t)at);
     } else if (blen > 0) {
-        evbuffer_add(b, body, blen);
+        *body = ex->body;
     }
     return b;
 }
@@ -500,7 +592,8 @@ static void dispatch(pcr_exchange_t *ex)
         ex->committed = 1;
         pcr_bus_commit(srv->bus, (int)w->id, d.backend, &ex->key, now);
     }
-    struct evbuffer *req = build_upstream_request(ex, be);
+    struct evbuffer *body;
+    struct evbuffer *req = build_upstream_request(ex, be, &body);
     if (req == NULL) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
         return;
@@ -519,7 +612,7 @@ static void dispatch(pcr_exchange_t *ex)
     ex->be = be;
     ex->prefill = d.uncached_prefill;
     ex_to(ex, EX_UP_WAIT);
-    ex->up = pcr_upstream_send(pool, req, &proxy_cbs, ex);
+    ex->up = pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
     if (ex->up == NULL) {
         ex_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -822,10 +915,13 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     pcr_usage_dispose(&ex->usage);
     if (ex->be != NULL)
         pcr_backend_unref(ex->be);
-    free(ex->path);
-    free(ex->hbuf);
-    if (ex->body)
-        evbuffer_free(ex->body);
-    free(ex);
+    /* Kept for the next exchange: the buffers, emptied. A body still referenced by a pod
+     * connection's output (pcr_upstream_send_body) keeps its chains alive there. A path or a
+     * header buffer grown past what requests usually need is not kept. */
+    int keep = ex->body != NULL && ex->path_cap <= 4096 && ex->hcap <= 16384;
+    if (keep)
+        evbuffer_drain(ex->body, evbuffer_get_length(ex->body));
+    if (!keep || !pcr_spare_put(&spare, &ex->spare, SPARE_MAX))
+        exchange_destroy(ex);
     pcr_worker_check_drained(w);
 }

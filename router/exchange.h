@@ -37,6 +37,9 @@ typedef struct {
 pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops, void *sess,
                                  const char *proto);
 void pcr_exchange_free(pcr_exchange_t *ex);  /* NULL is a no-op; cancels any upstream work */
+/* Freed exchanges are kept for the next pcr_exchange_new() on the same thread (a few per
+ * thread); a thread that made exchanges calls this before it ends, to free the ones kept. */
+void pcr_exchange_cache_clear(void);
 
 int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len);
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len);

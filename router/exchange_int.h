@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "exchange.h"
+#include "spare.h"
 #include "usage.h"
 
 #define PCR_MAX_REQ_HEADERS 100
@@ -48,12 +49,13 @@ struct pcr_exchange {
     const char *proto;                /* "HTTP/1.1", "HTTP/2" */
     pcr_ex_state_t state;
 
-    /* The request. Header names and values live in `hbuf` at the offsets below. */
+    /* The request. Header names and values live in `hbuf` at the offsets hoff/hsz (below). */
     char method[16];
-    char *path;
+    char *path;                       /* NULL until set; then path_buf */
+    char *path_buf;                   /* path_cap bytes, kept when the exchange is recycled */
+    size_t path_cap;
     char *hbuf;
     size_t hlen, hcap;
-    size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
     size_t nh;
     struct evbuffer *body;
     size_t body_counted;              /* bytes of `body` counted in the process's body budget */
@@ -92,6 +94,10 @@ struct pcr_exchange {
     /* The decision's phases (first attempt): ns_parse, the reader's time while the body came;
      * from t_parse_ns (the last byte is in) ns_hash, the reader's last step, then the policy. */
     uint64_t t_parse_ns, ns_parse, ns_hash;
+
+    pcr_spare_link_t spare;           /* on its thread's list of spare exchanges (exchange.c) */
+    /* Last: a recycled exchange is cleared up to here (entries past nh are never read). */
+    size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
 };
 
 /* access.c: the request's access-log line (log.access_log), handed to the writer. */

@@ -123,6 +123,14 @@ static h1_sess_t *sess_of(pcr_exchange_t *ex) { return pcr_exchange_session(ex);
 
 /* ---- response ops -------------------------------------------------------------------- */
 
+static char *put(char *p, const char *src, size_t n)
+{
+    memcpy(p, src, n);
+    return p + n;
+}
+
+/* The head is written once into space of its exact size, without printf (which cost more than
+ * the rest of the head). */
 static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
 {
     h1_sess_t *s = sess_of(ex);
@@ -130,13 +138,6 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
     int http10 = s->parser.http_major == 1 && s->parser.http_minor == 0;
     if (!s->keep_alive || s->draining || s->w->draining)
         s->closing = 1;
-    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, reason_phrase(status));
-    for (size_t i = 0; i < n; i++) {
-        evbuffer_add(out, h[i].name, h[i].name_len);
-        evbuffer_add(out, ": ", 2);
-        evbuffer_add(out, h[i].value, h[i].value_len);
-        evbuffer_add(out, "\r\n", 2);
-    }
     s->chunked = 0;
     s->sse = 0;
     for (size_t i = 0; i < n; i++)
@@ -146,18 +147,48 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
     /* These statuses end at the blank line (RFC 9112, 6.3): chunked framing, or a body, would
      * be read as the start of the next response. A 304 may say the length a 200 would have. */
     s->bodiless = status < 200 || status == 204 || status == 304;
-    if (s->bodiless) {
-        if (clen >= 0 && status == 304)
-            evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)clen);
-    } else if (clen >= 0) {
-        evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)clen);
-    } else if (http10) {
+    if (!s->bodiless && clen < 0 && http10)
         s->closing = 1; /* HTTP/1.0 has no chunking: the close ends the body */
-    } else {
-        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+    else if (!s->bodiless && clen < 0)
         s->chunked = 1;
+
+    /* "HTTP/1.1 <status> <reason>\r\n", the fields, the framing, Connection, CRLF. */
+    const char *reason = reason_phrase(status);
+    size_t rlen = strlen(reason);
+    size_t need = 9 + 20 + 1 + rlen + 2 + 16 + 20 + 2 + 28 + 24 + 2;
+    for (size_t i = 0; i < n; i++)
+        need += h[i].name_len + 2 + h[i].value_len + 2;
+    /* A body of known, moderate length gets room right after the head: one buffer, written
+     * with one send. */
+    size_t room = clen > 0 && clen <= 65536 && !s->head_only && !s->bodiless ? (size_t)clen : 0;
+    struct evbuffer_iovec v;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)(need + room), &v, 1) != 1)
+        return; /* no memory: the client sees the connection end without an answer */
+    char *p = v.iov_base;
+    p = put(p, "HTTP/1.1 ", 9);
+    p += pcr_http_put_dec(p, (uint64_t)(unsigned)status); /* 100-599: ours, or checked */
+    *p++ = ' ';
+    p = put(p, reason, rlen);
+    p = put(p, "\r\n", 2);
+    for (size_t i = 0; i < n; i++) {
+        p = put(p, h[i].name, h[i].name_len);
+        p = put(p, ": ", 2);
+        p = put(p, h[i].value, h[i].value_len);
+        p = put(p, "\r\n", 2);
     }
-    evbuffer_add_printf(out, "Connection: %s\r\n\r\n", s->closing ? "close" : "keep-alive");
+    if (clen >= 0 && (!s->bodiless || status == 304)) {
+        p = put(p, "Content-Length: ", 16);
+        p += pcr_http_put_dec(p, (uint64_t)clen);
+        p = put(p, "\r\n", 2);
+    } else if (s->chunked) {
+        p = put(p, "Transfer-Encoding: chunked\r\n", 28);
+    }
+    if (s->closing)
+        p = put(p, "Connection: close\r\n\r\n", 21);
+    else
+        p = put(p, "Connection: keep-alive\r\n\r\n", 26);
+    v.iov_len = (size_t)(p - (char *)v.iov_base);
+    evbuffer_commit_space(out, &v, 1);
 }
 
 static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
@@ -167,13 +198,17 @@ static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
         return;
     struct evbuffer *out = pcr_sock_output(s->sock);
     if (s->chunked) {
-        evbuffer_add_printf(out, "%zx\r\n", len);
+        char size[20];
+        size_t k = pcr_http_put_hex(size, len);
+        size[k++] = '\r';
+        size[k++] = '\n';
+        evbuffer_add(out, size, k);
         evbuffer_add(out, data, len);
         evbuffer_add(out, "\r\n", 2);
     } else {
         evbuffer_add(out, data, len);
     }
-    pcr_sock_flush(s->sock);
+    pcr_sock_flush_soon(s->sock);
     if (pcr_sock_pending(s->sock) > PCR_WRITE_LOW)
         pcr_sock_want_drain(s->sock, PCR_WRITE_LOW);
 }
@@ -183,7 +218,7 @@ static void op_send_end(pcr_exchange_t *ex)
     h1_sess_t *s = sess_of(ex);
     if (s->chunked && !s->head_only)
         evbuffer_add(pcr_sock_output(s->sock), "0\r\n\r\n", 5);
-    pcr_sock_flush(s->sock);
+    pcr_sock_flush_soon(s->sock); /* written before on_advance runs: it was queued first */
     event_active(s->advance, 0, 0);
 }
 

@@ -23,7 +23,6 @@
  *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
  *   answered 408; one whose response made no progress towards the client for
  *   timeouts.client_write_ms (a zero window) is reset, and its pod request cancelled. */
-#include <ctype.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +33,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "exchange.h"
+#include "http1.h"
 #include "log.h"
 #include "session.h"
 
@@ -135,6 +135,9 @@ static void rst_later(h2_stream_t *st, uint32_t code)
         nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, code);
 }
 
+/* The response body is not copied into nghttp2's frame buffer: the source says how much goes
+ * in the next DATA frame (NGHTTP2_DATA_FLAG_NO_COPY) and on_send_data moves those bytes from
+ * st->out to the connection's output, after the frame header. */
 static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
                                    uint32_t *flags, nghttp2_data_source *src, void *user)
 {
@@ -142,10 +145,10 @@ static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf
     size_t avail = evbuffer_get_length(st->out);
     size_t n = avail < length ? avail : length;
     if (n > 0) {
-        evbuffer_remove(st->out, buf, n);
+        *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
         st->t_progress = pcr_now_us();
     }
-    if (st->eof && evbuffer_get_length(st->out) == 0) {
+    if (st->eof && avail == n) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     } else if (n == 0 && st->abort) {
         /* Everything that arrived went out; the reset follows a moment later. */
@@ -156,9 +159,31 @@ static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf
         st->deferred = 1;
         return NGHTTP2_ERR_DEFERRED;
     }
-    if (st->ex)
+    if (n == 0 && st->ex) /* else on_send_data tells, once the bytes left st->out */
         pcr_exchange_on_writable(st->ex);
     return (ssize_t)n;
+}
+
+static int on_send_data(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *framehd,
+                        size_t length, nghttp2_data_source *src, void *user)
+{
+    h2_sess_t *s = user;
+    h2_stream_t *st = src->ptr;
+    struct evbuffer *out = pcr_sock_output(s->sock);
+    size_t pad = frame->data.padlen;
+    static const uint8_t zeros[256];
+    evbuffer_add(out, framehd, 9);
+    if (pad > 0) {
+        uint8_t padlen = (uint8_t)(pad - 1);
+        evbuffer_add(out, &padlen, 1);
+    }
+    if (evbuffer_remove_buffer(st->out, out, length) != (int)length)
+        return NGHTTP2_ERR_CALLBACK_FAILURE; /* cannot happen: the source measured st->out */
+    if (pad > 1)
+        evbuffer_add(out, zeros, pad - 1);
+    if (st->ex)
+        pcr_exchange_on_writable(st->ex);
+    return 0;
 }
 
 static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
@@ -166,32 +191,38 @@ static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, siz
     h2_stream_t *st = pcr_exchange_session(ex);
     h2_sess_t *s = st->sess;
     nghttp2_nv nva[n + 2];
-    char status_str[4], clen_str[24];
+    char status_str[3], clen_str[20];
     size_t k = 0;
     /* HTTP/2 wants lower-case names; upstream may send any case. */
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += h[i].name_len;
-    char *names = malloc(total + 1);
-    snprintf(status_str, sizeof(status_str), "%03d", status);
+    char stack_names[2048];
+    char *names = total < sizeof(stack_names) ? stack_names : malloc(total + 1);
+    status_str[0] = (char)('0' + status / 100 % 10); /* 100-599: ours, or checked */
+    status_str[1] = (char)('0' + status / 10 % 10);
+    status_str[2] = (char)('0' + status % 10);
     nva[k++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status_str, 7, 3, NGHTTP2_NV_FLAG_NONE};
     size_t off = 0;
     for (size_t i = 0; i < n && names != NULL; i++) {
-        for (size_t j = 0; j < h[i].name_len; j++)
-            names[off + j] = (char)tolower((unsigned char)h[i].name[j]);
+        for (size_t j = 0; j < h[i].name_len; j++) {
+            unsigned char c = (unsigned char)h[i].name[j];
+            names[off + j] = (char)(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c);
+        }
         nva[k++] = (nghttp2_nv){(uint8_t *)names + off, (uint8_t *)h[i].value, h[i].name_len,
                                 h[i].value_len, NGHTTP2_NV_FLAG_NONE};
         off += h[i].name_len;
     }
     if (clen >= 0) {
-        int l = snprintf(clen_str, sizeof(clen_str), "%lld", (long long)clen);
-        nva[k++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)clen_str, 14, (size_t)l,
+        size_t l = pcr_http_put_dec(clen_str, (uint64_t)clen);
+        nva[k++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)clen_str, 14, l,
                                 NGHTTP2_NV_FLAG_NONE};
     }
     nghttp2_data_provider prd = {.source.ptr = st, .read_callback = on_data_source_read};
     int rc = nghttp2_submit_response(s->ng, st->id, nva, k, st->head_only ? NULL : &prd);
     st->submitted = rc == 0 && !st->head_only;
-    free(names);
+    if (names != stack_names)
+        free(names);
     if (rc != 0)
         pcr_log_warn("h2 stream %d: cannot submit response: %s", st->id, nghttp2_strerror(rc));
     schedule_flush(s);
@@ -675,6 +706,7 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);
     nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
+    nghttp2_session_callbacks_set_send_data_callback(cbs, on_send_data);
     /* Request bodies are buffered against a process-wide budget: windows are given back by
      * hand (consume_pending), never automatically. */
     nghttp2_option_set_no_auto_window_update(opt, 1);

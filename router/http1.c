@@ -5,27 +5,32 @@
 #include "http1.h"
 #include "pcr/common.h"
 
+/* tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." / "^" / "_" / "`" /
+ *         "|" / "~" / DIGIT / ALPHA   (RFC 9110, 5.6.2): one load per byte, every header of
+ * every request and response is checked. */
+static const unsigned char tchar[256] = {
+    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1,
+    ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+    ['0' ... '9'] = 1, ['A' ... 'Z'] = 1, ['a' ... 'z'] = 1,
+};
+
 int pcr_http_token_valid(const char *s, size_t len)
 {
-    /* tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." / "^" / "_" / "`" /
-     *         "|" / "~" / DIGIT / ALPHA   (RFC 9110, 5.6.2) */
-    static const char extra[] = "!#$%&'*+-.^_`|~";
     if (len == 0)
         return 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              (c != '\0' && strchr(extra, c) != NULL)))
-            return 0;
-    }
-    return 1;
+    unsigned char ok = 1;
+    for (size_t i = 0; i < len; i++)
+        ok &= tchar[(unsigned char)s[i]];
+    return ok;
 }
 
 int pcr_http_value_valid(const char *v, size_t len)
 {
-    for (size_t i = 0; i < len; i++)
-        if (v[i] == '\r' || v[i] == '\n' || v[i] == '\0')
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if (c <= '\r' && (c == '\r' || c == '\n' || c == '\0'))
             return 0;
+    }
     return 1;
 }
 
@@ -56,18 +61,54 @@ int pcr_http_list_has(const char *list, size_t list_len, const char *name, size_
     return 0;
 }
 
+static int name_is(const char *n, const char *want, size_t len)
+{
+    return strncasecmp(n, want, len) == 0;
+}
+
 int pcr_http_hop_by_hop(const char *n, size_t len, const char *connection_values)
 {
-    static const char *const hop[] = {"connection", "keep-alive", "proxy-connection",
-                                      "transfer-encoding", "te", "trailer", "upgrade", "host",
-                                      "content-length", "expect", "http2-settings"};
     if (len > 0 && n[0] == ':')
         return 1; /* HTTP/2 pseudo-headers */
-    for (size_t i = 0; i < PCR_ARRAY_SIZE(hop); i++)
-        if (strlen(hop[i]) == len && strncasecmp(n, hop[i], len) == 0)
-            return 1;
-    return connection_values != NULL &&
-           pcr_http_list_has(connection_values, strlen(connection_values), n, len);
+    /* The fixed list, by length first: most fields are compared with nothing. */
+    int hop = 0;
+    switch (len) {
+    case 2: hop = name_is(n, "te", 2); break;
+    case 4: hop = name_is(n, "host", 4); break;
+    case 6: hop = name_is(n, "expect", 6); break;
+    case 7: hop = name_is(n, "trailer", 7) || name_is(n, "upgrade", 7); break;
+    case 10: hop = name_is(n, "connection", 10) || name_is(n, "keep-alive", 10); break;
+    case 14: hop = name_is(n, "content-length", 14) || name_is(n, "http2-settings", 14); break;
+    case 16: hop = name_is(n, "proxy-connection", 16); break;
+    case 17: hop = name_is(n, "transfer-encoding", 17); break;
+    }
+    return hop || (connection_values != NULL && pcr_http_list_has(connection_values, strlen(connection_values), n, len));
+}
+
+size_t pcr_http_put_dec(char *out, uint64_t v)
+{
+    char tmp[20];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+size_t pcr_http_put_hex(char *out, uint64_t v)
+{
+    char tmp[16];
+    size_t n = 0;
+    do {
+        tmp[n++] = "0123456789abcdef"[v & 15];
+        v >>= 4;
+    } while (v != 0);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
 }
 
 void pcr_fold_reset(pcr_fold_t *f)

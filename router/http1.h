@@ -6,6 +6,7 @@
 #define PCR_ROUTER_HTTP1_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* An RFC 9110 field name: one or more tchar (so no whitespace before the colon). */
 int pcr_http_token_valid(const char *s, size_t len);
@@ -24,6 +25,12 @@ int pcr_http_hop_by_hop(const char *name, size_t len, const char *connection_val
 /* Whether a list field's value (a Connection field's: tokens between commas and whitespace,
  * `list_len` bytes, no terminator needed) names `name`, case-insensitively. */
 int pcr_http_list_has(const char *list, size_t list_len, const char *name, size_t len);
+
+/* Numbers in heads (Content-Length, a status, a chunk size) without printf, which costs more
+ * than the rest of a head: the digits of `v` at `out` (no NUL; room for 20 decimal or 16 hex
+ * digits), and how many. */
+size_t pcr_http_put_dec(char *out, uint64_t v);
+size_t pcr_http_put_hex(char *out, uint64_t v);
 
 /* Line folding (obs-fold) shows up from http-parser in two ways: as a second piece of the same
  * field value, or, when the fold comes before any of the value ("Name:\r\n value"), as a

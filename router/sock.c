@@ -41,6 +41,7 @@ int pcr_sock_reading(const pcr_sock_t *s) { return s->reading; }
 struct evbuffer *pcr_sock_input(pcr_sock_t *s) { return s->ops->input(s); }
 struct evbuffer *pcr_sock_output(pcr_sock_t *s) { return s->ops->output(s); }
 void pcr_sock_flush(pcr_sock_t *s) { s->ops->flush(s); }
+void pcr_sock_flush_soon(pcr_sock_t *s) { s->ops->flush_soon(s); }
 
 size_t pcr_sock_pending(const pcr_sock_t *s)
 {

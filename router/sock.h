@@ -10,8 +10,9 @@
  *   on_end        <- end of stream, an error, or a write that made no progress for too long
  *
  * Two implementations, in the spirit of h2o's socket layer: sock_plain.c (our own read and
- * write events on a non-blocking fd: one readv per read and one writev per flush, no FIONREAD,
- * no epoll_ctl per request) and sock_tls.c (OpenSSL through libevent's bufferevent_openssl).
+ * write events on a non-blocking fd: one recv(msg) per read and one send(msg) per flush, no
+ * FIONREAD, no epoll_ctl per request) and sock_tls.c (OpenSSL through libevent's
+ * bufferevent_openssl).
  *
  * Callbacks never run inside a pcr_sock_* call: a failure found while flushing is reported
  * from the event loop. After pcr_sock_free() no callback runs. */
@@ -70,6 +71,11 @@ struct evbuffer *pcr_sock_output(pcr_sock_t *s);
 
 /* Writes what the kernel takes now; the rest goes out when the socket is writable. */
 void pcr_sock_flush(pcr_sock_t *s);
+/* The same, from the event loop once the events ready now have run: a turn's reads are all
+ * handled before its writes wake the peers, so a peer woken by one write finds the others'
+ * bytes too instead of preempting this thread once per write. For callers that do not look at
+ * pcr_sock_pending() right after. */
+void pcr_sock_flush_soon(pcr_sock_t *s);
 /* Output bytes not yet handed to the kernel. */
 size_t pcr_sock_pending(const pcr_sock_t *s);
 /* Calls on_drain (from the event loop) once pending() <= low. */
@@ -105,6 +111,7 @@ typedef struct {
     struct evbuffer *(*input)(pcr_sock_t *s);
     struct evbuffer *(*output)(pcr_sock_t *s);
     void (*flush)(pcr_sock_t *s);
+    void (*flush_soon)(pcr_sock_t *s);
     void (*want_drain)(pcr_sock_t *s);
     void (*set_write_timeout)(pcr_sock_t *s);
 } pcr_sock_ops_t;

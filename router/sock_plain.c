@@ -3,8 +3,9 @@
  *
  * Reading: one recvmsg(2) per readable event straight into the input buffer's free space (no
  * FIONREAD ioctl first, as libevent's evbuffer_read makes). Writing: pcr_sock_flush() writes at
- * once with one sendmsg(2) of the output's chains; only when the kernel did not take everything is the write event
- * added, so a request that fits the socket buffer costs no epoll_ctl at all (and with the epoll
+ * once with one sendmsg(2) of the output's chains (pcr_sock_flush_soon() the same from the
+ * loop, through the `soon` event); only when the kernel did not take everything is the write
+ * event added, so a request that fits the socket buffer costs no epoll_ctl at all (and with the epoll
  * changelist an add and delete in one loop turn cancel). The write event carries the write
  * timeout, restarted only when bytes actually leave, so a peer that stops reading is caught even
  * while its owner keeps appending.
@@ -15,7 +16,8 @@
  *
  * recvmsg and sendmsg, not readv and writev: the socket calls skip the VFS layer (file position
  * lock, iterator setup), a measurable part of the kernel's time per request; MSG_NOSIGNAL
- * replaces ignoring SIGPIPE. */
+ * replaces ignoring SIGPIPE. With a single buffer, recv and send: they skip copying in the
+ * message header and its iovec array too. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -37,6 +39,7 @@
 typedef struct {
     pcr_sock_t base;
     struct event *rev, *wev;
+    struct event *soon;        /* pcr_sock_flush_soon(): a write from the loop */
     struct evbuffer *in, *out;
     int wev_added;
     int connecting;            /* connect in progress: the write event waits for it */
@@ -87,8 +90,13 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         end(p, PCR_SOCK_ERROR);
         return;
     }
-    struct msghdr mh = {.msg_iov = (struct iovec *)v, .msg_iovlen = (size_t)nv};
-    ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT);
+    ssize_t n;
+    if (nv == 1) {
+        n = recv(fd, v[0].iov_base, v[0].iov_len, MSG_DONTWAIT);
+    } else {
+        struct msghdr mh = {.msg_iov = (struct iovec *)v, .msg_iovlen = (size_t)nv};
+        n = recvmsg(fd, &mh, MSG_DONTWAIT);
+    }
     if (n <= 0) {
         evbuffer_commit_space(p->in, v, 0);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -117,8 +125,13 @@ static void write_some(plain_t *p)
     int nv = evbuffer_peek(p->out, -1, NULL, v, WRITE_IOV);
     if (nv > WRITE_IOV)
         nv = WRITE_IOV;
-    struct msghdr mh = {.msg_iov = (struct iovec *)v, .msg_iovlen = (size_t)nv};
-    ssize_t n = sendmsg(p->base.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n;
+    if (nv == 1) {
+        n = send(p->base.fd, v[0].iov_base, v[0].iov_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } else {
+        struct msghdr mh = {.msg_iov = (struct iovec *)v, .msg_iovlen = (size_t)nv};
+        n = sendmsg(p->base.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
     if (n > 0)
         evbuffer_drain(p->out, (size_t)n);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -182,6 +195,8 @@ static void plain_free(pcr_sock_t *s)
         event_free(p->rev);
     if (p->wev)
         event_free(p->wev);
+    if (p->soon)
+        event_free(p->soon);
     if (p->in)
         evbuffer_free(p->in);
     if (p->out)
@@ -209,6 +224,23 @@ static void plain_flush(pcr_sock_t *s)
         write_some(p);
 }
 
+/* A write from the loop, after the events that are ready now: an event of its own, made
+ * active. Not the write event: libevent re-adds an active persistent event that has a
+ * timeout, which would leave it polling a socket that is always writable. */
+static void on_soon(evutil_socket_t fd, short what, void *arg)
+{
+    plain_t *p = arg;
+    if (!p->connecting)
+        on_writable(p->base.fd, EV_WRITE, p);
+}
+
+static void plain_flush_soon(pcr_sock_t *s)
+{
+    plain_t *p = (plain_t *)s;
+    if (!p->connecting && !p->write_err && !p->ended && evbuffer_get_length(p->out) > 0)
+        event_active(p->soon, 0, 0);
+}
+
 static void plain_want_drain(pcr_sock_t *s)
 {
     plain_t *p = (plain_t *)s;
@@ -225,7 +257,7 @@ static void plain_set_write_timeout(pcr_sock_t *s)
 
 static const pcr_sock_ops_t plain_ops = {
     plain_free, plain_read_start, plain_read_stop, plain_input,
-    plain_output, plain_flush, plain_want_drain, plain_set_write_timeout,
+    plain_output, plain_flush, plain_flush_soon, plain_want_drain, plain_set_write_timeout,
 };
 
 static plain_t *plain_make(struct event_base *base, int fd)
@@ -237,9 +269,10 @@ static plain_t *plain_make(struct event_base *base, int fd)
     p->base.fd = fd;
     p->rev = event_new(base, fd, EV_READ | EV_PERSIST, on_readable, p);
     p->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, on_writable, p);
+    p->soon = event_new(base, -1, 0, on_soon, p);
     p->in = evbuffer_new();
     p->out = evbuffer_new();
-    if (p->rev == NULL || p->wev == NULL || p->in == NULL || p->out == NULL) {
+    if (p->rev == NULL || p->wev == NULL || p->soon == NULL || p->in == NULL || p->out == NULL) {
         p->base.fd = -1;
         plain_free(&p->base);
         return NULL;

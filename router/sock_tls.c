@@ -104,7 +104,7 @@ static void tls_set_write_timeout(pcr_sock_t *s)
 
 static const pcr_sock_ops_t tls_ops = {
     tls_free, tls_read_start, tls_read_stop, tls_input,
-    tls_output, tls_flush, tls_want_drain, tls_set_write_timeout,
+    tls_output, tls_flush, tls_flush, tls_want_drain, tls_set_write_timeout,
 };
 
 pcr_sock_t *pcr_sock_tls_new(struct event_base *base, int fd, SSL *ssl)

@@ -48,6 +48,7 @@ struct pcr_upreq {
     pcr_pool_t *pool;
     pcr_upconn_t *conn;              /* NULL while waiting for a slot */
     struct evbuffer *request;        /* the bytes to send, kept for the one stale-conn re-send */
+    struct evbuffer *body;           /* the caller's, sent after them by reference (or NULL) */
     const pcr_upstream_cbs_t *cbs;
     void *ctx;
     struct event *wait_timer;        /* while queued for a slot */
@@ -244,8 +245,9 @@ static int on_headers_complete(http_parser *p)
     if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX)
         clen = (int64_t)p->content_length;
     c->got_head = 1;
-    /* The response started: from here on, silence is measured by the stream idle timeout. */
-    timer_arm(c, tmo(c->pool)->stream_idle_ms);
+    /* The response started: from here on, silence is measured by the stream idle timeout,
+     * armed when this read is parsed (conn_parse), unless the response ended in it. */
+    c->timer_ms = tmo(c->pool)->stream_idle_ms;
     r->cbs->on_head(r->ctx, (int)status, hdrs, n, clen);
     return status == 204 || status == 304;
 }
@@ -480,6 +482,21 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         conn_fail(c, PCR_UP_TIMEOUT);
 }
 
+/* What evbuffer_add_buffer_reference() could not reference (no memory for its chains) is
+ * copied instead, chain by chain. */
+static void add_copy(struct evbuffer *out, struct evbuffer *src)
+{
+    struct evbuffer_ptr at;
+    struct evbuffer_iovec v;
+    evbuffer_ptr_set(src, &at, 0, EVBUFFER_PTR_SET);
+    while (evbuffer_peek(src, -1, &at, &v, 1) >= 1 && v.iov_len > 0) {
+        if (evbuffer_add(out, v.iov_base, v.iov_len) != 0)
+            return;
+        if (evbuffer_ptr_set(src, &at, v.iov_len, EVBUFFER_PTR_ADD) != 0)
+            return;
+    }
+}
+
 static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
@@ -490,14 +507,19 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
     pcr_fold_reset(&c->fold);
     http_parser_init(&c->parser, HTTP_RESPONSE);
     c->parser.data = c;
-    /* Copy, not move: the bytes are kept for one re-send if this pooled conn proves stale. */
+    /* Copy, not move: the bytes are kept for one re-send if this pooled conn proves stale.
+     * The body, most of the bytes, is only referenced: the output's chains point into the
+     * caller's buffer (libevent keeps it alive while they do). */
     struct evbuffer *out = pcr_sock_output(c->sock);
     size_t len = evbuffer_get_length(r->request);
     evbuffer_add(out, evbuffer_pullup(r->request, -1), len);
+    if (r->body != NULL && evbuffer_get_length(r->body) > 0 &&
+        evbuffer_add_buffer_reference(out, r->body) != 0)
+        add_copy(out, r->body);
     if (c->connected) {
         pcr_sock_read_start(c->sock);
         timer_arm(c, tmo(c->pool)->response_ms);
-        pcr_sock_flush(c->sock);
+        pcr_sock_flush_soon(c->sock);
     }
 }
 
@@ -568,13 +590,20 @@ static void req_dispatch(pcr_upreq_t *r)
 pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
                                const pcr_upstream_cbs_t *cbs, void *ctx)
 {
+    return pcr_upstream_send_body(pool, request, NULL, cbs, ctx);
+}
+
+pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
+                                    const pcr_upstream_cbs_t *cbs, void *ctx)
+{
     pcr_upreq_t *r = calloc(1, sizeof(*r));
     if (r == NULL) {
-        evbuffer_free(request);
+        evbuffer_free(head);
         return NULL;
     }
     r->pool = pool;
-    r->request = request;
+    r->request = head;
+    r->body = body;
     r->cbs = cbs;
     r->ctx = ctx;
     req_dispatch(r);

@@ -71,6 +71,11 @@ void pcr_pool_dispose(pcr_pool_t *pool);
  * inside this call. */
 pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
                                const pcr_upstream_cbs_t *cbs, void *ctx);
+/* The same with the request in two parts: `head` (taken) and then `body` (NULL for none), whose
+ * bytes are sent by reference, not copied. The caller leaves `body` unchanged (nothing added or
+ * drained) until the request ends: on_done, on_error, or pcr_upstream_cancel(). */
+pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
+                                    const pcr_upstream_cbs_t *cbs, void *ctx);
 
 /* Ends the request now; no callback follows. Safe from inside the request's own callbacks. */
 void pcr_upstream_cancel(pcr_upreq_t *r);

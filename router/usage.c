@@ -241,9 +241,28 @@ void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit
     emit(ctx, data, len);
 }
 
+/* Whether a JSON answer can name cached_tokens at all: as those bytes, or with a \u escape
+ * somewhere in the key (the one escape that can write a letter or '_'). Most answers cannot
+ * (a pod without --enable-prompt-tokens-details sends no details), and parsing one costs more
+ * than everything else pcrouter does to forward it, so those are not parsed: what they would
+ * give is known, nothing. */
+static int may_name_cached(const char *p, size_t n)
+{
+    /* memchr, not memmem: glibc's memchr is vectorised, its memmem walks byte by byte, and
+     * both bytes looked for are rare in an answer. */
+    const char *end = p + n;
+    for (const char *q = p; (q = memchr(q, '_', (size_t)(end - q))) != NULL; q++)
+        if (q - p >= 6 && end - q >= 7 && memcmp(q - 6, "cached_tokens", 13) == 0)
+            return 1;
+    for (const char *q = p; (q = memchr(q, '\\', (size_t)(end - q))) != NULL; q++)
+        if (end - q >= 2 && q[1] == 'u')
+            return 1;
+    return 0;
+}
+
 int pcr_usage_finish(pcr_usage_t *u, pcr_usage_emit_fn emit, void *ctx)
 {
-    if (u->mode == PCR_USAGE_JSON && !u->over && u->len > 0) {
+    if (u->mode == PCR_USAGE_JSON && !u->over && u->len > 0 && may_name_cached(u->buf, u->len)) {
         cJSON *root = cJSON_ParseWithLength(u->buf, u->len);
         if (cJSON_IsObject(root))
             read_usage(u, root);

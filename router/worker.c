@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "body.h"
+#include "exchange.h"
 #include "bus.h"
 #include "log.h"
 #include "reload.h"
@@ -320,6 +322,8 @@ static void *worker_main(void *arg)
     pcr_server_t *srv = w->srv;
     event_base_dispatch(w->base);
     pcr_worker_dispose(w);
+    pcr_body_reader_cache_clear(); /* the spare readers and exchanges this thread kept */
+    pcr_exchange_cache_clear();
     __atomic_store_n(&w->stopped, 1, __ATOMIC_RELEASE); /* after its last use of shared state */
     if (PCR_SUB(srv->workers_running, 1) == 1) {
         ssize_t n = write(srv->wake_fd[1], "x", 1); /* the last one out wakes the control loop */

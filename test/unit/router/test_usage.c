@@ -108,6 +108,11 @@ static void test_json_answer(void)
     PCR_CHECK(every_split(PCR_USAGE_JSON, 0, "{\"usage\":", "{\"usage\":", 0, 0, 0));
     const char *neg = "{\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":-5}}}";
     PCR_CHECK(every_split(PCR_USAGE_JSON, 0, neg, neg, 0, 0, 0));
+    /* An answer that never names cached_tokens is not parsed; one that names it through an
+     * escape still is, and is read. */
+    const char *esc = "{\"usage\":{\"prompt_tokens\":7,\"prompt_tokens_details\":"
+                      "{\"cached\\u005ftokens\":3}}}";
+    PCR_CHECK(every_split(PCR_USAGE_JSON, 0, esc, esc, 1, 3, 7));
 }
 
 static void test_json_bound(void)

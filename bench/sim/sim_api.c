@@ -134,8 +134,7 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
         goto bad;
     }
     r->nblocks = pcr_kvcache_hash_prompt(evbuffer_pullup(prompt, -1), plen, 0, r->hashes, nb);
-    r->private_blocks = (r->prompt_tokens - r->nblocks * PCR_KV_BLOCK_TOKENS + r->max_tokens +
-                         PCR_KV_BLOCK_TOKENS - 1) / PCR_KV_BLOCK_TOKENS;
+    r->private_blocks = sim_model_private_blocks(r->prompt_tokens, r->nblocks, r->max_tokens);
     if (r->nblocks + r->private_blocks > pcr_kvcache_capacity(pod->kv)) {
         why = "the request needs more KV cache blocks than the pod has";
         goto bad;

@@ -83,9 +83,8 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
     sim_conf_t conf = {
-        .model = "sim-8b", .time_scale = 1, .prefill_us_per_token = 70,
-        .prefill_batch_slowdown = 0.005, .overhead_ms = 15, .itl_ms = 12, .itl_per_seq_us = 60,
-        .max_num_seqs = 256, .capacity_tokens = 400000, .max_model_len = 131072,
+        .model = "sim-8b", .time_scale = 1, .m = SIM_MODEL_DEFAULTS,
+        .capacity_tokens = 400000, .max_model_len = 131072,
         .tick_us = 1000, .max_body_bytes = 64u << 20,
     };
     const char *host = "127.0.0.1";
@@ -123,13 +122,13 @@ int main(int argc, char **argv)
             bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1e10, &v);
             conf.capacity_tokens = (uint64_t)v;
             break;
-        case O_SEQS: bad = parse_double(optarg, 1, 1e6, &v); conf.max_num_seqs = (unsigned)v; break;
+        case O_SEQS: bad = parse_double(optarg, 1, 1e6, &v); conf.m.max_num_seqs = (unsigned)v; break;
         case O_MML: bad = parse_double(optarg, 1, 1e9, &v); conf.max_model_len = (uint64_t)v; break;
-        case O_PREFILL: bad = parse_double(optarg, 0, 1e7, &conf.prefill_us_per_token); break;
-        case O_SLOW: bad = parse_double(optarg, 0, 1e3, &conf.prefill_batch_slowdown); break;
-        case O_OVER: bad = parse_double(optarg, 0, 1e7, &conf.overhead_ms); break;
-        case O_ITL: bad = parse_double(optarg, 0, 1e7, &conf.itl_ms); break;
-        case O_ITLSEQ: bad = parse_double(optarg, 0, 1e7, &conf.itl_per_seq_us); break;
+        case O_PREFILL: bad = parse_double(optarg, 0, 1e7, &conf.m.prefill_us_per_token); break;
+        case O_SLOW: bad = parse_double(optarg, 0, 1e3, &conf.m.prefill_batch_slowdown); break;
+        case O_OVER: bad = parse_double(optarg, 0, 1e7, &conf.m.overhead_ms); break;
+        case O_ITL: bad = parse_double(optarg, 0, 1e7, &conf.m.itl_ms); break;
+        case O_ITLSEQ: bad = parse_double(optarg, 0, 1e7, &conf.m.itl_per_seq_us); break;
         case O_TICK: bad = parse_double(optarg, 0, 1e7, &v); conf.tick_us = (unsigned)v; break;
         case O_FAIL: bad = parse_double(optarg, 0, 1, &conf.fail_rate); break;
         case O_DROP: bad = parse_double(optarg, 0, 1, &conf.drop_rate); break;

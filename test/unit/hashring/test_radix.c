@@ -176,6 +176,46 @@ static void test_remove_backend(void)
     pcr_index_free(ix);
 }
 
+/* A pod that evicted a block used at time t has evicted everything it used before. */
+static void test_last_use_and_evict_older(void)
+{
+    pcr_index_t *ix = new_index(2, 0);
+    uint32_t m[2];
+    size_t from;
+    const uint64_t sys_a[] = {1, 2, 3, 4};     /* a shared head, then a's own blocks */
+    const uint64_t sys_b[] = {1, 2, 5, 6, 7};
+    const uint64_t c[] = {8, 9};
+
+    pcr_index_insert(ix, 0, sys_a, 4, 10, &from);
+    pcr_index_insert(ix, 0, sys_b, 5, 20, &from);
+    pcr_index_insert(ix, 0, c, 2, 30, &from);
+    pcr_index_insert(ix, 1, sys_a, 4, 5, &from);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, sys_a, 4), 10);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, sys_a, 2), 20);   /* the head is newer */
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, sys_b, 3), 20);   /* inside a run */
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 1, sys_a, 4), 5);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 1, sys_b, 3), 0);    /* not held */
+    const uint64_t off[] = {1, 2, 3, 99};
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, off, 4), 0);      /* not in the tree */
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, off, 0), 0);
+
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 0, 9), 0);
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 0, 10), 2);       /* a's tail: 3, 4 */
+    pcr_index_match(ix, sys_a, 4, m);
+    PCR_CHECK_EQ_INT(m[0], 2);
+    PCR_CHECK_EQ_INT(m[1], 4);                                   /* the other pod keeps it */
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 0, 25), 5);       /* b with its head */
+    pcr_index_match(ix, sys_b, 5, m);
+    PCR_CHECK_EQ_INT(m[0], 0);
+    pcr_index_match(ix, c, 2, m);
+    PCR_CHECK_EQ_INT(m[0], 2);
+    PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 2);
+    CHECK_VALID(ix);
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 7, 25), 0);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 7, c, 2), 0);
+    pcr_index_free(ix);
+}
+
 /* ---- the naive reference model ------------------------------------------------------------ */
 
 #define RL 6      /* longest key: at most 4 * (3 + 9 + ... + 729) prefixes */
@@ -276,6 +316,29 @@ static void ref_remove(ref_t *m, unsigned b)
             ref_drop(m, i);
 }
 
+static uint64_t ref_last_use(const ref_t *m, unsigned b, const uint64_t *k, size_t n)
+{
+    int at = n > 0 ? ref_find(m, b, k, n) : -1;
+    return at >= 0 ? m->r[at].time : 0;
+}
+
+/* Drops b's records used at or before `time` that no newer record of b needs, until none. */
+static uint64_t ref_evict_older(ref_t *m, unsigned b, uint64_t time)
+{
+    uint64_t dropped = 0;
+    for (int again = 1; again;) {
+        again = 0;
+        for (size_t i = m->n; i-- > 0;) {
+            if (m->r[i].b == b && m->r[i].time <= time && !ref_has_child(m, &m->r[i])) {
+                ref_drop(m, i);
+                dropped++;
+                again = 1;
+            }
+        }
+    }
+    return dropped;
+}
+
 static void ref_match(const ref_t *m, const uint64_t *k, size_t n, uint32_t *out)
 {
     for (unsigned b = 0; b < m->nb; b++) {
@@ -345,6 +408,11 @@ static void test_random_against_reference(void)
             ref_match(&m, k, n, want);
             pcr_index_match(ix, k, n, got);
             mismatches += memcmp(got, want, nb * sizeof(uint32_t)) != 0;
+            size_t upto = 1 + rnd() % n;
+            mismatches += pcr_index_last_use(ix, b, k, upto) != ref_last_use(&m, b, k, upto);
+        } else if (op < 84) {
+            uint64_t t = step > 40 ? step - 1 - rnd() % 40 : 0;
+            mismatches += pcr_index_evict_older(ix, b, t) != ref_evict_older(&m, b, t);
         } else if (op < 92) {
             size_t from = rnd() % n;
             ref_erase(&m, b, k, n, from);
@@ -494,6 +562,7 @@ int main(void)
     PCR_RUN(test_erase_undoes_insert);
     PCR_RUN(test_capacity_evicts_lru);
     PCR_RUN(test_remove_backend);
+    PCR_RUN(test_last_use_and_evict_older);
     PCR_RUN(test_random_against_reference);
     PCR_RUN(test_allocation_failures);
     PCR_RUN(test_memory_cap_evicts_oldest);

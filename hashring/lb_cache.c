@@ -1,14 +1,20 @@
-/* hashring/lb_cache.c: cache_aware, the default policy: the backend with the lowest cost
- * among those under the bounded-load limit, where cost weighs the prefill a backend would do
- * against the work already queued on it.
+/* hashring/lb_cache.c: cache_aware, the default policy: the backend with the earliest
+ * expected first token among those under the bounded-load limit.
  *
- * Everything is counted in prompt tokens (4 bytes of canonical prompt = 1 token):
+ * Work is counted in prompt tokens (4 bytes of canonical prompt = 1 token), then turned into
+ * time by each backend's own learned line (include/pcr/ttft.h, fed by pcr_policy_observe):
  *
- *   cost(b) = uncached(b) + load_weight * load(b) + (zone_penalty if b is in another zone)
+ *   cost(b) = ttft_b(load_weight * load(b) + uncached(b) + zone_penalty if b is in another zone)
+ *   ttft_b(tokens) = overhead_b + us_per_token_b * tokens
  *   uncached(b) = prompt_tokens - matched(b) * block_bytes / 4, at least 0
  *   load(b) = queued_prefill(b)                       uncached prefill of its in-flight requests
  *           + INFLIGHT_TOKENS * inflight(b)           decode work each in-flight request adds
  *           + WAITING_TOKENS * pod_waiting(b)         requests queued at the pod, of unknown size
+ *
+ * With load_weight 1 that is the pod's expected time to first token: a pod prefills in arrival
+ * order, so a request waits for the queued prefill and then does its own. A load_weight under
+ * 1 leans toward the warm pod, whose saving repeats for every later request of the prefix
+ * while a queue passes; a slower pod (its line steeper) costs more for the same work.
  *
  * A backend with inflight + 1 > max(BOUND_FLOOR, ceil(c * (total_inflight + 1) * weight /
  * total_weight)) is passed over while any other is under it, so a prefix every request shares
@@ -94,6 +100,14 @@ static double zone_cost(const pcr_policy_t *p, size_t b)
     return p->be[b].in_zone ? 0.0 : p->o.zone_penalty;
 }
 
+/* What b would cost, in expected microseconds to the first token, for `tokens` of its own. */
+static double time_cost(const pcr_policy_t *p, const pcr_backend_load_t *loads, size_t b,
+                        double tokens)
+{
+    return pcr_ttft_estimate(&p->ttft[b], p->o.load_weight * load_tokens(&loads[b]) + tokens +
+                                               zone_cost(p, b));
+}
+
 /* A cold prompt pays its whole prefill wherever it goes, so the one thing that makes its first
  * token late is the prefill queued ahead of it: one 100k-token prompt holds a pod for seconds.
  * Among the candidates in p->usable, pass over those whose queued prefill is above the bounded-
@@ -164,7 +178,7 @@ static void decide_keyless(pcr_policy_t *p, const pcr_backend_load_t *loads, int
         size_t b = (start + k) % p->n;
         if (p->usable[b] == NOT_USABLE || (any_under && p->usable[b] != UNDER_BOUND))
             continue;
-        double cost = p->o.load_weight * load_tokens(&loads[b]) + zone_cost(p, b);
+        double cost = time_cost(p, loads, b, 0);
         if (best < 0 || cost < best_cost) {
             best = (int)b;
             best_cost = cost;
@@ -211,7 +225,7 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         }
         if (any_under && p->usable[b] != UNDER_BOUND)
             continue;
-        double cost = base + p->o.load_weight * load_tokens(&loads[b]);
+        double cost = time_cost(p, loads, b, (double)uncached_tokens(p, key, p->matched[b]));
         uint64_t tie = mix64(rk ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull));
         if (best < 0 || cost < best_cost || (cost == best_cost && tie < best_tie)) {
             best = (int)b;
@@ -221,6 +235,8 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     }
     out->backend = best;
     out->matched_blocks = p->matched[best];
+    out->matched_time = pcr_index_last_use(p->index, (unsigned)best, key->blocks,
+                                           p->matched[best]);
     out->uncached_prefill = uncached_tokens(p, key, p->matched[best]);
     /* Why not the warmest: the bound skipped it, or its load outweighed its saving. */
     double chosen_base = (double)out->uncached_prefill + zone_cost(p, (size_t)best);

@@ -19,6 +19,8 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->zone_penalty = 2048;
     o->zone = NULL;
     o->vnodes = 160;
+    o->prefill_us_per_token = 70;
+    o->ttft_overhead_us = 20000;
 }
 
 static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
@@ -47,7 +49,7 @@ static int opts_valid(const pcr_policy_opts_t *o, size_t n)
            o->block_bytes >= 1 && o->max_prefix_bytes >= 1 &&
            pcr_prefix_max_blocks(o->block_bytes, o->max_prefix_bytes) <= UINT32_MAX &&
            o->load_factor >= 1.0 && o->load_weight >= 0 && o->zone_penalty >= 0 &&
-           o->vnodes >= 1;
+           o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0;
 }
 
 pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_desc_t *backends,
@@ -75,10 +77,14 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->matched = calloc(n, sizeof(*p->matched));
     p->load = calloc(n, sizeof(*p->load));
     p->usable = calloc(n, sizeof(*p->usable));
+    p->ttft = calloc(n, sizeof(*p->ttft));
+    p->cap_conf = calloc(n, sizeof(*p->cap_conf));
+    p->cap_eff = calloc(n, sizeof(*p->cap_eff));
     names = calloc(n, sizeof(*names));
     weights = calloc(n, sizeof(*weights));
     if (p->zone == NULL || p->be == NULL || p->matched == NULL || p->load == NULL ||
-        p->usable == NULL || names == NULL || weights == NULL)
+        p->usable == NULL || p->ttft == NULL || p->cap_conf == NULL || p->cap_eff == NULL ||
+        names == NULL || weights == NULL)
         goto fail;
     for (size_t b = 0; b < n; b++) {
         const char *z = backends[b].zone != NULL ? backends[b].zone : "";
@@ -88,6 +94,10 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
         p->be[b].in_zone = p->zone[0] == '\0' || strcmp(z, p->zone) == 0;
         names[b] = p->be[b].name;
         weights[b] = backends[b].weight;
+        pcr_ttft_init(&p->ttft[b], opts->prefill_us_per_token, opts->ttft_overhead_us);
+        p->cap_conf[b] = p->cap_eff[b] = backends[b].capacity_blocks != 0
+                                              ? backends[b].capacity_blocks
+                                              : PCR_INDEX_UNLIMITED;
     }
     if (opts->kind == PCR_POLICY_CONSISTENT_HASH || opts->kind == PCR_POLICY_CACHE_AWARE) {
         p->ring = pcr_ring_new(names, weights, n, opts->vnodes);
@@ -100,8 +110,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
         if (p->index == NULL)
             goto fail;
         for (size_t b = 0; b < n; b++)
-            if (backends[b].capacity_blocks != 0)
-                pcr_index_set_capacity(p->index, (unsigned)b, backends[b].capacity_blocks);
+            pcr_index_set_capacity(p->index, (unsigned)b, p->cap_eff[b]);
     }
     free(names);
     free(weights);
@@ -124,6 +133,9 @@ void pcr_policy_free(pcr_policy_t *p)
     free(p->matched);
     free(p->load);
     free(p->usable);
+    free(p->ttft);
+    free(p->cap_conf);
+    free(p->cap_eff);
     pcr_ring_free(p->ring);
     pcr_index_free(p->index);
     free(p);
@@ -191,6 +203,7 @@ int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         out->reason = PCR_REASON_NO_BACKEND;
         return PCR_ERR_UNAVAIL;
     }
+    out->queued_ahead = loads[out->backend].queued_prefill;
     return 0;
 }
 
@@ -230,10 +243,35 @@ int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_bloc
 {
     if (p == NULL || backend < 0 || (size_t)backend >= p->n)
         return PCR_ERR_INVAL;
+    uint64_t cap = capacity_blocks ? capacity_blocks : PCR_INDEX_UNLIMITED;
+    p->cap_conf[backend] = p->cap_eff[backend] = cap;
     if (p->index == NULL)
         return 0;
-    return pcr_index_set_capacity(p->index, (unsigned)backend,
-                                  capacity_blocks ? capacity_blocks : PCR_INDEX_UNLIMITED);
+    return pcr_index_set_capacity(p->index, (unsigned)backend, cap);
+}
+
+uint64_t pcr_policy_backend_capacity(const pcr_policy_t *p, int backend)
+{
+    if (p == NULL || p->index == NULL || backend < 0 || (size_t)backend >= p->n)
+        return 0;
+    return p->cap_eff[backend];
+}
+
+int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,
+                       uint64_t queued_ahead, uint64_t ttfb_us)
+{
+    if (p == NULL || backend < 0 || (size_t)backend >= p->n)
+        return PCR_ERR_INVAL;
+    pcr_ttft_observe(&p->ttft[backend], (double)uncached_tokens + (double)queued_ahead,
+                     (double)ttfb_us);
+    return 0;
+}
+
+double pcr_policy_estimate_ttft(const pcr_policy_t *p, int backend, uint64_t tokens)
+{
+    if (p == NULL || backend < 0 || (size_t)backend >= p->n)
+        return 0;
+    return pcr_ttft_estimate(&p->ttft[backend], (double)tokens);
 }
 
 void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out)

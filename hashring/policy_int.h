@@ -1,12 +1,14 @@
 /* hashring/policy_int.h: the policy object and the ops table each balancing algorithm fills
  * (lb_simple.c: round_robin, least_loaded; lb_chash.c: consistent_hash; lb_cache.c:
- * cache_aware). policy.c owns the object, the key and the index bookkeeping. */
+ * cache_aware). policy.c owns the object, the key and the index bookkeeping; feedback.c what
+ * the index learns from the pods' delivered cached tokens. */
 #ifndef PCR_POLICY_INT_H
 #define PCR_POLICY_INT_H
 
 #include "pcr/index.h"
 #include "pcr/policy.h"
 #include "pcr/ring.h"
+#include "pcr/ttft.h"
 
 /* consistent_hash (and cache_aware's cold placement) key on the hash of the block that ends
  * the first PCR_HASH_PREFIX_BYTES of the prompt (or its last block when shorter). 4 KiB is
@@ -35,6 +37,9 @@ struct pcr_policy {
     const pcr_lb_ops_t *ops;
     pcr_ring_t *ring;          /* consistent_hash, cache_aware */
     pcr_index_t *index;        /* cache_aware */
+    pcr_ttft_t *ttft;          /* per backend: its time to first token, learned */
+    uint64_t *cap_conf;        /* per backend: capacity in blocks as configured or scraped */
+    uint64_t *cap_eff;         /* ... and as feedback corrected it (PCR_INDEX_UNLIMITED: none) */
     size_t max_blocks;
     uint64_t rotation;         /* round_robin position, least_loaded tie rotation */
     /* Scratch for one decision (a policy is used by one thread). */

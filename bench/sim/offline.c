@@ -39,6 +39,9 @@ static void usage(FILE *f)
 "                        this many times its cache)\n"
 "  --variant LABEL=JSON  also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
+"Columns: pred/del is the cached tokens the index predicted over those the pods delivered\n"
+"within the prefix it sees (max_prefix_bytes); |error| the mean per-request difference\n"
+"over the prompt tokens.\n"
 "  --quiet               no table\n");
 }
 
@@ -74,7 +77,8 @@ static int bool_key(const cJSON *o, const char *k, int *out)
 static int apply_routing(off_variant_t *v, const char *json)
 {
     static const char *const known[] = {"load_factor", "load_weight", "zone_penalty", "vnodes",
-                                        "observe", "feedback", "index_capacity"};
+                                        "prefill_us_per_token", "ttft_overhead_us", "observe",
+                                        "feedback", "index_capacity"};
     cJSON *o = cJSON_Parse(json);
     int rc = -1;
     double d;
@@ -103,7 +107,10 @@ static int apply_routing(off_variant_t *v, const char *json)
     d = v->opts.vnodes;
     if (num_key(o, "vnodes", 1, 10000, &d)) goto out;
     v->opts.vnodes = (unsigned)d;
-    if (num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity)) goto out;
+    if (num_key(o, "prefill_us_per_token", 1e-3, 1e6, &v->opts.prefill_us_per_token) ||
+        num_key(o, "ttft_overhead_us", 0, 1e8, &v->opts.ttft_overhead_us) ||
+        num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity))
+        goto out;
     if (bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback))
         goto out;
     rc = 0;
@@ -171,10 +178,10 @@ static void work_dispose(off_work_t *w)
 
 static void print_row(const off_variant_t *v, const off_result_t *r, double ceiling)
 {
-    printf("%-22s %8.4f %7.3f %9.0fms %9.0fms %8.2f %9.3f %6zu\n", v->label, r->hit_rate,
-           r->hit_rate / ceiling, r->ttft_p50_ms, r->ttft_p99_ms, r->share,
-           r->delivered_tokens > 0 ? r->predicted_tokens / r->delivered_tokens : NAN,
-           r->errors);
+    printf("%-22s %8.4f %7.3f %9.0fms %9.0fms %8.2f %8.3f %8.3f %6zu\n", v->label,
+           r->hit_rate, r->hit_rate / ceiling, r->ttft_p50_ms, r->ttft_p99_ms, r->share,
+           r->seen_delivered_tokens > 0 ? r->predicted_tokens / r->seen_delivered_tokens : NAN,
+           r->prompt_tokens > 0 ? r->abs_error_tokens / r->prompt_tokens : NAN, r->errors);
     fflush(stdout);
 }
 
@@ -190,6 +197,7 @@ static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double 
     cJSON_AddNumberToObject(j, "share_max_over_mean", r->share);
     cJSON_AddNumberToObject(j, "predicted_tokens", r->predicted_tokens);
     cJSON_AddNumberToObject(j, "delivered_tokens", r->delivered_tokens);
+    cJSON_AddNumberToObject(j, "seen_delivered_tokens", r->seen_delivered_tokens);
     cJSON_AddNumberToObject(j, "prompt_tokens", r->prompt_tokens);
     cJSON_AddNumberToObject(j, "abs_error_tokens", r->abs_error_tokens);
     cJSON_AddNumberToObject(j, "makespan_s", r->makespan_s);
@@ -319,8 +327,8 @@ int main(int argc, char **argv)
     if (!quiet) {
         printf("routing_offline: %s, %zu requests, %zu pods x %llu tokens, ceiling %.4f\n",
                trace, w.n, s.npods, (unsigned long long)s.capacity_tokens, ceiling);
-        printf("%-22s %8s %7s %11s %11s %8s %9s %6s\n", "policy", "hit rate", "of ceil",
-               "TTFT p50", "TTFT p99", "max/mean", "pred/del", "errors");
+        printf("%-22s %8s %7s %11s %11s %8s %8s %8s %6s\n", "policy", "hit rate", "of ceil",
+               "TTFT p50", "TTFT p99", "max/mean", "pred/del", "|error|", "errors");
     }
     cJSON *all = cJSON_CreateObject();
     cJSON_AddStringToObject(all, "trace", trace);

@@ -55,7 +55,11 @@ typedef struct {
 typedef struct {
     size_t completed, errors;
     double hit_rate;           /* pods' cached tokens / prompt tokens */
-    double predicted_tokens, delivered_tokens, prompt_tokens, abs_error_tokens;
+    double predicted_tokens;   /* cached tokens the index predicted on the chosen pods */
+    double delivered_tokens;   /* ... the pods delivered */
+    double seen_delivered_tokens; /* ... of them within the prefix the index sees */
+    double abs_error_tokens;   /* sum of |predicted - seen delivered| per request */
+    double prompt_tokens;
     double ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, ttft_mean_ms;
     double share;              /* max/mean requests per pod */
     double makespan_s;

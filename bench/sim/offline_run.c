@@ -219,6 +219,9 @@ static int on_first(sim_t *S, uint32_t i, double now)
     S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
     S->loads[b].queued_prefill -= st->charged;
     st->charged = 0;
+    if (S->v->observe && S->policy)
+        pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, st->d.queued_ahead,
+                           (uint64_t)(now - r->arrival_us));
     st->sent = 1;
     if (st->sent >= r->max_tokens)
         return push(&S->h, now, EV_TOKENS, i);
@@ -242,7 +245,13 @@ static int on_tokens(sim_t *S, uint32_t i, double now)
     double pred = (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / 4.0;
     if (pred > (double)r->prompt_tokens)
         pred = (double)r->prompt_tokens;
-    S->out->abs_error_tokens += fabs(pred - (double)st->hit_tokens);
+    /* The index sees only the first max_prefix_bytes of a prompt: compare within them. */
+    double seen = (double)r->key.nblocks * (double)S->v->opts.block_bytes / 4.0;
+    seen = (double)st->hit_tokens < seen ? (double)st->hit_tokens : seen;
+    S->out->seen_delivered_tokens += seen;
+    S->out->abs_error_tokens += fabs(pred - seen);
+    if (S->v->feedback && S->policy)
+        pcr_policy_feedback(S->policy, &r->key, &st->d, st->hit_tokens, (uint64_t)now);
     if (now / 1e6 > S->out->makespan_s)
         S->out->makespan_s = now / 1e6;
     return admit_waiting(S, b, now);

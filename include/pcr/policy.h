@@ -57,6 +57,10 @@ typedef struct {
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */
+    /* What cache_aware assumes of a pod before pcr_policy_observe has taught it better
+     * (include/pcr/ttft.h): time to first token = overhead + per_token * prefill tokens. */
+    double prefill_us_per_token; /* default 70 (about 14k tokens/s) */
+    double ttft_overhead_us;   /* default 20000 */
 } pcr_policy_opts_t;
 
 /* Fills `opts` with the defaults above (kind = cache_aware). */
@@ -97,6 +101,9 @@ typedef struct {
     uint32_t matched_blocks;   /* leading blocks of the key the chosen backend holds */
     uint32_t total_blocks;     /* key->nblocks */
     uint64_t uncached_prefill; /* tokens the chosen backend will have to prefill */
+    uint64_t queued_ahead;     /* the chosen backend's queued prefill at the decision (its load) */
+    uint64_t matched_time;     /* when the index saw the chosen backend last use its deepest
+                                * matched block (a `now` passed in before); 0 when none */
 } pcr_decision_t;
 
 /* Chooses a backend for `key` given `loads[n]`. `key` may be NULL (a request with no prompt,
@@ -121,8 +128,39 @@ void pcr_policy_forget(pcr_policy_t *p, int backend, const pcr_key_t *key, uint3
 void pcr_policy_backend_reset(pcr_policy_t *p, int backend);
 
 /* Updates a backend's capacity in blocks (0 = unknown, no limit), e.g. once its pod reports
- * vllm:cache_config_info; evicts its least recently used blocks down to it. 0 or PCR_ERR_INVAL. */
+ * vllm:cache_config_info; evicts its least recently used blocks down to it, and starts what
+ * pcr_policy_feedback learns of it afresh from there. 0 or PCR_ERR_INVAL. */
 int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_blocks);
+
+/* The time to first byte of a request `backend` answered: `ttfb_us` from sending it to the
+ * first byte of its answer that carries a token (a stream's first event), for the decision's
+ * `uncached_tokens` (uncached_prefill) behind `queued_ahead` tokens. cache_aware learns each
+ * backend's prefill rate from these (include/pcr/ttft.h); other policies ignore them.
+ * Deterministic. 0, or PCR_ERR_INVAL for a backend out of range. */
+int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,
+                       uint64_t queued_ahead, uint64_t ttfb_us);
+
+/* What cache_aware expects `backend` to take to a first token behind `tokens` of prefill, us. */
+double pcr_policy_estimate_ttft(const pcr_policy_t *p, int backend, uint64_t tokens);
+
+/* A backend's own account of a request it served (`d` as pcr_policy_decide gave it, for
+ * `key`): it reused `delivered_tokens` of the prompt (vLLM's usage.prompt_tokens_details.
+ * cached_tokens). Call it when the response ends, at `now`: the index then records that the
+ * backend holds the whole prompt, last used now, as the pod's cache does once it served it.
+ * - Delivered less than predicted (beyond the last block, which a pod always recomputes): the
+ *   pod evicted a block the index believed it held, so it evicted everything it used before
+ *   that block too; the index forgets those, and the backend's capacity in the index shrinks
+ *   to what is left.
+ * - Delivered more: the pod held blocks the index had let go; the capacity grows by as much.
+ * - As predicted: the capacity grows back slowly toward the configured one.
+ * Deterministic. 0, PCR_ERR_INVAL, or PCR_ERR_NOMEM (the index stays valid). No-op (0) for
+ * policies that keep no index. */
+int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decision_t *d,
+                        uint64_t delivered_tokens, uint64_t now);
+
+/* The capacity in blocks the index gives `backend` now: the configured one, as feedback has
+ * corrected it (UINT64_MAX when none; 0 for policies that keep no index). */
+uint64_t pcr_policy_backend_capacity(const pcr_policy_t *p, int backend);
 
 typedef struct {
     size_t index_bytes;        /* memory the radix index holds */

@@ -22,8 +22,9 @@
  *
  * Token counts: a pod counts its own tokens, the index 4 bytes of canonical prompt per token
  * (the simulator's rule, and a close one for English text); a pod always computes the last
- * prompt token, so a fully cached prompt delivers one block less than it holds: a shortfall
- * of one block is not counted as short. */
+ * prompt token, so a fully cached prompt delivers up to one block less than it holds, and a
+ * pod whose blocks are larger than the index's rounds down further: a shortfall of one block
+ * beyond that is not counted as short. */
 #include "policy_int.h"
 
 #define CAP_GROW 256u          /* a confirmed prediction grows the capacity by 1/256 */

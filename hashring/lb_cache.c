@@ -27,6 +27,7 @@
  * load term alone balances. When no backend holds a block of the prompt, the ring places it (see
  * place_cold). Ties go to the lowest mix of the prefix's ring key and the backend index, so equal
  * inputs give equal decisions while different prefixes spread. */
+#include <math.h>
 #include <string.h>
 
 #include "policy_int.h"
@@ -41,6 +42,8 @@
 
 /* In-flight requests a backend may always have before the bounded-load limit applies. */
 #define BOUND_FLOOR 4
+/* Requests a backend may always be ahead of its fair share before share_factor applies. */
+#define SHARE_SLACK 8.0
 
 /* Scratch states in p->usable. */
 enum { NOT_USABLE = 0, OVER_BOUND = 1, UNDER_BOUND = 2 };
@@ -61,9 +64,15 @@ static double load_tokens(const pcr_backend_load_t *l)
            WAITING_TOKENS * l->pod_waiting;
 }
 
+/* A prompt longer than max_prefix_bytes is hashed only that far. When a backend holds all of
+ * that, it is most likely the same conversation or agent going on, whose earlier turns, the
+ * rest of the prompt but its end, the pod holds too: count it cached rather than charge the
+ * pod a prefill of everything past the horizon, which it will not do. */
 static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uint32_t matched)
 {
     uint64_t cached = (uint64_t)matched * p->o.block_bytes / 4;
+    if (matched > 0 && matched >= key->nblocks)
+        return 0;
     return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
 }
 
@@ -71,26 +80,46 @@ static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uin
  * under it (with load_factor >= 1 one always is). */
 static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *any_in_zone)
 {
-    uint64_t total = 0, weight = 0;
+    uint64_t total = 0;
+    double served = 0, unit = p->served_unit, work = 0, weight = 0;
+    size_t nusable = 0;
     int any_under = 0;
     *any_in_zone = 0;
     for (size_t b = 0; b < p->n; b++) {
         if (loads[b].usable) {
             total += loads[b].inflight;
-            weight += p->be[b].weight;
+            weight += p->be[b].weight * p->speed[b];
+            served += p->served[b];
+            work += load_tokens(&loads[b]);
+            nusable++;
             *any_in_zone |= p->be[b].in_zone;
         }
     }
+    p->load_weight_now = p->o.load_weight;
+    if (p->o.load_scale > 0 && nusable > 0)
+        p->load_weight_now /= 1.0 + work / (double)nusable / p->o.load_scale;
     for (size_t b = 0; b < p->n; b++) {
         if (!loads[b].usable) {
             p->usable[b] = NOT_USABLE;
             continue;
         }
-        uint64_t limit = pcr_ring_bound(total, p->be[b].weight, weight, p->o.load_factor);
+        /* A backend's weight counts its speed: a pod half as fast takes half as much. */
+        double w = p->be[b].weight * p->speed[b];
+        double limit = ceil(p->o.load_factor * (double)(total + 1) * w / weight);
         if (limit < BOUND_FLOOR)
             limit = BOUND_FLOOR;
-        p->usable[b] = (uint64_t)loads[b].inflight + 1 <= limit ? UNDER_BOUND : OVER_BOUND;
-        any_under |= p->usable[b] == UNDER_BOUND;
+        int under = (double)loads[b].inflight + 1 <= limit;
+        /* The share bound, in the same form on the recent request counts; a backend may
+         * always be SHARE_SLACK requests ahead of its fair share, so that a conversation's
+         * next turn is not turned away early in a run for lack of requests to compare. */
+        double fair = (served + unit) * w / weight;
+        double cap = p->o.share_factor * fair;
+        if (cap < fair + SHARE_SLACK * unit)
+            cap = fair + SHARE_SLACK * unit;
+        if (p->o.share_factor > 0 && p->served[b] + unit > cap)
+            under = 0;
+        p->usable[b] = under ? UNDER_BOUND : OVER_BOUND;
+        any_under |= under;
     }
     return any_under;
 }
@@ -100,53 +129,58 @@ static double zone_cost(const pcr_policy_t *p, size_t b)
     return p->be[b].in_zone ? 0.0 : p->o.zone_penalty;
 }
 
+/* b's expected time to first token, us, behind `tokens` of prefill (policy_int.h: rate). */
+static double ttft_us(const pcr_policy_t *p, size_t b, double tokens)
+{
+    return p->ttft[b].c + p->rate[b] * tokens;
+}
+
 /* What b would cost, in expected microseconds to the first token, for `tokens` of its own. */
 static double time_cost(const pcr_policy_t *p, const pcr_backend_load_t *loads, size_t b,
                         double tokens)
 {
-    return pcr_ttft_estimate(&p->ttft[b], p->o.load_weight * load_tokens(&loads[b]) + tokens +
-                                               zone_cost(p, b));
+    return ttft_us(p, b, p->load_weight_now * load_tokens(&loads[b]) + tokens + zone_cost(p, b));
 }
 
 /* A cold prompt pays its whole prefill wherever it goes, so the one thing that makes its first
  * token late is the prefill queued ahead of it: one 100k-token prompt holds a pod for seconds.
- * Among the candidates in p->usable, pass over those whose queued prefill is above the bounded-
- * load limit in tokens (load_factor times the mean, plus COLD_QUEUE_SLACK so that an idle pool
- * does not turn everything away), unless that leaves none. */
-#define COLD_QUEUE_SLACK 4096.0
+ * Among the candidates in p->usable, pass over those whose expected first token (their queue,
+ * then the prompt, at their own rate) is later than COLD_SLACK times the earliest: the ring's
+ * choice stands while it costs little, and an idle pod takes the prompt when it would wait. */
+#define COLD_SLACK 1.2
 
-static void pass_over_long_queues(pcr_policy_t *p, const pcr_backend_load_t *loads)
+static void pass_over_long_queues(pcr_policy_t *p, const pcr_key_t *key,
+                                  const pcr_backend_load_t *loads)
 {
-    double total = 0;
-    size_t n = 0, left = 0;
+    double first = -1;
     for (size_t b = 0; b < p->n; b++) {
-        if (p->usable[b]) {
-            total += (double)loads[b].queued_prefill;
-            n++;
-        }
+        if (!p->usable[b])
+            continue;
+        double t = ttft_us(p, b, (double)loads[b].queued_prefill + (double)key->prompt_tokens);
+        if (first < 0 || t < first)
+            first = t;
     }
-    if (n == 0)
-        return;
-    double limit = p->o.load_factor * total / (double)n + COLD_QUEUE_SLACK;
-    for (size_t b = 0; b < p->n; b++)
-        left += p->usable[b] && (double)loads[b].queued_prefill <= limit;
-    if (left == 0)
-        return;
-    for (size_t b = 0; b < p->n; b++)
-        if ((double)loads[b].queued_prefill > limit)
+    for (size_t b = 0; b < p->n; b++) {
+        double t = ttft_us(p, b, (double)loads[b].queued_prefill + (double)key->prompt_tokens);
+        if (p->usable[b] && t > COLD_SLACK * first)
             p->usable[b] = 0;
+    }
 }
 
 /* A prefix nobody holds: the ring places it among the in-zone backends (all, when none is
- * usable in the zone), with bounded loads on in-flight requests and on blocks held, so new
- * prefixes also spread the cache itself evenly. The next request with the prefix is warm. */
+ * usable in the zone) under the bounds mark_bounds set (all, when none is), with bounded loads
+ * on in-flight requests and on blocks held, so new prefixes also spread the cache itself
+ * evenly. The next request with the prefix is warm. */
 static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
                       int any_in_zone)
 {
     uint64_t held = 0, weight = 0;
-    size_t left = 0;
+    size_t left = 0, under = 0;
+    for (size_t b = 0; b < p->n; b++)
+        under += p->usable[b] == UNDER_BOUND && (!any_in_zone || p->be[b].in_zone);
     for (size_t b = 0; b < p->n; b++) {
-        p->usable[b] = loads[b].usable && (!any_in_zone || p->be[b].in_zone);
+        p->usable[b] = loads[b].usable && (!any_in_zone || p->be[b].in_zone) &&
+                       (under == 0 || p->usable[b] == UNDER_BOUND);
         if (p->usable[b]) {
             held += pcr_index_backend_blocks(p->index, (unsigned)b);
             weight += p->be[b].weight;
@@ -163,7 +197,7 @@ static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     }
     for (size_t b = 0; b < p->n; b++)
         p->usable[b] = left > 0 ? p->usable[b] == 2 : p->usable[b] != 0;
-    pass_over_long_queues(p, loads);
+    pass_over_long_queues(p, key, loads);
     return pcr_policy_ring_place(p, pcr_policy_ring_key(p, key), loads, 0);
 }
 

@@ -16,6 +16,7 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->index_max_bytes = (size_t)256 << 20;
     o->load_factor = 1.25;
     o->load_weight = 0.25;
+    o->share_factor = 1.1;
     o->zone_penalty = 2048;
     o->zone = NULL;
     o->vnodes = 160;
@@ -34,6 +35,29 @@ static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
     return NULL;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The rates the cost uses: each backend's learned rate, moved toward the pool's median by
+ * PCR_RATE_BAND of it (soft threshold, see policy_int.h), and the speed weights that follow. */
+static void rates_update(pcr_policy_t *p)
+{
+    for (size_t b = 0; b < p->n; b++)
+        p->sorted[b] = p->ttft[b].a;
+    qsort(p->sorted, p->n, sizeof(double), cmp_double);
+    double median = p->n % 2 ? p->sorted[p->n / 2]
+                             : (p->sorted[p->n / 2 - 1] + p->sorted[p->n / 2]) / 2;
+    double band = PCR_RATE_BAND * median;
+    for (size_t b = 0; b < p->n; b++) {
+        double a = p->ttft[b].a;
+        p->rate[b] = a > median + band ? a - band : a < median - band ? a + band : median;
+        p->speed[b] = median / p->rate[b];
+    }
+}
+
 static char *dup_str(const char *s)
 {
     size_t n = strlen(s != NULL ? s : "");
@@ -48,7 +72,9 @@ static int opts_valid(const pcr_policy_opts_t *o, size_t n)
     return o != NULL && ops_of(o->kind) != NULL && n >= 1 && n <= PCR_INDEX_MAX_BACKENDS &&
            o->block_bytes >= 1 && o->max_prefix_bytes >= 1 &&
            pcr_prefix_max_blocks(o->block_bytes, o->max_prefix_bytes) <= UINT32_MAX &&
-           o->load_factor >= 1.0 && o->load_weight >= 0 && o->zone_penalty >= 0 &&
+           o->load_factor >= 1.0 && o->load_weight >= 0 && o->load_scale >= 0 &&
+           o->zone_penalty >= 0 &&
+           (o->share_factor == 0 || o->share_factor >= 1.0) &&
            o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0;
 }
 
@@ -80,10 +106,16 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->ttft = calloc(n, sizeof(*p->ttft));
     p->cap_conf = calloc(n, sizeof(*p->cap_conf));
     p->cap_eff = calloc(n, sizeof(*p->cap_eff));
+    p->served = calloc(n, sizeof(*p->served));
+    p->rate = calloc(n, sizeof(*p->rate));
+    p->speed = calloc(n, sizeof(*p->speed));
+    p->sorted = calloc(n, sizeof(*p->sorted));
+    p->served_unit = 1;
     names = calloc(n, sizeof(*names));
     weights = calloc(n, sizeof(*weights));
     if (p->zone == NULL || p->be == NULL || p->matched == NULL || p->load == NULL ||
         p->usable == NULL || p->ttft == NULL || p->cap_conf == NULL || p->cap_eff == NULL ||
+        p->served == NULL || p->rate == NULL || p->speed == NULL || p->sorted == NULL ||
         names == NULL || weights == NULL)
         goto fail;
     for (size_t b = 0; b < n; b++) {
@@ -99,6 +131,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
                                               ? backends[b].capacity_blocks
                                               : PCR_INDEX_UNLIMITED;
     }
+    rates_update(p);
     if (opts->kind == PCR_POLICY_CONSISTENT_HASH || opts->kind == PCR_POLICY_CACHE_AWARE) {
         p->ring = pcr_ring_new(names, weights, n, opts->vnodes);
         if (p->ring == NULL)
@@ -136,6 +169,10 @@ void pcr_policy_free(pcr_policy_t *p)
     free(p->ttft);
     free(p->cap_conf);
     free(p->cap_eff);
+    free(p->served);
+    free(p->rate);
+    free(p->speed);
+    free(p->sorted);
     pcr_ring_free(p->ring);
     pcr_index_free(p->index);
     free(p);
@@ -217,6 +254,15 @@ int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64
         *added_from = key != NULL ? (uint32_t)key->nblocks : 0;
     if (p == NULL || backend < 0 || (size_t)backend >= p->n)
         return PCR_ERR_INVAL;
+    /* Every commit weighs 1/keep times the one before: the same as decaying every backend's
+     * count by `keep` per commit, in O(1). The counts are rescaled long before overflow. */
+    p->served[backend] += p->served_unit;
+    p->served_unit /= 1.0 - 1.0 / PCR_SHARE_WINDOW;
+    if (p->served_unit > 1e100) {
+        for (size_t b = 0; b < p->n; b++)
+            p->served[b] /= p->served_unit;
+        p->served_unit = 1;
+    }
     if (p->index == NULL || key == NULL || key->nblocks == 0)
         return 0;
     rc = pcr_index_insert(p->index, (unsigned)backend, key->blocks, key->nblocks, now, &from);
@@ -264,6 +310,7 @@ int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,
         return PCR_ERR_INVAL;
     pcr_ttft_observe(&p->ttft[backend], (double)uncached_tokens + (double)queued_ahead,
                      (double)ttfb_us);
+    rates_update(p);
     return 0;
 }
 
@@ -271,7 +318,7 @@ double pcr_policy_estimate_ttft(const pcr_policy_t *p, int backend, uint64_t tok
 {
     if (p == NULL || backend < 0 || (size_t)backend >= p->n)
         return 0;
-    return pcr_ttft_estimate(&p->ttft[backend], (double)tokens);
+    return p->ttft[backend].c + p->rate[backend] * (double)tokens;
 }
 
 void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out)

@@ -53,7 +53,14 @@ typedef struct {
     size_t max_prefix_bytes;   /* default 131072 */
     size_t index_max_bytes;    /* hard cap on the radix index's memory, default 256 MiB */
     double load_factor;        /* bounded-load c, default 1.25 */
-    double load_weight;        /* default 0.25 */
+    double load_weight;        /* the weight of a backend's queued work against a request's
+                                * uncached prefill on an idle pool, default 0.25 */
+    double load_scale;         /* ... divided by (1 + the pool's mean queued work / this many
+                                * tokens): the busier the pool, the dearer new prefill work is
+                                * against waiting; default 0 (a fixed weight) */
+    double share_factor;       /* bounded share: a backend whose share of the recent requests
+                                * (pcr_policy_commit) is over this times its fair share is
+                                * passed over, default 1.1; 0 = no such bound */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */
@@ -112,8 +119,9 @@ typedef struct {
 int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
                       uint64_t now, pcr_decision_t *out);
 
-/* Records that `backend` now holds the prefix `key` (called when the request is sent, so a
- * burst of siblings lands together). Sets *added_from to the first block the backend did not
+/* Records that the request was sent to `backend` (its share of the recent requests, for
+ * share_factor) and that `backend` now holds the prefix `key` (so a burst of siblings lands
+ * together). `key` may be NULL (a request without a prompt). Sets *added_from to the first block the backend did not
  * hold before (key->nblocks if it held all), for pcr_policy_forget(). Returns 0 or PCR_ERR_NOMEM
  * (the index stays valid). No-op for policies that keep no index. */
 int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64_t now,

@@ -294,9 +294,15 @@ static void test_warm_backend_overloaded_spills(void)
     pcr_policy_free(p);
 }
 
+/* With the share bound off: the others' traffic here is placed by ties, not by load, and may
+ * leave the conversation's pod more than 8 requests ahead of its share, which the bound would
+ * rightly spill (test_share_bound_spreads_a_hot_prefix covers that). */
 static void test_conversation_sticks(void)
 {
-    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.share_factor = 0;
+    pcr_policy_t *p = pcr_policy_new(&o, four, NB);
     pcr_backend_load_t l[NB];
     pcr_decision_t d;
     keybuf_t kb;
@@ -329,6 +335,95 @@ static void test_conversation_sticks(void)
         free(s);
     }
     PCR_CHECK_EQ_INT(moved, 0);
+    pcr_policy_free(p);
+}
+
+/* Light traffic, one hot prefix: without the share bound every request goes to the pod that
+ * holds it (nothing is ever in flight long enough for the load to count); with it, the pods'
+ * shares stay within share_factor of fair, past the slack of the first requests. */
+static void test_share_bound_spreads_a_hot_prefix(void)
+{
+    for (int bounded = 0; bounded <= 1; bounded++) {
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        o.share_factor = bounded ? 1.1 : 0;
+        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        pcr_backend_load_t l[NB];
+        pcr_decision_t d;
+        keybuf_t kb;
+        uint32_t from;
+        int counts[NB] = {0}, most = 0;
+        all_usable(l, NB);
+        for (int i = 0; i < 800; i++) {
+            size_t len;
+            char *s = prompt(3, 6000, &len);   /* the same long prompt every time */
+            pcr_key_t *key = key_of(p, &kb, s, len);
+            pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+            pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
+            counts[d.backend]++;
+            free(s);
+        }
+        for (int b = 0; b < NB; b++)
+            most = counts[b] > most ? counts[b] : most;
+        printf("# share bound %s: the busiest pod took %d of 800\n", bounded ? "on" : "off", most);
+        if (bounded)
+            PCR_CHECK(most <= 800 / NB * 1.1 + 8 + 1);
+        else
+            PCR_CHECK_EQ_INT(most, 800);
+        pcr_policy_free(p);
+    }
+}
+
+/* Observed times to first byte make a backend's rate: a pod 3x slower than the others is
+ * passed over for new prompts while the others are idle, and weighs a third in the bounds;
+ * pods that differ by the noise of a busy minute (within 25%) are all the same to the cost. */
+static void test_learned_rates(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    all_usable(l, NB);
+    PCR_CHECK_EQ_INT(pcr_policy_observe(p, 4, 1, 1, 1), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_policy_observe(NULL, 0, 1, 1, 1), PCR_ERR_INVAL);
+    double before = pcr_policy_estimate_ttft(p, 2, 4000);
+    for (int i = 0; i < 200; i++) {
+        uint64_t x = 2000 + (uint64_t)(i % 7) * 1000;
+        PCR_CHECK_EQ_INT(pcr_policy_observe(p, 2, x / 2, x / 2, 20000 + 210 * x), 0);
+        pcr_policy_observe(p, 0, x, 0, 20000 + 80 * x);   /* 15% slower: noise */
+        pcr_policy_observe(p, 1, x, 0, 20000 + 70 * x);
+        pcr_policy_observe(p, 3, x, 0, 20000 + 65 * x);
+    }
+    double after = pcr_policy_estimate_ttft(p, 2, 4000);
+    printf("# backend 2 at 4000 tokens: %.0f us, then %.0f us\n", before, after);
+    PCR_CHECK(after > 2 * before);
+    PCR_CHECK(pcr_policy_estimate_ttft(p, 0, 4000) == pcr_policy_estimate_ttft(p, 3, 4000));
+    int to_slow = 0;
+    for (int i = 0; i < 200; i++) {
+        size_t len;
+        char *s = prompt(500 + i, 4000, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        /* Distinct prompts with no common head: every one is cold. */
+        for (size_t k = 0; k < key->nblocks; k++)
+            key->blocks[k] ^= (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+        to_slow += d.backend == 2;
+        free(s);
+    }
+    PCR_CHECK_EQ_INT(to_slow, 0);
+    /* Under load the slow pod weighs a third in the in-flight bound. */
+    for (int b = 0; b < NB; b++)
+        l[b].inflight = b == 2 ? 4 : 6;
+    size_t len;
+    char *s = prompt(9, 4000, &len);
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    uint32_t from;
+    pcr_policy_commit(p, 2, key, 300, &from);
+    pcr_policy_decide(p, key, l, 301, &d);
+    PCR_CHECK(d.backend != 2);                 /* 4 in flight is over its share of 22 */
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
+    free(s);
     pcr_policy_free(p);
 }
 
@@ -442,7 +537,7 @@ static void test_cold_avoids_long_prefill_queue(void)
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
     int ring_choice = d.backend;
 
-    l[ring_choice].queued_prefill = 1000; /* a short queue: the ring's choice stands */
+    l[ring_choice].queued_prefill = 200;  /* a short queue: the ring's choice stands */
     PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), 0);
     PCR_CHECK_EQ_INT(d.backend, ring_choice);
 
@@ -469,6 +564,8 @@ int main(void)
     PCR_RUN(test_shared_system_prompt_spreads);
     PCR_RUN(test_warm_backend_overloaded_spills);
     PCR_RUN(test_conversation_sticks);
+    PCR_RUN(test_share_bound_spreads_a_hot_prefix);
+    PCR_RUN(test_learned_rates);
     PCR_RUN(test_deterministic);
     PCR_RUN(test_zone);
     PCR_RUN(test_keyless_balances_load);

@@ -29,6 +29,7 @@ static void usage(FILE *f)
 "  --pods N              simulated pods (default 8)\n"
 "  --capacity-tokens N   KV cache per pod, tokens (default 1000000)\n"
 "  --max-tokens-cap N    max_tokens = min(output_length, N) (default 4096)\n"
+"  --slowdown F,F,...    pod i prefills and decodes F times slower (default all 1)\n"
 "  --scrape-ms F         model time between two reads of the pods' queues (default 20000:\n"
 "                        pcrouter's 1 s health interval in a real run at time scale 20)\n"
 "  --policies LIST       of round_robin,least_loaded,consistent_hash,cache_aware,haproxy_hash\n"
@@ -37,7 +38,7 @@ static void usage(FILE *f)
 "                        (load_factor, load_weight, ...), plus \"observe\", \"feedback\"\n"
 "                        (booleans) and \"index_capacity\" (the index believes a pod holds\n"
 "                        this many times its cache)\n"
-"  --variant LABEL=JSON  also run cache_aware with these keys over --routing (repeatable)\n"
+"  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
 "Columns: pred/del is the cached tokens the index predicted over those the pods delivered\n"
 "within the prefix it sees (max_prefix_bytes); |error| the mean per-request difference\n"
@@ -76,7 +77,8 @@ static int bool_key(const cJSON *o, const char *k, int *out)
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
-    static const char *const known[] = {"load_factor", "load_weight", "zone_penalty", "vnodes",
+    static const char *const known[] = {"load_factor", "load_weight", "load_scale", "share_factor",
+                                        "zone_penalty", "vnodes",
                                         "prefill_us_per_token", "ttft_overhead_us", "observe",
                                         "feedback", "index_capacity"};
     cJSON *o = cJSON_Parse(json);
@@ -101,6 +103,12 @@ static int apply_routing(off_variant_t *v, const char *json)
     d = v->opts.load_weight;
     if (num_key(o, "load_weight", 0, 1000, &d)) goto out;
     v->opts.load_weight = d;
+    d = v->opts.load_scale;
+    if (num_key(o, "load_scale", 0, 1e12, &d)) goto out;
+    v->opts.load_scale = d;
+    d = v->opts.share_factor;
+    if (num_key(o, "share_factor", 0, 100, &d)) goto out;
+    v->opts.share_factor = d;
     d = v->opts.zone_penalty;
     if (num_key(o, "zone_penalty", 0, 1e9, &d)) goto out;
     v->opts.zone_penalty = d;
@@ -234,13 +242,14 @@ int main(int argc, char **argv)
     off_setup_t s = {.npods = 8, .capacity_tokens = 1000000, .m = SIM_MODEL_DEFAULTS,
                      .scrape_us = 20e6};
     enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
-           O_JSON, O_QUIET, O_HELP };
+           O_JSON, O_QUIET, O_HELP, O_SLOW };
+    const char *slowdown = NULL;
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
         {"capacity-tokens", 1, 0, O_CAP}, {"max-tokens-cap", 1, 0, O_MTC},
         {"scrape-ms", 1, 0, O_SCRAPE}, {"policies", 1, 0, O_POL}, {"routing", 1, 0, O_ROUT},
         {"variant", 1, 0, O_VAR}, {"json", 1, 0, O_JSON}, {"quiet", 0, 0, O_QUIET},
-        {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -258,11 +267,12 @@ int main(int argc, char **argv)
         case O_POL: policies = optarg; break;
         case O_ROUT: routing = optarg; break;
         case O_VAR:
-            bad = nvariants == MAX_VARIANTS || !strchr(optarg, '=');
+            bad = nvariants == MAX_VARIANTS || !strstr(optarg, "={");
             if (!bad)
                 variants[nvariants++] = optarg;
             break;
         case O_JSON: json = optarg; break;
+        case O_SLOW: slowdown = optarg; break;
         case O_QUIET: quiet = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -276,6 +286,26 @@ int main(int argc, char **argv)
     if (!trace || optind < argc) {
         usage(stderr);
         return 2;
+    }
+
+    double *slow = NULL;
+    if (slowdown) {
+        slow = calloc(s.npods, sizeof(*slow));
+        char *copy = strdup(slowdown), *sv = NULL, *tok = copy ? strtok_r(copy, ",", &sv) : NULL;
+        for (size_t b = 0; slow && b < s.npods; b++) {
+            if (tok && parse_count(tok, 0.01, 100, &slow[b]) != 0) {
+                fprintf(stderr, "routing_offline: bad --slowdown value %s\n", tok);
+                free(copy);
+                free(slow);
+                return 2;
+            }
+            if (!tok)
+                slow[b] = 1;
+            if (tok)
+                tok = strtok_r(NULL, ",", &sv);
+        }
+        free(copy);
+        s.slowdown = slow;
     }
 
     /* Every run to make: the listed policies, then the variants. */
@@ -303,7 +333,7 @@ int main(int argc, char **argv)
     }
     for (size_t k = 0; k < nvariants; k++) {
         off_variant_t *r = &runs[nruns++];
-        const char *eq = strchr(variants[k], '=');
+        const char *eq = strstr(variants[k], "={");
         pcr_policy_opts_default(&r->opts);
         r->index_capacity = 1;
         snprintf(r->label, sizeof r->label, "%.*s", (int)(eq - variants[k]), variants[k]);
@@ -363,5 +393,6 @@ int main(int argc, char **argv)
 out:
     free(list);
     free(runs);
+    free(slow);
     return rc;
 }

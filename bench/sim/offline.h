@@ -39,11 +39,13 @@ typedef struct {
     uint64_t capacity_tokens;  /* each pod's real KV cache */
     sim_model_t m;
     double scrape_us;          /* how often the router reads the pods' waiting queues */
+    const double *slowdown;    /* NULL, or per pod: its prefill and decode take this many times
+                                * m's (a pool of unlike GPUs) */
 } off_setup_t;
 
 /* One routing configuration to simulate. */
 typedef struct {
-    char label[64];
+    char label[128];
     int haproxy;               /* HAProxy's body hash with bounded loads instead of a policy */
     pcr_policy_opts_t opts;
     int observe;               /* pass time to first byte to pcr_policy_observe */

@@ -45,6 +45,7 @@ typedef struct {
 } rstate_t;
 
 typedef struct {
+    sim_model_t m;             /* this pod's latency model */
     pcr_kvcache_t *kv;
     uint32_t wait_head, wait_tail;
     unsigned nwait, running;
@@ -118,11 +119,11 @@ static ev_t pop(heap_t *h)
 static int admit_waiting(sim_t *S, size_t b, double now)
 {
     opod_t *pod = &S->pods[b];
-    while (pod->wait_head != NIL && pod->running < S->s->m.max_num_seqs) {
+    while (pod->wait_head != NIL && pod->running < pod->m.max_num_seqs) {
         uint32_t i = pod->wait_head;
         const off_req_t *r = &S->w->reqs[i];
         sim_admit_t a;
-        if (sim_model_admit(&S->s->m, pod->kv, r->kv, r->nkv, r->private_blocks,
+        if (sim_model_admit(&pod->m, pod->kv, r->kv, r->nkv, r->private_blocks,
                             r->prompt_tokens, pod->running, now, 1.0, &pod->busy_until,
                             &a) != 0)
             break;
@@ -206,7 +207,7 @@ static int next_tokens(sim_t *S, uint32_t i, double now)
     opod_t *pod = &S->pods[st->pod];
     size_t k = r->max_tokens - st->sent < CHUNK ? r->max_tokens - st->sent : CHUNK;
     st->sent += k;
-    return push(&S->h, now + (double)k * sim_model_itl_us(&S->s->m, pod->running, 1.0),
+    return push(&S->h, now + (double)k * sim_model_itl_us(&pod->m, pod->running, 1.0),
                 EV_TOKENS, i);
 }
 
@@ -308,6 +309,13 @@ static int setup(sim_t *S)
         if (!S->pods[b].kv)
             return -1;
         S->pods[b].wait_head = S->pods[b].wait_tail = NIL;
+        S->pods[b].m = S->s->m;
+        if (S->s->slowdown) {
+            double f = S->s->slowdown[b];
+            S->pods[b].m.prefill_us_per_token *= f;
+            S->pods[b].m.itl_ms *= f;
+            S->pods[b].m.itl_per_seq_us *= f;
+        }
         S->loads[b].usable = 1;
     }
     if (S->v->haproxy) {

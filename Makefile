@@ -13,7 +13,7 @@ TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest py
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox
 
-.PHONY: all build deps deps-test deps-bench run test bench bench-routing bench-proxies bench-hashring clean
+.PHONY: all build deps deps-test deps-bench run test bench bench-routing bench-sweep bench-proxies bench-hashring clean
 
 all: build
 
@@ -64,8 +64,15 @@ bench-hashring: build
 bench-proxies: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD)
 
+# WORKLOAD=shared_prefix|chat|agentic|conversation|mooncake|all [LOAD=light|knee|past],
+# BEFORE=another/build/dir (adds its pcrouter's cache_aware as a row); QUICK=1 for a smoke run.
 bench-routing: deps-bench build
-	$(PY) bench/routing.py --build $(BUILD)
+	$(PY) bench/routing.py --build $(BUILD) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
+	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE))
+
+# cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py).
+bench-sweep: build
+	$(PY) bench/sweep.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

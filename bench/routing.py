@@ -8,8 +8,16 @@ pods' /metrics. It does the same through HAProxy 2.6 hashing the first 256 bytes
 with bounded loads. Prints one table and the targets of issue 4, writes bench/out/routing.json
 and bench/out/routing.png (TTFT distribution and hit rate per policy, gnuplot).
 
-QUICK=1 replays a slice (first 2000 requests) so the whole run takes under two minutes.
-The helpers here (Sims, Router, run_replay) are also used by bench/demo.py and
+With --workload NAME (`make bench-routing WORKLOAD=NAME [LOAD=light|knee|past]`, or
+WORKLOAD=all) it runs one of bench/workloads.py's workloads at each of its three loads instead,
+each on its own pool and time scale. Every run ends with one summary line per workload and load:
+issue 13's targets for cache_aware against the best of the four baselines in that run (hit rate
+>= 0.95 of the ceiling, max/mean share <= 1.1, TTFT p99 no worse, TTFT p50 within 5%).
+--before DIR adds a row for another build's pcrouter (DIR/pcrouter) with cache_aware: before and
+after in one run.
+
+QUICK=1 replays a slice (first 2000 requests; 400 per workload and load) so the whole run takes
+a couple of minutes. The helpers here (Sims, Router, run_replay) are also used by bench/demo.py and
 test/integration/test_replay.py.
 """
 import argparse
@@ -25,9 +33,13 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 POLICIES = ["round_robin", "least_loaded", "consistent_hash", "cache_aware"]
+BASELINES = ["round_robin", "least_loaded", "consistent_hash", "haproxy_hash"]
 
 
 def traces_dir():
@@ -380,50 +392,62 @@ unset multiplot
         return None
 
 
-def main():
-    quick = os.environ.get("QUICK", "") not in ("", "0")
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--trace", default=None, help="default: conversation_trace.jsonl")
-    ap.add_argument("--pods", type=int, default=8)
-    ap.add_argument("--capacity-tokens", type=int, default=1000000,
-                    help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
-                         " the trace's working set is ~93M tokens)")
-    ap.add_argument("--time-scale", type=float, default=50 if quick else 20,
-                    help="model time per wall second (default 20; QUICK: 50). One ms of"
-                         " scheduling jitter on this shared machine is this many ms of TTFT")
-    ap.add_argument("--limit", type=int, default=2000 if quick else 0)
-    ap.add_argument("--max-tokens-cap", type=int, default=4096)
-    ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
-    ap.add_argument("--routing", default="{}",
-                    help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
-    args = ap.parse_args()
-    routing = json.loads(args.routing)
-    build = os.path.abspath(args.build)
-    trace = args.trace or os.path.join(traces_dir(), "conversation_trace.jsonl")
-    os.makedirs(args.out, exist_ok=True)
-    names = ["pod-%d" % i for i in range(args.pods)]
+def issue13_targets(by):
+    """Issue 13's four targets for cache_aware against the best baseline of the same run, as
+    (name, met, detail); [] when cache_aware or every baseline is missing."""
+    ca = by.get("cache_aware")
+    base = [by[k] for k in BASELINES if k in by and by[k].get("ttft_ms_model", {}).get("p50")]
+    if not ca or not base or not ca.get("ttft_ms_model", {}).get("p50"):
+        return []
+    f, s = ca.get("fraction_of_ceiling"), ca.get("share_max_over_mean")
+    p50, p99 = ca["ttft_ms_model"]["p50"], ca["ttft_ms_model"]["p99"]
+    b50 = min(base, key=lambda r: r["ttft_ms_model"]["p50"])
+    b99 = min(base, key=lambda r: r["ttft_ms_model"]["p99"])
+    return [
+        ("hit >= 0.95 of ceiling", f is not None and f >= 0.95, "%s" % fmt(f, ".3f")),
+        ("share <= 1.1", s is not None and s <= 1.1, "%s" % fmt(s, ".2f")),
+        ("p99 <= best", p99 <= b99["ttft_ms_model"]["p99"],
+         "%.0f vs %s %.0f ms" % (p99, b99["label"], b99["ttft_ms_model"]["p99"])),
+        ("p50 <= 1.05 best", p50 <= 1.05 * b50["ttft_ms_model"]["p50"],
+         "%.0f vs %s %.0f ms" % (p50, b50["label"], b50["ttft_ms_model"]["p50"])),
+    ]
+
+
+def summary_line(name, results):
+    t = issue13_targets({r["label"]: r for r in results})
+    if not t:
+        return "summary %-20s cache_aware or the baselines did not run" % name
+    return "summary %-20s %d/4 met: %s" % (name, sum(1 for _, ok, _ in t if ok), "; ".join(
+        "%s %s (%s)" % ("MET" if ok else "MISS", what, d) for what, ok, d in t))
+
+
+def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, label, outdir):
+    """Every policy of args.policies (and args.before's cache_aware) on fresh pods, in turn."""
+    names = ["pod-%d" % i for i in range(pods)]
     results = []
-    print("routing: %s, %s requests, %d pods x %d tokens, time scale %g" % (
-        os.path.basename(trace), args.limit or "all", args.pods, args.capacity_tokens,
-        args.time_scale), flush=True)
+    print("routing: %s: %s, %s requests, %d pods x %d tokens, time scale %g" % (
+        label, os.path.basename(trace), limit or "all", pods, capacity, time_scale), flush=True)
+    policies = args.policies.split(",")
+    if args.before:
+        policies.append("cache_aware_before")
     with tempfile.TemporaryDirectory(prefix="pcr-routing-") as tmp:
-        for policy in args.policies.split(","):
+        for policy in policies:
             sims = front = None
             t0 = time.monotonic()
             try:
-                sims = Sims(build, names, args.time_scale, args.capacity_tokens)
+                sims = Sims(build, names, time_scale, capacity)
                 if policy == "haproxy_hash":
                     front = Haproxy(sims.urls, tmp)
+                elif policy == "cache_aware_before":
+                    front = Router(os.path.abspath(args.before),
+                                   router_config(sims.urls, "cache_aware", capacity), tmp)
                 else:
-                    front = Router(build, router_config(sims.urls, policy, args.capacity_tokens,
+                    front = Router(build, router_config(sims.urls, policy, capacity,
                                                         routing=routing), tmp)
                 print("== %s" % policy, flush=True)
-                r = run_replay(build, trace, front.url, list(sims.urls.values()),
-                               args.time_scale, args.limit,
-                               os.path.join(args.out, "replay_%s.json" % policy), policy,
-                               cap=args.max_tokens_cap)
+                r = run_replay(build, trace, front.url, list(sims.urls.values()), time_scale,
+                               limit, os.path.join(outdir, "replay_%s.json" % policy), policy,
+                               cap=args.max_tokens_cap, progress=not args.no_progress)
                 results.append(r)
             except Exception as e:   # one broken policy must not hide the others
                 print("routing: %s failed: %s" % (policy, e), file=sys.stderr, flush=True)
@@ -433,25 +457,96 @@ def main():
                 if sims:
                     sims.stop()
             print("   (%.0fs)" % (time.monotonic() - t0), flush=True)
-    if not results:
-        return 1
-    print()
-    print_table(results)
-    print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of ceil:"
-          " fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model time (wall x"
-          " time scale); req/s in model time." % (results[0].get("ceiling") or 0))
-    by = {r["label"]: r for r in results}
-    targets = check_targets(by)
-    if targets:
-        print("\ntargets (issue 4):")
-        for t in targets:
-            print("  " + t)
-    summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in results]
-    with open(os.path.join(args.out, "routing.json"), "w") as f:
-        json.dump({"results": summary, "targets": targets}, f, indent=1)
-    png = plot(results, args.out)
-    if png:
-        print("\nwrote %s" % os.path.relpath(png))
+    if results:
+        print()
+        print_table(results)
+        print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of"
+              " ceil: fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model"
+              " time (wall x time scale); req/s in model time." % (
+                  results[0].get("ceiling") or 0))
+    return results
+
+
+def main():
+    quick = os.environ.get("QUICK", "") not in ("", "0")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--workload", default=None,
+                    help="one of %s, or all (bench/workloads.py); default: the whole"
+                         " conversation trace as --trace, --pods ... say" % ", ".join(
+                             workloads.WORKLOADS))
+    ap.add_argument("--load", default="all", help="light, knee, past or all (with --workload)")
+    ap.add_argument("--trace", default=None, help="default: conversation_trace.jsonl")
+    ap.add_argument("--pods", type=int, default=8)
+    ap.add_argument("--capacity-tokens", type=int, default=1000000,
+                    help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
+                         " the trace's working set is ~93M tokens)")
+    ap.add_argument("--time-scale", type=float, default=50 if quick else 20,
+                    help="model time per wall second (default 20; QUICK: 50). One ms of"
+                         " scheduling jitter on this shared machine is this many ms of TTFT")
+    ap.add_argument("--limit", type=int, default=2000 if quick else 0,
+                    help="first N requests (QUICK: 2000; with --workload, 400)")
+    ap.add_argument("--max-tokens-cap", type=int, default=4096)
+    ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash")
+    ap.add_argument("--before", default=None, metavar="DIR",
+                    help="also run DIR/pcrouter (another build) with cache_aware, labelled"
+                         " cache_aware_before")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--routing", default="{}",
+                    help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
+    args = ap.parse_args()
+    routing = json.loads(args.routing)
+    build = os.path.abspath(args.build)
+    os.makedirs(args.out, exist_ok=True)
+    runs = []   # (name, results)
+    if args.workload is None:
+        trace = args.trace or os.path.join(traces_dir(), "conversation_trace.jsonl")
+        results = run_one(args, build, trace, args.pods, args.capacity_tokens, args.time_scale,
+                          args.limit, routing, "conversation (%s)" % (
+                              "first %d" % args.limit if args.limit else "whole trace"),
+                          args.out)
+        if not results:
+            return 1
+        by = {r["label"]: r for r in results}
+        targets = check_targets(by)
+        if targets:
+            print("\ntargets (issue 4):")
+            for t in targets:
+                print("  " + t)
+        summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in results]
+        with open(os.path.join(args.out, "routing.json"), "w") as f:
+            json.dump({"results": summary, "targets": targets}, f, indent=1)
+        png = plot(results, args.out)
+        if png:
+            print("\nwrote %s" % os.path.relpath(png))
+        runs.append(("conversation", results))
+    else:
+        names = list(workloads.WORKLOADS) if args.workload == "all" else [args.workload]
+        loads = list(workloads.LOADS) if args.load == "all" else [args.load]
+        for n in names + loads:
+            if n not in workloads.WORKLOADS and n not in workloads.LOADS:
+                raise SystemExit("routing: unknown workload or load %r" % n)
+        for name in names:
+            w = workloads.WORKLOADS[name]
+            for load in loads:
+                outdir = os.path.join(args.out, "%s_%s" % (name, load))
+                os.makedirs(outdir, exist_ok=True)
+                trace = os.path.join(outdir, "trace.jsonl")
+                workloads.write(name, load, trace)
+                limit = args.limit if args.limit else (400 if quick else 0)
+                results = run_one(args, build, trace, w["pods"], w["capacity_tokens"],
+                                  w["time_scale"], limit, routing, "%s/%s" % (name, load),
+                                  outdir)
+                summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"}
+                           for r in results]
+                with open(os.path.join(outdir, "routing.json"), "w") as f:
+                    json.dump({"workload": name, "load": load, "results": summary}, f, indent=1)
+                runs.append(("%s/%s" % (name, load), results))
+                print(summary_line("%s/%s" % (name, load), results), flush=True)
+    print("\ntargets (issue 13: cache_aware against the best of %s):" % ", ".join(BASELINES))
+    for name, results in runs:
+        print(summary_line(name, results))
     return 0
 
 

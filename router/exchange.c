@@ -366,6 +366,13 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
 static void on_up_body(void *ctx, const char *data, size_t len)
 {
     pcr_exchange_t *ex = ctx;
+    /* A stream's first event is its first token: the time to it teaches the policy the pod's
+     * prefill rate. Not at the response head, which vLLM sends before prefilling a stream and
+     * after generating a whole non-streamed answer; not after a retry, whose time includes
+     * the failed attempt. prefill_charged is set until the first body bytes. */
+    if (ex->req.stream && ex->attempts == 1 && ex->prefill_charged > 0)
+        pcr_policy_observe(ex->srv->policy, ex->be->id, ex->decision.uncached_prefill,
+                           ex->decision.queued_ahead, pcr_now_us() - ex->t_start);
     release_prefill(ex);
     respond_body(ex, data, len);
     if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {

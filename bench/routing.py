@@ -421,7 +421,8 @@ def summary_line(name, results):
         "%s %s (%s)" % ("MET" if ok else "MISS", what, d) for what, ok, d in t))
 
 
-def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, label, outdir):
+def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, label, outdir,
+            sim_extra=()):
     """Every policy of args.policies (and args.before's cache_aware) on fresh pods, in turn."""
     names = ["pod-%d" % i for i in range(pods)]
     results = []
@@ -435,7 +436,7 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
             sims = front = None
             t0 = time.monotonic()
             try:
-                sims = Sims(build, names, time_scale, capacity)
+                sims = Sims(build, names, time_scale, capacity, extra=sim_extra)
                 if policy == "haproxy_hash":
                     front = Haproxy(sims.urls, tmp)
                 elif policy == "cache_aware_before":
@@ -535,9 +536,12 @@ def main():
                 trace = os.path.join(outdir, "trace.jsonl")
                 workloads.write(name, load, trace)
                 limit = args.limit if args.limit else (400 if quick else 0)
+                # Tokens after the first leave the pods in 10 ms batches (wall): hundreds of
+                # long streams at once would otherwise keep this machine's cores busy with
+                # writes. Times to first token are not batched.
                 results = run_one(args, build, trace, w["pods"], w["capacity_tokens"],
                                   w["time_scale"], limit, routing, "%s/%s" % (name, load),
-                                  outdir)
+                                  outdir, sim_extra=["--tick-us", "10000"])
                 summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"}
                            for r in results]
                 with open(os.path.join(outdir, "routing.json"), "w") as f:

@@ -32,7 +32,7 @@ import workloads  # noqa: E402
 BASELINES = ["round_robin", "least_loaded", "consistent_hash", "haproxy_hash"]
 
 
-SHORT = {"load_weight": "lw", "load_factor": "lf", "load_scale": "ls", "share_factor": "sf",
+SHORT = {"load_weight": "lw", "load_factor": "lf", "inflight_factor": "if", "load_scale": "ls", "share_factor": "sf",
          "feedback": "fb", "observe": "ob", "index_capacity": "ic"}
 
 

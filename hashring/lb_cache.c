@@ -1,32 +1,40 @@
 /* hashring/lb_cache.c: cache_aware, the default policy: the backend with the earliest
- * expected first token among those under the bounded-load limit.
+ * expected first token among those under two bounds.
  *
  * Work is counted in prompt tokens (4 bytes of canonical prompt = 1 token), then turned into
- * time by each backend's own learned line (include/pcr/ttft.h, fed by pcr_policy_observe):
+ * time by each backend's learned rate (include/pcr/ttft.h, fed by pcr_policy_observe; rates
+ * within 25% of the pool's median count as the median, see policy_int.h):
  *
- *   cost(b) = ttft_b(load_weight * load(b) + uncached(b) + zone_penalty if b is in another zone)
- *   ttft_b(tokens) = overhead_b + us_per_token_b * tokens
- *   uncached(b) = prompt_tokens - matched(b) * block_bytes / 4, at least 0
+ *   cost(b) = overhead + rate(b) * (w(b) * load(b) + uncached(b) + zone_penalty(b))
+ *   uncached(b) = prompt_tokens - matched(b) * block_bytes / 4, at least 0 (0 when b holds all
+ *                 the prompt the key covers)
  *   load(b) = queued_prefill(b)                       uncached prefill of its in-flight requests
  *           + INFLIGHT_TOKENS * inflight(b)           decode work each in-flight request adds
  *           + WAITING_TOKENS * pod_waiting(b)         requests queued at the pod, of unknown size
+ *   w(b) = load_weight / (1 + mean load of the other usable backends / load_scale)
  *
- * With load_weight 1 that is the pod's expected time to first token: a pod prefills in arrival
- * order, so a request waits for the queued prefill and then does its own. A load_weight under
- * 1 leans toward the warm pod, whose saving repeats for every later request of the prefix
- * while a queue passes; a slower pod (its line steeper) costs more for the same work.
+ * With w = 1 the cost is the pod's expected time to first token: a pod prefills in arrival
+ * order, so a request waits for the queued prefill and then does its own; that is the weight
+ * while the other pods are idle. When they are busy, the prefill a request would make one of
+ * them do (its uncached part, which a warm pod skips) delays every request queued there after
+ * it, so new work costs more than waiting: w falls, and prefixes stay on their pods. (Found by
+ * bench/sweep.py: a fixed weight either lost a third of the hit rate past the knee or queued
+ * cold prompts behind each other on an idle pool.)
  *
- * A backend with inflight + 1 > max(BOUND_FLOOR, ceil(c * (total_inflight + 1) * weight /
- * total_weight)) is passed over while any other is under it, so a prefix every request shares
- * (one system prompt) cannot pull all traffic to one pod: the load term already sends the next
- * request to another pod once the queue outweighs the saving, and the bound caps what a long
- * saving can pile up; the saving of a longer match still wins among pods under the limit.
- * The floor is ours, not the paper's: at light traffic the pure bound is 1 (one request in
- * flight anywhere puts its pod over), which would turn a conversation's next turn away from
- * its warm pod although a vLLM pod batches hundreds of requests; below the floor the cost's
- * load term alone balances. When no backend holds a block of the prompt, the ring places it (see
- * place_cold). Ties go to the lowest mix of the prefix's ring key and the backend index, so equal
- * inputs give equal decisions while different prefixes spread. */
+ * Bounds, both weighted by each backend's weight and learned speed: a backend with
+ * inflight + 1 > max(BOUND_FLOOR, ceil(inflight_factor * (total_inflight + 1) * its share)), or
+ * whose share of the recent requests (pcr_policy_commit) is over share_factor times its fair
+ * share plus SHARE_SLACK requests, is passed over while any other is under both. The in-flight
+ * bound stops a burst piling onto one warm pod faster than its queue shows; the share bound
+ * stops a few hot prefixes (a system prompt, an agent's tool prompt) taking a pod's whole
+ * share at light load, when nothing is in flight long enough for the first to act. The floor
+ * is ours, not the paper's: at light traffic the pure bound is 1 (one request in flight
+ * anywhere puts its pod over), which would turn a conversation's next turn away from its warm
+ * pod although a vLLM pod batches hundreds of requests.
+ *
+ * When no backend holds a block of the prompt, the ring places it (see place_cold). Ties go to
+ * the lowest mix of the prefix's ring key and the backend index, so equal inputs give equal
+ * decisions while different prefixes spread. */
 #include <math.h>
 #include <string.h>
 
@@ -77,7 +85,7 @@ static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uin
 }
 
 /* Marks every usable backend under or over the bounded-load limit; returns whether any is
- * under it (with load_factor >= 1 one always is). */
+ * under it (with inflight_factor >= 1 one always is). */
 static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *any_in_zone)
 {
     uint64_t total = 0;
@@ -95,9 +103,8 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
             *any_in_zone |= p->be[b].in_zone;
         }
     }
-    p->load_weight_now = p->o.load_weight;
-    if (p->o.load_scale > 0 && nusable > 0)
-        p->load_weight_now /= 1.0 + work / (double)nusable / p->o.load_scale;
+    p->pool_work = work;
+    p->pool_usable = nusable;
     for (size_t b = 0; b < p->n; b++) {
         if (!loads[b].usable) {
             p->usable[b] = NOT_USABLE;
@@ -105,7 +112,7 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
         }
         /* A backend's weight counts its speed: a pod half as fast takes half as much. */
         double w = p->be[b].weight * p->speed[b];
-        double limit = ceil(p->o.load_factor * (double)(total + 1) * w / weight);
+        double limit = ceil(p->o.inflight_factor * (double)(total + 1) * w / weight);
         if (limit < BOUND_FLOOR)
             limit = BOUND_FLOOR;
         int under = (double)loads[b].inflight + 1 <= limit;
@@ -135,11 +142,25 @@ static double ttft_us(const pcr_policy_t *p, size_t b, double tokens)
     return p->ttft[b].c + p->rate[b] * tokens;
 }
 
+/* The weight of b's queued work against new prefill: load_weight while the other pods are
+ * idle, falling as their mean queued work grows past load_scale. Waiting behind b's queue
+ * delays this request alone; prefill it makes another pod do delays every request queued
+ * there after it, which costs little while they are idle and more the busier they are. A
+ * pool-wide mean would discount a lone long queue by its own length. */
+static double load_weight(const pcr_policy_t *p, double own)
+{
+    if (p->o.load_scale <= 0 || p->pool_usable < 2)
+        return p->o.load_weight;
+    double others = (p->pool_work - own) / (double)(p->pool_usable - 1);
+    return p->o.load_weight / (1.0 + (others > 0 ? others : 0) / p->o.load_scale);
+}
+
 /* What b would cost, in expected microseconds to the first token, for `tokens` of its own. */
 static double time_cost(const pcr_policy_t *p, const pcr_backend_load_t *loads, size_t b,
                         double tokens)
 {
-    return ttft_us(p, b, p->load_weight_now * load_tokens(&loads[b]) + tokens + zone_cost(p, b));
+    double load = load_tokens(&loads[b]);
+    return ttft_us(p, b, load_weight(p, load) * load + tokens + zone_cost(p, b));
 }
 
 /* A cold prompt pays its whole prefill wherever it goes, so the one thing that makes its first

@@ -15,7 +15,9 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->max_prefix_bytes = 131072;
     o->index_max_bytes = (size_t)256 << 20;
     o->load_factor = 1.25;
-    o->load_weight = 0.25;
+    o->inflight_factor = 3.0;
+    o->load_weight = 1.0;
+    o->load_scale = 1024;
     o->share_factor = 1.1;
     o->zone_penalty = 2048;
     o->zone = NULL;
@@ -72,7 +74,8 @@ static int opts_valid(const pcr_policy_opts_t *o, size_t n)
     return o != NULL && ops_of(o->kind) != NULL && n >= 1 && n <= PCR_INDEX_MAX_BACKENDS &&
            o->block_bytes >= 1 && o->max_prefix_bytes >= 1 &&
            pcr_prefix_max_blocks(o->block_bytes, o->max_prefix_bytes) <= UINT32_MAX &&
-           o->load_factor >= 1.0 && o->load_weight >= 0 && o->load_scale >= 0 &&
+           o->load_factor >= 1.0 && o->inflight_factor >= 1.0 && o->load_weight >= 0 &&
+           o->load_scale >= 0 &&
            o->zone_penalty >= 0 &&
            (o->share_factor == 0 || o->share_factor >= 1.0) &&
            o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0;

@@ -48,7 +48,8 @@ struct pcr_policy {
     uint32_t *matched;
     uint64_t *load;
     unsigned char *usable;
-    double load_weight_now;    /* load_weight at this decision's pool load (lb_cache.c) */
+    double pool_work;          /* this decision's usable backends' load, tokens (lb_cache.c) */
+    size_t pool_usable;        /* ... and how many they are */
     double *rate;              /* per backend: its learned rate as the cost uses it (see
                                 * pcr_policy_observe), us per token */
     double *speed;             /* per backend: the pool's median rate / rate: its weight in

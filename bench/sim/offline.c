@@ -77,7 +77,8 @@ static int bool_key(const cJSON *o, const char *k, int *out)
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
-    static const char *const known[] = {"load_factor", "load_weight", "load_scale", "share_factor",
+    static const char *const known[] = {"load_factor", "inflight_factor", "load_weight",
+                                        "load_scale", "share_factor",
                                         "zone_penalty", "vnodes",
                                         "prefill_us_per_token", "ttft_overhead_us", "observe",
                                         "feedback", "index_capacity"};
@@ -100,6 +101,9 @@ static int apply_routing(off_variant_t *v, const char *json)
     d = v->opts.load_factor;
     if (num_key(o, "load_factor", 1, 100, &d)) goto out;
     v->opts.load_factor = d;
+    d = v->opts.inflight_factor;
+    if (num_key(o, "inflight_factor", 1, 100, &d)) goto out;
+    v->opts.inflight_factor = d;
     d = v->opts.load_weight;
     if (num_key(o, "load_weight", 0, 1000, &d)) goto out;
     v->opts.load_weight = d;

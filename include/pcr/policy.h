@@ -52,12 +52,17 @@ typedef struct {
     size_t block_bytes;        /* default 256 */
     size_t max_prefix_bytes;   /* default 131072 */
     size_t index_max_bytes;    /* hard cap on the radix index's memory, default 256 MiB */
-    double load_factor;        /* bounded-load c, default 1.25 */
+    double load_factor;        /* bounded-load c of the ring (consistent_hash, and where
+                                * cache_aware places a prefix nobody holds), default 1.25 */
+    double inflight_factor;    /* cache_aware: a backend with more than this times its fair
+                                * share of the requests in flight (4 at least) is passed over
+                                * while another is under, default 3 */
     double load_weight;        /* the weight of a backend's queued work against a request's
-                                * uncached prefill on an idle pool, default 0.25 */
+                                * uncached prefill on an idle pool, default 1 (the honest time
+                                * to first token) */
     double load_scale;         /* ... divided by (1 + the pool's mean queued work / this many
                                 * tokens): the busier the pool, the dearer new prefill work is
-                                * against waiting; default 0 (a fixed weight) */
+                                * against waiting; default 1024 (0: a fixed weight) */
     double share_factor;       /* bounded share: a backend whose share of the recent requests
                                 * (pcr_policy_commit) is over this times its fair share is
                                 * passed over, default 1.1; 0 = no such bound */

@@ -269,7 +269,7 @@ static void test_warm_backend_overloaded_spills(void)
     pcr_policy_decide(p, key, l, 2, &d);
     PCR_CHECK_EQ_INT(d.backend, 2);            /* busy, but under the bound (4): stays warm */
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
-    l[2].inflight = 10;                        /* bound: ceil(1.25 * 17 / 4) = 6 */
+    l[2].inflight = 40;                        /* bound: ceil(3 * 47 / 4) = 36 */
     pcr_policy_decide(p, key, l, 3, &d);
     PCR_CHECK(d.backend != 2);
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
@@ -291,6 +291,34 @@ static void test_warm_backend_overloaded_spills(void)
     PCR_CHECK_EQ_INT(d.backend, 2);
     free(s);
     free(s2);
+    pcr_policy_free(p);
+}
+
+/* The same queue on the warm pod: worth waiting behind when every other pod is as busy (the
+ * prefill a cold pod would do delays its own queue), not when they are idle. */
+static void test_load_weight_falls_as_the_pool_fills(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    size_t len;
+    char *s = prompt(6, 20000, &len);          /* 5500 tokens, all held by backend 2 */
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    all_usable(l, NB);
+    pcr_policy_commit(p, 2, key, 1, &from);
+    l[2].queued_prefill = 20000;
+    pcr_policy_decide(p, key, l, 2, &d);
+    PCR_CHECK(d.backend != 2);                 /* idle pool: 20000 tokens ahead > 5500 */
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
+    for (int b = 0; b < NB; b++)
+        if (b != 2)
+            l[b].queued_prefill = 30000;
+    pcr_policy_decide(p, key, l, 3, &d);
+    PCR_CHECK_EQ_INT(d.backend, 2);            /* busy pool: stay warm */
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+    free(s);
     pcr_policy_free(p);
 }
 
@@ -412,18 +440,24 @@ static void test_learned_rates(void)
         free(s);
     }
     PCR_CHECK_EQ_INT(to_slow, 0);
-    /* Under load the slow pod weighs a third in the in-flight bound. */
+    /* Under load the slow pod weighs about 0.4 in the in-flight bound: 35 in flight is over
+     * ceil(3 * 96 * 0.4 / 3.4) = 34, where a pod like the others could have 72. */
     for (int b = 0; b < NB; b++)
-        l[b].inflight = b == 2 ? 4 : 6;
+        l[b].inflight = b == 2 ? 35 : 20;
     size_t len;
     char *s = prompt(9, 4000, &len);
-    pcr_key_t *key = key_of(p, &kb, s, len);
+    pcr_policy_t *same = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    keybuf_t kb2;
     uint32_t from;
-    pcr_policy_commit(p, 2, key, 300, &from);
-    pcr_policy_decide(p, key, l, 301, &d);
-    PCR_CHECK(d.backend != 2);                 /* 4 in flight is over its share of 22 */
+    pcr_policy_commit(p, 2, key_of(p, &kb, s, len), 300, &from);
+    pcr_policy_commit(same, 2, key_of(same, &kb2, s, len), 300, &from);
+    pcr_policy_decide(p, &kb.k, l, 301, &d);
+    PCR_CHECK(d.backend != 2);
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
+    pcr_policy_decide(same, &kb2.k, l, 301, &d);
+    PCR_CHECK_EQ_INT(d.backend, 2);
     free(s);
+    pcr_policy_free(same);
     pcr_policy_free(p);
 }
 
@@ -563,6 +597,7 @@ int main(void)
     PCR_RUN(test_cold_then_warm);
     PCR_RUN(test_shared_system_prompt_spreads);
     PCR_RUN(test_warm_backend_overloaded_spills);
+    PCR_RUN(test_load_weight_falls_as_the_pool_fills);
     PCR_RUN(test_conversation_sticks);
     PCR_RUN(test_share_bound_spreads_a_hot_prefix);
     PCR_RUN(test_learned_rates);

@@ -174,7 +174,7 @@ static void test_defaults(void)
     PCR_CHECK_EQ_INT(cfg->routing.max_prefix_bytes, 131072);
     PCR_CHECK_EQ_INT(cfg->routing.index_max_bytes, 268435456);
     PCR_CHECK(cfg->routing.load_factor == 1.25);
-    PCR_CHECK(cfg->routing.load_weight == 0.25);
+    PCR_CHECK(cfg->routing.load_weight == 1.0);
     PCR_CHECK(cfg->routing.zone_penalty == 2048);
     PCR_CHECK_EQ_INT(cfg->routing.vnodes, 160);
     PCR_CHECK_EQ_INT(cfg->limits.max_body_bytes, 33554432);

@@ -210,9 +210,11 @@ static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     for (size_t b = 0; b < p->n; b++) {
         if (!p->usable[b])
             continue;
-        double limit = p->o.load_factor * (double)(held + key->nblocks) * p->be[b].weight /
-                       (double)weight;
-        uint64_t mine = pcr_index_backend_blocks(p->index, (unsigned)b) + key->nblocks;
+        /* Blocks held now, against load_factor times the mean: counting the new prompt in,
+         * as the ring's bound counts the new request, would turn every pod away while the
+         * index is nearly empty (the first prompts are all larger than a share of it). */
+        double limit = p->o.load_factor * (double)held * p->be[b].weight / (double)weight;
+        uint64_t mine = pcr_index_backend_blocks(p->index, (unsigned)b);
         p->usable[b] = (double)mine <= limit ? 2 : 1;
         left += p->usable[b] == 2;
     }

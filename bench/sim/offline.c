@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,57 +75,53 @@ static int bool_key(const cJSON *o, const char *k, int *out)
     return 0;
 }
 
+/* The numeric routing keys, as the config names them, and their ranges. */
+static const struct {
+    const char *key;
+    size_t off;                /* a double in pcr_policy_opts_t */
+    double lo, hi;
+} num_keys[] = {
+    {"load_factor", offsetof(pcr_policy_opts_t, load_factor), 1, 100},
+    {"inflight_factor", offsetof(pcr_policy_opts_t, inflight_factor), 1, 100},
+    {"load_weight", offsetof(pcr_policy_opts_t, load_weight), 0, 1000},
+    {"load_scale", offsetof(pcr_policy_opts_t, load_scale), 0, 1e12},
+    {"share_factor", offsetof(pcr_policy_opts_t, share_factor), 0, 100},
+    {"zone_penalty", offsetof(pcr_policy_opts_t, zone_penalty), 0, 1e9},
+    {"prefill_us_per_token", offsetof(pcr_policy_opts_t, prefill_us_per_token), 1e-3, 1e6},
+    {"ttft_overhead_us", offsetof(pcr_policy_opts_t, ttft_overhead_us), 0, 1e8},
+};
+
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
-    static const char *const known[] = {"load_factor", "inflight_factor", "load_weight",
-                                        "load_scale", "share_factor",
-                                        "zone_penalty", "vnodes",
-                                        "prefill_us_per_token", "ttft_overhead_us", "observe",
-                                        "feedback", "index_capacity"};
+    static const char *const other[] = {"vnodes", "observe", "feedback", "index_capacity"};
     cJSON *o = cJSON_Parse(json);
     int rc = -1;
-    double d;
     if (!cJSON_IsObject(o)) {
         fprintf(stderr, "routing_offline: not a JSON object: %s\n", json);
         goto out;
     }
     for (const cJSON *c = o->child; c; c = c->next) {
-        size_t k = 0;
-        while (k < sizeof known / sizeof known[0] && strcmp(known[k], c->string) != 0)
-            k++;
-        if (k == sizeof known / sizeof known[0]) {
+        int known = 0;
+        for (size_t k = 0; k < sizeof num_keys / sizeof num_keys[0]; k++)
+            known |= strcmp(num_keys[k].key, c->string) == 0;
+        for (size_t k = 0; k < sizeof other / sizeof other[0]; k++)
+            known |= strcmp(other[k], c->string) == 0;
+        if (!known) {
             fprintf(stderr, "routing_offline: unknown routing key \"%s\"\n", c->string);
             goto out;
         }
     }
-    d = v->opts.load_factor;
-    if (num_key(o, "load_factor", 1, 100, &d)) goto out;
-    v->opts.load_factor = d;
-    d = v->opts.inflight_factor;
-    if (num_key(o, "inflight_factor", 1, 100, &d)) goto out;
-    v->opts.inflight_factor = d;
-    d = v->opts.load_weight;
-    if (num_key(o, "load_weight", 0, 1000, &d)) goto out;
-    v->opts.load_weight = d;
-    d = v->opts.load_scale;
-    if (num_key(o, "load_scale", 0, 1e12, &d)) goto out;
-    v->opts.load_scale = d;
-    d = v->opts.share_factor;
-    if (num_key(o, "share_factor", 0, 100, &d)) goto out;
-    v->opts.share_factor = d;
-    d = v->opts.zone_penalty;
-    if (num_key(o, "zone_penalty", 0, 1e9, &d)) goto out;
-    v->opts.zone_penalty = d;
-    d = v->opts.vnodes;
-    if (num_key(o, "vnodes", 1, 10000, &d)) goto out;
-    v->opts.vnodes = (unsigned)d;
-    if (num_key(o, "prefill_us_per_token", 1e-3, 1e6, &v->opts.prefill_us_per_token) ||
-        num_key(o, "ttft_overhead_us", 0, 1e8, &v->opts.ttft_overhead_us) ||
-        num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity))
+    for (size_t k = 0; k < sizeof num_keys / sizeof num_keys[0]; k++)
+        if (num_key(o, num_keys[k].key, num_keys[k].lo, num_keys[k].hi,
+                    (double *)((char *)&v->opts + num_keys[k].off)))
+            goto out;
+    double vnodes = v->opts.vnodes;
+    if (num_key(o, "vnodes", 1, 10000, &vnodes) ||
+        num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity) ||
+        bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback))
         goto out;
-    if (bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback))
-        goto out;
+    v->opts.vnodes = (unsigned)vnodes;
     rc = 0;
 out:
     cJSON_Delete(o);

@@ -15,6 +15,7 @@
 
 #include "offline.h"
 #include "pcr/ring.h"
+#include "replay_trace.h"
 
 #define CHUNK 8         /* tokens per TOKENS event: the batch changes little within 8 steps */
 #define NIL UINT32_MAX
@@ -269,20 +270,6 @@ static int on_scrape(sim_t *S, double now)
 
 /* ---- one run ----------------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(const double *v, size_t n, double p)
-{
-    if (n == 0)
-        return NAN;
-    size_t k = (size_t)ceil(p / 100.0 * (double)n);
-    return v[k ? k - 1 : 0];
-}
-
 static int setup(sim_t *S)
 {
     size_t n = S->s->npods;
@@ -369,13 +356,13 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
         if (r != 0)
             goto done;
     }
-    qsort(S.ttft, S.nttft, sizeof(double), cmp_double);
+    rt_sort(S.ttft, S.nttft);
     double sum = 0, smax = 0, ssum = 0;
     for (size_t i = 0; i < S.nttft; i++)
         sum += S.ttft[i];
-    out->ttft_p50_ms = pct(S.ttft, S.nttft, 50);
-    out->ttft_p90_ms = pct(S.ttft, S.nttft, 90);
-    out->ttft_p99_ms = pct(S.ttft, S.nttft, 99);
+    out->ttft_p50_ms = rt_percentile(S.ttft, S.nttft, 50);
+    out->ttft_p90_ms = rt_percentile(S.ttft, S.nttft, 90);
+    out->ttft_p99_ms = rt_percentile(S.ttft, S.nttft, 99);
     out->ttft_mean_ms = S.nttft ? sum / (double)S.nttft : NAN;
     for (size_t b = 0; b < s->npods; b++) {
         ssum += (double)S.pods[b].success;

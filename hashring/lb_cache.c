@@ -84,8 +84,10 @@ static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uin
     return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
 }
 
-/* Marks every usable backend under or over the bounded-load limit; returns whether any is
- * under it (with inflight_factor >= 1 one always is). */
+/* Marks every usable backend under both bounds (in flight, share of recent requests) or over
+ * one, and returns whether any is under both; when none is (each bound spares a backend, not
+ * always the same one), the callers consider every usable backend. Also notes the pool's load
+ * for load_weight(). */
 static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *any_in_zone)
 {
     uint64_t total = 0;

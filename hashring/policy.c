@@ -43,20 +43,33 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The rates the cost uses: each backend's learned rate, moved toward the pool's median by
- * PCR_RATE_BAND of it (soft threshold, see policy_int.h), and the speed weights that follow. */
+/* The rates the cost uses, pooled: the centre is the median of what the observed backends'
+ * observations alone say (the configured prior until one is observed); each backend's rate is
+ * its fit with the centre as its prior, so a backend seen little looks like the others rather
+ * than like a guess that may be off by ten times (a time-scaled benchmark, another model); then
+ * moved toward the centre by PCR_RATE_BAND of it (soft threshold, see policy_int.h). Speeds
+ * (the bounds' weights) follow. A backend that looks slow is given less work, hence fewer
+ * observations to correct a wrong look (a few unlucky first requests, a pause now over): what
+ * it differs from the centre by shrinks as observations of the others go by without one of its
+ * own, halving after a window's worth per backend, so that it gets work again. */
 static void rates_update(pcr_policy_t *p)
 {
+    size_t k = 0;
     for (size_t b = 0; b < p->n; b++)
-        p->sorted[b] = p->ttft[b].a;
-    qsort(p->sorted, p->n, sizeof(double), cmp_double);
-    double median = p->n % 2 ? p->sorted[p->n / 2]
-                             : (p->sorted[p->n / 2 - 1] + p->sorted[p->n / 2]) / 2;
-    double band = PCR_RATE_BAND * median;
+        if (p->ttft[b].n > 0)
+            p->sorted[k++] = pcr_ttft_rate_observed(&p->ttft[b]);
+    double centre = p->ttft[0].prior_a;
+    if (k > 0) {
+        qsort(p->sorted, k, sizeof(double), cmp_double);
+        centre = k % 2 ? p->sorted[k / 2] : (p->sorted[k / 2 - 1] + p->sorted[k / 2]) / 2;
+    }
+    double band = PCR_RATE_BAND * centre, window = PCR_TTFT_WINDOW * (double)p->n;
     for (size_t b = 0; b < p->n; b++) {
-        double a = p->ttft[b].a;
-        p->rate[b] = a > median + band ? a - band : a < median - band ? a + band : median;
-        p->speed[b] = median / p->rate[b];
+        double stale = (double)(p->observed - p->observed_at[b]);
+        double a = pcr_ttft_rate_toward(&p->ttft[b], centre);
+        a = centre + (a - centre) / (1.0 + stale / window);
+        p->rate[b] = a > centre + band ? a - band : a < centre - band ? a + band : centre;
+        p->speed[b] = centre / p->rate[b];
     }
 }
 
@@ -113,12 +126,14 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->rate = calloc(n, sizeof(*p->rate));
     p->speed = calloc(n, sizeof(*p->speed));
     p->sorted = calloc(n, sizeof(*p->sorted));
+    p->observed_at = calloc(n, sizeof(*p->observed_at));
     p->served_unit = 1;
     names = calloc(n, sizeof(*names));
     weights = calloc(n, sizeof(*weights));
     if (p->zone == NULL || p->be == NULL || p->matched == NULL || p->load == NULL ||
         p->usable == NULL || p->ttft == NULL || p->cap_conf == NULL || p->cap_eff == NULL ||
         p->served == NULL || p->rate == NULL || p->speed == NULL || p->sorted == NULL ||
+        p->observed_at == NULL ||
         names == NULL || weights == NULL)
         goto fail;
     for (size_t b = 0; b < n; b++) {
@@ -176,6 +191,7 @@ void pcr_policy_free(pcr_policy_t *p)
     free(p->rate);
     free(p->speed);
     free(p->sorted);
+    free(p->observed_at);
     pcr_ring_free(p->ring);
     pcr_index_free(p->index);
     free(p);
@@ -313,6 +329,7 @@ int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,
         return PCR_ERR_INVAL;
     pcr_ttft_observe(&p->ttft[backend], (double)uncached_tokens + (double)queued_ahead,
                      (double)ttfb_us);
+    p->observed_at[backend] = ++p->observed;
     rates_update(p);
     return 0;
 }

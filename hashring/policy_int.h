@@ -55,6 +55,8 @@ struct pcr_policy {
     double *speed;             /* per backend: the pool's median rate / rate: its weight in
                                 * the bounds, 1 for a pod like the others */
     double *sorted;            /* scratch for the median */
+    uint64_t observed;         /* pcr_policy_observe calls so far */
+    uint64_t *observed_at;     /* per backend: the count at its last observation */
 };
 
 extern const pcr_lb_ops_t pcr_lb_round_robin;
@@ -68,7 +70,7 @@ extern const pcr_lb_ops_t pcr_lb_cache_aware;
  * load term, discounted at high load, cannot pull it back), which the share bound then spills,
  * at the price of hit rate. A pod really slower (another GPU, a larger model) is far out, and
  * only what it differs by beyond the band counts. */
-#define PCR_RATE_BAND 0.25
+#define PCR_RATE_BAND 0.35
 
 /* The share of recent requests is counted over about this many commits. */
 #define PCR_SHARE_WINDOW 2048.0

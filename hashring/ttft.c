@@ -48,7 +48,19 @@ void pcr_ttft_observe(pcr_ttft_t *t, double x, double y)
     t->sxx = keep * t->sxx + x * x;
     t->sxy = keep * t->sxy + x * y;
     t->n++;
+    t->a = pcr_ttft_rate_toward(t, t->prior_a);
+}
+
+double pcr_ttft_rate_toward(const pcr_ttft_t *t, double center)
+{
     double kx = PCR_TTFT_PRIOR_WEIGHT * X0 * X0;
-    double a = (kx * t->prior_a + t->sxy) / (kx + t->sxx);
-    t->a = clamp(a, t->prior_a / SLOPE_RANGE, t->prior_a * SLOPE_RANGE);
+    double a = (kx * center + t->sxy) / (kx + t->sxx);
+    return clamp(a, t->prior_a / SLOPE_RANGE, t->prior_a * SLOPE_RANGE);
+}
+
+double pcr_ttft_rate_observed(const pcr_ttft_t *t)
+{
+    if (!(t->sxx > 0))
+        return t->prior_a;
+    return clamp(t->sxy / t->sxx, t->prior_a / SLOPE_RANGE, t->prior_a * SLOPE_RANGE);
 }

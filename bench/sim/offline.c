@@ -31,6 +31,8 @@ static void usage(FILE *f)
 "  --capacity-tokens N   KV cache per pod, tokens (default 1000000)\n"
 "  --max-tokens-cap N    max_tokens = min(output_length, N) (default 4096)\n"
 "  --slowdown F,F,...    pod i prefills and decodes F times slower (default all 1)\n"
+"  --jitter-ms F         the router sees each first byte up to F ms late (uniform, seeded;\n"
+"                        default 0): a real run's network and scheduling, in model time\n"
 "  --scrape-ms F         model time between two reads of the pods' queues (default 20000:\n"
 "                        pcrouter's 1 s health interval in a real run at time scale 20)\n"
 "  --policies LIST       of round_robin,least_loaded,consistent_hash,cache_aware,haproxy_hash\n"
@@ -243,14 +245,15 @@ int main(int argc, char **argv)
     off_setup_t s = {.npods = 8, .capacity_tokens = 1000000, .m = SIM_MODEL_DEFAULTS,
                      .scrape_us = 20e6};
     enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
-           O_JSON, O_QUIET, O_HELP, O_SLOW };
+           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER };
     const char *slowdown = NULL;
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
         {"capacity-tokens", 1, 0, O_CAP}, {"max-tokens-cap", 1, 0, O_MTC},
         {"scrape-ms", 1, 0, O_SCRAPE}, {"policies", 1, 0, O_POL}, {"routing", 1, 0, O_ROUT},
         {"variant", 1, 0, O_VAR}, {"json", 1, 0, O_JSON}, {"quiet", 0, 0, O_QUIET},
-        {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {0, 0, 0, 0},
+        {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {"jitter-ms", 1, 0, O_JITTER},
+        {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -274,6 +277,7 @@ int main(int argc, char **argv)
             break;
         case O_JSON: json = optarg; break;
         case O_SLOW: slowdown = optarg; break;
+        case O_JITTER: bad = parse_count(optarg, 0, 1e6, &v); s.jitter_us = v * 1000; break;
         case O_QUIET: quiet = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;

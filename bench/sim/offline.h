@@ -41,6 +41,8 @@ typedef struct {
     double scrape_us;          /* how often the router reads the pods' waiting queues */
     const double *slowdown;    /* NULL, or per pod: its prefill and decode take this many times
                                 * m's (a pool of unlike GPUs) */
+    double jitter_us;          /* the router sees each time to first byte late by up to this
+                                * (uniform, seeded): what a real, time-scaled run adds */
 } off_setup_t;
 
 /* One routing configuration to simulate. */

@@ -67,8 +67,17 @@ typedef struct {
     heap_t h;
     double *ttft;
     size_t nttft, finished;
+    uint64_t rng;              /* the jitter's, seeded: same run, same draws */
     off_result_t *out;
 } sim_t;
+
+static uint64_t next_random(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 
 static int before(const ev_t *a, const ev_t *b)
 {
@@ -221,9 +230,11 @@ static int on_first(sim_t *S, uint32_t i, double now)
     S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
     S->loads[b].queued_prefill -= st->charged;
     st->charged = 0;
-    if (S->v->observe && S->policy)
+    if (S->v->observe && S->policy) {
+        double late = S->s->jitter_us * (double)(next_random(&S->rng) >> 11) / 9007199254740992.0;
         pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, st->d.queued_ahead,
-                           (uint64_t)(now - r->arrival_us));
+                           (uint64_t)(now - r->arrival_us + late));
+    }
     st->sent = 1;
     if (st->sent >= r->max_tokens)
         return push(&S->h, now, EV_TOKENS, i);
@@ -334,7 +345,7 @@ static void teardown(sim_t *S)
 int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
             off_result_t *out)
 {
-    sim_t S = {.w = w, .s = s, .v = v, .out = out};
+    sim_t S = {.w = w, .s = s, .v = v, .out = out, .rng = 1};
     int rc = -1;
     memset(out, 0, sizeof(*out));
     if (setup(&S) != 0)

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define PCR_TTFT_WINDOW 64.0
-#define PCR_TTFT_PRIOR_WEIGHT 2.0
+#define PCR_TTFT_PRIOR_WEIGHT 8.0
 #define PCR_TTFT_CLIP 4.0
 #define PCR_TTFT_MIN_TOKENS 1024.0
 
@@ -46,6 +46,14 @@ void pcr_ttft_init(pcr_ttft_t *t, double us_per_token, double overhead_us);
  * Fewer than PCR_TTFT_MIN_TOKENS tokens, and values that are not finite, negative or absurd
  * (over 10^9 tokens or an hour) are ignored. */
 void pcr_ttft_observe(pcr_ttft_t *t, double tokens, double ttft_us);
+
+/* The rate the observations alone give (no prior), within the clamp; the prior's rate before
+ * any observation. A pool takes the median of these as its centre. */
+double pcr_ttft_rate_observed(const pcr_ttft_t *t);
+
+/* The rate fitted with `center` as the prior (the same ridge, another anchor): a backend with
+ * few observations then looks like the pool, not like the configured guess. */
+double pcr_ttft_rate_toward(const pcr_ttft_t *t, double center);
 
 /* The expected time to first token, in us, behind `tokens` of prefill. */
 static inline double pcr_ttft_estimate(const pcr_ttft_t *t, double tokens)

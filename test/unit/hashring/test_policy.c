@@ -458,6 +458,48 @@ static void test_learned_rates(void)
     PCR_CHECK_EQ_INT(d.backend, 2);
     free(s);
     pcr_policy_free(same);
+    /* Starved of work, the slow pod's look fades back to the others' as they are observed
+     * without it, so it gets work again and can show what it is now. */
+    for (int i = 0; i < 2000; i++)
+        for (int b = 0; b < NB; b++)
+            if (b != 2)
+                pcr_policy_observe(p, b, 4000, 0, 20000 + 70 * 4000);
+    double faded = pcr_policy_estimate_ttft(p, 2, 4000);
+    printf("# backend 2 at 4000 tokens, after 6000 observations of the others: %.0f us\n", faded);
+    PCR_CHECK(faded < 1.3 * pcr_policy_estimate_ttft(p, 0, 4000));
+    pcr_policy_free(p);
+}
+
+/* Pods ten times faster than the configured guess (a time-scaled benchmark, a smaller model):
+ * a pod not observed yet must look like the observed ones, not like the guess, or it would
+ * look ten times slower and never be given the work that would show otherwise. */
+static void test_an_unobserved_pod_looks_like_the_pool(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    all_usable(l, NB);
+    for (int i = 0; i < 50; i++)
+        for (int b = 0; b < NB; b++)
+            if (b != 2)
+                pcr_policy_observe(p, b, 3000 + (uint64_t)(i % 5) * 1000, 0,
+                                   20000 + 7 * (3000 + (uint64_t)(i % 5) * 1000));
+    double seen = pcr_policy_estimate_ttft(p, 0, 4000), unseen = pcr_policy_estimate_ttft(p, 2, 4000);
+    printf("# at 4000 tokens: observed pods %.0f us, the unobserved one %.0f us\n", seen, unseen);
+    PCR_CHECK(unseen == seen);
+    int to_unseen = 0;
+    for (int i = 0; i < 200; i++) {
+        size_t len;
+        char *s = prompt(700 + i, 4000, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        for (size_t k = 0; k < key->nblocks; k++)
+            key->blocks[k] ^= (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+        pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+        to_unseen += d.backend == 2;
+        free(s);
+    }
+    PCR_CHECK(to_unseen > 200 / NB / 2);
     pcr_policy_free(p);
 }
 
@@ -601,6 +643,7 @@ int main(void)
     PCR_RUN(test_conversation_sticks);
     PCR_RUN(test_share_bound_spreads_a_hot_prefix);
     PCR_RUN(test_learned_rates);
+    PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);
     PCR_RUN(test_deterministic);
     PCR_RUN(test_zone);
     PCR_RUN(test_keyless_balances_load);

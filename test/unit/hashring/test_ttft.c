@@ -106,7 +106,7 @@ static void test_short_requests_keep_it_sane(void)
     for (int i = 0; i < 500; i++)
         pcr_ttft_observe(&t, 1500, 80000);   /* one size only */
     printf("# estimate at 1500 tokens %.0f us (a %.1f)\n", pcr_ttft_estimate(&t, 1500), t.a);
-    PCR_CHECK(near(pcr_ttft_estimate(&t, 1500), 80000, 0.10));
+    PCR_CHECK(near(pcr_ttft_estimate(&t, 1500), 80000, 0.15));   /* the prior holds a little */
     PCR_CHECK(pcr_ttft_estimate(&t, 8000) > pcr_ttft_estimate(&t, 1500));
 }
 

@@ -83,11 +83,15 @@ def main():
     ap.add_argument("--loads", default=",".join(workloads.LOADS))
     ap.add_argument("--grid", default=None,
                     help='JSON {"key": [values]} (default: the grid below)')
-    ap.add_argument("--routing", default="{}", help="keys every variant gets, as JSON")
+    ap.add_argument("--routing", default='{"observe": true}',
+                    help="keys every variant gets, as JSON (default: learn the pods' rates from"
+                         " their first bytes, as pcrouter does)")
     args = ap.parse_args()
     grid = json.loads(args.grid) if args.grid else {
-        "load_weight": [0.05, 0.1, 0.25, 0.5, 1.0],
-        "load_factor": [1.1, 1.25, 1.5, 2.0],
+        "load_weight": [0.25, 1.0],
+        "load_scale": [0, 1024, 4096],
+        "inflight_factor": [1.25, 3.0],
+        "share_factor": [0, 1.1],
     }
     common = json.loads(args.routing)
     variants = [(label, dict(common, **keys)) for label, keys in grid_variants(grid)]

@@ -37,28 +37,36 @@ static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
     return NULL;
 }
 
+#define MAX_OVERHEAD_US 60e6   /* a minute: past that the pool is not answering at all */
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* The rates the cost uses, pooled: the centre is the median of what the observed backends'
- * observations alone say (the configured prior until one is observed); each backend's rate is
- * its fit with the centre as its prior, so a backend seen little looks like the others rather
- * than like a guess that may be off by ten times (a time-scaled benchmark, another model); then
- * moved toward the centre by PCR_RATE_BAND of it (soft threshold, see policy_int.h). Speeds
- * (the bounds' weights) follow. A backend that looks slow is given less work, hence fewer
- * observations to correct a wrong look (a few unlucky first requests, a pause now over): what
- * it differs from the centre by shrinks as observations of the others go by without one of its
- * own, halving after a window's worth per backend, so that it gets work again. */
+/* The lines the cost uses, pooled (include/pcr/ttft.h says why). One overhead for the pool,
+ * fitted from every backend's observations with the configured one as k observations of
+ * prior. Each backend's rate is its fit with that overhead, pulled toward the centre, the
+ * median of what the observed backends' observations alone say (the configured rate until one
+ * is observed): a backend seen little looks like the others, not like a guess that may be off
+ * ten times. Then it is moved toward the centre by PCR_RATE_BAND of it (soft threshold, see
+ * policy_int.h), and the speeds (the bounds' weights) follow. A backend that looks slow is
+ * given less work, hence fewer observations to correct a wrong look (a few unlucky first
+ * requests, a pause now over): what it differs from the centre by shrinks as observations of
+ * the others go by without one of its own, halving after a window's worth per backend. */
 static void rates_update(pcr_policy_t *p)
 {
+    double num = PCR_TTFT_PRIOR_WEIGHT * p->o.ttft_overhead_us, den = PCR_TTFT_PRIOR_WEIGHT;
+    for (size_t b = 0; b < p->n; b++)
+        pcr_ttft_overhead_terms(&p->ttft[b], &num, &den);
+    double c = num / den;
+    c = c < 0 ? 0 : c > MAX_OVERHEAD_US ? MAX_OVERHEAD_US : c;
     size_t k = 0;
     for (size_t b = 0; b < p->n; b++)
         if (p->ttft[b].n > 0)
-            p->sorted[k++] = pcr_ttft_rate_observed(&p->ttft[b]);
-    double centre = p->ttft[0].prior_a;
+            p->sorted[k++] = pcr_ttft_rate_observed(&p->ttft[b], c);
+    double centre = p->o.prefill_us_per_token;
     if (k > 0) {
         qsort(p->sorted, k, sizeof(double), cmp_double);
         centre = k % 2 ? p->sorted[k / 2] : (p->sorted[k / 2 - 1] + p->sorted[k / 2]) / 2;
@@ -66,8 +74,10 @@ static void rates_update(pcr_policy_t *p)
     double band = PCR_RATE_BAND * centre, window = PCR_TTFT_WINDOW * (double)p->n;
     for (size_t b = 0; b < p->n; b++) {
         double stale = (double)(p->observed - p->observed_at[b]);
-        double a = pcr_ttft_rate_toward(&p->ttft[b], centre);
+        double a = pcr_ttft_rate(&p->ttft[b], c, centre);
         a = centre + (a - centre) / (1.0 + stale / window);
+        p->ttft[b].a = a;          /* the line its next residual is clipped against */
+        p->ttft[b].c = c;
         p->rate[b] = a > centre + band ? a - band : a < centre - band ? a + band : centre;
         p->speed[b] = centre / p->rate[b];
     }

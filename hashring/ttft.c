@@ -1,14 +1,17 @@
-/* hashring/ttft.c: the online fit of a backend's prefill rate (include/pcr/ttft.h).
+/* hashring/ttft.c: the sums and fits of a backend's time to first token (include/pcr/ttft.h).
  *
- * The overhead c is fixed; the fit chooses the slope a that minimises, over the decayed
- * observations (x tokens, y us) and the prior slope a0,
+ * For an overhead c, the rate minimising, over the decayed observations (x tokens, y us) and a
+ * centre a0,
  *
  *   sum w_i (y_i - c - a x_i)^2  +  k X0^2 (a - a0)^2
  *
- * where k is PCR_TTFT_PRIOR_WEIGHT and X0 a typical request's prefill, so the prior counts
- * like k observations of that size: a = (k X0^2 a0 + sum w x (y - c)) / (k X0^2 + sum w x^2),
- * two running sums, O(1) per observation, no allocation. Large observations weigh most, which
- * is right: a long prefill measures the rate best. */
+ * is a = (k X0^2 a0 + sum w x y - c sum w x) / (k X0^2 + sum w x^2), where k is
+ * PCR_TTFT_PRIOR_WEIGHT and X0 a typical request's prefill, so the centre counts like k
+ * observations of that size. Large observations weigh most, which is right: a long prefill
+ * measures the rate best. Each backend b contributes to a shared overhead, with its own rate
+ * a_b = (Sxy_b - c Sx_b) / Sxx_b, the terms num_b = Sy_b - Sx_b Sxy_b / Sxx_b and
+ * den_b = S0_b - Sx_b^2 / Sxx_b of c = sum num / sum den (setting the derivative in c to zero).
+ * All O(1) per observation, no allocation. */
 #include <math.h>
 
 #include "pcr/ttft.h"
@@ -44,23 +47,38 @@ void pcr_ttft_observe(pcr_ttft_t *t, double x, double y)
     double r = clamp(y - pcr_ttft_estimate(t, x), -lim, lim);
     double keep = 1.0 - 1.0 / PCR_TTFT_WINDOW;
     t->spread = keep * t->spread + (1.0 - keep) * fabs(r);
-    y = pcr_ttft_estimate(t, x) + r - t->c;   /* the part the rate has to explain */
+    y = pcr_ttft_estimate(t, x) + r;
+    t->s0 = keep * t->s0 + 1.0;
+    t->sx = keep * t->sx + x;
+    t->sy = keep * t->sy + y;
     t->sxx = keep * t->sxx + x * x;
     t->sxy = keep * t->sxy + x * y;
     t->n++;
-    t->a = pcr_ttft_rate_toward(t, t->prior_a);
+    t->a = pcr_ttft_rate(t, t->c, t->prior_a);
 }
 
-double pcr_ttft_rate_toward(const pcr_ttft_t *t, double center)
+double pcr_ttft_rate(const pcr_ttft_t *t, double c, double centre)
 {
     double kx = PCR_TTFT_PRIOR_WEIGHT * X0 * X0;
-    double a = (kx * center + t->sxy) / (kx + t->sxx);
+    double a = (kx * centre + t->sxy - c * t->sx) / (kx + t->sxx);
     return clamp(a, t->prior_a / SLOPE_RANGE, t->prior_a * SLOPE_RANGE);
 }
 
-double pcr_ttft_rate_observed(const pcr_ttft_t *t)
+double pcr_ttft_rate_observed(const pcr_ttft_t *t, double c)
 {
     if (!(t->sxx > 0))
         return t->prior_a;
-    return clamp(t->sxy / t->sxx, t->prior_a / SLOPE_RANGE, t->prior_a * SLOPE_RANGE);
+    return clamp((t->sxy - c * t->sx) / t->sxx, t->prior_a / SLOPE_RANGE,
+                 t->prior_a * SLOPE_RANGE);
+}
+
+void pcr_ttft_overhead_terms(const pcr_ttft_t *t, double *num, double *den)
+{
+    if (!(t->sxx > 0))
+        return;
+    double d = t->s0 - t->sx * t->sx / t->sxx;
+    if (d <= 1e-9 * t->s0)
+        return;   /* all of one size, up to rounding: no say on the overhead */
+    *num += t->sy - t->sx * t->sxy / t->sxx;
+    *den += d;
 }

@@ -1,24 +1,25 @@
-/* pcr/ttft.h: one backend's time to first token, its prefill rate learned online.
+/* pcr/ttft.h: one backend's time to first token, learned online from what the router sees.
  *
  * The model is a line: ttft_us = overhead_us + us_per_token * tokens, where `tokens` is the
  * uncached prefill queued ahead of a request on the pod plus its own (a pod prefills in
- * arrival order, so a request waits for everything ahead of it). The overhead is fixed (the
- * scheduling step and the first decode step, which tokens do not explain); the rate is learned
- * from observations (tokens, time to first byte) of at least PCR_TTFT_MIN_TOKENS (shorter ones
- * measure the overhead more than the rate) by exponentially weighted least squares that
- * forget at 1/PCR_TTFT_WINDOW per observation, so it follows a pod whose speed changes. It is
- * pulled toward a prior, as a ridge regression with the weight of PCR_TTFT_PRIOR_WEIGHT
- * observations, so that a few observations, or only short ones, leave it sane. Each
- * observation's residual is clipped at PCR_TTFT_CLIP times the typical residual, so one
- * request that waited for something else (a full batch, a slow network) moves it little.
- * The rate stays within [prior / 64, prior * 64].
+ * arrival order, so a request waits for everything ahead of it). Observations (tokens, time to
+ * first byte) of at least PCR_TTFT_MIN_TOKENS (shorter ones measure the overhead more than the
+ * rate) go into exponentially weighted sums that forget at 1/PCR_TTFT_WINDOW per observation,
+ * so a fit follows a pod whose speed changes. Each observation's residual is clipped at
+ * PCR_TTFT_CLIP times the typical residual, so one request that waited for something else (a
+ * full batch, a slow network) moves the sums little.
  *
- * Why not learn the overhead too: a pod past its capacity makes requests wait for decode slots
- * and KV blocks, time that no token count explains; a learned intercept soaks it up, stays
- * high on the pod that happened to be busiest, turns traffic away from it and, with no new
- * observations there, never comes down. A rate only scales the work a pod is given.
+ * The fits are ridge regressions on those sums, pulled toward a centre with the weight of
+ * PCR_TTFT_PRIOR_WEIGHT observations, so that a few observations, or only short ones, leave
+ * them sane: the rate given an overhead (pcr_ttft_rate), and each backend's part of an overhead
+ * shared by a pool (pcr_ttft_overhead_terms). A pool fits one overhead for all its backends and
+ * one rate each (hashring/policy.c): a per-backend overhead soaks up the waiting no token count
+ * explains (decode slots, KV blocks) on whichever pod was busiest, stays high there, turns
+ * traffic away and, with no new observations, never comes down; and a wrong fixed one (a
+ * time-scaled benchmark, a slower model) biases each rate by the sizes its pod happens to see.
+ * Alone, pcr_ttft_observe keeps `c` as given and fits `a` toward the prior.
  *
- * Pure and deterministic: the same observations in the same order give the same estimate.
+ * Pure and deterministic: the same observations in the same order give the same sums.
  * An embedded value (pcr_ttft_init, no _dispose); implemented in hashring/ttft.c. */
 #ifndef PCR_TTFT_H
 #define PCR_TTFT_H
@@ -32,9 +33,9 @@
 
 typedef struct {
     double prior_a;                  /* us per token before any observation */
-    double sxx, sxy;                 /* decayed sums of x^2 and x (y - c) */
+    double s0, sx, sy, sxx, sxy;     /* decayed sums of 1, x, y, x^2, x y */
     double spread;                   /* decayed mean absolute residual, us */
-    double a, c;                     /* the rate learned (us per token), the fixed overhead (us) */
+    double a, c;                     /* the current line: us per token, overhead in us */
     uint64_t n;                      /* observations taken */
 } pcr_ttft_t;
 
@@ -42,18 +43,23 @@ typedef struct {
  * values are replaced by 70 us and 20 ms). */
 void pcr_ttft_init(pcr_ttft_t *t, double us_per_token, double overhead_us);
 
-/* One response: `tokens` of prefill (queued ahead + own) took `ttft_us` to a first byte.
- * Fewer than PCR_TTFT_MIN_TOKENS tokens, and values that are not finite, negative or absurd
- * (over 10^9 tokens or an hour) are ignored. */
+/* One response: `tokens` of prefill (queued ahead + own) took `ttft_us` to a first byte; the
+ * residual is taken against the current line (a, c). Fewer than PCR_TTFT_MIN_TOKENS tokens,
+ * and values that are not finite, negative or absurd (over 10^9 tokens or an hour) are
+ * ignored. Then a = pcr_ttft_rate(t, c, prior). */
 void pcr_ttft_observe(pcr_ttft_t *t, double tokens, double ttft_us);
 
-/* The rate the observations alone give (no prior), within the clamp; the prior's rate before
- * any observation. A pool takes the median of these as its centre. */
-double pcr_ttft_rate_observed(const pcr_ttft_t *t);
+/* The rate that best explains the observations with overhead `c`, pulled toward `centre`;
+ * within [prior / 64, prior * 64]. */
+double pcr_ttft_rate(const pcr_ttft_t *t, double c, double centre);
 
-/* The rate fitted with `center` as the prior (the same ridge, another anchor): a backend with
- * few observations then looks like the pool, not like the configured guess. */
-double pcr_ttft_rate_toward(const pcr_ttft_t *t, double center);
+/* The same with no pull (the observations alone); the prior before any observation. */
+double pcr_ttft_rate_observed(const pcr_ttft_t *t, double c);
+
+/* Adds this backend's terms of the overhead shared by a pool, each backend with a rate of its
+ * own: the common overhead is sum(num) / sum(den) (plus a prior's terms). A backend whose
+ * observations are all of one size says nothing of the overhead (den adds 0). */
+void pcr_ttft_overhead_terms(const pcr_ttft_t *t, double *num, double *den);
 
 /* The expected time to first token, in us, behind `tokens` of prefill. */
 static inline double pcr_ttft_estimate(const pcr_ttft_t *t, double tokens)

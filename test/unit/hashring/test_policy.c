@@ -1,4 +1,5 @@
 /* test_policy.c: hashring/policy.c and the lb_*.c algorithms behind include/pcr/policy.h. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -503,6 +504,31 @@ static void test_an_unobserved_pod_looks_like_the_pool(void)
     pcr_policy_free(p);
 }
 
+/* The overhead is the pool's and learned: configured at 20 ms for pods that take 1.5 ms, a
+ * fixed one would make the pod that sees short prompts look faster than the one that sees long
+ * ones (the same pods), and move work to it. */
+static void test_the_overhead_is_learned_for_the_pool(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    for (int i = 0; i < 300; i++) {
+        uint64_t shortp = 1100 + (uint64_t)(i % 9) * 100, longp = 15000 + (uint64_t)(i % 11) * 1000;
+        uint64_t mixed = i % 2 ? shortp : longp;
+        pcr_policy_observe(p, 0, shortp, 0, 1500 + 7 * shortp);
+        pcr_policy_observe(p, 1, longp, 0, 1500 + 7 * longp);
+        pcr_policy_observe(p, 2, mixed, 0, 1500 + 7 * mixed);
+        pcr_policy_observe(p, 3, mixed / 2, mixed / 2, 1500 + 7 * mixed);
+    }
+    double overhead = pcr_policy_estimate_ttft(p, 0, 0);
+    printf("# overhead %.0f us; at 4000 tokens: %.0f %.0f %.0f %.0f us\n", overhead,
+           pcr_policy_estimate_ttft(p, 0, 4000), pcr_policy_estimate_ttft(p, 1, 4000),
+           pcr_policy_estimate_ttft(p, 2, 4000), pcr_policy_estimate_ttft(p, 3, 4000));
+    PCR_CHECK(overhead > 1000 && overhead < 5000);   /* from 20000, the prior holding a little */
+    for (int b = 1; b < NB; b++)
+        PCR_CHECK(pcr_policy_estimate_ttft(p, b, 4000) == pcr_policy_estimate_ttft(p, 0, 4000));
+    PCR_CHECK(fabs(pcr_policy_estimate_ttft(p, 0, 4000) - (1500 + 7 * 4000)) < 0.1 * 29500);
+    pcr_policy_free(p);
+}
+
 static void test_deterministic(void)
 {
     pcr_policy_t *p1 = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
@@ -644,6 +670,7 @@ int main(void)
     PCR_RUN(test_share_bound_spreads_a_hot_prefix);
     PCR_RUN(test_learned_rates);
     PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);
+    PCR_RUN(test_the_overhead_is_learned_for_the_pool);
     PCR_RUN(test_deterministic);
     PCR_RUN(test_zone);
     PCR_RUN(test_keyless_balances_load);

@@ -60,17 +60,19 @@ typedef struct {
     double load_weight;        /* the weight of a backend's queued work against a request's
                                 * uncached prefill on an idle pool, default 1 (the honest time
                                 * to first token) */
-    double load_scale;         /* ... divided by (1 + the pool's mean queued work / this many
-                                * tokens): the busier the pool, the dearer new prefill work is
-                                * against waiting; default 1024 (0: a fixed weight) */
-    double share_factor;       /* bounded share: a backend whose share of the recent requests
-                                * (pcr_policy_commit) is over this times its fair share is
-                                * passed over, default 1.1; 0 = no such bound */
+    double load_scale;         /* ... divided by (1 + the other backends' mean queued work /
+                                * this many tokens): the busier they are, the dearer new
+                                * prefill work is against waiting; default 1024 (0: fixed) */
+    double share_factor;       /* cache_aware: a backend whose share of the recent requests
+                                * (pcr_policy_commit) is over this times its fair share (8
+                                * requests more at least) is passed over while another is
+                                * under, default 1.1; 0 = no such bound */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */
     /* What cache_aware assumes of a pod before pcr_policy_observe has taught it better
-     * (include/pcr/ttft.h): time to first token = overhead + per_token * prefill tokens. */
+     * (include/pcr/ttft.h): time to first token = overhead + per_token * prefill tokens.
+     * Fair shares (both bounds) are weighted by weight and by the speed learned. */
     double prefill_us_per_token; /* default 70 (about 14k tokens/s) */
     double ttft_overhead_us;   /* default 20000 */
 } pcr_policy_opts_t;

@@ -76,7 +76,7 @@ static void rates_update(pcr_policy_t *p)
         double stale = (double)(p->observed - p->observed_at[b]);
         double a = pcr_ttft_rate(&p->ttft[b], c, centre);
         a = centre + (a - centre) / (1.0 + stale / window);
-        p->ttft[b].a = a;          /* the line its next residual is clipped against */
+        p->ttft[b].a = a;          /* the line its next observation is clipped against */
         p->ttft[b].c = c;
         p->rate[b] = a > centre + band ? a - band : a < centre - band ? a + band : centre;
         p->speed[b] = centre / p->rate[b];

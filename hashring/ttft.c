@@ -20,7 +20,6 @@
 #define MAX_TOKENS 1e9
 #define MAX_US 3.6e9              /* an hour */
 #define SLOPE_RANGE 64.0
-#define CLIP_FLOOR_US 1000.0      /* residuals under 1 ms are never clipped */
 
 static double clamp(double v, double lo, double hi)
 {
@@ -34,8 +33,6 @@ void pcr_ttft_init(pcr_ttft_t *t, double us_per_token, double overhead_us)
     if (!(overhead_us >= 0) || !isfinite(overhead_us))
         overhead_us = 20000.0;
     *t = (pcr_ttft_t){.prior_a = us_per_token, .a = us_per_token, .c = overhead_us};
-    /* Before any residual is seen, "typical" is the prior's own answer for a typical request. */
-    t->spread = overhead_us + us_per_token * X0;
 }
 
 void pcr_ttft_observe(pcr_ttft_t *t, double x, double y)
@@ -43,11 +40,12 @@ void pcr_ttft_observe(pcr_ttft_t *t, double x, double y)
     if (!isfinite(x) || !isfinite(y) || x < PCR_TTFT_MIN_TOKENS || y < 0 || x > MAX_TOKENS ||
         y > MAX_US)
         return;
-    double lim = PCR_TTFT_CLIP * t->spread + CLIP_FLOOR_US;
-    double r = clamp(y - pcr_ttft_estimate(t, x), -lim, lim);
+    /* Clipped as a rate, against the current one, once there is one: against the prior, a
+     * pod ten times faster than it would have its long observations (the most telling)
+     * clipped back toward the guess. */
+    if (t->n >= PCR_TTFT_WARMUP)
+        y = t->c + x * clamp((y - t->c) / x, t->a / PCR_TTFT_CLIP, t->a * PCR_TTFT_CLIP);
     double keep = 1.0 - 1.0 / PCR_TTFT_WINDOW;
-    t->spread = keep * t->spread + (1.0 - keep) * fabs(r);
-    y = pcr_ttft_estimate(t, x) + r;
     t->s0 = keep * t->s0 + 1.0;
     t->sx = keep * t->sx + x;
     t->sy = keep * t->sy + y;

@@ -5,9 +5,9 @@
  * arrival order, so a request waits for everything ahead of it). Observations (tokens, time to
  * first byte) of at least PCR_TTFT_MIN_TOKENS (shorter ones measure the overhead more than the
  * rate) go into exponentially weighted sums that forget at 1/PCR_TTFT_WINDOW per observation,
- * so a fit follows a pod whose speed changes. Each observation's residual is clipped at
- * PCR_TTFT_CLIP times the typical residual, so one request that waited for something else (a
- * full batch, a slow network) moves the sums little.
+ * so a fit follows a pod whose speed changes. After PCR_TTFT_WARMUP observations, the rate
+ * each one implies is clipped to within PCR_TTFT_CLIP times the current rate, so one request
+ * that waited for something else (a full batch, a slow network) moves the sums little.
  *
  * The fits are ridge regressions on those sums, pulled toward a centre with the weight of
  * PCR_TTFT_PRIOR_WEIGHT observations, so that a few observations, or only short ones, leave
@@ -29,12 +29,12 @@
 #define PCR_TTFT_WINDOW 64.0
 #define PCR_TTFT_PRIOR_WEIGHT 8.0
 #define PCR_TTFT_CLIP 4.0
+#define PCR_TTFT_WARMUP 8
 #define PCR_TTFT_MIN_TOKENS 1024.0
 
 typedef struct {
     double prior_a;                  /* us per token before any observation */
     double s0, sx, sy, sxx, sxy;     /* decayed sums of 1, x, y, x^2, x y */
-    double spread;                   /* decayed mean absolute residual, us */
     double a, c;                     /* the current line: us per token, overhead in us */
     uint64_t n;                      /* observations taken */
 } pcr_ttft_t;
@@ -44,7 +44,7 @@ typedef struct {
 void pcr_ttft_init(pcr_ttft_t *t, double us_per_token, double overhead_us);
 
 /* One response: `tokens` of prefill (queued ahead + own) took `ttft_us` to a first byte; the
- * residual is taken against the current line (a, c). Fewer than PCR_TTFT_MIN_TOKENS tokens,
+ * implied rate is clipped against the current line (a, c). Fewer than PCR_TTFT_MIN_TOKENS tokens,
  * and values that are not finite, negative or absurd (over 10^9 tokens or an hour) are
  * ignored. Then a = pcr_ttft_rate(t, c, prior). */
 void pcr_ttft_observe(pcr_ttft_t *t, double tokens, double ttft_us);

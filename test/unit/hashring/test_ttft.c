@@ -65,6 +65,20 @@ static void test_follows_a_pod_that_slows_down(void)
     PCR_CHECK(near(t.a, 120, 0.05));
 }
 
+/* Ten times faster than the prior (a time-scaled benchmark), and long queues from the start:
+ * the first observations must count for what they say, not be clipped back toward the guess. */
+static void test_a_prior_far_off_is_left_quickly(void)
+{
+    pcr_ttft_t t;
+    pcr_ttft_init(&t, 70, 2000);
+    for (int i = 0; i < 20; i++) {
+        double x = 60000 + 2000.0 * i;
+        pcr_ttft_observe(&t, x, 2000 + 7 * x);
+    }
+    printf("# a %.2f us/token after 20 long observations\n", t.a);
+    PCR_CHECK(near(t.a, 7, 0.1));
+}
+
 /* Waiting no token explains (a pod past capacity) raises the rate, never a fixed cost that
  * would turn every request away from the pod, short or long. */
 static void test_unexplained_waiting_is_no_fixed_cost(void)
@@ -148,6 +162,7 @@ int main(void)
     PCR_RUN(test_prior_before_any_observation);
     PCR_RUN(test_learns_the_pods_rate);
     PCR_RUN(test_follows_a_pod_that_slows_down);
+    PCR_RUN(test_a_prior_far_off_is_left_quickly);
     PCR_RUN(test_unexplained_waiting_is_no_fixed_cost);
     PCR_RUN(test_one_stalled_request_moves_it_little);
     PCR_RUN(test_short_requests_keep_it_sane);

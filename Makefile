@@ -29,7 +29,7 @@ BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
 .PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
-        install fuzz bench bench-routing bench-proxies bench-hashring bench-attacks bench-metrics \
+        install fuzz bench bench-routing bench-sweep bench-proxies bench-hashring bench-attacks bench-metrics \
         bench-resilience clean
 
 all: build
@@ -115,8 +115,18 @@ bench-metrics: build
 bench-proxies: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD)
 
+# WORKLOAD=shared_prefix|chat|agentic|conversation|mooncake|all [LOAD=light|knee|past],
+# BEFORE=another/build/dir (adds its pcrouter's cache_aware as a row); QUICK=1 for a smoke run;
+# MISCONFIG=2 (pods hold half the capacity the config says: feedback off and on);
+# WORKERS=N (pcrouter's worker threads).
 bench-routing: deps-bench build
-	$(PY) bench/routing.py --build $(BUILD)
+	$(PY) bench/routing.py --build $(BUILD) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
+	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE)) \
+	  $(if $(MISCONFIG),--misconfig $(MISCONFIG) --replicas 1) $(if $(WORKERS),--workers $(WORKERS))
+
+# cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py).
+bench-sweep: build
+	$(PY) bench/sweep.py --build $(BUILD)
 
 # The attacks of the hardening tests at full scale: the router's RSS and CPU, and a
 # well-behaved client's p99, during each (needs only the test packages).

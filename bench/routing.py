@@ -14,8 +14,16 @@ sharing it through a redis-server started for the run: the delivered hit rate ag
 replica's, and what the sharing costs Redis (commands and bytes per routed request, memory at
 the end).
 
-QUICK=1 replays a slice (first 2000 requests) so the whole run takes a few minutes.
-The helpers here (Sims, Router, run_replay) are also used by bench/demo.py and
+With --workload NAME (`make bench-routing WORKLOAD=NAME [LOAD=light|knee|past]`, or
+WORKLOAD=all) it runs one of bench/workloads.py's workloads at each of its three loads instead,
+each on its own pool and time scale. Every run ends with one summary line per workload and load:
+the routing targets for cache_aware against the best of the four baselines in that run (hit rate
+>= 0.95 of the ceiling, max/mean share <= 1.1, TTFT p99 no worse, TTFT p50 within 5%).
+--before DIR adds a row for another build's pcrouter (DIR/pcrouter) with cache_aware: before and
+after in one run.
+
+QUICK=1 replays a slice (first 2000 requests; 400 per workload and load) so the whole run takes
+a couple of minutes. The helpers here (Sims, Router, run_replay) are also used by bench/demo.py and
 test/integration/test_replay.py.
 """
 import argparse
@@ -31,9 +39,13 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 POLICIES = ["round_robin", "least_loaded", "consistent_hash", "cache_aware"]
+BASELINES = ["round_robin", "least_loaded", "consistent_hash", "haproxy_hash"]
 
 
 def traces_dir():
@@ -299,15 +311,16 @@ def fmt(v, spec):
 
 def print_table(results):
     head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "max/mean", "req/s",
-            "errors")
-    print("%-16s %9s %8s %10s %10s %9s %7s %7s" % head)
+            "errors", "pred/del")
+    w = max([16] + [len(r["label"]) for r in results])
+    print("%-*s %9s %8s %10s %10s %9s %7s %7s %8s" % ((w,) + head))
     for r in results:
         t = r.get("ttft_ms_model", {})
-        print("%-16s %9s %8s %9sms %9sms %9s %7s %7d" % (
-            r["label"], fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f"),
+        print("%-*s %9s %8s %9sms %9sms %9s %7s %7d %8s" % (
+            w, r["label"], fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f"),
             fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"),
             fmt(r.get("share_max_over_mean"), ".2f"), fmt(r.get("throughput_rps_model"), ".2f"),
-            r.get("errors", 0)))
+            r.get("errors", 0), fmt(r.get("pred_over_del"), ".3f")))
 
 
 def check_targets(by):
@@ -459,6 +472,26 @@ def run_replicas(args, build, trace, names, routing, tmp):
     return rows
 
 
+def router_prediction(router):
+    """What pcrouter predicted against what the pods delivered, in cached tokens, over the run:
+    its pcrouter_cached_tokens_{predicted,delivered}_total summed over backends."""
+    import urllib.request
+    try:
+        text = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            router.url + "/metrics", timeout=10).read().decode()
+    except OSError:
+        return {}
+    sums = {"predicted": 0.0, "delivered": 0.0}
+    for line in text.splitlines():
+        m = re.match(r"pcrouter_cached_tokens_(predicted|delivered)_total\{[^}]*\} (\S+)$", line)
+        if m:
+            sums[m.group(1)] += float(m.group(2))
+    if sums["delivered"] <= 0:
+        return {}
+    return {"cached_predicted": sums["predicted"], "cached_delivered": sums["delivered"],
+            "pred_over_del": sums["predicted"] / sums["delivered"]}
+
+
 def share_counters(router):
     """The pcrouter_share_* counters of one replica, from its /metrics."""
     import urllib.request
@@ -555,61 +588,84 @@ def print_replicas(rows):
     return out
 
 
-def main():
-    quick = os.environ.get("QUICK", "") not in ("", "0")
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--trace", default=None, help="default: conversation_trace.jsonl")
-    ap.add_argument("--pods", type=int, default=8)
-    ap.add_argument("--capacity-tokens", type=int, default=1000000,
-                    help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
-                         " the trace's working set is ~93M tokens)")
-    ap.add_argument("--time-scale", type=float, default=50 if quick else 20,
-                    help="model time per wall second (default 20; QUICK: 50). One ms of"
-                         " scheduling jitter on this shared machine is this many ms of TTFT")
-    ap.add_argument("--limit", type=int, default=2000 if quick else 0)
-    ap.add_argument("--max-tokens-cap", type=int, default=4096)
-    ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash",
-                    help="comma-separated; \"none\" runs only the replica comparison")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
-    ap.add_argument("--routing", default="{}",
-                    help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
-    ap.add_argument("--replicas", default="1,2,4",
-                    help="replica counts for cache_aware, requests spread round robin over them"
-                         " (default 1,2,4; 1 alone skips the comparison)")
-    ap.add_argument("--share", choices=("both", "on", "off"), default="both",
-                    help="replicas sharing the index through Redis, not sharing, or both (default)")
-    ap.add_argument("--flush-ms", type=int, default=0,
-                    help="redis.flush_ms of the shared runs (default: pcrouter's)")
-    ap.add_argument("--repeat", type=int, default=3 if quick else 1,
-                    help="runs of each replica setup; the table shows the run of median hit rate"
-                         " (default 1; QUICK: 3)")
-    args = ap.parse_args()
-    routing = json.loads(args.routing)
-    build = os.path.abspath(args.build)
-    trace = args.trace or os.path.join(traces_dir(), "conversation_trace.jsonl")
-    os.makedirs(args.out, exist_ok=True)
-    names = ["pod-%d" % i for i in range(args.pods)]
+def routing_targets(by):
+    """The four routing targets for cache_aware against the best baseline of the same run, as
+    (name, met, detail); [] when cache_aware or every baseline is missing."""
+    ca = by.get("cache_aware")
+    base = [by[k] for k in BASELINES if k in by and by[k].get("ttft_ms_model", {}).get("p50")]
+    if not ca or not base or not ca.get("ttft_ms_model", {}).get("p50"):
+        return []
+    f, s = ca.get("fraction_of_ceiling"), ca.get("share_max_over_mean")
+    p50, p99 = ca["ttft_ms_model"]["p50"], ca["ttft_ms_model"]["p99"]
+    b50 = min(base, key=lambda r: r["ttft_ms_model"]["p50"])
+    b99 = min(base, key=lambda r: r["ttft_ms_model"]["p99"])
+    return [
+        ("hit >= 0.95 of ceiling", f is not None and f >= 0.95, "%s" % fmt(f, ".3f")),
+        ("share <= 1.1", s is not None and s <= 1.1, "%s" % fmt(s, ".2f")),
+        ("p99 <= best", p99 <= b99["ttft_ms_model"]["p99"],
+         "%.0f vs %s %.0f ms" % (p99, b99["label"], b99["ttft_ms_model"]["p99"])),
+        ("p50 <= 1.05 best", p50 <= 1.05 * b50["ttft_ms_model"]["p50"],
+         "%.0f vs %s %.0f ms" % (p50, b50["label"], b50["ttft_ms_model"]["p50"])),
+    ]
+
+
+def summary_line(name, results):
+    t = routing_targets({r["label"]: r for r in results})
+    if not t:
+        return "summary %-20s cache_aware or the baselines did not run" % name
+    return "summary %-20s %d/4 met: %s" % (name, sum(1 for _, ok, _ in t if ok), "; ".join(
+        "%s %s (%s)" % ("MET" if ok else "MISS", what, d) for what, ok, d in t))
+
+
+def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, label, outdir,
+            sim_extra=()):
+    """Every policy of args.policies (and args.before's cache_aware) on fresh pods, in turn."""
+    names = ["pod-%d" % i for i in range(pods)]
     results = []
-    print("routing: %s, %s requests, %d pods x %d tokens, time scale %g" % (
-        os.path.basename(trace), args.limit or "all", args.pods, args.capacity_tokens,
-        args.time_scale), flush=True)
+    print("routing: %s: %s, %s requests, %d pods x %d tokens, time scale %g" % (
+        label, os.path.basename(trace), limit or "all", pods, capacity, time_scale), flush=True)
+    policies = [p for p in args.policies.split(",") if p and p != "none"]
+    if args.before:
+        policies.append("cache_aware_before")
+    # --misconfig F: the config says each pod holds F times its real KV cache, and the pods hide
+    # vllm:cache_config_info, so the router cannot learn better from a scrape; cache_aware runs
+    # told the truth, then misinformed without and with the delivered-tokens feedback.
+    variants = {}
+    if args.misconfig:
+        policies = ["cache_aware", "cache_aware_misconf_nofeedback", "cache_aware_misconf_feedback"]
+        sim_extra = list(sim_extra) + ["--hide-cache-config"]
+        wrong = int(capacity * args.misconfig)
+        variants = {"cache_aware_misconf_nofeedback": (wrong, {"feedback": False}),
+                    "cache_aware_misconf_feedback": (wrong, {"feedback": True})}
     with tempfile.TemporaryDirectory(prefix="pcr-routing-") as tmp:
-        for policy in [p for p in args.policies.split(",") if p and p != "none"]:
+        for policy in policies:
             sims = front = None
             t0 = time.monotonic()
             try:
-                sims = Sims(build, names, args.time_scale, args.capacity_tokens)
+                sims = Sims(build, names, time_scale, capacity, extra=sim_extra)
                 if policy == "haproxy_hash":
                     front = Haproxy(sims.urls, tmp)
+                elif policy == "cache_aware_before":
+                    front = Router(os.path.abspath(args.before),
+                                   router_config(sims.urls, "cache_aware", capacity), tmp)
+                elif policy in variants:
+                    cap_conf, extra_routing = variants[policy]
+                    cfg = router_config(sims.urls, "cache_aware", cap_conf,
+                                        routing=dict(routing, **extra_routing))
+                    if args.workers:
+                        cfg["workers"] = args.workers
+                    front = Router(build, cfg, tmp)
                 else:
-                    front = Router(build, router_config(sims.urls, policy, args.capacity_tokens,
-                                                        routing=routing), tmp)
+                    cfg = router_config(sims.urls, policy, capacity, routing=routing)
+                    if args.workers:
+                        cfg["workers"] = args.workers
+                    front = Router(build, cfg, tmp)
                 print("== %s" % policy, flush=True)
-                r = run_replay(build, trace, front.url, list(sims.urls.values()),
-                               args.time_scale, args.limit,
-                               os.path.join(args.out, "replay_%s.json" % policy), policy,
-                               cap=args.max_tokens_cap)
+                r = run_replay(build, trace, front.url, list(sims.urls.values()), time_scale,
+                               limit, os.path.join(outdir, "replay_%s.json" % policy), policy,
+                               cap=args.max_tokens_cap, progress=not args.no_progress)
+                if isinstance(front, Router):
+                    r.update(router_prediction(front))
                 results.append(r)
             except Exception as e:   # one broken policy must not hide the others
                 print("routing: %s failed: %s" % (policy, e), file=sys.stderr, flush=True)
@@ -619,42 +675,132 @@ def main():
                 if sims:
                     sims.stop()
             print("   (%.0fs)" % (time.monotonic() - t0), flush=True)
-        replicas = []
-        if any(int(x) > 1 for x in args.replicas.split(",") if x.strip()):
-            replicas = run_replicas(args, build, trace, names, routing, tmp)
-    if not results and not replicas:
-        return 1
-    targets = []
     if results:
         print()
         print_table(results)
-        print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of ceil:"
-              " fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model time (wall x"
-              " time scale); req/s in model time." % (results[0].get("ceiling") or 0))
-        targets = check_targets({r["label"]: r for r in results})
-    if targets:
-        print("\ntargets (hit rate, balance, TTFT):")
-        for t in targets:
-            print("  " + t)
-    if replicas:
-        print("\ncache_aware through several replicas of one worker each, requests round robin"
-              " (hit rate as above;\nRedis: commands, bytes in and out per routed request,"
-              " memory at the end; each row the run of median hit rate of %d):" % args.repeat)
-        targets_r = print_replicas(replicas)
-        for r in replicas:
-            if r.get("share_counters"):
-                print("  %s: %s" % (r["label"], ", ".join(
-                    "%s %d" % (k, v) for k, v in sorted(r["share_counters"].items()))))
-        for t in targets_r:
-            print("  " + t)
-        targets += targets_r
-    summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in results]
-    summary_r = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in replicas]
-    with open(os.path.join(args.out, "routing.json"), "w") as f:
-        json.dump({"results": summary, "replicas": summary_r, "targets": targets}, f, indent=1)
-    png = plot(results, args.out) if results else None
-    if png:
-        print("\nwrote %s" % os.path.relpath(png))
+        print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of"
+              " ceil: fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model"
+              " time (wall x time scale); req/s in model time." % (
+                  results[0].get("ceiling") or 0))
+    return results
+
+
+def main():
+    quick = os.environ.get("QUICK", "") not in ("", "0")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--workload", default=None,
+                    help="one of %s, or all (bench/workloads.py); default: the whole"
+                         " conversation trace as --trace, --pods ... say" % ", ".join(
+                             workloads.WORKLOADS))
+    ap.add_argument("--load", default="all", help="light, knee, past or all (with --workload)")
+    ap.add_argument("--trace", default=None, help="default: conversation_trace.jsonl")
+    ap.add_argument("--pods", type=int, default=8)
+    ap.add_argument("--capacity-tokens", type=int, default=1000000,
+                    help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
+                         " the trace's working set is ~93M tokens)")
+    ap.add_argument("--time-scale", type=float, default=50 if quick else 20,
+                    help="model time per wall second (default 20; QUICK: 50). One ms of"
+                         " scheduling jitter on this shared machine is this many ms of TTFT")
+    ap.add_argument("--limit", type=int, default=2000 if quick else 0,
+                    help="first N requests (QUICK: 2000; with --workload, 400)")
+    ap.add_argument("--max-tokens-cap", type=int, default=4096)
+    ap.add_argument("--policies", default=",".join(POLICIES) + ",haproxy_hash")
+    ap.add_argument("--before", default=None, metavar="DIR",
+                    help="also run DIR/pcrouter (another build) with cache_aware, labelled"
+                         " cache_aware_before")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--routing", default="{}",
+                    help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
+    ap.add_argument("--misconfig", type=float, default=0, metavar="F",
+                    help="cache_aware only: told the pods' true capacity, then F times it with"
+                         " the pods hiding vllm:cache_config_info, feedback off and on")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="pcrouter's worker threads (default: its own, one per core)")
+    ap.add_argument("--replicas", default="1,2,4",
+                    help="after the policies (conversation trace only): cache_aware through this"
+                         " many replicas, one worker each (1 alone runs nothing more)")
+    ap.add_argument("--share", choices=("both", "on", "off"), default="both",
+                    help="replicas with and without sharing the index through Redis")
+    ap.add_argument("--flush-ms", type=int, default=0,
+                    help="redis.flush_ms of the shared runs (default: pcrouter's)")
+    ap.add_argument("--repeat", type=int, default=3 if quick else 1,
+                    help="runs of each replica setup; the table shows the run of median hit rate"
+                         " (default 1; QUICK: 3)")
+    args = ap.parse_args()
+    routing = json.loads(args.routing)
+    build = os.path.abspath(args.build)
+    os.makedirs(args.out, exist_ok=True)
+    runs = []   # (name, results)
+    if args.workload is None:
+        trace = args.trace or os.path.join(traces_dir(), "conversation_trace.jsonl")
+        results = run_one(args, build, trace, args.pods, args.capacity_tokens, args.time_scale,
+                          args.limit, routing, "conversation (%s)" % (
+                              "first %d" % args.limit if args.limit else "whole trace"),
+                          args.out)
+        replicas = []
+        if any(int(x) > 1 for x in args.replicas.split(",") if x.strip()):
+            names = ["pod-%d" % i for i in range(args.pods)]
+            with tempfile.TemporaryDirectory(prefix="pcr-replicas-") as tmp:
+                replicas = run_replicas(args, build, trace, names, routing, tmp)
+        if not results and not replicas:
+            return 1
+        targets = check_targets({r["label"]: r for r in results}) if results else []
+        if targets:
+            print("\ntargets (hit rate, balance, TTFT):")
+            for t in targets:
+                print("  " + t)
+        if replicas:
+            print("\ncache_aware through several replicas of one worker each, requests round"
+                  " robin (hit rate as above;\nRedis: commands, bytes in and out per routed"
+                  " request, memory at the end; each row the run of median hit rate of %d):"
+                  % args.repeat)
+            targets_r = print_replicas(replicas)
+            for r in replicas:
+                if r.get("share_counters"):
+                    print("  %s: %s" % (r["label"], ", ".join(
+                        "%s %d" % (k, v) for k, v in sorted(r["share_counters"].items()))))
+            for t in targets_r:
+                print("  " + t)
+            targets += targets_r
+        summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in results]
+        summary_r = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"} for r in replicas]
+        with open(os.path.join(args.out, "routing.json"), "w") as f:
+            json.dump({"results": summary, "replicas": summary_r, "targets": targets}, f, indent=1)
+        png = plot(results, args.out) if results else None
+        if png:
+            print("\nwrote %s" % os.path.relpath(png))
+        runs.append(("conversation", results))
+    else:
+        names = list(workloads.WORKLOADS) if args.workload == "all" else [args.workload]
+        loads = list(workloads.LOADS) if args.load == "all" else [args.load]
+        for n in names + loads:
+            if n not in workloads.WORKLOADS and n not in workloads.LOADS:
+                raise SystemExit("routing: unknown workload or load %r" % n)
+        for name in names:
+            w = workloads.WORKLOADS[name]
+            for load in loads:
+                outdir = os.path.join(args.out, "%s_%s" % (name, load))
+                os.makedirs(outdir, exist_ok=True)
+                trace = os.path.join(outdir, "trace.jsonl")
+                workloads.write(name, load, trace)
+                limit = args.limit if args.limit else (400 if quick else 0)
+                # Tokens after the first leave the pods in 10 ms batches (wall): hundreds of
+                # long streams at once would otherwise keep this machine's cores busy with
+                # writes. Times to first token are not batched.
+                results = run_one(args, build, trace, w["pods"], w["capacity_tokens"],
+                                  w["time_scale"], limit, routing, "%s/%s" % (name, load),
+                                  outdir, sim_extra=["--tick-us", "10000"])
+                summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"}
+                           for r in results]
+                with open(os.path.join(outdir, "routing.json"), "w") as f:
+                    json.dump({"workload": name, "load": load, "results": summary}, f, indent=1)
+                runs.append(("%s/%s" % (name, load), results))
+                print(summary_line("%s/%s" % (name, load), results), flush=True)
+    print("\ntargets (cache_aware against the best of %s):" % ", ".join(BASELINES))
+    for name, results in runs:
+        print(summary_line(name, results))
     return 0
 
 

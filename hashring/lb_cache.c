@@ -1,26 +1,41 @@
-/* hashring/lb_cache.c: cache_aware, the default policy: the backend with the lowest cost
- * among those under the bounded-load limit, where cost weighs the prefill a backend would do
- * against the work already queued on it.
+/* hashring/lb_cache.c: cache_aware, the default policy: the backend with the earliest
+ * expected first token among those under two bounds.
  *
- * Everything is counted in prompt tokens (4 bytes of canonical prompt = 1 token):
+ * Work is counted in prompt tokens (4 bytes of canonical prompt = 1 token), then turned into
+ * time by each backend's learned rate (include/pcr/ttft.h, fed by pcr_policy_observe; rates
+ * within 25% of the pool's median count as the median, see policy_int.h):
  *
- *   cost(b) = uncached(b) + load_weight * load(b) + (zone_penalty if b is in another zone)
- *   uncached(b) = prompt_tokens - matched(b) * block_bytes / 4, at least 0
+ *   cost(b) = overhead + rate(b) * (w(b) * load(b) + uncached(b) + zone_penalty(b))
+ *   uncached(b) = prompt_tokens - matched(b) * block_bytes / 4, at least 0 (0 when b holds all
+ *                 the prompt the key covers)
  *   load(b) = queued_prefill(b)                       uncached prefill of its in-flight requests
  *           + INFLIGHT_TOKENS * inflight(b)           decode work each in-flight request adds
  *           + WAITING_TOKENS * pod_waiting(b)         requests queued at the pod, of unknown size
+ *   w(b) = load_weight / (1 + mean load of the other usable backends / load_scale)
  *
- * A backend with inflight + 1 > max(BOUND_FLOOR, ceil(c * (total_inflight + 1) * weight /
- * total_weight)) is passed over while any other is under it, so a prefix every request shares
- * (one system prompt) cannot pull all traffic to one pod: the load term already sends the next
- * request to another pod once the queue outweighs the saving, and the bound caps what a long
- * saving can pile up; the saving of a longer match still wins among pods under the limit.
- * The floor is ours, not the paper's: at light traffic the pure bound is 1 (one request in
- * flight anywhere puts its pod over), which would turn a conversation's next turn away from
- * its warm pod although a vLLM pod batches hundreds of requests; below the floor the cost's
- * load term alone balances. When no backend holds a block of the prompt, the ring places it (see
- * place_cold). Ties go to the lowest mix of the prefix's ring key and the backend index, so equal
- * inputs give equal decisions while different prefixes spread. */
+ * With w = 1 the cost is the pod's expected time to first token: a pod prefills in arrival
+ * order, so a request waits for the queued prefill and then does its own; that is the weight
+ * while the other pods are idle. When they are busy, the prefill a request would make one of
+ * them do (its uncached part, which a warm pod skips) delays every request queued there after
+ * it, so new work costs more than waiting: w falls, and prefixes stay on their pods. (Found by
+ * bench/sweep.py: a fixed weight either lost a third of the hit rate past the knee or queued
+ * cold prompts behind each other on an idle pool.)
+ *
+ * Bounds, both weighted by each backend's weight and learned speed: a backend with
+ * inflight + 1 > max(BOUND_FLOOR, ceil(inflight_factor * (total_inflight + 1) * its share)), or
+ * whose share of the recent requests (pcr_policy_commit) is over share_factor times its fair
+ * share plus SHARE_SLACK requests, is passed over while any other is under both. The in-flight
+ * bound stops a burst piling onto one warm pod faster than its queue shows; the share bound
+ * stops a few hot prefixes (a system prompt, an agent's tool prompt) taking a pod's whole
+ * share at light load, when nothing is in flight long enough for the first to act. The floor
+ * is ours, not the paper's: at light traffic the pure bound is 1 (one request in flight
+ * anywhere puts its pod over), which would turn a conversation's next turn away from its warm
+ * pod although a vLLM pod batches hundreds of requests.
+ *
+ * When no backend holds a block of the prompt, the ring places it (see place_cold). Ties go to
+ * the lowest mix of the prefix's ring key and the backend index, so equal inputs give equal
+ * decisions while different prefixes spread. */
+#include <math.h>
 #include <string.h>
 
 #include "policy_int.h"
@@ -35,6 +50,8 @@
 
 /* In-flight requests a backend may always have before the bounded-load limit applies. */
 #define BOUND_FLOOR 4
+/* Requests a backend may always be ahead of its fair share before share_factor applies. */
+#define SHARE_SLACK 8.0
 
 /* Scratch states in p->usable. */
 enum { NOT_USABLE = 0, OVER_BOUND = 1, UNDER_BOUND = 2 };
@@ -55,36 +72,63 @@ static double load_tokens(const pcr_backend_load_t *l)
            WAITING_TOKENS * l->pod_waiting;
 }
 
+/* A prompt longer than max_prefix_bytes is hashed only that far. When a backend holds all of
+ * that, it is most likely the same conversation or agent going on, whose earlier turns, the
+ * rest of the prompt but its end, the pod holds too: count it cached rather than charge the
+ * pod a prefill of everything past the horizon, which it will not do. */
 static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uint32_t matched)
 {
     uint64_t cached = (uint64_t)matched * p->o.block_bytes / 4;
+    if (matched > 0 && matched >= key->nblocks)
+        return 0;
     return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
 }
 
-/* Marks every usable backend under or over the bounded-load limit; returns whether any is
- * under it (with load_factor >= 1 one always is). */
+/* Marks every usable backend under both bounds (in flight, share of recent requests) or over
+ * one, and returns whether any is under both; when none is (each bound spares a backend, not
+ * always the same one), the callers consider every usable backend. Also notes the pool's load
+ * for load_weight(). */
 static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *any_in_zone)
 {
-    uint64_t total = 0, weight = 0;
+    uint64_t total = 0;
+    double served = 0, unit = p->served_unit, work = 0, weight = 0;
+    size_t nusable = 0;
     int any_under = 0;
     *any_in_zone = 0;
     for (size_t b = 0; b < p->n; b++) {
         if (loads[b].usable) {
             total += loads[b].inflight;
-            weight += p->be[b].weight;
+            weight += p->be[b].weight * p->speed[b];
+            served += p->served[b];
+            work += load_tokens(&loads[b]);
+            nusable++;
             *any_in_zone |= p->be[b].in_zone;
         }
     }
+    p->pool_work = work;
+    p->pool_usable = nusable;
     for (size_t b = 0; b < p->n; b++) {
         if (!loads[b].usable) {
             p->usable[b] = NOT_USABLE;
             continue;
         }
-        uint64_t limit = pcr_ring_bound(total, p->be[b].weight, weight, p->o.load_factor);
+        /* A backend's weight counts its speed: a pod half as fast takes half as much. */
+        double w = p->be[b].weight * p->speed[b];
+        double limit = ceil(p->o.inflight_factor * (double)(total + 1) * w / weight);
         if (limit < BOUND_FLOOR)
             limit = BOUND_FLOOR;
-        p->usable[b] = (uint64_t)loads[b].inflight + 1 <= limit ? UNDER_BOUND : OVER_BOUND;
-        any_under |= p->usable[b] == UNDER_BOUND;
+        int under = (double)loads[b].inflight + 1 <= limit;
+        /* The share bound, in the same form on the recent request counts; a backend may
+         * always be SHARE_SLACK requests ahead of its fair share, so that a conversation's
+         * next turn is not turned away early in a run for lack of requests to compare. */
+        double fair = (served + unit) * w / weight;
+        double cap = p->o.share_factor * fair;
+        if (cap < fair + SHARE_SLACK * unit)
+            cap = fair + SHARE_SLACK * unit;
+        if (p->o.share_factor > 0 && p->served[b] + unit > cap)
+            under = 0;
+        p->usable[b] = under ? UNDER_BOUND : OVER_BOUND;
+        any_under |= under;
     }
     return any_under;
 }
@@ -94,45 +138,72 @@ static double zone_cost(const pcr_policy_t *p, size_t b)
     return p->be[b].in_zone ? 0.0 : p->o.zone_penalty;
 }
 
+/* b's expected time to first token, us, behind `tokens` of prefill (policy_int.h: rate). */
+static double ttft_us(const pcr_policy_t *p, size_t b, double tokens)
+{
+    return p->ttft[b].c + p->rate[b] * tokens;
+}
+
+/* The weight of b's queued work against new prefill: load_weight while the other pods are
+ * idle, falling as their mean queued work grows past load_scale. Waiting behind b's queue
+ * delays this request alone; prefill it makes another pod do delays every request queued
+ * there after it, which costs little while they are idle and more the busier they are. A
+ * pool-wide mean would discount a lone long queue by its own length. */
+static double load_weight(const pcr_policy_t *p, double own)
+{
+    if (p->o.load_scale <= 0 || p->pool_usable < 2)
+        return p->o.load_weight;
+    double others = (p->pool_work - own) / (double)(p->pool_usable - 1);
+    return p->o.load_weight / (1.0 + (others > 0 ? others : 0) / p->o.load_scale);
+}
+
+/* What b would cost, in expected microseconds to the first token, for `tokens` of its own. */
+static double time_cost(const pcr_policy_t *p, const pcr_backend_load_t *loads, size_t b,
+                        double tokens)
+{
+    double load = load_tokens(&loads[b]);
+    return ttft_us(p, b, load_weight(p, load) * load + tokens + zone_cost(p, b));
+}
+
 /* A cold prompt pays its whole prefill wherever it goes, so the one thing that makes its first
  * token late is the prefill queued ahead of it: one 100k-token prompt holds a pod for seconds.
- * Among the candidates in p->usable, pass over those whose queued prefill is above the bounded-
- * load limit in tokens (load_factor times the mean, plus COLD_QUEUE_SLACK so that an idle pool
- * does not turn everything away), unless that leaves none. */
-#define COLD_QUEUE_SLACK 4096.0
+ * Among the candidates in p->usable, pass over those whose expected first token (their queue,
+ * then the prompt, at their own rate) is later than COLD_SLACK times the earliest: the ring's
+ * choice stands while it costs little, and an idle pod takes the prompt when it would wait. */
+#define COLD_SLACK 1.2
 
-static void pass_over_long_queues(pcr_policy_t *p, const pcr_backend_load_t *loads)
+static void pass_over_long_queues(pcr_policy_t *p, const pcr_key_t *key,
+                                  const pcr_backend_load_t *loads)
 {
-    double total = 0;
-    size_t n = 0, left = 0;
+    double first = -1;
     for (size_t b = 0; b < p->n; b++) {
-        if (p->usable[b]) {
-            total += (double)loads[b].queued_prefill;
-            n++;
-        }
+        if (!p->usable[b])
+            continue;
+        double t = ttft_us(p, b, (double)loads[b].queued_prefill + (double)key->prompt_tokens);
+        if (first < 0 || t < first)
+            first = t;
     }
-    if (n == 0)
-        return;
-    double limit = p->o.load_factor * total / (double)n + COLD_QUEUE_SLACK;
-    for (size_t b = 0; b < p->n; b++)
-        left += p->usable[b] && (double)loads[b].queued_prefill <= limit;
-    if (left == 0)
-        return;
-    for (size_t b = 0; b < p->n; b++)
-        if ((double)loads[b].queued_prefill > limit)
+    for (size_t b = 0; b < p->n; b++) {
+        double t = ttft_us(p, b, (double)loads[b].queued_prefill + (double)key->prompt_tokens);
+        if (p->usable[b] && t > COLD_SLACK * first)
             p->usable[b] = 0;
+    }
 }
 
 /* A prefix nobody holds: the ring places it among the in-zone backends (all, when none is
- * usable in the zone), with bounded loads on in-flight requests and on blocks held, so new
- * prefixes also spread the cache itself evenly. The next request with the prefix is warm. */
+ * usable in the zone) under the bounds mark_bounds set (all, when none is), with bounded loads
+ * on in-flight requests and on blocks held, so new prefixes also spread the cache itself
+ * evenly. The next request with the prefix is warm. */
 static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
                       int any_in_zone)
 {
     uint64_t held = 0, weight = 0;
-    size_t left = 0;
+    size_t left = 0, under = 0;
+    for (size_t b = 0; b < p->n; b++)
+        under += p->usable[b] == UNDER_BOUND && (!any_in_zone || p->be[b].in_zone);
     for (size_t b = 0; b < p->n; b++) {
-        p->usable[b] = loads[b].usable && (!any_in_zone || p->be[b].in_zone);
+        p->usable[b] = loads[b].usable && (!any_in_zone || p->be[b].in_zone) &&
+                       (under == 0 || p->usable[b] == UNDER_BOUND);
         if (p->usable[b]) {
             held += pcr_index_backend_blocks(p->index, (unsigned)b);
             weight += p->be[b].weight;
@@ -141,15 +212,17 @@ static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     for (size_t b = 0; b < p->n; b++) {
         if (!p->usable[b])
             continue;
-        double limit = p->o.load_factor * (double)(held + key->nblocks) * p->be[b].weight /
-                       (double)weight;
-        uint64_t mine = pcr_index_backend_blocks(p->index, (unsigned)b) + key->nblocks;
+        /* Blocks held now, against load_factor times the mean: counting the new prompt in,
+         * as the ring's bound counts the new request, would turn every pod away while the
+         * index is nearly empty (the first prompts are all larger than a share of it). */
+        double limit = p->o.load_factor * (double)held * p->be[b].weight / (double)weight;
+        uint64_t mine = pcr_index_backend_blocks(p->index, (unsigned)b);
         p->usable[b] = (double)mine <= limit ? 2 : 1;
         left += p->usable[b] == 2;
     }
     for (size_t b = 0; b < p->n; b++)
         p->usable[b] = left > 0 ? p->usable[b] == 2 : p->usable[b] != 0;
-    pass_over_long_queues(p, loads);
+    pass_over_long_queues(p, key, loads);
     return pcr_policy_ring_place(p, pcr_policy_ring_key(p, key), loads, 0);
 }
 
@@ -164,7 +237,7 @@ static void decide_keyless(pcr_policy_t *p, const pcr_backend_load_t *loads, int
         size_t b = (start + k) % p->n;
         if (p->usable[b] == NOT_USABLE || (any_under && p->usable[b] != UNDER_BOUND))
             continue;
-        double cost = p->o.load_weight * load_tokens(&loads[b]) + zone_cost(p, b);
+        double cost = time_cost(p, loads, b, 0);
         if (best < 0 || cost < best_cost) {
             best = (int)b;
             best_cost = cost;
@@ -211,7 +284,7 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         }
         if (any_under && p->usable[b] != UNDER_BOUND)
             continue;
-        double cost = base + p->o.load_weight * load_tokens(&loads[b]);
+        double cost = time_cost(p, loads, b, (double)uncached_tokens(p, key, p->matched[b]));
         uint64_t tie = mix64(rk ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull));
         if (best < 0 || cost < best_cost || (cost == best_cost && tie < best_tie)) {
             best = (int)b;
@@ -221,6 +294,8 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     }
     out->backend = best;
     out->matched_blocks = p->matched[best];
+    out->matched_time = pcr_index_last_use(p->index, (unsigned)best, key->blocks,
+                                           p->matched[best]);
     out->uncached_prefill = uncached_tokens(p, key, p->matched[best]);
     /* Why not the warmest: the bound skipped it, or its load outweighed its saving. */
     double chosen_base = (double)out->uncached_prefill + zone_cost(p, (size_t)best);

@@ -15,11 +15,16 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->max_prefix_bytes = 131072;
     o->index_max_bytes = (size_t)256 << 20;
     o->load_factor = 1.25;
-    o->load_weight = 0.25;
+    o->inflight_factor = 3.0;
+    o->load_weight = 1.0;
+    o->load_scale = 1024;
+    o->share_factor = 1.1;
     o->zone_penalty = 2048;
     o->zone = NULL;
     o->vnodes = 160;
     o->unavailable_keep = 300000000; /* 300 s in microseconds */
+    o->prefill_us_per_token = 70;
+    o->ttft_overhead_us = 20000;
 }
 
 static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
@@ -35,6 +40,52 @@ static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
 
 static void expire_unavailable(pcr_policy_t *p, uint64_t now);
 
+#define MAX_OVERHEAD_US 60e6   /* a minute: past that the pool is not answering at all */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The lines the cost uses, pooled (include/pcr/ttft.h says why). One overhead for the pool,
+ * fitted from every backend's observations with the configured one as k observations of
+ * prior. Each backend's rate is its fit with that overhead, pulled toward the centre, the
+ * median of what the observed backends' observations alone say (the configured rate until one
+ * is observed): a backend seen little looks like the others, not like a guess that may be off
+ * ten times. Then it is moved toward the centre by PCR_RATE_BAND of it (soft threshold, see
+ * policy_int.h), and the speeds (the bounds' weights) follow. A backend that looks slow is
+ * given less work, hence fewer observations to correct a wrong look (a few unlucky first
+ * requests, a pause now over): what it differs from the centre by shrinks as observations of
+ * the others go by without one of its own, halving after a window's worth per backend. */
+static void rates_update(pcr_policy_t *p)
+{
+    double num = PCR_TTFT_PRIOR_WEIGHT * p->o.ttft_overhead_us, den = PCR_TTFT_PRIOR_WEIGHT;
+    for (size_t b = 0; b < p->n; b++)
+        pcr_ttft_overhead_terms(&p->ttft[b], &num, &den);
+    double c = num / den;
+    c = c < 0 ? 0 : c > MAX_OVERHEAD_US ? MAX_OVERHEAD_US : c;
+    size_t k = 0;
+    for (size_t b = 0; b < p->n; b++)
+        if (p->ttft[b].n > 0)
+            p->sorted[k++] = pcr_ttft_rate_observed(&p->ttft[b], c);
+    double centre = p->o.prefill_us_per_token;
+    if (k > 0) {
+        qsort(p->sorted, k, sizeof(double), cmp_double);
+        centre = k % 2 ? p->sorted[k / 2] : (p->sorted[k / 2 - 1] + p->sorted[k / 2]) / 2;
+    }
+    double band = PCR_RATE_BAND * centre, window = PCR_TTFT_WINDOW * (double)p->n;
+    for (size_t b = 0; b < p->n; b++) {
+        double stale = (double)(p->observed - p->observed_at[b]);
+        double a = pcr_ttft_rate(&p->ttft[b], c, centre);
+        a = centre + (a - centre) / (1.0 + stale / window);
+        p->ttft[b].a = a;          /* the line its next observation is clipped against */
+        p->ttft[b].c = c;
+        p->rate[b] = a > centre + band ? a - band : a < centre - band ? a + band : centre;
+        p->speed[b] = centre / p->rate[b];
+    }
+}
+
 static char *dup_str(const char *s)
 {
     size_t n = strlen(s != NULL ? s : "");
@@ -49,8 +100,11 @@ static int opts_valid(const pcr_policy_opts_t *o, size_t n)
     return o != NULL && ops_of(o->kind) != NULL && n <= PCR_INDEX_MAX_BACKENDS &&
            o->block_bytes >= 1 && o->max_prefix_bytes >= 1 &&
            pcr_prefix_max_blocks(o->block_bytes, o->max_prefix_bytes) <= UINT32_MAX &&
-           o->load_factor >= 1.0 && o->load_weight >= 0 && o->zone_penalty >= 0 &&
-           o->vnodes >= 1;
+           o->load_factor >= 1.0 && o->inflight_factor >= 1.0 && o->load_weight >= 0 &&
+           o->load_scale >= 0 &&
+           o->zone_penalty >= 0 &&
+           (o->share_factor == 0 || o->share_factor >= 1.0) &&
+           o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0;
 }
 
 pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_desc_t *backends,
@@ -79,10 +133,22 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->matched = calloc(alloc, sizeof(*p->matched));
     p->load = calloc(alloc, sizeof(*p->load));
     p->usable = calloc(alloc, sizeof(*p->usable));
+    p->ttft = calloc(alloc, sizeof(*p->ttft));
+    p->cap_conf = calloc(alloc, sizeof(*p->cap_conf));
+    p->cap_eff = calloc(alloc, sizeof(*p->cap_eff));
+    p->served = calloc(alloc, sizeof(*p->served));
+    p->rate = calloc(alloc, sizeof(*p->rate));
+    p->speed = calloc(alloc, sizeof(*p->speed));
+    p->sorted = calloc(alloc, sizeof(*p->sorted));
+    p->observed_at = calloc(alloc, sizeof(*p->observed_at));
+    p->served_unit = 1;
     names = calloc(alloc, sizeof(*names));
     weights = calloc(alloc, sizeof(*weights));
     if (p->zone == NULL || p->be == NULL || p->matched == NULL || p->load == NULL ||
-        p->usable == NULL || names == NULL || weights == NULL)
+        p->usable == NULL || p->ttft == NULL || p->cap_conf == NULL || p->cap_eff == NULL ||
+        p->served == NULL || p->rate == NULL || p->speed == NULL || p->sorted == NULL ||
+        p->observed_at == NULL ||
+        names == NULL || weights == NULL)
         goto fail;
     for (size_t b = 0; b < n; b++) {
         const char *z = backends[b].zone != NULL ? backends[b].zone : "";
@@ -93,7 +159,12 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
         p->be[b].in_zone = p->zone[0] == '\0' || strcmp(z, p->zone) == 0;
         names[b] = p->be[b].name;
         weights[b] = backends[b].weight;
+        pcr_ttft_init(&p->ttft[b], opts->prefill_us_per_token, opts->ttft_overhead_us);
+        p->cap_conf[b] = p->cap_eff[b] = backends[b].capacity_blocks != 0
+                                              ? backends[b].capacity_blocks
+                                              : PCR_INDEX_UNLIMITED;
     }
+    rates_update(p);
     if (n > 0 && (opts->kind == PCR_POLICY_CONSISTENT_HASH || opts->kind == PCR_POLICY_CACHE_AWARE)) {
         p->ring = pcr_ring_new(names, weights, n, opts->vnodes);
         if (p->ring == NULL)
@@ -105,8 +176,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
         if (p->index == NULL)
             goto fail;
         for (size_t b = 0; b < n; b++)
-            if (backends[b].capacity_blocks != 0)
-                pcr_index_set_capacity(p->index, (unsigned)b, backends[b].capacity_blocks);
+            pcr_index_set_capacity(p->index, (unsigned)b, p->cap_eff[b]);
     }
     free(names);
     free(weights);
@@ -146,6 +216,19 @@ static int ring_rebuild(pcr_policy_t *p)
     return rc;
 }
 
+/* A slot's learned state as for a backend never seen: the configured rate, the capacity
+ * given, no share of recent requests. */
+static void slot_fresh(pcr_policy_t *p, size_t b, uint64_t capacity_blocks)
+{
+    pcr_ttft_init(&p->ttft[b], p->o.prefill_us_per_token, p->o.ttft_overhead_us);
+    p->cap_conf[b] = p->cap_eff[b] = capacity_blocks != 0 ? capacity_blocks : PCR_INDEX_UNLIMITED;
+    p->served[b] = 0;
+    p->rate[b] = p->o.prefill_us_per_token;
+    p->speed[b] = 1;
+    p->sorted[b] = 0;
+    p->observed_at[b] = p->observed;
+}
+
 /* Room for slot `id` in every per-backend array. */
 static int grow(pcr_policy_t *p, size_t n)
 {
@@ -165,13 +248,32 @@ static int grow(pcr_policy_t *p, size_t n)
     unsigned char *usable = realloc(p->usable, n * sizeof(*usable));
     if (usable != NULL)
         p->usable = usable;
+#define GROW(field)                                                                        \
+    do {                                                                                   \
+        void *np = realloc(p->field, n * sizeof(*p->field));                               \
+        if (np == NULL)                                                                    \
+            return PCR_ERR_NOMEM;                                                          \
+        p->field = np;                                                                     \
+    } while (0)
     if (be == NULL || matched == NULL || load == NULL || usable == NULL)
         return PCR_ERR_NOMEM;
+    GROW(ttft);
+    GROW(cap_conf);
+    GROW(cap_eff);
+    GROW(served);
+    GROW(rate);
+    GROW(speed);
+    GROW(sorted);
+    GROW(observed_at);
+#undef GROW
     if (p->index != NULL && pcr_index_grow(p->index, n) != 0)
         return PCR_ERR_NOMEM;
-    for (size_t b = p->n; b < n; b++)
+    for (size_t b = p->n; b < n; b++) {
         p->be[b] = (pcr_pbackend_t){NULL, NULL, 0, 0, 0};
+        slot_fresh(p, b, 0);
+    }
     p->n = n;
+    rates_update(p);
     return 0;
 }
 
@@ -206,11 +308,17 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
         *b = old;
         return rc;
     }
+    uint64_t cap = d->capacity_blocks ? d->capacity_blocks : PCR_INDEX_UNLIMITED;
+    if (old.name == NULL || strcmp(old.name, d->name) != 0) {
+        slot_fresh(p, (size_t)id, d->capacity_blocks);
+        rates_update(p);
+    } else if (p->cap_conf[id] != cap) {
+        p->cap_conf[id] = p->cap_eff[id] = cap; /* feedback learns afresh from there */
+    }
     free(old.name);
     free(old.zone);
     if (p->index != NULL)
-        pcr_index_set_capacity(p->index, (unsigned)id,
-                               d->capacity_blocks ? d->capacity_blocks : PCR_INDEX_UNLIMITED);
+        pcr_index_set_capacity(p->index, (unsigned)id, p->cap_eff[id]);
     return 0;
 }
 
@@ -236,6 +344,8 @@ int pcr_policy_backend_remove(pcr_policy_t *p, int id)
     b->down_since = 0;
     if (p->index != NULL)
         pcr_index_remove_backend(p->index, (unsigned)id);
+    slot_fresh(p, (size_t)id, 0);
+    rates_update(p);
     return 0;
 }
 
@@ -251,7 +361,10 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
         return PCR_ERR_NOMEM;
     unsigned old_vnodes = p->o.vnodes;
     p->o.load_factor = o->load_factor;
+    p->o.inflight_factor = o->inflight_factor;
     p->o.load_weight = o->load_weight;
+    p->o.load_scale = o->load_scale;
+    p->o.share_factor = o->share_factor;
     p->o.zone_penalty = o->zone_penalty;
     p->o.unavailable_keep = o->unavailable_keep;
     p->o.vnodes = o->vnodes;
@@ -265,6 +378,13 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
     p->o.zone = zone;
     for (size_t b = 0; b < p->n; b++)
         p->be[b].in_zone = zone[0] == '\0' || (p->be[b].zone && strcmp(p->be[b].zone, zone) == 0);
+    if (o->prefill_us_per_token != p->o.prefill_us_per_token ||
+        o->ttft_overhead_us != p->o.ttft_overhead_us) {
+        /* The prior changes; what was observed stays (pcr_ttft_init would drop it). */
+        p->o.prefill_us_per_token = o->prefill_us_per_token;
+        p->o.ttft_overhead_us = o->ttft_overhead_us;
+        rates_update(p);
+    }
     if (o->index_max_bytes != p->o.index_max_bytes) {
         p->o.index_max_bytes = o->index_max_bytes;
         pcr_index_set_max_bytes(p->index, o->index_max_bytes);
@@ -287,6 +407,14 @@ void pcr_policy_free(pcr_policy_t *p)
     free(p->matched);
     free(p->load);
     free(p->usable);
+    free(p->ttft);
+    free(p->cap_conf);
+    free(p->cap_eff);
+    free(p->served);
+    free(p->rate);
+    free(p->speed);
+    free(p->sorted);
+    free(p->observed_at);
     pcr_ring_free(p->ring);
     pcr_index_free(p->index);
     free(p);
@@ -354,6 +482,7 @@ int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         out->reason = PCR_REASON_NO_BACKEND;
         return PCR_ERR_UNAVAIL;
     }
+    out->queued_ahead = loads[out->backend].queued_prefill;
     return 0;
 }
 
@@ -367,6 +496,15 @@ int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64
         *added_from = key != NULL ? (uint32_t)key->nblocks : 0;
     if (p == NULL || backend < 0 || (size_t)backend >= p->n)
         return PCR_ERR_INVAL;
+    /* Every commit weighs 1/keep times the one before: the same as decaying every backend's
+     * count by `keep` per commit, in O(1). The counts are rescaled long before overflow. */
+    p->served[backend] += p->served_unit;
+    p->served_unit /= 1.0 - 1.0 / PCR_SHARE_WINDOW;
+    if (p->served_unit > 1e100) {
+        for (size_t b = 0; b < p->n; b++)
+            p->served[b] /= p->served_unit;
+        p->served_unit = 1;
+    }
     if (p->index == NULL || key == NULL || key->nblocks == 0)
         return 0;
     rc = pcr_index_insert(p->index, (unsigned)backend, key->blocks, key->nblocks, now, &from);
@@ -439,10 +577,37 @@ int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_bloc
 {
     if (p == NULL || backend < 0 || (size_t)backend >= p->n)
         return PCR_ERR_INVAL;
+    uint64_t cap = capacity_blocks ? capacity_blocks : PCR_INDEX_UNLIMITED;
+    p->cap_conf[backend] = p->cap_eff[backend] = cap;
     if (p->index == NULL)
         return 0;
-    return pcr_index_set_capacity(p->index, (unsigned)backend,
-                                  capacity_blocks ? capacity_blocks : PCR_INDEX_UNLIMITED);
+    return pcr_index_set_capacity(p->index, (unsigned)backend, cap);
+}
+
+uint64_t pcr_policy_backend_capacity(const pcr_policy_t *p, int backend)
+{
+    if (p == NULL || p->index == NULL || backend < 0 || (size_t)backend >= p->n)
+        return 0;
+    return p->cap_eff[backend];
+}
+
+int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,
+                       uint64_t queued_ahead, uint64_t ttfb_us)
+{
+    if (p == NULL || backend < 0 || (size_t)backend >= p->n)
+        return PCR_ERR_INVAL;
+    pcr_ttft_observe(&p->ttft[backend], (double)uncached_tokens + (double)queued_ahead,
+                     (double)ttfb_us);
+    p->observed_at[backend] = ++p->observed;
+    rates_update(p);
+    return 0;
+}
+
+double pcr_policy_estimate_ttft(const pcr_policy_t *p, int backend, uint64_t tokens)
+{
+    if (p == NULL || backend < 0 || (size_t)backend >= p->n)
+        return 0;
+    return p->ttft[backend].c + p->rate[backend] * (double)tokens;
 }
 
 void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out)

@@ -1,12 +1,14 @@
 /* hashring/policy_int.h: the policy object and the ops table each balancing algorithm fills
  * (lb_simple.c: round_robin, least_loaded; lb_chash.c: consistent_hash; lb_cache.c:
- * cache_aware). policy.c owns the object, the key and the index bookkeeping. */
+ * cache_aware). policy.c owns the object, the key and the index bookkeeping; feedback.c what
+ * the index learns from the pods' delivered cached tokens. */
 #ifndef PCR_POLICY_INT_H
 #define PCR_POLICY_INT_H
 
 #include "pcr/index.h"
 #include "pcr/policy.h"
 #include "pcr/ring.h"
+#include "pcr/ttft.h"
 
 /* consistent_hash (and cache_aware's cold placement) key on the hash of the block that ends
  * the first PCR_HASH_PREFIX_BYTES of the prompt (or its last block when shorter). 4 KiB is
@@ -37,6 +39,11 @@ struct pcr_policy {
     const pcr_lb_ops_t *ops;
     pcr_ring_t *ring;          /* consistent_hash, cache_aware */
     pcr_index_t *index;        /* cache_aware */
+    pcr_ttft_t *ttft;          /* per backend: its time to first token, learned */
+    uint64_t *cap_conf;        /* per backend: capacity in blocks as configured or scraped */
+    uint64_t *cap_eff;         /* ... and as feedback corrected it (PCR_INDEX_UNLIMITED: none) */
+    double *served;            /* per backend: requests committed, older ones weighing less */
+    double served_unit;        /* what the next commit adds (see pcr_policy_commit) */
     size_t max_blocks;
     uint64_t rotation;         /* round_robin position, least_loaded tie rotation */
     size_t ndown;              /* backends with down_since set */
@@ -44,12 +51,32 @@ struct pcr_policy {
     uint32_t *matched;
     uint64_t *load;
     unsigned char *usable;
+    double pool_work;          /* this decision's usable backends' load, tokens (lb_cache.c) */
+    size_t pool_usable;        /* ... and how many they are */
+    double *rate;              /* per backend: its learned rate as the cost uses it (see
+                                * pcr_policy_observe), us per token */
+    double *speed;             /* per backend: the pool's median rate / rate: its weight in
+                                * the bounds, 1 for a pod like the others */
+    double *sorted;            /* scratch for the median */
+    uint64_t observed;         /* pcr_policy_observe calls so far */
+    uint64_t *observed_at;     /* per backend: the count at its last observation */
 };
 
 extern const pcr_lb_ops_t pcr_lb_round_robin;
 extern const pcr_lb_ops_t pcr_lb_least_loaded;
 extern const pcr_lb_ops_t pcr_lb_consistent_hash;
 extern const pcr_lb_ops_t pcr_lb_cache_aware;
+
+/* Learned prefill rates within PCR_RATE_BAND of the pool's median count as the median: a busy
+ * pod's rate wanders that much with the waiting no token count explains, and the cost would
+ * otherwise move all new work to whichever identical pod looks 10% faster this minute (the
+ * load term, discounted at high load, cannot pull it back), which the share bound then spills,
+ * at the price of hit rate. A pod really slower (another GPU, a larger model) is far out, and
+ * only what it differs by beyond the band counts. */
+#define PCR_RATE_BAND 0.35
+
+/* The share of recent requests is counted over about this many commits. */
+#define PCR_SHARE_WINDOW 2048.0
 
 /* The block consistent_hash keys on (see PCR_HASH_PREFIX_BYTES). */
 uint64_t pcr_policy_ring_key(const pcr_policy_t *p, const pcr_key_t *key);

@@ -645,6 +645,44 @@ void pcr_index_erase(pcr_index_t *ix, unsigned b, const uint64_t *blocks, size_t
     }
 }
 
+uint64_t pcr_index_last_use(const pcr_index_t *ix, unsigned b, const uint64_t *blocks,
+                            size_t n)
+{
+    const rnode_t *node;
+    size_t i = 0;
+
+    if (ix == NULL || b >= ix->nb || blocks == NULL || n == 0)
+        return 0;
+    node = ix->root;
+    while (i < n) {
+        const rnode_t *c = pcr_radix_find(ix, node, blocks[i]);
+        if (c == NULL)
+            return 0;
+        size_t j = run_common(c, blocks + i, n - i);
+        const hold_t *h = pcr_radix_hold(c, b);
+        if (h == NULL || (j < c->nblocks && i + j < n))
+            return 0;   /* b does not hold it, or the path leaves the tree inside c */
+        if (i + j == n)
+            return h->time;
+        i += j;
+        node = c;
+    }
+    return 0;
+}
+
+uint64_t pcr_index_evict_older(pcr_index_t *ix, unsigned b, uint64_t time)
+{
+    if (ix == NULL || b >= ix->nb)
+        return 0;
+    uint64_t before = ix->be[b].blocks;
+    /* The leaf list is sorted by time and a parent is never older than its children, so the
+     * head is always the oldest block left; a parent that becomes a leaf goes to its sorted
+     * place and is met again here if it is old enough. */
+    while (ix->be[b].head != NULL && pcr_radix_hold(ix->be[b].head, b)->time <= time)
+        hold_remove(ix, ix->be[b].head, b, 1);
+    return before - ix->be[b].blocks;
+}
+
 void pcr_index_remove_backend(pcr_index_t *ix, unsigned b)
 {
     if (ix == NULL || b >= ix->nb)

@@ -5,7 +5,9 @@
  *   prompt_tokens (u64) | blocks (nblocks x u64)
  * copied into each target inbox (a growable byte buffer) under its mutex. A membership message
  * (OP_SET) carries the backend's weight in prompt_tokens, its capacity in arg, and its name and
- * zone, NUL-terminated, in the words where a key's blocks would be. */
+ * zone, NUL-terminated, in the words where a key's blocks would be. OP_OBSERVE carries the
+ * uncached tokens in prompt_tokens and the queued work in one word; OP_FEEDBACK three words
+ * (matched blocks, their time, now) before the key's blocks. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,13 +16,15 @@
 #include "server.h"
 
 enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE,
-       OP_STATE };
+       OP_STATE, OP_OBSERVE, OP_FEEDBACK };
+#define FEEDBACK_WORDS 3
 
 /* OP_TUNE's payload: the options but the zone, then the zone, NUL-terminated. */
 typedef struct {
     uint32_t kind, vnodes;
     uint64_t block_bytes, max_prefix_bytes, index_max_bytes, unavailable_keep;
     double load_factor, load_weight, zone_penalty;
+    double inflight_factor, load_scale, share_factor, prefill_us_per_token, ttft_overhead_us;
 } tune_t;
 
 typedef struct {
@@ -168,7 +172,23 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
             break;
         /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
         pcr_key_t key = {(uint64_t *)(void *)(buf + off), m.nblocks, m.prompt_tokens};
-        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL};
+        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL, 0, 0, {0}, 0};
+        if (m.op == OP_OBSERVE && m.nblocks == 1) {
+            bm.uncached = m.prompt_tokens;
+            bm.queued_ahead = key.blocks[0];
+        }
+        if (m.op == OP_FEEDBACK) {
+            if (m.nblocks < FEEDBACK_WORDS) {
+                off += bytes;
+                continue;
+            }
+            bm.decision.backend = m.backend;
+            bm.decision.matched_blocks = (uint32_t)key.blocks[0];
+            bm.decision.matched_time = key.blocks[1];
+            bm.now = key.blocks[2];
+            key.blocks += FEEDBACK_WORDS;
+            key.nblocks -= FEEDBACK_WORDS;
+        }
         pcr_backend_desc_t desc;
         pcr_policy_opts_t opts;
         if (m.op == OP_TUNE && bytes > sizeof(tune_t)) {
@@ -186,6 +206,11 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
                 opts.load_factor = t.load_factor;
                 opts.load_weight = t.load_weight;
                 opts.zone_penalty = t.zone_penalty;
+                opts.inflight_factor = t.inflight_factor;
+                opts.load_scale = t.load_scale;
+                opts.share_factor = t.share_factor;
+                opts.prefill_us_per_token = t.prefill_us_per_token;
+                opts.ttft_overhead_us = t.ttft_overhead_us;
                 opts.zone = zone;
                 bm.opts = &opts;
             }
@@ -229,7 +254,8 @@ void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *o)
     memset(payload, 0, sizeof(payload));
     tune_t t = {(uint32_t)o->kind, o->vnodes, o->block_bytes, o->max_prefix_bytes,
                 o->index_max_bytes, o->unavailable_keep, o->load_factor, o->load_weight,
-                o->zone_penalty};
+                o->zone_penalty, o->inflight_factor, o->load_scale, o->share_factor,
+                o->prefill_us_per_token, o->ttft_overhead_us};
     memcpy(payload, &t, sizeof(t));
     memcpy((char *)payload + sizeof(t), zone, zl);
     msg_t m = {OP_TUNE, 0, 0, (uint32_t)words, 0, 0};
@@ -240,6 +266,35 @@ void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint6
 {
     msg_t m = {OP_STATE, 0, (uint16_t)backend, 0, now, (uint64_t)state};
     publish(bus, PCR_BUS_CONTROL, &m, NULL);
+}
+
+void pcr_bus_observe(pcr_bus_t *bus, int from, int backend, uint64_t uncached_tokens,
+                     uint64_t queued_ahead, uint64_t ttfb_us)
+{
+    msg_t m = {OP_OBSERVE, 0, (uint16_t)backend, 1, ttfb_us, uncached_tokens};
+    publish(bus, from, &m, &queued_ahead);
+}
+
+void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_decision_t *d,
+                      uint64_t delivered_tokens, uint64_t now)
+{
+    if (bus == NULL || key->nblocks > UINT32_MAX - FEEDBACK_WORDS)
+        return;
+    size_t words = FEEDBACK_WORDS + key->nblocks;
+    uint64_t *payload = malloc(words * sizeof(uint64_t));
+    if (payload == NULL) {
+        PCR_ADD(bus->dropped, 1);
+        return;
+    }
+    payload[0] = d->matched_blocks;
+    payload[1] = d->matched_time;
+    payload[2] = now;
+    if (key->nblocks)
+        memcpy(payload + FEEDBACK_WORDS, key->blocks, key->nblocks * sizeof(uint64_t));
+    msg_t m = {OP_FEEDBACK, 0, (uint16_t)d->backend, (uint32_t)words, delivered_tokens,
+               key->prompt_tokens};
+    publish(bus, from, &m, payload);
+    free(payload);
 }
 
 void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
@@ -275,6 +330,12 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
     case PCR_BUS_OP_STATE:
         pcr_policy_backend_state(policy, m->backend, (pcr_backend_state_t)m->key->prompt_tokens,
                                  m->arg);
+        break;
+    case PCR_BUS_OP_OBSERVE:
+        pcr_policy_observe(policy, m->backend, m->uncached, m->queued_ahead, m->arg);
+        break;
+    case PCR_BUS_OP_FEEDBACK:
+        pcr_policy_feedback(policy, m->key, &m->decision, m->arg, m->now);
         break;
     case PCR_BUS_OP_TUNE:
         if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {

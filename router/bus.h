@@ -39,6 +39,12 @@ void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
                     uint32_t added_from);
 void pcr_bus_reset(pcr_bus_t *bus, int from, int backend);
 void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
+/* What a worker learned of a backend's speed and of what its pod holds: every replica applies
+ * it (pcr_policy_observe, pcr_policy_feedback), so every worker's cost and index agree. */
+void pcr_bus_observe(pcr_bus_t *bus, int from, int backend, uint64_t uncached_tokens,
+                     uint64_t queued_ahead, uint64_t ttfb_us);
+void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_decision_t *d,
+                      uint64_t delivered_tokens, uint64_t now);
 /* What was seen of a backend (any thread): every replica applies it (pcr_policy_backend_state). */
 void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint64_t now);
 /* A reload (the control thread): the policy's options change; every slot's membership follows. */
@@ -64,6 +70,8 @@ typedef enum {
     PCR_BUS_OP_REMOVE,         /* slot backend is empty (membership: control only) */
     PCR_BUS_OP_TUNE,           /* the policy's options (a reload: control only) */
     PCR_BUS_OP_STATE,          /* what was seen of a backend (key->prompt_tokens: the state) */
+    PCR_BUS_OP_OBSERVE,        /* a time to first byte (arg: ttfb_us; uncached, queued_ahead) */
+    PCR_BUS_OP_FEEDBACK,       /* delivered cached tokens (arg) for key, decision, now */
 } pcr_bus_op_t;
 
 typedef struct {
@@ -73,6 +81,9 @@ typedef struct {
     uint64_t arg;
     const pcr_backend_desc_t *desc;  /* PCR_BUS_OP_SET */
     const pcr_policy_opts_t *opts;   /* PCR_BUS_OP_TUNE */
+    uint64_t uncached, queued_ahead; /* PCR_BUS_OP_OBSERVE */
+    pcr_decision_t decision;         /* PCR_BUS_OP_FEEDBACK: backend, matched_blocks, matched_time */
+    uint64_t now;                    /* PCR_BUS_OP_FEEDBACK */
 } pcr_bus_msg_t;
 
 void pcr_bus_enable_tap(pcr_bus_t *bus);

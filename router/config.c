@@ -139,6 +139,7 @@ static const field_t routing_fields[] = {
     F_DBL(pcr_routing_conf_t, zone_penalty, 0.0, INFINITY),
     F_INT(pcr_routing_conf_t, vnodes, FT_UINT, 1, 10000),
     F_INT(pcr_routing_conf_t, unavailable_keep_ms, FT_UINT, 0, DAY_MS),
+    F_OF(pcr_routing_conf_t, feedback, FT_BOOL, 0),
 };
 
 static const field_t limits_fields[] = {
@@ -760,7 +761,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .policy = po.kind, .block_bytes = po.block_bytes, .max_prefix_bytes = po.max_prefix_bytes,
         .index_max_bytes = po.index_max_bytes, .load_factor = po.load_factor,
         .load_weight = po.load_weight, .zone_penalty = po.zone_penalty, .vnodes = po.vnodes,
-        .unavailable_keep_ms = (unsigned)(po.unavailable_keep / 1000),
+        .unavailable_keep_ms = (unsigned)(po.unavailable_keep / 1000), .feedback = 1,
     };
     cfg->limits = (pcr_limits_conf_t){
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,

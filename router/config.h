@@ -63,6 +63,8 @@ typedef struct {
     unsigned vnodes;               /* virtual nodes per unit of weight, default 160, 1..10000 */
     unsigned unavailable_keep_ms;  /* a pod down or ejected keeps its index entries this long,
                                       default 300000; a detected restart drops them at once */
+    int feedback;                  /* default true: each pod's delivered cached tokens correct
+                                      the index (pcr_policy_feedback) */
 } pcr_routing_conf_t;
 
 typedef struct {

@@ -642,10 +642,11 @@ static void usage_start(pcr_exchange_t *ex, int status, const pcr_hdr_t *hdrs, s
  * (ex->key), what the pod says it reused (`delivered`, and `prompt` tokens, in the pod's own
  * count) and the time.
  *
- * The routing library's feedback, pcr_policy_feedback() (written on another branch), is to be
- * called from here: when the pod delivered less than predicted it no longer holds the rest of
- * that prefix, and the index forgets it for this backend; when it delivered more, the index
- * learns it. The policy is the library's; the router only passes the observation on. */
+ * It goes on to the routing library, pcr_policy_feedback(), in this worker's replica and, through
+ * the bus, in every other: when the pod delivered less than predicted it no longer holds the
+ * rest of that prefix, and the index forgets it for this backend; when it delivered more, the
+ * index learns it. The policy is the library's; the router only passes the observation on
+ * (routing.feedback false: counted, not passed on). */
 static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t prompt,
                               uint64_t now_us)
 {
@@ -660,7 +661,11 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     PCR_ADD(be->prompt_tokens, prompt);
     pcr_hist_observe(&ex->w->metrics.cached_error, &pcr_hist_tokens_error,
                      (int64_t)predicted - (int64_t)delivered);
-    (void)now_us; /* the feedback's: the index's entries carry the time of their last use */
+    pcr_worker_t *w = ex->w;
+    if (ex->has_key && ex->committed && w->cfg->routing.feedback) {
+        pcr_policy_feedback(w->policy, &ex->key, &ex->decision, delivered, now_us);
+        pcr_bus_feedback(w->srv->bus, (int)w->id, &ex->key, &ex->decision, delivered, now_us);
+    }
 }
 
 /* Whether field `f` of the pod's response is hop-by-hop: one of the fixed list, or named by
@@ -709,6 +714,18 @@ static void emit_body(void *ctx, const char *data, size_t len)
 static void on_up_body(void *ctx, const char *data, size_t len)
 {
     pcr_exchange_t *ex = ctx;
+    /* A stream's first event is its first token: the time to it teaches the policy the pod's
+     * prefill rate (every worker's replica, through the bus). Not at the response head, which
+     * vLLM sends before prefilling a stream and after generating a whole non-streamed answer;
+     * not after a retry, whose time includes the failed attempt. */
+    if (ex->state != EX_UP_BODY && ex->req.stream && ex->attempts == 1) {
+        pcr_worker_t *w = ex->w;
+        uint64_t ttfb = pcr_now_us() - ex->t_start;
+        pcr_policy_observe(w->policy, ex->be->id, ex->decision.uncached_prefill,
+                           ex->decision.queued_ahead, ttfb);
+        pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->decision.uncached_prefill,
+                        ex->decision.queued_ahead, ttfb);
+    }
     ex_to(ex, EX_UP_BODY); /* the pod has started answering: its prefill is done */
     pcr_usage_feed(&ex->usage, data, len, emit_body, ex);
     if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {

@@ -313,20 +313,6 @@ static void on_progress(evutil_socket_t fd, short what, void *arg)
 
 /* ---- the report ---- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(const double *v, size_t n, double p)
-{
-    if (n == 0)
-        return NAN;
-    size_t k = (size_t)ceil(p / 100.0 * n);
-    return v[k ? k - 1 : 0];
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -532,8 +518,8 @@ int main(int argc, char **argv)
         cached += r->cached_tokens;
         prompt += g.trace.rows[i].input_length;
     }
-    qsort(ttft, ok, sizeof(double), cmp_double);
-    qsort(e2e, ok, sizeof(double), cmp_double);
+    rt_sort(ttft, ok);
+    rt_sort(e2e, ok);
     double dq = 0, dh = 0, ds = 0, smax = 0;
     size_t share_pods = 0;
     for (size_t i = 0; i < g.npods; i++) {
@@ -582,11 +568,12 @@ int main(int argc, char **argv)
            "client-seen %.4f\n",
            hit, ceiling, hit / ceiling, prompt > 0 ? cached / prompt : NAN);
     printf("  TTFT model ms p50 %.0f  p90 %.0f  p99 %.0f   (wall ms p50 %.1f p99 %.1f)\n",
-           pct(ttft, ok, 50) * sc, pct(ttft, ok, 90) * sc, pct(ttft, ok, 99) * sc,
-           pct(ttft, ok, 50), pct(ttft, ok, 99));
+           rt_percentile(ttft, ok, 50) * sc, rt_percentile(ttft, ok, 90) * sc,
+           rt_percentile(ttft, ok, 99) * sc, rt_percentile(ttft, ok, 50),
+           rt_percentile(ttft, ok, 99));
     printf("  e2e model s p50 %.2f  p99 %.2f   max/mean share %.3f   %.1f req/s wall "
-           "(%.2f req/s model)   peak in flight %zu\n", pct(e2e, ok, 50) * sc / 1000,
-           pct(e2e, ok, 99) * sc / 1000, share, rps, rps / sc, g.max_inflight);
+           "(%.2f req/s model)   peak in flight %zu\n", rt_percentile(e2e, ok, 50) * sc / 1000,
+           rt_percentile(e2e, ok, 99) * sc / 1000, share, rps, rps / sc, g.max_inflight);
 
     if (json) {
         cJSON *j = cJSON_CreateObject();
@@ -634,9 +621,9 @@ int main(int argc, char **argv)
             double f = k == 0 ? 1 : sc;
             cJSON *s = cJSON_AddObjectToObject(j, which[k]);
             if (ok) {
-                cJSON_AddNumberToObject(s, "p50", pct(v, ok, 50) * f);
-                cJSON_AddNumberToObject(s, "p90", pct(v, ok, 90) * f);
-                cJSON_AddNumberToObject(s, "p99", pct(v, ok, 99) * f);
+                cJSON_AddNumberToObject(s, "p50", rt_percentile(v, ok, 50) * f);
+                cJSON_AddNumberToObject(s, "p90", rt_percentile(v, ok, 90) * f);
+                cJSON_AddNumberToObject(s, "p99", rt_percentile(v, ok, 99) * f);
             }
         }
         cJSON *all = cJSON_AddArrayToObject(j, "ttft_ms_model_sorted");

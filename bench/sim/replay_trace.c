@@ -1,7 +1,8 @@
-/* bench/sim/replay_trace.c: trace loading and the LRU ceiling, see replay_trace.h. */
+/* bench/sim/replay_trace.c: trace loading, the LRU ceiling and percentiles, see replay_trace.h. */
 #include "replay_trace.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,4 +144,23 @@ oom:
     free(hashes);
     pcr_kvcache_free(kv);
     return -1;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void rt_sort(double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+}
+
+double rt_percentile(const double *sorted, size_t n, double p)
+{
+    if (n == 0)
+        return NAN;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return sorted[k ? k - 1 : 0];
 }

@@ -36,4 +36,9 @@ char *rt_prompt(const rt_trace_t *t, size_t i, size_t *len);
 double rt_ceiling(const rt_trace_t *t, uint64_t capacity_tokens, uint64_t *hits,
                   uint64_t *queries);
 
+/* Sorts v[0..n) ascending; then rt_percentile gives its p-th percentile (nearest rank), NAN
+ * when n is 0. Shared by replay and routing_offline, so both report the same figure. */
+void rt_sort(double *v, size_t n);
+double rt_percentile(const double *sorted, size_t n, double p);
+
 #endif

@@ -5,7 +5,7 @@
  * block + output), as vLLM's scheduler does. The hit (leading cached blocks) is counted at
  * admission, in tokens, as vLLM counts prefix_cache_queries/hits.
  *
- * Latency (model time, divided by time_scale for the wall clock):
+ * Latency (model time, divided by time_scale for the wall clock; sim_model.c):
  *   prefill runs one request at a time on the pod's one GPU, in admission order, at
  *     prefill_us_per_token * (1 + prefill_batch_slowdown * running) per uncached token
  *     (the decode batch shares the GPU with chunked prefill, so a busy pod prefills slower);
@@ -75,8 +75,7 @@ static void arm(sim_req_t *r, double at_us, double now_us)
 
 static double itl_us(const sim_pod_t *pod)
 {
-    const sim_conf_t *c = pod->conf;
-    return (c->itl_ms * 1000.0 + c->itl_per_seq_us * pod->running.n) / c->time_scale;
+    return sim_model_itl_us(&pod->conf->m, pod->running.n, pod->conf->time_scale);
 }
 
 static void record_ttft(sim_pod_t *pod, double seconds)
@@ -92,24 +91,20 @@ static void record_ttft(sim_pod_t *pod, double seconds)
 static void schedule(sim_pod_t *pod)
 {
     const sim_conf_t *c = pod->conf;
-    while (pod->waiting.head && pod->running.n < c->max_num_seqs) {
+    while (pod->waiting.head && pod->running.n < c->m.max_num_seqs) {
         sim_req_t *r = pod->waiting.head;
-        size_t hit_blocks;
-        if (pcr_kvcache_acquire(pod->kv, r->hashes, r->nblocks, r->private_blocks,
-                                &hit_blocks) != 0)
+        sim_admit_t a;
+        double now = sim_now_us();
+        if (sim_model_admit(&c->m, pod->kv, r->hashes, r->nblocks, r->private_blocks,
+                            r->prompt_tokens, pod->running.n, now, c->time_scale,
+                            &pod->prefill_busy_until_us, &a) != 0)
             break;   /* FIFO: the head waits for finished requests to free blocks */
         list_remove(&pod->waiting, r);
-        r->hit_tokens = pcr_kvcache_hit_tokens(hit_blocks, r->prompt_tokens);
+        r->hit_tokens = a.hit_tokens;
         pod->prefix_queries += r->prompt_tokens;
         pod->prefix_hits += r->hit_tokens;
         pod->prompt_tokens += r->prompt_tokens;
-        double now = sim_now_us();
-        double start = pod->prefill_busy_until_us > now ? pod->prefill_busy_until_us : now;
-        double per_tok = c->prefill_us_per_token * (1.0 + c->prefill_batch_slowdown *
-                                                    pod->running.n);
-        double end = start + (double)(r->prompt_tokens - r->hit_tokens) * per_tok / c->time_scale;
-        pod->prefill_busy_until_us = end;
-        r->first_token_us = end + c->overhead_ms * 1000.0 / c->time_scale;
+        r->first_token_us = a.first_token_us;
         r->next_token_us = r->first_token_us;
         r->state = SIM_REQ_RUNNING;
         list_push(&pod->running, r);

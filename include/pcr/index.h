@@ -70,6 +70,16 @@ size_t pcr_index_match(const pcr_index_t *idx, const uint64_t *blocks, size_t n,
 void pcr_index_erase(pcr_index_t *idx, unsigned backend, const uint64_t *blocks, size_t n,
                      size_t from);
 
+/* When `backend` last used block n-1 of blocks[0..n): the `now` of the latest insert that
+ * covered it, or 0 when the backend does not hold it (or n is 0). Reads only. */
+uint64_t pcr_index_last_use(const pcr_index_t *idx, unsigned backend, const uint64_t *blocks,
+                            size_t n);
+
+/* Drops every block `backend` last used at or before `time`, oldest first, as an LRU cache
+ * that evicted a block of that age has evicted everything older. Holdings stay prefix-closed
+ * (a block needed by a newer one stays). Returns the blocks dropped. Never fails. */
+uint64_t pcr_index_evict_older(pcr_index_t *idx, unsigned backend, uint64_t time);
+
 /* Drops every entry of `backend` (its pod restarted or left). Never fails. */
 void pcr_index_remove_backend(pcr_index_t *idx, unsigned backend);
 

@@ -52,8 +52,21 @@ typedef struct {
     size_t block_bytes;        /* default 256 */
     size_t max_prefix_bytes;   /* default 131072 */
     size_t index_max_bytes;    /* hard cap on the radix index's memory, default 256 MiB */
-    double load_factor;        /* bounded-load c, default 1.25 */
-    double load_weight;        /* default 0.25 */
+    double load_factor;        /* bounded-load c of the ring (consistent_hash, and where
+                                * cache_aware places a prefix nobody holds), default 1.25 */
+    double inflight_factor;    /* cache_aware: a backend with more than this times its fair
+                                * share of the requests in flight (4 at least) is passed over
+                                * while another is under, default 3 */
+    double load_weight;        /* the weight of a backend's queued work against a request's
+                                * uncached prefill on an idle pool, default 1 (the honest time
+                                * to first token) */
+    double load_scale;         /* ... divided by (1 + the other backends' mean queued work /
+                                * this many tokens): the busier they are, the dearer new
+                                * prefill work is against waiting; default 1024 (0: fixed) */
+    double share_factor;       /* cache_aware: a backend whose share of the recent requests
+                                * (pcr_policy_commit) is over this times its fair share (8
+                                * requests more at least) is passed over while another is
+                                * under, default 1.1; 0 = no such bound */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */
@@ -61,6 +74,11 @@ typedef struct {
      * router passes microseconds): default 300 s. A pod unreachable for a while still holds
      * its KV cache; only a restart empties it (PCR_BACKEND_RESTARTED). */
     uint64_t unavailable_keep;
+    /* What cache_aware assumes of a pod before pcr_policy_observe has taught it better
+     * (include/pcr/ttft.h): time to first token = overhead + per_token * prefill tokens.
+     * Fair shares (both bounds) are weighted by weight and by the speed learned. */
+    double prefill_us_per_token; /* default 70 (about 14k tokens/s) */
+    double ttft_overhead_us;   /* default 20000 */
 } pcr_policy_opts_t;
 
 /* Fills `opts` with the defaults above (kind = cache_aware). */
@@ -104,6 +122,9 @@ typedef struct {
     uint32_t matched_blocks;   /* leading blocks of the key the chosen backend holds */
     uint32_t total_blocks;     /* key->nblocks */
     uint64_t uncached_prefill; /* tokens the chosen backend will have to prefill */
+    uint64_t queued_ahead;     /* the chosen backend's queued prefill at the decision (its load) */
+    uint64_t matched_time;     /* when the index saw the chosen backend last use its deepest
+                                * matched block (a `now` passed in before); 0 when none */
 } pcr_decision_t;
 
 /* Chooses a backend for `key` given `loads[n]`. `key` may be NULL (a request with no prompt,
@@ -112,8 +133,9 @@ typedef struct {
 int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
                       uint64_t now, pcr_decision_t *out);
 
-/* Records that `backend` now holds the prefix `key` (called when the request is sent, so a
- * burst of siblings lands together). Sets *added_from to the first block the backend did not
+/* Records that the request was sent to `backend` (its share of the recent requests, for
+ * share_factor) and that `backend` now holds the prefix `key` (so a burst of siblings lands
+ * together). `key` may be NULL (a request without a prompt). Sets *added_from to the first block the backend did not
  * hold before (key->nblocks if it held all), for pcr_policy_forget(). Returns 0 or PCR_ERR_NOMEM
  * (the index stays valid). No-op for policies that keep no index. */
 int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64_t now,
@@ -157,8 +179,39 @@ int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t s
                              uint64_t now);
 
 /* Updates a backend's capacity in blocks (0 = unknown, no limit), e.g. once its pod reports
- * vllm:cache_config_info; evicts its least recently used blocks down to it. 0 or PCR_ERR_INVAL. */
+ * vllm:cache_config_info; evicts its least recently used blocks down to it, and starts what
+ * pcr_policy_feedback learns of it afresh from there. 0 or PCR_ERR_INVAL. */
 int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_blocks);
+
+/* The time to first byte of a request `backend` answered: `ttfb_us` from sending it to the
+ * first byte of its answer that carries a token (a stream's first event), for the decision's
+ * `uncached_tokens` (uncached_prefill) behind `queued_ahead` tokens. cache_aware learns each
+ * backend's prefill rate from these (include/pcr/ttft.h); other policies ignore them.
+ * Deterministic. 0, or PCR_ERR_INVAL for a backend out of range. */
+int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,
+                       uint64_t queued_ahead, uint64_t ttfb_us);
+
+/* What cache_aware expects `backend` to take to a first token behind `tokens` of prefill, us. */
+double pcr_policy_estimate_ttft(const pcr_policy_t *p, int backend, uint64_t tokens);
+
+/* A backend's own account of a request it served (`d` as pcr_policy_decide gave it, for
+ * `key`): it reused `delivered_tokens` of the prompt (vLLM's usage.prompt_tokens_details.
+ * cached_tokens). Call it when the response ends, at `now`: the index then records that the
+ * backend holds the whole prompt, last used now, as the pod's cache does once it served it.
+ * - Delivered less than predicted (beyond the last block, which a pod always recomputes): the
+ *   pod evicted a block the index believed it held, so it evicted everything it used before
+ *   that block too; the index forgets those, and the backend's capacity in the index shrinks
+ *   to what is left.
+ * - Delivered more: the pod held blocks the index had let go; the capacity grows by as much.
+ * - As predicted: the capacity grows back slowly toward the configured one.
+ * Deterministic. 0, PCR_ERR_INVAL, or PCR_ERR_NOMEM (the index stays valid). No-op (0) for
+ * policies that keep no index. */
+int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decision_t *d,
+                        uint64_t delivered_tokens, uint64_t now);
+
+/* The capacity in blocks the index gives `backend` now: the configured one, as feedback has
+ * corrected it (UINT64_MAX when none; 0 for policies that keep no index). */
+uint64_t pcr_policy_backend_capacity(const pcr_policy_t *p, int backend);
 
 typedef struct {
     size_t index_bytes;        /* memory the radix index holds */

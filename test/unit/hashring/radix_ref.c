@@ -126,3 +126,25 @@ int radix_ref_same(const pcr_index_t *ix, const radix_ref_t *m)
     }
     return 1;
 }
+
+uint64_t radix_ref_last_use(const radix_ref_t *m, unsigned b, const uint64_t *k, size_t n)
+{
+    int at = n > 0 ? radix_ref_find(m, b, k, n) : -1;
+    return at >= 0 ? m->r[at].time : 0;
+}
+
+uint64_t radix_ref_evict_older(radix_ref_t *m, unsigned b, uint64_t time)
+{
+    uint64_t dropped = 0;
+    for (int again = 1; again;) {
+        again = 0;
+        for (size_t i = m->n; i-- > 0;) {
+            if (m->r[i].b == b && m->r[i].time <= time && !has_child(m, &m->r[i])) {
+                drop(m, i);
+                dropped++;
+                again = 1;
+            }
+        }
+    }
+    return dropped;
+}

@@ -45,6 +45,11 @@ size_t radix_ref_insert(radix_ref_t *m, unsigned b, const uint64_t *k, size_t n,
 void radix_ref_erase(radix_ref_t *m, unsigned b, const uint64_t *k, size_t n, size_t from);
 void radix_ref_remove(radix_ref_t *m, unsigned b);
 void radix_ref_match(const radix_ref_t *m, const uint64_t *k, size_t n, uint32_t *out);
+/* What pcr_index_last_use gives: the last use of b's record of k[0..n), or 0. */
+uint64_t radix_ref_last_use(const radix_ref_t *m, unsigned b, const uint64_t *k, size_t n);
+/* What pcr_index_evict_older does: drops b's records used at or before `time` that no newer
+ * record of b needs, until none; returns how many. */
+uint64_t radix_ref_evict_older(radix_ref_t *m, unsigned b, uint64_t time);
 /* 1 when the index holds the same blocks, by counts and a match of every record. */
 int radix_ref_same(const pcr_index_t *ix, const radix_ref_t *m);
 

@@ -1,4 +1,5 @@
 /* test_policy.c: hashring/policy.c and the lb_*.c algorithms behind include/pcr/policy.h. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -282,7 +283,7 @@ static void test_warm_backend_overloaded_spills(void)
     pcr_policy_decide(p, key, l, 2, &d);
     PCR_CHECK_EQ_INT(d.backend, 2);            /* busy, but under the bound (4): stays warm */
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
-    l[2].inflight = 10;                        /* bound: ceil(1.25 * 17 / 4) = 6 */
+    l[2].inflight = 40;                        /* bound: ceil(3 * 47 / 4) = 36 */
     pcr_policy_decide(p, key, l, 3, &d);
     PCR_CHECK(d.backend != 2);
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
@@ -307,9 +308,43 @@ static void test_warm_backend_overloaded_spills(void)
     pcr_policy_free(p);
 }
 
-static void test_conversation_sticks(void)
+/* The same queue on the warm pod: worth waiting behind when every other pod is as busy (the
+ * prefill a cold pod would do delays its own queue), not when they are idle. */
+static void test_load_weight_falls_as_the_pool_fills(void)
 {
     pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    size_t len;
+    char *s = prompt(6, 20000, &len);          /* 5500 tokens, all held by backend 2 */
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    all_usable(l, NB);
+    pcr_policy_commit(p, 2, key, 1, &from);
+    l[2].queued_prefill = 20000;
+    pcr_policy_decide(p, key, l, 2, &d);
+    PCR_CHECK(d.backend != 2);                 /* idle pool: 20000 tokens ahead > 5500 */
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
+    for (int b = 0; b < NB; b++)
+        if (b != 2)
+            l[b].queued_prefill = 30000;
+    pcr_policy_decide(p, key, l, 3, &d);
+    PCR_CHECK_EQ_INT(d.backend, 2);            /* busy pool: stay warm */
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+    free(s);
+    pcr_policy_free(p);
+}
+
+/* With the share bound off: the others' traffic here is placed by ties, not by load, and may
+ * leave the conversation's pod more than 8 requests ahead of its share, which the bound would
+ * rightly spill (test_share_bound_spreads_a_hot_prefix covers that). */
+static void test_conversation_sticks(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.share_factor = 0;
+    pcr_policy_t *p = pcr_policy_new(&o, four, NB);
     pcr_backend_load_t l[NB];
     pcr_decision_t d;
     keybuf_t kb;
@@ -342,6 +377,168 @@ static void test_conversation_sticks(void)
         free(s);
     }
     PCR_CHECK_EQ_INT(moved, 0);
+    pcr_policy_free(p);
+}
+
+/* Light traffic, one hot prefix: without the share bound every request goes to the pod that
+ * holds it (nothing is ever in flight long enough for the load to count); with it, the pods'
+ * shares stay within share_factor of fair, past the slack of the first requests. */
+static void test_share_bound_spreads_a_hot_prefix(void)
+{
+    for (int bounded = 0; bounded <= 1; bounded++) {
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        o.share_factor = bounded ? 1.1 : 0;
+        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        pcr_backend_load_t l[NB];
+        pcr_decision_t d;
+        keybuf_t kb;
+        uint32_t from;
+        int counts[NB] = {0}, most = 0;
+        all_usable(l, NB);
+        for (int i = 0; i < 800; i++) {
+            size_t len;
+            char *s = prompt(3, 6000, &len);   /* the same long prompt every time */
+            pcr_key_t *key = key_of(p, &kb, s, len);
+            pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+            pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
+            counts[d.backend]++;
+            free(s);
+        }
+        for (int b = 0; b < NB; b++)
+            most = counts[b] > most ? counts[b] : most;
+        printf("# share bound %s: the busiest pod took %d of 800\n", bounded ? "on" : "off", most);
+        if (bounded)
+            PCR_CHECK(most <= 800 / NB * 1.1 + 8 + 1);
+        else
+            PCR_CHECK_EQ_INT(most, 800);
+        pcr_policy_free(p);
+    }
+}
+
+/* Observed times to first byte make a backend's rate: a pod 3x slower than the others is
+ * passed over for new prompts while the others are idle, and weighs a third in the bounds;
+ * pods that differ by the noise of a busy minute (within 25%) are all the same to the cost. */
+static void test_learned_rates(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    all_usable(l, NB);
+    PCR_CHECK_EQ_INT(pcr_policy_observe(p, 4, 1, 1, 1), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_policy_observe(NULL, 0, 1, 1, 1), PCR_ERR_INVAL);
+    double before = pcr_policy_estimate_ttft(p, 2, 4000);
+    for (int i = 0; i < 200; i++) {
+        uint64_t x = 2000 + (uint64_t)(i % 7) * 1000;
+        PCR_CHECK_EQ_INT(pcr_policy_observe(p, 2, x / 2, x / 2, 20000 + 210 * x), 0);
+        pcr_policy_observe(p, 0, x, 0, 20000 + 80 * x);   /* 15% slower: noise */
+        pcr_policy_observe(p, 1, x, 0, 20000 + 70 * x);
+        pcr_policy_observe(p, 3, x, 0, 20000 + 65 * x);
+    }
+    double after = pcr_policy_estimate_ttft(p, 2, 4000);
+    printf("# backend 2 at 4000 tokens: %.0f us, then %.0f us\n", before, after);
+    PCR_CHECK(after > 2 * before);
+    PCR_CHECK(pcr_policy_estimate_ttft(p, 0, 4000) == pcr_policy_estimate_ttft(p, 3, 4000));
+    int to_slow = 0;
+    for (int i = 0; i < 200; i++) {
+        size_t len;
+        char *s = prompt(500 + i, 4000, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        /* Distinct prompts with no common head: every one is cold. */
+        for (size_t k = 0; k < key->nblocks; k++)
+            key->blocks[k] ^= (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+        to_slow += d.backend == 2;
+        free(s);
+    }
+    PCR_CHECK_EQ_INT(to_slow, 0);
+    /* Under load the slow pod weighs about 0.4 in the in-flight bound: 35 in flight is over
+     * ceil(3 * 96 * 0.4 / 3.4) = 34, where a pod like the others could have 72. */
+    for (int b = 0; b < NB; b++)
+        l[b].inflight = b == 2 ? 35 : 20;
+    size_t len;
+    char *s = prompt(9, 4000, &len);
+    pcr_policy_t *same = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    keybuf_t kb2;
+    uint32_t from;
+    pcr_policy_commit(p, 2, key_of(p, &kb, s, len), 300, &from);
+    pcr_policy_commit(same, 2, key_of(same, &kb2, s, len), 300, &from);
+    pcr_policy_decide(p, &kb.k, l, 301, &d);
+    PCR_CHECK(d.backend != 2);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);
+    pcr_policy_decide(same, &kb2.k, l, 301, &d);
+    PCR_CHECK_EQ_INT(d.backend, 2);
+    free(s);
+    pcr_policy_free(same);
+    /* Starved of work, the slow pod's look fades back to the others' as they are observed
+     * without it, so it gets work again and can show what it is now. */
+    for (int i = 0; i < 2000; i++)
+        for (int b = 0; b < NB; b++)
+            if (b != 2)
+                pcr_policy_observe(p, b, 4000, 0, 20000 + 70 * 4000);
+    double faded = pcr_policy_estimate_ttft(p, 2, 4000);
+    printf("# backend 2 at 4000 tokens, after 6000 observations of the others: %.0f us\n", faded);
+    PCR_CHECK(faded < 1.3 * pcr_policy_estimate_ttft(p, 0, 4000));
+    pcr_policy_free(p);
+}
+
+/* Pods ten times faster than the configured guess (a time-scaled benchmark, a smaller model):
+ * a pod not observed yet must look like the observed ones, not like the guess, or it would
+ * look ten times slower and never be given the work that would show otherwise. */
+static void test_an_unobserved_pod_looks_like_the_pool(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    all_usable(l, NB);
+    for (int i = 0; i < 50; i++)
+        for (int b = 0; b < NB; b++)
+            if (b != 2)
+                pcr_policy_observe(p, b, 3000 + (uint64_t)(i % 5) * 1000, 0,
+                                   20000 + 7 * (3000 + (uint64_t)(i % 5) * 1000));
+    double seen = pcr_policy_estimate_ttft(p, 0, 4000), unseen = pcr_policy_estimate_ttft(p, 2, 4000);
+    printf("# at 4000 tokens: observed pods %.0f us, the unobserved one %.0f us\n", seen, unseen);
+    PCR_CHECK(unseen == seen);
+    int to_unseen = 0;
+    for (int i = 0; i < 200; i++) {
+        size_t len;
+        char *s = prompt(700 + i, 4000, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        for (size_t k = 0; k < key->nblocks; k++)
+            key->blocks[k] ^= (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+        pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+        to_unseen += d.backend == 2;
+        free(s);
+    }
+    PCR_CHECK(to_unseen > 200 / NB / 2);
+    pcr_policy_free(p);
+}
+
+/* The overhead is the pool's and learned: configured at 20 ms for pods that take 1.5 ms, a
+ * fixed one would make the pod that sees short prompts look faster than the one that sees long
+ * ones (the same pods), and move work to it. */
+static void test_the_overhead_is_learned_for_the_pool(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    for (int i = 0; i < 300; i++) {
+        uint64_t shortp = 1100 + (uint64_t)(i % 9) * 100, longp = 15000 + (uint64_t)(i % 11) * 1000;
+        uint64_t mixed = i % 2 ? shortp : longp;
+        pcr_policy_observe(p, 0, shortp, 0, 1500 + 7 * shortp);
+        pcr_policy_observe(p, 1, longp, 0, 1500 + 7 * longp);
+        pcr_policy_observe(p, 2, mixed, 0, 1500 + 7 * mixed);
+        pcr_policy_observe(p, 3, mixed / 2, mixed / 2, 1500 + 7 * mixed);
+    }
+    double overhead = pcr_policy_estimate_ttft(p, 0, 0);
+    printf("# overhead %.0f us; at 4000 tokens: %.0f %.0f %.0f %.0f us\n", overhead,
+           pcr_policy_estimate_ttft(p, 0, 4000), pcr_policy_estimate_ttft(p, 1, 4000),
+           pcr_policy_estimate_ttft(p, 2, 4000), pcr_policy_estimate_ttft(p, 3, 4000));
+    PCR_CHECK(overhead > 1000 && overhead < 5000);   /* from 20000, the prior holding a little */
+    for (int b = 1; b < NB; b++)
+        PCR_CHECK(pcr_policy_estimate_ttft(p, b, 4000) == pcr_policy_estimate_ttft(p, 0, 4000));
+    PCR_CHECK(fabs(pcr_policy_estimate_ttft(p, 0, 4000) - (1500 + 7 * 4000)) < 0.1 * 29500);
     pcr_policy_free(p);
 }
 
@@ -455,7 +652,7 @@ static void test_cold_avoids_long_prefill_queue(void)
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
     int ring_choice = d.backend;
 
-    l[ring_choice].queued_prefill = 1000; /* a short queue: the ring's choice stands */
+    l[ring_choice].queued_prefill = 200;  /* a short queue: the ring's choice stands */
     PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1, &d), 0);
     PCR_CHECK_EQ_INT(d.backend, ring_choice);
 
@@ -593,7 +790,12 @@ int main(void)
     PCR_RUN(test_cold_then_warm);
     PCR_RUN(test_shared_system_prompt_spreads);
     PCR_RUN(test_warm_backend_overloaded_spills);
+    PCR_RUN(test_load_weight_falls_as_the_pool_fills);
     PCR_RUN(test_conversation_sticks);
+    PCR_RUN(test_share_bound_spreads_a_hot_prefix);
+    PCR_RUN(test_learned_rates);
+    PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);
+    PCR_RUN(test_the_overhead_is_learned_for_the_pool);
     PCR_RUN(test_deterministic);
     PCR_RUN(test_zone);
     PCR_RUN(test_keyless_balances_load);

@@ -183,6 +183,46 @@ static void test_remove_backend(void)
     pcr_index_free(ix);
 }
 
+/* A pod that evicted a block used at time t has evicted everything it used before. */
+static void test_last_use_and_evict_older(void)
+{
+    pcr_index_t *ix = new_index(2, 0);
+    uint32_t m[2];
+    size_t from;
+    const uint64_t sys_a[] = {1, 2, 3, 4};     /* a shared head, then a's own blocks */
+    const uint64_t sys_b[] = {1, 2, 5, 6, 7};
+    const uint64_t c[] = {8, 9};
+
+    pcr_index_insert(ix, 0, sys_a, 4, 10, &from);
+    pcr_index_insert(ix, 0, sys_b, 5, 20, &from);
+    pcr_index_insert(ix, 0, c, 2, 30, &from);
+    pcr_index_insert(ix, 1, sys_a, 4, 5, &from);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, sys_a, 4), 10);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, sys_a, 2), 20);   /* the head is newer */
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, sys_b, 3), 20);   /* inside a run */
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 1, sys_a, 4), 5);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 1, sys_b, 3), 0);    /* not held */
+    const uint64_t off[] = {1, 2, 3, 99};
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, off, 4), 0);      /* not in the tree */
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 0, off, 0), 0);
+
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 0, 9), 0);
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 0, 10), 2);       /* a's tail: 3, 4 */
+    pcr_index_match(ix, sys_a, 4, m);
+    PCR_CHECK_EQ_INT(m[0], 2);
+    PCR_CHECK_EQ_INT(m[1], 4);                                   /* the other pod keeps it */
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 0, 25), 5);       /* b with its head */
+    pcr_index_match(ix, sys_b, 5, m);
+    PCR_CHECK_EQ_INT(m[0], 0);
+    pcr_index_match(ix, c, 2, m);
+    PCR_CHECK_EQ_INT(m[0], 2);
+    PCR_CHECK_EQ_U64(pcr_index_backend_blocks(ix, 0), 2);
+    CHECK_VALID(ix);
+    PCR_CHECK_EQ_U64(pcr_index_evict_older(ix, 7, 25), 0);
+    PCR_CHECK_EQ_U64(pcr_index_last_use(ix, 7, c, 2), 0);
+    pcr_index_free(ix);
+}
+
 /* ---- against the naive reference model (radix_ref.c) ---------------------------------- */
 
 #define RL RADIX_REF_MAXLEN
@@ -228,6 +268,11 @@ static void test_random_against_reference(void)
             radix_ref_match(&m, k, n, want);
             pcr_index_match(ix, k, n, got);
             mismatches += memcmp(got, want, nb * sizeof(uint32_t)) != 0;
+            size_t upto = 1 + rnd() % n;
+            mismatches += pcr_index_last_use(ix, b, k, upto) != radix_ref_last_use(&m, b, k, upto);
+        } else if (op < 84) {
+            uint64_t t = step > 40 ? step - 1 - rnd() % 40 : 0;
+            mismatches += pcr_index_evict_older(ix, b, t) != radix_ref_evict_older(&m, b, t);
         } else if (op < 92) {
             size_t from = rnd() % n;
             radix_ref_erase(&m, b, k, n, from);
@@ -379,6 +424,7 @@ int main(void)
     PCR_RUN(test_erase_undoes_insert);
     PCR_RUN(test_capacity_evicts_lru);
     PCR_RUN(test_remove_backend);
+    PCR_RUN(test_last_use_and_evict_older);
     PCR_RUN(test_random_against_reference);
     PCR_RUN(test_allocation_failures);
     PCR_RUN(test_memory_cap_evicts_oldest);

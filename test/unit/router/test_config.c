@@ -195,7 +195,7 @@ static void test_defaults(void)
     PCR_CHECK_EQ_INT(cfg->routing.max_prefix_bytes, 131072);
     PCR_CHECK_EQ_INT(cfg->routing.index_max_bytes, 268435456);
     PCR_CHECK(cfg->routing.load_factor == 1.25);
-    PCR_CHECK(cfg->routing.load_weight == 0.25);
+    PCR_CHECK(cfg->routing.load_weight == 1.0);
     PCR_CHECK(cfg->routing.zone_penalty == 2048);
     PCR_CHECK_EQ_INT(cfg->routing.vnodes, 160);
     PCR_CHECK_EQ_INT(cfg->limits.max_body_bytes, 33554432);
@@ -605,9 +605,9 @@ static void test_error_unknown_keys(void)
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
-                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms)\n"
+                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback)\n"
                 "t.json:3:37: routing.foo: unknown key \"foo\" (allowed: policy, zone, block_bytes, "
-                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms)");
+                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a'},\n"
                 "{'name': 'b', 'url': 'http://b', 'wieght': 2}]}",
                 "t.json:3:34: backends[1].wieght: unknown key \"wieght\"; did you mean \"weight\"? "
@@ -835,7 +835,7 @@ static void test_positions_survive_awkward_text(void)
                 "t.json:3:42: routing.vnodes: must be between 1 and 10000, got 0");
     CHECK_ERROR(HEAD "'routing': {'zone': '\\ud83d\\ude00 😀', '\\ud83d\\ude00': 1}}",
                 "t.json:3:39: routing.\xf0\x9f\x98\x80: unknown key \"\xf0\x9f\x98\x80\" (allowed: policy, zone, "
-                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms)");
+                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback)");
     /* Tabs and CRLF line ends: a tab is one column, a CR is not a line end. */
     CHECK_ERROR("{'listen': [{'address': '127.0.0.1:0'}],\r\n" BACKENDS_OK ",\r\n\t'log': {'level': 1}}",
                 "t.json:3:19: log.level: expected string, got integer 1");

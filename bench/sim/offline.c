@@ -1,0 +1,403 @@
+/* bench/sim/offline.c: routing_offline's command line, workload and report (see offline.h).
+ *
+ * It reads a Mooncake trace as replay does (replay_trace.c: same rows, same synthesised
+ * prompts), hashes every prompt once for the pods and once for the router, computes the same
+ * LRU ceiling, then simulates each policy and each --variant of cache_aware in turn and prints
+ * one table (and --json). A run of the 12k-request conversation trace takes seconds, so a
+ * sweep over knobs fits where real runs would take hours. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "offline.h"
+#include "replay_trace.h"
+
+#define MAX_VARIANTS 256
+#define MAX_MODEL_LEN 131072   /* vllm_sim's default --max-model-len */
+#define MODEL "sim-8b"         /* what replay sends: the router seeds keys with it */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: routing_offline --trace FILE [options]\n"
+"  --trace FILE          Mooncake JSONL trace (as replay reads it)\n"
+"  --limit N             first N rows only (default all)\n"
+"  --pods N              simulated pods (default 8)\n"
+"  --capacity-tokens N   KV cache per pod, tokens (default 1000000)\n"
+"  --max-tokens-cap N    max_tokens = min(output_length, N) (default 4096)\n"
+"  --slowdown F,F,...    pod i prefills and decodes F times slower (default all 1)\n"
+"  --jitter-ms F         the router sees each first byte up to F ms late (uniform, seeded;\n"
+"                        default 0): a real run's network and scheduling, in model time\n"
+"  --scrape-ms F         model time between two reads of the pods' queues (default 20000:\n"
+"                        pcrouter's 1 s health interval in a real run at time scale 20)\n"
+"  --policies LIST       of round_robin,least_loaded,consistent_hash,cache_aware,haproxy_hash\n"
+"                        (default all five)\n"
+"  --routing JSON        routing keys for every pcrouter policy, as in the config\n"
+"                        (load_factor, load_weight, ...), plus \"observe\", \"feedback\"\n"
+"                        (booleans) and \"index_capacity\" (the index believes a pod holds\n"
+"                        this many times its cache)\n"
+"  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
+"  --json FILE           write every result as JSON\n"
+"Columns: pred/del is the cached tokens the index predicted over those the pods delivered\n"
+"within the prefix it sees (max_prefix_bytes); |error| the mean per-request difference\n"
+"over the prompt tokens.\n"
+"  --quiet               no table\n");
+}
+
+/* ---- routing keys ------------------------------------------------------------------------- */
+
+static int num_key(const cJSON *o, const char *k, double lo, double hi, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi) {
+        fprintf(stderr, "routing_offline: \"%s\" must be a number in [%g, %g]\n", k, lo, hi);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int bool_key(const cJSON *o, const char *k, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v)) {
+        fprintf(stderr, "routing_offline: \"%s\" must be true or false\n", k);
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* The numeric routing keys, as the config names them, and their ranges. */
+static const struct {
+    const char *key;
+    size_t off;                /* a double in pcr_policy_opts_t */
+    double lo, hi;
+} num_keys[] = {
+    {"load_factor", offsetof(pcr_policy_opts_t, load_factor), 1, 100},
+    {"inflight_factor", offsetof(pcr_policy_opts_t, inflight_factor), 1, 100},
+    {"load_weight", offsetof(pcr_policy_opts_t, load_weight), 0, 1000},
+    {"load_scale", offsetof(pcr_policy_opts_t, load_scale), 0, 1e12},
+    {"share_factor", offsetof(pcr_policy_opts_t, share_factor), 0, 100},
+    {"zone_penalty", offsetof(pcr_policy_opts_t, zone_penalty), 0, 1e9},
+    {"prefill_us_per_token", offsetof(pcr_policy_opts_t, prefill_us_per_token), 1e-3, 1e6},
+    {"ttft_overhead_us", offsetof(pcr_policy_opts_t, ttft_overhead_us), 0, 1e8},
+};
+
+/* Applies the keys of `json` to `v`. 0, or -1 with a message. */
+static int apply_routing(off_variant_t *v, const char *json)
+{
+    static const char *const other[] = {"vnodes", "observe", "feedback", "index_capacity"};
+    cJSON *o = cJSON_Parse(json);
+    int rc = -1;
+    if (!cJSON_IsObject(o)) {
+        fprintf(stderr, "routing_offline: not a JSON object: %s\n", json);
+        goto out;
+    }
+    for (const cJSON *c = o->child; c; c = c->next) {
+        int known = 0;
+        for (size_t k = 0; k < sizeof num_keys / sizeof num_keys[0]; k++)
+            known |= strcmp(num_keys[k].key, c->string) == 0;
+        for (size_t k = 0; k < sizeof other / sizeof other[0]; k++)
+            known |= strcmp(other[k], c->string) == 0;
+        if (!known) {
+            fprintf(stderr, "routing_offline: unknown routing key \"%s\"\n", c->string);
+            goto out;
+        }
+    }
+    for (size_t k = 0; k < sizeof num_keys / sizeof num_keys[0]; k++)
+        if (num_key(o, num_keys[k].key, num_keys[k].lo, num_keys[k].hi,
+                    (double *)((char *)&v->opts + num_keys[k].off)))
+            goto out;
+    double vnodes = v->opts.vnodes;
+    if (num_key(o, "vnodes", 1, 10000, &vnodes) ||
+        num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity) ||
+        bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback))
+        goto out;
+    v->opts.vnodes = (unsigned)vnodes;
+    rc = 0;
+out:
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* ---- the workload ------------------------------------------------------------------------- */
+
+static int prepare(off_work_t *w, const rt_trace_t *t, size_t cap, uint64_t capacity_tokens)
+{
+    pcr_policy_opts_t o;
+    pcr_backend_desc_t one = {"x", "", 1, 0};
+    pcr_policy_opts_default(&o);
+    pcr_policy_t *p = pcr_policy_new(&o, &one, 1);
+    w->reqs = calloc(t->n ? t->n : 1, sizeof(*w->reqs));
+    w->n = t->n;
+    if (!p || !w->reqs)
+        goto oom;
+    size_t kv_capacity = (size_t)(capacity_tokens / PCR_KV_BLOCK_TOKENS);
+    for (size_t i = 0; i < t->n; i++) {
+        off_req_t *r = &w->reqs[i];
+        size_t len;
+        char *text = rt_prompt(t, i, &len);
+        if (!text)
+            goto oom;
+        r->arrival_us = (t->rows[i].timestamp_ms - t->rows[0].timestamp_ms) * 1000.0;
+        r->prompt_tokens = (len + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
+        size_t mt = t->rows[i].output_length < cap ? t->rows[i].output_length : cap;
+        r->max_tokens = mt ? mt : 1;
+        r->nkv = len / PCR_KV_BLOCK_BYTES;
+        r->kv = malloc((r->nkv ? r->nkv : 1) * sizeof(uint64_t));
+        r->key.blocks = malloc(pcr_policy_max_blocks(p) * sizeof(uint64_t));
+        if (!r->kv || !r->key.blocks) {
+            free(text);
+            goto oom;
+        }
+        pcr_kvcache_hash_prompt(text, len, 0, r->kv, r->nkv);
+        r->private_blocks = sim_model_private_blocks(r->prompt_tokens, r->nkv, r->max_tokens);
+        r->bad = r->prompt_tokens + r->max_tokens > MAX_MODEL_LEN ||
+                 r->nkv + r->private_blocks > kv_capacity;
+        pcr_policy_key(p, MODEL, strlen(MODEL), text, len, &r->key);
+        r->head_hash = XXH3_64bits(text, len < 256 ? len : 256);
+        free(text);
+    }
+    pcr_policy_free(p);
+    return 0;
+oom:
+    pcr_policy_free(p);
+    fprintf(stderr, "routing_offline: out of memory\n");
+    return -1;
+}
+
+static void work_dispose(off_work_t *w)
+{
+    for (size_t i = 0; w->reqs && i < w->n; i++) {
+        free(w->reqs[i].kv);
+        free(w->reqs[i].key.blocks);
+    }
+    free(w->reqs);
+}
+
+/* ---- the report --------------------------------------------------------------------------- */
+
+static void print_row(const off_variant_t *v, const off_result_t *r, double ceiling)
+{
+    printf("%-22s %8.4f %7.3f %9.0fms %9.0fms %8.2f %8.3f %8.3f %6zu\n", v->label,
+           r->hit_rate, r->hit_rate / ceiling, r->ttft_p50_ms, r->ttft_p99_ms, r->share,
+           r->seen_delivered_tokens > 0 ? r->predicted_tokens / r->seen_delivered_tokens : NAN,
+           r->prompt_tokens > 0 ? r->abs_error_tokens / r->prompt_tokens : NAN, r->errors);
+    fflush(stdout);
+}
+
+static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double ceiling)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "label", v->label);
+    cJSON_AddNumberToObject(j, "completed", (double)r->completed);
+    cJSON_AddNumberToObject(j, "errors", (double)r->errors);
+    cJSON_AddNumberToObject(j, "hit_rate", r->hit_rate);
+    cJSON_AddNumberToObject(j, "ceiling", ceiling);
+    cJSON_AddNumberToObject(j, "fraction_of_ceiling", r->hit_rate / ceiling);
+    cJSON_AddNumberToObject(j, "share_max_over_mean", r->share);
+    cJSON_AddNumberToObject(j, "predicted_tokens", r->predicted_tokens);
+    cJSON_AddNumberToObject(j, "delivered_tokens", r->delivered_tokens);
+    cJSON_AddNumberToObject(j, "seen_delivered_tokens", r->seen_delivered_tokens);
+    cJSON_AddNumberToObject(j, "prompt_tokens", r->prompt_tokens);
+    cJSON_AddNumberToObject(j, "abs_error_tokens", r->abs_error_tokens);
+    cJSON_AddNumberToObject(j, "makespan_s", r->makespan_s);
+    cJSON *t = cJSON_AddObjectToObject(j, "ttft_ms_model");
+    cJSON_AddNumberToObject(t, "p50", r->ttft_p50_ms);
+    cJSON_AddNumberToObject(t, "p90", r->ttft_p90_ms);
+    cJSON_AddNumberToObject(t, "p99", r->ttft_p99_ms);
+    cJSON_AddNumberToObject(t, "mean", r->ttft_mean_ms);
+    cJSON *rs = cJSON_AddObjectToObject(j, "reasons");
+    for (int k = 0; k < PCR_REASON__COUNT; k++)
+        if (r->reasons[k])
+            cJSON_AddNumberToObject(rs, pcr_reason_name((pcr_reason_t)k), (double)r->reasons[k]);
+    return j;
+}
+
+static int parse_count(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *trace = NULL, *json = NULL, *routing = "{}";
+    const char *policies = "round_robin,least_loaded,consistent_hash,cache_aware,haproxy_hash";
+    const char *variants[MAX_VARIANTS];
+    size_t nvariants = 0, limit = 0;
+    double cap = 4096, v;
+    int quiet = 0;
+    off_setup_t s = {.npods = 8, .capacity_tokens = 1000000, .m = SIM_MODEL_DEFAULTS,
+                     .scrape_us = 20e6};
+    enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
+           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER };
+    const char *slowdown = NULL;
+    static const struct option opts[] = {
+        {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
+        {"capacity-tokens", 1, 0, O_CAP}, {"max-tokens-cap", 1, 0, O_MTC},
+        {"scrape-ms", 1, 0, O_SCRAPE}, {"policies", 1, 0, O_POL}, {"routing", 1, 0, O_ROUT},
+        {"variant", 1, 0, O_VAR}, {"json", 1, 0, O_JSON}, {"quiet", 0, 0, O_QUIET},
+        {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {"jitter-ms", 1, 0, O_JITTER},
+        {0, 0, 0, 0},
+    };
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int bad = 0;
+        switch (o) {
+        case O_TRACE: trace = optarg; break;
+        case O_LIMIT: bad = parse_count(optarg, 0, 1e9, &v); limit = (size_t)v; break;
+        case O_PODS: bad = parse_count(optarg, 1, 4096, &v); s.npods = (size_t)v; break;
+        case O_CAP:
+            bad = parse_count(optarg, 1024, 1e10, &v);
+            s.capacity_tokens = (uint64_t)v;
+            break;
+        case O_MTC: bad = parse_count(optarg, 1, 1e6, &cap); break;
+        case O_SCRAPE: bad = parse_count(optarg, 1, 1e9, &v); s.scrape_us = v * 1000; break;
+        case O_POL: policies = optarg; break;
+        case O_ROUT: routing = optarg; break;
+        case O_VAR:
+            bad = nvariants == MAX_VARIANTS || !strstr(optarg, "={");
+            if (!bad)
+                variants[nvariants++] = optarg;
+            break;
+        case O_JSON: json = optarg; break;
+        case O_SLOW: slowdown = optarg; break;
+        case O_JITTER: bad = parse_count(optarg, 0, 1e6, &v); s.jitter_us = v * 1000; break;
+        case O_QUIET: quiet = 1; break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "routing_offline: bad value for --%s: %s\n", opts[o - O_TRACE].name,
+                    optarg);
+            return 2;
+        }
+    }
+    if (!trace || optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+
+    double *slow = NULL;
+    if (slowdown) {
+        slow = calloc(s.npods, sizeof(*slow));
+        char *copy = strdup(slowdown), *sv = NULL, *tok = copy ? strtok_r(copy, ",", &sv) : NULL;
+        for (size_t b = 0; slow && b < s.npods; b++) {
+            if (tok && parse_count(tok, 0.01, 100, &slow[b]) != 0) {
+                fprintf(stderr, "routing_offline: bad --slowdown value %s\n", tok);
+                free(copy);
+                free(slow);
+                return 2;
+            }
+            if (!tok)
+                slow[b] = 1;
+            if (tok)
+                tok = strtok_r(NULL, ",", &sv);
+        }
+        free(copy);
+        s.slowdown = slow;
+    }
+
+    /* Every run to make: the listed policies, then the variants. */
+    size_t nruns = 0;
+    off_variant_t *runs = calloc(MAX_VARIANTS + 8, sizeof(*runs));
+    char *list = strdup(policies), *save = NULL;
+    int rc = 2;
+    if (!runs || !list)
+        goto out;
+    for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        off_variant_t *r = &runs[nruns];
+        pcr_policy_opts_default(&r->opts);
+        r->index_capacity = 1;
+        snprintf(r->label, sizeof r->label, "%s", name);
+        if (strcmp(name, "haproxy_hash") == 0)
+            r->haproxy = 1;
+        else if (pcr_policy_kind_parse(name, &r->opts.kind) != 0) {
+            fprintf(stderr, "routing_offline: unknown policy %s\n", name);
+            goto out;
+        }
+        if (apply_routing(r, routing) != 0)
+            goto out;
+        if (++nruns == 8)
+            break;
+    }
+    for (size_t k = 0; k < nvariants; k++) {
+        off_variant_t *r = &runs[nruns++];
+        const char *eq = strstr(variants[k], "={");
+        pcr_policy_opts_default(&r->opts);
+        r->index_capacity = 1;
+        snprintf(r->label, sizeof r->label, "%.*s", (int)(eq - variants[k]), variants[k]);
+        if (apply_routing(r, routing) != 0 || apply_routing(r, eq + 1) != 0)
+            goto out;
+    }
+
+    rt_trace_t t;
+    off_work_t w = {0};
+    rc = 1;
+    if (rt_trace_load(&t, trace, 0, limit) != 0)
+        goto out;
+    uint64_t ch, cq;
+    double ceiling = rt_ceiling(&t, s.capacity_tokens * s.npods, &ch, &cq);
+    if (ceiling < 0 || prepare(&w, &t, (size_t)cap, s.capacity_tokens) != 0) {
+        rt_trace_dispose(&t);
+        work_dispose(&w);
+        goto out;
+    }
+    rt_trace_dispose(&t);
+    if (!quiet) {
+        printf("routing_offline: %s, %zu requests, %zu pods x %llu tokens, ceiling %.4f\n",
+               trace, w.n, s.npods, (unsigned long long)s.capacity_tokens, ceiling);
+        printf("%-22s %8s %7s %11s %11s %8s %8s %8s %6s\n", "policy", "hit rate", "of ceil",
+               "TTFT p50", "TTFT p99", "max/mean", "pred/del", "|error|", "errors");
+    }
+    cJSON *all = cJSON_CreateObject();
+    cJSON_AddStringToObject(all, "trace", trace);
+    cJSON_AddNumberToObject(all, "requests", (double)w.n);
+    cJSON_AddNumberToObject(all, "pods", (double)s.npods);
+    cJSON_AddNumberToObject(all, "capacity_tokens", (double)s.capacity_tokens);
+    cJSON_AddNumberToObject(all, "ceiling", ceiling);
+    cJSON *arr = cJSON_AddArrayToObject(all, "results");
+    rc = 0;
+    for (size_t k = 0; k < nruns; k++) {
+        off_result_t res;
+        if (off_run(&w, &s, &runs[k], &res) != 0) {
+            rc = 1;
+            continue;
+        }
+        if (!quiet)
+            print_row(&runs[k], &res, ceiling);
+        cJSON_AddItemToArray(arr, result_json(&runs[k], &res, ceiling));
+    }
+    if (json) {
+        char *text = cJSON_Print(all);
+        FILE *f = fopen(json, "w");
+        int werr = !f || !text || fputs(text, f) < 0;
+        if ((f && fclose(f) != 0) || werr) {
+            fprintf(stderr, "routing_offline: cannot write %s\n", json);
+            rc = 1;
+        }
+        cJSON_free(text);
+    }
+    cJSON_Delete(all);
+    work_dispose(&w);
+out:
+    free(list);
+    free(runs);
+    free(slow);
+    return rc;
+}

@@ -1,0 +1,78 @@
+/* bench/sim/offline.h: routing_offline, a deterministic discrete-event simulator of pcrouter in
+ * front of simulated vLLM pods, in virtual time.
+ *
+ *   offline.c      flags, the workload (prompts synthesised and hashed once), the report
+ *   offline_run.c  one run: the router's bookkeeping, the policy, the pods, the event queue
+ *
+ * The pods are vllm_sim's (kvcache.c and sim_model.c: same cache, same admission, same
+ * latency model); the router is libpcrhash itself, fed the loads pcrouter would count
+ * (in-flight requests, their uncached prefill until the first byte, the pods' waiting queues
+ * as a scrape last saw them). What it leaves out: network and proxy time, and the wall-clock
+ * jitter a time-scaled real run adds. Same inputs, same figures, on any machine. */
+#ifndef PCR_BENCH_OFFLINE_H
+#define PCR_BENCH_OFFLINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcr/policy.h"
+#include "sim_model.h"
+
+/* One request of the workload, prepared once for every run. */
+typedef struct {
+    double arrival_us;
+    size_t prompt_tokens, max_tokens;
+    uint64_t *kv;              /* the pod's 16-token block hashes */
+    size_t nkv, private_blocks;
+    pcr_key_t key;             /* the router's key (blocks owned here) */
+    uint64_t head_hash;        /* HAProxy's key: the first 256 bytes of the prompt */
+    int bad;                   /* the pods would refuse it (too long): counted as an error */
+} off_req_t;
+
+typedef struct {
+    off_req_t *reqs;
+    size_t n;
+} off_work_t;
+
+typedef struct {
+    size_t npods;
+    uint64_t capacity_tokens;  /* each pod's real KV cache */
+    sim_model_t m;
+    double scrape_us;          /* how often the router reads the pods' waiting queues */
+    const double *slowdown;    /* NULL, or per pod: its prefill and decode take this many times
+                                * m's (a pool of unlike GPUs) */
+    double jitter_us;          /* the router sees each time to first byte late by up to this
+                                * (uniform, seeded): what a real, time-scaled run adds */
+} off_setup_t;
+
+/* One routing configuration to simulate. */
+typedef struct {
+    char label[128];
+    int haproxy;               /* HAProxy's body hash with bounded loads instead of a policy */
+    pcr_policy_opts_t opts;
+    int observe;               /* pass time to first byte to pcr_policy_observe */
+    int feedback;              /* pass delivered cached tokens to pcr_policy_feedback */
+    double index_capacity;     /* the index believes each pod holds this many times its cache
+                                * (misconfigured pods; 1 = told the truth) */
+} off_variant_t;
+
+typedef struct {
+    size_t completed, errors;
+    double hit_rate;           /* pods' cached tokens / prompt tokens */
+    double predicted_tokens;   /* cached tokens the index predicted on the chosen pods */
+    double delivered_tokens;   /* ... the pods delivered */
+    double seen_delivered_tokens; /* ... of them within the prefix the index sees */
+    double abs_error_tokens;   /* sum of |predicted - seen delivered| per request */
+    double prompt_tokens;
+    double ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, ttft_mean_ms;
+    double share;              /* max/mean requests per pod */
+    double makespan_s;
+    uint64_t reasons[PCR_REASON__COUNT];
+} off_result_t;
+
+/* Simulates `w` through `v` on `s`. 0, or -1 when out of memory or when the policy cannot be
+ * built (a message on stderr). */
+int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
+            off_result_t *out);
+
+#endif

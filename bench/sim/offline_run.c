@@ -1,0 +1,391 @@
+/* bench/sim/offline_run.c: one simulated run of routing_offline (see offline.h).
+ *
+ * Events, in virtual microseconds, ordered by (time, sequence) so that ties resolve the same
+ * way every run:
+ *   ARRIVE  the router decides, commits, charges the backend, and the pod queues the request
+ *   FIRST   the first token: the router releases the request's queued prefill
+ *   TOKENS  decoding goes on in chunks of CHUNK tokens at the pod's current inter-token time;
+ *           after the last one the pod releases the cache blocks and admits who can go
+ *   SCRAPE  the router reads every pod's waiting queue, as its health scrape does
+ * A pod admits in FIFO order exactly as vllm_sim does (sim_model_admit). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offline.h"
+#include "pcr/ring.h"
+#include "replay_trace.h"
+
+#define CHUNK 8         /* tokens per TOKENS event: the batch changes little within 8 steps */
+#define NIL UINT32_MAX
+
+enum { EV_ARRIVE, EV_FIRST, EV_TOKENS, EV_SCRAPE };
+
+typedef struct {
+    double t;
+    uint64_t seq;
+    uint32_t req;
+    uint32_t type;
+} ev_t;
+
+typedef struct {
+    ev_t *v;
+    size_t n, cap;
+    uint64_t seq;
+} heap_t;
+
+typedef struct {
+    int pod;
+    uint32_t next;             /* the pod's waiting list */
+    size_t hit_tokens, sent;
+    double first_us;
+    uint64_t charged;          /* uncached prefill still counted in the backend's queue */
+    uint32_t added_from;
+    pcr_decision_t d;
+} rstate_t;
+
+typedef struct {
+    sim_model_t m;             /* this pod's latency model */
+    pcr_kvcache_t *kv;
+    uint32_t wait_head, wait_tail;
+    unsigned nwait, running;
+    double busy_until;
+    uint64_t success;
+} opod_t;
+
+typedef struct {
+    const off_work_t *w;
+    const off_setup_t *s;
+    const off_variant_t *v;
+    pcr_policy_t *policy;
+    pcr_ring_t *ring;          /* HAProxy's */
+    uint64_t *ring_load;
+    opod_t *pods;
+    pcr_backend_load_t *loads;
+    rstate_t *st;
+    heap_t h;
+    double *ttft;
+    size_t nttft, finished;
+    uint64_t rng;              /* the jitter's, seeded: same run, same draws */
+    off_result_t *out;
+} sim_t;
+
+static uint64_t next_random(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int before(const ev_t *a, const ev_t *b)
+{
+    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
+
+static int push(heap_t *h, double t, uint32_t type, uint32_t req)
+{
+    if (h->n == h->cap) {
+        size_t nc = h->cap ? h->cap * 2 : 1024;
+        ev_t *nv = realloc(h->v, nc * sizeof(*nv));
+        if (!nv)
+            return -1;
+        h->v = nv;
+        h->cap = nc;
+    }
+    ev_t e = {t, h->seq++, req, type};
+    size_t i = h->n++;
+    while (i > 0 && before(&e, &h->v[(i - 1) / 2])) {
+        h->v[i] = h->v[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->v[i] = e;
+    return 0;
+}
+
+static ev_t pop(heap_t *h)
+{
+    ev_t top = h->v[0], last = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && before(&h->v[c + 1], &h->v[c]))
+            c++;
+        if (!before(&h->v[c], &last))
+            break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n > 0)
+        h->v[i] = last;
+    return top;
+}
+
+/* ---- the pods ---------------------------------------------------------------------------- */
+
+static int admit_waiting(sim_t *S, size_t b, double now)
+{
+    opod_t *pod = &S->pods[b];
+    while (pod->wait_head != NIL && pod->running < pod->m.max_num_seqs) {
+        uint32_t i = pod->wait_head;
+        const off_req_t *r = &S->w->reqs[i];
+        sim_admit_t a;
+        if (sim_model_admit(&pod->m, pod->kv, r->kv, r->nkv, r->private_blocks,
+                            r->prompt_tokens, pod->running, now, 1.0, &pod->busy_until,
+                            &a) != 0)
+            break;
+        pod->wait_head = S->st[i].next;
+        if (pod->wait_head == NIL)
+            pod->wait_tail = NIL;
+        pod->nwait--;
+        pod->running++;
+        S->st[i].hit_tokens = a.hit_tokens;
+        S->out->delivered_tokens += (double)a.hit_tokens;
+        S->out->prompt_tokens += (double)r->prompt_tokens;
+        if (push(&S->h, a.first_token_us, EV_FIRST, i) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void enqueue(sim_t *S, size_t b, uint32_t i)
+{
+    opod_t *pod = &S->pods[b];
+    S->st[i].next = NIL;
+    if (pod->wait_tail != NIL)
+        S->st[pod->wait_tail].next = i;
+    else
+        pod->wait_head = i;
+    pod->wait_tail = i;
+    pod->nwait++;
+}
+
+/* ---- the router -------------------------------------------------------------------------- */
+
+static int decide(sim_t *S, uint32_t i, double now, pcr_decision_t *d)
+{
+    const off_req_t *r = &S->w->reqs[i];
+    if (S->v->haproxy) {
+        for (size_t b = 0; b < S->s->npods; b++)
+            S->ring_load[b] = S->loads[b].inflight;
+        memset(d, 0, sizeof(*d));
+        d->backend = pcr_ring_lookup(S->ring, r->head_hash, S->ring_load, NULL, 1.25);
+        d->reason = PCR_REASON_HASH;
+        d->uncached_prefill = r->key.prompt_tokens;
+        return d->backend >= 0 ? 0 : -1;
+    }
+    return pcr_policy_decide(S->policy, &r->key, S->loads, (uint64_t)now, d);
+}
+
+static int on_arrive(sim_t *S, uint32_t i, double now)
+{
+    const off_req_t *r = &S->w->reqs[i];
+    rstate_t *st = &S->st[i];
+    if (r->bad) {
+        S->out->errors++;
+        S->finished++;
+        return 0;
+    }
+    if (decide(S, i, now, &st->d) != 0 || st->d.backend < 0) {
+        S->out->errors++;
+        S->finished++;
+        return 0;
+    }
+    size_t b = (size_t)st->d.backend;
+    S->out->reasons[st->d.reason]++;
+    if (!S->v->haproxy)
+        pcr_policy_commit(S->policy, st->d.backend, &r->key, (uint64_t)now, &st->added_from);
+    double pred = (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / 4.0;
+    if (pred > (double)r->prompt_tokens)
+        pred = (double)r->prompt_tokens;
+    S->out->predicted_tokens += pred;
+    st->pod = (int)b;
+    st->charged = st->d.uncached_prefill;
+    S->loads[b].inflight++;
+    S->loads[b].queued_prefill += st->charged;
+    enqueue(S, b, i);
+    return admit_waiting(S, b, now);
+}
+
+static int next_tokens(sim_t *S, uint32_t i, double now)
+{
+    const off_req_t *r = &S->w->reqs[i];
+    rstate_t *st = &S->st[i];
+    opod_t *pod = &S->pods[st->pod];
+    size_t k = r->max_tokens - st->sent < CHUNK ? r->max_tokens - st->sent : CHUNK;
+    st->sent += k;
+    return push(&S->h, now + (double)k * sim_model_itl_us(&pod->m, pod->running, 1.0),
+                EV_TOKENS, i);
+}
+
+static int on_first(sim_t *S, uint32_t i, double now)
+{
+    rstate_t *st = &S->st[i];
+    size_t b = (size_t)st->pod;
+    const off_req_t *r = &S->w->reqs[i];
+    st->first_us = now;
+    S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
+    S->loads[b].queued_prefill -= st->charged;
+    st->charged = 0;
+    if (S->v->observe && S->policy) {
+        double late = S->s->jitter_us * (double)(next_random(&S->rng) >> 11) / 9007199254740992.0;
+        pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, st->d.queued_ahead,
+                           (uint64_t)(now - r->arrival_us + late));
+    }
+    st->sent = 1;
+    if (st->sent >= r->max_tokens)
+        return push(&S->h, now, EV_TOKENS, i);
+    return next_tokens(S, i, now);
+}
+
+static int on_tokens(sim_t *S, uint32_t i, double now)
+{
+    const off_req_t *r = &S->w->reqs[i];
+    rstate_t *st = &S->st[i];
+    if (st->sent < r->max_tokens)
+        return next_tokens(S, i, now);
+    size_t b = (size_t)st->pod;
+    opod_t *pod = &S->pods[b];
+    pcr_kvcache_release(pod->kv, r->kv, r->nkv, r->private_blocks);
+    pod->running--;
+    pod->success++;
+    S->loads[b].inflight--;
+    S->out->completed++;
+    S->finished++;
+    double pred = (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / 4.0;
+    if (pred > (double)r->prompt_tokens)
+        pred = (double)r->prompt_tokens;
+    /* The index sees only the first max_prefix_bytes of a prompt: compare within them. */
+    double seen = (double)r->key.nblocks * (double)S->v->opts.block_bytes / 4.0;
+    seen = (double)st->hit_tokens < seen ? (double)st->hit_tokens : seen;
+    S->out->seen_delivered_tokens += seen;
+    S->out->abs_error_tokens += fabs(pred - seen);
+    if (S->v->feedback && S->policy)
+        pcr_policy_feedback(S->policy, &r->key, &st->d, st->hit_tokens, (uint64_t)now);
+    if (now / 1e6 > S->out->makespan_s)
+        S->out->makespan_s = now / 1e6;
+    return admit_waiting(S, b, now);
+}
+
+static int on_scrape(sim_t *S, double now)
+{
+    for (size_t b = 0; b < S->s->npods; b++)
+        S->loads[b].pod_waiting = S->pods[b].nwait;
+    if (S->finished < S->w->n)
+        return push(&S->h, now + S->s->scrape_us, EV_SCRAPE, 0);
+    return 0;
+}
+
+/* ---- one run ----------------------------------------------------------------------------- */
+
+static int setup(sim_t *S)
+{
+    size_t n = S->s->npods;
+    char names[n][24];
+    const char *np[n];
+    pcr_backend_desc_t descs[n];
+    for (size_t b = 0; b < n; b++) {
+        snprintf(names[b], sizeof names[b], "pod-%zu", b);
+        np[b] = names[b];
+        /* As router/main.c converts capacity_tokens: a token is 4 bytes of prompt. */
+        double tokens = (double)S->s->capacity_tokens * S->v->index_capacity;
+        uint64_t blocks = (uint64_t)(tokens * 4.0 / (double)S->v->opts.block_bytes);
+        descs[b] = (pcr_backend_desc_t){names[b], "", 1, blocks ? blocks : 1};
+    }
+    S->pods = calloc(n, sizeof(*S->pods));
+    S->loads = calloc(n, sizeof(*S->loads));
+    S->ring_load = calloc(n, sizeof(*S->ring_load));
+    S->st = calloc(S->w->n ? S->w->n : 1, sizeof(*S->st));
+    S->ttft = malloc((S->w->n ? S->w->n : 1) * sizeof(*S->ttft));
+    if (!S->pods || !S->loads || !S->ring_load || !S->st || !S->ttft)
+        return -1;
+    for (size_t b = 0; b < n; b++) {
+        S->pods[b].kv = pcr_kvcache_new((size_t)(S->s->capacity_tokens / PCR_KV_BLOCK_TOKENS));
+        if (!S->pods[b].kv)
+            return -1;
+        S->pods[b].wait_head = S->pods[b].wait_tail = NIL;
+        S->pods[b].m = S->s->m;
+        if (S->s->slowdown) {
+            double f = S->s->slowdown[b];
+            S->pods[b].m.prefill_us_per_token *= f;
+            S->pods[b].m.itl_ms *= f;
+            S->pods[b].m.itl_per_seq_us *= f;
+        }
+        S->loads[b].usable = 1;
+    }
+    if (S->v->haproxy) {
+        S->ring = pcr_ring_new(np, NULL, n, 160);
+        return S->ring ? 0 : -1;
+    }
+    S->policy = pcr_policy_new(&S->v->opts, descs, n);
+    if (!S->policy) {
+        fprintf(stderr, "routing_offline: %s: invalid routing options\n", S->v->label);
+        return -1;
+    }
+    return 0;
+}
+
+static void teardown(sim_t *S)
+{
+    for (size_t b = 0; S->pods && b < S->s->npods; b++)
+        pcr_kvcache_free(S->pods[b].kv);
+    free(S->pods);
+    free(S->loads);
+    free(S->ring_load);
+    free(S->st);
+    free(S->ttft);
+    free(S->h.v);
+    pcr_ring_free(S->ring);
+    pcr_policy_free(S->policy);
+}
+
+int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
+            off_result_t *out)
+{
+    sim_t S = {.w = w, .s = s, .v = v, .out = out, .rng = 1};
+    int rc = -1;
+    memset(out, 0, sizeof(*out));
+    if (setup(&S) != 0)
+        goto done;
+    for (uint32_t i = 0; i < w->n; i++)
+        if (push(&S.h, w->reqs[i].arrival_us, EV_ARRIVE, i) != 0)
+            goto done;
+    if (w->n && push(&S.h, w->reqs[0].arrival_us, EV_SCRAPE, 0) != 0)
+        goto done;
+    while (S.h.n > 0) {
+        ev_t e = pop(&S.h);
+        int r = 0;
+        switch (e.type) {
+        case EV_ARRIVE: r = on_arrive(&S, e.req, e.t); break;
+        case EV_FIRST: r = on_first(&S, e.req, e.t); break;
+        case EV_TOKENS: r = on_tokens(&S, e.req, e.t); break;
+        case EV_SCRAPE: r = on_scrape(&S, e.t); break;
+        }
+        if (r != 0)
+            goto done;
+    }
+    rt_sort(S.ttft, S.nttft);
+    double sum = 0, smax = 0, ssum = 0;
+    for (size_t i = 0; i < S.nttft; i++)
+        sum += S.ttft[i];
+    out->ttft_p50_ms = rt_percentile(S.ttft, S.nttft, 50);
+    out->ttft_p90_ms = rt_percentile(S.ttft, S.nttft, 90);
+    out->ttft_p99_ms = rt_percentile(S.ttft, S.nttft, 99);
+    out->ttft_mean_ms = S.nttft ? sum / (double)S.nttft : NAN;
+    for (size_t b = 0; b < s->npods; b++) {
+        ssum += (double)S.pods[b].success;
+        if ((double)S.pods[b].success > smax)
+            smax = (double)S.pods[b].success;
+    }
+    out->share = ssum > 0 ? smax / (ssum / (double)s->npods) : NAN;
+    out->hit_rate = out->prompt_tokens > 0 ? out->delivered_tokens / out->prompt_tokens : NAN;
+    rc = 0;
+done:
+    if (rc != 0)
+        fprintf(stderr, "routing_offline: %s: out of memory\n", v->label);
+    teardown(&S);
+    return rc;
+}

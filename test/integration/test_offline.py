@@ -1,0 +1,108 @@
+"""The routing benchmark's tools: bench/workloads.py (seeded workloads in Mooncake format) and
+bench/sim/routing_offline (the policies before simulated pods in virtual time).
+
+Workloads: the same seed gives the same rows, rows are well formed, and each workload has the
+shape it claims (groups sharing a system prompt, chats whose turns extend their history).
+routing_offline: two runs of the same trace give the same figures, cache_aware keeps more of the
+ceiling than round robin, and bad input is refused with a message. Binaries come from $PCR_BUILD
+(default build/); every run is bounded in time."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import workloads  # noqa: E402
+
+BUILD = os.path.abspath(os.environ.get("PCR_BUILD") or os.path.join(ROOT, "build"))
+OFFLINE = os.path.join(BUILD, "bench", "sim", "routing_offline")
+
+
+def test_workloads_are_seeded_and_well_formed():
+    for name in workloads.WORKLOADS:
+        a = workloads.generate(name, "light", seed=1)
+        assert a == workloads.generate(name, "light", seed=1), name
+        assert a[0]["timestamp"] == 0
+        assert all(x["timestamp"] <= y["timestamp"] for x, y in zip(a, a[1:])), name
+        for r in a:
+            assert len(r["hash_ids"]) == math.ceil(r["input_length"] / workloads.BLOCK), (name, r)
+            assert r["output_length"] >= 1
+        if name not in ("conversation", "mooncake"):   # the real traces have no seed
+            assert a != workloads.generate(name, "light", seed=2), name
+
+
+def test_shared_prefix_groups_share_their_system_prompt():
+    rows = workloads.generate("shared_prefix", "light")
+    shared = 6000 // workloads.BLOCK   # the system prompt's full blocks
+    by_head = {}
+    for r in rows:
+        by_head.setdefault(r["hash_ids"][0], set()).add(tuple(r["hash_ids"]))
+    for prompts in by_head.values():
+        assert len(prompts) <= 5                           # prompts per group
+        assert len({p[:shared] for p in prompts}) == 1     # one system prompt per group
+        if len(prompts) > 1:
+            assert len({p[shared:] for p in prompts}) == len(prompts)   # their own questions
+    assert len(by_head) > 100
+
+
+def test_chat_turns_extend_their_history():
+    rows = workloads.generate("chat", "light")
+    seen = set()
+    extends = 0
+    for r in rows:
+        ids = tuple(r["hash_ids"])
+        # an earlier turn of the same chat: its full blocks are a prefix of this prompt
+        extends += any(ids[:k] in seen for k in range(len(ids) - 1, 4, -1))
+        seen.update(ids[:k] for k in range(1, len(ids) + 1))
+    assert extends > len(rows) // 2, (extends, len(rows))
+
+
+def run_offline(tmp_path, trace, *extra):
+    out = tmp_path / ("r%d.json" % len(list(tmp_path.iterdir())))
+    p = subprocess.run([OFFLINE, "--trace", str(trace), "--pods", "8", "--capacity-tokens",
+                        "200000", "--quiet", "--json", str(out)] + list(extra),
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    with open(out) as f:
+        return {r["label"]: r for r in json.load(f)["results"]}
+
+
+def test_offline_is_deterministic_and_cache_aware_keeps_the_cache(tmp_path):
+    trace = tmp_path / "mooncake.jsonl"
+    with open(trace, "w") as f:
+        for r in workloads.generate("mooncake", "light")[:300]:
+            f.write(json.dumps(r) + "\n")
+    policies = "round_robin,consistent_hash,cache_aware,haproxy_hash"
+    a = run_offline(tmp_path, trace, "--policies", policies,
+                    "--variant", 'learning={"observe": true, "feedback": true}')
+    b = run_offline(tmp_path, trace, "--policies", policies,
+                    "--variant", 'learning={"observe": true, "feedback": true}')
+    assert a == b
+    assert set(a) == set(policies.split(",")) | {"learning"}
+    for r in a.values():
+        assert r["completed"] == 300 and r["errors"] == 0, r
+        assert 0 < r["ttft_ms_model"]["p50"] <= r["ttft_ms_model"]["p99"], r
+    assert a["cache_aware"]["hit_rate"] > a["round_robin"]["hit_rate"], a
+    assert a["cache_aware"]["fraction_of_ceiling"] > 0.9, a["cache_aware"]
+    assert a["round_robin"]["predicted_tokens"] == 0   # no index, no prediction
+
+
+def test_offline_refuses_bad_input(tmp_path):
+    p = subprocess.run([OFFLINE, "--trace", str(tmp_path / "none.jsonl")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "cannot open" in p.stderr, p.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10}\n')
+    p = subprocess.run([OFFLINE, "--trace", str(bad)], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 1 and "bad.jsonl:1: not a Mooncake row" in p.stderr, p.stderr
+    for args, why in ((["--routing", '{"load_wieght": 1}'], 'unknown routing key "load_wieght"'),
+                      (["--routing", '{"load_factor": 0.5}'], '"load_factor" must be a number'),
+                      (["--variant", "nojson"], "bad value for --variant"),
+                      (["--slowdown", "1,x"], "bad --slowdown value x")):
+        p = subprocess.run([OFFLINE, "--trace", str(bad)] + args, capture_output=True,
+                           text=True, timeout=30)
+        assert p.returncode == 2 and why in p.stderr, (args, p.stderr)

@@ -5,6 +5,7 @@
  *   sim_api.c     OpenAI bodies in (cJSON) and out, /metrics text, /v1/models
  *   sim_engine.c  the pod's scheduler: FIFO admission, KV cache, latency model, token emission
  *   kvcache.c     the prefix cache (shared with the replayer's ceiling)
+ *   sim_model.c   the latency model and admission rule (shared with routing_offline)
  *
  * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
  * by time_scale to get wall-clock time. */
@@ -19,16 +20,13 @@
 #include <stdint.h>
 
 #include "kvcache.h"
+#include "sim_model.h"
 
 typedef struct {
     const char *model;            /* --model, served model name */
     double time_scale;            /* --time-scale: 60 = everything 60x faster */
-    double prefill_us_per_token;  /* --prefill-us-per-token, uncached prompt token */
-    double prefill_batch_slowdown;/* --prefill-batch-slowdown: per running sequence */
-    double overhead_ms;           /* --overhead-ms: scheduling + first decode step */
-    double itl_ms;                /* --itl-ms: decode step at batch 1 */
-    double itl_per_seq_us;        /* --itl-per-seq-us: added per running sequence */
-    unsigned max_num_seqs;        /* --max-num-seqs */
+    sim_model_t m;                /* --prefill-us-per-token, --prefill-batch-slowdown,
+                                     --overhead-ms, --itl-ms, --itl-per-seq-us, --max-num-seqs */
     uint64_t capacity_tokens;     /* --capacity-tokens: KV cache size */
     uint64_t max_model_len;       /* --max-model-len: prompt + max_tokens limit */
     double fail_rate, drop_rate, stall_rate;
@@ -36,6 +34,7 @@ typedef struct {
     size_t max_body_bytes;
     double start_time;            /* wall clock at start, s: process_start_time_seconds */
     size_t metrics_pad_bytes;     /* --metrics-pad-bytes: /metrics grown to about this size */
+    int hide_cache_config;        /* --hide-cache-config: no vllm:cache_config_info in /metrics */
 } sim_conf_t;
 
 typedef struct sim_pod sim_pod_t;

@@ -136,8 +136,7 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
         goto bad;
     }
     r->nblocks = pcr_kvcache_hash_prompt(evbuffer_pullup(prompt, -1), plen, 0, r->hashes, nb);
-    r->private_blocks = (r->prompt_tokens - r->nblocks * PCR_KV_BLOCK_TOKENS + r->max_tokens +
-                         PCR_KV_BLOCK_TOKENS - 1) / PCR_KV_BLOCK_TOKENS;
+    r->private_blocks = sim_model_private_blocks(r->prompt_tokens, r->nblocks, r->max_tokens);
     if (r->nblocks + r->private_blocks > pcr_kvcache_capacity(pod->kv)) {
         why = "the request needs more KV cache blocks than the pod has";
         goto bad;
@@ -308,10 +307,11 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                         "requests.\n# TYPE vllm:request_success_total counter\n"
                         "vllm:request_success_total{finished_reason=\"length\",model_name=\"%s\"} "
                         "%llu\n", m, (unsigned long long)pod->success);
-    evbuffer_add_printf(out, "# HELP vllm:cache_config_info Information of the LLMEngine "
-                        "CacheConfig\n# TYPE vllm:cache_config_info gauge\n"
-                        "vllm:cache_config_info{block_size=\"%d\",model_name=\"%s\","
-                        "num_gpu_blocks=\"%zu\"} 1\n", PCR_KV_BLOCK_TOKENS, m, cap);
+    if (!pod->conf->hide_cache_config)
+        evbuffer_add_printf(out, "# HELP vllm:cache_config_info Information of the LLMEngine "
+                            "CacheConfig\n# TYPE vllm:cache_config_info gauge\n"
+                            "vllm:cache_config_info{block_size=\"%d\",model_name=\"%s\","
+                            "num_gpu_blocks=\"%zu\"} 1\n", PCR_KV_BLOCK_TOKENS, m, cap);
     evbuffer_add_printf(out, "# HELP vllm:time_to_first_token_seconds Histogram of time to "
                         "first token in seconds.\n"
                         "# TYPE vllm:time_to_first_token_seconds histogram\n");

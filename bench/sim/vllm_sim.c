@@ -46,7 +46,9 @@ static void usage(FILE *f)
 "  --stall-rate F               never answer this fraction (default 0)\n"
 "  --seed N                     seed of the fault draws (default 1)\n"
 "  --metrics-pad-bytes N        grow /metrics to about N bytes with latency histograms nobody\n"
-"                               reads, as a real vLLM page is tens of KiB (default 0: no)\n");
+"                               reads, as a real vLLM page is tens of KiB (default 0: no)\n"
+"  --hide-cache-config          leave vllm:cache_config_info out of /metrics, as a pod that\n"
+"                               hides its KV capacity (the router then trusts its config)\n");
 }
 
 static int valid_name(const char *s)
@@ -86,9 +88,8 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
     sim_conf_t conf = {
-        .model = "sim-8b", .time_scale = 1, .prefill_us_per_token = 70,
-        .prefill_batch_slowdown = 0.005, .overhead_ms = 15, .itl_ms = 12, .itl_per_seq_us = 60,
-        .max_num_seqs = 256, .capacity_tokens = 400000, .max_model_len = 131072,
+        .model = "sim-8b", .time_scale = 1, .m = SIM_MODEL_DEFAULTS,
+        .capacity_tokens = 400000, .max_model_len = 131072,
         .tick_us = 1000, .max_body_bytes = 64u << 20,
     };
     const char *host = "127.0.0.1";
@@ -97,7 +98,7 @@ int main(int argc, char **argv)
     uint64_t seed = 1;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
-           O_HELP };
+           O_HIDE, O_HELP };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -106,7 +107,8 @@ int main(int argc, char **argv)
         {"prefill-batch-slowdown", 1, 0, O_SLOW}, {"overhead-ms", 1, 0, O_OVER},
         {"itl-ms", 1, 0, O_ITL}, {"itl-per-seq-us", 1, 0, O_ITLSEQ}, {"tick-us", 1, 0, O_TICK},
         {"fail-rate", 1, 0, O_FAIL}, {"drop-rate", 1, 0, O_DROP}, {"stall-rate", 1, 0, O_STALL},
-        {"seed", 1, 0, O_SEED}, {"metrics-pad-bytes", 1, 0, O_PAD}, {"help", 0, 0, O_HELP},
+        {"seed", 1, 0, O_SEED}, {"metrics-pad-bytes", 1, 0, O_PAD},
+        {"hide-cache-config", 0, 0, O_HIDE}, {"help", 0, 0, O_HELP},
         {0, 0, 0, 0},
     };
     int o;
@@ -128,13 +130,13 @@ int main(int argc, char **argv)
             bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1e10, &v);
             conf.capacity_tokens = (uint64_t)v;
             break;
-        case O_SEQS: bad = parse_double(optarg, 1, 1e6, &v); conf.max_num_seqs = (unsigned)v; break;
+        case O_SEQS: bad = parse_double(optarg, 1, 1e6, &v); conf.m.max_num_seqs = (unsigned)v; break;
         case O_MML: bad = parse_double(optarg, 1, 1e9, &v); conf.max_model_len = (uint64_t)v; break;
-        case O_PREFILL: bad = parse_double(optarg, 0, 1e7, &conf.prefill_us_per_token); break;
-        case O_SLOW: bad = parse_double(optarg, 0, 1e3, &conf.prefill_batch_slowdown); break;
-        case O_OVER: bad = parse_double(optarg, 0, 1e7, &conf.overhead_ms); break;
-        case O_ITL: bad = parse_double(optarg, 0, 1e7, &conf.itl_ms); break;
-        case O_ITLSEQ: bad = parse_double(optarg, 0, 1e7, &conf.itl_per_seq_us); break;
+        case O_PREFILL: bad = parse_double(optarg, 0, 1e7, &conf.m.prefill_us_per_token); break;
+        case O_SLOW: bad = parse_double(optarg, 0, 1e3, &conf.m.prefill_batch_slowdown); break;
+        case O_OVER: bad = parse_double(optarg, 0, 1e7, &conf.m.overhead_ms); break;
+        case O_ITL: bad = parse_double(optarg, 0, 1e7, &conf.m.itl_ms); break;
+        case O_ITLSEQ: bad = parse_double(optarg, 0, 1e7, &conf.m.itl_per_seq_us); break;
         case O_TICK: bad = parse_double(optarg, 0, 1e7, &v); conf.tick_us = (unsigned)v; break;
         case O_FAIL: bad = parse_double(optarg, 0, 1, &conf.fail_rate); break;
         case O_DROP: bad = parse_double(optarg, 0, 1, &conf.drop_rate); break;
@@ -144,6 +146,7 @@ int main(int argc, char **argv)
             bad = parse_double(optarg, 0, 16 << 20, &v);
             conf.metrics_pad_bytes = (size_t)v;
             break;
+        case O_HIDE: conf.hide_cache_config = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

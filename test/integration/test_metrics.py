@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import (BUILD, CurlStream, PCROUTER, ROOT, completion, curl, get_metrics,
                       make_config, metric, parse_metrics, sse_events, wait_for)
 
@@ -124,6 +126,25 @@ def test_a_pod_that_says_less_than_predicted_shows_as_error(cluster):
     # A pod that reports no prompt_tokens_details is no observation at all.
     assert curl(c.url("/v1/completions"), completion(prompt, usage="plain")).status == 200
     assert metric(get_metrics(c.router), "pcrouter_cached_tokens_error_count") == 2
+
+
+@pytest.mark.parametrize("feedback", [True, False])
+def test_a_mispredicted_pod_makes_the_index_forget(cluster, feedback):
+    """A pod that delivers less than predicted evicted the missing blocks, and everything it
+    used before them (its cache is an LRU): with feedback the index forgets those for it, so an
+    older prefix is no longer sent as warm; without, the index goes on believing it."""
+    c = cluster(1, policy="cache_aware", routing={"feedback": feedback})
+    older = "an older system prompt the pod served first. " * 60
+    newer = "a newer system prompt the pod served next, then lost. " * 60
+    assert curl(c.url("/v1/completions"), completion(older)).status == 200
+    assert curl(c.url("/v1/completions"), completion(newer)).status == 200
+    r = curl(c.url("/v1/completions"), completion(newer, cached_tokens=0))
+    assert r.status == 200 and r.header("x-pcrouter-route") == "warm"
+    again = curl(c.url("/v1/completions"), completion(older))
+    assert again.status == 200
+    assert again.header("x-pcrouter-route") == ("cold" if feedback else "warm"), again.headers
+    # The request that was served whole is known again: the pod computed and now holds it.
+    assert curl(c.url("/v1/completions"), completion(newer)).header("x-pcrouter-route") == "warm"
 
 
 def test_request_usage_reads_streams_the_client_never_asked_about(cluster):

@@ -63,6 +63,54 @@ static void test_commit_reaches_the_others_not_the_sender(void)
     pcr_bus_free(bus);
 }
 
+/* What a worker learns from a pod's answer, its speed and what it delivered, reaches the
+ * others: a replica fed the updates prices and forgets like the one that learned them. */
+static void test_observe_and_feedback_reach_the_others(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(2);
+    pcr_policy_t *w0 = replica(), *w1 = replica();
+    uint64_t old_blocks[1024], new_blocks[1024];
+    pcr_key_t older, newer;
+    static char a[4096], b[4096];
+    memset(a, 'a', sizeof(a) - 1);
+    memset(b, 'b', sizeof(b) - 1);
+    make_key(w0, a, &older, old_blocks);
+    make_key(w0, b, &newer, new_blocks);
+    uint32_t from;
+    for (pcr_policy_t **pp = (pcr_policy_t *[]){w0, w1, NULL}; *pp; pp++) {
+        pcr_policy_commit(*pp, 0, &older, 10, &from);
+        pcr_policy_commit(*pp, 0, &newer, 20, &from);
+    }
+    /* A pod ten times slower than the prior says, observed by worker 0. */
+    double before = pcr_policy_estimate_ttft(w1, 0, 10000);
+    for (int i = 0; i < 64; i++) {
+        pcr_policy_observe(w0, 0, 10000, 0, 7000000);
+        pcr_bus_observe(bus, 0, 0, 10000, 0, 7000000);
+    }
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, &w1), 64);
+    PCR_CHECK(pcr_policy_estimate_ttft(w1, 0, 10000) > 2 * before);
+    PCR_CHECK(pcr_policy_estimate_ttft(w1, 0, 10000) == pcr_policy_estimate_ttft(w0, 0, 10000));
+    /* Worker 0 learns the pod delivered nothing of the newer prompt: it evicted it, and the
+     * older one with it. */
+    pcr_backend_load_t loads[3];
+    memset(loads, 0, sizeof(loads));
+    loads[0].usable = 1;
+    pcr_decision_t d;
+    pcr_policy_decide(w0, &newer, loads, 30, &d);
+    PCR_CHECK_EQ_INT(d.matched_blocks, newer.nblocks);
+    pcr_policy_feedback(w0, &newer, &d, 0, 30);
+    pcr_bus_feedback(bus, 0, &newer, &d, 0, 30);
+    PCR_CHECK_EQ_INT(matched(w1, &older, 0), older.nblocks);  /* not before its next drain */
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, &w1), 1);
+    PCR_CHECK_EQ_INT(matched(w0, &older, 0), 0);
+    PCR_CHECK_EQ_INT(matched(w1, &older, 0), 0);
+    PCR_CHECK_EQ_INT(matched(w1, &newer, 0), matched(w0, &newer, 0));
+    PCR_CHECK_EQ_U64(pcr_policy_backend_capacity(w1, 0), pcr_policy_backend_capacity(w0, 0));
+    pcr_policy_free(w0);
+    pcr_policy_free(w1);
+    pcr_bus_free(bus);
+}
+
 static void test_control_reaches_every_worker(void)
 {
     pcr_bus_t *bus = pcr_bus_new(2);
@@ -136,6 +184,7 @@ static void test_undrained_inbox_is_bounded(void)
 int main(void)
 {
     PCR_RUN(test_commit_reaches_the_others_not_the_sender);
+    PCR_RUN(test_observe_and_feedback_reach_the_others);
     PCR_RUN(test_control_reaches_every_worker);
     PCR_RUN(test_tap_sees_the_workers_updates_only);
     PCR_RUN(test_undrained_inbox_is_bounded);

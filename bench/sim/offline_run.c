@@ -284,7 +284,7 @@ static int on_scrape(sim_t *S, double now)
 static int setup(sim_t *S)
 {
     size_t n = S->s->npods;
-    char names[n][24];
+    char names[n][32];
     const char *np[n];
     pcr_backend_desc_t descs[n];
     for (size_t b = 0; b < n; b++) {

@@ -305,7 +305,10 @@ def test_redis_killed_mid_traffic(stub_factory, router_factory, redis_server):
         home2, _ = send(b, chat([fresh, {"role": "user", "content": "x"}]))
         wait_for(lambda: share(b, "updates_sent") > sent, DEADLINE, 0.02, "B's update sent")
         wait_for(lambda: share(a, "updates_received") > received, DEADLINE, 0.02, "A applying it")
-        assert send(a, chat([fresh, {"role": "user", "content": "y"}])) == (home2, "warm")
+        # Known warm on home2 now: sent there, or passed over only for the share of recent
+        # requests the traffic gave it (the bound names it: a prefix A did not know is "cold").
+        pod, route3 = send(a, chat([fresh, {"role": "user", "content": "y"}]))
+        assert (pod, route3) == (home2, "warm") or route3 == "overload_spill", (pod, route3)
     finally:
         traffic.stop()
     assert len(traffic.statuses) >= 40

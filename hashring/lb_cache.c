@@ -3,7 +3,7 @@
  *
  * Work is counted in prompt tokens (4 bytes of canonical prompt = 1 token), then turned into
  * time by each backend's learned rate (include/pcr/ttft.h, fed by pcr_policy_observe; rates
- * within 25% of the pool's median count as the median, see policy_int.h):
+ * within PCR_RATE_BAND (35%) of the pool's median count as the median, see policy_int.h):
  *
  *   cost(b) = overhead + rate(b) * (w(b) * load(b) + uncached(b) + zone_penalty(b))
  *   uncached(b) = prompt_tokens - matched(b) * block_bytes / 4, at least 0 (0 when b holds all

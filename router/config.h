@@ -58,7 +58,7 @@ typedef struct {
     size_t max_prefix_bytes;       /* default 131072, >= block_bytes */
     size_t index_max_bytes;        /* default 268435456 (256 MiB) */
     double load_factor;            /* bounded-load c, default 1.25, >= 1.0 */
-    double load_weight;            /* default 0.25, >= 0 */
+    double load_weight;            /* default 1, >= 0 */
     double zone_penalty;           /* tokens of prefill a zone change costs, default 2048, >= 0 */
     unsigned vnodes;               /* virtual nodes per unit of weight, default 160, 1..10000 */
     unsigned unavailable_keep_ms;  /* a pod down or ejected keeps its index entries this long,

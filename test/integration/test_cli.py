@@ -1,5 +1,6 @@
 """The command line: --version, --help, --check-config, and -c refusing a bad config."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -179,3 +180,124 @@ def test_long_config_flag_starts(tmp_path, stub_factory):
     assert rc == 0, err.tail()
     for m in SANITIZER_MARKERS:
         assert m not in err.text(), err.text()
+
+
+# ---- conf/README.md against the loader ---------------------------------------------------
+
+# Every object the config may hold, as a key-path prefix, and where a stray key goes in a
+# config that has them all (the loader then names each object's keys: "allowed: ...").
+CONFIG_OBJECTS = {
+    "": "zzz",
+    "listen[].": 'listen[0]',
+    "listen[].tls.": 'listen[0].tls',
+    "backends[].": 'backends[0]',
+    "discovery[].": 'discovery[0]',
+    **{s + ".": s for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape",
+                            "outlier", "log", "admin", "redis")},
+}
+
+
+def loader_keys(tmp_path):
+    """Every key path the loader accepts ("routing.policy", "listen[].tls.cert", ...), from its
+    own "unknown key" errors: one stray key in each object of a config that has them all."""
+    cfg = {"listen": [{"address": "127.0.0.1:0", "tls": {"cert": "/dev/null", "key": "/dev/null",
+                                                          "zzz": 1}, "zzz": 1}],
+           "backends": [{"name": "a", "url": "http://127.0.0.1:1", "zzz": 1}],
+           "discovery": [{"dns": "pods.example", "zzz": 1}],
+           "admin": {"address": "127.0.0.1:0", "zzz": 1},
+           "redis": {"url": "redis://127.0.0.1", "zzz": 1}, "zzz": 1}
+    for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape", "outlier", "log"):
+        cfg[s] = {"zzz": 1}
+    path = tmp_path / "every.json"
+    path.write_text(json.dumps(cfg))
+    p = run("--check-config", str(path))
+    keys = set()
+    for prefix, where in CONFIG_OBJECTS.items():
+        at = where if where == "zzz" else where + ".zzz"
+        m = re.search(r"^[^\n]*:\d+:\d+: %s: unknown key \"zzz\" \(allowed: ([^)]*)\)$" % re.escape(at),
+                      p.stderr, re.M)
+        assert m, "no list of the keys of %r in:\n%s" % (where, p.stderr)
+        keys |= {prefix + k for k in m.group(1).split(", ")}
+    return keys
+
+
+def readme_key_rows():
+    """conf/README.md's keys table: {key path: default cell}; a row naming several keys
+    ("`discovery[].zone`, `.weight`") gives each the row's default."""
+    with open(os.path.join(ROOT, "conf", "README.md")) as f:
+        section = f.read().split("\n## Keys\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 4 or not cells[0].startswith("`"):
+            continue
+        names = re.findall(r"`([^`]+)`", cells[0])
+        first = names[0]
+        for n in names:
+            key = first.rsplit(".", 1)[0] + n if n.startswith(".") else n
+            assert key not in rows, "%s documented twice" % key
+            rows[key] = cells[2]
+    return rows
+
+
+def full_json_value(full, key):
+    """The value of `key` ("listen[].tls.cert") in conf/pcrouter.full.json, KeyError when absent."""
+    v = full
+    for part in key.split("."):
+        if part.endswith("[]"):
+            v = v[part[:-2]][0]
+        else:
+            v = v[part]
+    return v
+
+
+def lineage(key):
+    """`key` and the objects it is in: "listen[].tls.cert", "listen[].tls", "listen"."""
+    out = [key]
+    while "." in key:
+        key = key.rsplit(".", 1)[0]
+        out.append(key[:-2] if key.endswith("[]") else key)
+    return out
+
+
+def test_conf_readme_documents_every_key_and_no_other(tmp_path):
+    code = loader_keys(tmp_path)
+    rows = readme_key_rows()
+    sections = {k.rsplit(".", 1)[0] for k in rows if "." in k} | {k.split("[]")[0] for k in rows}
+    missing = {k for k in code if k not in rows and k not in sections}
+    assert not missing, "keys the loader takes that conf/README.md does not document: %s" % sorted(missing)
+    extra = set(rows) - code
+    assert not extra, "keys conf/README.md documents that the loader refuses: %s" % sorted(extra)
+
+
+def test_conf_readme_defaults_are_the_full_example(tmp_path):
+    """Each default the keys table gives as a value is the value conf/pcrouter.full.json sets
+    (test_config.c checks that file loads into the loader's own defaults), and the example sets
+    every key but those whose default is to be absent or that are required."""
+    code = loader_keys(tmp_path)
+    rows = readme_key_rows()
+    with open(os.path.join(ROOT, "conf", "pcrouter.full.json")) as f:
+        full = json.load(f)
+
+    def literal(key):
+        m = re.match(r"`([^`]*)`", rows[key])
+        if m is None:
+            return None
+        token = m.group(1)
+        if token in code:                  # "the default is that other key's"
+            return literal(token)
+        return json.loads(token)
+
+    for key in sorted(code):
+        if key not in rows:
+            continue                       # a section, documented by its keys
+        try:
+            value = full_json_value(full, key)
+        except (KeyError, IndexError):
+            # Absent from the example: it, or the object it belongs to, has no default value.
+            assert any(rows.get(k, "").startswith(("absent", "(required")) for k in lineage(key)), \
+                "conf/pcrouter.full.json does not set %s" % key
+            continue
+        want = literal(key)
+        if want is not None:
+            assert value == want, "%s: conf/README.md says %r, conf/pcrouter.full.json %r" % (key, want, value)

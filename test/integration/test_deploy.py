@@ -339,30 +339,40 @@ def test_k8s_vllm_pool():
     assert "nvidia.com/gpu" in c["resources"]["limits"]
 
 
-def test_k8s_configmap_config_passes_check_config(tmp_path):
-    path = tmp_path / "pcrouter.json"
-    path.write_text(obj_of("ConfigMap", "pcrouter-config")["data"]["pcrouter.json"])
-    p = subprocess.run([PCROUTER, "--check-config", str(path)], capture_output=True, text=True,
-                       timeout=30)
-    assert p.returncode == 0, p.stderr
+def test_k8s_configmap_configs_pass_check_config(tmp_path):
+    for key in ("pcrouter.json", "pcrouter.redis.json"):
+        path = tmp_path / key
+        path.write_text(obj_of("ConfigMap", "pcrouter-config")["data"][key])
+        p = subprocess.run([PCROUTER, "--check-config", str(path)], capture_output=True, text=True,
+                           timeout=30)
+        assert p.returncode == 0, (key, p.stderr)
 
 
-def test_k8s_discovery_config_is_the_same_config_with_the_coming_keys():
-    """The second example adds discovery, redis and admin (the loader does not take them yet)
-    to the running config in place of its backends, and says nothing else differently. Its
-    names point at the Services of these manifests."""
-    now, later = configmap_config(), configmap_config("pcrouter.discovery.json")
-    future = {"discovery", "redis", "admin"}
-    assert future <= set(later), sorted(later)
-    rest = {k: v for k, v in later.items() if k not in future}
-    assert rest == {k: v for k, v in now.items() if k != "backends"}, rest
+def test_k8s_config_finds_the_pool_and_answers_the_probes():
+    """The running config follows the vLLM Service through DNS discovery; /health and /metrics
+    are on its admin listener only, so the probes must look there; workers match the CPU the
+    router requests (0 would start one per CPU of the node, each with a replica of the index)."""
+    cfg = configmap_config()
     vllm = obj_of("Service", "vllm")
-    d = later["discovery"]
+    (d,) = cfg["discovery"]
     assert d["dns"] == "%s.%s.svc.cluster.local" % (vllm["metadata"]["name"], vllm["metadata"]["namespace"])
     assert d["port"] in [p["port"] for p in vllm["spec"]["ports"]], d
     assert isinstance(d["interval_ms"], int) and d["interval_ms"] > 0, d
+    assert "backends" not in cfg, "placeholder backends next to discovery"
+    (c,) = obj_of("Deployment", "pcrouter")["spec"]["template"]["spec"]["containers"]
+    host, port = cfg["admin"]["address"].rsplit(":", 1)
+    assert host == "0.0.0.0", cfg["admin"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container_port(c, c[probe]["httpGet"]["port"]) == int(port), (probe, cfg["admin"])
+    assert cfg["workers"] == int(c["resources"]["requests"]["cpu"]), (cfg["workers"], c["resources"])
+
+
+def test_k8s_redis_config_is_the_same_config_with_redis():
+    """The second config adds a redis section, pointing at optional/redis.yaml's Service, to
+    the running one and says nothing else differently."""
+    now, shared = configmap_config(), configmap_config("pcrouter.redis.json")
+    assert {k: v for k, v in shared.items() if k != "redis"} == now
     redis = obj_of("Service", "redis")
-    m = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", later["redis"]["url"])
-    assert m and m.group(1) == redis["metadata"]["name"], later["redis"]
+    m = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", shared["redis"]["url"])
+    assert m and m.group(1) == redis["metadata"]["name"], shared["redis"]
     assert int(m.group(2)) in [p["port"] for p in redis["spec"]["ports"]]
-    assert re.fullmatch(r"[\d.]+:\d+", later["admin"]["address"]), later["admin"]

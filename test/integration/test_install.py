@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -100,9 +101,17 @@ def test_man_page_matches_the_binary():
         assert re.search(r"(?<![\w-])%s\b" % re.escape(opt), text), "%s is not in the man page" % opt
     for sig in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"):
         assert sig in text, sig
-    for section in ("listen", "backends", "routing", "limits", "timeouts", "upstream", "health",
-                    "log"):
-        assert re.search(r"^\s+%s\b" % section, text, re.M), section
+    # Every top-level key the loader takes has its paragraph: the loader lists them itself
+    # when it meets one it does not know.
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "stray.json")
+        with open(path, "w") as f:
+            json.dump({"listen": [{"address": "127.0.0.1:0"}], "zzz": 1}, f)
+        err = subprocess.run([PCROUTER, "--check-config", path], capture_output=True, text=True).stderr
+    m = re.search(r'unknown key "zzz" \(allowed: ([^)]*)\)', err)
+    assert m, err
+    for section in m.group(1).split(", "):
+        assert re.search(r"^\s+%s\b" % section, text, re.M), "%s has no paragraph in the man page" % section
 
 
 # ------------------------------------------------------------------------------------------

@@ -136,6 +136,13 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK(full->routing.load_weight == min->routing.load_weight);
         PCR_CHECK(full->routing.zone_penalty == min->routing.zone_penalty);
         PCR_CHECK_EQ_INT(full->routing.vnodes, min->routing.vnodes);
+        PCR_CHECK_EQ_INT(full->routing.unavailable_keep_ms, min->routing.unavailable_keep_ms);
+        PCR_CHECK_EQ_INT(full->routing.feedback, min->routing.feedback);
+        PCR_CHECK_EQ_INT(full->workers, min->workers);
+        PCR_CHECK_EQ_INT(full->dns.nnameservers, min->dns.nnameservers);
+        PCR_CHECK_EQ_INT(full->dns.timeout_ms, min->dns.timeout_ms);
+        PCR_CHECK(memcmp(&full->scrape, &min->scrape, sizeof full->scrape) == 0);
+        PCR_CHECK(memcmp(&full->outlier, &min->outlier, sizeof full->outlier) == 0);
         PCR_CHECK_EQ_INT(full->health.interval_ms, min->health.interval_ms);
         PCR_CHECK_EQ_INT(full->health.timeout_ms, min->health.timeout_ms);
         PCR_CHECK_STR(full->health.path, min->health.path);
@@ -148,6 +155,8 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_INT(full->backends[0].weight, min->backends[0].weight);
         PCR_CHECK_EQ_U64(full->backends[0].capacity_tokens, min->backends[0].capacity_tokens);
         PCR_CHECK_EQ_INT(full->backends[0].max_connections, min->backends[0].max_connections);
+        PCR_CHECK_STR(full->backends[0].zone, min->backends[0].zone);
+        PCR_CHECK_EQ_INT(full->backends[0].nmodels, min->backends[0].nmodels);
         /* Sharing is off by default (no "redis" section); the full example shows the section
          * with an example url and every other key at its default. */
         PCR_CHECK_EQ_INT(min->redis.enabled, 0);

@@ -56,7 +56,7 @@ typedef struct {
                                 * cache_aware places a prefix nobody holds), default 1.25 */
     double inflight_factor;    /* cache_aware: a backend with more than this times its fair
                                 * share of the requests in flight (4 at least) is passed over
-                                * while another is under, default 3 */
+                                * while another is under, default 1.25 */
     double load_weight;        /* the weight of a backend's queued work against a request's
                                 * uncached prefill on an idle pool, default 1 (the honest time
                                 * to first token) */

@@ -29,6 +29,7 @@ typedef struct {
     pcr_backend_t *be;
     int status;
     size_t bytes;                  /* of the page so far, against SCRAPE_MAX_BYTES */
+    struct event *deadline;        /* scrape.timeout_ms: a pod that stalls its page is let go */
     pcr_prom_reader_t page;
 } scrape_ctx_t;
 
@@ -131,6 +132,7 @@ static void scrape_end(scrape_ctx_t *c)
 {
     c->be->scrape_req = NULL;
     c->be->scrape_ctx = NULL;
+    event_free(c->deadline);
     free(c);
 }
 
@@ -169,13 +171,26 @@ static void on_error(void *ctx, pcr_up_error_t err, int got_head) { scrape_end(c
 
 static const pcr_upstream_cbs_t scrape_cbs = {on_head, on_body, on_done, on_error};
 
+/* Not answered in time: nothing of this page is used (what came so far may be cut anywhere),
+ * and the check connection is free for the next scrape, health check or model list. */
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    scrape_ctx_t *c = arg;
+    pcr_upstream_cancel(c->be->scrape_req);
+    scrape_end(c);
+}
+
 void pcr_scrape_start(pcr_backend_t *be)
 {
     if (be->scrape_req != NULL || !PCR_LOAD(be->up))
         return; /* the last one is still running, or the pod is down */
     scrape_ctx_t *c = malloc(sizeof(*c));   /* the reader's carry need not be zeroed */
     struct evbuffer *req = evbuffer_new();
-    if (c == NULL || req == NULL) {
+    if (c != NULL)
+        c->deadline = evtimer_new(be->srv->base, on_deadline, c);
+    if (c == NULL || req == NULL || c->deadline == NULL) {
+        if (c != NULL && c->deadline != NULL)
+            event_free(c->deadline);
         free(c);
         if (req)
             evbuffer_free(req);
@@ -189,10 +204,14 @@ void pcr_scrape_start(pcr_backend_t *be)
                         be->host_header);
     be->scrape_req = pcr_upstream_send(be->check_pool, req, &scrape_cbs, c);
     if (be->scrape_req == NULL) {
+        event_free(c->deadline);
         free(c);
         return;
     }
     be->scrape_ctx = c;
+    unsigned ms = be->srv->cfg->scrape.timeout_ms;
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    evtimer_add(c->deadline, &tv);
 }
 
 void pcr_scrape_cancel(pcr_backend_t *be)

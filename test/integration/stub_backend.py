@@ -49,7 +49,7 @@ Control endpoints (never counted in stats)
   POST /stub/release  {"gate": name} or {} for every gate known so far
   POST /stub/reset    zero the counters
   POST /stub/config   {"models": [...], "health_status": 503, "defaults": {controls},
-                       "kv_usage": 0.25}
+                       "kv_usage": 0.25, "metrics_stall": true (GET /metrics never answers)}
 """
 import argparse
 import hashlib
@@ -72,6 +72,7 @@ class State:
         self.models = models
         self.health_status = 200
         self.kv_usage = None
+        self.metrics_stall = False     # GET /metrics never answers (until the peer closes)
         self.defaults = {}
         self.gates = {}
         self.reset()
@@ -240,6 +241,10 @@ def make_handler(state):
                 state.requests[path] = state.requests.get(path, 0) + 1
             if path == "/health":
                 return self.send_json(state.health_status, {"status": "ok" if state.health_status == 200 else "down"})
+            if path == "/metrics" and state.metrics_stall:
+                self.close_connection = True
+                self.wait(None, MAX_WAIT_S)
+                return
             if path == "/metrics" and state.kv_usage is not None:
                 data = ("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
                         "# TYPE vllm:kv_cache_usage_perc gauge\n"
@@ -311,6 +316,8 @@ def make_handler(state):
                         state.defaults = dict(arg["defaults"])
                     if "kv_usage" in arg:
                         state.kv_usage = float(arg["kv_usage"])
+                    if "metrics_stall" in arg:
+                        state.metrics_stall = bool(arg["metrics_stall"])
             else:
                 return self.send_json(404, {"error": "unknown control"})
             return self.send_json(200, {"ok": True})

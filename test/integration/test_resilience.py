@@ -106,6 +106,25 @@ def test_health_checks_off_scrapes_go_on(router_factory, tmp_path):
         sims.stop()
 
 
+def test_a_stalled_metrics_page_is_let_go_and_checks_go_on(cluster):
+    """A pod that never finishes its /metrics holds the check connection only for
+    scrape.timeout_ms: the next scrapes are sent, and health checks behind them keep the pod
+    up (timeouts.response_ms, 10 minutes, would have held it that long)."""
+    c = cluster(1, health={"interval_ms": 100, "timeout_ms": 500},
+                scrape={"interval_ms": 100, "timeout_ms": 300})
+    a = c.stubs[0]
+    a.configure(metrics_stall=True)
+    seen = a.stats()["requests"].get("/metrics", 0)
+    wait_for(lambda: a.stats()["requests"].get("/metrics", 0) >= seen + 4, 15,
+             what="scrapes after stalled ones")
+    health = a.stats()["requests"].get("/health", 0)
+    wait_for(lambda: a.stats()["requests"].get("/health", 0) >= health + 3, 15,
+             what="health checks between the stalled scrapes")
+    assert metric(get_metrics(c.router), "pcrouter_backend_up", backend="pod-a") == 1
+    assert "is down" not in c.router.stderr_text()
+    assert curl(c.url("/v1/completions"), completion("still served")).status == 200
+
+
 # ---- passive outlier detection ------------------------------------------------------------
 
 def sequential(router, n, tag="q", **stub):

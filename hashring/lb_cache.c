@@ -259,7 +259,10 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         decide_keyless(p, loads, any_under, any_in_zone, out);
         return;
     }
+    uint64_t t_match = p->clock_ns != NULL ? p->clock_ns() : 0;
     pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+    if (p->clock_ns != NULL)
+        out->match_ns = p->clock_ns() - t_match;
     for (size_t b = 0; b < p->n; b++)
         if (p->usable[b] != NOT_USABLE && p->matched[b] > top)
             top = p->matched[b];

@@ -392,6 +392,12 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
     return 0;
 }
 
+void pcr_policy_set_clock(pcr_policy_t *p, uint64_t (*clock_ns)(void))
+{
+    if (p != NULL)
+        p->clock_ns = clock_ns;
+}
+
 size_t pcr_policy_backend_slots(const pcr_policy_t *p) { return p != NULL ? p->n : 0; }
 
 void pcr_policy_free(pcr_policy_t *p)
@@ -477,7 +483,12 @@ int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     expire_unavailable(p, now);
     out->total_blocks = key != NULL ? (uint32_t)key->nblocks : 0;
     out->uncached_prefill = key != NULL ? key->prompt_tokens : 0;
+    uint64_t t0 = p->clock_ns != NULL ? p->clock_ns() : 0;
     p->ops->decide(p, key, loads, now, out);
+    if (p->clock_ns != NULL) {
+        uint64_t spent = p->clock_ns() - t0;
+        out->cost_ns = spent > out->match_ns ? spent - out->match_ns : 0;
+    }
     if (out->backend < 0) {
         out->reason = PCR_REASON_NO_BACKEND;
         return PCR_ERR_UNAVAIL;

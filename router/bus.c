@@ -343,6 +343,7 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
              * slot's membership right after. Kept as is when even that fails. */
             pcr_policy_t *fresh = pcr_policy_new(m->opts, NULL, 0);
             if (fresh != NULL) {
+                pcr_policy_set_clock(fresh, pcr_now_ns); /* as worker.c gave the first */
                 pcr_policy_free(policy);
                 *pp = fresh;
             }

@@ -517,12 +517,14 @@ static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n
 }
 
 /* The decision's phases (a routed request's first attempt), in the worker's histograms. */
-static void observe_decision(pcr_exchange_t *ex, uint64_t t_decide, uint64_t t_end)
+static void observe_decision(pcr_exchange_t *ex, uint64_t match_ns, uint64_t cost_ns,
+                             uint64_t t_end)
 {
     pcr_hist_t *h = ex->w->metrics.decision;
     pcr_hist_observe(&h[PCR_PHASE_PARSE], &pcr_hist_decision_ns, (int64_t)ex->ns_parse);
     pcr_hist_observe(&h[PCR_PHASE_HASH], &pcr_hist_decision_ns, (int64_t)ex->ns_hash);
-    pcr_hist_observe(&h[PCR_PHASE_DECIDE], &pcr_hist_decision_ns, (int64_t)(t_end - t_decide));
+    pcr_hist_observe(&h[PCR_PHASE_MATCH], &pcr_hist_decision_ns, (int64_t)match_ns);
+    pcr_hist_observe(&h[PCR_PHASE_COST], &pcr_hist_decision_ns, (int64_t)cost_ns);
     pcr_hist_observe(&h[PCR_PHASE_TOTAL], &pcr_hist_decision_ns, (int64_t)(t_end - ex->t_parse_ns));
 }
 
@@ -548,10 +550,12 @@ static void dispatch(pcr_exchange_t *ex)
     pcr_decision_t d;
     pcr_backend_t *be = NULL;
     uint64_t now = pcr_now_us();
-    uint64_t t_decide = pcr_now_ns();
+    uint64_t match_ns = 0, cost_ns = 0;
     for (;;) {
         fill_loads(ex, loads, n);
         int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
+        match_ns += d.match_ns;
+        cost_ns += d.cost_ns;
         if (rc < 0 || d.backend < 0 || (size_t)d.backend >= n)
             break;
         if ((be = pcr_backend_at(srv, (size_t)d.backend)) != NULL)
@@ -560,7 +564,7 @@ static void dispatch(pcr_exchange_t *ex)
         ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     }
     if (ex->attempts == 0 && ex->has_key)
-        observe_decision(ex, t_decide, pcr_now_ns());
+        observe_decision(ex, match_ns, cost_ns, pcr_now_ns());
     if (be == NULL) {
         if (ex->attempts > 0) {
             fail_unrouted(ex);

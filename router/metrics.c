@@ -249,7 +249,7 @@ static void counter(struct evbuffer *out, const char *name, const char *help, ui
                         (unsigned long long)v);
 }
 
-static const char *const phase_names[PCR_PHASE__COUNT] = {"parse", "hash", "decide", "total"};
+static const char *const phase_names[PCR_PHASE__COUNT] = {"parse", "hash", "match", "cost", "total"};
 
 void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
 {
@@ -426,7 +426,7 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
                 "Request start to the response head from the backend.", offsetof(pcr_metrics_t, ttfb),
                 &pcr_hist_latency_us);
     hist_help(out, "pcrouter_route_decision_seconds",
-              "Time of a routed request's decision, by phase: parse (the body), hash (the prefix key), decide (the policy: index match and costs), total (parse to chosen backend).");
+              "Time of a routed request's decision, by phase: parse (the body, while it arrives), hash (the prefix key, after its last byte), match (the index lookup), cost (costs and bounds), total (last body byte to chosen backend).");
     for (int ph = 0; ph < PCR_PHASE__COUNT; ph++) {
         char labels[32];
         snprintf(labels, sizeof(labels), "phase=\"%s\",", phase_names[ph]);

@@ -34,7 +34,8 @@ typedef struct {
 typedef enum {
     PCR_PHASE_PARSE = 0,   /* the request body's JSON, into canonical prompt bytes */
     PCR_PHASE_HASH,        /* the chained block hashes of the prefix key */
-    PCR_PHASE_DECIDE,      /* the policy: index match, costs, bounded loads */
+    PCR_PHASE_MATCH,       /* the policy's index match (cache_aware) */
+    PCR_PHASE_COST,        /* the policy's costs, bounded loads, ring */
     PCR_PHASE_TOTAL,       /* all of it, from the body's parse to the chosen backend */
     PCR_PHASE__COUNT
 } pcr_phase_t;

@@ -245,7 +245,9 @@ static pcr_policy_t *make_policy(const pcr_config_t *cfg)
 {
     pcr_policy_opts_t o;
     pcr_reload_policy_opts(cfg, &o);
-    return pcr_policy_new(&o, NULL, 0);
+    pcr_policy_t *p = pcr_policy_new(&o, NULL, 0);
+    pcr_policy_set_clock(p, pcr_now_ns); /* its phases in pcrouter_route_decision_seconds */
+    return p;
 }
 
 /* Everything of a worker but its thread; on the main thread. Undone by pcr_worker_dispose(). */

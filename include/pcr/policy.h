@@ -125,6 +125,9 @@ typedef struct {
     uint64_t queued_ahead;     /* the chosen backend's queued prefill at the decision (its load) */
     uint64_t matched_time;     /* when the index saw the chosen backend last use its deepest
                                 * matched block (a `now` passed in before); 0 when none */
+    /* With a clock (pcr_policy_set_clock), the decision's time in its two phases, ns: the
+     * index match (cache_aware only), and the rest (costs, bounded loads, the ring). 0 without. */
+    uint64_t match_ns, cost_ns;
 } pcr_decision_t;
 
 /* Chooses a backend for `key` given `loads[n]`. `key` may be NULL (a request with no prompt,
@@ -177,6 +180,11 @@ typedef enum {
 } pcr_backend_state_t;
 int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t state,
                              uint64_t now);
+
+/* A clock in ns (the caller's, say CLOCK_MONOTONIC) the policy reads only to time its own
+ * phases into pcr_decision_t (match_ns, cost_ns); NULL (the default) times nothing. The library
+ * never reads a clock of its own: time is passed in. */
+void pcr_policy_set_clock(pcr_policy_t *p, uint64_t (*clock_ns)(void));
 
 /* Updates a backend's capacity in blocks (0 = unknown, no limit), e.g. once its pod reports
  * vllm:cache_config_info; evicts its least recently used blocks down to it, and starts what

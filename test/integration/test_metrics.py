@@ -102,13 +102,14 @@ def test_repeated_prompt_raises_matched_blocks_and_delivered_tokens(cluster):
     assert metric(t2, "pcrouter_cached_tokens_error_sum") == predicted - delivered
     assert metric(t2, "pcrouter_cached_tokens_error_bucket", le="0") >= 1
     # Every routed request's decision was timed, in each phase.
-    for phase in ("parse", "hash", "decide", "total"):
+    for phase in ("parse", "hash", "match", "cost", "total"):
         assert metric(t2, "pcrouter_route_decision_seconds_count", phase=phase) == 2
         assert metric(t2, "pcrouter_route_decision_seconds_sum", phase=phase) > 0
     # total runs from the last body byte: the reader's last step (hash), then the policy.
     assert (metric(t2, "pcrouter_route_decision_seconds_sum", phase="total") >=
             metric(t2, "pcrouter_route_decision_seconds_sum", phase="hash") +
-            metric(t2, "pcrouter_route_decision_seconds_sum", phase="decide") - 1e-6)
+            metric(t2, "pcrouter_route_decision_seconds_sum", phase="match") +
+            metric(t2, "pcrouter_route_decision_seconds_sum", phase="cost") - 1e-6)
 
 
 def test_a_pod_that_says_less_than_predicted_shows_as_error(cluster):

@@ -280,8 +280,10 @@ void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_
 {
     if (bus == NULL || key->nblocks > UINT32_MAX - FEEDBACK_WORDS)
         return;
+    /* One per answered request: on the stack unless the key is unusually long. */
+    uint64_t local[FEEDBACK_WORDS + 1024];
     size_t words = FEEDBACK_WORDS + key->nblocks;
-    uint64_t *payload = malloc(words * sizeof(uint64_t));
+    uint64_t *payload = words <= PCR_ARRAY_SIZE(local) ? local : malloc(words * sizeof(uint64_t));
     if (payload == NULL) {
         PCR_ADD(bus->dropped, 1);
         return;
@@ -294,7 +296,8 @@ void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_
     msg_t m = {OP_FEEDBACK, 0, (uint16_t)d->backend, (uint32_t)words, delivered_tokens,
                key->prompt_tokens};
     publish(bus, from, &m, payload);
-    free(payload);
+    if (payload != local)
+        free(payload);
 }
 
 void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)

@@ -20,13 +20,9 @@
 #include <yajl/yajl_parse.h>
 
 #include "body.h"
+#include "body_result.h"
 #include "pcr/common.h"
 
-typedef struct {
-    int rc;
-    char msg[256];
-    pcr_body_t b;
-} result_t;
 
 static void read_whole(pcr_api_t api, const pcr_body_opts_t *o, const char *body, size_t len,
                        result_t *res)
@@ -58,21 +54,6 @@ static void read_chunked(pcr_api_t api, const pcr_body_opts_t *o, const char *bo
         res->rc = pcr_body_reader_finish(r, &res->b);
     snprintf(res->msg, sizeof(res->msg), "%s", pcr_body_reader_error(r));
     pcr_body_reader_free(r);
-}
-
-static int same(const result_t *a, const result_t *b)
-{
-    if (a->rc != b->rc || strcmp(a->msg, b->msg) != 0)
-        return 0;
-    if (a->rc != 0)
-        return 1;
-    const pcr_body_t *x = &a->b, *y = &b->b;
-    return x->model_len == y->model_len && memcmp(x->model, y->model, x->model_len) == 0 &&
-           x->stream == y->stream && x->include_usage == y->include_usage &&
-           x->prompt_tokens == y->prompt_tokens && x->nblocks == y->nblocks &&
-           memcmp(x->blocks, y->blocks, x->nblocks * sizeof(uint64_t)) == 0 &&
-           x->key_len == y->key_len && memcmp(x->key, y->key, x->key_len) == 0 &&
-           x->context_len == y->context_len && memcmp(x->context, y->context, x->context_len) == 0;
 }
 
 static int yajl_accepts(const char *body, size_t len)
@@ -108,7 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     result_t whole, chunked;
     read_whole(api, &o, body, len, &whole);
     read_chunked(api, &o, body, len, (uint32_t)data[1] << 8 | (uint32_t)(data[0] >> 3), &chunked);
-    if (!same(&whole, &chunked)) {
+    if (!body_result_same(&whole, &chunked)) {
         fprintf(stderr, "whole: %d '%s'\nchunked: %d '%s'\n", whole.rc, whole.msg, chunked.rc,
                 chunked.msg);
         abort();

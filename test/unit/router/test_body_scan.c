@@ -8,6 +8,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "body.h"
+#include "body_result.h"
 #include "body_scan.h"
 #include "pcr/common.h"
 #include "pcr_test.h"
@@ -22,11 +23,6 @@ static uint64_t rnd(void)
     return rng;
 }
 
-typedef struct {
-    int rc;
-    char msg[256];
-    pcr_body_t b;
-} result_t;
 
 /* Reads `body` cut before each of cuts[0..ncuts) (ascending). */
 static void read_cut(pcr_api_t api, const char *body, size_t len, const size_t *cuts,
@@ -64,21 +60,6 @@ static void read_random(pcr_api_t api, const char *body, size_t len, size_t max,
     }
     read_cut(api, body, len, cuts, n, 1, res);
     free(cuts);
-}
-
-static int same(const result_t *a, const result_t *b)
-{
-    if (a->rc != b->rc || strcmp(a->msg, b->msg) != 0)
-        return 0;
-    if (a->rc != 0)
-        return 1;
-    const pcr_body_t *x = &a->b, *y = &b->b;
-    return x->model_len == y->model_len && memcmp(x->model, y->model, x->model_len) == 0 &&
-           x->stream == y->stream && x->include_usage == y->include_usage &&
-           x->prompt_tokens == y->prompt_tokens && x->nblocks == y->nblocks &&
-           memcmp(x->blocks, y->blocks, x->nblocks * sizeof(uint64_t)) == 0 &&
-           x->key_len == y->key_len && memcmp(x->key, y->key, x->key_len) == 0 &&
-           x->context_len == y->context_len && memcmp(x->context, y->context, x->context_len) == 0;
 }
 
 /* Bodies that cross every path: strings around the scanner's limits (64 and 512 bytes), with
@@ -183,7 +164,7 @@ static void test_every_split(void)
         int bad = 0;
         for (size_t cut = 0; cut <= len && !bad; cut++) {
             read_cut(api, body, len, &cut, 1, 1, &part);
-            if (!same(&whole, &part)) {
+            if (!body_result_same(&whole, &part)) {
                 printf("# body %d cut at %zu: rc %d '%s' vs %d '%s'\n", w, cut, part.rc, part.msg,
                        whole.rc, whole.msg);
                 bad = 1;
@@ -194,7 +175,7 @@ static void test_every_split(void)
         for (size_t i = 0; i < len; i++)
             all[i] = i;
         read_cut(api, body, len, all, len, 1, &part);
-        if (!same(&whole, &part)) {
+        if (!body_result_same(&whole, &part)) {
             printf("# body %d byte by byte: rc %d '%s'\n", w, part.rc, part.msg);
             bad = 1;
         }
@@ -207,7 +188,7 @@ static void test_every_split(void)
                 c[1] = t;
             }
             read_cut(api, body, len, c, 2, 1, &part);
-            bad = !same(&whole, &part);
+            bad = !body_result_same(&whole, &part);
             pcr_body_dispose(&part.b);
         }
         PCR_CHECK(!bad);
@@ -279,7 +260,7 @@ static void test_random_splits_large(void)
     PCR_CHECK_EQ_INT(whole.b.nblocks, 512);
     for (int round = 0; round < 40; round++) {
         read_random(PCR_API_CHAT, body, n, round % 2 ? 16384 : 3000, &part);
-        PCR_CHECK(same(&whole, &part));
+        PCR_CHECK(body_result_same(&whole, &part));
         pcr_body_dispose(&part.b);
     }
     pcr_body_dispose(&whole.b);
@@ -485,7 +466,7 @@ static void test_recycled(void)
             body = make_body(w, &api, &len);
             size_t cut = len / 2;
             read_cut(api, body, len, &cut, 1, 1, &again);
-            if (!same(&fresh[w], &again) && bad++ < 3)
+            if (!body_result_same(&fresh[w], &again) && bad++ < 3)
                 printf("# body %d after %d: rc %d '%s' vs %d '%s'\n", w, before, again.rc,
                        again.msg, fresh[w].rc, fresh[w].msg);
             pcr_body_dispose(&again.b);

@@ -14,11 +14,15 @@
  *    router sent them there): the capacity grows by the difference.
  *  - As predicted: the capacity grows back by 1/CAP_GROW of itself toward the configured
  *    one, so a short answer caused by a passing squeeze (a burst of long outputs holds KV
- *    blocks) is not remembered for ever.
+ *    blocks) is not remembered for ever. Slowly: a confirmed prediction says nothing of how
+ *    much more the pod could hold, and at 1/256 a few hundred confirmed answers (a busy pod's
+ *    minute) brought the wrong capacity back before the index had used the right one.
  *
- * In every case the pod now holds the whole prompt it just served, last used now, as vLLM's
- * cache does when a request ends (its blocks go to the end of the free queue): the index
- * records exactly that, which also puts its LRU order on the pods' (end of request) clock.
+ * The index does not record the served prompt again as last used now, although the pod does
+ * hold it at the end of the request: stamping every answered prompt with the end-of-request
+ * clock while commits stamp the decision's clock mixed two clocks in one LRU order, and cost
+ * up to 4 points of hit rate with the capacity told right (Mooncake at light load, 0.988 of
+ * the ceiling without feedback, 0.952 with). The commit's record stands.
  *
  * Token counts: a pod counts its own tokens, the index 4 bytes of canonical prompt per token
  * (the simulator's rule, and a close one for English text); a pod always computes the last
@@ -27,7 +31,7 @@
  * beyond that is not counted as short. */
 #include "policy_int.h"
 
-#define CAP_GROW 256u          /* a confirmed prediction grows the capacity by 1/256 */
+#define CAP_GROW 4096u         /* a confirmed prediction grows the capacity by 1/4096 */
 #define CAP_FLOOR_DIV 64u      /* the learned capacity never drops under 1/64 of the configured */
 #define CAP_FLOOR_MIN 16u      /* ... nor under 16 blocks */
 
@@ -50,6 +54,7 @@ int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decisio
     if (p == NULL || key == NULL || d == NULL || d->backend < 0 || (size_t)d->backend >= p->n ||
         key->nblocks > p->max_blocks || (key->nblocks > 0 && key->blocks == NULL))
         return PCR_ERR_INVAL;
+    (void)now;   /* the time of the answer: the index keeps the commit's, see above */
     if (p->index == NULL || key->nblocks == 0)
         return 0;
     unsigned b = (unsigned)d->backend;
@@ -79,6 +84,5 @@ int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decisio
         p->cap_eff[b] = cap;
         pcr_index_set_capacity(p->index, b, cap);
     }
-    size_t from;
-    return pcr_index_insert(p->index, b, key->blocks, key->nblocks, now, &from);
+    return 0;
 }

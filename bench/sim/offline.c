@@ -39,7 +39,8 @@ static void usage(FILE *f)
 "                        (default all five)\n"
 "  --routing JSON        routing keys for every pcrouter policy, as in the config\n"
 "                        (load_factor, load_weight, ...), plus \"observe\", \"feedback\"\n"
-"                        (booleans) and \"index_capacity\" (the index believes a pod holds\n"
+"                        (booleans; feedback defaults to true, as in the config) and\n"
+"                        \"index_capacity\" (the index believes a pod holds\n"
 "                        this many times its cache)\n"
 "  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
@@ -324,6 +325,7 @@ int main(int argc, char **argv)
         off_variant_t *r = &runs[nruns];
         pcr_policy_opts_default(&r->opts);
         r->index_capacity = 1;
+        r->feedback = 1;       /* as routing.feedback defaults in the router */
         snprintf(r->label, sizeof r->label, "%s", name);
         if (strcmp(name, "haproxy_hash") == 0)
             r->haproxy = 1;
@@ -341,6 +343,7 @@ int main(int argc, char **argv)
         const char *eq = strstr(variants[k], "={");
         pcr_policy_opts_default(&r->opts);
         r->index_capacity = 1;
+        r->feedback = 1;       /* as routing.feedback defaults in the router */
         snprintf(r->label, sizeof r->label, "%.*s", (int)(eq - variants[k]), variants[k]);
         if (apply_routing(r, routing) != 0 || apply_routing(r, eq + 1) != 0)
             goto out;

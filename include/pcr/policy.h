@@ -56,13 +56,13 @@ typedef struct {
                                 * cache_aware places a prefix nobody holds), default 1.25 */
     double inflight_factor;    /* cache_aware: a backend with more than this times its fair
                                 * share of the requests in flight (4 at least) is passed over
-                                * while another is under, default 1.25 */
+                                * while another is under, default 2 */
     double load_weight;        /* the weight of a backend's queued work against a request's
                                 * uncached prefill on an idle pool, default 1 (the honest time
                                 * to first token) */
     double load_scale;         /* ... divided by (1 + the other backends' mean queued work /
                                 * this many tokens): the busier they are, the dearer new
-                                * prefill work is against waiting; default 1024 (0: fixed) */
+                                * prefill work is against waiting; default 512 (0: fixed) */
     double share_factor;       /* cache_aware: a backend whose share of the recent requests
                                 * (pcr_policy_commit) is over this times its fair share (8
                                 * requests more at least) is passed over while another is
@@ -204,8 +204,8 @@ double pcr_policy_estimate_ttft(const pcr_policy_t *p, int backend, uint64_t tok
 
 /* A backend's own account of a request it served (`d` as pcr_policy_decide gave it, for
  * `key`): it reused `delivered_tokens` of the prompt (vLLM's usage.prompt_tokens_details.
- * cached_tokens). Call it when the response ends, at `now`: the index then records that the
- * backend holds the whole prompt, last used now, as the pod's cache does once it served it.
+ * cached_tokens). Call it when the response ends, at `now`. The index keeps the commit's record
+ * of the prompt (its decision time); it does not stamp it again with the end of the request.
  * - Delivered less than predicted (beyond the last block, which a pod always recomputes): the
  *   pod evicted a block the index believed it held, so it evicted everything it used before
  *   that block too; the index forgets those, and the backend's capacity in the index shrinks

@@ -118,11 +118,13 @@ bench-proxies: deps-bench build
 # WORKLOAD=shared_prefix|chat|agentic|conversation|mooncake|all [LOAD=light|knee|past],
 # BEFORE=another/build/dir (adds its pcrouter's cache_aware as a row); QUICK=1 for a smoke run;
 # MISCONFIG=2 (pods hold half the capacity the config says: feedback off and on);
-# WORKERS=N (pcrouter's worker threads).
+# WORKERS=N (pcrouter's worker threads); CAPACITY=N (KV tokens per pod, over the workload's);
+# REPEAT=N (runs of each MISCONFIG setup, medians and the share feedback won back).
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE)) \
-	  $(if $(MISCONFIG),--misconfig $(MISCONFIG) --replicas 1) $(if $(WORKERS),--workers $(WORKERS))
+	  $(if $(MISCONFIG),--misconfig $(MISCONFIG) --replicas 1) $(if $(WORKERS),--workers $(WORKERS)) \
+	  $(if $(CAPACITY),--capacity-tokens $(CAPACITY)) $(if $(REPEAT),--repeat $(REPEAT))
 
 # cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py).
 bench-sweep: build

@@ -33,6 +33,7 @@ import re
 import selectors
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -609,6 +610,33 @@ def routing_targets(by):
     ]
 
 
+def print_misconfig(rounds):
+    """--misconfig over --repeat runs: each setup's median hit rate, TTFT p99 and predicted
+    over delivered, and the share of the hit rate lost to the wrong capacity that feedback won
+    back, at the medians (the figure the feedback is judged by)."""
+    setups = ["cache_aware", "cache_aware_misconf_nofeedback", "cache_aware_misconf_feedback"]
+    med = {}
+    print("\nmisconfigured capacity, %d run(s):" % len(rounds))
+    print("%-32s %-26s %8s %10s %9s" % ("setup", "hit rate (runs)", "median", "TTFT p99",
+                                         "pred/del"))
+    for label in setups:
+        rs = [r for rnd in rounds for r in rnd if r.get("label") == label]
+        if not rs:
+            continue
+        hits = [r["hit_rate"] for r in rs]
+        p99 = statistics.median(r["ttft_ms_model"]["p99"] for r in rs)
+        pd = [r["pred_over_del"] for r in rs if r.get("pred_over_del")]
+        med[label] = statistics.median(hits)
+        print("%-32s %-26s %8.4f %8.0fms %9s" % (
+            label, ", ".join("%.4f" % h for h in hits), med[label], p99,
+            "%.3f" % statistics.median(pd) if pd else "-"))
+    if len(med) == 3:
+        lost = med[setups[0]] - med[setups[1]]
+        won = med[setups[2]] - med[setups[1]]
+        print("lost to the wrong capacity: %.4f; won back by feedback: %.4f (%s)" % (
+            lost, won, "%.0f%%" % (100 * won / lost) if lost > 0 else "nothing was lost"))
+
+
 def summary_line(name, results):
     t = routing_targets({r["label"]: r for r in results})
     if not t:
@@ -696,9 +724,10 @@ def main():
     ap.add_argument("--load", default="all", help="light, knee, past or all (with --workload)")
     ap.add_argument("--trace", default=None, help="default: conversation_trace.jsonl")
     ap.add_argument("--pods", type=int, default=8)
-    ap.add_argument("--capacity-tokens", type=int, default=1000000,
+    ap.add_argument("--capacity-tokens", type=int, default=None,
                     help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
-                         " the trace's working set is ~93M tokens)")
+                         " the trace's working set is ~93M tokens; with --workload, the"
+                         " workload's own pool unless given)")
     ap.add_argument("--time-scale", type=float, default=50 if quick else 20,
                     help="model time per wall second (default 20; QUICK: 50). One ms of"
                          " scheduling jitter on this shared machine is this many ms of TTFT")
@@ -735,7 +764,8 @@ def main():
     runs = []   # (name, results)
     if args.workload is None:
         trace = args.trace or os.path.join(traces_dir(), "conversation_trace.jsonl")
-        results = run_one(args, build, trace, args.pods, args.capacity_tokens, args.time_scale,
+        results = run_one(args, build, trace, args.pods, args.capacity_tokens or 1000000,
+                          args.time_scale,
                           args.limit, routing, "conversation (%s)" % (
                               "first %d" % args.limit if args.limit else "whole trace"),
                           args.out)
@@ -789,15 +819,25 @@ def main():
                 # Tokens after the first leave the pods in 10 ms batches (wall): hundreds of
                 # long streams at once would otherwise keep this machine's cores busy with
                 # writes. Times to first token are not batched.
-                results = run_one(args, build, trace, w["pods"], w["capacity_tokens"],
-                                  w["time_scale"], limit, routing, "%s/%s" % (name, load),
-                                  outdir, sim_extra=["--tick-us", "10000"])
+                capacity = args.capacity_tokens or w["capacity_tokens"]
+                rounds = []
+                for k in range(args.repeat if args.misconfig else 1):
+                    rounds.append(run_one(args, build, trace, w["pods"], capacity,
+                                          w["time_scale"], limit, routing,
+                                          "%s/%s" % (name, load), outdir,
+                                          sim_extra=["--tick-us", "10000"]))
+                results = rounds[len(rounds) // 2]
+                if args.misconfig:
+                    print_misconfig(rounds)
                 summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"}
                            for r in results]
                 with open(os.path.join(outdir, "routing.json"), "w") as f:
                     json.dump({"workload": name, "load": load, "results": summary}, f, indent=1)
                 runs.append(("%s/%s" % (name, load), results))
-                print(summary_line("%s/%s" % (name, load), results), flush=True)
+                if not args.misconfig:   # no baselines ran: nothing to hold the targets against
+                    print(summary_line("%s/%s" % (name, load), results), flush=True)
+    if args.misconfig:
+        return 0
     print("\ntargets (cache_aware against the best of %s):" % ", ".join(BASELINES))
     for name, results in runs:
         print(summary_line(name, results))

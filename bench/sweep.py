@@ -88,9 +88,9 @@ def main():
                          " their first bytes, as pcrouter does)")
     args = ap.parse_args()
     grid = json.loads(args.grid) if args.grid else {
-        "load_weight": [0.25, 1.0],
-        "load_scale": [0, 1024, 4096],
-        "inflight_factor": [1.25, 3.0],
+        "load_weight": [0.5, 1.0],
+        "load_scale": [0, 512, 1024, 4096],
+        "inflight_factor": [1.25, 2.0, 3.0],
         "share_factor": [0, 1.1],
     }
     common = json.loads(args.routing)

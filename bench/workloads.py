@@ -203,21 +203,32 @@ WORKLOADS = {
     "agentic": dict(pods=4, capacity_tokens=400000, time_scale=10,
                     loads={"light": 0.2, "knee": 0.6, "past": 0.8},
                     make=lambda rng, x: agentic(rng, x)),
-    "conversation": dict(pods=8, capacity_tokens=1000000, time_scale=20,
+    "conversation": dict(pods=8, capacity_tokens=1000000, time_scale=20, trace=True,
                          loads={"light": 1.0, "knee": 2.0, "past": 3.0},
                          make=lambda rng, x: trace("conversation_trace.jsonl", x, 4000)),
-    "mooncake": dict(pods=8, capacity_tokens=200000, time_scale=10,
+    "mooncake": dict(pods=8, capacity_tokens=200000, time_scale=10, trace=True,
                      loads={"light": 0.5, "knee": 1.5, "past": 2.5},
                      make=lambda rng, x: trace("mooncake_trace_1000.jsonl", x)),
 }
 LOADS = ("light", "knee", "past")
 
 
-def generate(name, load, seed=1):
+# Run k of a workload and load, for judging a policy on more than one draw (bench/sweep.py
+# --runs): a generated workload takes seed + k; a real trace, which has one draw, is replayed
+# this much faster or slower instead (run 0 is the workload itself).
+TRACE_SPEEDS = (1.0, 0.93, 1.07, 0.96, 1.04)
+
+
+def generate(name, load, seed=1, run=0):
     """The rows of one workload at one load, sorted by time, the first at 0."""
     w = WORKLOADS[name]
+    x = w["loads"][load]
+    if w.get("trace"):
+        x *= TRACE_SPEEDS[run % len(TRACE_SPEEDS)]
+    else:
+        seed += run
     rng = random.Random("%s/%s/%d" % (name, load, seed))
-    rows = w["make"](rng, w["loads"][load])
+    rows = w["make"](rng, x)
     rows.sort(key=lambda r: r["timestamp"])
     t0 = rows[0]["timestamp"] if rows else 0
     for r in rows:
@@ -225,8 +236,8 @@ def generate(name, load, seed=1):
     return rows
 
 
-def write(name, load, path, seed=1):
-    rows = generate(name, load, seed)
+def write(name, load, path, seed=1, run=0):
+    rows = generate(name, load, seed, run)
     with open(path, "w") as f:
         for r in rows:
             f.write(json.dumps(r, separators=(", ", ": ")) + "\n")

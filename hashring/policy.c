@@ -17,8 +17,9 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->load_factor = 1.25;
     o->inflight_factor = 2.0;
     o->load_weight = 1.0;
-    o->load_scale = 512;
+    o->load_scale = 1024;
     o->share_factor = 1.1;
+    o->share_penalty = 1024;
     o->zone_penalty = 2048;
     o->zone = NULL;
     o->vnodes = 160;
@@ -103,7 +104,7 @@ static int opts_valid(const pcr_policy_opts_t *o, size_t n)
            o->load_factor >= 1.0 && o->inflight_factor >= 1.0 && o->load_weight >= 0 &&
            o->load_scale >= 0 &&
            o->zone_penalty >= 0 &&
-           (o->share_factor == 0 || o->share_factor >= 1.0) &&
+           (o->share_factor == 0 || o->share_factor >= 1.0) && o->share_penalty >= 0 &&
            o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0;
 }
 
@@ -133,6 +134,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->matched = calloc(alloc, sizeof(*p->matched));
     p->load = calloc(alloc, sizeof(*p->load));
     p->usable = calloc(alloc, sizeof(*p->usable));
+    p->over_share = calloc(alloc, sizeof(*p->over_share));
     p->ttft = calloc(alloc, sizeof(*p->ttft));
     p->cap_conf = calloc(alloc, sizeof(*p->cap_conf));
     p->cap_eff = calloc(alloc, sizeof(*p->cap_eff));
@@ -145,7 +147,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     names = calloc(alloc, sizeof(*names));
     weights = calloc(alloc, sizeof(*weights));
     if (p->zone == NULL || p->be == NULL || p->matched == NULL || p->load == NULL ||
-        p->usable == NULL || p->ttft == NULL || p->cap_conf == NULL || p->cap_eff == NULL ||
+        p->usable == NULL || p->over_share == NULL || p->ttft == NULL || p->cap_conf == NULL || p->cap_eff == NULL ||
         p->served == NULL || p->rate == NULL || p->speed == NULL || p->sorted == NULL ||
         p->observed_at == NULL ||
         names == NULL || weights == NULL)
@@ -261,6 +263,7 @@ static int grow(pcr_policy_t *p, size_t n)
     GROW(cap_conf);
     GROW(cap_eff);
     GROW(served);
+    GROW(over_share);
     GROW(rate);
     GROW(speed);
     GROW(sorted);
@@ -365,6 +368,7 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
     p->o.load_weight = o->load_weight;
     p->o.load_scale = o->load_scale;
     p->o.share_factor = o->share_factor;
+    p->o.share_penalty = o->share_penalty;
     p->o.zone_penalty = o->zone_penalty;
     p->o.unavailable_keep = o->unavailable_keep;
     p->o.vnodes = o->vnodes;
@@ -413,6 +417,7 @@ void pcr_policy_free(pcr_policy_t *p)
     free(p->matched);
     free(p->load);
     free(p->usable);
+    free(p->over_share);
     free(p->ttft);
     free(p->cap_conf);
     free(p->cap_eff);

@@ -51,6 +51,8 @@ struct pcr_policy {
     uint32_t *matched;
     uint64_t *load;
     unsigned char *usable;
+    double *over_share;        /* per backend: how far its share of recent requests is over its
+                                * fair one, 1 at the share bound (lb_cache.c) */
     double pool_work;          /* this decision's usable backends' load, tokens (lb_cache.c) */
     size_t pool_usable;        /* ... and how many they are */
     double *rate;              /* per backend: its learned rate as the cost uses it (see

@@ -62,11 +62,17 @@ typedef struct {
                                 * to first token) */
     double load_scale;         /* ... divided by (1 + the other backends' mean queued work /
                                 * this many tokens): the busier they are, the dearer new
-                                * prefill work is against waiting; default 512 (0: fixed) */
+                                * prefill work is against waiting; default 1024 (0: fixed) */
     double share_factor;       /* cache_aware: a backend whose share of the recent requests
                                 * (pcr_policy_commit) is over this times its fair share (8
                                 * requests more at least) is passed over while another is
                                 * under, default 1.1; 0 = no such bound */
+    double share_penalty;      /* cache_aware: tokens of cost a backend at the share bound is
+                                * charged, in proportion to how far its share is over its fair
+                                * one, while the pool is idle (fading as load_weight does):
+                                * requests any warm pod serves as well are steered off a pod
+                                * nearing the bound, so that the ones only it holds warm need
+                                * not spill; default 1024, 0 = none */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */

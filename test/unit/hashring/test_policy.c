@@ -416,6 +416,53 @@ static void test_share_bound_spreads_a_hot_prefix(void)
     }
 }
 
+/* share_penalty: every pod holds the system prompt; pod 0 has served more than its fair share
+ * (still under the share bound) and has the shortest queue. A new conversation, as warm on any
+ * pod, goes to pod 0 without the penalty and elsewhere with it. */
+static void test_share_penalty_steers_equal_warmth(void)
+{
+    for (int pen = 0; pen <= 1; pen++) {
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        o.share_penalty = pen ? 1024 : 0;
+        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        pcr_backend_load_t l[NB];
+        pcr_decision_t d;
+        keybuf_t kb;
+        uint32_t from;
+        size_t len;
+        uint64_t t = 1;
+        char *s = prompt(0, 0, &len);
+        for (int b = 0; b < NB; b++)
+            PCR_CHECK_EQ_INT(pcr_policy_commit(p, b, key_of(p, &kb, s, len), t++, &from), 0);
+        free(s);
+        for (int i = 0; i < 8; i++) {
+            s = prompt(100 + 2 * i, 512, &len);
+            pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from);
+            free(s);
+        }
+        all_usable(l, NB);
+        for (int b = 1; b < NB; b++)
+            l[b].queued_prefill = 64;
+        s = prompt(999, 512, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, t, &d), 0);
+        PCR_CHECK_EQ_INT(d.matched_blocks, SYS_BYTES / 256);
+        printf("# share penalty %s: pod %d\n", pen ? "on" : "off", d.backend);
+        if (pen)
+            PCR_CHECK(d.backend != 0);
+        else
+            PCR_CHECK_EQ_INT(d.backend, 0);
+        free(s);
+        pcr_policy_free(p);
+    }
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    PCR_CHECK(o.share_penalty == 1024);
+    o.share_penalty = -1;
+    PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+}
+
 /* Observed times to first byte make a backend's rate: a pod 3x slower than the others is
  * passed over for new prompts while the others are idle, and weighs a third in the bounds;
  * pods that differ by the noise of a busy minute (within 25%) are all the same to the cost. */
@@ -794,6 +841,7 @@ int main(void)
     PCR_RUN(test_load_weight_falls_as_the_pool_fills);
     PCR_RUN(test_conversation_sticks);
     PCR_RUN(test_share_bound_spreads_a_hot_prefix);
+    PCR_RUN(test_share_penalty_steers_equal_warmth);
     PCR_RUN(test_learned_rates);
     PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);
     PCR_RUN(test_the_overhead_is_learned_for_the_pool);

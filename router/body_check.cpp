@@ -21,3 +21,11 @@ extern "C" int pcr_body_check_string(const char *buf, size_t len)
         return 0;  // nothing may cross into C; "not accepted" sends the piece to yajl
     }
 }
+
+#define PCR_STR_(x) #x
+#define PCR_STR(x) PCR_STR_(x)
+
+extern "C" const char *pcr_body_check_simdjson_version(void)
+{
+    return PCR_STR(SIMDJSON_VERSION);
+}

@@ -25,6 +25,10 @@ extern "C" {
  * out of memory). Uses one parser per thread, kept between calls. */
 int pcr_body_check_string(const char *buf, size_t len);
 
+/* The simdjson version the binary was built with ("3.0.1"): Debian builds simdjson as a shared
+ * library with no call that reports its own, so --version can only show the headers'. */
+const char *pcr_body_check_simdjson_version(void);
+
 #ifdef __cplusplus
 }
 #endif

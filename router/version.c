@@ -3,7 +3,8 @@
  * Each library is asked for its version at run time where it has a call for it, because the
  * shared library a binary runs with may be newer than the headers it was built with (a Debian
  * security update replaces the .so, not the binary); the headers' version is printed beside it
- * when they differ. hiredis 0.14 has no such call, so only its headers' version is known. */
+ * when they differ. hiredis 0.14 and simdjson have no such call, so only their headers' version
+ * is known. */
 #include <stdio.h>
 #include <string.h>
 
@@ -16,6 +17,9 @@
 #include <openssl/crypto.h>
 #include <openssl/opensslv.h>
 #include <xxhash.h>
+#include <yajl/yajl_version.h>
+
+#include "body_check.h"
 
 #include "version.h"
 #include "version_gen.h"
@@ -68,4 +72,12 @@ void pcr_version_print(FILE *f)
     dotted(run, sizeof(run), xv / 10000, xv / 100 % 100, xv % 100);
     dotted(built, sizeof(built), XXH_VERSION_MAJOR, XXH_VERSION_MINOR, XXH_VERSION_RELEASE);
     lib_line(f, "xxHash:", run, built);
+    int yv = yajl_version();
+    dotted(run, sizeof(run), (unsigned)yv / 10000, (unsigned)yv / 100 % 100, (unsigned)yv % 100);
+    dotted(built, sizeof(built), YAJL_MAJOR, YAJL_MINOR, YAJL_MICRO);
+    lib_line(f, "yajl:", run, built);
+    char sj[64];
+    snprintf(sj, sizeof(sj), "%s (headers; the library does not report its version)",
+             pcr_body_check_simdjson_version());
+    lib_line(f, "simdjson:", sj, NULL);
 }

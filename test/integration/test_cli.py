@@ -35,7 +35,7 @@ def test_version():
     assert re.match(r"pcrouter 0\.1\.0\n", p.stdout), p
     f = version_fields(p.stdout)
     assert set(f) == {"commit", "libevent", "nghttp2", "OpenSSL", "jansson", "cJSON", "hiredis",
-                      "http-parser", "xxHash"}, f
+                      "http-parser", "xxHash", "yajl", "simdjson"}, f
     assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", f["commit"]), f
     no_sanitizer(p)
 

@@ -566,9 +566,13 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
             if (st->headers_done && now - st->t_recv >= (uint64_t)t->client_idle_ms * 1000)
                 stream_timeout_408(st, t->client_idle_ms);
         } else if (evbuffer_get_length(st->out) > 0 && !st->abort &&
-                   now - st->t_progress >= (uint64_t)t->client_write_ms * 1000) {
+                   now - st->t_progress >= (uint64_t)t->client_write_ms * 1000 &&
+                   (nghttp2_session_get_stream_remote_window_size(s->ng, st->id) <= 0 ||
+                    nghttp2_session_get_remote_window_size(s->ng) <= 0)) {
             /* A zero window: the client takes nothing. Reset the stream; closing it frees the
-             * exchange and cancels the pod request, which gives its connection back. */
+             * exchange and cancels the pod request, which gives its connection back. With the
+             * windows open, what stalls is the socket: the connection's own write deadline
+             * (on_end) closes it and counts it, once. */
             PCR_INC(s->w->metrics.write_timeouts);
             pcr_log_info("client %s, h2 stream %d: no response bytes accepted for %u ms: reset",
                          pcr_sock_peer(s->sock), st->id, t->client_write_ms);

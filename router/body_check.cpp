@@ -22,6 +22,11 @@ extern "C" int pcr_body_check_string(const char *buf, size_t len)
     }
 }
 
+extern "C" int pcr_body_check_utf8(const char *buf, size_t len)
+{
+    return simdjson::validate_utf8(buf, len) ? 1 : 0;  // noexcept
+}
+
 #define PCR_STR_(x) #x
 #define PCR_STR(x) PCR_STR_(x)
 

@@ -299,6 +299,60 @@ static void test_validity_parity(void)
     PCR_CHECK(invalid > 1000);  /* the edits did break bodies */
 }
 
+/* A long string's pieces are checked in place for UTF-8 once the scan for its end has found
+ * its escapes and control bytes valid; anything else gets the full check. Each escape or byte
+ * below, alone in a long prompt and read in random chunks, is valid exactly when yajl says so
+ * and, when not, refused at the byte yajl names. */
+static void test_long_string_checks(void)
+{
+    static const char *const cases[] = {
+        "\\u00e9", "\\uD83D\\uDE00", "\\ud83d\\ude00", "\\uD83D", "\\uDE00x", "\\uD83Dabc",
+        "\\u12G4", "\\u12", "\\x", "\\/", "\\b\\f\\n\\r\\t\\\"\\\\", "\\\x01",
+        "\x01", "\x1f", "\x7f", "\xc3\xa9", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80",
+        "\xe2\x82", "\xf0\x9f\x98\x80", "\xff", "\\u0000", "\\uFFFF", "\\uDBFF\\uDFFF",
+    };
+    int mismatches = 0, invalid = 0;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int place = 0; place < 6; place++) {
+            /* The case at the start, the middle or the end of a 3000-byte prompt, and where a
+             * 16 KiB piece may end. */
+            size_t before = place == 0 ? 0 : place == 1 ? 1500 : place == 2 ? 2990
+                          : place == 3 ? 600 : place == 4 ? 2047 : 1;
+            char body[4096];
+            size_t n = (size_t)snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":\"");
+            memset(body + n, 'a', before);
+            n += before;
+            size_t cl = strlen(cases[c]);
+            memcpy(body + n, cases[c], cl);
+            n += cl;
+            memset(body + n, 'b', 3000 - before);
+            n += 3000 - before;
+            n += (size_t)snprintf(body + n, sizeof(body) - n, "\"}");
+            size_t want = yajl_error_at(body, n);
+            invalid += want != (size_t)-1;
+            for (int round = 0; round < 8; round++) {
+                result_t res;
+                if (round == 0)
+                    read_cut(PCR_API_COMPLETIONS, body, n, NULL, 0, 1, &res);
+                else
+                    read_random(PCR_API_COMPLETIONS, body, n, 1 + rnd() % 2000, &res);
+                int ok = res.rc != PCR_ERR_PARSE;
+                char at[48];
+                snprintf(at, sizeof(at), "at byte %zu", want);
+                if (ok != (want == (size_t)-1) || (!ok && strstr(res.msg, at) == NULL)) {
+                    if (mismatches++ < 3)
+                        printf("# case %zu place %d: yajl %zd, reader %d '%s'\n", c, place,
+                               (ssize_t)want, res.rc, res.msg);
+                }
+                pcr_body_dispose(&res.b);
+            }
+        }
+    }
+    PCR_CHECK_EQ_INT(mismatches, 0);
+    printf("# %d of %zu bodies invalid\n", invalid, 6 * sizeof(cases) / sizeof(cases[0]));
+    PCR_CHECK(invalid >= 6 * 6);  /* the bad escapes and bytes were refused in every place */
+}
+
 static size_t heap_used(void)
 {
     return mallinfo2().uordblks;
@@ -518,6 +572,7 @@ int main(void)
     PCR_RUN(test_error_bytes);
     PCR_RUN(test_random_splits_large);
     PCR_RUN(test_validity_parity);
+    PCR_RUN(test_long_string_checks);
     PCR_RUN(test_limits_bounded);
     PCR_RUN(test_feed_contract);
     PCR_RUN(test_recycled);

@@ -11,6 +11,14 @@
 
 #include "pcr/common.h"
 #include "pcr/prefix.h"
+#include "prefix_long.h"
+
+/* A block's hash: inlined when short, the dispatched library call when long. */
+static inline uint64_t block_hash(const void *data, size_t n, uint64_t seed)
+{
+    return n >= PCR_PREFIX_LONG_MIN ? pcr_prefix_hash_long(data, n, seed)
+                                    : XXH3_64bits_withSeed(data, n, seed);
+}
 
 struct pcr_prefix_stream {
     size_t block_bytes, max_prefix_bytes, max_blocks;
@@ -60,7 +68,7 @@ size_t pcr_prefix_hash(const char *model, size_t model_len, const void *bytes, s
         len = max_prefix_bytes;
     for (size_t off = 0; off < len; off += block_bytes) {
         size_t take = len - off < block_bytes ? len - off : block_bytes;
-        seed = XXH3_64bits_withSeed(p + off, take, seed);
+        seed = block_hash(p + off, take, seed);
         out[n++] = seed;
     }
     uint64_t ctx = ctx_seed(model, model_len, 0);
@@ -124,7 +132,7 @@ static int push_block(pcr_prefix_stream_t *s, const void *data, size_t n)
         s->cap = ncap;
     }
     uint64_t seed = s->nblocks ? s->chain[s->nblocks - 1] : 0;
-    s->chain[s->nblocks++] = XXH3_64bits_withSeed(data, n, seed);
+    s->chain[s->nblocks++] = block_hash(data, n, seed);
     return 0;
 }
 
@@ -207,7 +215,7 @@ size_t pcr_prefix_stream_finish(const pcr_prefix_stream_t *s, const char *model,
         out[i] = mix(s->chain[i], ctx);
     if (s->plen > 0) {
         /* The final partial block, hashed here so the stream stays as it was. */
-        uint64_t last = XXH3_64bits_withSeed(s->partial, s->plen, n ? s->chain[n - 1] : 0);
+        uint64_t last = block_hash(s->partial, s->plen, n ? s->chain[n - 1] : 0);
         out[n++] = mix(last, ctx);
     }
     return n;

@@ -21,6 +21,7 @@
 #include "accesslog.h"
 #include "backend.h"
 #include "bus.h"
+#include "evmem.h"
 #include "discovery.h"
 #include "dns.h"
 #include "config.h"
@@ -288,6 +289,7 @@ out:
         if (srv.wake_fd[i] >= 0)
             close(srv.wake_fd[i]);
     pcr_config_free(srv.cfg);
+    pcr_evmem_thread_clear();
     return rc;
 }
 
@@ -302,6 +304,7 @@ int main(int argc, char **argv)
     };
     const char *config = NULL;
     int c;
+    pcr_evmem_install(); /* before anything uses libevent */
     while ((c = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
         switch (c) {
         case 'c':

@@ -22,9 +22,11 @@ enum { ESC_NONE = 0, ESC_CHAR, ESC_HEX };  /* after a backslash; in the 4 digits
 /* P's memory. yajl makes a handle in a few small blocks (the handle, its lexer, the lexer's
  * buffer, the state stack as it grows) and P is made anew for every body, so they come from
  * this arena, which the next body's P starts over: blocks are only handed out, a free is a
- * no-op, and what does not fit (a lexer buffer for a token that spans calls, say) is an
- * ordinary malloc. Each block has a header with its size (for realloc) and its origin. */
-#define ARENA_BYTES 2048
+ * no-op, and what does not fit is an ordinary malloc. Each block has a header with its size
+ * (for realloc) and its origin. 4 KiB: yajl's first text buffer is 2 KiB, and an ordinary
+ * completion body needs one after the handle's 0.5 KiB, which a 2 KiB arena sent to malloc's
+ * slow path on every request. */
+#define ARENA_BYTES 4096
 #define ARENA_ALIGN 16
 
 typedef struct {

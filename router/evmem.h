@@ -13,6 +13,9 @@
  * hands buffers over): it joins the freeing thread's list. A thread's lists are freed when it
  * ends; the process's own thread's when pcr_evmem_thread_clear() is called.
  *
+ * The router's own buffers of those sizes that live for one request (a response's copy for its
+ * usage, router/usage.c) come from the same lists.
+ *
  * Under AddressSanitizer the lists are off (every free is a free), so that a use after free
  * is still caught. */
 #ifndef PCR_ROUTER_EVMEM_H

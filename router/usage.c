@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "evmem.h"
 #include "usage.h"
 
 /* Counts above this are not a prompt's tokens: the answer is not believed. */
@@ -49,7 +50,7 @@ void pcr_usage_init(pcr_usage_t *u, pcr_usage_mode_t mode, int strip)
 
 void pcr_usage_dispose(pcr_usage_t *u)
 {
-    free(u->buf);
+    pcr_evmem_free(u->buf);
     memset(u, 0, sizeof(*u));
 }
 
@@ -60,10 +61,12 @@ static int buf_add(pcr_usage_t *u, const char *data, size_t n, size_t max)
     if (u->len + n > max)
         return -1;
     if (u->len + n > u->cap) {
-        size_t ncap = u->cap ? u->cap : 1024;
+        /* From the thread's kept blocks (evmem.h): one of these per answer, 2-4 KiB for a
+         * short completion, is past malloc's per-thread caches. */
+        size_t ncap = u->cap ? u->cap : 4096;
         while (ncap < u->len + n)
             ncap *= 2;
-        char *nb = realloc(u->buf, ncap > max ? max : ncap);
+        char *nb = pcr_evmem_realloc(u->buf, ncap > max ? max : ncap);
         if (nb == NULL)
             return -1;
         u->buf = nb;
@@ -230,7 +233,7 @@ void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit
         if (!u->over && buf_add(u, data, len, PCR_USAGE_MAX_JSON) < 0) {
             /* Too large for a completion worth reading (or no memory): give up on it. */
             u->over = 1;
-            free(u->buf);
+            pcr_evmem_free(u->buf);
             u->buf = NULL;
             u->len = u->cap = 0;
         }

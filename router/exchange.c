@@ -185,7 +185,11 @@ int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
 
 void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin)
 {
-    snprintf(ex->peer, sizeof(ex->peer), "%s", peer ? peer : "-");
+    if (peer == NULL)
+        peer = "-";
+    size_t n = strnlen(peer, sizeof(ex->peer) - 1);
+    memcpy(ex->peer, peer, n);
+    ex->peer[n] = '\0';
     ex->admin = admin;
 }
 
@@ -238,8 +242,10 @@ static int routed_api(const pcr_exchange_t *ex)
 
 static int body_reader_start(pcr_exchange_t *ex)
 {
+    /* The defaults are zeros but for the two sizes, which the config gives (and the policy
+     * defaults' whole struct, pcr_body_opts_default, is not filled per request). */
     pcr_body_opts_t o;
-    pcr_body_opts_default(&o);
+    memset(&o, 0, sizeof(o));
     o.block_bytes = ex->w->cfg->routing.block_bytes;
     o.max_prefix_bytes = ex->w->cfg->routing.max_prefix_bytes;
     ex->reader = pcr_body_reader_new((pcr_api_t)routed_api(ex), &o);
@@ -481,11 +487,10 @@ static int tried(const pcr_exchange_t *ex, size_t i)
 
 /* Fills loads[0..n) for the policy: usable = in a slot, up, not ejected, not yet tried, serving
  * the model. Returns how many are usable. */
-static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n)
+static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n, uint64_t now)
 {
     pcr_server_t *srv = ex->w->srv;
     const char *model = ex->req.model ? ex->req.model : "";
-    uint64_t now = pcr_now_us();
     size_t usable = 0, candidates = 0;
     memset(loads, 0, n * sizeof(*loads));
     for (size_t i = 0; i < n; i++) {
@@ -549,10 +554,13 @@ static void dispatch(pcr_exchange_t *ex)
     pcr_backend_load_t loads[n ? n : 1];
     pcr_decision_t d;
     pcr_backend_t *be = NULL;
-    uint64_t now = pcr_now_us();
+    /* The clock read that ended the reader's last step, when the decision follows it at once
+     * (proxy_routed); a retry reads it anew. */
+    uint64_t now = (ex->t_hashed_ns != 0 ? ex->t_hashed_ns : pcr_now_ns()) / 1000u;
+    ex->t_hashed_ns = 0;
     uint64_t match_ns = 0, cost_ns = 0;
     for (;;) {
-        fill_loads(ex, loads, n);
+        fill_loads(ex, loads, n, now);
         int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
         match_ns += d.match_ns;
         cost_ns += d.cost_ns;
@@ -760,7 +768,7 @@ static int can_retry(pcr_exchange_t *ex)
     size_t n = pcr_backend_slots(ex->w->srv);
     pcr_backend_load_t loads[n ? n : 1];
     return ex->attempts <= ex->w->cfg->upstream.retries && !ex->w->draining &&
-           fill_loads(ex, loads, n) > 0;
+           fill_loads(ex, loads, n, pcr_now_us()) > 0;
 }
 
 static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
@@ -825,7 +833,8 @@ static void proxy_routed(pcr_exchange_t *ex)
     }
     int rc = pcr_body_reader_finish(ex->reader, &ex->req);
     const char *why = pcr_body_reader_error(ex->reader);
-    ex->ns_hash = pcr_now_ns() - ex->t_parse_ns;
+    ex->t_hashed_ns = pcr_now_ns();
+    ex->ns_hash = ex->t_hashed_ns - ex->t_parse_ns;
     if (rc == PCR_ERR_PARSE) {
         pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json", "%s", why);
         return;

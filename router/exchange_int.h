@@ -94,6 +94,7 @@ struct pcr_exchange {
     /* The decision's phases (first attempt): ns_parse, the reader's time while the body came;
      * from t_parse_ns (the last byte is in) ns_hash, the reader's last step, then the policy. */
     uint64_t t_parse_ns, ns_parse, ns_hash;
+    uint64_t t_hashed_ns;             /* the reader's last step ended; dispatch's "now", 0 after */
 
     pcr_spare_link_t spare;           /* on its thread's list of spare exchanges (exchange.c) */
     /* Last: a recycled exchange is cleared up to here (entries past nh are never read). */

@@ -252,12 +252,10 @@ static int body_reader_start(pcr_exchange_t *ex)
     return ex->reader != NULL ? 0 : PCR_ERR_NOMEM;
 }
 
-int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
+int pcr_exchange_see_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
-    if (evbuffer_get_length(ex->body) + len > ex->w->cfg->limits.max_body_bytes)
+    if (ex->body_counted + len > ex->w->cfg->limits.max_body_bytes)
         return PCR_ERR_TOO_LARGE;
-    if (evbuffer_add(ex->body, data, len) != 0)
-        return PCR_ERR_NOMEM;
     /* A routed request's body is parsed and its prompt hashed as it arrives, so the decision
      * after the last byte does not wait for the whole prompt (router/body.h). A body found bad
      * here still arrives whole; the reader says why when the request runs. */
@@ -271,6 +269,21 @@ int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
     ex->body_counted += len;
     pcr_body_account(ex->w, (ptrdiff_t)len);
     return 0;
+}
+
+struct evbuffer *pcr_exchange_body(pcr_exchange_t *ex) { return ex->body; }
+
+int pcr_exchange_take_body(pcr_exchange_t *ex, struct evbuffer *src, size_t len)
+{
+    return evbuffer_remove_buffer(src, ex->body, len) == (int)len ? 0 : PCR_ERR_NOMEM;
+}
+
+int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len)
+{
+    int rc = pcr_exchange_see_body(ex, data, len);
+    if (rc != 0)
+        return rc;
+    return evbuffer_add(ex->body, data, len) == 0 ? 0 : PCR_ERR_NOMEM;
 }
 
 /* ---- answering ----------------------------------------------------------------------- */

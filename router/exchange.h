@@ -54,6 +54,18 @@ int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, c
  * against limits.max_buffered_body_bytes (server.h) until the exchange is freed. */
 int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len);
 
+/* add_body in two steps, for a transport that can hand over the buffer the bytes are in
+ * (HTTP/1.1): see_body checks and reads them where they are (same results as add_body), and
+ * take_body then moves that many bytes from the front of `src` to the request's body, whole
+ * chains by reference, with no copy. Every byte seen must be taken, in order, before the
+ * request runs. */
+struct evbuffer;
+int pcr_exchange_see_body(pcr_exchange_t *ex, const char *data, size_t len);
+int pcr_exchange_take_body(pcr_exchange_t *ex, struct evbuffer *src, size_t len);
+/* The request's body as taken so far (for a transport that copies some bytes itself after
+ * see_body, in order with the ones it takes). */
+struct evbuffer *pcr_exchange_body(pcr_exchange_t *ex);
+
 /* The request is complete: route and answer it. */
 void pcr_exchange_run(pcr_exchange_t *ex);
 

@@ -52,6 +52,15 @@ typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY, T_LINGER } timer_mode_t;
 /* How long a rejected request's connection keeps reading (and discarding) after its answer. */
 #define LINGER_MS 2000
 
+/* A body segment of at least TAKE_MIN bytes is moved to the request with the read buffer it
+ * is in (whole buffers by reference, evbuffer_remove_buffer) instead of being copied; at most
+ * TAKE_MAX segments per chunk parsed (a chunked body may have more: the rest are copied). A
+ * read buffer holds up to 32 KiB: a segment that is at least a quarter of it keeps the
+ * memory a moved buffer holds within 4x the body bytes it carries, which are what
+ * limits.max_buffered_body_bytes counts. Smaller segments are cheaper to copy anyway. */
+#define TAKE_MIN 8192
+#define TAKE_MAX 8
+
 typedef struct {
     pcr_session_t base;
     pcr_worker_t *w;
@@ -86,6 +95,14 @@ typedef struct {
     int lingering;
     int draining;
     int read_paused;               /* reading stopped: pipelined bytes wait, or budget */
+    /* Body bytes of the chunk being parsed that are moved, not copied, to the request once
+     * http_parser_execute returns (see on_body). */
+    const char *take_base;         /* the chunk */
+    struct {
+        size_t off, len;
+    } take[TAKE_MAX];
+    unsigned ntake;
+    int take_copy;                 /* this chunk's body bytes are copied, from here on */
 } h1_sess_t;
 
 static void h1_close(h1_sess_t *s);
@@ -414,13 +431,56 @@ static int on_headers_complete(http_parser *p)
     return 0;
 }
 
+/* Copies the segments recorded so far, in order, and the rest of this chunk's from here on:
+ * segments reach the body in the order they came. */
+static int take_as_copies(h1_sess_t *s)
+{
+    for (unsigned i = 0; i < s->ntake; i++)
+        if (evbuffer_add(pcr_exchange_body(s->ex), s->take_base + s->take[i].off,
+                         s->take[i].len) != 0)
+            return -1;
+    s->ntake = 0;
+    s->take_copy = 1;
+    return 0;
+}
+
 static int on_body(http_parser *p, const char *at, size_t n)
 {
     h1_sess_t *s = p->data;
-    int rc = pcr_exchange_add_body(s->ex, at, n);
+    int rc = pcr_exchange_see_body(s->ex, at, n);
     if (rc == PCR_ERR_TOO_LARGE)
         return refuse(s, 413, NULL);
-    return rc < 0 ? -1 : 0;
+    if (rc < 0)
+        return -1;
+    /* Moved after the parse (parse_input), or copied now; once one is to be moved, the ones
+     * after it in this chunk are too, or all are copied, so the order holds. */
+    if (!s->take_copy && (s->ntake > 0 || n >= TAKE_MIN)) {
+        if (s->ntake < TAKE_MAX) {
+            s->take[s->ntake].off = (size_t)(at - s->take_base);
+            s->take[s->ntake].len = n;
+            s->ntake++;
+            return 0;
+        }
+        if (take_as_copies(s) != 0)
+            return -1;
+    }
+    return evbuffer_add(pcr_exchange_body(s->ex), at, n) == 0 ? 0 : -1;
+}
+
+/* After http_parser_execute took n bytes of the chunk at the front of `in`: the recorded body
+ * segments move to the request, the rest of the n bytes are dropped. */
+static int consume(h1_sess_t *s, struct evbuffer *in, size_t n)
+{
+    size_t at = 0;
+    int rc = 0;
+    for (unsigned i = 0; i < s->ntake && rc == 0; i++) {
+        evbuffer_drain(in, s->take[i].off - at);
+        rc = pcr_exchange_take_body(s->ex, in, s->take[i].len);
+        at = s->take[i].off + s->take[i].len;
+    }
+    s->ntake = 0;
+    evbuffer_drain(in, rc == 0 ? n - at : evbuffer_get_length(in));
+    return rc;
 }
 
 static int on_message_complete(http_parser *p)
@@ -490,11 +550,19 @@ static void parse_input(h1_sess_t *s)
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
         pcr_fold_begin(&s->fold, v.iov_base, v.iov_len);
+        s->take_base = v.iov_base;
+        s->ntake = 0;
+        s->take_copy = 0;
         size_t n = http_parser_execute(&s->parser, &req_settings, v.iov_base, v.iov_len);
         pcr_fold_end(&s->fold);
         enum http_errno e = HTTP_PARSER_ERRNO(&s->parser);
+        if (e != HPE_OK && e != HPE_PAUSED) {
+            s->ntake = 0; /* the request is refused: its body goes with the input, below */
+        } else if (consume(s, in, n) != 0) {
+            reject(s, 400, "out of memory while reading the request body");
+            return;
+        }
         if (e == HPE_PAUSED) {
-            evbuffer_drain(in, n);
             /* The response may finish synchronously (a local endpoint): `advance` runs later,
              * from the loop. */
             s->mode = T_BUSY;
@@ -514,7 +582,6 @@ static void parse_input(h1_sess_t *s)
                 reject(s, 400, http_errno_description(e));
             return;
         }
-        evbuffer_drain(in, n);
     }
     update_timer(s);
 }

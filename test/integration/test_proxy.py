@@ -85,6 +85,40 @@ def test_one_mib_prompt_chunked_upload(cluster):
     assert obj["stub"]["body_sha256"] == hashlib.sha256(body).hexdigest()
 
 
+def chunked(body, sizes):
+    """`body` in chunks of the given sizes, the rest in one, then the last chunk."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(b"%x\r\n%s\r\n" % (n, body[at:at + n]))
+        at += n
+    if at < len(body):
+        out.append(b"%x\r\n%s\r\n" % (len(body) - at, body[at:]))
+    return b"".join(out) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("sizes", [
+    [9000] + [10] * 20 + [9000],        # a long chunk, then more small ones than are moved
+    [100, 9000, 7, 9000, 3, 12000],     # short and long in turn
+    [8192] * 3,                         # long ones only, each moved with its buffer
+    [5] * 300,                          # short ones only, all copied
+], ids=["long-then-many-short", "mixed", "long", "short"])
+def test_chunked_body_in_one_write_intact(cluster, sizes):
+    """Every chunk of a body that arrives in one read, long ones moved with the read buffer
+    and short ones copied, reaches the pod in order."""
+    c = cluster(1)
+    body = json.dumps(completion(big_prompt(40000))).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    conn = RawConn(c.router.port)
+    conn.send(head + chunked(body, sizes))  # one write
+    status, hdrs, resp = conn.read_response()
+    conn.close()
+    assert status == 200, (status, hdrs, resp)
+    obj = json.loads(resp)
+    assert obj["stub"]["body_bytes"] == len(body)
+    assert obj["stub"]["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
 def test_expect_100_continue(cluster):
     """curl sends `Expect: 100-continue` for bodies over 1 KiB and waits up to 1 s for the
     interim answer; a gateway answers it at once."""

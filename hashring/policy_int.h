@@ -44,6 +44,7 @@ struct pcr_policy {
     uint64_t *cap_eff;         /* ... and as feedback corrected it (PCR_INDEX_UNLIMITED: none) */
     double *served;            /* per backend: requests committed, older ones weighing less */
     double served_unit;        /* what the next commit adds (see pcr_policy_commit) */
+    uint64_t commits;          /* pcr_policy_commit calls so far, up to PCR_SHARE_WINDOW */
     size_t max_blocks;
     uint64_t rotation;         /* round_robin position, least_loaded tie rotation */
     size_t ndown;              /* backends with down_since set */
@@ -78,7 +79,8 @@ extern const pcr_lb_ops_t pcr_lb_cache_aware;
  * only what it differs by beyond the band counts. */
 #define PCR_RATE_BAND 0.35
 
-/* The share of recent requests is counted over about this many commits. */
+/* The share of recent requests is counted over about this many commits (the first this many
+ * all count in full, see pcr_policy_commit). */
 #define PCR_SHARE_WINDOW 2048.0
 
 /* The block consistent_hash keys on (see PCR_HASH_PREFIX_BYTES). */

@@ -40,9 +40,10 @@
  * share(b) steers the requests that cost nothing to move (as warm elsewhere) off a pod as it
  * nears the bound, so that the ones only it holds warm seldom meet the cliff. It fades with
  * w(b): on a busy pool equal warmth rarely means equal cost, and the load term is small there
- * too. (bench/sweep.py, medians of three draws: past their knees the conversation trace keeps
- * 0.944 of the ceiling with it and 0.937 without, Mooncake 0.952 and 0.929; of the sweep's 60
- * targets, 55 are met with it and 52 without.)
+ * too. (bench/sweep.py, medians of three draws, at the default 512 tokens: past its knee the
+ * conversation trace keeps 0.946 of the ceiling with it and 0.930 without; the sweep's worst
+ * score, TTFT p50 on Mooncake past its knee, is 0.891 with it, 0.809 without and 0.775 at 1024
+ * tokens, though without it one target more of the 60 is met, 57 against 56.)
  *
  * When no backend holds a block of the prompt, the ring places it (see place_cold). Ties go to
  * the lowest mix of the prefix's ring key and the backend index, so equal inputs give equal

@@ -463,7 +463,8 @@ static void test_share_penalty_steers_equal_warmth(void)
     for (int pen = 0; pen <= 1; pen++) {
         pcr_policy_opts_t o;
         pcr_policy_opts_default(&o);
-        o.share_penalty = pen ? 1024 : 0;
+        if (!pen)
+            o.share_penalty = 0;
         pcr_policy_t *p = pcr_policy_new(&o, four, NB);
         pcr_backend_load_t l[NB];
         pcr_decision_t d;
@@ -497,7 +498,7 @@ static void test_share_penalty_steers_equal_warmth(void)
     }
     pcr_policy_opts_t o;
     pcr_policy_opts_default(&o);
-    PCR_CHECK(o.share_penalty == 1024);
+    PCR_CHECK(o.share_penalty == 512);
     o.share_penalty = -1;
     PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
 }

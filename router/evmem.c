@@ -78,6 +78,9 @@ static void on_thread_exit(void *arg)
 {
     (void)arg;
     cache_clear(&cache);
+    /* A block freed after this (another destructor of the thread's) registers again, and
+     * glibc runs the destructor again for it. */
+    cache.registered = 0;
 }
 
 static void exit_key_make(void)

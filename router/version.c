@@ -49,6 +49,12 @@ static void dotted(char *out, size_t n, unsigned major, unsigned minor, unsigned
     snprintf(out, n, "%u.%u.%u", major, minor, patch);
 }
 
+/* A version packed in decimal as MMmmpp (xxHash's and yajl's), as "M.m.p". */
+static void dotted_decimal(char *out, size_t n, unsigned v)
+{
+    dotted(out, n, v / 10000, v / 100 % 100, v % 100);
+}
+
 void pcr_version_print(FILE *f)
 {
     char run[32], built[32];
@@ -68,12 +74,10 @@ void pcr_version_print(FILE *f)
     dotted(built, sizeof(built), HTTP_PARSER_VERSION_MAJOR, HTTP_PARSER_VERSION_MINOR,
            HTTP_PARSER_VERSION_PATCH);
     lib_line(f, "http-parser:", run, built);
-    unsigned xv = XXH_versionNumber();
-    dotted(run, sizeof(run), xv / 10000, xv / 100 % 100, xv % 100);
+    dotted_decimal(run, sizeof(run), XXH_versionNumber());
     dotted(built, sizeof(built), XXH_VERSION_MAJOR, XXH_VERSION_MINOR, XXH_VERSION_RELEASE);
     lib_line(f, "xxHash:", run, built);
-    int yv = yajl_version();
-    dotted(run, sizeof(run), (unsigned)yv / 10000, (unsigned)yv / 100 % 100, (unsigned)yv % 100);
+    dotted_decimal(run, sizeof(run), (unsigned)yajl_version());
     dotted(built, sizeof(built), YAJL_MAJOR, YAJL_MINOR, YAJL_MICRO);
     lib_line(f, "yajl:", run, built);
     char sj[64];

@@ -244,36 +244,35 @@ static int v_open(pcr_body_scan_t *s)
 static int v_feed(pcr_body_scan_t *s, const char *a, size_t an, const char *b, size_t bn,
                   int closed)
 {
-    if (s->plen == 0 && bn == 0 && !s->suspect) {
-        /* The common case, checked in place: escapes and control bytes were found valid by
-         * find_end as it looked for the end, so UTF-8 is all that is left to check. */
-        size_t h = closed ? 0 : holdback(s, a, an), k = an - h;
-        if (k == 0 || pcr_body_check_utf8(a, k)) {
-            memcpy(s->pend, a + k, h);
-            s->plen = h;
-            s->v_off += k;
-            return 0;
-        }
-    }
+    /* The piece: the caller's bytes where they are (the common case: nothing held, one
+     * part), else held bytes and both parts joined in the scratch. */
     char *c = s->scratch + 2;
+    const char *piece = a;
     size_t n = s->plen + an + bn;
-    memcpy(c, s->pend, s->plen);
-    if (an > 0)
-        memcpy(c + s->plen, a, an);
-    if (bn > 0)
-        memcpy(c + s->plen + an, b, bn);
-    size_t h = closed ? 0 : holdback(s, c, n), k = n - h;
-    memcpy(s->pend, c + k, h);
+    if (s->plen > 0 || bn > 0) {
+        memcpy(c, s->pend, s->plen);
+        if (an > 0)
+            memcpy(c + s->plen, a, an);
+        if (bn > 0)
+            memcpy(c + s->plen + an, b, bn);
+        piece = c;
+    }
+    size_t h = closed ? 0 : holdback(s, piece, n), k = n - h;
+    memcpy(s->pend, piece + k, h);
     s->plen = h;
     if (k == 0 && !closed)
         return 0;
     int suspect = s->suspect;
     if (h == 0)
         s->suspect = 0; /* every byte find_end has seen is in this piece */
-    if (!suspect && pcr_body_check_utf8(c, k)) {
+    /* Escapes and control bytes were found valid by find_end as it looked for the end, unless
+     * it saw something suspect: UTF-8 is all that is left to check, in place. */
+    if (!suspect && pcr_body_check_utf8(piece, k)) {
         s->v_off += k;
         return 0;
     }
+    if (piece != c)
+        memcpy(c, piece, k); /* the full check reads a padded, quoted copy */
     s->scratch[0] = ',';
     s->scratch[1] = '"';
     c[k] = '"';

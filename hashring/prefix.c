@@ -5,20 +5,14 @@
 #include <string.h>
 
 /* Inlined: a key mixes the model into up to 512 blocks with an 8-byte hash each, and a call
- * into the shared library per hash cost as much as the hash. Same algorithm, same values. */
+ * into the shared library per hash cost as much as the hash. Same algorithm, same values.
+ * The blocks themselves are hashed in prefix_blocks.c, built per vector unit. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include "pcr/common.h"
 #include "pcr/prefix.h"
-#include "prefix_long.h"
-
-/* A block's hash: inlined when short, the dispatched library call when long. */
-static inline uint64_t block_hash(const void *data, size_t n, uint64_t seed)
-{
-    return n >= PCR_PREFIX_LONG_MIN ? pcr_prefix_hash_long(data, n, seed)
-                                    : XXH3_64bits_withSeed(data, n, seed);
-}
+#include "prefix_blocks.h"
 
 struct pcr_prefix_stream {
     size_t block_bytes, max_prefix_bytes, max_blocks;
@@ -59,17 +53,16 @@ size_t pcr_prefix_hash(const char *model, size_t model_len, const void *bytes, s
                        size_t block_bytes, size_t max_prefix_bytes, uint64_t *out)
 {
     const unsigned char *p = bytes;
-    uint64_t seed = 0;
-    size_t n = 0;
 
     if (block_bytes == 0 || bytes == NULL || out == NULL)
         return 0;
     if (len > max_prefix_bytes)
         len = max_prefix_bytes;
-    for (size_t off = 0; off < len; off += block_bytes) {
-        size_t take = len - off < block_bytes ? len - off : block_bytes;
-        seed = block_hash(p + off, take, seed);
-        out[n++] = seed;
+    size_t n = len / block_bytes, rest = len % block_bytes;
+    uint64_t chain = pcr_prefix_blocks(p, n, block_bytes, 0, out);
+    if (rest > 0) {
+        pcr_prefix_blocks(p + n * block_bytes, 1, rest, chain, &out[n]);
+        n++;
     }
     uint64_t ctx = ctx_seed(model, model_len, 0);
     for (size_t i = 0; i < n; i++)
@@ -121,18 +114,25 @@ void pcr_prefix_stream_reset(pcr_prefix_stream_t *s)
     s->err = 0;
 }
 
-static int push_block(pcr_prefix_stream_t *s, const void *data, size_t n)
+/* Hashes n whole blocks from data onto the chain. The caller's bytes are never more than
+ * max_prefix_bytes, so the chain never needs more than max_blocks. */
+static int push_blocks(pcr_prefix_stream_t *s, const unsigned char *data, size_t n)
 {
-    if (s->nblocks == s->cap) {
-        size_t ncap = s->cap * 2 < s->max_blocks ? s->cap * 2 : s->max_blocks;
-        uint64_t *nc = ncap > s->cap ? realloc(s->chain, ncap * sizeof(*nc)) : NULL;
+    if (s->nblocks + n > s->cap) {
+        size_t ncap = s->cap;
+        while (ncap < s->nblocks + n)
+            ncap *= 2;
+        if (ncap > s->max_blocks)
+            ncap = s->max_blocks;
+        uint64_t *nc = ncap >= s->nblocks + n ? realloc(s->chain, ncap * sizeof(*nc)) : NULL;
         if (nc == NULL)
             return s->err = PCR_ERR_NOMEM;
         s->chain = nc;
         s->cap = ncap;
     }
-    uint64_t seed = s->nblocks ? s->chain[s->nblocks - 1] : 0;
-    s->chain[s->nblocks++] = block_hash(data, n, seed);
+    uint64_t parent = s->nblocks ? s->chain[s->nblocks - 1] : 0;
+    pcr_prefix_blocks(data, n, s->block_bytes, parent, s->chain + s->nblocks);
+    s->nblocks += n;
     return 0;
 }
 
@@ -157,14 +157,16 @@ int pcr_prefix_stream_update(pcr_prefix_stream_t *s, const void *bytes, size_t l
         take -= fill;
         if (s->plen == s->block_bytes) {
             s->plen = 0;
-            if (push_block(s, s->partial, s->block_bytes) != 0)
+            if (push_blocks(s, s->partial, 1) != 0)
                 return s->err;
         }
     }
     /* Whole blocks straight from the caller's bytes: no copy on the long-prompt path. */
-    for (; take >= s->block_bytes; p += s->block_bytes, take -= s->block_bytes)
-        if (push_block(s, p, s->block_bytes) != 0)
-            return s->err;
+    size_t whole = take / s->block_bytes;
+    if (whole > 0 && push_blocks(s, p, whole) != 0)
+        return s->err;
+    p += whole * s->block_bytes;
+    take -= whole * s->block_bytes;
     if (take > 0) {
         memcpy(s->partial, p, take);
         s->plen = take;
@@ -215,7 +217,8 @@ size_t pcr_prefix_stream_finish(const pcr_prefix_stream_t *s, const char *model,
         out[i] = mix(s->chain[i], ctx);
     if (s->plen > 0) {
         /* The final partial block, hashed here so the stream stays as it was. */
-        uint64_t last = block_hash(s->partial, s->plen, n ? s->chain[n - 1] : 0);
+        uint64_t last;
+        pcr_prefix_blocks(s->partial, 1, s->plen, n ? s->chain[n - 1] : 0, &last);
         out[n++] = mix(last, ctx);
     }
     return n;

@@ -2,7 +2,7 @@
  *
  * The scheme, all XXH3-64:
  *
- *   chain[i]  = XXH3(block i, seed chain[i-1]), chain[-1] = 0
+ *   chain[i]  = XXH3(chain[i-1] then XXH3(block i), as 16 little-endian bytes), chain[-1] = 0
  *   ctx       = XXH3(model name, seed C), C = XXH3(context bytes) or 0 when there are none
  *   blocks[i] = XXH3(chain[i] as 8 little-endian bytes, seed ctx)
  *
@@ -17,6 +17,9 @@
  * router hashes the prompt while the body arrives (router/body.c). The chain needs nothing
  * but the prompt's bytes; the model and the context cost one 8-byte XXH3 per block at the end
  * (max_prefix_bytes / block_bytes of them: 512 by default, about 1 us).
+ *
+ * Blocks are hashed without a seed: a seeded XXH3 of more than 240 bytes derives a secret from
+ * the seed first, which cost as much as the 256-byte block itself (hashring/prefix_blocks.h).
  *
  * These values are a wire contract between router replicas (test/unit/hashring/test_prefix.c
  * pins them): changing the scheme remaps every prefix. Pure: libc and xxHash only. */

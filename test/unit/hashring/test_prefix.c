@@ -6,6 +6,7 @@
 #include "pcr/common.h"
 #include "pcr/prefix.h"
 #include "pcr_test.h"
+#include "prefix_blocks.h"
 
 static char text[1000];
 
@@ -29,20 +30,20 @@ static void test_golden_vectors(void)
 {
     uint64_t out[8];
     PCR_CHECK_EQ_INT(pcr_prefix_hash("llama", 5, text, 600, 256, 131072, out), 3);
-    PCR_CHECK_EQ_U64(out[0], 0xc67c5f82997cd268ull);
-    PCR_CHECK_EQ_U64(out[1], 0x5bbbe2d20e27cd75ull);
-    PCR_CHECK_EQ_U64(out[2], 0x9bc11dacbfdd84bcull);
+    PCR_CHECK_EQ_U64(out[0], 0xe96fe1bbf4604420ull);
+    PCR_CHECK_EQ_U64(out[1], 0x019a1118fccf25fbull);
+    PCR_CHECK_EQ_U64(out[2], 0x135e2dabcc47ef72ull);
     PCR_CHECK_EQ_INT(pcr_prefix_hash("llama", 5, "hello", 5, 256, 131072, out), 1);
-    PCR_CHECK_EQ_U64(out[0], 0x656e343e88cd9a3eull);
+    PCR_CHECK_EQ_U64(out[0], 0xb6b187776d287b5eull);
     PCR_CHECK_EQ_INT(pcr_prefix_hash("", 0, "hello", 5, 256, 131072, out), 1);
-    PCR_CHECK_EQ_U64(out[0], 0x74dd2d7e29001d7bull);
+    PCR_CHECK_EQ_U64(out[0], 0x0cbca580f1153ebdull);
     /* With context bytes (a chat request's tools). */
     pcr_prefix_stream_t *s = pcr_prefix_stream_new(256, 131072);
     PCR_CHECK(s != NULL);
     pcr_prefix_stream_update(s, "hello", 5);
     pcr_prefix_stream_context(s, "[{\"type\":\"function\"}]", 21);
     PCR_CHECK_EQ_INT(pcr_prefix_stream_finish(s, "llama", 5, out, NULL), 1);
-    PCR_CHECK_EQ_U64(out[0], 0x8528b0f45ff2995full);
+    PCR_CHECK_EQ_U64(out[0], 0x75c0f08c2b5a1dbbull);
     pcr_prefix_stream_free(s);
 }
 
@@ -52,16 +53,26 @@ static void le64(uint64_t v, unsigned char out[8])
         out[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* The scheme, restated with XXH3 directly: an unseeded chain, the last block partial, then the
- * model (seeded by the context's hash, 0 without one) mixed into each chain value. */
+/* chain[i] from chain[i-1] and block i, with libxxhash's own XXH3. */
+static uint64_t chain_link(uint64_t parent, const void *block, size_t n)
+{
+    unsigned char in[16];
+    le64(parent, in);
+    le64(XXH3_64bits(block, n), in + 8);
+    return XXH3_64bits(in, sizeof(in));
+}
+
+/* The scheme, restated with XXH3 directly: a chain from 0 where each block is hashed without a
+ * seed and linked to the chain so far, the last block partial, then the model (seeded by the
+ * context's hash, 0 without one) mixed into each chain value. */
 static void test_chain_definition(void)
 {
     uint64_t out[8];
     unsigned char le[8];
     PCR_CHECK_EQ_INT(pcr_prefix_hash("m", 1, text, 300, 128, 131072, out), 3);
-    uint64_t c0 = XXH3_64bits_withSeed(text, 128, 0);
-    uint64_t c1 = XXH3_64bits_withSeed(text + 128, 128, c0);
-    uint64_t c2 = XXH3_64bits_withSeed(text + 256, 44, c1);
+    uint64_t c0 = chain_link(0, text, 128);
+    uint64_t c1 = chain_link(c0, text + 128, 128);
+    uint64_t c2 = chain_link(c1, text + 256, 44);
     uint64_t ctx = XXH3_64bits_withSeed("m", 1, 0);
     le64(c0, le);
     PCR_CHECK_EQ_U64(out[0], XXH3_64bits_withSeed(le, 8, ctx));
@@ -80,6 +91,34 @@ static void test_chain_definition(void)
     PCR_CHECK_EQ_U64(out[2], XXH3_64bits_withSeed(le, 8, ctx));
     PCR_CHECK_EQ_INT(pcr_prefix_stream_bytes(s), 305);
     pcr_prefix_stream_free(s);
+}
+
+/* The chain step is built for SSE2 and for AVX2; both give libxxhash's values, for blocks from
+ * 1 byte (XXH3's short paths) to past 240 (its long path) and runs of them. */
+static void test_vector_builds_agree(void)
+{
+    static unsigned char buf[8192];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (unsigned char)rnd();
+    const size_t sizes[] = {1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 256, 512, 1000, 4096};
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        size_t bb = sizes[k], n = sizeof(buf) / bb < 8 ? sizeof(buf) / bb : 8;
+        uint64_t want[8] = {0}, base[8] = {0}, parent = rnd(), p = parent;
+        for (size_t i = 0; i < n; i++)
+            want[i] = p = chain_link(p, buf + i * bb, bb);
+        PCR_CHECK_EQ_U64(pcr_prefix_blocks_base(buf, n, bb, parent, base), want[n - 1]);
+        for (size_t i = 0; i < n; i++)
+            PCR_CHECK_EQ_U64(base[i], want[i]);
+#if defined(PCR_HAVE_BLOCKS_AVX2)
+        if (__builtin_cpu_supports("avx2")) {
+            uint64_t wide[8];
+            PCR_CHECK_EQ_U64(pcr_prefix_blocks_avx2(buf, n, bb, parent, wide), want[n - 1]);
+            for (size_t i = 0; i < n; i++)
+                PCR_CHECK_EQ_U64(wide[i], want[i]);
+        }
+#endif
+    }
+    PCR_CHECK_EQ_U64(pcr_prefix_blocks_base(buf, 0, 256, 42, NULL), 42);
 }
 
 static void test_shared_prefix_shares_blocks(void)
@@ -216,6 +255,7 @@ int main(void)
     fill_text();
     PCR_RUN(test_golden_vectors);
     PCR_RUN(test_chain_definition);
+    PCR_RUN(test_vector_builds_agree);
     PCR_RUN(test_shared_prefix_shares_blocks);
     PCR_RUN(test_models_never_share);
     PCR_RUN(test_stream_any_split);

@@ -39,6 +39,18 @@
 
 typedef struct h2_sess h2_sess_t;
 
+/* DATA bytes of at least TAKE_MIN in one piece are referenced where they arrived instead of
+ * being copied into the request: the read chain they are in is moved out of the socket's input
+ * into a hold, which lives while any request body points into it. A piece must also be at
+ * least a quarter of its chain, so that a hold keeps at most 4x the body bytes it carries
+ * (those are what limits.max_buffered_body_bytes counts), as on HTTP/1.1 (h1_server.c). */
+#define TAKE_MIN 8192
+
+typedef struct {
+    struct evbuffer *buf;          /* the read chain, moved whole */
+    unsigned refs;                 /* body references, and on_read's own while it feeds */
+} h2_hold_t;
+
 typedef struct h2_stream {
     int32_t id;
     h2_sess_t *sess;
@@ -79,6 +91,10 @@ struct h2_sess {
     size_t nqueued;                /* streams with run_queued set */
     int closing;
     int in_flush;
+    /* The read chain nghttp2 is being fed (on_read), for DATA taken by reference. */
+    const uint8_t *seg;
+    size_t seg_len;
+    h2_hold_t *hold;               /* the chain, once moved out of the input; NULL before */
 };
 
 static void h2_close(h2_sess_t *s);
@@ -447,6 +463,53 @@ static void run_queued(h2_sess_t *s)
     }
 }
 
+static void hold_release(h2_hold_t *h)
+{
+    if (h != NULL && --h->refs == 0) {
+        evbuffer_free(h->buf);
+        free(h);
+    }
+}
+
+static void hold_unref(const void *data, size_t len, void *arg)
+{
+    (void)data;
+    (void)len;
+    hold_release(arg);
+}
+
+/* Adds a DATA piece to the request's body: by reference into the read chain when it is long
+ * enough (see TAKE_MIN), else copied. */
+static int add_data(h2_sess_t *s, h2_stream_t *st, const uint8_t *data, size_t len)
+{
+    int by_ref = len >= TAKE_MIN && s->seg != NULL && data >= s->seg &&
+                 len <= s->seg_len && (size_t)(data - s->seg) <= s->seg_len - len &&
+                 (s->hold != NULL || len >= s->seg_len / 4);
+    if (!by_ref)
+        return pcr_exchange_add_body(st->ex, (const char *)data, len);
+    int rc = pcr_exchange_see_body(st->ex, (const char *)data, len);
+    if (rc != 0)
+        return rc;
+    if (s->hold == NULL) {
+        h2_hold_t *h = malloc(sizeof(*h));
+        struct evbuffer *in = pcr_sock_input(s->sock), *buf = h != NULL ? evbuffer_new() : NULL;
+        /* The chain is the input's first, whole: moving it moves a pointer, not the bytes. */
+        if (buf == NULL || evbuffer_remove_buffer(in, buf, s->seg_len) != (int)s->seg_len) {
+            if (buf != NULL) /* nothing moved: the chain was whole or not at all */
+                evbuffer_free(buf);
+            free(h);
+            return evbuffer_add(pcr_exchange_body(st->ex), data, len) == 0 ? 0 : PCR_ERR_NOMEM;
+        }
+        h->buf = buf;
+        h->refs = 1; /* on_read's, until nghttp2 has read the chain */
+        s->hold = h;
+    }
+    if (evbuffer_add_reference(pcr_exchange_body(st->ex), data, len, hold_unref, s->hold) != 0)
+        return PCR_ERR_NOMEM;
+    s->hold->refs++;
+    return 0;
+}
+
 static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
                          size_t len, void *user)
 {
@@ -458,7 +521,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
         return 0;
     }
     st->t_recv = pcr_now_us();
-    if (pcr_exchange_add_body(st->ex, (const char *)data, len) == PCR_ERR_TOO_LARGE) {
+    if (add_data(s, st, data, len) == PCR_ERR_TOO_LARGE) {
         nghttp2_session_consume(ng, id, len);
         st->reject_status = 413;
         reject(st);
@@ -633,7 +696,13 @@ static void on_read(pcr_sock_t *sock, void *arg)
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
+        s->seg = v.iov_base;
+        s->seg_len = v.iov_len;
         ssize_t n = nghttp2_session_mem_recv(s->ng, v.iov_base, v.iov_len);
+        size_t moved = s->hold != NULL ? s->seg_len : 0; /* out of `in` already */
+        hold_release(s->hold);
+        s->hold = NULL;
+        s->seg = NULL;
         if (n < 0) {
             /* nghttp2 has queued a GOAWAY for protocol errors; send it, then close. */
             pcr_log_debug("h2: bad input from client: %s", nghttp2_strerror((int)n));
@@ -644,7 +713,8 @@ static void on_read(pcr_sock_t *sock, void *arg)
             nghttp2_session_terminate_session(s->ng, NGHTTP2_PROTOCOL_ERROR);
             break;
         }
-        evbuffer_drain(in, (size_t)n);
+        if ((size_t)n > moved)
+            evbuffer_drain(in, (size_t)n - moved);
     }
     if (!s->closing)
         run_queued(s);

@@ -7,7 +7,7 @@ import string
 
 import pytest
 
-from conftest import (RawConn, completion, chat, curl, get_metrics, http_request, metric,
+from conftest import (H2Client, RawConn, completion, chat, curl, get_metrics, http_request, metric,
                       sha256)
 
 PROTOS = ["h1", "h2c", "h2"]
@@ -117,6 +117,55 @@ def test_chunked_body_in_one_write_intact(cluster, sizes):
     obj = json.loads(resp)
     assert obj["stub"]["body_bytes"] == len(body)
     assert obj["stub"]["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+@pytest.mark.parametrize("sizes", [[16384, 16384], [100, 16384, 9000, 5, 16384], [8192, 8191, 1]])
+def test_h2_interleaved_bodies_intact(cluster, sizes):
+    """DATA pieces of 8 KiB and more are referenced in the read buffer they arrived in, shorter
+    ones copied: three streams whose DATA frames interleave, each read holding several of
+    them, each reach the pod whole and in order."""
+    c = cluster(1)
+    h = H2Client(c.router.port)
+    try:
+        h.wait(lambda: h.conn.remote_settings.initial_window_size > 65535 or
+               h.conn.outbound_flow_control_window > 65535, what="the router's SETTINGS")
+        bodies, at = {}, {}
+        for i in range(3):
+            body = json.dumps(completion(big_prompt(90000 + i))).encode()
+            sid = h.conn.get_next_available_stream_id()
+            h.conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"),
+                                      (":scheme", "http"), (":authority", "x"),
+                                      ("content-type", "application/json"),
+                                      ("content-length", str(len(body)))])
+            h.streams[sid] = {"headers": None, "data": bytearray(), "ended": False, "reset": None}
+            bodies[sid], at[sid] = body, 0
+        k = 0
+        while any(at[sid] < len(bodies[sid]) for sid in bodies):
+            sent = False
+            for sid, body in bodies.items():
+                n = min(sizes[k % len(sizes)], len(body) - at[sid], h.conn.max_outbound_frame_size,
+                        h.conn.local_flow_control_window(sid))
+                if at[sid] >= len(body) or n <= 0:
+                    continue
+                h.conn.send_data(sid, body[at[sid]:at[sid] + n], end_stream=at[sid] + n >= len(body))
+                at[sid] += n
+                sent = True
+            k += 1
+            if k % 4 == 0 or not sent:
+                h.flush()  # several frames of every stream in one write
+            if not sent:
+                h.pump(0.2)  # a window to open
+        h.flush()
+        h.wait(lambda: all(h.streams[sid]["ended"] for sid in bodies), timeout=30,
+               what="three responses")
+        for sid, body in bodies.items():
+            st = h.streams[sid]
+            assert st["headers"][":status"] == "200", st
+            obj = json.loads(bytes(st["data"]))
+            assert obj["stub"]["body_bytes"] == len(body)
+            assert obj["stub"]["body_sha256"] == hashlib.sha256(body).hexdigest()
+    finally:
+        h.close()
 
 
 def test_expect_100_continue(cluster):

@@ -19,7 +19,7 @@
 #define EVMEM_KEEP 1
 #endif
 
-#define MIN_SHIFT 9                          /* 512 bytes */
+#define MIN_SHIFT 6                          /* 64 bytes */
 #define MAX_SHIFT 16                         /* 64 KiB */
 #define NCLASS (MAX_SHIFT - MIN_SHIFT + 1)
 #define KEEP_BYTES (1u << 20)                /* per size and thread */
@@ -54,10 +54,10 @@ static int class_of(size_t n)
 {
     if (n > ((size_t)1 << MAX_SHIFT))
         return -1;
-    int shift = MIN_SHIFT;
-    while (((size_t)1 << shift) < n)
-        shift++;
-    return shift - MIN_SHIFT;
+    if (n <= ((size_t)1 << MIN_SHIFT))
+        return 0;
+    /* The smallest power of two >= n: n - 1 has its top bit just below it. */
+    return (int)(sizeof(unsigned long) * 8) - __builtin_clzl((unsigned long)(n - 1)) - MIN_SHIFT;
 }
 
 static void cache_clear(cache_t *c)
@@ -108,6 +108,16 @@ void *pcr_evmem_malloc(size_t n)
     h->pad = 0;
     h->size = size;
     return h + 1;
+}
+
+void *pcr_evmem_calloc(size_t n, size_t size)
+{
+    if (size != 0 && n > SIZE_MAX / size)
+        return NULL;
+    void *p = pcr_evmem_malloc(n * size);
+    if (p != NULL)
+        memset(p, 0, n * size);
+    return p;
 }
 
 void pcr_evmem_free(void *p)

@@ -7,14 +7,17 @@
  * or wrote, a few percent of the proxy's CPU. HAProxy and nginx keep such buffers in pools;
  * this is that, for libevent's blocks.
  *
- * How: blocks of 512 bytes to 64 KiB are rounded up to a power of two and kept, when freed, on
- * the freeing thread's list for that size (at most 1 MiB of each size per thread); any other
- * size goes to malloc as it is. A block made by one thread may be freed by another (the bus
+ * How: blocks of 32 bytes to 64 KiB are rounded up to a power of two (64 bytes at least) and
+ * kept, when freed, on the freeing thread's list for that size (at most 1 MiB of each of the 11
+ * sizes per thread); any other size goes to malloc as it is. A block made by one thread may be freed by another (the bus
  * hands buffers over): it joins the freeing thread's list. A thread's lists are freed when it
  * ends; the process's own thread's when pcr_evmem_thread_clear() is called.
  *
- * The router's own buffers of those sizes that live for one request (a response's copy for its
- * usage, router/usage.c) come from the same lists.
+ * The small blocks are libevent's per-request evbuffers and events. With 64 requests in
+ * flight, malloc's per-thread cache (7 blocks of a size) runs dry and every allocation of them
+ * took malloc's slow path. The router's own objects and buffers that live for one request (an
+ * upstream request, an h2 stream, a response's copy for its usage in router/usage.c) come from
+ * the same lists.
  *
  * Under AddressSanitizer the lists are off (every free is a free), so that a use after free
  * is still caught. */
@@ -28,6 +31,7 @@ void pcr_evmem_install(void);
 
 /* The functions themselves (for the unit test). */
 void *pcr_evmem_malloc(size_t n);
+void *pcr_evmem_calloc(size_t n, size_t size);
 void *pcr_evmem_realloc(void *p, size_t n);
 void pcr_evmem_free(void *p);
 

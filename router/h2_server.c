@@ -32,6 +32,7 @@
 #include <event2/event.h>
 #include <nghttp2/nghttp2.h>
 
+#include "evmem.h"
 #include "exchange.h"
 #include "http1.h"
 #include "log.h"
@@ -122,7 +123,7 @@ static void stream_free(h2_stream_t *st)
         event_free(st->rst_timer);
     if (st->out)
         evbuffer_free(st->out);
-    free(st);
+    pcr_evmem_free(st);
 }
 
 /* ---- response ops -------------------------------------------------------------------- */
@@ -344,7 +345,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
     h2_sess_t *s = user;
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
-    h2_stream_t *st = calloc(1, sizeof(*st));
+    h2_stream_t *st = pcr_evmem_calloc(1, sizeof(*st)); /* per request: evmem.h */
     if (st == NULL)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     st->id = frame->hd.stream_id;
@@ -467,7 +468,7 @@ static void hold_release(h2_hold_t *h)
 {
     if (h != NULL && --h->refs == 0) {
         evbuffer_free(h->buf);
-        free(h);
+        pcr_evmem_free(h);
     }
 }
 
@@ -491,13 +492,13 @@ static int add_data(h2_sess_t *s, h2_stream_t *st, const uint8_t *data, size_t l
     if (rc != 0)
         return rc;
     if (s->hold == NULL) {
-        h2_hold_t *h = malloc(sizeof(*h));
+        h2_hold_t *h = pcr_evmem_malloc(sizeof(*h));
         struct evbuffer *in = pcr_sock_input(s->sock), *buf = h != NULL ? evbuffer_new() : NULL;
         /* The chain is the input's first, whole: moving it moves a pointer, not the bytes. */
         if (buf == NULL || evbuffer_remove_buffer(in, buf, s->seg_len) != (int)s->seg_len) {
             if (buf != NULL) /* nothing moved: the chain was whole or not at all */
                 evbuffer_free(buf);
-            free(h);
+            pcr_evmem_free(h);
             return evbuffer_add(pcr_exchange_body(st->ex), data, len) == 0 ? 0 : PCR_ERR_NOMEM;
         }
         h->buf = buf;

@@ -39,6 +39,7 @@
 #include "http1.h"
 #include "log.h"
 #include "sock.h"
+#include "evmem.h"
 #include "upstream.h"
 
 #define MAX_RESP_HEADERS 64
@@ -138,7 +139,7 @@ static void req_free(pcr_upreq_t *r)
         event_free(r->wait_timer);
     if (r->request)
         evbuffer_free(r->request);
-    free(r);
+    pcr_evmem_free(r);
 }
 
 /* Detaches the request from its connection and reports the failure to its owner. */
@@ -596,7 +597,7 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
 pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
                                     const pcr_upstream_cbs_t *cbs, void *ctx)
 {
-    pcr_upreq_t *r = calloc(1, sizeof(*r));
+    pcr_upreq_t *r = pcr_evmem_calloc(1, sizeof(*r)); /* per request: evmem.h */
     if (r == NULL) {
         evbuffer_free(head);
         return NULL;

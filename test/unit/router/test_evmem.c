@@ -32,11 +32,24 @@ static void test_reuse_by_size(void)
     PCR_CHECK(c != NULL && c != b);
     pcr_evmem_free(b);
     pcr_evmem_free(c);
-    void *small = pcr_evmem_malloc(40), *huge = pcr_evmem_malloc(200000);
-    PCR_CHECK(small != NULL && huge != NULL);
-    pcr_evmem_free(small);
+    void *tiny = pcr_evmem_malloc(8), *huge = pcr_evmem_malloc(200000);
+    PCR_CHECK(tiny != NULL && huge != NULL);
+    pcr_evmem_free(tiny);
     pcr_evmem_free(huge);
     PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 2);  /* b and c only */
+    /* Small blocks (an evbuffer, an upstream request) are kept from 32 bytes up, zeroed by
+     * calloc when they come back. */
+    unsigned char *s1 = pcr_evmem_malloc(100);
+    PCR_CHECK(s1 != NULL && ((uintptr_t)s1 & 15) == 0);
+    memset(s1, 0xCD, 100);
+    pcr_evmem_free(s1);
+    PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 3);
+    unsigned char *s2 = pcr_evmem_calloc(1, 120);  /* the 128-byte class: the same block */
+    PCR_CHECK(s2 == s1);
+    for (int i = 0; i < 120; i++)
+        PCR_CHECK_EQ_INT(s2[i], 0);
+    pcr_evmem_free(s2);
+    PCR_CHECK(pcr_evmem_calloc(SIZE_MAX / 2, 4) == NULL);  /* n x size overflows */
     pcr_evmem_thread_clear();
     PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 0);
 }

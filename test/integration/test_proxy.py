@@ -66,12 +66,15 @@ def big_prompt(n):
     return "".join(rng.choice(alphabet) for _ in range(n))
 
 
-@pytest.mark.parametrize("proto", ["h1", "h2c"])
-def test_one_mib_prompt_intact(cluster, proto):
-    c = cluster(2)
+@pytest.mark.parametrize("proto", PROTOS)
+def test_one_mib_prompt_intact(cluster, tls_cert, proto):
+    """Long bodies move through by reference in the read buffers of each transport (plain and
+    TLS) and reach the pod whole."""
+    c = cluster(2, tls=tls_cert)
     body = json.dumps(completion(big_prompt(1 << 20))).encode()
     assert len(body) > 1 << 20
-    r = curl(c.url("/v1/completions", proto), body, proto=proto, timeout=60)
+    r = curl(c.url("/v1/completions", proto), body, proto=proto, cacert=tls_cert[0], timeout=60)
+    assert r.version == VERSION[proto], r
     obj = check_routed(r, c, "/v1/completions")
     assert obj["stub"]["body_bytes"] == len(body)
     assert obj["stub"]["body_sha256"] == hashlib.sha256(body).hexdigest()

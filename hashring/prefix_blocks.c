@@ -1,7 +1,5 @@
 /* hashring/prefix_blocks.c: the chain step built for the baseline vector unit (SSE2 on
  * x86-64). See prefix_blocks.h. */
-#include <string.h>
-
 #define PCR_BLOCKS_NAME pcr_prefix_blocks_base
 #include "prefix_blocks_impl.h"
 

@@ -1,6 +1,8 @@
 /* hashring/prefix_blocks_impl.h: the body of the chain step, included by prefix_blocks.c and
  * prefix_blocks_avx2.c with PCR_BLOCKS_NAME set; each build inlines XXH3 for its own vector
  * unit. See prefix_blocks.h. */
+#include <string.h>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 

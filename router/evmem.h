@@ -8,9 +8,9 @@
  * this is that, for libevent's blocks.
  *
  * How: blocks of 32 bytes to 64 KiB are rounded up to a power of two (64 bytes at least) and
- * kept, when freed, on the freeing thread's list for that size (at most 1 MiB of each of the 11
- * sizes per thread); any other size goes to malloc as it is. A block made by one thread may be freed by another (the bus
- * hands buffers over): it joins the freeing thread's list. A thread's lists are freed when it
+ * kept, when freed, on the freeing thread's list for that size (at most 1 MiB of each of the
+ * 11 sizes per thread); any other size goes to malloc as it is. A block made by one thread may
+ * be freed by another (the bus hands buffers over): it joins the freeing thread's list. A thread's lists are freed when it
  * ends; the process's own thread's when pcr_evmem_thread_clear() is called.
  *
  * The small blocks are libevent's per-request evbuffers and events. With 64 requests in

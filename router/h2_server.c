@@ -700,7 +700,9 @@ static void on_read(pcr_sock_t *sock, void *arg)
         s->seg = v.iov_base;
         s->seg_len = v.iov_len;
         ssize_t n = nghttp2_session_mem_recv(s->ng, v.iov_base, v.iov_len);
-        size_t moved = s->hold != NULL ? s->seg_len : 0; /* out of `in` already */
+        /* A hold took the whole chain out of `in` already; nghttp2 reads all it is given
+         * unless it fails, and then everything left is dropped below. */
+        size_t moved = s->hold != NULL ? s->seg_len : 0;
         hold_release(s->hold);
         s->hold = NULL;
         s->seg = NULL;

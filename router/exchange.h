@@ -61,6 +61,11 @@ int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len);
  * request runs. */
 struct evbuffer;
 int pcr_exchange_see_body(pcr_exchange_t *ex, const char *data, size_t len);
+/* The shortest body piece a transport hands over in its read buffer rather than copying. A
+ * read buffer holds up to 32 KiB, so a piece that long is at least a quarter of the buffer it
+ * keeps alive: the memory held stays within 4x the body bytes carried, which are what
+ * limits.max_buffered_body_bytes counts. Shorter pieces cost as little to copy. */
+#define PCR_BODY_TAKE_MIN 8192
 int pcr_exchange_take_body(pcr_exchange_t *ex, struct evbuffer *src, size_t len);
 /* The request's body as taken so far (for a transport that copies some bytes itself after
  * see_body, in order with the ones it takes). */

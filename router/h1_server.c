@@ -52,13 +52,10 @@ typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY, T_LINGER } timer_mode_t;
 /* How long a rejected request's connection keeps reading (and discarding) after its answer. */
 #define LINGER_MS 2000
 
-/* A body segment of at least TAKE_MIN bytes is moved to the request with the read buffer it
- * is in (whole buffers by reference, evbuffer_remove_buffer) instead of being copied; at most
- * TAKE_MAX segments per chunk parsed (a chunked body may have more: the rest are copied). A
- * read buffer holds up to 32 KiB: a segment that is at least a quarter of it keeps the
- * memory a moved buffer holds within 4x the body bytes it carries, which are what
- * limits.max_buffered_body_bytes counts. Smaller segments are cheaper to copy anyway. */
-#define TAKE_MIN 8192
+/* A body segment of at least PCR_BODY_TAKE_MIN bytes (exchange.h) is moved to the request
+ * with the read buffer it is in (whole buffers by reference, evbuffer_remove_buffer) instead
+ * of being copied; at most TAKE_MAX segments per chunk parsed (a chunked body may have more:
+ * the rest are copied). */
 #define TAKE_MAX 8
 
 typedef struct {
@@ -454,7 +451,7 @@ static int on_body(http_parser *p, const char *at, size_t n)
         return -1;
     /* Moved after the parse (parse_input), or copied now; once one is to be moved, the ones
      * after it in this chunk are too, or all are copied, so the order holds. */
-    if (!s->take_copy && (s->ntake > 0 || n >= TAKE_MIN)) {
+    if (!s->take_copy && (s->ntake > 0 || n >= PCR_BODY_TAKE_MIN)) {
         if (s->ntake < TAKE_MAX) {
             s->take[s->ntake].off = (size_t)(at - s->take_base);
             s->take[s->ntake].len = n;

@@ -40,12 +40,11 @@
 
 typedef struct h2_sess h2_sess_t;
 
-/* DATA bytes of at least TAKE_MIN in one piece are referenced where they arrived instead of
- * being copied into the request: the read chain they are in is moved out of the socket's input
- * into a hold, which lives while any request body points into it. A piece must also be at
- * least a quarter of its chain, so that a hold keeps at most 4x the body bytes it carries
- * (those are what limits.max_buffered_body_bytes counts), as on HTTP/1.1 (h1_server.c). */
-#define TAKE_MIN 8192
+/* DATA bytes of at least PCR_BODY_TAKE_MIN (exchange.h) in one piece are referenced where
+ * they arrived instead of being copied into the request: the read chain they are in is moved
+ * out of the socket's input into a hold, which lives while any request body points into it. A
+ * piece must also be at least a quarter of its chain, however long the chain, so that a hold
+ * keeps at most 4x the body bytes it carries, as on HTTP/1.1 (h1_server.c). */
 
 typedef struct {
     struct evbuffer *buf;          /* the read chain, moved whole */
@@ -480,10 +479,10 @@ static void hold_unref(const void *data, size_t len, void *arg)
 }
 
 /* Adds a DATA piece to the request's body: by reference into the read chain when it is long
- * enough (see TAKE_MIN), else copied. */
+ * enough (see PCR_BODY_TAKE_MIN), else copied. */
 static int add_data(h2_sess_t *s, h2_stream_t *st, const uint8_t *data, size_t len)
 {
-    int by_ref = len >= TAKE_MIN && s->seg != NULL && data >= s->seg &&
+    int by_ref = len >= PCR_BODY_TAKE_MIN && s->seg != NULL && data >= s->seg &&
                  len <= s->seg_len && (size_t)(data - s->seg) <= s->seg_len - len &&
                  (s->hold != NULL || len >= s->seg_len / 4);
     if (!by_ref)

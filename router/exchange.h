@@ -54,11 +54,13 @@ int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, c
  * against limits.max_buffered_body_bytes (server.h) until the exchange is freed. */
 int pcr_exchange_add_body(pcr_exchange_t *ex, const char *data, size_t len);
 
-/* add_body in two steps, for a transport that can hand over the buffer the bytes are in
- * (HTTP/1.1): see_body checks and reads them where they are (same results as add_body), and
- * take_body then moves that many bytes from the front of `src` to the request's body, whole
- * chains by reference, with no copy. Every byte seen must be taken, in order, before the
- * request runs. */
+/* add_body in two steps, for a transport that can hand over the buffer the bytes are in:
+ * see_body checks and reads them where they are (same results as add_body), then the bytes
+ * join the request's body without a copy. HTTP/1.1 calls take_body, which moves that many
+ * bytes from the front of `src` to the body, whole chains by reference; HTTP/2 adds a
+ * reference to them in their read chain (evbuffer_add_reference on pcr_exchange_body, which
+ * keeps the chain until the body is freed). Every byte seen must join the body, in order,
+ * before the request runs. */
 struct evbuffer;
 int pcr_exchange_see_body(pcr_exchange_t *ex, const char *data, size_t len);
 /* The shortest body piece a transport hands over in its read buffer rather than copying. A

@@ -495,7 +495,9 @@ static int add_data(h2_sess_t *s, h2_stream_t *st, const uint8_t *data, size_t l
         struct evbuffer *in = pcr_sock_input(s->sock), *buf = h != NULL ? evbuffer_new() : NULL;
         /* The chain is the input's first, whole: moving it moves a pointer, not the bytes. */
         if (buf == NULL || evbuffer_remove_buffer(in, buf, s->seg_len) != (int)s->seg_len) {
-            if (buf != NULL) /* nothing moved: the chain was whole or not at all */
+            /* A first chain is moved whole or not at all: on failure its bytes are still in
+             * `in`, and this piece is copied from them. */
+            if (buf != NULL)
                 evbuffer_free(buf);
             pcr_evmem_free(h);
             return evbuffer_add(pcr_exchange_body(st->ex), data, len) == 0 ? 0 : PCR_ERR_NOMEM;

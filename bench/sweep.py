@@ -12,8 +12,10 @@ and scores each variant on the issue's four targets:
   p50    1.05 x best baseline's TTFT p50 / the variant's               >= 1 is met
 
 Each workload and load is drawn --runs times (workloads.py: another seed for a generated
-workload, a real trace 7% slower or faster), since runs near a pool's knee move by a few points
-of hit rate with any small change; each ratio is the median over the draws. A variant's score
+workload, a real trace 7% slower or faster; and for every draw after the first, other pod names,
+so another placement of the pods on the consistent-hash rings), since runs near a pool's knee
+move by a few points of hit rate with any small change, and the hashing baselines' figures with
+where the hot prefixes happen to land; each ratio is the median over the draws. A variant's score
 on one workload and load is its worst median ratio of the four; its overall score is its worst
 over every workload and load. The defaults are the variant with the best overall
 score: the best on the worst workload, not on average. Variants within TIE (0.01) of that best
@@ -66,11 +68,16 @@ def scores(res, base):
             "p50": 1.05 * best50 / max(t["p50"], 1e-9)}
 
 
+def pod_names(run):
+    """The pods' name prefix in draw `run`: the first keeps routing_offline's own names."""
+    return "pod-" if run == 0 else "vllm-%d-" % run
+
+
 def run_offline(build, name, load, run, trace, variants, extra):
     w = workloads.WORKLOADS[name]
     argv = [os.path.join(build, "bench", "sim", "routing_offline"), "--trace", trace,
             "--pods", str(w["pods"]), "--capacity-tokens", str(w["capacity_tokens"]),
-            "--scrape-ms", str(1000 * w["time_scale"]), "--quiet",
+            "--scrape-ms", str(1000 * w["time_scale"]), "--names", pod_names(run), "--quiet",
             "--policies", ",".join(BASELINES)]
     for label, keys in variants:
         argv += ["--variant", "%s=%s" % (label, json.dumps(keys))]
@@ -107,9 +114,10 @@ def main():
     ap.add_argument("--routing", default='{"observe": true}',
                     help="keys every variant gets, as JSON (default: learn the pods' rates from"
                          " their first bytes, as pcrouter does)")
-    ap.add_argument("--runs", type=int, default=3,
+    ap.add_argument("--runs", type=int, default=5,
                     help="draws of every workload and load (workloads.py: another seed, or the"
-                         " trace 7%% slower or faster); scores are the medians (default 3)")
+                         " trace 7%% slower or faster; other pod names); scores are the medians"
+                         " (default 5)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     grid = json.loads(args.grid) if args.grid else {

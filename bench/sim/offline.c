@@ -31,6 +31,9 @@ static void usage(FILE *f)
 "  --capacity-tokens N   KV cache per pod, tokens (default 1000000)\n"
 "  --max-tokens-cap N    max_tokens = min(output_length, N) (default 4096)\n"
 "  --slowdown F,F,...    pod i prefills and decodes F times slower (default all 1)\n"
+"  --names PREFIX        pod i is named PREFIX<i> (default pod-): the names place the pods\n"
+"                        on the consistent-hash rings, so another prefix samples another\n"
+"                        placement\n"
 "  --jitter-ms F         the router sees each first byte up to F ms late (uniform, seeded;\n"
 "                        default 0): a real run's network and scheduling, in model time\n"
 "  --scrape-ms F         model time between two reads of the pods' queues (default 20000:\n"
@@ -245,9 +248,9 @@ int main(int argc, char **argv)
     double cap = 4096, v;
     int quiet = 0;
     off_setup_t s = {.npods = 8, .capacity_tokens = 1000000, .m = SIM_MODEL_DEFAULTS,
-                     .scrape_us = 20e6};
+                     .scrape_us = 20e6, .names = "pod-"};
     enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
-           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER };
+           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES };
     const char *slowdown = NULL;
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
@@ -255,7 +258,7 @@ int main(int argc, char **argv)
         {"scrape-ms", 1, 0, O_SCRAPE}, {"policies", 1, 0, O_POL}, {"routing", 1, 0, O_ROUT},
         {"variant", 1, 0, O_VAR}, {"json", 1, 0, O_JSON}, {"quiet", 0, 0, O_QUIET},
         {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {"jitter-ms", 1, 0, O_JITTER},
-        {0, 0, 0, 0},
+        {"names", 1, 0, O_NAMES}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -280,6 +283,10 @@ int main(int argc, char **argv)
         case O_JSON: json = optarg; break;
         case O_SLOW: slowdown = optarg; break;
         case O_JITTER: bad = parse_count(optarg, 0, 1e6, &v); s.jitter_us = v * 1000; break;
+        case O_NAMES:
+            bad = strlen(optarg) == 0 || strlen(optarg) > 64;
+            s.names = optarg;
+            break;
         case O_QUIET: quiet = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -43,6 +43,8 @@ typedef struct {
                                 * m's (a pool of unlike GPUs) */
     double jitter_us;          /* the router sees each time to first byte late by up to this
                                 * (uniform, seeded): what a real, time-scaled run adds */
+    const char *names;         /* pod i is named names + i: the names place the pods on the
+                                * rings, so another prefix is another placement */
 } off_setup_t;
 
 /* One routing configuration to simulate. */

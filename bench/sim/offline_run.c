@@ -284,11 +284,11 @@ static int on_scrape(sim_t *S, double now)
 static int setup(sim_t *S)
 {
     size_t n = S->s->npods;
-    char names[n][32];
+    char names[n][80];
     const char *np[n];
     pcr_backend_desc_t descs[n];
     for (size_t b = 0; b < n; b++) {
-        snprintf(names[b], sizeof names[b], "pod-%zu", b);
+        snprintf(names[b], sizeof names[b], "%s%zu", S->s->names, b);
         np[b] = names[b];
         /* As router/main.c converts capacity_tokens: a token is 4 bytes of prompt. */
         double tokens = (double)S->s->capacity_tokens * S->v->index_capacity;

@@ -3,8 +3,9 @@ bench/sim/routing_offline (the policies before simulated pods in virtual time).
 
 Workloads: the same seed gives the same rows, rows are well formed, and each workload has the
 shape it claims (groups sharing a system prompt, chats whose turns extend their history).
-routing_offline: two runs of the same trace give the same figures, cache_aware keeps more of the
-ceiling than round robin, and bad input is refused with a message. Binaries come from $PCR_BUILD
+routing_offline: two runs of the same trace give the same figures, the pods' names are their
+placement on the rings, cache_aware keeps more of the ceiling than round robin, and bad input is
+refused with a message. Binaries come from $PCR_BUILD
 (default build/); every run is bounded in time."""
 import json
 import math
@@ -88,6 +89,27 @@ def test_offline_is_deterministic_and_cache_aware_keeps_the_cache(tmp_path):
     assert a["cache_aware"]["hit_rate"] > a["round_robin"]["hit_rate"], a
     assert a["cache_aware"]["fraction_of_ceiling"] > 0.9, a["cache_aware"]
     assert a["round_robin"]["predicted_tokens"] == 0   # no index, no prediction
+
+
+def test_offline_names_place_the_pods(tmp_path):
+    """--names is the pods' placement on the rings: the same names give the same figures, other
+    names move the hashing policies (which pod a prefix lands on) but not round robin."""
+    trace = tmp_path / "mooncake.jsonl"
+    with open(trace, "w") as f:
+        for r in workloads.generate("mooncake", "light")[:300]:
+            f.write(json.dumps(r) + "\n")
+    policies = ["--policies", "round_robin,consistent_hash,haproxy_hash"]
+    a = run_offline(tmp_path, trace, *policies)
+    assert a == run_offline(tmp_path, trace, "--names", "pod-", *policies)
+    others = [run_offline(tmp_path, trace, "--names", "vllm-%d-" % k, *policies)
+              for k in range(3)]
+    for b in others:
+        assert b["round_robin"] == a["round_robin"]
+    moved = lambda p: {b[p]["share_max_over_mean"] for b in others + [a]}  # noqa: E731
+    assert len(moved("consistent_hash")) > 1 and len(moved("haproxy_hash")) > 1
+    p = subprocess.run([OFFLINE, "--trace", str(trace), "--names", ""], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 2 and "bad value for --names" in p.stderr, p.stderr
 
 
 def test_offline_refuses_bad_input(tmp_path):

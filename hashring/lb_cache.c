@@ -12,7 +12,7 @@
  *           + INFLIGHT_TOKENS * inflight(b)           decode work each in-flight request adds
  *           + WAITING_TOKENS * pod_waiting(b)         requests queued at the pod, of unknown size
  *   w(b) = load_weight / (1 + mean load of the other usable backends / load_scale)
- *   share(b) = share_penalty * over(b) * w(b) / load_weight
+ *   share(b) = min(share_penalty * over(b) * w(b) / load_weight, SHARE_CAP * prompt_tokens)
  *   over(b) = how far b's share of the recent requests is over its fair share, 1 at the share
  *             bound below (0 under its fair share)
  *
@@ -40,10 +40,9 @@
  * share(b) steers the requests that cost nothing to move (as warm elsewhere) off a pod as it
  * nears the bound, so that the ones only it holds warm seldom meet the cliff. It fades with
  * w(b): on a busy pool equal warmth rarely means equal cost, and the load term is small there
- * too. (bench/sweep.py, medians of three draws, at the default 512 tokens: past its knee the
- * conversation trace keeps 0.946 of the ceiling with it and 0.930 without; the sweep's worst
- * score, TTFT p50 on Mooncake past its knee, is 0.891 with it, 0.809 without and 0.775 at 1024
- * tokens, though without it one target more of the 60 is met, 57 against 56.)
+ * too. (bench/sweep.py, medians of five draws on five placements, at the default 2048 tokens:
+ * past their knees the conversation trace keeps 0.960 of the ceiling with it and 0.945 without,
+ * Mooncake 0.958 and 0.938; 58 of the 60 targets are met with it, 55 without, 56 at 512.)
  *
  * When no backend holds a block of the prompt, the ring places it (see place_cold). Ties go to
  * the lowest mix of the prefix's ring key and the backend index, so equal inputs give equal
@@ -65,6 +64,11 @@
 #define BOUND_FLOOR 4
 /* Requests a backend may always be ahead of its fair share before share_factor applies. */
 #define SHARE_SLACK 8.0
+/* The share charge is at most this much of the request's own prompt, so that a pod holding
+ * all of a short prompt still costs less than one holding none of it: the charge is there to
+ * move requests that are as warm elsewhere, and a 1k-token prompt only its pod holds is not
+ * one of them (share_penalty is 2048 tokens). Below the share bound, such a request stays. */
+#define SHARE_CAP 0.75
 
 /* Scratch states in p->usable. */
 enum { NOT_USABLE = 0, OVER_BOUND = 1, UNDER_BOUND = 2 };
@@ -172,14 +176,17 @@ static double load_weight(const pcr_policy_t *p, double own)
     return p->o.load_weight / (1.0 + (others > 0 ? others : 0) / p->o.load_scale);
 }
 
-/* What b would cost, in expected microseconds to the first token, for `tokens` of its own. */
+/* What b would cost, in expected microseconds to the first token, for `tokens` of its own,
+ * with its share charge at most `share_cap` tokens. */
 static double time_cost(const pcr_policy_t *p, const pcr_backend_load_t *loads, size_t b,
-                        double tokens)
+                        double tokens, double share_cap)
 {
     double load = load_tokens(&loads[b]);
     double w = load_weight(p, load);
     double share = p->o.share_penalty * p->over_share[b] *
                    (p->o.load_weight > 0 ? w / p->o.load_weight : 1.0);
+    if (share > share_cap)
+        share = share_cap;
     return ttft_us(p, b, w * load + tokens + zone_cost(p, b) + share);
 }
 
@@ -255,7 +262,7 @@ static void decide_keyless(pcr_policy_t *p, const pcr_backend_load_t *loads, int
         size_t b = (start + k) % p->n;
         if (p->usable[b] == NOT_USABLE || (any_under && p->usable[b] != UNDER_BOUND))
             continue;
-        double cost = time_cost(p, loads, b, 0);
+        double cost = time_cost(p, loads, b, 0, INFINITY);
         if (best < 0 || cost < best_cost) {
             best = (int)b;
             best_cost = cost;
@@ -305,7 +312,8 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         }
         if (any_under && p->usable[b] != UNDER_BOUND)
             continue;
-        double cost = time_cost(p, loads, b, (double)uncached_tokens(p, key, p->matched[b]));
+        double cost = time_cost(p, loads, b, (double)uncached_tokens(p, key, p->matched[b]),
+                                SHARE_CAP * (double)key->prompt_tokens);
         uint64_t tie = mix64(rk ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull));
         if (best < 0 || cost < best_cost || (cost == best_cost && tie < best_tie)) {
             best = (int)b;

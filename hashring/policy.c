@@ -19,7 +19,7 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->load_weight = 1.0;
     o->load_scale = 1024;
     o->share_factor = 1.1;
-    o->share_penalty = 512;
+    o->share_penalty = 2048;
     o->zone_penalty = 2048;
     o->zone = NULL;
     o->vnodes = 160;

@@ -72,7 +72,7 @@ typedef struct {
                                 * one, while the pool is idle (fading as load_weight does):
                                 * requests any warm pod serves as well are steered off a pod
                                 * nearing the bound, so that the ones only it holds warm need
-                                * not spill; default 512, 0 = none */
+                                * not spill; default 2048, 0 = none */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */

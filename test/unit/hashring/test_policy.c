@@ -455,6 +455,42 @@ static void test_share_bound_is_exact_within_the_window(void)
     }
 }
 
+/* The share charge is capped by the request's own prompt: pod 0 alone holds a short prompt
+ * (640 tokens, under the 2048-token penalty) and is over its fair share, still under the bound.
+ * The prompt's next request stays there, warm, instead of being charged more than its whole
+ * prefill elsewhere. A pod that is as warm as pod 0 still takes it (the previous test). */
+static void test_share_charge_capped_by_the_prompt(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    size_t len;
+    uint64_t t = 1;
+    char *s;
+    for (int i = 0; i < 8; i++) {
+        s = prompt(200 + i, 512, &len);
+        s[0] = (char)('A' + i);   /* other system prompts: pod 0 holds them alone */
+        PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from), 0);
+        free(s);
+    }
+    s = prompt(999, 512, &len);
+    s[0] = 'z';
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key, t++, &from), 0);
+    all_usable(l, NB);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, t, &d), 0);
+    printf("# short prompt held by a pod over its fair share: pod %d (%s)\n", d.backend,
+           pcr_reason_name(d.reason));
+    PCR_CHECK_EQ_INT(d.backend, 0);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+    free(s);
+    pcr_policy_free(p);
+}
+
 /* share_penalty: every pod holds the system prompt; pod 0 has served more than its fair share
  * (still under the share bound) and has the shortest queue. A new conversation, as warm on any
  * pod, goes to pod 0 without the penalty and elsewhere with it. */
@@ -498,7 +534,7 @@ static void test_share_penalty_steers_equal_warmth(void)
     }
     pcr_policy_opts_t o;
     pcr_policy_opts_default(&o);
-    PCR_CHECK(o.share_penalty == 512);
+    PCR_CHECK(o.share_penalty == 2048);
     o.share_penalty = -1;
     PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
 }
@@ -883,6 +919,7 @@ int main(void)
     PCR_RUN(test_share_bound_spreads_a_hot_prefix);
     PCR_RUN(test_share_bound_is_exact_within_the_window);
     PCR_RUN(test_share_penalty_steers_equal_warmth);
+    PCR_RUN(test_share_charge_capped_by_the_prompt);
     PCR_RUN(test_learned_rates);
     PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);
     PCR_RUN(test_the_overhead_is_learned_for_the_pool);

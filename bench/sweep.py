@@ -68,16 +68,21 @@ def scores(res, base):
             "p50": 1.05 * best50 / max(t["p50"], 1e-9)}
 
 
-def pod_names(run):
-    """The pods' name prefix in draw `run`: the first keeps routing_offline's own names."""
+def pod_names(run, pattern=None):
+    """The pods' name prefix in draw `run`: `pattern` % run when given (other placements, to
+    check a choice on draws it was not made on), else routing_offline's own names in the first
+    draw and vllm-<run>- after it."""
+    if pattern:
+        return pattern % run
     return "pod-" if run == 0 else "vllm-%d-" % run
 
 
-def run_offline(build, name, load, run, trace, variants, extra):
+def run_offline(build, name, load, run, trace, variants, extra, names=None):
     w = workloads.WORKLOADS[name]
     argv = [os.path.join(build, "bench", "sim", "routing_offline"), "--trace", trace,
             "--pods", str(w["pods"]), "--capacity-tokens", str(w["capacity_tokens"]),
-            "--scrape-ms", str(1000 * w["time_scale"]), "--names", pod_names(run), "--quiet",
+            "--scrape-ms", str(1000 * w["time_scale"]), "--names", pod_names(run, names),
+            "--quiet",
             "--policies", ",".join(BASELINES)]
     for label, keys in variants:
         argv += ["--variant", "%s=%s" % (label, json.dumps(keys))]
@@ -118,6 +123,9 @@ def main():
                     help="draws of every workload and load (workloads.py: another seed, or the"
                          " trace 7%% slower or faster; other pod names); scores are the medians"
                          " (default 5)")
+    ap.add_argument("--names", default=None, metavar="PATTERN",
+                    help="the pods' name prefix in draw k is PATTERN %% k (for example"
+                         " node-%%d-), for other placements than the default draws'")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     grid = json.loads(args.grid) if args.grid else {
@@ -136,7 +144,7 @@ def main():
         name, load, run = job
         trace = os.path.join(wdir, "%s_%s_%d.jsonl" % (name, load, run))
         workloads.write(name, load, trace, run=run)
-        r = run_offline(args.build, name, load, run, trace, variants, [])
+        r = run_offline(args.build, name, load, run, trace, variants, [], args.names)
         print("%-14s %-5s run %d: %5d requests, ceiling %.3f (%.0fs)" % (
             name, load, run, r["requests"], r["ceiling"], time.monotonic() - t0), flush=True)
         return job, {"baselines": [x for x in r["results"] if x["label"] in BASELINES],

@@ -12,13 +12,13 @@ and scores each variant on the issue's four targets:
   p50    1.05 x best baseline's TTFT p50 / the variant's               >= 1 is met
 
 Each workload and load is drawn --runs times (workloads.py: another seed for a generated
-workload, a real trace 7% slower or faster; and for every draw after the first, other pod names,
-so another placement of the pods on the consistent-hash rings), since runs near a pool's knee
-move by a few points of hit rate with any small change, and the hashing baselines' figures with
-where the hot prefixes happen to land; each ratio is the median over the draws. A variant's score
-on one workload and load is its worst median ratio of the four; its overall score is its worst
-over every workload and load. The defaults are the variant with the best overall
-score: the best on the worst workload, not on average. Variants within TIE (0.01) of that best
+workload, a real trace 4% or 7% slower or faster; and for every draw after the first, other pod
+names, so another placement of the pods on the consistent-hash rings), since runs near a pool's
+knee move by a few points of hit rate with any small change, and the hashing baselines' figures
+with where the hot prefixes happen to land; each ratio is the median over the draws. A
+variant's score on one workload and load is its worst median ratio of the four; its overall
+score is its worst over every workload and load. The defaults are the variant with the best
+overall score: the best on the worst workload, not on average. Variants within TIE (0.01) of that best
 worst score are taken as tied, since a small change of knob moves a 1000-request run that much;
 among them the best mean wins. Prints the grid (worst score, where it is, the mean) and the
 per-workload table of the winner, and writes bench/out/sweep.json.
@@ -121,8 +121,8 @@ def main():
                          " their first bytes, as pcrouter does)")
     ap.add_argument("--runs", type=int, default=5,
                     help="draws of every workload and load (workloads.py: another seed, or the"
-                         " trace 7%% slower or faster; other pod names); scores are the medians"
-                         " (default 5)")
+                         " trace 4%% or 7%% slower or faster; other pod names); scores are the"
+                         " medians (default 5)")
     ap.add_argument("--names", default=None, metavar="PATTERN",
                     help="the pods' name prefix in draw k is PATTERN %% k (for example"
                          " node-%%d-), for other placements than the default draws'")

@@ -65,9 +65,10 @@
 /* Requests a backend may always be ahead of its fair share before share_factor applies. */
 #define SHARE_SLACK 8.0
 /* The share charge is at most this much of the request's own prompt, so that a pod holding
- * all of a short prompt still costs less than one holding none of it: the charge is there to
- * move requests that are as warm elsewhere, and a 1k-token prompt only its pod holds is not
- * one of them (share_penalty is 2048 tokens). Below the share bound, such a request stays. */
+ * all of a short prompt still costs less than one holding none of it, other things equal: the
+ * charge is there to move requests that are as warm elsewhere, and a 1k-token prompt only its
+ * pod holds is not one of them (share_penalty is 2048 tokens). Below the share bound, such a
+ * request stays. */
 #define SHARE_CAP 0.75
 
 /* Scratch states in p->usable. */

@@ -5,8 +5,8 @@ Workloads: the same seed gives the same rows, rows are well formed, and each wor
 shape it claims (groups sharing a system prompt, chats whose turns extend their history).
 routing_offline: two runs of the same trace give the same figures, the pods' names are their
 placement on the rings, cache_aware keeps more of the ceiling than round robin, and bad input is
-refused with a message. Binaries come from $PCR_BUILD
-(default build/); every run is bounded in time."""
+refused with a message. Binaries come from $PCR_BUILD (default build/); every run is bounded in
+time."""
 import json
 import math
 import os

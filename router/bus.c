@@ -15,7 +15,7 @@
 #include "bus.h"
 #include "server.h"
 
-enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_RESET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE,
+enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE,
        OP_STATE, OP_OBSERVE, OP_FEEDBACK };
 #define FEEDBACK_WORDS 3
 
@@ -136,12 +136,6 @@ void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
     msg_t m = {OP_FORGET, 0, (uint16_t)backend, (uint32_t)key->nblocks, added_from,
                key->prompt_tokens};
     publish(bus, from, &m, key->blocks);
-}
-
-void pcr_bus_reset(pcr_bus_t *bus, int from, int backend)
-{
-    msg_t m = {OP_RESET, 0, (uint16_t)backend, 0, 0, 0};
-    publish(bus, from, &m, NULL);
 }
 
 void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks)
@@ -318,9 +312,6 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
         break;
     case PCR_BUS_OP_FORGET:
         pcr_policy_forget(policy, m->backend, m->key, (uint32_t)m->arg);
-        break;
-    case PCR_BUS_OP_RESET:
-        pcr_policy_backend_reset(policy, m->backend);
         break;
     case PCR_BUS_OP_CAPACITY:
         pcr_policy_set_capacity(policy, m->backend, m->arg);

@@ -37,7 +37,6 @@ void pcr_bus_free(pcr_bus_t *bus);   /* NULL is a no-op */
 void pcr_bus_commit(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key, uint64_t now);
 void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
                     uint32_t added_from);
-void pcr_bus_reset(pcr_bus_t *bus, int from, int backend);
 void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
 /* What a worker learned of a backend's speed and of what its pod holds: every replica applies
  * it (pcr_policy_observe, pcr_policy_feedback), so every worker's cost and index agree. */
@@ -64,7 +63,6 @@ size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy);
 typedef enum {
     PCR_BUS_OP_COMMIT = 1,     /* backend now holds key (arg: the time of the commit) */
     PCR_BUS_OP_FORGET,         /* backend failed the request: drop key's blocks from arg on */
-    PCR_BUS_OP_RESET,          /* drop every entry of backend */
     PCR_BUS_OP_CAPACITY,       /* backend's capacity is arg blocks */
     PCR_BUS_OP_SET,            /* slot backend holds desc (membership: control only) */
     PCR_BUS_OP_REMOVE,         /* slot backend is empty (membership: control only) */

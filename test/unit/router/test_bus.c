@@ -122,7 +122,7 @@ static void test_control_reaches_every_worker(void)
     uint32_t from;
     pcr_policy_commit(w0, 2, &key, 1, &from);
     pcr_policy_commit(w1, 2, &key, 1, &from);
-    pcr_bus_reset(bus, PCR_BUS_CONTROL, 2);
+    pcr_bus_state(bus, 2, PCR_BACKEND_RESTARTED, 1);  /* the scrape saw its pod restart */
     PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
     PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, &w1), 1);
     PCR_CHECK_EQ_INT(matched(w0, &key, 2), 0);
@@ -158,10 +158,10 @@ static void test_tap_sees_the_workers_updates_only(void)
     pcr_bus_enable_tap(bus);
     memset(tapped, 0, sizeof(tapped));
     pcr_bus_commit(bus, 0, 0, &key, 9);
-    pcr_bus_reset(bus, PCR_BUS_CONTROL, 0);  /* the control thread's own: not tapped */
+    pcr_bus_state(bus, 0, PCR_BACKEND_RESTARTED, 1);  /* the control thread's own: not tapped */
     PCR_CHECK_EQ_INT(pcr_bus_drain_tap(bus, on_tap, NULL), 1);
     PCR_CHECK_EQ_INT(tapped[PCR_BUS_OP_COMMIT], 1);
-    PCR_CHECK_EQ_INT(tapped[PCR_BUS_OP_RESET], 0);
+    PCR_CHECK_EQ_INT(tapped[PCR_BUS_OP_STATE], 0);
     pcr_policy_free(w0);
     pcr_bus_free(bus);
 }

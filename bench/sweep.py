@@ -15,12 +15,12 @@ Each workload and load is drawn --runs times (workloads.py: another seed for a g
 workload, a real trace 4% or 7% slower or faster; and for every draw after the first, other pod
 names, so another placement of the pods on the consistent-hash rings), since runs near a pool's
 knee move by a few points of hit rate with any small change, and the hashing baselines' figures
-with where the hot prefixes happen to land; each ratio is the median over the draws. A
-variant's score on one workload and load is its worst median ratio of the four; its overall
-score is its worst over every workload and load. The defaults are the variant with the best
-overall score: the best on the worst workload, not on average. Variants within TIE (0.01) of that best
-worst score are taken as tied, since a small change of knob moves a 1000-request run that much;
-among them the best mean wins. Prints the grid (worst score, where it is, the mean) and the
+with where the hot prefixes happen to land; each ratio is the median over the draws. A variant's
+score on one workload and load is its worst median ratio of the four; its overall score is its
+worst over every workload and load. The defaults are the variant with the best overall score:
+the best on the worst workload, not on average. Variants within TIE (0.01) of that best worst
+score are taken as tied, since a small change of knob moves a 1000-request run that much; among
+them the best mean wins. Prints the grid (worst score, where it is, the mean) and the
 per-workload table of the winner, and writes bench/out/sweep.json.
 """
 import argparse

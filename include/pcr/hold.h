@@ -1,0 +1,41 @@
+/* pcr/hold.h: streamed requests held at the router while their pod's prefill queue is full.
+ *
+ * Past a pool's knee, a pod's queue is where time to first token goes: vLLM prefills in arrival
+ * order, so a short prompt waits behind every long one that came first. The router holds the
+ * queue instead (routing.hold_tokens): a pod that has that many uncached prompt tokens sent and
+ * not yet at their first token takes no more streamed requests for now; they wait at the router,
+ * each already routed to that pod, and as its prefill drains they go one at a time, highest
+ * pcr_hold_rank first. That is the highest response ratio next rule, (waited + own prefill) /
+ * own prefill: a short prompt passes long ones, and a long one's rank grows as it waits, so
+ * none waits forever. Routing is unchanged: a held request counts on its pod as if sent.
+ *
+ * Pure; implemented in hashring/hold.c. The router (router/upstream.c) and the offline
+ * simulator (bench/sim/offline_run.c) order their held requests with it. */
+#ifndef PCR_HOLD_H
+#define PCR_HOLD_H
+
+#include <stdint.h>
+
+/* routing.hold_tokens' default: at the simulator's 70 us a token, 1.4 s of prefill queued on a
+ * pod (bench/sweep.py chose it; see the README). 0 turns holding off. */
+#define PCR_HOLD_TOKENS_DEFAULT 20480
+
+/* Tokens added to every prefill in the ratio, for the fixed part of a first token (the default
+ * ttft_overhead_us, 20 ms, is about 290 tokens at 70 us a token), so that a fully cached prompt
+ * does not rank as if it took no time. */
+#define PCR_HOLD_BASE_TOKENS 256
+
+/* The rank of a request that has waited `waited_us` and whose uncached prefill on its pod is
+ * `prefill_tokens`: waited / (prefill + PCR_HOLD_BASE_TOKENS). Higher goes first; equal ranks
+ * go in arrival order (the caller's tie-break). */
+double pcr_hold_rank(uint64_t waited_us, uint64_t prefill_tokens);
+
+/* Whether a pod with `sent_tokens` of uncached prefill in flight takes another streamed request
+ * under a budget of `budget_tokens` (0: no budget, always). Whatever its size, a request goes
+ * while the pod is under the budget, so one larger than the budget is never stuck. */
+static inline int pcr_hold_open(uint64_t sent_tokens, uint64_t budget_tokens)
+{
+    return budget_tokens == 0 || sent_tokens < budget_tokens;
+}
+
+#endif

@@ -1,0 +1,45 @@
+/* test_hold.c: hashring/hold.c, the order in which held requests go to their pod. */
+#include "pcr/hold.h"
+#include "pcr_test.h"
+
+static void test_shorter_prefill_ranks_higher_at_equal_wait(void)
+{
+    PCR_CHECK(pcr_hold_rank(100000, 1000) > pcr_hold_rank(100000, 4000));
+    PCR_CHECK(pcr_hold_rank(100000, 0) > pcr_hold_rank(100000, 1));
+}
+
+static void test_waiting_lifts_a_long_prefill(void)
+{
+    /* 4000 tokens (4256 with the base) that waited 1 s pass 100 (356) that waited 50 ms,
+     * not 100 that waited 100 ms. */
+    PCR_CHECK(pcr_hold_rank(1000000, 4000) > pcr_hold_rank(50000, 100));
+    PCR_CHECK(pcr_hold_rank(1000000, 4000) < pcr_hold_rank(100000, 100));
+    /* Nothing that just came passes a request that waits, whatever their sizes. */
+    PCR_CHECK(pcr_hold_rank(1, 1u << 30) > pcr_hold_rank(0, 0));
+}
+
+static void test_the_ratio(void)
+{
+    PCR_CHECK(pcr_hold_rank(0, 0) == 0.0);
+    PCR_CHECK(pcr_hold_rank(2560, 0) == 2560.0 / PCR_HOLD_BASE_TOKENS);
+    PCR_CHECK(pcr_hold_rank(UINT64_MAX, UINT64_MAX) > 0.99);
+}
+
+static void test_the_budget(void)
+{
+    PCR_CHECK(pcr_hold_open(0, 0));
+    PCR_CHECK(pcr_hold_open(UINT64_MAX, 0));      /* 0: no budget */
+    PCR_CHECK(pcr_hold_open(0, 1000));
+    PCR_CHECK(pcr_hold_open(999, 1000));          /* under it: one more, however large */
+    PCR_CHECK(!pcr_hold_open(1000, 1000));
+    PCR_CHECK(!pcr_hold_open(50000, 1000));
+}
+
+int main(void)
+{
+    PCR_RUN(test_shorter_prefill_ranks_higher_at_equal_wait);
+    PCR_RUN(test_waiting_lifts_a_long_prefill);
+    PCR_RUN(test_the_ratio);
+    PCR_RUN(test_the_budget);
+    return pcr_test_done();
+}

@@ -83,7 +83,9 @@ def run_offline(build, name, load, run, trace, variants, extra, names=None):
             "--pods", str(w["pods"]), "--capacity-tokens", str(w["capacity_tokens"]),
             "--scrape-ms", str(1000 * w["time_scale"]), "--names", pod_names(run, names),
             "--quiet",
-            "--policies", ",".join(BASELINES)]
+            # The baselines stand for what a pool runs without pcrouter (a Service, HAProxy):
+            # they send every request at once. --routing comes under every variant's own keys.
+            "--policies", ",".join(BASELINES), "--routing", '{"hold_tokens": 0}']
     for label, keys in variants:
         argv += ["--variant", "%s=%s" % (label, json.dumps(keys))]
     argv += extra
@@ -116,9 +118,10 @@ def main():
     ap.add_argument("--loads", default=",".join(workloads.LOADS))
     ap.add_argument("--grid", default=None,
                     help='JSON {"key": [values]} (default: the grid below)')
-    ap.add_argument("--routing", default='{"observe": true}',
+    ap.add_argument("--routing", default='{"observe": true, "hold_tokens": 20480}',
                     help="keys every variant gets, as JSON (default: learn the pods' rates from"
-                         " their first bytes, as pcrouter does)")
+                         " their first bytes and hold streams past 20480 tokens of a pod's"
+                         " prefill, as pcrouter does by default)")
     ap.add_argument("--runs", type=int, default=5,
                     help="draws of every workload and load (workloads.py: another seed, or the"
                          " trace 4%% or 7%% slower or faster; other pod names); scores are the"

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "offline.h"
+#include "pcr/hold.h"
 #include "replay_trace.h"
 
 #define MAX_VARIANTS 256
@@ -42,9 +43,10 @@ static void usage(FILE *f)
 "                        (default all five)\n"
 "  --routing JSON        routing keys for every pcrouter policy, as in the config\n"
 "                        (load_factor, load_weight, ...), plus \"observe\", \"feedback\"\n"
-"                        (booleans; feedback defaults to true, as in the config) and\n"
+"                        (booleans; feedback defaults to true, as in the config),\n"
 "                        \"index_capacity\" (the index believes a pod holds\n"
-"                        this many times its cache)\n"
+"                        this many times its cache) and \"hold_tokens\" (as in the\n"
+"                        config, default 20480; HAProxy never holds)\n"
 "  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
 "Columns: pred/del is the cached tokens the index predicted over those the pods delivered\n"
@@ -101,7 +103,8 @@ static const struct {
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
-    static const char *const other[] = {"vnodes", "observe", "feedback", "index_capacity"};
+    static const char *const other[] = {"vnodes", "observe", "feedback", "index_capacity",
+                                        "hold_tokens"};
     cJSON *o = cJSON_Parse(json);
     int rc = -1;
     if (!cJSON_IsObject(o)) {
@@ -126,6 +129,7 @@ static int apply_routing(off_variant_t *v, const char *json)
     double vnodes = v->opts.vnodes;
     if (num_key(o, "vnodes", 1, 10000, &vnodes) ||
         num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity) ||
+        num_key(o, "hold_tokens", 0, 4294967295.0, &v->hold_tokens) ||
         bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback))
         goto out;
     v->opts.vnodes = (unsigned)vnodes;
@@ -334,9 +338,12 @@ int main(int argc, char **argv)
         pcr_policy_opts_default(&r->opts);
         r->index_capacity = 1;
         r->feedback = 1;       /* as routing.feedback defaults in the router */
+        r->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
         snprintf(r->label, sizeof r->label, "%s", name);
-        if (strcmp(name, "haproxy_hash") == 0)
+        if (strcmp(name, "haproxy_hash") == 0) {
             r->haproxy = 1;
+            r->hold_tokens = 0;   /* HAProxy sends at once */
+        }
         else if (pcr_policy_kind_parse(name, &r->opts.kind) != 0) {
             fprintf(stderr, "routing_offline: unknown policy %s\n", name);
             goto out;
@@ -352,6 +359,7 @@ int main(int argc, char **argv)
         pcr_policy_opts_default(&r->opts);
         r->index_capacity = 1;
         r->feedback = 1;       /* as routing.feedback defaults in the router */
+        r->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
         snprintf(r->label, sizeof r->label, "%.*s", (int)(eq - variants[k]), variants[k]);
         if (apply_routing(r, routing) != 0 || apply_routing(r, eq + 1) != 0)
             goto out;

@@ -56,6 +56,9 @@ typedef struct {
     int feedback;              /* pass delivered cached tokens to pcr_policy_feedback */
     double index_capacity;     /* the index believes each pod holds this many times its cache
                                 * (misconfigured pods; 1 = told the truth) */
+    double hold_tokens;        /* routing.hold_tokens: a pod with this much uncached prefill
+                                * sent and not yet at its first token gets no more; the router
+                                * holds the rest (pcr/hold.h). 0: off */
 } off_variant_t;
 
 typedef struct {

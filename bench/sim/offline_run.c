@@ -2,8 +2,11 @@
  *
  * Events, in virtual microseconds, ordered by (time, sequence) so that ties resolve the same
  * way every run:
- *   ARRIVE  the router decides, commits, charges the backend, and the pod queues the request
- *   FIRST   the first token: the router releases the request's queued prefill
+ *   ARRIVE  the router decides, commits, charges the backend, and the pod queues the request,
+ *           unless the pod already has hold_tokens of uncached prefill sent and not yet at its
+ *           first token: then the router holds it (pcr/hold.h), as router/upstream.c does
+ *   FIRST   the first token: the router releases the request's queued prefill, and sends its
+ *           pod's held requests, highest pcr_hold_rank first, while the pod is under the budget
  *   TOKENS  decoding goes on in chunks of CHUNK tokens at the pod's current inter-token time;
  *           after the last one the pod releases the cache blocks and admits who can go
  *   SCRAPE  the router reads every pod's waiting queue, as its health scrape does
@@ -14,6 +17,7 @@
 #include <string.h>
 
 #include "offline.h"
+#include "pcr/hold.h"
 #include "pcr/ring.h"
 #include "replay_trace.h"
 
@@ -42,6 +46,8 @@ typedef struct {
     double first_us;
     uint64_t charged;          /* uncached prefill still counted in the backend's queue */
     uint32_t added_from;
+    uint32_t hnext;            /* the pod's held requests */
+    int held;                  /* was held: no feedback (see on_tokens) */
     pcr_decision_t d;
 } rstate_t;
 
@@ -52,6 +58,8 @@ typedef struct {
     unsigned nwait, running;
     double busy_until;
     uint64_t success;
+    uint64_t sent_prefill;     /* uncached prefill sent, not yet at its first token */
+    uint32_t hold_head;        /* held at the router, in arrival order */
 } opod_t;
 
 typedef struct {
@@ -165,6 +173,53 @@ static void enqueue(sim_t *S, size_t b, uint32_t i)
 
 /* ---- the router -------------------------------------------------------------------------- */
 
+static uint64_t hold_budget(const sim_t *S)
+{
+    return S->v->haproxy ? 0 : (uint64_t)S->v->hold_tokens;
+}
+
+/* Sends pod b's held requests, highest rank first, while it is under the budget; then the pod
+ * admits who can go. */
+static int release(sim_t *S, size_t b, double now)
+{
+    opod_t *pod = &S->pods[b];
+    while (pod->hold_head != NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) {
+        uint32_t *best = NULL;
+        double rank = 0;
+        for (uint32_t *p = &pod->hold_head; *p != NIL; p = &S->st[*p].hnext) {
+            double k = pcr_hold_rank((uint64_t)(now - S->w->reqs[*p].arrival_us),
+                                     S->st[*p].charged);
+            if (best == NULL || k > rank) {   /* ties: the earlier arrival, first in the list */
+                best = p;
+                rank = k;
+            }
+        }
+        uint32_t i = *best;
+        *best = S->st[i].hnext;
+        pod->sent_prefill += S->st[i].charged;
+        enqueue(S, b, i);
+    }
+    return admit_waiting(S, b, now);
+}
+
+/* The request goes to its pod now, or waits at the router behind what the pod has. */
+static int send_or_hold(sim_t *S, size_t b, uint32_t i, double now)
+{
+    opod_t *pod = &S->pods[b];
+    if (pod->hold_head == NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) {
+        pod->sent_prefill += S->st[i].charged;
+        enqueue(S, b, i);
+        return admit_waiting(S, b, now);
+    }
+    uint32_t *p = &pod->hold_head;   /* at the tail: arrival order breaks ties */
+    while (*p != NIL)
+        p = &S->st[*p].hnext;
+    S->st[i].hnext = NIL;
+    S->st[i].held = 1;
+    *p = i;
+    return 0;
+}
+
 static int decide(sim_t *S, uint32_t i, double now, pcr_decision_t *d)
 {
     const off_req_t *r = &S->w->reqs[i];
@@ -206,8 +261,7 @@ static int on_arrive(sim_t *S, uint32_t i, double now)
     st->charged = st->d.uncached_prefill;
     S->loads[b].inflight++;
     S->loads[b].queued_prefill += st->charged;
-    enqueue(S, b, i);
-    return admit_waiting(S, b, now);
+    return send_or_hold(S, b, i, now);
 }
 
 static int next_tokens(sim_t *S, uint32_t i, double now)
@@ -229,7 +283,10 @@ static int on_first(sim_t *S, uint32_t i, double now)
     st->first_us = now;
     S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
     S->loads[b].queued_prefill -= st->charged;
+    S->pods[b].sent_prefill -= st->charged;
     st->charged = 0;
+    if (release(S, b, now) != 0)
+        return -1;
     if (S->v->observe && S->policy) {
         double late = S->s->jitter_us * (double)(next_random(&S->rng) >> 11) / 9007199254740992.0;
         pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, st->d.queued_ahead,
@@ -263,7 +320,9 @@ static int on_tokens(sim_t *S, uint32_t i, double now)
     seen = (double)st->hit_tokens < seen ? (double)st->hit_tokens : seen;
     S->out->seen_delivered_tokens += seen;
     S->out->abs_error_tokens += fabs(pred - seen);
-    if (S->v->feedback && S->policy)
+    /* A held request may have gone ahead of the one that was to bring its prefix to the pod:
+     * the pod's account of it says nothing of what the pod evicted. */
+    if (S->v->feedback && S->policy && !st->held)
         pcr_policy_feedback(S->policy, &r->key, &st->d, st->hit_tokens, (uint64_t)now);
     if (now / 1e6 > S->out->makespan_s)
         S->out->makespan_s = now / 1e6;
@@ -307,6 +366,7 @@ static int setup(sim_t *S)
         if (!S->pods[b].kv)
             return -1;
         S->pods[b].wait_head = S->pods[b].wait_tail = NIL;
+        S->pods[b].hold_head = NIL;
         S->pods[b].m = S->s->m;
         if (S->s->slowdown) {
             double f = S->s->slowdown[b];

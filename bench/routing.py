@@ -684,7 +684,12 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                         cfg["workers"] = args.workers
                     front = Router(build, cfg, tmp)
                 else:
-                    cfg = router_config(sims.urls, policy, capacity, routing=routing)
+                    # The baselines stand for a pool without pcrouter (a Service): every request
+                    # goes to its pod at once, unless --routing says otherwise.
+                    keys = dict(routing or {})
+                    if policy != "cache_aware":
+                        keys = dict({"hold_tokens": 0}, **keys)
+                    cfg = router_config(sims.urls, policy, capacity, routing=keys)
                     if args.workers:
                         cfg["workers"] = args.workers
                     front = Router(build, cfg, tmp)

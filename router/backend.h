@@ -57,6 +57,8 @@ struct pcr_backend {
     uint32_t inflight;
     uint64_t queued_prefill;                 /* uncached prefill tokens of in-flight requests */
     uint32_t conns;                          /* request connections, all workers */
+    uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
+    uint64_t held_total;                     /* ... ever */
     /* What the pod reports, from the control thread's scrape (atomic). */
     uint32_t pod_waiting;                    /* vllm:num_requests_waiting, last scrape */
     uint32_t pod_running;                    /* vllm:num_requests_running, last scrape */

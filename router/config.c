@@ -32,6 +32,7 @@
 #include "config_addr.h"
 #include "config_err.h"
 #include "pcr/common.h"
+#include "pcr/hold.h"
 #include "share_codec.h"
 
 /* A config file larger than this is a mistake (a log, a dump), not a config. */
@@ -140,6 +141,7 @@ static const field_t routing_fields[] = {
     F_INT(pcr_routing_conf_t, vnodes, FT_UINT, 1, 10000),
     F_INT(pcr_routing_conf_t, unavailable_keep_ms, FT_UINT, 0, DAY_MS),
     F_OF(pcr_routing_conf_t, feedback, FT_BOOL, 0),
+    F_INT(pcr_routing_conf_t, hold_tokens, FT_U64, 0, 1LL << 40),
 };
 
 static const field_t limits_fields[] = {
@@ -762,6 +764,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .index_max_bytes = po.index_max_bytes, .load_factor = po.load_factor,
         .load_weight = po.load_weight, .zone_penalty = po.zone_penalty, .vnodes = po.vnodes,
         .unavailable_keep_ms = (unsigned)(po.unavailable_keep / 1000), .feedback = 1,
+        .hold_tokens = PCR_HOLD_TOKENS_DEFAULT,
     };
     cfg->limits = (pcr_limits_conf_t){
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,

@@ -65,6 +65,9 @@ typedef struct {
                                       default 300000; a detected restart drops them at once */
     int feedback;                  /* default true: each pod's delivered cached tokens correct
                                       the index (pcr_policy_feedback) */
+    uint64_t hold_tokens;          /* a pod's prefill queue, in uncached tokens, past which
+                                      streams wait at the router (pcr/hold.h); default
+                                      PCR_HOLD_TOKENS_DEFAULT, 0 = off */
 } pcr_routing_conf_t;
 
 typedef struct {

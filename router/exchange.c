@@ -482,6 +482,13 @@ static void fail_unrouted(pcr_exchange_t *ex)
                            "every backend connection stayed busy for %u ms",
                            ex->w->cfg->timeouts.response_ms);
         break;
+    case PCR_UP_HELD:
+        pcr_exchange_error(ex, 503, "service_unavailable", "backend_busy",
+                           "backend %s kept more than routing.hold_tokens (%llu) of prefill "
+                           "queued for %u ms", ex->be ? ex->be->conf.name : "?",
+                           (unsigned long long)ex->w->cfg->routing.hold_tokens,
+                           ex->w->cfg->timeouts.response_ms);
+        break;
     default:
         pcr_exchange_error(ex, 502, "upstream_error", "bad_gateway",
                            "%u backend(s) failed before answering (last: %s, %s)", ex->attempts,
@@ -637,7 +644,11 @@ static void dispatch(pcr_exchange_t *ex)
     ex->be = be;
     ex->prefill = d.uncached_prefill;
     ex_to(ex, EX_UP_WAIT);
-    ex->up = pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
+    /* A stream's first event tells when its prefill is done, so the pool can hold streams
+     * while the pod's prefill queue is full (routing.hold_tokens). */
+    ex->up = ex->req.stream && ex->has_key
+                 ? pcr_upstream_send_stream(pool, req, body, ex->prefill, &proxy_cbs, ex)
+                 : pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
     if (ex->up == NULL) {
         ex_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -687,7 +698,9 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     pcr_hist_observe(&ex->w->metrics.cached_error, &pcr_hist_tokens_error,
                      (int64_t)predicted - (int64_t)delivered);
     pcr_worker_t *w = ex->w;
-    if (ex->has_key && ex->committed && w->cfg->routing.feedback) {
+    /* A held request may have gone ahead of the one that was to bring its prefix to the pod:
+     * then what the pod reused says nothing of what it evicted. */
+    if (ex->has_key && ex->committed && !ex->held && w->cfg->routing.feedback) {
         pcr_policy_feedback(w->policy, &ex->key, &ex->decision, delivered, now_us);
         pcr_bus_feedback(w->srv->bus, (int)w->id, &ex->key, &ex->decision, delivered, now_us);
     }
@@ -756,6 +769,8 @@ static void on_up_body(void *ctx, const char *data, size_t len)
         pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->decision.uncached_prefill,
                         ex->decision.queued_ahead, ttfb);
     }
+    if (ex->state != EX_UP_BODY && pcr_upstream_prefill_done(ex->up))
+        ex->held = 1;
     ex_to(ex, EX_UP_BODY); /* the pod has started answering: its prefill is done */
     pcr_usage_feed(&ex->usage, data, len, emit_body, ex);
     if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {
@@ -790,7 +805,8 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     pcr_backend_t *be = ex->be;
     ex->up = NULL;
     ex->last_error = err;
-    if (err != PCR_UP_POOL_FULL) /* the pool is ours; the pod did nothing wrong */
+    /* A full pool or a held request: the pool is ours; the pod did nothing wrong. */
+    if (err != PCR_UP_POOL_FULL && err != PCR_UP_HELD)
         pcr_backend_report(be, &ex->w->cfg->outlier,
                            err == PCR_UP_CONNECT ? PCR_OUTCOME_CONNECT : PCR_OUTCOME_ERROR,
                            pcr_now_us());

@@ -118,6 +118,8 @@ static uint64_t v_up(const pcr_worker_t *w, const pcr_backend_t *be) { return (u
 static uint64_t v_inflight(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->inflight); }
 static uint64_t v_queued(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->queued_prefill); }
 static uint64_t v_waiting(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_waiting); }
+static uint64_t v_held(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->held); }
+static uint64_t v_held_total(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->held_total); }
 static uint64_t v_hits(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_hits); }
 static uint64_t v_queries(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_queries); }
 static uint64_t v_connect_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->connect_errors); }
@@ -160,6 +162,11 @@ static const struct {
     {"pcrouter_backend_queued_prefill_tokens", "gauge",
      "Uncached prompt tokens sent to the backend whose first byte has not come back.", v_queued},
     {"pcrouter_backend_pod_waiting", "gauge", "vllm:num_requests_waiting as last scraped.", v_waiting},
+    {"pcrouter_backend_held_requests", "gauge",
+     "Streams held at the router while the backend's prefill queue is full (routing.hold_tokens).",
+     v_held},
+    {"pcrouter_backend_held_total", "counter",
+     "Streams that were held at the router for the backend.", v_held_total},
     {"pcrouter_index_blocks", "gauge",
      "Prefix blocks the index believes each backend holds (one worker's replica).", v_index_blocks},
     {"pcrouter_upstream_connect_errors_total", "counter", "Failed connects to each backend.",

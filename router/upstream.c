@@ -8,6 +8,14 @@
  *   pcr_upstream_send -> [idle conn | new conn (connect) | wait queue]
  *        -> write request -> on_head -> on_body* -> on_done -> conn back to the pool
  *
+ * Holding (routing.hold_tokens, pcr/hold.h): a streamed completion counts its uncached prefill
+ * in `sent_prefill` from when it gets a connection until its first event
+ * (pcr_upstream_prefill_done) or its end. While that is at the pool's share of the budget, new
+ * streams join the wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first
+ * (requests that are not streams count as no prefill, and only they may go while the budget is
+ * spent). With no budget the queue stays FIFO. A queued request keeps its place until
+ * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one).
+ *
  * A pooled connection the backend closed just as it was reused fails before any response byte;
  * such a request is re-sent once, on a fresh connection (an older idle one is likelier dead
  * too). Any other failure goes to the caller (who may retry on another backend while nothing
@@ -38,6 +46,8 @@
 #include "backend.h"
 #include "http1.h"
 #include "log.h"
+#include "pcr/hold.h"
+#include "server.h"
 #include "sock.h"
 #include "evmem.h"
 #include "upstream.h"
@@ -54,6 +64,12 @@ struct pcr_upreq {
     void *ctx;
     struct event *wait_timer;        /* while queued for a slot */
     TAILQ_ENTRY(pcr_upreq) wait_link;
+    uint64_t t_queued;               /* when it joined the queue, us */
+    uint64_t prefill;                /* a stream's uncached prefill, tokens */
+    int stream;                      /* counts against routing.hold_tokens */
+    int charged;                     /* its prefill is in pool->sent_prefill */
+    int held;                        /* was queued because the budget was spent */
+    int in_hold;                     /* ... and still is (the backend's `held` gauge) */
     int queued;
     int resent;                      /* already re-sent once after a stale pooled connection */
     int fresh;                       /* must go on a new connection */
@@ -89,6 +105,7 @@ struct pcr_upconn {
 static void conn_close(pcr_upconn_t *c);
 static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r);
 static void req_dispatch(pcr_upreq_t *r);
+static void on_wait_timeout(evutil_socket_t fd, short what, void *arg);
 
 /* The timeouts of the thread that owns the pool: a worker's config may be newer than what the
  * control thread reads (a reload is seen by each thread in turn). */
@@ -104,6 +121,7 @@ void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
     pool->draining = draining;
     pool->cfg = cfg;
     pool->max_connections = max_connections ? max_connections : 1;
+    pool->shares = 1;
     TAILQ_INIT(&pool->idle);
     TAILQ_INIT(&pool->waiters);
 }
@@ -129,12 +147,101 @@ static void timer_arm(pcr_upconn_t *c, unsigned ms)
     evtimer_add(c->timer, &tv);
 }
 
+/* ---- the wait queue and the prefill budget ------------------------------------------- */
+
+/* This pool's share of routing.hold_tokens (0: no budget), as the owner's config says now. */
+static uint64_t pool_budget(const pcr_pool_t *pool)
+{
+    uint64_t t = (*pool->cfg)->routing.hold_tokens;
+    return t == 0 ? 0 : (t + pool->shares - 1) / pool->shares;
+}
+
+static void uncharge(pcr_upreq_t *r)
+{
+    if (r->charged) {
+        r->pool->sent_prefill -= r->prefill;
+        r->charged = 0;
+    }
+}
+
+static void waiter_add(pcr_upreq_t *r, int hold)
+{
+    pcr_pool_t *pool = r->pool;
+    /* Waiting is bounded by the response timeout. */
+    if (r->wait_timer == NULL)
+        r->wait_timer = evtimer_new(pool->base, on_wait_timeout, r);
+    if (r->wait_timer != NULL) {
+        struct timeval wt = ms_tv(tmo(pool)->response_ms);
+        evtimer_add(r->wait_timer, &wt);
+    }
+    TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);
+    r->queued = 1;
+    r->t_queued = pool_budget(pool) ? pcr_now_us() : 0;
+    if (hold) {
+        r->held = r->in_hold = 1;
+        PCR_ADD(pool->be->held, 1);
+        PCR_ADD(pool->be->held_total, 1);
+    }
+}
+
+/* Off the queue, its deadline disarmed (the connection's own deadlines take over). */
+static void waiter_take(pcr_upreq_t *r)
+{
+    TAILQ_REMOVE(&r->pool->waiters, r, wait_link);
+    r->queued = 0;
+    if (r->wait_timer)
+        evtimer_del(r->wait_timer);
+    if (r->in_hold) {
+        r->in_hold = 0;
+        PCR_SUB(r->pool->be->held, 1);
+    }
+}
+
+/* Who waits and may go next, or NULL: with no budget, the oldest; else the highest
+ * pcr_hold_rank among those the budget lets go. */
+static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
+    uint64_t budget = pool_budget(pool);
+    if (w == NULL || budget == 0)
+        return w;
+    int open = pcr_hold_open(pool->sent_prefill, budget);
+    uint64_t now = pcr_now_us();
+    double rank = 0;
+    TAILQ_FOREACH(w, &pool->waiters, wait_link) {
+        if (w->stream && !open)
+            continue;
+        double k = pcr_hold_rank(now > w->t_queued ? now - w->t_queued : 0,
+                                 w->stream ? w->prefill : 0);
+        if (best == NULL || k > rank) { /* ties: the older, first in the queue */
+            best = w;
+            rank = k;
+        }
+    }
+    return best;
+}
+
+/* The budget or a slot opened: sends whoever may go while a connection is there to take
+ * (an idle one, or room for a new one). */
+static void pool_kick(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w;
+    while ((pool->nidle > 0 || pool->nconns < pool->max_connections) &&
+           (w = waiter_next(pool)) != NULL) {
+        waiter_take(w);
+        req_dispatch(w);
+        if (w->queued)
+            break; /* no connection after all (out of memory): it waits again */
+    }
+}
+
 static void req_free(pcr_upreq_t *r)
 {
     if (r == NULL)
         return;
     if (r->queued)
-        TAILQ_REMOVE(&r->pool->waiters, r, wait_link);
+        waiter_take(r);
+    uncharge(r);
     if (r->wait_timer)
         event_free(r->wait_timer);
     if (r->request)
@@ -289,10 +396,9 @@ static void conn_to_pool(pcr_upconn_t *c)
     pcr_pool_t *pool = c->pool;
     c->req = NULL;
     c->reused = 1;
-    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
+    pcr_upreq_t *w = waiter_next(pool);
     if (w != NULL && !w->fresh) {
-        TAILQ_REMOVE(&pool->waiters, w, wait_link);
-        w->queued = 0;
+        waiter_take(w);
         conn_assign(c, w);
         return;
     }
@@ -322,11 +428,10 @@ static void conn_close(pcr_upconn_t *c)
     free(c);
     pool->nconns--;
     PCR_SUB(pool->be->conns, 1);
-    /* A slot freed up: give it to the oldest waiter. */
-    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
+    /* A slot freed up: give it to the next waiter. */
+    pcr_upreq_t *w = waiter_next(pool);
     if (w != NULL && !*pool->draining) {
-        TAILQ_REMOVE(&pool->waiters, w, wait_link);
-        w->queued = 0;
+        waiter_take(w);
         req_dispatch(w);
     }
 }
@@ -337,6 +442,7 @@ static void conn_close(pcr_upconn_t *c)
 static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
 {
     pcr_upreq_t *r = c->req;
+    pcr_pool_t *pool = c->pool;
     int stale = c->reused && !c->got_bytes && err == PCR_UP_RESET;
     int got_head = c->got_head;
     c->req = NULL;
@@ -353,9 +459,11 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
     if (stale && !r->resent) {
         r->resent = 1;
         r->fresh = 1;
-        req_dispatch(r);
+        req_dispatch(r); /* still charged: it is not held again */
         return;
     }
+    uncharge(r);
+    pool_kick(pool);
     req_fail(r, err, got_head);
 }
 
@@ -363,6 +471,7 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
 static void conn_done(pcr_upconn_t *c, int keep)
 {
     pcr_upreq_t *r = c->req;
+    pcr_pool_t *pool = c->pool;
     const pcr_upstream_cbs_t *cbs = r->cbs;
     void *ctx = r->ctx;
     r->conn = NULL;
@@ -372,6 +481,7 @@ static void conn_done(pcr_upconn_t *c, int keep)
         conn_to_pool(c);
     else
         conn_close(c);
+    pool_kick(pool);
     cbs->on_done(ctx);
 }
 
@@ -502,6 +612,10 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
     r->conn = c;
+    if (r->stream && !r->charged) {
+        c->pool->sent_prefill += r->prefill;
+        r->charged = 1;
+    }
     c->got_bytes = c->got_head = c->done = c->malformed = 0;
     c->nh = c->hlen = 0;
     c->last_was_value = 0;
@@ -553,12 +667,16 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
 static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
 {
     pcr_upreq_t *r = arg;
-    req_fail(r, PCR_UP_POOL_FULL, 0);
+    req_fail(r, r->in_hold ? PCR_UP_HELD : PCR_UP_POOL_FULL, 0);
 }
 
 static void req_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
+    if (r->stream && !r->charged && !pcr_hold_open(pool->sent_prefill, pool_budget(pool))) {
+        waiter_add(r, 1); /* the backend's prefill queue is full: held */
+        return;
+    }
     pcr_upconn_t *c = r->fresh ? NULL : TAILQ_FIRST(&pool->idle);
     if (c != NULL) {
         TAILQ_REMOVE(&pool->idle, c, idle_link);
@@ -577,15 +695,7 @@ static void req_dispatch(pcr_upreq_t *r)
             return;
         }
     }
-    /* Wait for a slot, bounded by the response timeout. */
-    if (r->wait_timer == NULL)
-        r->wait_timer = evtimer_new(pool->base, on_wait_timeout, r);
-    if (r->wait_timer != NULL) {
-        struct timeval wt = ms_tv(tmo(pool)->response_ms);
-        evtimer_add(r->wait_timer, &wt);
-    }
-    TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);
-    r->queued = 1;
+    waiter_add(r, 0); /* wait for a slot */
 }
 
 pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
@@ -594,8 +704,9 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
     return pcr_upstream_send_body(pool, request, NULL, cbs, ctx);
 }
 
-pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
-                                    const pcr_upstream_cbs_t *cbs, void *ctx)
+static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
+                             int stream, uint64_t prefill, const pcr_upstream_cbs_t *cbs,
+                             void *ctx)
 {
     pcr_upreq_t *r = pcr_evmem_calloc(1, sizeof(*r)); /* per request: evmem.h */
     if (r == NULL) {
@@ -607,14 +718,41 @@ pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, str
     r->body = body;
     r->cbs = cbs;
     r->ctx = ctx;
+    r->stream = stream;
+    r->prefill = prefill;
     req_dispatch(r);
     return r;
+}
+
+pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
+                                    const pcr_upstream_cbs_t *cbs, void *ctx)
+{
+    return send_req(pool, head, body, 0, 0, cbs, ctx);
+}
+
+pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
+                                      struct evbuffer *body, uint64_t prefill,
+                                      const pcr_upstream_cbs_t *cbs, void *ctx)
+{
+    return send_req(pool, head, body, 1, prefill, cbs, ctx);
+}
+
+int pcr_upstream_prefill_done(pcr_upreq_t *r)
+{
+    if (r == NULL)
+        return 0;
+    if (r->charged) {
+        uncharge(r);
+        pool_kick(r->pool);
+    }
+    return r->held;
 }
 
 void pcr_upstream_cancel(pcr_upreq_t *r)
 {
     if (r == NULL)
         return;
+    pcr_pool_t *pool = r->pool;
     pcr_upconn_t *c = r->conn;
     if (c != NULL) {
         c->req = NULL;
@@ -625,9 +763,10 @@ void pcr_upstream_cancel(pcr_upreq_t *r)
         req_free(r);
         if (!c->in_read)
             conn_close(c);
-        return;
+    } else {
+        req_free(r);
     }
-    req_free(r);
+    pool_kick(pool); /* its prefill may have left the budget */
 }
 
 void pcr_upstream_pause(pcr_upreq_t *r)

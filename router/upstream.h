@@ -31,6 +31,7 @@ typedef enum {
     PCR_UP_TIMEOUT,       /* no response (or no more of it) within the configured time */
     PCR_UP_PROTOCOL,      /* the backend's response was not valid HTTP/1.1 */
     PCR_UP_POOL_FULL,     /* no connection slot freed up in time */
+    PCR_UP_HELD,          /* held (routing.hold_tokens) until timeouts.response_ms */
 } pcr_up_error_t;
 
 typedef struct {
@@ -45,7 +46,8 @@ typedef struct {
 } pcr_upstream_cbs_t;
 
 /* The connections of one thread to one backend: idle keep-alive connections (most recently
- * used first) and the requests waiting for a slot. Owned by one event loop, never shared. */
+ * used first) and the requests waiting for a slot, or held back while the backend's prefill
+ * queue is full (pcr/hold.h). Owned by one event loop, never shared. */
 struct pcr_upconn;
 struct pcr_upreq;
 typedef struct pcr_pool {
@@ -58,6 +60,8 @@ typedef struct pcr_pool {
     unsigned nconns;                 /* open: connecting + idle + busy */
     unsigned nidle;
     unsigned max_connections;
+    unsigned shares;                 /* routing.hold_tokens is split this many ways (workers) */
+    uint64_t sent_prefill;           /* streams' uncached prefill sent, not yet at a first token */
 } pcr_pool_t;
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
@@ -76,6 +80,20 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
  * drained) until the request ends: on_done, on_error, or pcr_upstream_cancel(). */
 pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
                                     const pcr_upstream_cbs_t *cbs, void *ctx);
+
+/* The same for a streamed completion whose uncached prefill on this backend is `prefill` tokens.
+ * It counts against the pool's share of routing.hold_tokens from when it is sent until
+ * pcr_upstream_prefill_done() or its end; while the share is spent, such requests wait in the
+ * pool and go highest pcr_hold_rank first (pcr/hold.h), or fail with PCR_UP_HELD after
+ * timeouts.response_ms. */
+pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
+                                      struct evbuffer *body, uint64_t prefill,
+                                      const pcr_upstream_cbs_t *cbs, void *ctx);
+
+/* The stream's first event came back: its prefill is done and leaves the budget; held requests
+ * may go. Returns 1 when the request itself had been held (others may have gone ahead of it),
+ * else 0. Once per request; later calls return the same and change nothing. */
+int pcr_upstream_prefill_done(pcr_upreq_t *r);
 
 /* Ends the request now; no callback follows. Safe from inside the request's own callbacks. */
 void pcr_upstream_cancel(pcr_upreq_t *r);

@@ -28,6 +28,8 @@ or headers `x-stub-<key>` (underscores written as dashes). Keys:
                its first event, then waits. Released by POST /stub/release {"gate": name}
                (a released gate stays open). Waiting watches the socket: a peer that closes
                counts as an aborted request.
+  prefill_gate name: a stream sends its head, then waits until the gate is released before
+               its first event (as vLLM does while it prefills)
   events       SSE events before [DONE] (default 4)
   interval_ms  pause between SSE events (a slow stream)
   status       answer with this HTTP status and an OpenAI-style error body
@@ -417,6 +419,11 @@ def make_handler(state):
             for k, v in extra.items():
                 self.send_header(k, v)
             self.end_headers()
+            if ctl.get("prefill_gate") is not None:
+                self.wfile.flush()
+                if not self.wait(state.gate(ctl["prefill_gate"])):
+                    self.close_connection = True
+                    return "aborted"
             for i in range(n):
                 if chat:
                     ev = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": int(time.time()),

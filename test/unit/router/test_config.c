@@ -138,6 +138,8 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_INT(full->routing.vnodes, min->routing.vnodes);
         PCR_CHECK_EQ_INT(full->routing.unavailable_keep_ms, min->routing.unavailable_keep_ms);
         PCR_CHECK_EQ_INT(full->routing.feedback, min->routing.feedback);
+        PCR_CHECK_EQ_U64(full->routing.hold_tokens, min->routing.hold_tokens);
+        PCR_CHECK_EQ_U64(min->routing.hold_tokens, 20480);
         PCR_CHECK_EQ_INT(full->workers, min->workers);
         PCR_CHECK_EQ_INT(full->dns.nnameservers, min->dns.nnameservers);
         PCR_CHECK_EQ_INT(full->dns.timeout_ms, min->dns.timeout_ms);
@@ -614,9 +616,9 @@ static void test_error_unknown_keys(void)
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
-                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback)\n"
+                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens)\n"
                 "t.json:3:37: routing.foo: unknown key \"foo\" (allowed: policy, zone, block_bytes, "
-                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback)");
+                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a'},\n"
                 "{'name': 'b', 'url': 'http://b', 'wieght': 2}]}",
                 "t.json:3:34: backends[1].wieght: unknown key \"wieght\"; did you mean \"weight\"? "
@@ -793,6 +795,8 @@ static void test_error_out_of_range(void)
                 "t.json:3:28: routing.load_factor: must be >= 1, got 0.5");
     CHECK_ERROR(HEAD "'routing': {'zone_penalty': -1}}",
                 "t.json:3:29: routing.zone_penalty: must be >= 0, got -1");
+    CHECK_ERROR(HEAD "'routing': {'hold_tokens': -1}}",
+                "t.json:3:28: routing.hold_tokens: must be between 0 and 1099511627776, got -1");
     CHECK_ERROR(HEAD "'routing': {'block_bytes': 1024, 'max_prefix_bytes': 512}}",
                 "t.json:3:54: routing.max_prefix_bytes: must be >= routing.block_bytes (1024), got 512");
     CHECK_ERROR(HEAD "'timeouts': {'connect_ms': 0}}",
@@ -844,7 +848,7 @@ static void test_positions_survive_awkward_text(void)
                 "t.json:3:42: routing.vnodes: must be between 1 and 10000, got 0");
     CHECK_ERROR(HEAD "'routing': {'zone': '\\ud83d\\ude00 😀', '\\ud83d\\ude00': 1}}",
                 "t.json:3:39: routing.\xf0\x9f\x98\x80: unknown key \"\xf0\x9f\x98\x80\" (allowed: policy, zone, "
-                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback)");
+                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens)");
     /* Tabs and CRLF line ends: a tab is one column, a CR is not a line end. */
     CHECK_ERROR("{'listen': [{'address': '127.0.0.1:0'}],\r\n" BACKENDS_OK ",\r\n\t'log': {'level': 1}}",
                 "t.json:3:19: log.level: expected string, got integer 1");

@@ -1,0 +1,222 @@
+"""Holding streams at the router (routing.hold_tokens, include/pcr/hold.h): while a pod has
+that many uncached prompt tokens sent and not yet at their first event, further streams wait
+in pcrouter and go highest response ratio first; requests that are not streams never wait for
+the budget; a held request ends with a clear 503 at timeouts.response_ms, and a client that
+leaves gives its place back.
+
+The stub pod's `prefill_gate` keeps a stream's first event back (its head goes at once, as
+vLLM's does), so the test decides when a prefill ends. Prompts are 4 bytes a token, and no two
+share a prefix, so a prompt of N bytes is N / 4 tokens of uncached prefill."""
+import time
+
+from conftest import CurlStream, completion, curl, get_metrics, make_config, metric, wait_for
+
+BUDGET = 1000  # tokens
+
+
+def text(tag, nbytes):
+    """A prompt of about `nbytes` bytes that shares no 256-byte block with another tag's."""
+    unit = "%s says hello. " % tag
+    return (unit * (nbytes // len(unit) + 1))[:nbytes]
+
+
+def held(r):
+    return metric(get_metrics(r), "pcrouter_backend_held_requests", backend="pod-a")
+
+
+def tags_seen(pod):
+    return [e.get("tag") for e in pod.stats()["log"] if e.get("tag")]
+
+
+def start(r, tag, nbytes, **stub):
+    return CurlStream(r.url("/v1/completions"),
+                      completion(text(tag, nbytes), stream=True, tag=tag, **stub))
+
+
+def one_pod(stub_factory, router_factory, **sections):
+    a = stub_factory("pod-a")
+    routing = {"policy": "cache_aware", "hold_tokens": BUDGET}
+    routing.update(sections.pop("routing", {}))
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url}], workers=1,
+                                   routing=routing, **sections))
+    return a, r
+
+
+def test_held_streams_go_highest_response_ratio_first(stub_factory, router_factory):
+    """A fills the budget; B (25000 tokens) then C (1100) are held; when A's prefill ends, C
+    goes first although it came second, and fills the budget again, so B waits for C."""
+    a, r = one_pod(stub_factory, router_factory)
+    streams = []
+    try:
+        streams.append(start(r, "A", 8000, prefill_gate="ga"))
+        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        streams.append(start(r, "B", 100000, prefill_gate="gb"))
+        wait_for(lambda: held(r) == 1, 15, what="B held")
+        streams.append(start(r, "C", 4400, prefill_gate="gc"))
+        wait_for(lambda: held(r) == 2, 15, what="C held")
+        assert tags_seen(a) == ["A"]
+        a.release("ga")
+        wait_for(lambda: "C" in tags_seen(a), 15, what="C sent once A's prefill ended")
+        assert tags_seen(a) == ["A", "C"]
+        assert held(r) == 1
+        a.release("gc")
+        wait_for(lambda: "B" in tags_seen(a), 15, what="B sent once C's prefill ended")
+        a.release("gb")
+        for s in streams:
+            rc, out = s.finish(30)
+            assert rc == 0 and b"[DONE]" in out, out[-500:]
+        text_m = get_metrics(r)
+        assert metric(text_m, "pcrouter_backend_held_requests", backend="pod-a") == 0
+        assert metric(text_m, "pcrouter_backend_held_total", backend="pod-a") == 2
+        assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
+    finally:
+        for s in streams:
+            s.kill()
+
+
+def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory):
+    """A long prompt that has waited long enough goes before a short one that just came: the
+    rank is the wait over the prefill, so nothing waits forever behind shorter prompts."""
+    a, r = one_pod(stub_factory, router_factory)
+    streams = []
+    try:
+        streams.append(start(r, "A", 8000, prefill_gate="ga"))
+        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        streams.append(start(r, "B", 4400, prefill_gate="gb"))   # 1100 tokens
+        wait_for(lambda: held(r) == 1, 15, what="B held")
+        # B's rank (its wait over 1100 + 256 tokens) is to pass that of the 100-token prompt
+        # C (its wait over 356): B must have waited 3.8 times as long as C, and C waits from
+        # its start to A's release. That is a wait the test has to let pass, not a
+        # synchronisation.
+        time.sleep(1.5)
+        streams.append(start(r, "C", 400, prefill_gate="gc"))    # 100 tokens
+        wait_for(lambda: held(r) == 2, 15, what="C held")
+        a.release("ga")
+        wait_for(lambda: len(tags_seen(a)) >= 2, 15, what="one held stream sent")
+        assert tags_seen(a)[:2] == ["A", "B"], tags_seen(a)
+        a.release("gb")
+        a.release("gc")
+        for s in streams:
+            rc, out = s.finish(30)
+            assert rc == 0 and b"[DONE]" in out, out[-500:]
+    finally:
+        for s in streams:
+            s.kill()
+
+
+def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory):
+    """A non-streamed completion shows no first token before its answer, so it is neither held
+    nor counted: it goes through while the pod's budget is spent."""
+    a, r = one_pod(stub_factory, router_factory)
+    s = start(r, "A", 8000, prefill_gate="ga")
+    try:
+        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        resp = curl(r.url("/v1/completions"), completion(text("N", 8000), tag="N"), timeout=10)
+        assert resp.status == 200, resp
+        assert held(r) == 0
+        a.release("ga")
+        rc, out = s.finish(30)
+        assert rc == 0 and b"[DONE]" in out, out[-500:]
+    finally:
+        s.kill()
+
+
+def test_a_held_stream_gets_a_clear_503_at_the_response_timeout(stub_factory, router_factory):
+    """Held past timeouts.response_ms, a stream is answered 503 naming the pod and the budget,
+    and its place is given back."""
+    a, r = one_pod(stub_factory, router_factory, timeouts={"response_ms": 1500})
+    s = start(r, "A", 8000, prefill_gate="ga")
+    try:
+        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        t0 = time.monotonic()
+        resp = curl(r.url("/v1/completions"), completion(text("B", 4000), stream=True, tag="B"),
+                    timeout=20)
+        waited = time.monotonic() - t0
+        assert resp.status == 503, resp
+        err = resp.json()["error"]
+        assert err["code"] == "backend_busy", err
+        assert "pod-a" in err["message"] and "routing.hold_tokens (1000)" in err["message"], err
+        assert waited >= 1.4, waited
+        assert held(r) == 0
+        assert tags_seen(a) == ["A"]
+        a.release("ga")
+        rc, out = s.finish(30)
+        assert rc == 0 and b"[DONE]" in out, out[-500:]
+    finally:
+        s.kill()
+
+
+def test_a_client_that_leaves_gives_its_place_back(stub_factory, router_factory):
+    """A held stream whose client goes away never reaches the pod, and the next stream goes
+    when the budget opens."""
+    a, r = one_pod(stub_factory, router_factory)
+    streams = []
+    try:
+        streams.append(start(r, "A", 8000, prefill_gate="ga"))
+        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        gone = start(r, "B", 4400)
+        wait_for(lambda: held(r) == 1, 15, what="B held")
+        gone.kill()
+        wait_for(lambda: held(r) == 0, 15, what="B's place given back")
+        streams.append(start(r, "C", 4400, prefill_gate="gc"))
+        wait_for(lambda: held(r) == 1, 15, what="C held")
+        a.release("ga")
+        wait_for(lambda: "C" in tags_seen(a), 15, what="C sent")
+        a.release("gc")
+        for s in streams:
+            rc, out = s.finish(30)
+            assert rc == 0 and b"[DONE]" in out, out[-500:]
+        assert "B" not in tags_seen(a)
+    finally:
+        for s in streams:
+            s.kill()
+
+
+def test_hold_tokens_zero_sends_at_once(stub_factory, router_factory):
+    """routing.hold_tokens 0 turns holding off: every stream goes to the pod at once."""
+    a, r = one_pod(stub_factory, router_factory, routing={"hold_tokens": 0})
+    streams = []
+    try:
+        streams.append(start(r, "A", 8000, prefill_gate="ga"))
+        streams.append(start(r, "B", 12000, prefill_gate="gb"))
+        wait_for(lambda: sorted(tags_seen(a)) == ["A", "B"], 15, what="both at the pod")
+        assert held(r) == 0
+        a.release("ga")
+        a.release("gb")
+        for s in streams:
+            rc, out = s.finish(30)
+            assert rc == 0 and b"[DONE]" in out, out[-500:]
+    finally:
+        for s in streams:
+            s.kill()
+
+
+def test_a_request_that_waited_for_a_connection_keeps_it(stub_factory, router_factory):
+    """A request that waited for a pool slot is not failed later by the deadline of that wait:
+    once it has a connection, only the connection's own deadlines apply."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url, "max_connections": 1}],
+                                   workers=1, routing={"policy": "cache_aware", "hold_tokens": 0},
+                                   timeouts={"response_ms": 1500}))
+    x = start(r, "X", 400, gate="gx")
+    y = None
+    try:
+        x.wait_output(b"tok0")
+        t0 = time.monotonic()
+        y = start(r, "Y", 400, gate="gy")
+        wait_for(lambda: a.stats()["log"][-1].get("tag") == "X" and
+                 metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a") == 2,
+                 15, what="Y waiting for the one connection")
+        a.release("gx")
+        y.wait_output(b"tok0")
+        # Past the deadline Y's wait for a slot had: a deadline has to pass.
+        time.sleep(max(0.0, t0 + 2.0 - time.monotonic()))
+        a.release("gy")
+        rc, out = y.finish(30)
+        assert rc == 0 and b"[DONE]" in out, out[-500:]
+        rc, out = x.finish(30)
+        assert rc == 0 and b"[DONE]" in out, out[-500:]
+    finally:
+        x.kill()
+        if y is not None:
+            y.kill()

@@ -15,7 +15,7 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->max_prefix_bytes = 131072;
     o->index_max_bytes = (size_t)256 << 20;
     o->load_factor = 1.25;
-    o->inflight_factor = 2.0;
+    o->inflight_factor = 3.0;
     o->load_weight = 1.0;
     o->load_scale = 1024;
     o->share_factor = 1.1;

@@ -22,6 +22,16 @@ static pcr_policy_t *make(pcr_policy_kind_t kind, const pcr_backend_desc_t *be, 
     return pcr_policy_new(&o, be, n);
 }
 
+/* The same with cache_aware's in-flight bound at `factor`, not the default. */
+static pcr_policy_t *make_inflight(const pcr_backend_desc_t *be, size_t n, double factor)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.kind = PCR_POLICY_CACHE_AWARE;
+    o.inflight_factor = factor;
+    return pcr_policy_new(&o, be, n);
+}
+
 /* A prompt: the shared system prompt, then `user` bytes that depend on `who`. */
 static char *prompt(int who, size_t user, size_t *len)
 {
@@ -544,7 +554,7 @@ static void test_share_penalty_steers_equal_warmth(void)
  * pods that differ by the noise of a busy minute (within 25%) are all the same to the cost. */
 static void test_learned_rates(void)
 {
-    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_policy_t *p = make_inflight(four, NB, 1.25);
     pcr_backend_load_t l[NB];
     pcr_decision_t d;
     keybuf_t kb;
@@ -584,7 +594,7 @@ static void test_learned_rates(void)
         l[b].inflight = 20;
     size_t len;
     char *s = prompt(9, 4000, &len);
-    pcr_policy_t *same = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_policy_t *same = make_inflight(four, NB, 1.25);
     keybuf_t kb2;
     uint32_t from;
     pcr_policy_commit(p, 2, key_of(p, &kb, s, len), 300, &from);

@@ -9,6 +9,8 @@ vLLM's does), so the test decides when a prefill ends. Prompts are 4 bytes a tok
 share a prefix, so a prompt of N bytes is N / 4 tokens of uncached prefill."""
 import time
 
+import pytest
+
 from conftest import CurlStream, completion, curl, get_metrics, make_config, metric, wait_for
 
 BUDGET = 1000  # tokens
@@ -28,9 +30,27 @@ def tags_seen(pod):
     return [e.get("tag") for e in pod.stats()["log"] if e.get("tag")]
 
 
-def start(r, tag, nbytes, **stub):
-    return CurlStream(r.url("/v1/completions"),
-                      completion(text(tag, nbytes), stream=True, tag=tag, **stub))
+@pytest.fixture
+def streams():
+    """The test's streaming clients (start() adds them), killed at its end whatever happened."""
+    started = []
+    yield started
+    for s in started:
+        s.kill()
+
+
+def start(streams, r, tag, nbytes, **stub):
+    s = CurlStream(r.url("/v1/completions"),
+                   completion(text(tag, nbytes), stream=True, tag=tag, **stub))
+    streams.append(s)
+    return s
+
+
+def all_done(streams):
+    """Every stream ran to [DONE]."""
+    for s in streams:
+        rc, out = s.finish(30)
+        assert rc == 0 and b"[DONE]" in out, out[-500:]
 
 
 def one_pod(stub_factory, router_factory, **sections):
@@ -42,181 +62,139 @@ def one_pod(stub_factory, router_factory, **sections):
     return a, r
 
 
-def test_held_streams_go_highest_response_ratio_first(stub_factory, router_factory):
+def test_held_streams_go_highest_response_ratio_first(stub_factory, router_factory, streams):
     """A fills the budget; B (25000 tokens) then C (1100) are held; when A's prefill ends, C
     goes first although it came second, and fills the budget again, so B waits for C."""
     a, r = one_pod(stub_factory, router_factory)
-    streams = []
-    try:
-        streams.append(start(r, "A", 8000, prefill_gate="ga"))
-        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-        streams.append(start(r, "B", 100000, prefill_gate="gb"))
-        wait_for(lambda: held(r) == 1, 15, what="B held")
-        streams.append(start(r, "C", 4400, prefill_gate="gc"))
-        wait_for(lambda: held(r) == 2, 15, what="C held")
-        assert tags_seen(a) == ["A"]
-        a.release("ga")
-        wait_for(lambda: "C" in tags_seen(a), 15, what="C sent once A's prefill ended")
-        assert tags_seen(a) == ["A", "C"]
-        assert held(r) == 1
-        a.release("gc")
-        wait_for(lambda: "B" in tags_seen(a), 15, what="B sent once C's prefill ended")
-        a.release("gb")
-        for s in streams:
-            rc, out = s.finish(30)
-            assert rc == 0 and b"[DONE]" in out, out[-500:]
-        text_m = get_metrics(r)
-        assert metric(text_m, "pcrouter_backend_held_requests", backend="pod-a") == 0
-        assert metric(text_m, "pcrouter_backend_held_total", backend="pod-a") == 2
-        assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
-    finally:
-        for s in streams:
-            s.kill()
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    start(streams, r, "B", 100000, prefill_gate="gb")
+    wait_for(lambda: held(r) == 1, 15, what="B held")
+    start(streams, r, "C", 4400, prefill_gate="gc")
+    wait_for(lambda: held(r) == 2, 15, what="C held")
+    assert tags_seen(a) == ["A"]
+    a.release("ga")
+    wait_for(lambda: "C" in tags_seen(a), 15, what="C sent once A's prefill ended")
+    assert tags_seen(a) == ["A", "C"]
+    assert held(r) == 1
+    a.release("gc")
+    wait_for(lambda: "B" in tags_seen(a), 15, what="B sent once C's prefill ended")
+    a.release("gb")
+    all_done(streams)
+    text_m = get_metrics(r)
+    assert metric(text_m, "pcrouter_backend_held_requests", backend="pod-a") == 0
+    assert metric(text_m, "pcrouter_backend_held_total", backend="pod-a") == 2
+    assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
 
 
-def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory):
+def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory, streams):
     """A long prompt that has waited long enough goes before a short one that just came: the
     rank is the wait over the prefill, so nothing waits forever behind shorter prompts."""
     a, r = one_pod(stub_factory, router_factory)
-    streams = []
-    try:
-        streams.append(start(r, "A", 8000, prefill_gate="ga"))
-        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-        streams.append(start(r, "B", 4400, prefill_gate="gb"))   # 1100 tokens
-        wait_for(lambda: held(r) == 1, 15, what="B held")
-        # B's rank (its wait over 1100 + 256 tokens) is to pass that of the 100-token prompt
-        # C (its wait over 356): B must have waited 3.8 times as long as C, and C waits from
-        # its start to A's release. That is a wait the test has to let pass, not a
-        # synchronisation.
-        time.sleep(1.5)
-        streams.append(start(r, "C", 400, prefill_gate="gc"))    # 100 tokens
-        wait_for(lambda: held(r) == 2, 15, what="C held")
-        a.release("ga")
-        wait_for(lambda: len(tags_seen(a)) >= 2, 15, what="one held stream sent")
-        assert tags_seen(a)[:2] == ["A", "B"], tags_seen(a)
-        a.release("gb")
-        a.release("gc")
-        for s in streams:
-            rc, out = s.finish(30)
-            assert rc == 0 and b"[DONE]" in out, out[-500:]
-    finally:
-        for s in streams:
-            s.kill()
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    start(streams, r, "B", 4400, prefill_gate="gb")   # 1100 tokens
+    wait_for(lambda: held(r) == 1, 15, what="B held")
+    # B's rank (its wait over 1100 + 256 tokens) is to pass that of the 100-token prompt
+    # C (its wait over 356): B must have waited 3.8 times as long as C, and C waits from
+    # its start to A's release. That is a wait the test has to let pass, not a
+    # synchronisation.
+    time.sleep(1.5)
+    start(streams, r, "C", 400, prefill_gate="gc")    # 100 tokens
+    wait_for(lambda: held(r) == 2, 15, what="C held")
+    a.release("ga")
+    wait_for(lambda: len(tags_seen(a)) >= 2, 15, what="one held stream sent")
+    assert tags_seen(a)[:2] == ["A", "B"], tags_seen(a)
+    a.release("gb")
+    a.release("gc")
+    all_done(streams)
 
 
-def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory):
+def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory, streams):
     """A non-streamed completion shows no first token before its answer, so it is neither held
     nor counted: it goes through while the pod's budget is spent."""
     a, r = one_pod(stub_factory, router_factory)
-    s = start(r, "A", 8000, prefill_gate="ga")
-    try:
-        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-        resp = curl(r.url("/v1/completions"), completion(text("N", 8000), tag="N"), timeout=10)
-        assert resp.status == 200, resp
-        assert held(r) == 0
-        a.release("ga")
-        rc, out = s.finish(30)
-        assert rc == 0 and b"[DONE]" in out, out[-500:]
-    finally:
-        s.kill()
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    resp = curl(r.url("/v1/completions"), completion(text("N", 8000), tag="N"), timeout=10)
+    assert resp.status == 200, resp
+    assert held(r) == 0
+    a.release("ga")
+    all_done(streams)
 
 
-def test_a_held_stream_gets_a_clear_503_at_the_response_timeout(stub_factory, router_factory):
+def test_a_held_stream_gets_a_clear_503_at_the_response_timeout(stub_factory, router_factory,
+                                                                 streams):
     """Held past timeouts.response_ms, a stream is answered 503 naming the pod and the budget,
     and its place is given back."""
     a, r = one_pod(stub_factory, router_factory, timeouts={"response_ms": 1500})
-    s = start(r, "A", 8000, prefill_gate="ga")
-    try:
-        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-        t0 = time.monotonic()
-        resp = curl(r.url("/v1/completions"), completion(text("B", 4000), stream=True, tag="B"),
-                    timeout=20)
-        waited = time.monotonic() - t0
-        assert resp.status == 503, resp
-        err = resp.json()["error"]
-        assert err["code"] == "backend_busy", err
-        assert "pod-a" in err["message"] and "routing.hold_tokens (1000)" in err["message"], err
-        assert waited >= 1.4, waited
-        assert held(r) == 0
-        assert tags_seen(a) == ["A"]
-        a.release("ga")
-        rc, out = s.finish(30)
-        assert rc == 0 and b"[DONE]" in out, out[-500:]
-    finally:
-        s.kill()
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    t0 = time.monotonic()
+    resp = curl(r.url("/v1/completions"), completion(text("B", 4000), stream=True, tag="B"),
+                timeout=20)
+    waited = time.monotonic() - t0
+    assert resp.status == 503, resp
+    err = resp.json()["error"]
+    assert err["code"] == "backend_busy", err
+    assert "pod-a" in err["message"] and "routing.hold_tokens (1000)" in err["message"], err
+    assert waited >= 1.4, waited
+    assert held(r) == 0
+    assert tags_seen(a) == ["A"]
+    a.release("ga")
+    all_done(streams)
 
 
-def test_a_client_that_leaves_gives_its_place_back(stub_factory, router_factory):
+def test_a_client_that_leaves_gives_its_place_back(stub_factory, router_factory, streams):
     """A held stream whose client goes away never reaches the pod, and the next stream goes
     when the budget opens."""
     a, r = one_pod(stub_factory, router_factory)
-    streams = []
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    gone = start([], r, "B", 4400)
     try:
-        streams.append(start(r, "A", 8000, prefill_gate="ga"))
-        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-        gone = start(r, "B", 4400)
         wait_for(lambda: held(r) == 1, 15, what="B held")
-        gone.kill()
-        wait_for(lambda: held(r) == 0, 15, what="B's place given back")
-        streams.append(start(r, "C", 4400, prefill_gate="gc"))
-        wait_for(lambda: held(r) == 1, 15, what="C held")
-        a.release("ga")
-        wait_for(lambda: "C" in tags_seen(a), 15, what="C sent")
-        a.release("gc")
-        for s in streams:
-            rc, out = s.finish(30)
-            assert rc == 0 and b"[DONE]" in out, out[-500:]
-        assert "B" not in tags_seen(a)
     finally:
-        for s in streams:
-            s.kill()
+        gone.kill()
+    wait_for(lambda: held(r) == 0, 15, what="B's place given back")
+    start(streams, r, "C", 4400, prefill_gate="gc")
+    wait_for(lambda: held(r) == 1, 15, what="C held")
+    a.release("ga")
+    wait_for(lambda: "C" in tags_seen(a), 15, what="C sent")
+    a.release("gc")
+    all_done(streams)
+    assert "B" not in tags_seen(a)
 
 
-def test_hold_tokens_zero_sends_at_once(stub_factory, router_factory):
+def test_hold_tokens_zero_sends_at_once(stub_factory, router_factory, streams):
     """routing.hold_tokens 0 turns holding off: every stream goes to the pod at once."""
     a, r = one_pod(stub_factory, router_factory, routing={"hold_tokens": 0})
-    streams = []
-    try:
-        streams.append(start(r, "A", 8000, prefill_gate="ga"))
-        streams.append(start(r, "B", 12000, prefill_gate="gb"))
-        wait_for(lambda: sorted(tags_seen(a)) == ["A", "B"], 15, what="both at the pod")
-        assert held(r) == 0
-        a.release("ga")
-        a.release("gb")
-        for s in streams:
-            rc, out = s.finish(30)
-            assert rc == 0 and b"[DONE]" in out, out[-500:]
-    finally:
-        for s in streams:
-            s.kill()
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    start(streams, r, "B", 12000, prefill_gate="gb")
+    wait_for(lambda: sorted(tags_seen(a)) == ["A", "B"], 15, what="both at the pod")
+    assert held(r) == 0
+    a.release("ga")
+    a.release("gb")
+    all_done(streams)
 
 
-def test_a_request_that_waited_for_a_connection_keeps_it(stub_factory, router_factory):
+def test_a_request_that_waited_for_a_connection_keeps_it(stub_factory, router_factory, streams):
     """A request that waited for a pool slot is not failed later by the deadline of that wait:
     once it has a connection, only the connection's own deadlines apply."""
     a = stub_factory("pod-a")
     r = router_factory(make_config([{"name": "pod-a", "url": a.url, "max_connections": 1}],
                                    workers=1, routing={"policy": "cache_aware", "hold_tokens": 0},
                                    timeouts={"response_ms": 1500}))
-    x = start(r, "X", 400, gate="gx")
-    y = None
-    try:
-        x.wait_output(b"tok0")
-        t0 = time.monotonic()
-        y = start(r, "Y", 400, gate="gy")
-        wait_for(lambda: a.stats()["log"][-1].get("tag") == "X" and
-                 metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a") == 2,
-                 15, what="Y waiting for the one connection")
-        a.release("gx")
-        y.wait_output(b"tok0")
-        # Past the deadline Y's wait for a slot had: a deadline has to pass.
-        time.sleep(max(0.0, t0 + 2.0 - time.monotonic()))
-        a.release("gy")
-        rc, out = y.finish(30)
-        assert rc == 0 and b"[DONE]" in out, out[-500:]
-        rc, out = x.finish(30)
-        assert rc == 0 and b"[DONE]" in out, out[-500:]
-    finally:
-        x.kill()
-        if y is not None:
-            y.kill()
+    x = start(streams, r, "X", 400, gate="gx")
+    x.wait_output(b"tok0")
+    t0 = time.monotonic()
+    y = start(streams, r, "Y", 400, gate="gy")
+    wait_for(lambda: a.stats()["log"][-1].get("tag") == "X" and
+             metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a") == 2,
+             15, what="Y waiting for the one connection")
+    a.release("gx")
+    y.wait_output(b"tok0")
+    # Past the deadline Y's wait for a slot had: a deadline has to pass.
+    time.sleep(max(0.0, t0 + 2.0 - time.monotonic()))
+    a.release("gy")
+    all_done(streams)

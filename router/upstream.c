@@ -53,6 +53,9 @@
 #include "upstream.h"
 
 #define MAX_RESP_HEADERS 64
+/* A release looks at most this many waiters, the longest-waiting first, so a flood of held
+ * streams costs a bounded time per first token; a younger one's turn comes as they leave. */
+#define HOLD_SCAN 1024
 #define MAX_RESP_HEADER_BYTES 65536
 
 struct pcr_upreq {
@@ -198,7 +201,7 @@ static void waiter_take(pcr_upreq_t *r)
 }
 
 /* Who waits and may go next, or NULL: with no budget, the oldest; else the highest
- * pcr_hold_rank among those the budget lets go. */
+ * pcr_hold_rank among those the budget lets go (of the HOLD_SCAN oldest). */
 static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
@@ -208,7 +211,8 @@ static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
     int open = pcr_hold_open(pool->sent_prefill, budget);
     uint64_t now = pcr_now_us();
     double rank = 0;
-    TAILQ_FOREACH(w, &pool->waiters, wait_link) {
+    unsigned seen = 0;
+    for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
         if (w->stream && !open)
             continue;
         double k = pcr_hold_rank(now > w->t_queued ? now - w->t_queued : 0,

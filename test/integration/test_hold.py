@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import CurlStream, completion, curl, get_metrics, make_config, metric, wait_for
+from conftest import (CurlStream, H2Client, completion, curl, get_metrics, make_config, metric,
+                      wait_for)
 
 BUDGET = 1000  # tokens
 
@@ -198,3 +199,44 @@ def test_a_request_that_waited_for_a_connection_keeps_it(stub_factory, router_fa
     time.sleep(max(0.0, t0 + 2.0 - time.monotonic()))
     a.release("gy")
     all_done(streams)
+
+
+def test_a_flood_of_held_streams_drains_and_a_vanished_client_leaves_none(stub_factory,
+                                                                         router_factory, streams):
+    """Attack: 200 streams of mixed sizes held on one pod over one h2c connection all reach it
+    and end as the budget frees; 100 more held over a second connection that then vanishes
+    leave nothing held, and none of them reaches the pod."""
+    a, r = one_pod(stub_factory, router_factory)
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    flood = H2Client(r.port, timeout=60)
+    gone = H2Client(r.port, timeout=60)
+    try:
+        sids = [flood.request("POST", "/v1/completions",
+                              completion(text("F%d" % i, 400 + 97 * (i % 50)), stream=True,
+                                         tag="F%d" % i))
+                for i in range(200)]
+        flood.wait(lambda: held(r) == 200, 30, what="200 streams held")
+        for i in range(100):
+            gone.request("POST", "/v1/completions",
+                         completion(text("G%d" % i, 4000), stream=True, tag="G%d" % i))
+        flood.wait(lambda: held(r) == 300, 30, what="300 streams held")
+        gone.sock.close()   # vanishes: no GOAWAY, no RST_STREAM
+        flood.wait(lambda: held(r) == 200, 30, what="the vanished client's 100 let go")
+        a.release("ga")
+        flood.wait(lambda: all(flood.streams[s]["ended"] for s in sids), 60,
+                   what="every held stream ended")
+        for s in sids:
+            st = flood.streams[s]
+            assert st["headers"][":status"] == "200" and b"[DONE]" in st["data"], st
+        all_done(streams)
+    finally:
+        flood.close()
+        gone.close()
+    seen = tags_seen(a)
+    assert sum(t.startswith("F") for t in seen) == 200
+    assert not any(t.startswith("G") for t in seen)
+    text_m = get_metrics(r)
+    assert metric(text_m, "pcrouter_backend_held_requests", backend="pod-a") == 0
+    assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
+    assert metric(text_m, "pcrouter_backend_in_flight", backend="pod-a") == 0

@@ -482,6 +482,11 @@ static void fail_unrouted(pcr_exchange_t *ex)
                            "every backend connection stayed busy for %u ms",
                            ex->w->cfg->timeouts.response_ms);
         break;
+    case PCR_UP_HELD_OUT:
+        pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
+                           "backend %s went out of rotation while the request waited for it, "
+                           "and no other could take it", ex->be ? ex->be->conf.name : "?");
+        break;
     case PCR_UP_HELD:
         pcr_exchange_error(ex, 503, "service_unavailable", "backend_busy",
                            "backend %s kept more than routing.hold_tokens (%llu) of prefill "
@@ -806,7 +811,7 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     ex->up = NULL;
     ex->last_error = err;
     /* A full pool or a held request: the pool is ours; the pod did nothing wrong. */
-    if (err != PCR_UP_POOL_FULL && err != PCR_UP_HELD)
+    if (err != PCR_UP_POOL_FULL && err != PCR_UP_HELD && err != PCR_UP_HELD_OUT)
         pcr_backend_report(be, &ex->w->cfg->outlier,
                            err == PCR_UP_CONNECT ? PCR_OUTCOME_CONNECT : PCR_OUTCOME_ERROR,
                            pcr_now_us());
@@ -827,9 +832,13 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
         pcr_bus_forget(ex->w->srv->bus, (int)ex->w->id, be->id, &ex->key, ex->added_from);
         ex->committed = 0;
     }
-    int retryable = err == PCR_UP_CONNECT || err == PCR_UP_RESET || err == PCR_UP_PROTOCOL;
+    int retryable = err == PCR_UP_CONNECT || err == PCR_UP_RESET || err == PCR_UP_PROTOCOL ||
+                    err == PCR_UP_HELD_OUT;
     if (retryable && can_retry(ex)) {
-        pcr_log_info("backend %s failed before answering; retrying on another backend",
+        pcr_log_info(err == PCR_UP_HELD_OUT
+                         ? "backend %s went out of rotation while a request waited for it; "
+                           "routing it again"
+                         : "backend %s failed before answering; retrying on another backend",
                      be->conf.name);
         dispatch(ex);
         return;

@@ -182,6 +182,7 @@ static void waiter_add(pcr_upreq_t *r, int hold)
     r->t_queued = pool_budget(pool) ? pcr_now_us() : 0;
     if (hold) {
         r->held = r->in_hold = 1;
+        pool->nheld++;
         PCR_ADD(pool->be->held, 1);
         PCR_ADD(pool->be->held_total, 1);
     }
@@ -196,6 +197,7 @@ static void waiter_take(pcr_upreq_t *r)
         evtimer_del(r->wait_timer);
     if (r->in_hold) {
         r->in_hold = 0;
+        r->pool->nheld--;
         PCR_SUB(r->pool->be->held, 1);
     }
 }
@@ -795,6 +797,20 @@ void pcr_upstream_resume(pcr_upreq_t *r)
         /* Bytes read before the pause are still in the input buffer. */
         if (evbuffer_get_length(pcr_sock_input(r->conn->sock)) > 0 && !r->conn->in_read)
             conn_parse(r->conn);
+    }
+}
+
+void pcr_upstream_fail_held(pcr_pool_t *pool)
+{
+    /* One at a time from the head: an owner's callback may end other requests of this pool,
+     * so no pointer is kept across one. */
+    while (pool->nheld > 0) {
+        pcr_upreq_t *r = TAILQ_FIRST(&pool->waiters);
+        while (r != NULL && !r->in_hold)
+            r = TAILQ_NEXT(r, wait_link);
+        if (r == NULL)
+            break;
+        req_fail(r, PCR_UP_HELD_OUT, 0);
     }
 }
 

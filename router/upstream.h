@@ -32,6 +32,7 @@ typedef enum {
     PCR_UP_PROTOCOL,      /* the backend's response was not valid HTTP/1.1 */
     PCR_UP_POOL_FULL,     /* no connection slot freed up in time */
     PCR_UP_HELD,          /* held (routing.hold_tokens) until timeouts.response_ms */
+    PCR_UP_HELD_OUT,      /* held while the backend went out of rotation: nothing was sent */
 } pcr_up_error_t;
 
 typedef struct {
@@ -62,6 +63,7 @@ typedef struct pcr_pool {
     unsigned max_connections;
     unsigned shares;                 /* routing.hold_tokens is split this many ways (workers) */
     uint64_t sent_prefill;           /* streams' uncached prefill sent, not yet at a first token */
+    unsigned nheld;                  /* streams held in `waiters` */
 } pcr_pool_t;
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
@@ -94,6 +96,11 @@ pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
  * may go. Returns 1 when the request itself had been held (others may have gone ahead of it),
  * else 0. Once per request; later calls return the same and change nothing. */
 int pcr_upstream_prefill_done(pcr_upreq_t *r);
+
+/* Fails every stream held in the pool with PCR_UP_HELD_OUT, the oldest first: its backend is
+ * out of rotation (down, ejected, removed), so their owners route them again rather than wait
+ * for it. Never from inside a callback of this pool's requests. */
+void pcr_upstream_fail_held(pcr_pool_t *pool);
 
 /* Ends the request now; no callback follows. Safe from inside the request's own callbacks. */
 void pcr_upstream_cancel(pcr_upreq_t *r);

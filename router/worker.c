@@ -165,6 +165,23 @@ void pcr_worker_check_drained(pcr_worker_t *w)
         event_base_loopexit(w->base, NULL);
 }
 
+/* Streams held for a backend that went out of rotation (down, ejected, removed) are routed
+ * again now: waiting for its prefill queue to drain could take until timeouts.response_ms. */
+static void fail_held_out(pcr_worker_t *w)
+{
+    uint64_t now = 0;
+    for (size_t i = 0; i < w->npools; i++) {
+        pcr_pool_t *pool = w->pools[i];
+        if (pool == NULL || pool->nheld == 0)
+            continue;
+        if (now == 0)
+            now = pcr_now_us();
+        pcr_backend_t *be = pool->be;
+        if (!PCR_LOAD(be->up) || PCR_LOAD(be->removed) || pcr_backend_ejected(be, now))
+            pcr_upstream_fail_held(pool);
+    }
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     pcr_worker_t *w = arg;
@@ -173,6 +190,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     __atomic_store_n(&w->epoch_seen, __atomic_load_n(&w->srv->epoch, __ATOMIC_ACQUIRE),
                      __ATOMIC_RELEASE);
     pcr_worker_sync(w);
+    fail_held_out(w);
     release_pools(w, 0);
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);

@@ -240,3 +240,36 @@ def test_a_flood_of_held_streams_drains_and_a_vanished_client_leaves_none(stub_f
     assert metric(text_m, "pcrouter_backend_held_requests", backend="pod-a") == 0
     assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
     assert metric(text_m, "pcrouter_backend_in_flight", backend="pod-a") == 0
+
+
+def test_streams_held_for_a_pod_that_goes_down_are_routed_again(stub_factory, router_factory,
+                                                                streams):
+    """A stream held for a pod whose health checks start failing does not wait for that pod's
+    prefill queue (which may never drain): it is routed to another pod at once. Nothing of it
+    reached the first pod, so the retry is safe."""
+    pods = {"pod-a": stub_factory("pod-a"), "pod-b": stub_factory("pod-b")}
+    r = router_factory(make_config([{"name": n, "url": p.url} for n, p in pods.items()],
+                                   workers=1,
+                                   routing={"policy": "consistent_hash", "hold_tokens": BUDGET},
+                                   health={"interval_ms": 100, "timeout_ms": 300, "fall": 1}))
+    shared = text("S", 5000)   # consistent_hash keys on the first 4 KiB: one pod for both
+    first = CurlStream(r.url("/v1/completions"),
+                       completion(shared + text("A", 3000), stream=True, tag="A",
+                                  prefill_gate="ga"))
+    streams.append(first)
+    wait_for(lambda: any("A" in tags_seen(p) for p in pods.values()), 15, what="A at a pod")
+    name = "pod-a" if "A" in tags_seen(pods["pod-a"]) else "pod-b"
+    other = "pod-b" if name == "pod-a" else "pod-a"
+    second = CurlStream(r.url("/v1/completions"),
+                        completion(shared + text("B", 400), stream=True, tag="B"), timeout=20)
+    streams.append(second)
+    wait_for(lambda: metric(get_metrics(r), "pcrouter_backend_held_requests", backend=name) == 1,
+             15, what="B held for " + name)
+    pods[name].configure(health_status=503)
+    rc, out = second.finish(20)
+    assert rc == 0 and b"[DONE]" in out, out[-500:]
+    assert ("x-pcrouter-backend: %s" % other).encode() in out, out[:600]
+    assert "B" in tags_seen(pods[other]) and "B" not in tags_seen(pods[name])
+    assert metric(get_metrics(r), "pcrouter_backend_held_requests", backend=name) == 0
+    pods[name].release("ga")
+    all_done([first])

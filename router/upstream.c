@@ -14,7 +14,8 @@
  * streams join the wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first
  * (requests that are not streams count as no prefill, and only they may go while the budget is
  * spent). With no budget the queue stays FIFO. A queued request keeps its place until
- * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one).
+ * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
+ * its backend leaves rotation (pcr_upstream_fail_held: PCR_UP_HELD_OUT, from the worker's tick).
  *
  * A pooled connection the backend closed just as it was reused fails before any response byte;
  * such a request is re-sent once, on a fresh connection (an older idle one is likelier dead

@@ -100,6 +100,16 @@ static const struct {
     {"ttft_overhead_us", offsetof(pcr_policy_opts_t, ttft_overhead_us), 0, 1e8},
 };
 
+/* What the router does with no routing keys: the library's options, an index told the truth,
+ * feedback on, streams held at routing.hold_tokens' default. */
+static void variant_defaults(off_variant_t *v)
+{
+    pcr_policy_opts_default(&v->opts);
+    v->index_capacity = 1;
+    v->feedback = 1;
+    v->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
+}
+
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
@@ -335,16 +345,12 @@ int main(int argc, char **argv)
         goto out;
     for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
         off_variant_t *r = &runs[nruns];
-        pcr_policy_opts_default(&r->opts);
-        r->index_capacity = 1;
-        r->feedback = 1;       /* as routing.feedback defaults in the router */
-        r->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
+        variant_defaults(r);
         snprintf(r->label, sizeof r->label, "%s", name);
         if (strcmp(name, "haproxy_hash") == 0) {
             r->haproxy = 1;
             r->hold_tokens = 0;   /* HAProxy sends at once */
-        }
-        else if (pcr_policy_kind_parse(name, &r->opts.kind) != 0) {
+        } else if (pcr_policy_kind_parse(name, &r->opts.kind) != 0) {
             fprintf(stderr, "routing_offline: unknown policy %s\n", name);
             goto out;
         }
@@ -356,10 +362,7 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < nvariants; k++) {
         off_variant_t *r = &runs[nruns++];
         const char *eq = strstr(variants[k], "={");
-        pcr_policy_opts_default(&r->opts);
-        r->index_capacity = 1;
-        r->feedback = 1;       /* as routing.feedback defaults in the router */
-        r->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
+        variant_defaults(r);
         snprintf(r->label, sizeof r->label, "%.*s", (int)(eq - variants[k]), variants[k]);
         if (apply_routing(r, routing) != 0 || apply_routing(r, eq + 1) != 0)
             goto out;

@@ -774,8 +774,10 @@ static void on_up_body(void *ctx, const char *data, size_t len)
         pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->decision.uncached_prefill,
                         ex->decision.queued_ahead, ttfb);
     }
-    if (ex->state != EX_UP_BODY && pcr_upstream_prefill_done(ex->up))
+    if (ex->state != EX_UP_BODY && pcr_upstream_prefill_done(ex->up)) {
         ex->held = 1;
+        ex->held_us += pcr_upstream_held_us(ex->up);
+    }
     ex_to(ex, EX_UP_BODY); /* the pod has started answering: its prefill is done */
     pcr_usage_feed(&ex->usage, data, len, emit_body, ex);
     if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {
@@ -810,6 +812,10 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     pcr_backend_t *be = ex->be;
     ex->up = NULL;
     ex->last_error = err;
+    if (err == PCR_UP_HELD) { /* held until its deadline, and the request with it */
+        ex->held = 1;
+        ex->held_us += (uint64_t)ex->w->cfg->timeouts.response_ms * 1000u;
+    }
     /* A full pool or a held request: the pool is ours; the pod did nothing wrong. */
     if (err != PCR_UP_POOL_FULL && err != PCR_UP_HELD && err != PCR_UP_HELD_OUT)
         pcr_backend_report(be, &ex->w->cfg->outlier,

@@ -69,6 +69,7 @@ struct pcr_upreq {
     struct event *wait_timer;        /* while queued for a slot */
     TAILQ_ENTRY(pcr_upreq) wait_link;
     uint64_t t_queued;               /* when it joined the queue, us */
+    uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
     uint64_t prefill;                /* a stream's uncached prefill, tokens */
     int stream;                      /* counts against routing.hold_tokens */
     int charged;                     /* its prefill is in pool->sent_prefill */
@@ -197,6 +198,8 @@ static void waiter_take(pcr_upreq_t *r)
     if (r->wait_timer)
         evtimer_del(r->wait_timer);
     if (r->in_hold) {
+        uint64_t now = pcr_now_us();
+        r->held_us += now > r->t_queued ? now - r->t_queued : 0;
         r->in_hold = 0;
         r->pool->nheld--;
         PCR_SUB(r->pool->be->held, 1);
@@ -753,6 +756,11 @@ int pcr_upstream_prefill_done(pcr_upreq_t *r)
         pool_kick(r->pool);
     }
     return r->held;
+}
+
+uint64_t pcr_upstream_held_us(const pcr_upreq_t *r)
+{
+    return r != NULL ? r->held_us : 0;
 }
 
 void pcr_upstream_cancel(pcr_upreq_t *r)

@@ -97,6 +97,9 @@ pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
  * else 0. Once per request; later calls return the same and change nothing. */
 int pcr_upstream_prefill_done(pcr_upreq_t *r);
 
+/* How long the request has been held so far, in microseconds (0 when never). */
+uint64_t pcr_upstream_held_us(const pcr_upreq_t *r);
+
 /* Fails every stream held in the pool with PCR_UP_HELD_OUT, the oldest first: its backend is
  * out of rotation (down, ejected, removed), so their owners route them again rather than wait
  * for it. Never from inside a callback of this pool's requests. */

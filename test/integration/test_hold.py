@@ -7,6 +7,7 @@ leaves gives its place back.
 The stub pod's `prefill_gate` keeps a stream's first event back (its head goes at once, as
 vLLM's does), so the test decides when a prefill ends. Prompts are 4 bytes a token, and no two
 share a prefix, so a prompt of N bytes is N / 4 tokens of uncached prefill."""
+import json
 import time
 
 import pytest
@@ -25,6 +26,13 @@ def text(tag, nbytes):
 
 def held(r):
     return metric(get_metrics(r), "pcrouter_backend_held_requests", backend="pod-a")
+
+
+def access_lines(path):
+    """The completions' JSON access lines written so far."""
+    with open(path) as f:
+        return [o for o in (json.loads(l) for l in f if l.endswith("\n"))
+                if o["path"] == "/v1/completions"]
 
 
 def tags_seen(pod):
@@ -88,6 +96,33 @@ def test_held_streams_go_highest_response_ratio_first(stub_factory, router_facto
     assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
 
 
+def test_the_access_log_says_how_long_a_stream_was_held(stub_factory, router_factory, streams,
+                                                        tmp_path):
+    """held_ms: how long a stream waited in pcrouter, at least the time between the test seeing
+    it held and releasing the prefill ahead of it; null for the stream that went at once."""
+    path = str(tmp_path / "access.log")
+    a, r = one_pod(stub_factory, router_factory,
+                   log={"access_log_path": path, "access_log_format": "json"})
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    start(streams, r, "B", 4400)
+    wait_for(lambda: held(r) == 1, 15, what="B held")
+    t_held = time.monotonic()
+    # The time B is held is what is measured: the test lets some pass before the release.
+    time.sleep(0.3)
+    waited = time.monotonic() - t_held
+    a.release("ga")
+    all_done(streams)
+
+    got = wait_for(lambda: len(access_lines(path)) == 2 and access_lines(path), 15,
+                   what="two completions' lines")
+    by_size = sorted(got, key=lambda o: o["bytes_in"])
+    b, a_line = by_size   # B's prompt is the shorter
+    assert a_line["held_ms"] is None, a_line
+    assert b["held_ms"] is not None and b["held_ms"] >= 1000 * waited, (b, waited)
+    assert b["held_ms"] <= b["ttfb_ms"], b
+
+
 def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory, streams):
     """A long prompt that has waited long enough goes before a short one that just came: the
     rank is the wait over the prefill, so nothing waits forever behind shorter prompts."""
@@ -125,10 +160,12 @@ def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory
 
 
 def test_a_held_stream_gets_a_clear_503_at_the_response_timeout(stub_factory, router_factory,
-                                                                 streams):
+                                                                 streams, tmp_path):
     """Held past timeouts.response_ms, a stream is answered 503 naming the pod and the budget,
     and its place is given back."""
-    a, r = one_pod(stub_factory, router_factory, timeouts={"response_ms": 1500})
+    path = str(tmp_path / "access.log")
+    a, r = one_pod(stub_factory, router_factory, timeouts={"response_ms": 1500},
+                   log={"access_log_path": path, "access_log_format": "json"})
     start(streams, r, "A", 8000, prefill_gate="ga")
     wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
     t0 = time.monotonic()
@@ -144,6 +181,9 @@ def test_a_held_stream_gets_a_clear_503_at_the_response_timeout(stub_factory, ro
     assert tags_seen(a) == ["A"]
     a.release("ga")
     all_done(streams)
+    line = wait_for(lambda: [o for o in access_lines(path) if o["status"] == 503], 15,
+                    what="the 503's access line")[0]
+    assert line["held_ms"] == 1500, line
 
 
 def test_a_client_that_leaves_gives_its_place_back(stub_factory, router_factory, streams):

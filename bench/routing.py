@@ -473,15 +473,19 @@ def run_replicas(args, build, trace, names, routing, tmp):
     return rows
 
 
-def router_prediction(router):
+def router_prediction(router, keep=None):
     """What pcrouter predicted against what the pods delivered, in cached tokens, over the run:
-    its pcrouter_cached_tokens_{predicted,delivered}_total summed over backends."""
+    its pcrouter_cached_tokens_{predicted,delivered}_total summed over backends. `keep`: a file
+    to write the router's whole /metrics to, for reading the run's decisions afterwards."""
     import urllib.request
     try:
         text = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
             router.url + "/metrics", timeout=10).read().decode()
     except OSError:
         return {}
+    if keep:
+        with open(keep, "w") as f:
+            f.write(text)
     sums = {"predicted": 0.0, "delivered": 0.0}
     for line in text.splitlines():
         m = re.match(r"pcrouter_cached_tokens_(predicted|delivered)_total\{[^}]*\} (\S+)$", line)
@@ -698,7 +702,8 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                                limit, os.path.join(outdir, "replay_%s.json" % policy), policy,
                                cap=args.max_tokens_cap, progress=not args.no_progress)
                 if isinstance(front, Router):
-                    r.update(router_prediction(front))
+                    r.update(router_prediction(
+                        front, os.path.join(outdir, "metrics_%s.txt" % policy)))
                 results.append(r)
             except Exception as e:   # one broken policy must not hide the others
                 print("routing: %s failed: %s" % (policy, e), file=sys.stderr, flush=True)

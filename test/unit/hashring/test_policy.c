@@ -426,6 +426,53 @@ static void test_share_bound_spreads_a_hot_prefix(void)
     }
 }
 
+/* The share bound counts requests by configured weight, not by learned speed: a pod that
+ * looks seven times faster than the others (twice, past the rate band) takes no more of a hot
+ * prefix than one that does not, while a pod configured with weight 3 takes three times a
+ * fair share. Learned speeds wander on busy identical pods; a share that followed them let the
+ * one that looked fastest take 1.3 times the mean request count in live runs. */
+static void test_share_bound_follows_configured_weight_not_speed(void)
+{
+    static const pcr_backend_desc_t weighted[NB] = {
+        {"pod-a", "", 3, 0}, {"pod-b", "", 1, 0}, {"pod-c", "", 1, 0}, {"pod-d", "", 1, 0}};
+    for (int conf = 0; conf <= 1; conf++) {
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        pcr_policy_t *p = pcr_policy_new(&o, conf ? weighted : four, NB);
+        pcr_backend_load_t l[NB];
+        pcr_decision_t d;
+        keybuf_t kb;
+        uint32_t from;
+        int counts[NB] = {0};
+        all_usable(l, NB);
+        if (!conf)
+            for (int i = 0; i < 200; i++)
+                for (int b = 0; b < NB; b++) {
+                    uint64_t x = 2000 + (uint64_t)(i % 7) * 1000;
+                    pcr_policy_observe(p, b, x, 0, 20000 + (b == 0 ? 10 : 70) * x);
+                }
+        if (!conf)
+            PCR_CHECK(1.5 * pcr_policy_estimate_ttft(p, 0, 100000) <
+                      pcr_policy_estimate_ttft(p, 1, 100000));   /* it does look faster */
+        for (int i = 0; i < 800; i++) {
+            size_t len;
+            char *s = prompt(3, 6000, &len);   /* the same long prompt every time */
+            pcr_key_t *key = key_of(p, &kb, s, len);
+            pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+            pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
+            counts[d.backend]++;
+            free(s);
+        }
+        double fair0 = conf ? 800.0 * 3 / 6 : 800.0 / NB;
+        printf("# %s: pod 0 took %d of 800 (fair %.0f)\n",
+               conf ? "configured weight 3" : "looks 7x faster", counts[0], fair0);
+        PCR_CHECK(counts[0] <= fair0 * 1.1 + 8 + 1);
+        if (conf)
+            PCR_CHECK(counts[0] > 800 / NB * 1.1 + 8 + 1);   /* more than an unweighted pod */
+        pcr_policy_free(p);
+    }
+}
+
 /* Without the penalty a hot prefix stays on its pod up to the bound, which early in a run is
  * the slack (8 requests over fair). Over fewer requests than the share window every one counts
  * in full, so what the slack let through early is not forgotten: at the end no pod is over
@@ -928,6 +975,7 @@ int main(void)
     PCR_RUN(test_conversation_sticks);
     PCR_RUN(test_share_bound_spreads_a_hot_prefix);
     PCR_RUN(test_share_bound_is_exact_within_the_window);
+    PCR_RUN(test_share_bound_follows_configured_weight_not_speed);
     PCR_RUN(test_share_penalty_steers_equal_warmth);
     PCR_RUN(test_share_charge_capped_by_the_prompt);
     PCR_RUN(test_learned_rates);

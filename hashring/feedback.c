@@ -24,6 +24,15 @@
  * up to 4 points of hit rate with the capacity told right (Mooncake at light load, 0.988 of
  * the ceiling without feedback, 0.952 with). The commit's record stands.
  *
+ * A short answer is evidence of an eviction only when the pod had the missing block to evict:
+ * when the request that last committed it (at d->matched_time) had reached its first token
+ * before this one was sent (the caller's `settled_before`). A conversation's next turn or a
+ * shared system prompt's next user often comes while the request that brings the prefix is
+ * still in the pod's queue, or held in the router; vLLM reuses only computed blocks, so that
+ * answer is short without any eviction. Taken as one, it made the index forget everything
+ * older on that pod and cut the pod's capacity in the index to what was left: early in a live
+ * Mooncake run, 724 blocks to 99 and 1909 to 105, from one answer each.
+ *
  * Token counts: a pod counts its own tokens, the index 4 bytes of canonical prompt per token
  * (the simulator's rule, and a close one for English text); a pod always computes the last
  * prompt token, so a fully cached prompt delivers up to one block less than it holds, and a
@@ -49,12 +58,11 @@ static uint64_t grow(uint64_t cap, uint64_t by, uint64_t conf)
 }
 
 int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decision_t *d,
-                        uint64_t delivered_tokens, uint64_t now)
+                        uint64_t delivered_tokens, uint64_t settled_before)
 {
     if (p == NULL || key == NULL || d == NULL || d->backend < 0 || (size_t)d->backend >= p->n ||
         key->nblocks > p->max_blocks || (key->nblocks > 0 && key->blocks == NULL))
         return PCR_ERR_INVAL;
-    (void)now;   /* the time of the answer: the index keeps the commit's, see above */
     if (p->index == NULL || key->nblocks == 0)
         return 0;
     unsigned b = (unsigned)d->backend;
@@ -70,6 +78,8 @@ int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decisio
 
     uint64_t conf = p->cap_conf[b], cap = p->cap_eff[b];
     if (delivered + 1 < expected) {
+        if (d->matched_time >= settled_before)
+            return 0;   /* its bringer may not have been prefilled: no evidence */
         pcr_index_evict_older(p->index, b, d->matched_time);
         uint64_t held = pcr_index_backend_blocks(p->index, b), floor = cap_floor(conf);
         if (held < cap)

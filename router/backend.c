@@ -51,6 +51,16 @@ void pcr_backend_ref(pcr_backend_t *be) { PCR_ADD(be->refs, 1); }
  * reference left (an acquire load), frees it. */
 void pcr_backend_unref(pcr_backend_t *be) { __atomic_fetch_sub(&be->refs, 1, __ATOMIC_RELEASE); }
 
+uint64_t pcr_backend_settled_before(const pcr_backend_t *be)
+{
+    uint64_t t = UINT64_MAX;
+    for (unsigned i = 0; i < be->srv->nworkers; i++) {
+        uint64_t s = PCR_LOAD(((pcr_backend_t *)be)->pending[i].since);
+        t = s < t ? s : t;
+    }
+    return t;
+}
+
 void pcr_backend_desc(const pcr_backend_t *be, pcr_backend_desc_t *d)
 {
     const pcr_config_t *cfg = be->srv->cfg;
@@ -130,9 +140,14 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
     size_t hl = strlen(bc->host) + 16;
     be->host_header = malloc(hl);
     be->check_pool = calloc(1, sizeof(*be->check_pool));
-    if (be->host_header == NULL || be->check_pool == NULL) {
+    be->pending = calloc(srv->nworkers ? srv->nworkers : 1, sizeof(*be->pending));
+    if (be->host_header == NULL || be->check_pool == NULL || be->pending == NULL) {
         backend_free(be);
         return NULL;
+    }
+    for (unsigned i = 0; i < (srv->nworkers ? srv->nworkers : 1); i++) {
+        TAILQ_INIT(&be->pending[i].list);
+        be->pending[i].since = UINT64_MAX;
     }
     if (strchr(bc->host, ':'))
         snprintf(be->host_header, hl, "[%s]:%u", bc->host, bc->port);
@@ -658,6 +673,7 @@ static void backend_free(pcr_backend_t *be)
         free(be->check_pool);
     }
     pcr_backend_conf_dispose(&be->conf);
+    free(be->pending);
     free(be->host_header);
     free(be->disc_dns);
     free(be);

@@ -35,6 +35,16 @@ typedef struct {
 } pcr_modelset_t;
 
 typedef struct pcr_upconn pcr_upconn_t;
+
+/* One worker's requests to a backend that carry a prefix and have not reached their first token
+ * (or their end), oldest commit first: the prefixes the pod may not have computed yet. Only that
+ * worker touches the list; `since` is what the others read. */
+struct pcr_exchange;
+typedef struct pcr_pending {
+    TAILQ_HEAD(pcr_pending_list, pcr_exchange) list;
+    uint64_t since;                          /* atomic: the oldest's commit time, UINT64_MAX none */
+    char pad[64 - sizeof(struct pcr_pending_list) - sizeof(uint64_t)];  /* a line each */
+} pcr_pending_t;
 typedef struct pcr_upreq pcr_upreq_t;
 
 struct pcr_backend {
@@ -58,6 +68,7 @@ struct pcr_backend {
     uint64_t queued_prefill;                 /* uncached prefill tokens of in-flight requests */
     uint32_t conns;                          /* request connections, all workers */
     uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
+    pcr_pending_t *pending;                  /* [srv->nworkers]: each worker's own (exchange.c) */
     uint64_t held_total;                     /* ... ever */
     /* What the pod reports, from the control thread's scrape (atomic). */
     uint32_t pod_waiting;                    /* vllm:num_requests_waiting, last scrape */
@@ -117,6 +128,12 @@ pcr_backend_t *pcr_backend_at(const pcr_server_t *srv, size_t id);
 size_t pcr_backend_slots(const pcr_server_t *srv);
 void pcr_backend_ref(pcr_backend_t *be);
 void pcr_backend_unref(pcr_backend_t *be);
+
+/* The oldest commit time among the requests any worker has sent to `be` with a prefix that have
+ * not reached their first token yet, UINT64_MAX when none: every prefix committed to it before
+ * that is in the pod's cache, unless evicted (pcr_policy_feedback's settled_before). Any
+ * thread. */
+uint64_t pcr_backend_settled_before(const pcr_backend_t *be);
 
 /* Control thread. pcr_backends_init resolves the config's backends (before the loops run) and
  * starts the checks; pcr_backend_add makes one from settings whose host is resolved already

@@ -7,7 +7,7 @@
  * (OP_SET) carries the backend's weight in prompt_tokens, its capacity in arg, and its name and
  * zone, NUL-terminated, in the words where a key's blocks would be. OP_OBSERVE carries the
  * uncached tokens in prompt_tokens and the queued work in one word; OP_FEEDBACK three words
- * (matched blocks, their time, now) before the key's blocks. */
+ * (matched blocks, their time, settled_before) before the key's blocks. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,7 +180,7 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
             bm.decision.backend = m.backend;
             bm.decision.matched_blocks = (uint32_t)key.blocks[0];
             bm.decision.matched_time = key.blocks[1];
-            bm.now = key.blocks[2];
+            bm.settled_before = key.blocks[2];
             key.blocks += FEEDBACK_WORDS;
             key.nblocks -= FEEDBACK_WORDS;
         }
@@ -272,7 +272,7 @@ void pcr_bus_observe(pcr_bus_t *bus, int from, int backend, uint64_t uncached_to
 }
 
 void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_decision_t *d,
-                      uint64_t delivered_tokens, uint64_t now)
+                      uint64_t delivered_tokens, uint64_t settled_before)
 {
     if (bus == NULL || key->nblocks > UINT32_MAX - FEEDBACK_WORDS)
         return;
@@ -286,7 +286,7 @@ void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_
     }
     payload[0] = d->matched_blocks;
     payload[1] = d->matched_time;
-    payload[2] = now;
+    payload[2] = settled_before;
     if (key->nblocks)
         memcpy(payload + FEEDBACK_WORDS, key->blocks, key->nblocks * sizeof(uint64_t));
     msg_t m = {OP_FEEDBACK, 0, (uint16_t)d->backend, (uint32_t)words, delivered_tokens,
@@ -331,7 +331,7 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
         pcr_policy_observe(policy, m->backend, m->uncached, m->queued_ahead, m->arg);
         break;
     case PCR_BUS_OP_FEEDBACK:
-        pcr_policy_feedback(policy, m->key, &m->decision, m->arg, m->now);
+        pcr_policy_feedback(policy, m->key, &m->decision, m->arg, m->settled_before);
         break;
     case PCR_BUS_OP_TUNE:
         if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {

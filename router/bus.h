@@ -43,7 +43,7 @@ void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks);
 void pcr_bus_observe(pcr_bus_t *bus, int from, int backend, uint64_t uncached_tokens,
                      uint64_t queued_ahead, uint64_t ttfb_us);
 void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_decision_t *d,
-                      uint64_t delivered_tokens, uint64_t now);
+                      uint64_t delivered_tokens, uint64_t settled_before);
 /* What was seen of a backend (any thread): every replica applies it (pcr_policy_backend_state). */
 void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint64_t now);
 /* A reload (the control thread): the policy's options change; every slot's membership follows. */
@@ -69,7 +69,7 @@ typedef enum {
     PCR_BUS_OP_TUNE,           /* the policy's options (a reload: control only) */
     PCR_BUS_OP_STATE,          /* what was seen of a backend (key->prompt_tokens: the state) */
     PCR_BUS_OP_OBSERVE,        /* a time to first byte (arg: ttfb_us; uncached, queued_ahead) */
-    PCR_BUS_OP_FEEDBACK,       /* delivered cached tokens (arg) for key, decision, now */
+    PCR_BUS_OP_FEEDBACK,       /* delivered cached tokens (arg) for key, decision, settled_before */
 } pcr_bus_op_t;
 
 typedef struct {
@@ -81,7 +81,7 @@ typedef struct {
     const pcr_policy_opts_t *opts;   /* PCR_BUS_OP_TUNE */
     uint64_t uncached, queued_ahead; /* PCR_BUS_OP_OBSERVE */
     pcr_decision_t decision;         /* PCR_BUS_OP_FEEDBACK: backend, matched_blocks, matched_time */
-    uint64_t now;                    /* PCR_BUS_OP_FEEDBACK */
+    uint64_t settled_before;         /* PCR_BUS_OP_FEEDBACK (pcr_policy_feedback) */
 } pcr_bus_msg_t;
 
 void pcr_bus_enable_tap(pcr_bus_t *bus);

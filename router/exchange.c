@@ -131,6 +131,41 @@ static void record(pcr_exchange_t *ex, int status, int via_backend)
     pcr_access_record(ex, status, now);
 }
 
+/* Publishes the worker's oldest pending commit to `be` for the other threads. */
+static void pending_publish(pcr_pending_t *pd)
+{
+    const pcr_exchange_t *head = TAILQ_FIRST(&pd->list);
+    PCR_STORE(pd->since, head != NULL ? head->t_commit : UINT64_MAX);
+}
+
+/* A request whose prefix was committed to its backend is sent: until its first token the pod
+ * may not hold that prefix (pcr_backend_settled_before). Kept in commit order. */
+static void pending_join(pcr_exchange_t *ex)
+{
+    if (!ex->committed || ex->pending)
+        return;
+    pcr_pending_t *pd = &ex->be->pending[ex->w->id];
+    pcr_exchange_t *after = TAILQ_LAST(&pd->list, pcr_pending_list);
+    while (after != NULL && after->t_commit > ex->t_commit)
+        after = TAILQ_PREV(after, pcr_pending_list, pend_link);
+    if (after != NULL)
+        TAILQ_INSERT_AFTER(&pd->list, after, ex, pend_link);
+    else
+        TAILQ_INSERT_HEAD(&pd->list, ex, pend_link);
+    ex->pending = 1;
+    pending_publish(pd);
+}
+
+static void pending_leave(pcr_exchange_t *ex)
+{
+    if (!ex->pending)
+        return;
+    pcr_pending_t *pd = &ex->be->pending[ex->w->id];
+    TAILQ_REMOVE(&pd->list, ex, pend_link);
+    ex->pending = 0;
+    pending_publish(pd);
+}
+
 /* The one place a request changes state; see the table in exchange_int.h. */
 static void ex_to(pcr_exchange_t *ex, pcr_ex_state_t to)
 {
@@ -141,14 +176,18 @@ static void ex_to(pcr_exchange_t *ex, pcr_ex_state_t to)
         return;
     if (from == EX_RECEIVING)
         PCR_INC(w->inflight);
-    if (holds_prefill(from) && !holds_prefill(to))
+    if (holds_prefill(from) && !holds_prefill(to)) {
         PCR_SUB(be->queued_prefill, ex->prefill);
+        pending_leave(ex);
+    }
     if (holds_backend(from) && !holds_backend(to))
         PCR_SUB(be->inflight, 1);
     if (!holds_backend(from) && holds_backend(to))
         PCR_ADD(be->inflight, 1);
-    if (!holds_prefill(from) && holds_prefill(to))
+    if (!holds_prefill(from) && holds_prefill(to)) {
         PCR_ADD(be->queued_prefill, ex->prefill);
+        pending_join(ex);
+    }
     ex->state = to;
     if (to == EX_ABORTED)
         PCR_INC(w->metrics.responses_aborted);
@@ -625,8 +664,11 @@ static void dispatch(pcr_exchange_t *ex)
     ex->predicted = predicted_tokens(ex);
     ex->attempts++;
     ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
+    /* Read before this request joins the pending ones (ex_to below). */
+    ex->settled_before = pcr_backend_settled_before(be);
     if (ex->has_key && pcr_policy_commit(w->policy, d.backend, &ex->key, now, &ex->added_from) == 0) {
         ex->committed = 1;
+        ex->t_commit = now;
         pcr_bus_commit(srv->bus, (int)w->id, d.backend, &ex->key, now);
     }
     struct evbuffer *body;
@@ -681,15 +723,15 @@ static void usage_start(pcr_exchange_t *ex, int status, const pcr_hdr_t *hdrs, s
  * outcome is recorded: the backend that answered (ex->be, slot ex->be->id), the decision that
  * chose it (ex->decision: matched and total blocks; ex->predicted in tokens), the prefix key
  * (ex->key), what the pod says it reused (`delivered`, and `prompt` tokens, in the pod's own
- * count) and the time.
+ * count), and which of the prefixes committed to the backend before it the pod had computed
+ * when it was sent (ex->settled_before).
  *
  * It goes on to the routing library, pcr_policy_feedback(), in this worker's replica and, through
  * the bus, in every other: when the pod delivered less than predicted it no longer holds the
  * rest of that prefix, and the index forgets it for this backend; when it delivered more, the
  * index learns it. The policy is the library's; the router only passes the observation on
  * (routing.feedback false: counted, not passed on). */
-static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t prompt,
-                              uint64_t now_us)
+static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t prompt)
 {
     pcr_backend_t *be = ex->be;
     uint64_t predicted = ex->predicted;
@@ -706,8 +748,9 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     /* A held request may have gone ahead of the one that was to bring its prefix to the pod:
      * then what the pod reused says nothing of what it evicted. */
     if (ex->has_key && ex->committed && !ex->held && w->cfg->routing.feedback) {
-        pcr_policy_feedback(w->policy, &ex->key, &ex->decision, delivered, now_us);
-        pcr_bus_feedback(w->srv->bus, (int)w->id, &ex->key, &ex->decision, delivered, now_us);
+        pcr_policy_feedback(w->policy, &ex->key, &ex->decision, delivered, ex->settled_before);
+        pcr_bus_feedback(w->srv->bus, (int)w->id, &ex->key, &ex->decision, delivered,
+                         ex->settled_before);
     }
 }
 
@@ -791,7 +834,7 @@ static void on_up_done(void *ctx)
     pcr_exchange_t *ex = ctx;
     ex->up = NULL;
     if (pcr_usage_finish(&ex->usage, emit_body, ex))
-        observe_delivered(ex, ex->usage.cached_tokens, ex->usage.prompt_tokens, pcr_now_us());
+        observe_delivered(ex, ex->usage.cached_tokens, ex->usage.prompt_tokens);
     pcr_usage_dispose(&ex->usage);
     ex_to(ex, EX_DONE);
     ex->ops->send_end(ex);

@@ -79,6 +79,12 @@ struct pcr_exchange {
     uint64_t held_us;                 /* how long it was held, over its attempts */
     int held;                         /* waited in the pool while the pod's prefill queue was
                                          full (routing.hold_tokens): no feedback from it */
+    /* Its prefix was committed to `be` at t_commit and the pod may not have computed it yet: in
+     * be->pending[worker] from the send until the first token (or the end). settled_before:
+     * what pcr_backend_settled_before() said just before this request was sent. */
+    uint64_t t_commit, settled_before;
+    TAILQ_ENTRY(pcr_exchange) pend_link;
+    int pending;
     pcr_up_error_t last_error;
     pcr_upreq_t *up;
     int paused;

@@ -48,6 +48,9 @@ typedef struct {
     uint32_t added_from;
     uint32_t hnext;            /* the pod's held requests */
     int held;                  /* was held: no feedback (see on_tokens) */
+    int settled;               /* reached its first token */
+    uint32_t pnext;            /* its pod's requests in commit order (pending) */
+    uint64_t settled_before;   /* pcr_policy_feedback's, as the router reads it at the send */
     pcr_decision_t d;
 } rstate_t;
 
@@ -60,6 +63,7 @@ typedef struct {
     uint64_t success;
     uint64_t sent_prefill;     /* uncached prefill sent, not yet at its first token */
     uint32_t hold_head;        /* held at the router, in arrival order */
+    uint32_t pend_head, pend_tail; /* routed here, in commit order; settled ones leave the head */
 } opod_t;
 
 typedef struct {
@@ -251,6 +255,21 @@ static int on_arrive(sim_t *S, uint32_t i, double now)
     }
     size_t b = (size_t)st->d.backend;
     S->out->reasons[st->d.reason]++;
+    /* The oldest request committed here that has not reached its first token (the router's
+     * pcr_backend_settled_before), read before this one joins them. */
+    opod_t *pod = &S->pods[b];
+    while (pod->pend_head != NIL && S->st[pod->pend_head].settled)
+        pod->pend_head = S->st[pod->pend_head].pnext;
+    if (pod->pend_head == NIL)
+        pod->pend_tail = NIL;
+    st->settled_before = pod->pend_head != NIL
+                             ? (uint64_t)S->w->reqs[pod->pend_head].arrival_us : UINT64_MAX;
+    st->pnext = NIL;
+    if (pod->pend_tail != NIL)
+        S->st[pod->pend_tail].pnext = i;
+    else
+        pod->pend_head = i;
+    pod->pend_tail = i;
     if (!S->v->haproxy)
         pcr_policy_commit(S->policy, st->d.backend, &r->key, (uint64_t)now, &st->added_from);
     double pred = (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / 4.0;
@@ -281,6 +300,7 @@ static int on_first(sim_t *S, uint32_t i, double now)
     size_t b = (size_t)st->pod;
     const off_req_t *r = &S->w->reqs[i];
     st->first_us = now;
+    st->settled = 1;
     S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
     S->loads[b].queued_prefill -= st->charged;
     S->pods[b].sent_prefill -= st->charged;
@@ -323,7 +343,7 @@ static int on_tokens(sim_t *S, uint32_t i, double now)
     /* A held request may have gone ahead of the one that was to bring its prefix to the pod:
      * the pod's account of it says nothing of what the pod evicted. */
     if (S->v->feedback && S->policy && !st->held)
-        pcr_policy_feedback(S->policy, &r->key, &st->d, st->hit_tokens, (uint64_t)now);
+        pcr_policy_feedback(S->policy, &r->key, &st->d, st->hit_tokens, st->settled_before);
     if (now / 1e6 > S->out->makespan_s)
         S->out->makespan_s = now / 1e6;
     return admit_waiting(S, b, now);
@@ -367,6 +387,7 @@ static int setup(sim_t *S)
             return -1;
         S->pods[b].wait_head = S->pods[b].wait_tail = NIL;
         S->pods[b].hold_head = NIL;
+        S->pods[b].pend_head = S->pods[b].pend_tail = NIL;
         S->pods[b].m = S->s->m;
         if (S->s->slowdown) {
             double f = S->s->slowdown[b];

@@ -210,18 +210,23 @@ double pcr_policy_estimate_ttft(const pcr_policy_t *p, int backend, uint64_t tok
 
 /* A backend's own account of a request it served (`d` as pcr_policy_decide gave it, for
  * `key`): it reused `delivered_tokens` of the prompt (vLLM's usage.prompt_tokens_details.
- * cached_tokens). Call it when the response ends, at `now`. The index keeps the commit's record
- * of the prompt (its decision time); it does not stamp it again with the end of the request.
+ * cached_tokens). Call it when the response ends. The index keeps the commit's record of the
+ * prompt (its decision time); it does not stamp it again with the end of the request.
+ * `settled_before`: every request committed to d->backend before this time (the clock of the
+ * commits) had reached its first token, so its prompt was in the pod's cache, when this one was
+ * sent; UINT64_MAX when all had.
  * - Delivered less than predicted (beyond the last block, which a pod always recomputes): the
  *   pod evicted a block the index believed it held, so it evicted everything it used before
  *   that block too; the index forgets those, and the backend's capacity in the index shrinks
- *   to what is left.
+ *   to what is left. Unless the block's last commit (d->matched_time) is at or after
+ *   `settled_before`: the request that was to bring it may not have been prefilled yet (it
+ *   was still in the pod's queue, or held), and the answer says nothing of evictions.
  * - Delivered more: the pod held blocks the index had let go; the capacity grows by as much.
  * - As predicted: the capacity grows back slowly toward the configured one.
  * Deterministic. 0, PCR_ERR_INVAL, or PCR_ERR_NOMEM (the index stays valid). No-op (0) for
  * policies that keep no index. */
 int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decision_t *d,
-                        uint64_t delivered_tokens, uint64_t now);
+                        uint64_t delivered_tokens, uint64_t settled_before);
 
 /* The capacity in blocks the index gives `backend` now: the configured one, as feedback has
  * corrected it (UINT64_MAX when none; 0 for policies that keep no index). */

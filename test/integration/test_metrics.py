@@ -148,6 +148,40 @@ def test_a_mispredicted_pod_makes_the_index_forget(cluster, feedback):
     assert curl(c.url("/v1/completions"), completion(newer)).header("x-pcrouter-route") == "warm"
 
 
+def test_a_short_answer_while_its_prefix_is_on_the_way_is_no_eviction(cluster):
+    """The request that brings a prefix is still in the pod's queue (its prefill gate is shut)
+    when another with the same prefix comes back with nothing cached: the pod had not computed
+    the prefix yet, which says nothing of what it evicted, so the index keeps the older prefixes
+    the pod served first. Once the bringer has its first token, the same answer is an eviction
+    again, and an older prefix is forgotten."""
+    c = cluster(1, policy="cache_aware")
+    stub = c.stubs[0]
+    older = "an older system prompt the pod served first. " * 60
+    other = "another older system prompt, served next. " * 60
+    shared = "a system prompt on its way to the pod, still queued there. " * 60
+    assert curl(c.url("/v1/completions"), completion(older)).status == 200
+    assert curl(c.url("/v1/completions"), completion(other)).status == 200
+    bringer = CurlStream(c.url("/v1/completions"),
+                         completion(shared + "the first user", stream=True, tag="bringer",
+                                    prefill_gate="g"))
+    try:
+        wait_for(lambda: any(e.get("tag") == "bringer" for e in stub.stats()["log"]), 15,
+                 what="the bringer at the pod")
+        r = curl(c.url("/v1/completions"), completion(shared + "the second", cached_tokens=0))
+        assert r.status == 200 and r.header("x-pcrouter-route") == "warm", r.headers
+        again = curl(c.url("/v1/completions"), completion(older))
+        assert again.header("x-pcrouter-route") == "warm", again.headers
+    finally:
+        stub.release("g")
+        rc, out = bringer.finish(30)
+    assert rc == 0 and b"[DONE]" in out
+    r = curl(c.url("/v1/completions"), completion(shared + "the third", cached_tokens=0))
+    assert r.status == 200 and r.header("x-pcrouter-route") == "warm", r.headers
+    # `other` was last sent before the second request, the last to use the shared prefix.
+    again = curl(c.url("/v1/completions"), completion(other))
+    assert again.header("x-pcrouter-route") == "cold", again.headers
+
+
 def test_request_usage_reads_streams_the_client_never_asked_about(cluster):
     c = cluster(1, policy="cache_aware", upstream={"request_usage": True})
     stub = c.stubs[0]

@@ -80,6 +80,28 @@ static void test_short_forgets_what_is_older(void)
     pcr_policy_free(p);
 }
 
+/* The request that brought b to the pod (committed at 2) had not reached its first token when
+ * this one was sent (settled_before 2: it was still queued at the pod, or held): a short answer
+ * says nothing of evictions, and nothing changes. Had it reached it (settled_before 3), the
+ * same answer is an eviction. */
+static void test_short_before_its_prefix_settled_is_no_evidence(void)
+{
+    pcr_policy_t *p = make(0);
+    keybuf_t a, b;
+    send(p, key_of(&a, 1, 10), 1);
+    send(p, key_of(&b, 2, 10), 2);
+    pcr_decision_t d = send(p, &b.k, 4);
+    PCR_CHECK_EQ_U64(d.matched_time, 2);
+    PCR_CHECK_EQ_INT(pcr_policy_feedback(p, &b.k, &d, 0, 2), 0);
+    PCR_CHECK_EQ_INT(held(p, &a.k), 10);
+    PCR_CHECK_EQ_U64(pcr_policy_backend_capacity(p, 0), UINT64_MAX);
+    PCR_CHECK_EQ_U64(pcr_policy_backend_blocks(p, 0), 20);
+    PCR_CHECK_EQ_INT(pcr_policy_feedback(p, &b.k, &d, 0, 3), 0);
+    PCR_CHECK_EQ_INT(held(p, &a.k), 0);
+    PCR_CHECK(pcr_policy_backend_capacity(p, 0) < UINT64_MAX);
+    pcr_policy_free(p);
+}
+
 static void test_the_last_block_is_not_short(void)
 {
     pcr_policy_t *p = make(0);
@@ -281,6 +303,7 @@ static void test_deterministic(void)
 int main(void)
 {
     PCR_RUN(test_short_forgets_what_is_older);
+    PCR_RUN(test_short_before_its_prefix_settled_is_no_evidence);
     PCR_RUN(test_the_last_block_is_not_short);
     PCR_RUN(test_long_learns_and_grows);
     PCR_RUN(test_bad_arguments_and_other_policies);

@@ -98,6 +98,14 @@ static void test_observe_and_feedback_reach_the_others(void)
     pcr_decision_t d;
     pcr_policy_decide(w0, &newer, loads, 30, &d);
     PCR_CHECK_EQ_INT(d.matched_blocks, newer.nblocks);
+    /* Sent while the request that brought it (committed at 20) had not reached its first
+     * token: no evidence, on either replica. */
+    pcr_policy_feedback(w0, &newer, &d, 0, 20);
+    pcr_bus_feedback(bus, 0, &newer, &d, 0, 20);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 1, &w1), 1);
+    PCR_CHECK_EQ_INT(matched(w0, &older, 0), older.nblocks);
+    PCR_CHECK_EQ_INT(matched(w1, &older, 0), older.nblocks);
+    /* Sent after it had. */
     pcr_policy_feedback(w0, &newer, &d, 0, 30);
     pcr_bus_feedback(bus, 0, &newer, &d, 0, 30);
     PCR_CHECK_EQ_INT(matched(w1, &older, 0), older.nblocks);  /* not before its next drain */

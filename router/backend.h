@@ -68,6 +68,7 @@ struct pcr_backend {
     uint64_t queued_prefill;                 /* uncached prefill tokens of in-flight requests */
     uint32_t conns;                          /* request connections, all workers */
     uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
+    uint64_t sent_prefill;                   /* the pools' sent_prefill, summed (upstream.c) */
     pcr_pending_t *pending;                  /* [srv->nworkers]: each worker's own (exchange.c) */
     uint64_t held_total;                     /* ... ever */
     /* What the pod reports, from the control thread's scrape (atomic). */

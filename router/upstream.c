@@ -9,9 +9,10 @@
  *        -> write request -> on_head -> on_body* -> on_done -> conn back to the pool
  *
  * Holding (routing.hold_tokens, pcr/hold.h): a streamed completion counts its uncached prefill
- * in `sent_prefill` from when it gets a connection until its first event
- * (pcr_upstream_prefill_done) or its end. While that is at the pool's share of the budget, new
- * streams join the wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first
+ * in `sent_prefill`, its pool's and its backend's (every worker's), from when it gets a
+ * connection until its first event (pcr_upstream_prefill_done) or its end. While the backend's
+ * is at the budget and this worker has some of its own in flight there, new streams join the
+ * wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first
  * (requests that are not streams count as no prefill, and only they may go while the budget is
  * spent). With no budget the queue stays FIFO. A queued request keeps its place until
  * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
@@ -126,7 +127,6 @@ void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
     pool->draining = draining;
     pool->cfg = cfg;
     pool->max_connections = max_connections ? max_connections : 1;
-    pool->shares = 1;
     TAILQ_INIT(&pool->idle);
     TAILQ_INIT(&pool->waiters);
 }
@@ -157,14 +157,33 @@ static void timer_arm(pcr_upconn_t *c, unsigned ms)
 /* This pool's share of routing.hold_tokens (0: no budget), as the owner's config says now. */
 static uint64_t pool_budget(const pcr_pool_t *pool)
 {
-    uint64_t t = (*pool->cfg)->routing.hold_tokens;
-    return t == 0 ? 0 : (t + pool->shares - 1) / pool->shares;
+    return (*pool->cfg)->routing.hold_tokens;
+}
+
+/* Whether a stream may go to the pod now: the prefill every worker has sent it and not seen
+ * finish is under the budget; or this worker has none of its own in flight there, so that its
+ * held streams always have a first token of its own coming to release them (no thread wakes
+ * another's pool). */
+static int hold_open(const pcr_pool_t *pool)
+{
+    return pool->sent_prefill == 0 ||
+           pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pool_budget(pool));
+}
+
+static void charge(pcr_upreq_t *r)
+{
+    if (r->stream && !r->charged) {
+        r->pool->sent_prefill += r->prefill;
+        PCR_ADD(r->pool->be->sent_prefill, r->prefill);
+        r->charged = 1;
+    }
 }
 
 static void uncharge(pcr_upreq_t *r)
 {
     if (r->charged) {
         r->pool->sent_prefill -= r->prefill;
+        PCR_SUB(r->pool->be->sent_prefill, r->prefill);
         r->charged = 0;
     }
 }
@@ -214,7 +233,7 @@ static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
     uint64_t budget = pool_budget(pool);
     if (w == NULL || budget == 0)
         return w;
-    int open = pcr_hold_open(pool->sent_prefill, budget);
+    int open = hold_open(pool);
     uint64_t now = pcr_now_us();
     double rank = 0;
     unsigned seen = 0;
@@ -622,10 +641,7 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
     r->conn = c;
-    if (r->stream && !r->charged) {
-        c->pool->sent_prefill += r->prefill;
-        r->charged = 1;
-    }
+    charge(r);
     c->got_bytes = c->got_head = c->done = c->malformed = 0;
     c->nh = c->hlen = 0;
     c->last_was_value = 0;
@@ -683,7 +699,7 @@ static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
 static void req_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
-    if (r->stream && !r->charged && !pcr_hold_open(pool->sent_prefill, pool_budget(pool))) {
+    if (r->stream && !r->charged && !hold_open(pool)) {
         waiter_add(r, 1); /* the backend's prefill queue is full: held */
         return;
     }

@@ -61,8 +61,8 @@ typedef struct pcr_pool {
     unsigned nconns;                 /* open: connecting + idle + busy */
     unsigned nidle;
     unsigned max_connections;
-    unsigned shares;                 /* routing.hold_tokens is split this many ways (workers) */
-    uint64_t sent_prefill;           /* streams' uncached prefill sent, not yet at a first token */
+    uint64_t sent_prefill;           /* streams' uncached prefill sent, not yet at a first token
+                                        (this worker's; the backend's counts every worker's) */
     unsigned nheld;                  /* streams held in `waiters` */
 } pcr_pool_t;
 
@@ -84,10 +84,10 @@ pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, str
                                     const pcr_upstream_cbs_t *cbs, void *ctx);
 
 /* The same for a streamed completion whose uncached prefill on this backend is `prefill` tokens.
- * It counts against the pool's share of routing.hold_tokens from when it is sent until
- * pcr_upstream_prefill_done() or its end; while the share is spent, such requests wait in the
- * pool and go highest pcr_hold_rank first (pcr/hold.h), or fail with PCR_UP_HELD after
- * timeouts.response_ms. */
+ * It counts against routing.hold_tokens, with every worker's streams to the backend, from when
+ * it is sent until pcr_upstream_prefill_done() or its end; while the budget is spent and this
+ * worker has streams of its own in flight there, such requests wait in the pool and go highest
+ * pcr_hold_rank first (pcr/hold.h), or fail with PCR_UP_HELD after timeouts.response_ms. */
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       struct evbuffer *body, uint64_t prefill,
                                       const pcr_upstream_cbs_t *cbs, void *ctx);

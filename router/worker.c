@@ -137,7 +137,6 @@ pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
     unsigned max = PCR_LOAD(be->max_connections);
     pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining,
                   &w->cfg);
-    pool->shares = w->srv->nworkers; /* and of routing.hold_tokens */
     pcr_backend_ref(be);
     w->pools[id] = pool;
     return pool;

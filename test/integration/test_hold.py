@@ -123,6 +123,33 @@ def test_the_access_log_says_how_long_a_stream_was_held(stub_factory, router_fac
     assert b["held_ms"] <= b["ttfb_ms"], b
 
 
+def test_the_budget_is_the_pods_not_split_between_workers(stub_factory, router_factory):
+    """With two workers, one worker's streams may use the whole budget while the other sends
+    the pod nothing. A (600 tokens), B (300), C (600) and D (300) come over one h2c
+    connection, so to one worker: A, B and C go (the pod has 0, 600, then 900 tokens of
+    prefill, under 1000), D is held (1500). Split between the workers (500 each), B would have
+    been held behind A."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url}], workers=2,
+                                   routing={"policy": "cache_aware", "hold_tokens": BUDGET}))
+    c = H2Client(r.port, timeout=30)
+    try:
+        sids = [c.request("POST", "/v1/completions",
+                          completion(text(tag, 4 * tokens), stream=True, tag=tag,
+                                     prefill_gate="g" + tag))
+                for tag, tokens in (("A", 600), ("B", 300), ("C", 600), ("D", 300))]
+        c.wait(lambda: len(tags_seen(a)) >= 3 and held(r) == 1, 15,
+               what="three streams at the pod, one held")
+        assert sorted(tags_seen(a)) == ["A", "B", "C"], tags_seen(a)
+        for tag in "ABCD":
+            a.release("g" + tag)
+        c.wait(lambda: all(c.streams[s]["ended"] for s in sids), 30, what="every stream ended")
+        assert all(b"[DONE]" in c.streams[s]["data"] for s in sids)
+    finally:
+        c.close()
+    assert sorted(tags_seen(a)) == ["A", "B", "C", "D"]
+
+
 def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory, streams):
     """A long prompt that has waited long enough goes before a short one that just came: the
     rank is the wait over the prefill, so nothing waits forever behind shorter prompts."""

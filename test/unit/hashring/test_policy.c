@@ -390,6 +390,24 @@ static void test_conversation_sticks(void)
     pcr_policy_free(p);
 }
 
+/* Light traffic, one hot prefix: the same long prompt `n` times, each routed and committed at
+ * once; counts[b] += what backend b took. */
+static void send_hot_prefix(pcr_policy_t *p, const pcr_backend_load_t *l, int n, int *counts)
+{
+    keybuf_t kb;
+    pcr_decision_t d;
+    uint32_t from;
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *s = prompt(3, 6000, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        pcr_policy_decide(p, key, l, (uint64_t)i, &d);
+        pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
+        counts[d.backend]++;
+        free(s);
+    }
+}
+
 /* Light traffic, one hot prefix: without the share bound every request goes to the pod that
  * holds it (nothing is ever in flight long enough for the load to count); with it, the pods'
  * shares stay within share_factor of fair, past the slack of the first requests. */
@@ -401,20 +419,9 @@ static void test_share_bound_spreads_a_hot_prefix(void)
         o.share_factor = bounded ? 1.1 : 0;
         pcr_policy_t *p = pcr_policy_new(&o, four, NB);
         pcr_backend_load_t l[NB];
-        pcr_decision_t d;
-        keybuf_t kb;
-        uint32_t from;
         int counts[NB] = {0}, most = 0;
         all_usable(l, NB);
-        for (int i = 0; i < 800; i++) {
-            size_t len;
-            char *s = prompt(3, 6000, &len);   /* the same long prompt every time */
-            pcr_key_t *key = key_of(p, &kb, s, len);
-            pcr_policy_decide(p, key, l, (uint64_t)i, &d);
-            pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
-            counts[d.backend]++;
-            free(s);
-        }
+        send_hot_prefix(p, l, 800, counts);
         for (int b = 0; b < NB; b++)
             most = counts[b] > most ? counts[b] : most;
         printf("# share bound %s: the busiest pod took %d of 800\n", bounded ? "on" : "off", most);
@@ -440,9 +447,6 @@ static void test_share_bound_follows_configured_weight_not_speed(void)
         pcr_policy_opts_default(&o);
         pcr_policy_t *p = pcr_policy_new(&o, conf ? weighted : four, NB);
         pcr_backend_load_t l[NB];
-        pcr_decision_t d;
-        keybuf_t kb;
-        uint32_t from;
         int counts[NB] = {0};
         all_usable(l, NB);
         if (!conf)
@@ -454,15 +458,7 @@ static void test_share_bound_follows_configured_weight_not_speed(void)
         if (!conf)
             PCR_CHECK(1.5 * pcr_policy_estimate_ttft(p, 0, 100000) <
                       pcr_policy_estimate_ttft(p, 1, 100000));   /* it does look faster */
-        for (int i = 0; i < 800; i++) {
-            size_t len;
-            char *s = prompt(3, 6000, &len);   /* the same long prompt every time */
-            pcr_key_t *key = key_of(p, &kb, s, len);
-            pcr_policy_decide(p, key, l, (uint64_t)i, &d);
-            pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
-            counts[d.backend]++;
-            free(s);
-        }
+        send_hot_prefix(p, l, 800, counts);
         double fair0 = conf ? 800.0 * 3 / 6 : 800.0 / NB;
         printf("# %s: pod 0 took %d of 800 (fair %.0f)\n",
                conf ? "configured weight 3" : "looks 7x faster", counts[0], fair0);
@@ -487,20 +483,9 @@ static void test_share_bound_is_exact_within_the_window(void)
         o.share_penalty = 0;
         pcr_policy_t *p = pcr_policy_new(&o, four, NB);
         pcr_backend_load_t l[NB];
-        pcr_decision_t d;
-        keybuf_t kb;
-        uint32_t from;
         int counts[NB] = {0}, most = 0;
         all_usable(l, NB);
-        for (int i = 0; i < n; i++) {
-            size_t len;
-            char *s = prompt(3, 6000, &len);
-            pcr_key_t *key = key_of(p, &kb, s, len);
-            pcr_policy_decide(p, key, l, (uint64_t)i, &d);
-            pcr_policy_commit(p, d.backend, key, (uint64_t)i, &from);
-            counts[d.backend]++;
-            free(s);
-        }
+        send_hot_prefix(p, l, n, counts);
         for (int b = 0; b < NB; b++)
             most = counts[b] > most ? counts[b] : most;
         double fair = (double)n / NB, bound = o.share_factor * fair;

@@ -54,7 +54,7 @@ void pcr_backend_unref(pcr_backend_t *be) { __atomic_fetch_sub(&be->refs, 1, __A
 uint64_t pcr_backend_settled_before(const pcr_backend_t *be)
 {
     uint64_t t = UINT64_MAX;
-    for (unsigned i = 0; i < be->srv->nworkers; i++) {
+    for (unsigned i = 0; i < be->npending; i++) {
         uint64_t s = PCR_LOAD(((pcr_backend_t *)be)->pending[i].since);
         t = s < t ? s : t;
     }
@@ -140,12 +140,13 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
     size_t hl = strlen(bc->host) + 16;
     be->host_header = malloc(hl);
     be->check_pool = calloc(1, sizeof(*be->check_pool));
-    be->pending = calloc(srv->nworkers ? srv->nworkers : 1, sizeof(*be->pending));
+    be->npending = srv->nworkers ? srv->nworkers : 1;
+    be->pending = calloc(be->npending, sizeof(*be->pending));
     if (be->host_header == NULL || be->check_pool == NULL || be->pending == NULL) {
         backend_free(be);
         return NULL;
     }
-    for (unsigned i = 0; i < (srv->nworkers ? srv->nworkers : 1); i++) {
+    for (unsigned i = 0; i < be->npending; i++) {
         TAILQ_INIT(&be->pending[i].list);
         be->pending[i].since = UINT64_MAX;
     }

@@ -68,9 +68,10 @@ struct pcr_backend {
     uint64_t queued_prefill;                 /* uncached prefill tokens of in-flight requests */
     uint32_t conns;                          /* request connections, all workers */
     uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
-    uint64_t sent_prefill;                   /* the pools' sent_prefill, summed (upstream.c) */
-    pcr_pending_t *pending;                  /* [srv->nworkers]: each worker's own (exchange.c) */
     uint64_t held_total;                     /* ... ever */
+    uint64_t sent_prefill;                   /* the pools' sent_prefill, summed (upstream.c) */
+    pcr_pending_t *pending;                  /* [npending]: each worker's own (exchange.c) */
+    unsigned npending;                       /* srv->nworkers when it was made */
     /* What the pod reports, from the control thread's scrape (atomic). */
     uint32_t pod_waiting;                    /* vllm:num_requests_waiting, last scrape */
     uint32_t pod_running;                    /* vllm:num_requests_running, last scrape */

@@ -664,11 +664,11 @@ static void dispatch(pcr_exchange_t *ex)
     ex->predicted = predicted_tokens(ex);
     ex->attempts++;
     ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
-    /* Read before this request joins the pending ones (ex_to below). */
-    ex->settled_before = pcr_backend_settled_before(be);
     if (ex->has_key && pcr_policy_commit(w->policy, d.backend, &ex->key, now, &ex->added_from) == 0) {
         ex->committed = 1;
         ex->t_commit = now;
+        /* Read before this request joins the pending ones (ex_to below). */
+        ex->settled_before = pcr_backend_settled_before(be);
         pcr_bus_commit(srv->bus, (int)w->id, d.backend, &ex->key, now);
     }
     struct evbuffer *body;

@@ -154,7 +154,8 @@ static void timer_arm(pcr_upconn_t *c, unsigned ms)
 
 /* ---- the wait queue and the prefill budget ------------------------------------------- */
 
-/* routing.hold_tokens (0: no budget), as the owner's config says now: the pod's, for every worker. */
+/* routing.hold_tokens (0: no budget), as the owner's config says now: the pod's, counted over
+ * every worker. */
 static uint64_t pool_budget(const pcr_pool_t *pool)
 {
     return (*pool->cfg)->routing.hold_tokens;

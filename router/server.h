@@ -154,6 +154,7 @@ struct pcr_worker {
     /* Cross-thread: commands through a pipe (rare: drain, stop), index updates through the
      * inbox (bus.c), drained by `tick` too so an idle worker does not fall behind. */
     int cmd_fd[2];
+    int hold_wake;                /* atomic: an 'H' (pcr_worker_wake_held) is in cmd_fd */
     struct event *cmd_event;
     struct event *tick;
 };
@@ -179,6 +180,11 @@ void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 /* Monotonic time in microseconds, and in nanoseconds (same clock). */
 uint64_t pcr_now_us(void);
 uint64_t pcr_now_ns(void);
+
+/* A backend's prefill budget (routing.hold_tokens) is open and workers other than `self` hold
+ * streams for it: each is told through its command pipe, at most one word on the way to each,
+ * and sends what its pools may (pcr_upstream_kick). */
+void pcr_worker_wake_held(pcr_worker_t *self);
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
  * nothing is left. */

@@ -17,6 +17,10 @@
  * spent). With no budget the queue stays FIFO. A queued request keeps its place until
  * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
  * its backend leaves rotation (pcr_upstream_fail_held: PCR_UP_HELD_OUT, from the worker's tick).
+ * The budget is the pod's, so a stream's first token on one worker may be what another's held
+ * streams wait for: when this worker's own held streams have gone and the budget is still open
+ * while others hold some, the others are told (budget_freed, pcr_worker_wake_held), and each
+ * sends its own best (pcr_upstream_kick).
  *
  * A pooled connection the backend closed just as it was reused fails before any response byte;
  * such a request is re-sent once, on a fresh connection (an older idle one is likelier dead
@@ -265,6 +269,23 @@ static void pool_kick(pcr_pool_t *pool)
     }
 }
 
+void pcr_upstream_kick(pcr_pool_t *pool)
+{
+    pool_kick(pool);
+}
+
+/* A stream's prefill left the budget (or may have): this worker's waiters go first, then the
+ * other workers hear of it if the pod still has room and they hold streams for it. Never from
+ * pcr_upstream_kick, so two workers that cannot send (no connection slot) do not wake each
+ * other in turn. */
+static void budget_freed(pcr_pool_t *pool)
+{
+    pool_kick(pool);
+    if (pool->worker != NULL && PCR_LOAD(pool->be->held) > pool->nheld &&
+        pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pool_budget(pool)))
+        pcr_worker_wake_held(pool->worker);
+}
+
 static void req_free(pcr_upreq_t *r)
 {
     if (r == NULL)
@@ -493,7 +514,7 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
         return;
     }
     uncharge(r);
-    pool_kick(pool);
+    budget_freed(pool);
     req_fail(r, err, got_head);
 }
 
@@ -511,7 +532,7 @@ static void conn_done(pcr_upconn_t *c, int keep)
         conn_to_pool(c);
     else
         conn_close(c);
-    pool_kick(pool);
+    budget_freed(pool);
     cbs->on_done(ctx);
 }
 
@@ -770,7 +791,7 @@ int pcr_upstream_prefill_done(pcr_upreq_t *r)
         return 0;
     if (r->charged) {
         uncharge(r);
-        pool_kick(r->pool);
+        budget_freed(r->pool);
     }
     return r->held;
 }
@@ -798,7 +819,7 @@ void pcr_upstream_cancel(pcr_upreq_t *r)
     } else {
         req_free(r);
     }
-    pool_kick(pool); /* its prefill may have left the budget */
+    budget_freed(pool); /* its prefill may have left the budget */
 }
 
 void pcr_upstream_pause(pcr_upreq_t *r)

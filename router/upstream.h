@@ -64,6 +64,8 @@ typedef struct pcr_pool {
     uint64_t sent_prefill;           /* streams' uncached prefill sent, not yet at a first token
                                         (this worker's; the backend's counts every worker's) */
     unsigned nheld;                  /* streams held in `waiters` */
+    struct pcr_worker *worker;       /* the owner, told when the pod's budget opens while
+                                        another worker holds streams for it (NULL: nobody) */
 } pcr_pool_t;
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
@@ -96,6 +98,10 @@ pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
  * may go. Returns 1 when the request itself had been held (others may have gone ahead of it),
  * else 0. Once per request; later calls return the same and change nothing. */
 int pcr_upstream_prefill_done(pcr_upreq_t *r);
+
+/* The backend's prefill budget may have opened through another worker's stream: held streams
+ * that may go now do. */
+void pcr_upstream_kick(pcr_pool_t *pool);
 
 /* How long the request has been held so far, in microseconds (0 when never). */
 uint64_t pcr_upstream_held_us(const pcr_upreq_t *r);

@@ -137,6 +137,7 @@ pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
     unsigned max = PCR_LOAD(be->max_connections);
     pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining,
                   &w->cfg);
+    pool->worker = w;
     pcr_backend_ref(be);
     w->pools[id] = pool;
     return pool;
@@ -164,8 +165,21 @@ void pcr_worker_check_drained(pcr_worker_t *w)
         event_base_loopexit(w->base, NULL);
 }
 
+void pcr_worker_wake_held(pcr_worker_t *self)
+{
+    pcr_server_t *srv = self->srv;
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        pcr_worker_t *w = &srv->workers[i];
+        if (w == self || __atomic_exchange_n(&w->hold_wake, 1, __ATOMIC_ACQ_REL))
+            continue;
+        ssize_t n = write(w->cmd_fd[1], "H", 1);
+        (void)n; /* the pipe cannot be full: this is the only word that is not rare */
+    }
+}
+
 /* Streams held for a backend that went out of rotation (down, ejected, removed) are routed
- * again now: waiting for its prefill queue to drain could take until timeouts.response_ms. */
+ * again now: waiting for its prefill queue to drain could take until timeouts.response_ms.
+ * The others go if the pod's budget is open (what no wake-up told this worker). */
 static void fail_held_out(pcr_worker_t *w)
 {
     uint64_t now = 0;
@@ -178,7 +192,18 @@ static void fail_held_out(pcr_worker_t *w)
         pcr_backend_t *be = pool->be;
         if (!PCR_LOAD(be->up) || PCR_LOAD(be->removed) || pcr_backend_ejected(be, now))
             pcr_upstream_fail_held(pool);
+        else
+            pcr_upstream_kick(pool);
     }
+}
+
+/* Another worker left a backend's prefill budget open: this one's held streams go. */
+static void kick_held(pcr_worker_t *w)
+{
+    __atomic_store_n(&w->hold_wake, 0, __ATOMIC_RELEASE); /* a later wake writes again */
+    for (size_t i = 0; i < w->npools; i++)
+        if (w->pools[i] != NULL && w->pools[i]->nheld > 0)
+            pcr_upstream_kick(w->pools[i]);
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -252,6 +277,8 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
             event_base_loopbreak(w->base);
         else if (cmds[i] == 'R')
             worker_switch(w);
+        else if (cmds[i] == 'H')
+            kick_held(w);
     }
 }
 

@@ -150,6 +150,56 @@ def test_the_budget_is_the_pods_not_split_between_workers(stub_factory, router_f
     assert sorted(tags_seen(a)) == ["A", "B", "C", "D"]
 
 
+def test_a_first_token_on_one_worker_sends_what_another_holds(stub_factory, router_factory):
+    """The budget is the pod's, so a prefill that ends on one worker may be what another's held
+    stream waits for. A (1500 tokens) fills the budget from one connection. A second
+    connection, on the other worker, sends B (10 tokens), which goes because that worker has
+    nothing of its own at the pod, then C (10), held. When A's prefill ends the pod has 10
+    tokens queued: C goes then, while B is still in prefill, not at B's first token."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url}], workers=2,
+                                   routing={"policy": "cache_aware", "hold_tokens": BUDGET}))
+
+    def send(client, tag, tokens):
+        return client.request("POST", "/v1/completions",
+                              completion(text(tag, 4 * tokens), stream=True, tag=tag,
+                                         prefill_gate="g" + tag))
+
+    x, y, clients = H2Client(r.port, timeout=30), None, []
+    clients.append(x)
+    try:
+        sa = send(x, "A", 1500)
+        x.wait(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        # The kernel picks each connection's worker: B held means the same worker as A.
+        for attempt in range(20):
+            y = H2Client(r.port, timeout=30)
+            clients.append(y)
+            tag_b = "B%d" % attempt
+            sb = send(y, tag_b, 10)
+            y.wait(lambda: tag_b in tags_seen(a) or held(r) == 1, 15, what=tag_b + " sent or held")
+            if tag_b in tags_seen(a):
+                break
+            y.close()
+            wait_for(lambda: held(r) == 0, 15, what=tag_b + " given back")
+        else:
+            pytest.fail("20 connections in a row went to A's worker")
+        sc = send(y, "C", 10)
+        y.wait(lambda: held(r) == 1, 15, what="C held")
+        assert "C" not in tags_seen(a)
+        a.release("gA")
+        y.wait(lambda: "C" in tags_seen(a), 15, what="C sent once A's prefill ended")
+        assert not y.streams[sb]["ended"] and held(r) == 0
+        for tag in (tag_b, "C"):
+            a.release("g" + tag)
+        y.wait(lambda: y.streams[sb]["ended"] and y.streams[sc]["ended"], 30,
+               what="B and C ended")
+        x.wait(lambda: x.streams[sa]["ended"], 30, what="A ended")
+        assert all(b"[DONE]" in c.streams[s]["data"] for c, s in ((x, sa), (y, sb), (y, sc)))
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory, streams):
     """A long prompt that has waited long enough goes before a short one that just came: the
     rank is the wait over the prefill, so nothing waits forever behind shorter prompts."""

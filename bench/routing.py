@@ -649,9 +649,53 @@ def summary_line(name, results):
         "%s %s (%s)" % ("MET" if ok else "MISS", what, d) for what, ok, d in t))
 
 
+def median_results(rounds):
+    """Each policy's figures over --repeat runs: the median of each (hit rate, its fraction of
+    the ceiling, TTFT p50 and p99, share, throughput), the rest from its run of median hit
+    rate; `runs` keeps every run's figures, for the JSON."""
+    out = []
+    for r0 in rounds[0]:
+        rs = [r for rnd in rounds for r in rnd if r.get("label") == r0["label"]]
+        rs_hit = sorted(rs, key=lambda r: r.get("hit_rate") or 0)
+        m = dict(rs_hit[len(rs_hit) // 2])
+        m["ttft_ms_model"] = dict(m.get("ttft_ms_model", {}))
+        for k in ("hit_rate", "fraction_of_ceiling", "share_max_over_mean",
+                  "throughput_rps_model", "pred_over_del"):
+            v = [r[k] for r in rs if isinstance(r.get(k), (int, float))]
+            if v:
+                m[k] = statistics.median(v)
+        for q in ("p50", "p99"):
+            v = [r["ttft_ms_model"][q] for r in rs if r.get("ttft_ms_model", {}).get(q)]
+            if v:
+                m["ttft_ms_model"][q] = statistics.median(v)
+        m["runs"] = [{"hit_rate": r.get("hit_rate"), "fraction_of_ceiling":
+                      r.get("fraction_of_ceiling"), "share_max_over_mean":
+                      r.get("share_max_over_mean"),
+                      "ttft_ms_model": {q: r.get("ttft_ms_model", {}).get(q)
+                                        for q in ("p50", "p99")}} for r in rs]
+        out.append(m)
+    return out
+
+
+def targets_per_run(rounds):
+    """How many of the runs met each target, each run's cache_aware against that run's
+    baselines."""
+    met, n = {}, 0
+    for rnd in rounds:
+        t = routing_targets({r["label"]: r for r in rnd})
+        if not t:
+            continue
+        n += 1
+        for what, ok, _ in t:
+            met[what] = met.get(what, 0) + (1 if ok else 0)
+    return met, n
+
+
 def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, label, outdir,
-            sim_extra=()):
-    """Every policy of args.policies (and args.before's cache_aware) on fresh pods, in turn."""
+            sim_extra=(), rotate=0):
+    """Every policy of args.policies (and args.before's cache_aware) on fresh pods, in turn;
+    `rotate` starts the turn further down the list (repeated runs rotate it, so that a slow
+    spell of this shared machine does not always fall on the same policy)."""
     names = ["pod-%d" % i for i in range(pods)]
     results = []
     print("routing: %s: %s, %s requests, %d pods x %d tokens, time scale %g" % (
@@ -659,6 +703,9 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
     policies = [p for p in args.policies.split(",") if p and p != "none"]
     if args.before:
         policies.append("cache_aware_before")
+    if policies:
+        k = rotate % len(policies)
+        policies = policies[k:] + policies[:k]
     # --misconfig F: the config says each pod holds F times its real KV cache, and the pods hide
     # vllm:cache_config_info, so the router cannot learn better from a scrape; cache_aware runs
     # told the truth, then misinformed without and with the delivered-tokens feedback.
@@ -764,10 +811,14 @@ def main():
                     help="replicas with and without sharing the index through Redis")
     ap.add_argument("--flush-ms", type=int, default=0,
                     help="redis.flush_ms of the shared runs (default: pcrouter's)")
-    ap.add_argument("--repeat", type=int, default=3 if quick else 1,
-                    help="runs of each replica setup; the table shows the run of median hit rate"
-                         " (default 1; QUICK: 3)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs of each replica setup (the table shows the run of median hit"
+                         " rate), or of every policy on a --workload (the table and the"
+                         " targets take the median of each figure, and each run's targets"
+                         " are counted) (default 1; QUICK: 3 for the replica setups)")
     args = ap.parse_args()
+    if args.repeat is None:   # a workload's policies run once unless asked
+        args.repeat = 3 if quick and (args.workload is None or args.misconfig) else 1
     routing = json.loads(args.routing)
     build = os.path.abspath(args.build)
     os.makedirs(args.out, exist_ok=True)
@@ -831,14 +882,28 @@ def main():
                 # writes. Times to first token are not batched.
                 capacity = args.capacity_tokens or w["capacity_tokens"]
                 rounds = []
-                for k in range(args.repeat if args.misconfig else 1):
+                for k in range(args.repeat):
                     rounds.append(run_one(args, build, trace, w["pods"], capacity,
                                           w["time_scale"], limit, routing,
                                           "%s/%s" % (name, load), outdir,
-                                          sim_extra=["--tick-us", "10000"]))
-                results = rounds[len(rounds) // 2]
+                                          sim_extra=["--tick-us", "10000"],
+                                          rotate=0 if args.misconfig else k))
+                    if len(rounds) > 1 and not args.misconfig:
+                        print(summary_line("%s/%s run %d" % (name, load, k + 1), rounds[-1]),
+                              flush=True)
                 if args.misconfig:
+                    results = rounds[len(rounds) // 2]
                     print_misconfig(rounds)
+                elif len(rounds) > 1:
+                    results = median_results(rounds)
+                    met, n = targets_per_run(rounds)
+                    print("\n%s/%s, medians of %d runs:" % (name, load, len(rounds)))
+                    print_table(results)
+                    if n:
+                        print("targets met run by run: %s" % "; ".join(
+                            "%s %d/%d" % (what, c, n) for what, c in met.items()))
+                else:
+                    results = rounds[0]
                 summary = [{k: v for k, v in r.items() if k != "ttft_ms_model_sorted"}
                            for r in results]
                 with open(os.path.join(outdir, "routing.json"), "w") as f:

@@ -3,7 +3,7 @@
  *
  *   text  "<time> info access <client> <protocol> <method> <path> <status> <bytes out>
  *          backend=<name> route=<reason> blocks=<matched>/<total> attempts=<n> <seconds>s"
- *   json  one object: time, client, protocol, method, path, model, status, backend, route,
+ *   json  one object: time, client, worker, protocol, method, path, model, status, backend, route,
  *         matched_blocks, total_blocks, predicted_cached_tokens, delivered_cached_tokens,
  *         ttfb_ms, held_ms, duration_ms, bytes_in, bytes_out, retries (null where a request
  *         has none: no backend, no prefix key, no usage from the pod, no response head, never
@@ -88,6 +88,7 @@ static size_t json_line(const pcr_exchange_t *ex, int status, uint64_t now, char
         return 0;
     cJSON_AddStringToObject(o, "time", t);
     add_str(o, "client", ex->peer);
+    cJSON_AddNumberToObject(o, "worker", ex->w->id);
     add_str(o, "protocol", ex->proto);
     add_str(o, "method", ex->method);
     add_str(o, "path", ex->path);

@@ -36,14 +36,19 @@ typedef struct {
 
 typedef struct pcr_upconn pcr_upconn_t;
 
-/* One worker's requests to a backend that carry a prefix and have not reached their first token
- * (or their end), oldest commit first: the prefixes the pod may not have computed yet. Only that
- * worker touches the list; `since` is what the others read. */
+/* One worker's own on a backend, written by that worker only, read by the others (a cache line
+ * each). `list`: its requests that carry a prefix and have not reached their first token (or
+ * their end), oldest commit first: the prefixes the pod may not have computed yet (exchange.c);
+ * `since` is what the others read of it. `held_at`, `held_prefill`: its held stream that goes
+ * next (the highest pcr_hold_rank when it last looked), so that a release on any worker goes in
+ * one rank order (upstream.c). */
 struct pcr_exchange;
 typedef struct pcr_pending {
     TAILQ_HEAD(pcr_pending_list, pcr_exchange) list;
     uint64_t since;                          /* atomic: the oldest's commit time, UINT64_MAX none */
-    char pad[64 - sizeof(struct pcr_pending_list) - sizeof(uint64_t)];  /* a line each */
+    uint64_t held_at;                        /* atomic: when it was held, us; 0: none held */
+    uint64_t held_prefill;                   /* atomic: its prefill, tokens */
+    char pad[64 - sizeof(struct pcr_pending_list) - 3 * sizeof(uint64_t)];
 } pcr_pending_t;
 typedef struct pcr_upreq pcr_upreq_t;
 

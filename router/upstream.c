@@ -11,16 +11,17 @@
  * Holding (routing.hold_tokens, pcr/hold.h): a streamed completion counts its uncached prefill
  * in `sent_prefill`, its pool's and its backend's (every worker's), from when it gets a
  * connection until its first event (pcr_upstream_prefill_done) or its end. While the backend's
- * is at the budget and this worker has some of its own in flight there, new streams join the
- * wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first
+ * is at the budget, new streams join the wait queue too ("held"), and whoever waits goes
+ * highest pcr_hold_rank first
  * (requests that are not streams count as no prefill, and only they may go while the budget is
  * spent). With no budget the queue stays FIFO. A queued request keeps its place until
  * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
  * its backend leaves rotation (pcr_upstream_fail_held: PCR_UP_HELD_OUT, from the worker's tick).
  * The budget is the pod's, so a stream's first token on one worker may be what another's held
- * streams wait for: when this worker's own held streams have gone and the budget is still open
- * while others hold some, the others are told (budget_freed, pcr_worker_wake_held), and each
- * sends its own best (pcr_upstream_kick).
+ * streams wait for, and the order is the pod's too: a release sends this worker's best held
+ * stream only while no other worker's ranks higher (below, "one rank order"); when the budget is
+ * still open and others hold streams, they are told (budget_freed, pcr_worker_wake_held), and
+ * each sends what it may (pcr_upstream_kick).
  *
  * A pooled connection the backend closed just as it was reused fails before any response byte;
  * such a request is re-sent once, on a fresh connection (an older idle one is likelier dead
@@ -166,13 +167,11 @@ static uint64_t pool_budget(const pcr_pool_t *pool)
 }
 
 /* Whether a stream may go to the pod now: the prefill every worker has sent it and not seen
- * finish is under the budget; or this worker has none of its own in flight there, so that its
- * held streams always have a first token of its own coming to release them (no thread wakes
- * another's pool). */
+ * finish is under the budget. Whichever worker's stream brings that under it wakes the others
+ * (budget_freed), so a worker with nothing of its own in flight there is not left waiting. */
 static int hold_open(const pcr_pool_t *pool)
 {
-    return pool->sent_prefill == 0 ||
-           pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pool_budget(pool));
+    return pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pool_budget(pool));
 }
 
 static void charge(pcr_upreq_t *r)
@@ -193,6 +192,83 @@ static void uncharge(pcr_upreq_t *r)
     }
 }
 
+/* ---- one rank order over the workers -------------------------------------------------
+ *
+ * Each worker publishes, in its slot on the backend (pcr_pending_t), its held stream that goes
+ * next: the highest rank when it last looked (at each kick, and when that one leaves). A
+ * release on a budget opening sends this worker's best only if no other worker's published one
+ * ranks higher now; else it stops, and budget_freed wakes the others. A published stream may
+ * have been overtaken by another of its worker's since, so what is compared is a lower bound of
+ * that worker's best, never more: two workers cannot each defer to the other. A worker without a
+ * connection slot to give publishes none. The one deferred to is woken and sends, as it sees the
+ * same budget; should a wake-up cross a hold, the ticks kick too. */
+
+static pcr_pending_t *own_slot(const pcr_pool_t *pool)
+{
+    if (pool->worker == NULL || pool->worker->id >= pool->be->npending)
+        return NULL;
+    return &pool->be->pending[pool->worker->id];
+}
+
+static int slot_free(const pcr_pool_t *pool)
+{
+    return pool->nidle > 0 || pool->nconns < pool->max_connections;
+}
+
+static void publish(pcr_pool_t *pool, pcr_upreq_t *r)
+{
+    pcr_pending_t *slot = own_slot(pool);
+    int same = r != NULL && r == pool->best_held;
+    pool->best_held = r;
+    if (slot == NULL || same)
+        return;
+    if (r != NULL)
+        PCR_STORE(slot->held_prefill, r->prefill);
+    PCR_STORE(slot->held_at, r != NULL ? (r->t_queued ? r->t_queued : 1) : 0);
+}
+
+/* Publishes the held stream of highest rank now (of the HOLD_SCAN oldest), or none. */
+static void publish_best(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
+    if (pool->nheld == 0 || !slot_free(pool)) {
+        if (pool->best_held != NULL || (own_slot(pool) && PCR_LOAD(own_slot(pool)->held_at)))
+            publish(pool, NULL);
+        return;
+    }
+    uint64_t now = pcr_now_us();
+    double rank = 0;
+    unsigned seen = 0;
+    for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
+        if (!w->in_hold)
+            continue;
+        double k = pcr_hold_rank(now > w->t_queued ? now - w->t_queued : 0, w->prefill);
+        if (best == NULL || k > rank) {
+            best = w;
+            rank = k;
+        }
+    }
+    publish(pool, best);
+}
+
+/* Whether another worker's published held stream for this backend ranks above `r` now. */
+static int other_goes_first(const pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    const pcr_pending_t *own = own_slot(pool);
+    if (own == NULL)
+        return 0;
+    uint64_t now = pcr_now_us();
+    double mine = pcr_hold_rank(now > r->t_queued ? now - r->t_queued : 0, r->prefill);
+    for (unsigned i = 0; i < pool->be->npending; i++) {
+        const pcr_pending_t *o = &pool->be->pending[i];
+        uint64_t at = o == own ? 0 : PCR_LOAD(o->held_at);
+        if (at != 0 &&
+            pcr_hold_rank(now > at ? now - at : 0, PCR_LOAD(o->held_prefill)) > mine)
+            return 1;
+    }
+    return 0;
+}
+
 static void waiter_add(pcr_upreq_t *r, int hold)
 {
     pcr_pool_t *pool = r->pool;
@@ -211,6 +287,8 @@ static void waiter_add(pcr_upreq_t *r, int hold)
         pool->nheld++;
         PCR_ADD(pool->be->held, 1);
         PCR_ADD(pool->be->held_total, 1);
+        if (pool->best_held == NULL && slot_free(pool))
+            publish(pool, r); /* it ranks 0 now: an older one, if any, stays the next */
     }
 }
 
@@ -227,6 +305,8 @@ static void waiter_take(pcr_upreq_t *r)
         r->in_hold = 0;
         r->pool->nheld--;
         PCR_SUB(r->pool->be->held, 1);
+        if (r == r->pool->best_held)
+            publish_best(r->pool);
     }
 }
 
@@ -255,18 +335,26 @@ static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
     return best;
 }
 
-/* The budget or a slot opened: sends whoever may go while a connection is there to take
- * (an idle one, or room for a new one). */
+/* waiter_next(), but NULL when its choice is a held stream that another worker's published
+ * one ranks above: that one goes first (budget_freed wakes its worker). */
+static pcr_upreq_t *waiter_next_in_order(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w = waiter_next(pool);
+    return w != NULL && w->in_hold && other_goes_first(pool, w) ? NULL : w;
+}
+
+/* The budget or a slot opened: sends whoever may go, in order, while a connection is there to
+ * take (an idle one, or room for a new one). Then publishes this worker's next. */
 static void pool_kick(pcr_pool_t *pool)
 {
     pcr_upreq_t *w;
-    while ((pool->nidle > 0 || pool->nconns < pool->max_connections) &&
-           (w = waiter_next(pool)) != NULL) {
+    while (slot_free(pool) && (w = waiter_next_in_order(pool)) != NULL) {
         waiter_take(w);
         req_dispatch(w);
         if (w->queued)
             break; /* no connection after all (out of memory): it waits again */
     }
+    publish_best(pool);
 }
 
 void pcr_upstream_kick(pcr_pool_t *pool)
@@ -447,7 +535,7 @@ static void conn_to_pool(pcr_upconn_t *c)
     pcr_pool_t *pool = c->pool;
     c->req = NULL;
     c->reused = 1;
-    pcr_upreq_t *w = waiter_next(pool);
+    pcr_upreq_t *w = waiter_next_in_order(pool);
     if (w != NULL && !w->fresh) {
         waiter_take(w);
         conn_assign(c, w);
@@ -480,7 +568,7 @@ static void conn_close(pcr_upconn_t *c)
     pool->nconns--;
     PCR_SUB(pool->be->conns, 1);
     /* A slot freed up: give it to the next waiter. */
-    pcr_upreq_t *w = waiter_next(pool);
+    pcr_upreq_t *w = waiter_next_in_order(pool);
     if (w != NULL && !*pool->draining) {
         waiter_take(w);
         req_dispatch(w);

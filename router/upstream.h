@@ -66,6 +66,7 @@ typedef struct pcr_pool {
     unsigned nheld;                  /* streams held in `waiters` */
     struct pcr_worker *worker;       /* the owner, told when the pod's budget opens while
                                         another worker holds streams for it (NULL: nobody) */
+    struct pcr_upreq *best_held;     /* the held stream published as this worker's next */
 } pcr_pool_t;
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
@@ -87,9 +88,9 @@ pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, str
 
 /* The same for a streamed completion whose uncached prefill on this backend is `prefill` tokens.
  * It counts against routing.hold_tokens, with every worker's streams to the backend, from when
- * it is sent until pcr_upstream_prefill_done() or its end; while the budget is spent and this
- * worker has streams of its own in flight there, such requests wait in the pool and go highest
- * pcr_hold_rank first (pcr/hold.h), or fail with PCR_UP_HELD after timeouts.response_ms. */
+ * it is sent until pcr_upstream_prefill_done() or its end; while the budget is spent, such
+ * requests wait in the pool and go highest pcr_hold_rank first over every worker (pcr/hold.h),
+ * or fail with PCR_UP_HELD after timeouts.response_ms. */
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       struct evbuffer *body, uint64_t prefill,
                                       const pcr_upstream_cbs_t *cbs, void *ctx);
@@ -100,7 +101,7 @@ pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
 int pcr_upstream_prefill_done(pcr_upreq_t *r);
 
 /* The backend's prefill budget may have opened through another worker's stream: held streams
- * that may go now do. */
+ * that may go now do, while no other worker's next held stream ranks higher. */
 void pcr_upstream_kick(pcr_pool_t *pool);
 
 /* How long the request has been held so far, in microseconds (0 when never). */

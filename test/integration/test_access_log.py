@@ -13,7 +13,7 @@ from conftest import (CurlStream, RawConn, completion, curl, get_metrics, make_c
                       wait_for)
 
 JSON_FIELDS = {
-    "time": str, "client": str, "protocol": str, "method": str, "path": str,
+    "time": str, "client": str, "worker": int, "protocol": str, "method": str, "path": str,
     "model": (str, type(None)), "status": int, "backend": (str, type(None)),
     "route": (str, type(None)), "matched_blocks": (int, type(None)),
     "total_blocks": (int, type(None)), "predicted_cached_tokens": (int, type(None)),

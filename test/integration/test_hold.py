@@ -150,51 +150,106 @@ def test_the_budget_is_the_pods_not_split_between_workers(stub_factory, router_f
     assert sorted(tags_seen(a)) == ["A", "B", "C", "D"]
 
 
-def test_a_first_token_on_one_worker_sends_what_another_holds(stub_factory, router_factory):
-    """The budget is the pod's, so a prefill that ends on one worker may be what another's held
-    stream waits for. A (1500 tokens) fills the budget from one connection. A second
-    connection, on the other worker, sends B (10 tokens), which goes because that worker has
-    nothing of its own at the pod, then C (10), held. When A's prefill ends the pod has 10
-    tokens queued: C goes then, while B is still in prefill, not at B's first token."""
+def two_workers(stub_factory, router_factory, tmp_path):
     a = stub_factory("pod-a")
+    log = str(tmp_path / "access.log")
     r = router_factory(make_config([{"name": "pod-a", "url": a.url}], workers=2,
-                                   routing={"policy": "cache_aware", "hold_tokens": BUDGET}))
+                                   routing={"policy": "cache_aware", "hold_tokens": BUDGET},
+                                   log={"access_log_path": log, "access_log_format": "json"}))
+    r.access_log = log
+    return a, r
 
-    def send(client, tag, tokens):
-        return client.request("POST", "/v1/completions",
-                              completion(text(tag, 4 * tokens), stream=True, tag=tag,
-                                         prefill_gate="g" + tag))
 
-    x, y, clients = H2Client(r.port, timeout=30), None, []
+def send(client, tag, tokens):
+    """A stream of `tokens` uncached tokens on an h2c connection, gated at the pod by g<tag>."""
+    return client.request("POST", "/v1/completions",
+                          completion(text(tag, 4 * tokens), stream=True, tag=tag,
+                                     prefill_gate="g" + tag))
+
+
+def worker_of(r, client):
+    """The worker serving an h2c connection, from the access line of a short request on it."""
+    sid = client.request("POST", "/v1/completions", completion("which worker"))
+    client.wait(lambda: client.streams[sid]["ended"], 15, what="the probe's answer")
+    me = "127.0.0.1:%d" % client.sock.getsockname()[1]
+    line = wait_for(lambda: next((o for o in access_lines(r.access_log) if o["client"] == me),
+                                 None), 15, what="the probe's access line")
+    return line["worker"]
+
+
+def connections_on_two_workers(r, clients):
+    """Two h2c connections served by different workers (the kernel picks each one's)."""
+    x = H2Client(r.port, timeout=60)
     clients.append(x)
+    wx = worker_of(r, x)
+    for _ in range(30):
+        y = H2Client(r.port, timeout=60)
+        clients.append(y)
+        if worker_of(r, y) != wx:
+            return x, y
+        y.close()
+    pytest.fail("30 connections in a row went to the first one's worker")
+
+
+def test_a_first_token_on_one_worker_sends_what_another_holds(stub_factory, router_factory,
+                                                              tmp_path):
+    """The budget is the pod's, so a prefill that ends on one worker may be what another's held
+    stream waits for. A (1500 tokens) fills the budget from one worker; the other holds B (10)
+    and C (10). When A's prefill ends, both go: A's worker has nothing of its own held, and
+    nothing of the other's is at the pod to release them."""
+    a, r = two_workers(stub_factory, router_factory, tmp_path)
+    clients = []
     try:
+        x, y = connections_on_two_workers(r, clients)
         sa = send(x, "A", 1500)
         x.wait(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-        # The kernel picks each connection's worker: B held means the same worker as A.
-        for attempt in range(20):
-            y = H2Client(r.port, timeout=30)
-            clients.append(y)
-            tag_b = "B%d" % attempt
-            sb = send(y, tag_b, 10)
-            y.wait(lambda: tag_b in tags_seen(a) or held(r) == 1, 15, what=tag_b + " sent or held")
-            if tag_b in tags_seen(a):
-                break
-            y.close()
-            wait_for(lambda: held(r) == 0, 15, what=tag_b + " given back")
-        else:
-            pytest.fail("20 connections in a row went to A's worker")
-        sc = send(y, "C", 10)
-        y.wait(lambda: held(r) == 1, 15, what="C held")
-        assert "C" not in tags_seen(a)
+        sb, sc = send(y, "B", 10), send(y, "C", 10)
+        y.wait(lambda: held(r) == 2, 15, what="B and C held")
         a.release("gA")
-        y.wait(lambda: "C" in tags_seen(a), 15, what="C sent once A's prefill ended")
-        assert not y.streams[sb]["ended"] and held(r) == 0
-        for tag in (tag_b, "C"):
+        y.wait(lambda: sorted(tags_seen(a)) == ["A", "B", "C"], 15,
+               what="B and C sent once A's prefill ended")
+        assert held(r) == 0
+        for tag in "BC":
             a.release("g" + tag)
         y.wait(lambda: y.streams[sb]["ended"] and y.streams[sc]["ended"], 30,
                what="B and C ended")
         x.wait(lambda: x.streams[sa]["ended"], 30, what="A ended")
         assert all(b"[DONE]" in c.streams[s]["data"] for c, s in ((x, sa), (y, sb), (y, sc)))
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_held_streams_go_in_one_rank_order_over_the_workers(stub_factory, router_factory,
+                                                            tmp_path):
+    """The order is the pod's too. A (1500 tokens) is at the pod from one worker, which then
+    holds L (100000 tokens); the other worker holds C (1100). When A's prefill ends, the budget
+    has room for one of them: C, whose rank (waited / (prefill + 256)) is the higher although
+    it came after L and A's worker holds L. C fills the budget again, so L waits for C's
+    prefill. Split by worker, A's worker would have sent L, and C would still be held."""
+    a, r = two_workers(stub_factory, router_factory, tmp_path)
+    clients = []
+    try:
+        x, y = connections_on_two_workers(r, clients)
+        sa = send(x, "A", 1500)
+        x.wait(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        sl = send(x, "L", 100000)
+        x.wait(lambda: held(r) == 1, 15, what="L held")
+        sc = send(y, "C", 1100)
+        y.wait(lambda: held(r) == 2, 15, what="C held")
+        # C's rank passes L's once C has waited 1/75 of L's wait: the time between the two
+        # being held is a few ms; this makes it so whatever the machine's pace.
+        time.sleep(0.2)
+        a.release("gA")
+        y.wait(lambda: "C" in tags_seen(a), 15, what="C sent once A's prefill ended")
+        assert "L" not in tags_seen(a) and held(r) == 1, tags_seen(a)
+        a.release("gC")
+        x.wait(lambda: "L" in tags_seen(a), 15, what="L sent once C's prefill ended")
+        a.release("gL")
+        y.wait(lambda: y.streams[sc]["ended"], 30, what="C ended")
+        x.wait(lambda: x.streams[sa]["ended"] and x.streams[sl]["ended"], 30,
+               what="A and L ended")
+        assert all(b"[DONE]" in c.streams[s]["data"] for c, s in ((x, sa), (x, sl), (y, sc)))
     finally:
         for c in clients:
             c.close()

@@ -888,7 +888,7 @@ def main():
                                           "%s/%s" % (name, load), outdir,
                                           sim_extra=["--tick-us", "10000"],
                                           rotate=0 if args.misconfig else k))
-                    if len(rounds) > 1 and not args.misconfig:
+                    if args.repeat > 1 and not args.misconfig:
                         print(summary_line("%s/%s run %d" % (name, load, k + 1), rounds[-1]),
                               flush=True)
                 if args.misconfig:

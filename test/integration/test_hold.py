@@ -191,18 +191,33 @@ def connections_on_two_workers(r, clients):
     pytest.fail("30 connections in a row went to the first one's worker")
 
 
+def a_over_the_budget_from_one_worker(stub_factory, router_factory, tmp_path, clients):
+    """Two workers, a connection on each (x, y), and A (1500 tokens) at the pod from x: the
+    pod's budget is spent."""
+    a, r = two_workers(stub_factory, router_factory, tmp_path)
+    x, y = connections_on_two_workers(r, clients)
+    sa = send(x, "A", 1500)
+    x.wait(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    return a, r, x, y, sa
+
+
+def h2_all_done(streams):
+    """Every (client, stream) ran to [DONE]."""
+    for c, sid in streams:
+        c.wait(lambda: c.streams[sid]["ended"], 30, what="every stream ended")
+        assert b"[DONE]" in c.streams[sid]["data"], c.streams[sid]["data"][-300:]
+
+
 def test_a_first_token_on_one_worker_sends_what_another_holds(stub_factory, router_factory,
                                                               tmp_path):
     """The budget is the pod's, so a prefill that ends on one worker may be what another's held
     stream waits for. A (1500 tokens) fills the budget from one worker; the other holds B (10)
     and C (10). When A's prefill ends, both go: A's worker has nothing of its own held, and
     nothing of the other's is at the pod to release them."""
-    a, r = two_workers(stub_factory, router_factory, tmp_path)
     clients = []
     try:
-        x, y = connections_on_two_workers(r, clients)
-        sa = send(x, "A", 1500)
-        x.wait(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        a, r, x, y, sa = a_over_the_budget_from_one_worker(stub_factory, router_factory,
+                                                           tmp_path, clients)
         sb, sc = send(y, "B", 10), send(y, "C", 10)
         y.wait(lambda: held(r) == 2, 15, what="B and C held")
         a.release("gA")
@@ -211,10 +226,7 @@ def test_a_first_token_on_one_worker_sends_what_another_holds(stub_factory, rout
         assert held(r) == 0
         for tag in "BC":
             a.release("g" + tag)
-        y.wait(lambda: y.streams[sb]["ended"] and y.streams[sc]["ended"], 30,
-               what="B and C ended")
-        x.wait(lambda: x.streams[sa]["ended"], 30, what="A ended")
-        assert all(b"[DONE]" in c.streams[s]["data"] for c, s in ((x, sa), (y, sb), (y, sc)))
+        h2_all_done([(x, sa), (y, sb), (y, sc)])
     finally:
         for c in clients:
             c.close()
@@ -227,12 +239,10 @@ def test_held_streams_go_in_one_rank_order_over_the_workers(stub_factory, router
     has room for one of them: C, whose rank (waited / (prefill + 256)) is the higher although
     it came after L and A's worker holds L. C fills the budget again, so L waits for C's
     prefill. Split by worker, A's worker would have sent L, and C would still be held."""
-    a, r = two_workers(stub_factory, router_factory, tmp_path)
     clients = []
     try:
-        x, y = connections_on_two_workers(r, clients)
-        sa = send(x, "A", 1500)
-        x.wait(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        a, r, x, y, sa = a_over_the_budget_from_one_worker(stub_factory, router_factory,
+                                                           tmp_path, clients)
         sl = send(x, "L", 100000)
         x.wait(lambda: held(r) == 1, 15, what="L held")
         sc = send(y, "C", 1100)
@@ -246,10 +256,7 @@ def test_held_streams_go_in_one_rank_order_over_the_workers(stub_factory, router
         a.release("gC")
         x.wait(lambda: "L" in tags_seen(a), 15, what="L sent once C's prefill ended")
         a.release("gL")
-        y.wait(lambda: y.streams[sc]["ended"], 30, what="C ended")
-        x.wait(lambda: x.streams[sa]["ended"] and x.streams[sl]["ended"], 30,
-               what="A and L ended")
-        assert all(b"[DONE]" in c.streams[s]["data"] for c, s in ((x, sa), (x, sl), (y, sc)))
+        h2_all_done([(x, sa), (x, sl), (y, sc)])
     finally:
         for c in clients:
             c.close()

@@ -192,6 +192,33 @@ static void uncharge(pcr_upreq_t *r)
     }
 }
 
+/* pcr_hold_rank at `now` of a request queued at `t_queued` with `prefill` tokens to do. */
+static double rank_at(uint64_t now, uint64_t t_queued, uint64_t prefill)
+{
+    return pcr_hold_rank(now > t_queued ? now - t_queued : 0, prefill);
+}
+
+/* The waiter of highest rank now among the HOLD_SCAN oldest (ties: the older, first in the
+ * queue): of the held streams only (`held_only`), or of all, streams only while `streams_go`.
+ * Requests that are not streams rank as no prefill. */
+static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go)
+{
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
+    uint64_t now = pcr_now_us();
+    double rank = 0;
+    unsigned seen = 0;
+    for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
+        if ((held_only && !w->in_hold) || (w->stream && !streams_go))
+            continue;
+        double k = rank_at(now, w->t_queued, w->stream ? w->prefill : 0);
+        if (best == NULL || k > rank) {
+            best = w;
+            rank = k;
+        }
+    }
+    return best;
+}
+
 /* ---- one rank order over the workers -------------------------------------------------
  *
  * Each worker publishes, in its slot on the backend (pcr_pending_t), its held stream that goes
@@ -215,6 +242,9 @@ static int slot_free(const pcr_pool_t *pool)
     return pool->nidle > 0 || pool->nconns < pool->max_connections;
 }
 
+/* `r` (or none) is this worker's next held stream, as the others see it. The two words are read
+ * apart: a reader between two publications may pair one stream's time with the other's prefill,
+ * and misorder one release; nothing waits on it. */
 static void publish(pcr_pool_t *pool, pcr_upreq_t *r)
 {
     pcr_pending_t *slot = own_slot(pool);
@@ -230,25 +260,10 @@ static void publish(pcr_pool_t *pool, pcr_upreq_t *r)
 /* Publishes the held stream of highest rank now (of the HOLD_SCAN oldest), or none. */
 static void publish_best(pcr_pool_t *pool)
 {
-    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
-    if (pool->nheld == 0 || !slot_free(pool)) {
-        if (pool->best_held != NULL || (own_slot(pool) && PCR_LOAD(own_slot(pool)->held_at)))
-            publish(pool, NULL);
-        return;
-    }
-    uint64_t now = pcr_now_us();
-    double rank = 0;
-    unsigned seen = 0;
-    for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
-        if (!w->in_hold)
-            continue;
-        double k = pcr_hold_rank(now > w->t_queued ? now - w->t_queued : 0, w->prefill);
-        if (best == NULL || k > rank) {
-            best = w;
-            rank = k;
-        }
-    }
-    publish(pool, best);
+    if (pool->nheld > 0 && slot_free(pool))
+        publish(pool, highest_rank(pool, 1, 1));
+    else if (pool->best_held != NULL)
+        publish(pool, NULL);
 }
 
 /* Whether another worker's published held stream for this backend ranks above `r` now. */
@@ -258,12 +273,11 @@ static int other_goes_first(const pcr_pool_t *pool, const pcr_upreq_t *r)
     if (own == NULL)
         return 0;
     uint64_t now = pcr_now_us();
-    double mine = pcr_hold_rank(now > r->t_queued ? now - r->t_queued : 0, r->prefill);
+    double mine = rank_at(now, r->t_queued, r->prefill);
     for (unsigned i = 0; i < pool->be->npending; i++) {
         const pcr_pending_t *o = &pool->be->pending[i];
         uint64_t at = o == own ? 0 : PCR_LOAD(o->held_at);
-        if (at != 0 &&
-            pcr_hold_rank(now > at ? now - at : 0, PCR_LOAD(o->held_prefill)) > mine)
+        if (at != 0 && rank_at(now, at, PCR_LOAD(o->held_prefill)) > mine)
             return 1;
     }
     return 0;
@@ -314,25 +328,10 @@ static void waiter_take(pcr_upreq_t *r)
  * pcr_hold_rank among those the budget lets go (of the HOLD_SCAN oldest). */
 static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
 {
-    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
-    uint64_t budget = pool_budget(pool);
-    if (w == NULL || budget == 0)
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
+    if (w == NULL || pool_budget(pool) == 0)
         return w;
-    int open = hold_open(pool);
-    uint64_t now = pcr_now_us();
-    double rank = 0;
-    unsigned seen = 0;
-    for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
-        if (w->stream && !open)
-            continue;
-        double k = pcr_hold_rank(now > w->t_queued ? now - w->t_queued : 0,
-                                 w->stream ? w->prefill : 0);
-        if (best == NULL || k > rank) { /* ties: the older, first in the queue */
-            best = w;
-            rank = k;
-        }
-    }
-    return best;
+    return highest_rank(pool, 0, hold_open(pool));
 }
 
 /* waiter_next(), but NULL when its choice is a held stream that another worker's published

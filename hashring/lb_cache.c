@@ -152,7 +152,9 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
          * always be SHARE_SLACK requests ahead of its fair share, so that a conversation's
          * next turn is not turned away early in a run for lack of requests to compare. */
         double fair = (served + unit) * p->be[b].weight / conf_weight;
-        double cap = p->o.share_factor * fair;
+        /* share_margin: room for what other replicas send it at this moment, unseen here. The
+         * slack is not cut by it: a conversation's early turns stay where they are warm. */
+        double cap = p->o.share_factor * fair - p->o.share_margin * unit;
         if (cap < fair + SHARE_SLACK * unit)
             cap = fair + SHARE_SLACK * unit;
         if (p->o.share_factor > 0 && p->served[b] + unit > cap)

@@ -286,10 +286,10 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
 
 /* The policy starts with no backend: they join through the bus (pcr_backend_add published
  * each one before the workers existed), like every later one. */
-static pcr_policy_t *make_policy(const pcr_config_t *cfg)
+static pcr_policy_t *make_policy(const pcr_config_t *cfg, unsigned nworkers)
 {
     pcr_policy_opts_t o;
-    pcr_reload_policy_opts(cfg, &o);
+    pcr_reload_policy_opts(cfg, nworkers, &o);
     pcr_policy_t *p = pcr_policy_new(&o, NULL, 0);
     pcr_policy_set_clock(p, pcr_now_ns); /* its phases in pcrouter_route_decision_seconds */
     return p;
@@ -308,7 +308,7 @@ int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     TAILQ_INIT(&w->waiting);
     TAILQ_INIT(&w->budget_waiters);
     w->base = pcr_sock_base_new();
-    w->policy = make_policy(srv->cfg);
+    w->policy = make_policy(srv->cfg, srv->nworkers);
     if (w->base == NULL || w->policy == NULL)
         return PCR_ERR_NOMEM;
     pcr_worker_sync(w);

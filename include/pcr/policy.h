@@ -67,6 +67,10 @@ typedef struct {
                                 * (pcr_policy_commit) is over this times its fair share (8
                                 * requests more at least) is passed over while another is
                                 * under, default 1.1; 0 = no such bound */
+    double share_margin;       /* requests the share bound (share_factor's, not the 8 of slack)
+                                * keeps in hand for decisions made at the same moment on other
+                                * replicas of this policy, which it has not seen yet (the
+                                * router sets its workers - 1); default 0 */
     double share_penalty;      /* cache_aware: tokens of cost a backend at the share bound is
                                 * charged, in proportion to how far its share is over its fair
                                 * one, while the pool is idle (fading as load_weight does):

@@ -497,6 +497,39 @@ static void test_share_bound_is_exact_within_the_window(void)
     }
 }
 
+/* share_margin: requests the bound keeps in hand for replicas' decisions it has not seen (the
+ * router's other workers). On one hot prefix the busiest pod reaches the bound without it, and
+ * stays that many requests under it with it. */
+static void test_share_margin_keeps_requests_in_hand(void)
+{
+    int most[2] = {0, 0};
+    double bound = 0;
+    for (int margin = 0; margin <= 1; margin++) {
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        o.share_penalty = 0;
+        o.share_margin = margin;
+        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        pcr_backend_load_t l[NB];
+        int counts[NB] = {0};
+        all_usable(l, NB);
+        send_hot_prefix(p, l, 1000, counts);
+        for (int b = 0; b < NB; b++)
+            most[margin] = counts[b] > most[margin] ? counts[b] : most[margin];
+        bound = o.share_factor * 1000 / NB;
+        printf("# share margin %d: the busiest pod took %d of 1000 (bound %.1f)\n", margin,
+               most[margin], bound);
+        pcr_policy_free(p);
+    }
+    PCR_CHECK((double)most[0] > bound - 1);
+    PCR_CHECK((double)most[1] <= bound - 1);
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    PCR_CHECK(o.share_margin == 0);
+    o.share_margin = -1;
+    PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+}
+
 /* The share charge is capped by the request's own prompt: pod 0 alone holds a short prompt
  * (640 tokens, under the 2048-token penalty) and is over its fair share, still under the bound.
  * The prompt's next request stays there, warm, instead of being charged more than its whole
@@ -962,6 +995,7 @@ int main(void)
     PCR_RUN(test_share_bound_is_exact_within_the_window);
     PCR_RUN(test_share_bound_follows_configured_weight_not_speed);
     PCR_RUN(test_share_penalty_steers_equal_warmth);
+    PCR_RUN(test_share_margin_keeps_requests_in_hand);
     PCR_RUN(test_share_charge_capped_by_the_prompt);
     PCR_RUN(test_learned_rates);
     PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);

@@ -144,6 +144,52 @@ static void test_control_reaches_every_worker(void)
     pcr_bus_free(bus);
 }
 
+/* The busiest of the three pods' count when one hot prompt is routed 1000 times. */
+static int busiest_of_1000(pcr_policy_t *p)
+{
+    uint64_t blocks[1024];
+    pcr_key_t key;
+    memset(prompt, 'h', sizeof(prompt) - 1);
+    make_key(p, prompt, &key, blocks);
+    pcr_backend_load_t loads[3];
+    memset(loads, 0, sizeof(loads));
+    for (int i = 0; i < 3; i++)
+        loads[i].usable = 1;
+    int counts[3] = {0}, most = 0;
+    for (int i = 0; i < 1000; i++) {
+        pcr_decision_t d;
+        uint32_t from;
+        pcr_policy_decide(p, &key, loads, (uint64_t)i, &d);
+        pcr_policy_commit(p, d.backend, &key, (uint64_t)i, &from);
+        counts[d.backend]++;
+    }
+    for (int b = 0; b < 3; b++)
+        most = counts[b] > most ? counts[b] : most;
+    return most;
+}
+
+/* A tune carries every option: with share_margin 1 (and no share penalty), the busiest pod of
+ * a hot prompt ends one request further under the share bound (366 of 1000 without it). */
+static void test_tune_carries_the_share_margin(void)
+{
+    int most[2];
+    for (int margin = 0; margin <= 1; margin++) {
+        pcr_bus_t *bus = pcr_bus_new(1);
+        pcr_policy_t *w0 = replica();
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        o.share_penalty = 0;
+        o.share_margin = margin;
+        pcr_bus_tune(bus, &o);
+        PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
+        most[margin] = busiest_of_1000(w0);
+        pcr_policy_free(w0);
+        pcr_bus_free(bus);
+    }
+    PCR_CHECK_EQ_INT(most[0], 366);
+    PCR_CHECK_EQ_INT(most[1], 365);
+}
+
 static int tapped[8];
 
 static void on_tap(const pcr_bus_msg_t *m, void *arg)
@@ -194,6 +240,7 @@ int main(void)
     PCR_RUN(test_commit_reaches_the_others_not_the_sender);
     PCR_RUN(test_observe_and_feedback_reach_the_others);
     PCR_RUN(test_control_reaches_every_worker);
+    PCR_RUN(test_tune_carries_the_share_margin);
     PCR_RUN(test_tap_sees_the_workers_updates_only);
     PCR_RUN(test_undrained_inbox_is_bounded);
     return pcr_test_done();

@@ -693,9 +693,18 @@ static void dispatch(pcr_exchange_t *ex)
     ex_to(ex, EX_UP_WAIT);
     /* A stream's first event tells when its prefill is done, so the pool can hold streams
      * while the pod's prefill queue is full (routing.hold_tokens). */
-    ex->up = ex->req.stream && ex->has_key
-                 ? pcr_upstream_send_stream(pool, req, body, ex->prefill, &proxy_cbs, ex)
-                 : pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
+    if (ex->req.stream && ex->has_key) {
+        /* The key lives as long as the exchange, the upstream request no longer. */
+        pcr_up_prefix_t prefix = {
+            .blocks = ex->key.blocks,
+            .nblocks = (uint32_t)ex->key.nblocks,
+            .matched = d.matched_blocks,
+            .added_from = ex->committed ? (uint32_t)ex->added_from : (uint32_t)ex->key.nblocks,
+        };
+        ex->up = pcr_upstream_send_stream(pool, req, body, ex->prefill, &prefix, &proxy_cbs, ex);
+    } else {
+        ex->up = pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
+    }
     if (ex->up == NULL) {
         ex_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");

@@ -12,7 +12,8 @@
  * in `sent_prefill`, its pool's and its backend's (every worker's), from when it gets a
  * connection until its first event (pcr_upstream_prefill_done) or its end. While the backend's
  * is at the budget, new streams join the wait queue too ("held"), and whoever waits goes
- * highest pcr_hold_rank first
+ * highest pcr_hold_rank first, save that a held stream goes before one of this worker's that
+ * counts on the blocks it brings (held_bringer)
  * (requests that are not streams count as no prefill, and only they may go while the budget is
  * spent). With no budget the queue stays FIFO. A queued request keeps its place until
  * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
@@ -77,6 +78,7 @@ struct pcr_upreq {
     uint64_t t_queued;               /* when it joined the queue, us */
     uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
     uint64_t prefill;                /* a stream's uncached prefill, tokens */
+    pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
     int stream;                      /* counts against routing.hold_tokens */
     int charged;                     /* its prefill is in pool->sent_prefill */
     int held;                        /* was queued because the budget was spent */
@@ -334,12 +336,40 @@ static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
     return highest_rank(pool, 0, hold_open(pool));
 }
 
+/* A stream held in this pool (of the HOLD_SCAN oldest) that brings blocks `r` counts as cached
+ * (pcr_hold_depends), or NULL. Sent first, `r` would prefill them itself and the other would
+ * find them: the hit the routing chose both for would be lost. Only this worker's: another
+ * worker's held streams are seen as one published rank, not as keys. */
+static pcr_upreq_t *held_bringer(pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    if (pool->nheld == 0 || r->prefix.blocks == NULL || r->prefix.matched == 0)
+        return NULL;
+    unsigned seen = 0;
+    for (pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters); w != NULL && seen < HOLD_SCAN;
+         w = TAILQ_NEXT(w, wait_link), seen++) {
+        if (w != r && w->in_hold && w->prefix.blocks != NULL &&
+            pcr_hold_depends(r->prefix.blocks, r->prefix.nblocks, r->prefix.matched,
+                             w->prefix.blocks, w->prefix.nblocks, w->prefix.added_from))
+            return w;
+    }
+    return NULL;
+}
+
 /* waiter_next(), but NULL when its choice is a held stream that another worker's published
- * one ranks above: that one goes first (budget_freed wakes its worker). */
+ * one ranks above: that one goes first (budget_freed wakes its worker). A held stream's turn
+ * goes to the held stream whose blocks it counts on, if any (that one's, in turn, to its own):
+ * the chosen one's rank stands for both. */
 static pcr_upreq_t *waiter_next_in_order(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = waiter_next(pool);
-    return w != NULL && w->in_hold && other_goes_first(pool, w) ? NULL : w;
+    if (w == NULL || !w->in_hold)
+        return w;
+    if (other_goes_first(pool, w))
+        return NULL;
+    pcr_upreq_t *b;
+    for (int depth = 0; depth < 8 && (b = held_bringer(pool, w)) != NULL; depth++)
+        w = b;
+    return w;
 }
 
 /* The budget or a slot opened: sends whoever may go, in order, while a connection is there to
@@ -808,8 +838,9 @@ static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
 static void req_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
-    if (r->stream && !r->charged && !hold_open(pool)) {
-        waiter_add(r, 1); /* the backend's prefill queue is full: held */
+    if (r->stream && !r->charged &&
+        (!hold_open(pool) || held_bringer(pool, r) != NULL)) {
+        waiter_add(r, 1); /* the backend's prefill queue is full, or what it counts on waits */
         return;
     }
     pcr_upconn_t *c = r->fresh ? NULL : TAILQ_FIRST(&pool->idle);
@@ -840,8 +871,8 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
 }
 
 static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
-                             int stream, uint64_t prefill, const pcr_upstream_cbs_t *cbs,
-                             void *ctx)
+                             int stream, uint64_t prefill, const pcr_up_prefix_t *prefix,
+                             const pcr_upstream_cbs_t *cbs, void *ctx)
 {
     pcr_upreq_t *r = pcr_evmem_calloc(1, sizeof(*r)); /* per request: evmem.h */
     if (r == NULL) {
@@ -855,6 +886,8 @@ static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evb
     r->ctx = ctx;
     r->stream = stream;
     r->prefill = prefill;
+    if (prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
+        r->prefix = *prefix;
     req_dispatch(r);
     return r;
 }
@@ -862,14 +895,15 @@ static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evb
 pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
                                     const pcr_upstream_cbs_t *cbs, void *ctx)
 {
-    return send_req(pool, head, body, 0, 0, cbs, ctx);
+    return send_req(pool, head, body, 0, 0, NULL, cbs, ctx);
 }
 
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       struct evbuffer *body, uint64_t prefill,
+                                      const pcr_up_prefix_t *prefix,
                                       const pcr_upstream_cbs_t *cbs, void *ctx)
 {
-    return send_req(pool, head, body, 1, prefill, cbs, ctx);
+    return send_req(pool, head, body, 1, prefill, prefix, cbs, ctx);
 }
 
 int pcr_upstream_prefill_done(pcr_upreq_t *r)

@@ -90,9 +90,20 @@ pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, str
  * It counts against routing.hold_tokens, with every worker's streams to the backend, from when
  * it is sent until pcr_upstream_prefill_done() or its end; while the budget is spent, such
  * requests wait in the pool and go highest pcr_hold_rank first over every worker (pcr/hold.h),
- * or fail with PCR_UP_HELD after timeouts.response_ms. */
+ * except that one held on this worker whose blocks the first counts on goes before it, or fail with PCR_UP_HELD after timeouts.response_ms. */
+/* The prefix a stream was routed with, for the order among held streams: a held stream goes
+ * before one that counts as cached the blocks it brings to the pod (pcr_hold_depends). `blocks`
+ * is the caller's and stays unchanged until the request ends; NULL (or nblocks 0): no key. */
+typedef struct {
+    const uint64_t *blocks;          /* the key's chained block hashes */
+    uint32_t nblocks;
+    uint32_t matched;                /* leading blocks the backend held at the decision */
+    uint32_t added_from;             /* first block it did not hold before (nblocks: none) */
+} pcr_up_prefix_t;
+
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       struct evbuffer *body, uint64_t prefill,
+                                      const pcr_up_prefix_t *prefix,
                                       const pcr_upstream_cbs_t *cbs, void *ctx);
 
 /* The stream's first event came back: its prefill is done and leaves the budget; held requests

@@ -45,8 +45,10 @@ static void usage(FILE *f)
 "                        (load_factor, load_weight, ...), plus \"observe\", \"feedback\"\n"
 "                        (booleans; feedback defaults to true, as in the config),\n"
 "                        \"index_capacity\" (the index believes a pod holds\n"
-"                        this many times its cache) and \"hold_tokens\" (as in the\n"
-"                        config, default 20480; HAProxy never holds)\n"
+"                        this many times its cache), \"hold_tokens\" (as in the\n"
+"                        config, default 20480; HAProxy never holds) and \"hold_deps\"\n"
+"                        (boolean, default true: a held request goes before one that\n"
+"                        counts on the blocks it brings, as pcrouter does)\n"
 "  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
 "Columns: pred/del is the cached tokens the index predicted over those the pods delivered\n"
@@ -108,13 +110,14 @@ static void variant_defaults(off_variant_t *v)
     v->index_capacity = 1;
     v->feedback = 1;
     v->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
+    v->hold_deps = 1;
 }
 
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
     static const char *const other[] = {"vnodes", "observe", "feedback", "index_capacity",
-                                        "hold_tokens"};
+                                        "hold_tokens", "hold_deps"};
     cJSON *o = cJSON_Parse(json);
     int rc = -1;
     if (!cJSON_IsObject(o)) {
@@ -140,7 +143,8 @@ static int apply_routing(off_variant_t *v, const char *json)
     if (num_key(o, "vnodes", 1, 10000, &vnodes) ||
         num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity) ||
         num_key(o, "hold_tokens", 0, 4294967295.0, &v->hold_tokens) ||
-        bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback))
+        bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback) ||
+        bool_key(o, "hold_deps", &v->hold_deps))
         goto out;
     v->opts.vnodes = (unsigned)vnodes;
     rc = 0;

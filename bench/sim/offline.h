@@ -59,6 +59,8 @@ typedef struct {
     double hold_tokens;        /* routing.hold_tokens: a pod with this much uncached prefill
                                 * sent and not yet at its first token gets no more; the router
                                 * holds the rest (pcr/hold.h). 0: off */
+    int hold_deps;             /* a held request goes before one that counts on the blocks it
+                                * brings (pcr_hold_depends; the router's rule, default on) */
 } off_variant_t;
 
 typedef struct {

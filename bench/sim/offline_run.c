@@ -6,7 +6,9 @@
  *           unless the pod already has hold_tokens of uncached prefill sent and not yet at its
  *           first token: then the router holds it (pcr/hold.h), as router/upstream.c does
  *   FIRST   the first token: the router releases the request's queued prefill, and sends its
- *           pod's held requests, highest pcr_hold_rank first, while the pod is under the budget
+ *           pod's held requests, highest pcr_hold_rank first (but a held request whose blocks
+ *           the first counts on goes before it: pcr_hold_depends), while the pod is under the
+ *           budget
  *   TOKENS  decoding goes on in chunks of CHUNK tokens at the pod's current inter-token time;
  *           after the last one the pod releases the cache blocks and admits who can go
  *   SCRAPE  the router reads every pod's waiting queue, as its health scrape does
@@ -182,8 +184,24 @@ static uint64_t hold_budget(const sim_t *S)
     return S->v->haproxy ? 0 : (uint64_t)S->v->hold_tokens;
 }
 
-/* Sends pod b's held requests, highest rank first, while it is under the budget; then the pod
- * admits who can go. */
+/* The link to a request held at pod b that request i counts on (pcr_hold_depends), or NULL. */
+static uint32_t *held_bringer(sim_t *S, size_t b, uint32_t i)
+{
+    if (!S->v->hold_deps)
+        return NULL;
+    const pcr_key_t *k2 = &S->w->reqs[i].key;
+    for (uint32_t *p = &S->pods[b].hold_head; *p != NIL; p = &S->st[*p].hnext) {
+        const pcr_key_t *k1 = &S->w->reqs[*p].key;
+        if (*p != i && pcr_hold_depends(k2->blocks, (uint32_t)k2->nblocks,
+                                        S->st[i].d.matched_blocks, k1->blocks,
+                                        (uint32_t)k1->nblocks, S->st[*p].added_from))
+            return p;
+    }
+    return NULL;
+}
+
+/* Sends pod b's held requests, highest rank first (or what the first counts on, first), while
+ * it is under the budget; then the pod admits who can go. */
 static int release(sim_t *S, size_t b, double now)
 {
     opod_t *pod = &S->pods[b];
@@ -197,6 +215,12 @@ static int release(sim_t *S, size_t b, double now)
                 best = p;
                 rank = k;
             }
+        }
+        for (int depth = 0; depth < 8; depth++) {
+            uint32_t *q = held_bringer(S, b, *best);
+            if (q == NULL)
+                break;
+            best = q;
         }
         uint32_t i = *best;
         *best = S->st[i].hnext;

@@ -7,7 +7,8 @@
  * each already routed to that pod, and as its prefill drains they go one at a time, highest
  * pcr_hold_rank first. That is the highest response ratio next rule, (waited + own prefill) /
  * own prefill: a short prompt passes long ones, and a long one's rank grows as it waits, so
- * none waits forever. Routing is unchanged: a held request counts on its pod as if sent.
+ * none waits forever; but a held request goes before one that counts on the blocks it brings
+ * (pcr_hold_depends). Routing is unchanged: a held request counts on its pod as if sent.
  *
  * Pure; implemented in hashring/hold.c. The router (router/upstream.c) and the offline
  * simulator (bench/sim/offline_run.c) order their held requests with it. */
@@ -36,6 +37,19 @@ double pcr_hold_rank(uint64_t waited_us, uint64_t prefill_tokens);
 static inline int pcr_hold_open(uint64_t sent_tokens, uint64_t budget_tokens)
 {
     return budget_tokens == 0 || sent_tokens < budget_tokens;
+}
+
+/* Whether request 2, whose key `blocks2` (`n2` chained block hashes) matched `matched2` blocks
+ * on its pod, counts as cached what request 1 (key `blocks1`, `n1` blocks) brings there: the
+ * blocks from `added_from1` on, which that pod did not hold when request 1 was routed
+ * (pcr_policy_commit). Chained hashes: equal at one index, equal prefixes up to it. While
+ * request 1 is held, request 2 must not reach the pod first: it would prefill those blocks
+ * itself, and request 1 after it would find them. */
+static inline int pcr_hold_depends(const uint64_t *blocks2, uint32_t n2, uint32_t matched2,
+                                   const uint64_t *blocks1, uint32_t n1, uint32_t added_from1)
+{
+    return added_from1 < n1 && added_from1 < matched2 && added_from1 < n2 &&
+           blocks2[added_from1] == blocks1[added_from1];
 }
 
 #endif

@@ -96,6 +96,34 @@ def test_held_streams_go_highest_response_ratio_first(stub_factory, router_facto
     assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
 
 
+def test_a_held_stream_goes_before_one_that_counts_on_what_it_brings(stub_factory,
+                                                                   router_factory, streams):
+    """A fills the budget. B (2048 tokens) is held: it is routed to pod-a with a prompt the pod
+    does not have, so it brings those blocks. C is B's prompt and 100 tokens more: the index
+    counts B's blocks as cached on pod-a, so C's own prefill is 100 tokens and its rank passes
+    B's at once. Sent first, C would prefill B's blocks itself and B would find them after it.
+    When A's prefill ends, B goes, and C waits for B's prefill (B fills the budget)."""
+    a, r = one_pod(stub_factory, router_factory)
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    prompt = text("B", 8192)
+    streams.append(CurlStream(r.url("/v1/completions"),
+                              completion(prompt, stream=True, tag="B", prefill_gate="gb")))
+    wait_for(lambda: held(r) == 1, 15, what="B held")
+    streams.append(CurlStream(r.url("/v1/completions"),
+                              completion(prompt + text("C", 400), stream=True, tag="C",
+                                         prefill_gate="gc")))
+    wait_for(lambda: held(r) == 2, 15, what="C held")
+    a.release("ga")
+    wait_for(lambda: len(tags_seen(a)) >= 2, 15, what="a held stream sent")
+    assert tags_seen(a) == ["A", "B"], tags_seen(a)
+    assert held(r) == 1
+    a.release("gb")
+    wait_for(lambda: "C" in tags_seen(a), 15, what="C sent once B's prefill ended")
+    a.release("gc")
+    all_done(streams)
+
+
 def test_the_access_log_says_how_long_a_stream_was_held(stub_factory, router_factory, streams,
                                                         tmp_path):
     """held_ms: how long a stream waited in pcrouter, at least the time between the test seeing

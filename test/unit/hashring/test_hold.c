@@ -35,11 +35,30 @@ static void test_the_budget(void)
     PCR_CHECK(!pcr_hold_open(50000, 1000));
 }
 
+static void test_what_a_held_request_brings(void)
+{
+    /* Request 1's key a0 a1 a2 a3; its pod held a0 a1 before it (it brings a2 a3). */
+    const uint64_t one[] = {10, 11, 12, 13};
+    /* Request 2 extends it (a0..a3 then a4) and matched 5 blocks there: it counts on a2. */
+    const uint64_t ext[] = {10, 11, 12, 13, 14};
+    PCR_CHECK(pcr_hold_depends(ext, 5, 5, one, 4, 2));
+    PCR_CHECK(pcr_hold_depends(ext, 5, 3, one, 4, 2));    /* a2 alone is enough */
+    PCR_CHECK(!pcr_hold_depends(ext, 5, 2, one, 4, 2));   /* only what the pod had before */
+    PCR_CHECK(!pcr_hold_depends(ext, 5, 5, one, 4, 4));   /* request 1 brings nothing */
+    PCR_CHECK(!pcr_hold_depends(ext, 2, 2, one, 4, 2));   /* a key shorter than that block */
+    /* Another prompt after the shared a0 a1: its third block is not request 1's. */
+    const uint64_t other[] = {10, 11, 22, 23};
+    PCR_CHECK(!pcr_hold_depends(other, 4, 4, one, 4, 2));
+    /* Whatever its own blocks, a request that matched nothing counts on nobody. */
+    PCR_CHECK(!pcr_hold_depends(ext, 5, 0, one, 4, 0));
+}
+
 int main(void)
 {
     PCR_RUN(test_shorter_prefill_ranks_higher_at_equal_wait);
     PCR_RUN(test_waiting_lifts_a_long_prefill);
     PCR_RUN(test_the_ratio);
     PCR_RUN(test_the_budget);
+    PCR_RUN(test_what_a_held_request_brings);
     return pcr_test_done();
 }

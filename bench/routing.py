@@ -817,9 +817,10 @@ def main():
                     help="KV cache per pod (default 1M tokens: an 8B model on an H200-class GPU;"
                          " the trace's working set is ~93M tokens; with --workload, the"
                          " workload's own pool unless given)")
-    ap.add_argument("--time-scale", type=float, default=50 if quick else 20,
-                    help="model time per wall second (default 20; QUICK: 50). One ms of"
-                         " scheduling jitter on this shared machine is this many ms of TTFT")
+    ap.add_argument("--time-scale", type=float, default=None,
+                    help="model time per wall second (default 20; QUICK: 50; with --workload,"
+                         " the workload's own unless given). One ms of scheduling jitter on"
+                         " this shared machine is this many ms of TTFT")
     ap.add_argument("--limit", type=int, default=2000 if quick else 0,
                     help="first N requests (QUICK: 2000; with --workload, 400)")
     ap.add_argument("--max-tokens-cap", type=int, default=4096)
@@ -851,6 +852,8 @@ def main():
     args = ap.parse_args()
     if args.repeat is None:   # a workload's policies run once unless asked
         args.repeat = 3 if quick and (args.workload is None or args.misconfig) else 1
+    if args.time_scale is None and args.workload is None:
+        args.time_scale = 50 if quick else 20
     routing = json.loads(args.routing)
     build = os.path.abspath(args.build)
     os.makedirs(args.out, exist_ok=True)
@@ -916,7 +919,7 @@ def main():
                 rounds = []
                 for k in range(args.repeat):
                     rounds.append(run_one(args, build, trace, w["pods"], capacity,
-                                          w["time_scale"], limit, routing,
+                                          args.time_scale or w["time_scale"], limit, routing,
                                           "%s/%s" % (name, load), outdir,
                                           sim_extra=["--tick-us", "10000"],
                                           rotate=0 if args.misconfig else k))

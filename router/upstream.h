@@ -86,11 +86,6 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
 pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
                                     const pcr_upstream_cbs_t *cbs, void *ctx);
 
-/* The same for a streamed completion whose uncached prefill on this backend is `prefill` tokens.
- * It counts against routing.hold_tokens, with every worker's streams to the backend, from when
- * it is sent until pcr_upstream_prefill_done() or its end; while the budget is spent, such
- * requests wait in the pool and go highest pcr_hold_rank first over every worker (pcr/hold.h),
- * except that one held on this worker whose blocks the first counts on goes before it, or fail with PCR_UP_HELD after timeouts.response_ms. */
 /* The prefix a stream was routed with, for the order among held streams: a held stream goes
  * before one that counts as cached the blocks it brings to the pod (pcr_hold_depends). `blocks`
  * is the caller's and stays unchanged until the request ends; NULL (or nblocks 0): no key. */
@@ -101,6 +96,13 @@ typedef struct {
     uint32_t added_from;             /* first block it did not hold before (nblocks: none) */
 } pcr_up_prefix_t;
 
+/* As pcr_upstream_send_body(), for a streamed completion with `prefill` tokens of uncached
+ * prefill, routed with `prefix` (NULL: none). It counts against routing.hold_tokens, with every
+ * worker's streams to the backend, from when it is sent until pcr_upstream_prefill_done() or
+ * its end. While the budget is spent, such requests wait in the pool and go highest
+ * pcr_hold_rank first over every worker (pcr/hold.h), except that a stream held on this worker
+ * whose blocks the first counts on goes before it; or they fail with PCR_UP_HELD after
+ * timeouts.response_ms. */
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       struct evbuffer *body, uint64_t prefill,
                                       const pcr_up_prefix_t *prefix,

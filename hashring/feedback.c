@@ -28,8 +28,9 @@
  * when the request that last committed it (at d->matched_time) had reached its first token
  * before this one was sent (the caller's `settled_before`). A conversation's next turn or a
  * shared system prompt's next user often comes while the request that brings the prefix is
- * still in the pod's queue, or held in the router; vLLM reuses only computed blocks, so that
- * answer is short without any eviction. Taken as one, it made the index forget everything
+ * still in the pod's queue, or held in the router; vLLM reuses only blocks it has scheduled
+ * for computation (it caches them as it allocates them to a step), so that answer is short
+ * without any eviction. Taken as one, it made the index forget everything
  * older on that pod and cut the pod's capacity in the index to what was left: early in a live
  * Mooncake run, 724 blocks to 99 and 1909 to 105, from one answer each.
  *

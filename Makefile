@@ -119,7 +119,8 @@ bench-proxies: deps-bench build
 # BEFORE=another/build/dir (adds its pcrouter's cache_aware as a row); QUICK=1 for a smoke run;
 # MISCONFIG=2 (pods hold half the capacity the config says: feedback off and on);
 # WORKERS=N (pcrouter's worker threads); CAPACITY=N (KV tokens per pod, over the workload's);
-# REPEAT=N (runs of each MISCONFIG setup, medians and the share feedback won back).
+# REPEAT=N (runs of each policy, or of each MISCONFIG setup: medians, TTFT pooled over the
+# runs, and with MISCONFIG the share feedback won back).
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE)) \

@@ -821,10 +821,15 @@ static void on_up_body(void *ctx, const char *data, size_t len)
         !ex->w->cfg->redis.enabled) {
         pcr_worker_t *w = ex->w;
         uint64_t ttfb = pcr_now_us() - ex->t_start;
-        pcr_policy_observe(w->policy, ex->be->id, ex->decision.uncached_prefill,
-                           ex->decision.queued_ahead, ttfb);
+        uint64_t ahead = ex->decision.queued_ahead;
+        uint64_t held = pcr_upstream_held_us(ex->up);
+        if (held > 0) {
+            ttfb = ttfb > held ? ttfb - held : 0;
+            ahead = pcr_upstream_sent_ahead(ex->up);
+        }
+        pcr_policy_observe(w->policy, ex->be->id, ex->decision.uncached_prefill, ahead, ttfb);
         pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->decision.uncached_prefill,
-                        ex->decision.queued_ahead, ttfb);
+                        ahead, ttfb);
     }
     if (ex->state != EX_UP_BODY && pcr_upstream_prefill_done(ex->up)) {
         ex->held = 1;

@@ -142,6 +142,16 @@ static uint64_t v_index_blocks(const pcr_worker_t *w, const pcr_backend_t *be)
     return pcr_policy_backend_blocks(w->policy, be->id);
 }
 
+/* The inverse slope of cache_aware's time-to-first-token estimate for the backend (pcr/ttft.h):
+ * the prefill speed it learned from streams' first tokens, the prior's (70 us a token) until
+ * then. */
+static uint64_t v_prefill_speed(const pcr_worker_t *w, const pcr_backend_t *be)
+{
+    double us = pcr_policy_estimate_ttft(w->policy, be->id, 1000000) -
+                pcr_policy_estimate_ttft(w->policy, be->id, 0);
+    return us > 1 ? (uint64_t)(1e12 / us + 0.5) : 0;
+}
+
 static const struct {
     const char *name, *type, *help;
     backend_value_fn get;
@@ -167,6 +177,9 @@ static const struct {
      v_held},
     {"pcrouter_backend_held_total", "counter",
      "Streams that were held at the router for the backend.", v_held_total},
+    {"pcrouter_backend_prefill_tokens_per_second", "gauge",
+     "Prefill speed, uncached prompt tokens a second, that cache_aware has learned for the "
+     "backend from its streams' first tokens (time held in pcrouter excluded).", v_prefill_speed},
     {"pcrouter_index_blocks", "gauge",
      "Prefix blocks the index believes each backend holds (one worker's replica).", v_index_blocks},
     {"pcrouter_upstream_connect_errors_total", "counter", "Failed connects to each backend.",

@@ -78,6 +78,7 @@ struct pcr_upreq {
     uint64_t t_queued;               /* when it joined the queue, us */
     uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
     uint64_t prefill;                /* a stream's uncached prefill, tokens */
+    uint64_t ahead;                  /* the backend's sent_prefill when it was charged */
     pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
     int stream;                      /* counts against routing.hold_tokens */
     int charged;                     /* its prefill is in pool->sent_prefill */
@@ -179,6 +180,7 @@ static int hold_open(const pcr_pool_t *pool)
 static void charge(pcr_upreq_t *r)
 {
     if (r->stream && !r->charged) {
+        r->ahead = PCR_LOAD(r->pool->be->sent_prefill);
         r->pool->sent_prefill += r->prefill;
         PCR_ADD(r->pool->be->sent_prefill, r->prefill);
         r->charged = 1;
@@ -920,6 +922,11 @@ int pcr_upstream_prefill_done(pcr_upreq_t *r)
 uint64_t pcr_upstream_held_us(const pcr_upreq_t *r)
 {
     return r != NULL ? r->held_us : 0;
+}
+
+uint64_t pcr_upstream_sent_ahead(const pcr_upreq_t *r)
+{
+    return r != NULL ? r->ahead : 0;
 }
 
 void pcr_upstream_cancel(pcr_upreq_t *r)

@@ -120,6 +120,10 @@ void pcr_upstream_kick(pcr_pool_t *pool);
 /* How long the request has been held so far, in microseconds (0 when never). */
 uint64_t pcr_upstream_held_us(const pcr_upreq_t *r);
 
+/* A stream's uncached prefill that every worker had sent its backend and not seen reach a
+ * first token when this one went (routing.hold_tokens' count; 0 for other requests). */
+uint64_t pcr_upstream_sent_ahead(const pcr_upreq_t *r);
+
 /* Fails every stream held in the pool with PCR_UP_HELD_OUT, the oldest first: its backend is
  * out of rotation (down, ejected, removed), so their owners route them again rather than wait
  * for it. Never from inside a callback of this pool's requests. */

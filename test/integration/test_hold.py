@@ -313,6 +313,32 @@ def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory, streams):
     all_done(streams)
 
 
+def test_time_held_in_pcrouter_is_not_taken_for_the_pods_slowness(stub_factory, router_factory,
+                                                                  streams):
+    """cache_aware learns a pod's prefill rate from its streams' first tokens
+    (pcrouter_backend_prefill_tokens_per_second). A held stream reaches its first token late by the
+    time it waited in pcrouter, which is not the pod's doing, so that time is not counted: A
+    fills the budget and leaves before its first token (no time of its own); B, held meanwhile,
+    then goes and answers at once. Counted from B's arrival, the pod would look ten times slower
+    than the prior; from B's send, it looks as fast or faster."""
+    a, r = one_pod(stub_factory, router_factory)
+    speed = lambda: metric(get_metrics(r), "pcrouter_backend_prefill_tokens_per_second",
+                           backend="pod-a")
+    prior = speed()
+    assert prior == 14286
+    blocker = start([], r, "A", 8000, prefill_gate="ga")
+    try:
+        wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+        start(streams, r, "B", 1000)
+        wait_for(lambda: held(r) == 1, 15, what="B held")
+        # The time B is held is the point: the test lets some pass before A leaves.
+        time.sleep(1.5)
+    finally:
+        blocker.kill()
+    all_done(streams)   # B's first token was observed before its [DONE] (one worker)
+    assert speed() > prior / 2, speed()
+
+
 def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory, streams):
     """A non-streamed completion shows no first token before its answer, so it is neither held
     nor counted: it goes through while the pod's budget is spent."""

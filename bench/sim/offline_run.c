@@ -5,10 +5,12 @@
  *   ARRIVE  the router decides, commits, charges the backend, and the pod queues the request,
  *           unless the pod already has hold_tokens of uncached prefill sent and not yet at its
  *           first token: then the router holds it (pcr/hold.h), as router/upstream.c does
- *   FIRST   the first token: the router releases the request's queued prefill, and sends its
- *           pod's held requests, highest pcr_hold_rank first (but a held request whose blocks
- *           the first counts on goes before it: pcr_hold_depends), while the pod is under the
- *           budget
+ *   FIRST   the first token, which the router sees at once, or with --jitter-ms up to that
+ *           much later (SEEN)
+ *   SEEN    the router releases the request's queued prefill, and sends its pod's held
+ *           requests, highest pcr_hold_rank first (but a held request whose blocks the first
+ *           counts on goes before it: pcr_hold_depends), while the pod is under the budget; the
+ *           time teaches the policy the pod's rate (a held request's from its send)
  *   TOKENS  decoding goes on in chunks of CHUNK tokens at the pod's current inter-token time;
  *           after the last one the pod releases the cache blocks and admits who can go
  *   SCRAPE  the router reads every pod's waiting queue, as its health scrape does
@@ -26,7 +28,7 @@
 #define CHUNK 8         /* tokens per TOKENS event: the batch changes little within 8 steps */
 #define NIL UINT32_MAX
 
-enum { EV_ARRIVE, EV_FIRST, EV_TOKENS, EV_SCRAPE };
+enum { EV_ARRIVE, EV_FIRST, EV_SEEN, EV_TOKENS, EV_SCRAPE };
 
 typedef struct {
     double t;
@@ -54,6 +56,9 @@ typedef struct {
     uint32_t pnext;            /* its pod's requests in commit order (pending) */
     uint64_t settled_before;   /* pcr_policy_feedback's, as the router reads it at the send */
     pcr_decision_t d;
+    double sent_us;            /* when a held request went to its pod */
+    uint64_t ahead_at_send;    /* the pod's sent_prefill then (pcr_upstream_sent_ahead) */
+    double late;               /* how late the router sees its first byte (--jitter-ms) */
 } rstate_t;
 
 typedef struct {
@@ -224,6 +229,8 @@ static int release(sim_t *S, size_t b, double now)
         }
         uint32_t i = *best;
         *best = S->st[i].hnext;
+        S->st[i].sent_us = now;
+        S->st[i].ahead_at_send = pod->sent_prefill;
         pod->sent_prefill += S->st[i].charged;
         enqueue(S, b, i);
     }
@@ -318,23 +325,48 @@ static int next_tokens(sim_t *S, uint32_t i, double now)
                 EV_TOKENS, i);
 }
 
-static int on_first(sim_t *S, uint32_t i, double now)
+/* The router sees request i's first token (its first byte, `late` after the pod sent it): the
+ * prefill leaves the pod's queue and budget, held requests may go, and the time teaches the
+ * policy the pod's rate. */
+static int on_seen(sim_t *S, uint32_t i, double now)
 {
     rstate_t *st = &S->st[i];
     size_t b = (size_t)st->pod;
     const off_req_t *r = &S->w->reqs[i];
-    st->first_us = now;
     st->settled = 1;
-    S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
     S->loads[b].queued_prefill -= st->charged;
     S->pods[b].sent_prefill -= st->charged;
     st->charged = 0;
     if (release(S, b, now) != 0)
         return -1;
     if (S->v->observe && S->policy) {
-        double late = S->s->jitter_us * (double)(next_random(&S->rng) >> 11) / 9007199254740992.0;
-        pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, st->d.queued_ahead,
-                           (uint64_t)(now - r->arrival_us + late));
+        /* As router/exchange.c: a held request's time counts from its send, behind what the
+         * pod had then; the time it waited at the router is not the pod's. */
+        if (st->held)
+            pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill,
+                               st->ahead_at_send, (uint64_t)(now - st->sent_us));
+        else
+            pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill,
+                               st->d.queued_ahead, (uint64_t)(now - r->arrival_us));
+    }
+    return 0;
+}
+
+static int on_first(sim_t *S, uint32_t i, double now)
+{
+    rstate_t *st = &S->st[i];
+    const off_req_t *r = &S->w->reqs[i];
+    st->first_us = now;
+    S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
+    /* How late the router sees it: its release of held requests waits as long as that. */
+    st->late = S->s->jitter_us > 0
+                   ? S->s->jitter_us * (double)(next_random(&S->rng) >> 11) / 9007199254740992.0
+                   : 0;
+    if (st->late > 0) {
+        if (push(&S->h, now + st->late, EV_SEEN, i) != 0)
+            return -1;
+    } else if (on_seen(S, i, now) != 0) {
+        return -1;
     }
     st->sent = 1;
     if (st->sent >= r->max_tokens)
@@ -466,6 +498,7 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
         switch (e.type) {
         case EV_ARRIVE: r = on_arrive(&S, e.req, e.t); break;
         case EV_FIRST: r = on_first(&S, e.req, e.t); break;
+        case EV_SEEN: r = on_seen(&S, e.req, e.t); break;
         case EV_TOKENS: r = on_tokens(&S, e.req, e.t); break;
         case EV_SCRAPE: r = on_scrape(&S, e.t); break;
         }

@@ -166,6 +166,11 @@ class Sims:
         return self.proc.stop()
 
 
+# --access-log DIR: every pcrouter this run starts writes its JSON access log there, one file
+# per run (policy-<ns>.log), to join predicted and delivered cached tokens request by request.
+ACCESS_LOG_DIR = None
+
+
 def router_config(backends, policy, capacity_tokens=None, port=0, routing=None):
     return {
         "listen": [{"address": "127.0.0.1:%d" % port}],
@@ -174,7 +179,10 @@ def router_config(backends, policy, capacity_tokens=None, port=0, routing=None):
                      for n, u in backends.items()],
         "routing": dict({"policy": policy}, **(routing or {})),
         "health": {"interval_ms": 1000},
-        "log": {"access_log": False},
+        "log": ({"access_log": True, "access_log_format": "json",
+                 "access_log_path": os.path.join(ACCESS_LOG_DIR, "%s-%d.log"
+                                                 % (policy, time.monotonic_ns()))}
+                if ACCESS_LOG_DIR else {"access_log": False}),
     }
 
 
@@ -829,6 +837,8 @@ def main():
     ap.add_argument("--misconfig", type=float, default=0, metavar="F",
                     help="cache_aware only: told the pods' true capacity, then F times it with"
                          " the pods hiding vllm:cache_config_info, feedback off and on")
+    ap.add_argument("--access-log", metavar="DIR", default=None,
+                    help="write each pcrouter's JSON access log to DIR, one file per run")
     ap.add_argument("--workers", type=int, default=0,
                     help="pcrouter's worker threads (default: its own, one per core)")
     ap.add_argument("--replicas", default="1,2,4",
@@ -844,6 +854,10 @@ def main():
                          " targets take the median of each figure, and each run's targets"
                          " are counted) (default 1; QUICK: 3 for the replica setups)")
     args = ap.parse_args()
+    if args.access_log:
+        global ACCESS_LOG_DIR
+        os.makedirs(args.access_log, exist_ok=True)
+        ACCESS_LOG_DIR = os.path.abspath(args.access_log)
     if args.repeat is None:   # a workload's policies run once unless asked
         args.repeat = 3 if quick and (args.workload is None or args.misconfig) else 1
     if args.time_scale is None and args.workload is None:

@@ -17,9 +17,9 @@
 
 #include <stdint.h>
 
-/* routing.hold_tokens' default: at the simulator's 70 us a token, 0.86 s of prefill queued on a
+/* routing.hold_tokens' default: at the simulator's 70 us a token, 1.4 s of prefill queued on a
  * pod (bench/sweep.py chose it; see the README). 0 turns holding off. */
-#define PCR_HOLD_TOKENS_DEFAULT 12288
+#define PCR_HOLD_TOKENS_DEFAULT 20480
 
 /* Tokens added to every prefill in the ratio, for the fixed part of a first token (the default
  * ttft_overhead_us, 20 ms, is about 290 tokens at 70 us a token), so that a fully cached prompt

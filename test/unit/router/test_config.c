@@ -139,7 +139,7 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_INT(full->routing.unavailable_keep_ms, min->routing.unavailable_keep_ms);
         PCR_CHECK_EQ_INT(full->routing.feedback, min->routing.feedback);
         PCR_CHECK_EQ_U64(full->routing.hold_tokens, min->routing.hold_tokens);
-        PCR_CHECK_EQ_U64(min->routing.hold_tokens, 12288);
+        PCR_CHECK_EQ_U64(min->routing.hold_tokens, 20480);
         PCR_CHECK_EQ_INT(full->workers, min->workers);
         PCR_CHECK_EQ_INT(full->dns.nnameservers, min->dns.nnameservers);
         PCR_CHECK_EQ_INT(full->dns.timeout_ms, min->dns.timeout_ms);

@@ -119,9 +119,9 @@ def main():
     ap.add_argument("--loads", default=",".join(workloads.LOADS))
     ap.add_argument("--grid", default=None,
                     help='JSON {"key": [values]} (default: the grid below)')
-    ap.add_argument("--routing", default='{"observe": true, "hold_tokens": 12288}',
+    ap.add_argument("--routing", default='{"observe": true, "hold_tokens": 20480}',
                     help="keys every variant gets, as JSON (default: learn the pods' rates from"
-                         " their first bytes and hold streams past 12288 tokens of a pod's"
+                         " their first bytes and hold streams past 20480 tokens of a pod's"
                          " prefill, as pcrouter does by default)")
     ap.add_argument("--runs", type=int, default=5,
                     help="draws of every workload and load (workloads.py: another seed, or the"

@@ -48,7 +48,7 @@ static void usage(FILE *f)
 "                        (booleans; feedback defaults to true, as in the config),\n"
 "                        \"index_capacity\" (the index believes a pod holds\n"
 "                        this many times its cache), \"hold_tokens\" (as in the\n"
-"                        config, default 12288; HAProxy never holds) and \"hold_deps\"\n"
+"                        config, default 20480; HAProxy never holds) and \"hold_deps\"\n"
 "                        (boolean, default true: a held request goes before one that\n"
 "                        counts on the blocks it brings, as pcrouter does)\n"
 "  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"

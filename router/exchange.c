@@ -128,6 +128,8 @@ static void record(pcr_exchange_t *ex, int status, int via_backend)
     pcr_hist_observe(&m->duration, &pcr_hist_latency_us, (int64_t)(now - ex->t_start));
     if (ex->t_head)
         pcr_hist_observe(&m->ttfb, &pcr_hist_latency_us, (int64_t)(ex->t_head - ex->t_start));
+    if (ex->t_first)
+        pcr_hist_observe(&m->ttft, &pcr_hist_latency_us, (int64_t)(ex->t_first - ex->t_start));
     pcr_access_record(ex, status, now);
 }
 
@@ -831,6 +833,8 @@ static void on_up_body(void *ctx, const char *data, size_t len)
         pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->decision.uncached_prefill,
                         ahead, ttfb);
     }
+    if (ex->state != EX_UP_BODY && ex->req.stream && ex->t_first == 0)
+        ex->t_first = pcr_now_us();
     if (ex->state != EX_UP_BODY && pcr_upstream_prefill_done(ex->up)) {
         ex->held = 1;
         ex->held_us += pcr_upstream_held_us(ex->up);

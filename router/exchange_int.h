@@ -94,6 +94,7 @@ struct pcr_exchange {
     int status;
     uint64_t resp_bytes;
     uint64_t t_start, t_head;
+    uint64_t t_first;                 /* a stream's first token: its first body byte (0: none) */
 
     /* Per-request truth: the cached tokens the decision predicted, and what the pod said. */
     int inject_usage;                 /* stream_options added to the body sent (request_usage) */

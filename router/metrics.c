@@ -443,8 +443,11 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     hist_render(out, srv, "pcrouter_request_duration_seconds", "Request start to last response byte.",
                 offsetof(pcr_metrics_t, duration), &pcr_hist_latency_us);
     hist_render(out, srv, "pcrouter_time_to_first_byte_seconds",
-                "Request start to the response head from the backend.", offsetof(pcr_metrics_t, ttfb),
+                "Request start to the response head from the backend (vLLM sends a stream's head before its prefill: see pcrouter_time_to_first_token_seconds).", offsetof(pcr_metrics_t, ttfb),
                 &pcr_hist_latency_us);
+    hist_render(out, srv, "pcrouter_time_to_first_token_seconds",
+                "Streams only: request start to the first response body byte, the first token, time held in pcrouter included.",
+                offsetof(pcr_metrics_t, ttft), &pcr_hist_latency_us);
     hist_help(out, "pcrouter_route_decision_seconds",
               "Time of a routed request's decision, by phase: parse (the body, while it arrives), hash (the prefix key, after its last byte), match (the index lookup), cost (costs and bounds), total (last body byte to chosen backend).");
     for (int ph = 0; ph < PCR_PHASE__COUNT; ph++) {

@@ -61,6 +61,7 @@ typedef struct {
     uint64_t index_evictions;                    /* its evictions, added up on its tick */
     pcr_hist_t duration;                         /* request start -> response end (us) */
     pcr_hist_t ttfb;                             /* request start -> first response byte (us) */
+    pcr_hist_t ttft;                             /* request start -> a stream's first token (us) */
     pcr_hist_t decision[PCR_PHASE__COUNT];       /* routing decision phases (ns) */
     pcr_hist_t cached_error;                     /* predicted - delivered cached tokens */
 } pcr_metrics_t;

@@ -18,7 +18,7 @@ JSON_FIELDS = {
     "route": (str, type(None)), "matched_blocks": (int, type(None)),
     "total_blocks": (int, type(None)), "predicted_cached_tokens": (int, type(None)),
     "delivered_cached_tokens": (int, type(None)), "ttfb_ms": (int, float, type(None)),
-    "held_ms": (int, float, type(None)), "duration_ms": (int, float), "bytes_in": int, "bytes_out": int, "retries": int,
+    "ttft_ms": (int, float, type(None)), "held_ms": (int, float, type(None)), "duration_ms": (int, float), "bytes_in": int, "bytes_out": int, "retries": int,
 }
 
 
@@ -77,6 +77,9 @@ def test_json_lines_carry_every_field(stub_factory, router_factory, tmp_path):
     assert a["bytes_in"] == len(json.dumps(completion(prompt)))
     assert a["bytes_out"] == len(first.body) and a["retries"] == 0
     assert a["ttfb_ms"] <= a["duration_ms"]
+    # Only a stream has a first token apart from its answer; after its head, before its end.
+    assert a["ttft_ms"] is None and b["ttft_ms"] is None
+    assert c["ttfb_ms"] <= c["ttft_ms"] <= c["duration_ms"], c
     assert all(o["held_ms"] is None for o in objs)  # nothing waited for a pod's prefill
     # The repeat: the index predicted it warm, and the pod said it reused most of it.
     assert b["route"] == "warm" and b["matched_blocks"] == b["total_blocks"] > 0

@@ -145,12 +145,12 @@ def test_dashboard_names_only_exported_metrics_and_shows_what_it_should(cluster)
     # Predicted against delivered, TTFT p50 and p99, decisions by reason, per-pod load,
     # health and KV usage.
     for m in ("pcrouter_cached_tokens_predicted_total", "pcrouter_cached_tokens_delivered_total",
-              "pcrouter_time_to_first_byte_seconds_bucket", "pcrouter_route_decisions_total",
+              "pcrouter_time_to_first_token_seconds_bucket", "pcrouter_route_decisions_total",
               "pcrouter_backend_in_flight", "pcrouter_backend_up", "pcrouter_backend_ejected",
               "pcrouter_backend_kv_cache_usage_ratio"):
         assert m in used, m
-    ttfb = [e for e in exprs if "time_to_first_byte" in e]
-    assert any("0.5," in e for e in ttfb) and any("0.99," in e for e in ttfb), ttfb
+    ttft = [e for e in exprs if "time_to_first_token" in e]
+    assert any("0.5," in e for e in ttft) and any("0.99," in e for e in ttft), ttft
     assert any("by (reason)" in e for e in exprs)
 
 

@@ -149,6 +149,36 @@ def test_the_access_log_says_how_long_a_stream_was_held(stub_factory, router_fac
     assert a_line["held_ms"] is None, a_line
     assert b["held_ms"] is not None and b["held_ms"] >= 1000 * waited, (b, waited)
     assert b["held_ms"] <= b["ttfb_ms"], b
+    assert b["held_ms"] <= b["ttft_ms"] <= b["duration_ms"], b
+
+
+def test_time_to_first_token_is_the_first_event_not_the_head(stub_factory, router_factory,
+                                                             streams, tmp_path):
+    """The pod sends a stream's head at once and its first event after the prefill (vLLM does
+    so too): pcrouter_time_to_first_token_seconds and the access log's ttft_ms count to the
+    first event, pcrouter_time_to_first_byte_seconds and ttfb_ms to the head. A request that is
+    not a stream has no first token apart from its answer: no ttft_ms, no observation."""
+    path = str(tmp_path / "access.log")
+    a, r = one_pod(stub_factory, router_factory,
+                   log={"access_log_path": path, "access_log_format": "json"})
+    start(streams, r, "A", 400, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    t_sent = time.monotonic()
+    # The prefill's length is what is measured: the test lets some time pass before it ends.
+    time.sleep(0.3)
+    gated = time.monotonic() - t_sent
+    a.release("ga")
+    all_done(streams)
+    assert curl(r.url("/v1/completions"), json.dumps(completion(text("B", 400)))).status == 200
+    got = wait_for(lambda: len(access_lines(path)) == 2 and access_lines(path), 15,
+                   what="two completions' lines")
+    stream, plain = sorted(got, key=lambda o: o["ttft_ms"] is None)
+    assert stream["ttfb_ms"] < 1000 * gated <= stream["ttft_ms"] <= stream["duration_ms"], stream
+    assert plain["ttft_ms"] is None, plain
+    m = get_metrics(r)
+    assert metric(m, "pcrouter_time_to_first_token_seconds_count") == 1
+    assert metric(m, "pcrouter_time_to_first_token_seconds_bucket", le="0.25") == 0
+    assert metric(m, "pcrouter_time_to_first_byte_seconds_count") == 2
 
 
 def test_the_budget_is_the_pods_not_split_between_workers(stub_factory, router_factory):
@@ -316,11 +346,11 @@ def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory, streams):
 def test_time_held_in_pcrouter_is_not_taken_for_the_pods_slowness(stub_factory, router_factory,
                                                                   streams):
     """cache_aware learns a pod's prefill rate from its streams' first tokens
-    (pcrouter_backend_prefill_tokens_per_second). A held stream reaches its first token late by the
-    time it waited in pcrouter, which is not the pod's doing, so that time is not counted: A
-    fills the budget and leaves before its first token (no time of its own); B, held meanwhile,
-    then goes and answers at once. Counted from B's arrival, the pod would look ten times slower
-    than the prior; from B's send, it looks as fast or faster."""
+    (pcrouter_backend_prefill_tokens_per_second). A held stream reaches its first token late by
+    the time it waited in pcrouter, which is not the pod's doing, so that time is not counted:
+    A fills the budget and leaves before its first token (no time of its own); B, held
+    meanwhile, then goes and answers at once. Counted from B's arrival, the pod would look ten
+    times slower than the prior; from B's send, it looks as fast or faster."""
     a, r = one_pod(stub_factory, router_factory)
     speed = lambda: metric(get_metrics(r), "pcrouter_backend_prefill_tokens_per_second",
                            backend="pod-a")

@@ -5,9 +5,9 @@
  *          backend=<name> route=<reason> blocks=<matched>/<total> attempts=<n> <seconds>s"
  *   json  one object: time, client, worker, protocol, method, path, model, status, backend, route,
  *         matched_blocks, total_blocks, predicted_cached_tokens, delivered_cached_tokens,
- *         ttfb_ms, ttft_ms, held_ms, duration_ms, bytes_in, bytes_out, retries (null where a request
- *         has none: no backend, no prefix key, no usage from the pod, no response head, not a
- *         stream or no token, never held)
+ *         ttfb_ms, ttft_ms, held_ms, duration_ms, bytes_in, bytes_out, retries (null where a
+ *         request has none: no backend, no prefix key, no usage from the pod, no response head,
+ *         not a stream or no token, never held)
  *
  * JSON goes through cJSON. Strings that come from the client (path, model) are cut at
  * ACCESS_MAX_FIELD bytes and any byte that is not valid UTF-8 becomes '?', so every line is

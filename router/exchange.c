@@ -818,11 +818,15 @@ static void on_up_body(void *ctx, const char *data, size_t len)
      * through Redis either: each sees only its own part of a pod's queue, so the time it
      * measures holds the other replicas' work, which it would take for the pod's slowness
      * (4 replicas fell from 1.03x to 0.81x of one replica's hit rate so); they route on the
-     * configured rate. */
+     * configured rate. A held stream's time counts from its send, behind the prefill its pod
+     * had then: its wait in pcrouter is not the pod's. The same first event is the stream's
+     * time to first token (metrics, access log). */
+    if (ex->state != EX_UP_BODY && ex->req.stream && ex->t_first == 0)
+        ex->t_first = pcr_now_us();
     if (ex->state != EX_UP_BODY && ex->req.stream && ex->attempts == 1 &&
         !ex->w->cfg->redis.enabled) {
         pcr_worker_t *w = ex->w;
-        uint64_t ttfb = pcr_now_us() - ex->t_start;
+        uint64_t ttfb = ex->t_first - ex->t_start;
         uint64_t ahead = ex->decision.queued_ahead;
         uint64_t held = pcr_upstream_held_us(ex->up);
         if (held > 0) {
@@ -833,8 +837,6 @@ static void on_up_body(void *ctx, const char *data, size_t len)
         pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->decision.uncached_prefill,
                         ahead, ttfb);
     }
-    if (ex->state != EX_UP_BODY && ex->req.stream && ex->t_first == 0)
-        ex->t_first = pcr_now_us();
     if (ex->state != EX_UP_BODY && pcr_upstream_prefill_done(ex->up)) {
         ex->held = 1;
         ex->held_us += pcr_upstream_held_us(ex->up);

@@ -342,12 +342,10 @@ static int on_seen(sim_t *S, uint32_t i, double now)
     if (S->v->observe && S->policy) {
         /* As router/exchange.c: a held request's time counts from its send, behind what the
          * pod had then; the time it waited at the router is not the pod's. */
-        if (st->held)
-            pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill,
-                               st->ahead_at_send, (uint64_t)(now - st->sent_us));
-        else
-            pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill,
-                               st->d.queued_ahead, (uint64_t)(now - r->arrival_us));
+        double from = st->held ? st->sent_us : r->arrival_us;
+        uint64_t ahead = st->held ? st->ahead_at_send : st->d.queued_ahead;
+        pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, ahead,
+                           (uint64_t)(now - from));
     }
     return 0;
 }

@@ -227,6 +227,7 @@ static const field_t root_fields[] = {
     F_OF(pcr_config_t, discovery, FT_DISCOVERY, 0),
     F_SECTION(dns, dns_fields),
     F_INT(pcr_config_t, workers, FT_UINT, 0, 256),
+    F_OF(pcr_config_t, io_uring, FT_BOOL, 0),
     F_SECTION(routing, routing_fields),
     F_SECTION(limits, limits_fields),
     F_SECTION(timeouts, timeouts_fields),
@@ -759,6 +760,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     /* The routing defaults are the library's own, so the two can never drift apart. */
     pcr_policy_opts_t po;
     pcr_policy_opts_default(&po);
+    cfg->io_uring = 1;
     cfg->routing = (pcr_routing_conf_t){
         .policy = po.kind, .block_bytes = po.block_bytes, .max_prefix_bytes = po.max_prefix_bytes,
         .index_max_bytes = po.index_max_bytes, .load_factor = po.load_factor,

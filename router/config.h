@@ -167,6 +167,7 @@ typedef struct {
     size_t ndiscovery;
     pcr_dns_conf_t dns;
     unsigned workers;              /* event-loop threads; 0 (default) = one per core */
+    int io_uring;                  /* batch each worker's socket calls through io_uring, default 1 */
     pcr_routing_conf_t routing;
     pcr_limits_conf_t limits;
     pcr_timeouts_conf_t timeouts;

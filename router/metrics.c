@@ -385,6 +385,17 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
 
     pcr_share_render_metrics(srv->share, out);
 
+    unsigned uring_workers = 0;
+    for (unsigned k = 0; k < srv->nworkers; k++)
+        uring_workers += PCR_LOAD(srv->workers[k].io_uring) ? 1 : 0;
+    HEADER(out, "pcrouter_io_uring_workers", "gauge",
+           "Workers whose socket reads and writes go out in batches through io_uring (config io_uring).");
+    evbuffer_add_printf(out, "pcrouter_io_uring_workers %u\n", uring_workers);
+    counter(out, "pcrouter_io_uring_submits_total",
+            "System calls that submitted a batch of socket reads or writes.", SUM(srv, io_submits));
+    counter(out, "pcrouter_io_uring_ops_total",
+            "Socket reads and writes submitted in those batches.", SUM(srv, io_ops));
+
     /* Every worker holds a replica of the index: the memory is their sum. */
     HEADER(out, "pcrouter_index_bytes", "gauge", "Memory held by the prefix index, all worker replicas.");
     evbuffer_add_printf(out, "pcrouter_index_bytes %llu\n", (unsigned long long)SUM(srv, index_bytes));

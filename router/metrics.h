@@ -59,6 +59,8 @@ typedef struct {
     uint64_t responses_aborted;                  /* broken after their head went out */
     uint64_t index_bytes;                        /* this worker's replica, set on its tick */
     uint64_t index_evictions;                    /* its evictions, added up on its tick */
+    uint64_t io_submits;                         /* io_uring submits of batched socket I/O */
+    uint64_t io_ops;                             /* the reads and writes in them */
     pcr_hist_t duration;                         /* request start -> response end (us) */
     pcr_hist_t ttfb;                             /* request start -> first response byte (us) */
     pcr_hist_t ttft;                             /* request start -> a stream's first token (us) */

@@ -194,6 +194,8 @@ static void apply(pcr_reload_t *r)
     pcr_config_t *cfg = r->cfg, *old = srv->cfg;
     if (cfg->workers != old->workers)
         pcr_log_warn("reload: workers stays %u until a restart", srv->nworkers);
+    if (cfg->io_uring != old->io_uring)
+        pcr_log_warn("reload: io_uring stays %s until a restart", old->io_uring ? "on" : "off");
     pcr_listen_plan_t *plan = pcr_listen_plan_new(srv, cfg, old);
     if (plan == NULL) {
         refuse(r, "the listeners could not be set up (see above)");

@@ -4,14 +4,16 @@
  * outside sock_*.c touches a socket, a bufferevent or an SSL object.
  *
  *   input buffer  <- the transport reads when reading is on, then calls on_read
- *   output buffer -> the owner appends, then pcr_sock_flush(): the bytes go out at once when
- *                    the kernel takes them, the rest when the socket is writable again
+ *   output buffer -> the owner appends, then pcr_sock_flush(): the bytes go out at once (with
+ *                    batched I/O, at the end of the loop turn) when the kernel takes them,
+ *                    the rest when the socket is writable again
  *   on_drain      <- once the output has fallen to the mark the owner asked for
  *   on_end        <- end of stream, an error, or a write that made no progress for too long
  *
  * Two implementations, in the spirit of h2o's socket layer: sock_plain.c (our own read and
  * write events on a non-blocking fd: one recv(msg) per read and one send(msg) per flush, no
- * FIONREAD, no epoll_ctl per request) and sock_tls.c (OpenSSL through libevent's
+ * FIONREAD, no epoll_ctl per request; or a loop turn's reads and writes in two io_uring
+ * submits, below) and sock_tls.c (OpenSSL through libevent's
  * bufferevent_openssl).
  *
  * Callbacks never run inside a pcr_sock_* call: a failure found while flushing is reported
@@ -60,6 +62,17 @@ pcr_sock_t *pcr_sock_connect(struct event_base *base, const struct sockaddr *sa,
                              unsigned timeout_ms);
 
 void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg);
+/* Batched I/O on this thread (io_uring; the worker loops only). While it is on, a plain socket's
+ * reads (when epoll says it is readable) and writes (pcr_sock_flush) wait for the end of the
+ * loop turn, pcr_sock_batch_flush(): all the reads in one system call, on_read for each, then
+ * all the writes in another. Callbacks run from pcr_sock_batch_flush() then, never inside a
+ * pcr_sock_* call. begin: 0, or -errno when the kernel refuses a ring (sockets then make their
+ * own calls); `submits` and `ops` (may be NULL) count the system calls and the reads and
+ * writes in them (relaxed atomic stores, this thread only). end: flushes, then frees. */
+int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops);
+void pcr_sock_batch_flush(void);
+void pcr_sock_batch_end(void);
+
 void pcr_sock_free(pcr_sock_t *s);  /* closes; NULL is a no-op */
 
 void pcr_sock_read_start(pcr_sock_t *s);

@@ -367,8 +367,25 @@ static void *worker_main(void *arg)
 {
     pcr_worker_t *w = arg;
     pcr_server_t *srv = w->srv;
-    event_base_dispatch(w->base);
+    int rc = w->cfg->io_uring ? pcr_sock_batch_begin(&w->metrics.io_submits, &w->metrics.io_ops)
+                              : -1;
+    if (w->cfg->io_uring && rc != 0 && w->id == 0)
+        pcr_log_warn("io_uring: no ring (%s): every socket read and write is a system call of "
+                     "its own", strerror(-rc));
+    PCR_STORE(w->io_uring, rc == 0);
+    if (rc == 0) {
+        /* One turn at a time, so that its reads and writes go out together at its end. */
+        for (;;) {
+            int turn = event_base_loop(w->base, EVLOOP_ONCE);
+            pcr_sock_batch_flush();
+            if (turn != 0 || event_base_got_exit(w->base) || event_base_got_break(w->base))
+                break;
+        }
+    } else {
+        event_base_dispatch(w->base);
+    }
     pcr_worker_dispose(w);
+    pcr_sock_batch_end();
     pcr_body_reader_cache_clear(); /* the spare readers and exchanges this thread kept */
     pcr_exchange_cache_clear();
     __atomic_store_n(&w->stopped, 1, __ATOMIC_RELEASE); /* after its last use of shared state */

@@ -141,6 +141,8 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_U64(full->routing.hold_tokens, min->routing.hold_tokens);
         PCR_CHECK_EQ_U64(min->routing.hold_tokens, 20480);
         PCR_CHECK_EQ_INT(full->workers, min->workers);
+        PCR_CHECK_EQ_INT(full->io_uring, min->io_uring);
+        PCR_CHECK_EQ_INT(min->io_uring, 1);
         PCR_CHECK_EQ_INT(full->dns.nnameservers, min->dns.nnameservers);
         PCR_CHECK_EQ_INT(full->dns.timeout_ms, min->dns.timeout_ms);
         PCR_CHECK(memcmp(&full->scrape, &min->scrape, sizeof full->scrape) == 0);
@@ -612,7 +614,7 @@ static void test_error_unknown_keys(void)
                 "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
                 "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
+                "(allowed: listen, backends, discovery, dns, workers, io_uring, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
@@ -828,7 +830,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "t.json:4:23: routing.policy: unknown policy \"x\"; expected one of round_robin, least_loaded, "
         "consistent_hash, cache_aware\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
-        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
+        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, routing, limits, timeouts, "
         "upstream, health, scrape, outlier, log, admin, redis)\n";
     PCR_CHECK_STR(e, want);
     free(e);
@@ -856,7 +858,7 @@ static void test_positions_survive_awkward_text(void)
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'models': [[[[]], []], 'm']}],\n"
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
-                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, routing, limits, timeouts, "
+                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, io_uring, routing, limits, timeouts, "
                 "upstream, health, scrape, outlier, log, admin, redis)");
 }
 
@@ -864,7 +866,7 @@ static void test_positions_survive_awkward_text(void)
 static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
-                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, routing, "
+                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, io_uring, routing, "
                 "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");

@@ -287,8 +287,8 @@ class Bench:
             wait_port(port, p, log)
         return p, {"h1": h1, "h2": h2}, log
 
-    def start_pcrouter(self, policy="cache_aware", workers=1):
-        tag = "%s-w%d" % (policy, workers)
+    def start_pcrouter(self, policy="cache_aware", workers=1, io_uring=True):
+        tag = "%s-w%d%s" % (policy, workers, "" if io_uring else "-epoll")
         conf = os.path.join(self.dir, "pcrouter-%s.json" % tag)
         with open(conf, "w") as f:
             json.dump({
@@ -297,6 +297,7 @@ class Bench:
                     {"name": "b1", "url": "http://127.0.0.1:%d" % self.backend_ports["b1"]},
                     {"name": "b2", "url": "http://127.0.0.1:%d" % self.backend_ports["b2"]}],
                 "workers": workers,
+                "io_uring": io_uring,
                 "routing": {"policy": policy},
                 "limits": {"max_body_bytes": 4 << 20},
                 "log": {"access_log": False},
@@ -309,7 +310,7 @@ class Bench:
         if not os.path.exists(exe):
             shutil.copy2(self.args.pcrouter, exe)
         argv = [exe, "-c", conf]
-        if self.args.perf and policy == "cache_aware" and workers == 1:
+        if self.args.perf and policy == "cache_aware" and workers == 1 and io_uring:
             data = os.path.join(OUT_DIR, "perf-pcrouter.data")
             os.makedirs(OUT_DIR, exist_ok=True)
             argv = ["perf", "record", "-e", "cpu-clock", "-F", "999", "-g", "-o", data, "--"] + argv
@@ -564,7 +565,9 @@ def make_targets(b, args):
     if args.pcrouter:
         targets += [Target("pcrouter", "pcrouter cache_aware, 1 worker", b.start_pcrouter),
                     Target("pcrouter_rr", "pcrouter round_robin, 1 worker",
-                           lambda: b.start_pcrouter("round_robin"))]
+                           lambda: b.start_pcrouter("round_robin")),
+                    Target("pcrouter_epoll", "pcrouter cache_aware, 1 worker, io_uring off",
+                           lambda: b.start_pcrouter(io_uring=False))]
     if args.two_threads:
         targets.append(Target("haproxy_t2", "HAProxy round robin, 2 threads",
                               lambda: b.start_haproxy(True, threads=2)))

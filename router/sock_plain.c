@@ -607,6 +607,20 @@ int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops)
     return 0;
 }
 
+static void batch_unqueue(batch_t *b)
+{
+    plain_t *p;
+    while ((p = TAILQ_FIRST(&b->rqueue)) != NULL) {
+        TAILQ_REMOVE(&b->rqueue, p, rlink);
+        p->rbatched = 0;
+    }
+    while ((p = TAILQ_FIRST(&b->queue)) != NULL) {
+        TAILQ_REMOVE(&b->queue, p, batch_link);
+        p->batched = 0;
+        write_now(p);
+    }
+}
+
 void pcr_sock_batch_flush(void)
 {
     batch_t *b = tls_batch;
@@ -619,31 +633,11 @@ void pcr_sock_batch_flush(void)
         if (!b->broken)
             write_phase(b);
     }
-    if (!b->broken) {
-        /* Past the bound (never seen): the writes go now, the reads come again from epoll. */
-        plain_t *p;
-        while ((p = TAILQ_FIRST(&b->rqueue)) != NULL) {
-            TAILQ_REMOVE(&b->rqueue, p, rlink);
-            p->rbatched = 0;
-        }
-        while ((p = TAILQ_FIRST(&b->queue)) != NULL) {
-            TAILQ_REMOVE(&b->queue, p, batch_link);
-            p->batched = 0;
-            write_now(p);
-        }
-    }
+    /* Whatever is still queued (past the bound, never seen; or the ring broke): the reads come
+     * again from epoll, the writes go now. */
+    batch_unqueue(b);
     if (b->broken) {
-        tls_batch = NULL; /* queued sockets: the reads come again from epoll, writes go now */
-        plain_t *p;
-        while ((p = TAILQ_FIRST(&b->rqueue)) != NULL) {
-            TAILQ_REMOVE(&b->rqueue, p, rlink);
-            p->rbatched = 0;
-        }
-        while ((p = TAILQ_FIRST(&b->queue)) != NULL) {
-            TAILQ_REMOVE(&b->queue, p, batch_link);
-            p->batched = 0;
-            write_now(p);
-        }
+        tls_batch = NULL;
         free(b);
     }
 }

@@ -146,7 +146,7 @@ struct pcr_worker {
     TAILQ_HEAD(, pcr_session) waiting;  /* those waiting for their client, oldest first */
     size_t nsessions;             /* atomic: /metrics reads it */
     uint64_t inflight;            /* exchanges started and not finished (atomic reads) */
-    int io_uring;                 /* its socket I/O batched through io_uring (atomic reads) */
+    int io_uring;                 /* its socket I/O batched through io_uring now (atomic) */
     TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
     struct event *budget_event;
     int draining;

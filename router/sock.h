@@ -68,8 +68,9 @@ void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg);
  * all the writes in another. Callbacks run from pcr_sock_batch_flush() then, never inside a
  * pcr_sock_* call. begin: 0, or -errno when the kernel refuses a ring (sockets then make their
  * own calls); `submits` and `ops` (may be NULL) count the system calls and the reads and
- * writes in them (relaxed atomic stores, this thread only). end: flushes, then frees. */
-int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops);
+ * writes in them, and `active` (may be NULL) is 1 while the thread batches, 0 once a failed
+ * submit made it give up (relaxed atomic stores, this thread only). end: flushes, then frees. */
+int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, int *active);
 void pcr_sock_batch_flush(void);
 void pcr_sock_batch_end(void);
 

@@ -76,6 +76,7 @@ typedef struct {
     TAILQ_HEAD(, plain_s) queue;         /* to be written */
     TAILQ_HEAD(, plain_s) rqueue, rdone; /* to be read; read, to be reported */
     uint64_t *submits, *ops;   /* the worker's counters (pcr_metrics_t), or NULL */
+    int *active;               /* the worker's "batching" flag, cleared on giving up, or NULL */
 } batch_t;
 static __thread batch_t *tls_batch;
 
@@ -455,6 +456,8 @@ static void batch_give_up(batch_t *b, int err)
                   "per read and write", strerror(err));
     io_uring_queue_exit(&b->ring);
     b->broken = 1;
+    if (b->active != NULL)
+        __atomic_store_n(b->active, 0, __ATOMIC_RELAXED);
 }
 
 /* Submits `k` queued operations and waits for all of them; each result goes to its socket's
@@ -586,7 +589,7 @@ static void write_phase(batch_t *b)
     }
 }
 
-int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops)
+int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, int *active)
 {
     if (tls_batch != NULL)
         return 0;
@@ -603,6 +606,9 @@ int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops)
     TAILQ_INIT(&b->rdone);
     b->submits = submits;
     b->ops = ops;
+    b->active = active;
+    if (active != NULL)
+        __atomic_store_n(active, 1, __ATOMIC_RELAXED);
     tls_batch = b;
     return 0;
 }

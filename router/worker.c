@@ -367,12 +367,12 @@ static void *worker_main(void *arg)
 {
     pcr_worker_t *w = arg;
     pcr_server_t *srv = w->srv;
-    int rc = w->cfg->io_uring ? pcr_sock_batch_begin(&w->metrics.io_submits, &w->metrics.io_ops)
-                              : -1;
+    int rc = w->cfg->io_uring
+                 ? pcr_sock_batch_begin(&w->metrics.io_submits, &w->metrics.io_ops, &w->io_uring)
+                 : -1;
     if (w->cfg->io_uring && rc != 0 && w->id == 0)
         pcr_log_warn("io_uring: no ring (%s): every socket read and write is a system call of "
                      "its own", strerror(-rc));
-    PCR_STORE(w->io_uring, rc == 0);
     if (rc == 0) {
         /* One turn at a time, so that its reads and writes go out together at its end. */
         for (;;) {

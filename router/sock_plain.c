@@ -61,12 +61,9 @@ typedef struct plain_s {
     int rbatched;              /* 1: to be read at the end of the turn; 2: read, to be reported */
     int unreported;            /* bytes in `in` read while reading was stopped (batched only) */
     TAILQ_ENTRY(plain_s) rlink;
-    struct evbuffer_iovec rv[2];
-    int rnv;
-    struct msghdr rmh;
-    int rres, wres;
-    struct msghdr mh;
-    struct iovec iov[WRITE_IOV];
+    unsigned slot;             /* its slot in the batch while its read is made */
+    int rnv;                   /* the vectors reserved for that read (< 1: none) */
+    int rres, wres;            /* the batched read's and write's results */
 } plain_t;
 
 #define BATCH_RING 256
@@ -75,6 +72,12 @@ typedef struct {
     int broken;                /* a submit failed: the thread goes back to direct calls */
     TAILQ_HEAD(, plain_s) queue;         /* to be written */
     TAILQ_HEAD(, plain_s) rqueue, rdone; /* to be read; read, to be reported */
+    /* One per operation of a submit: its message header and vectors, which the kernel reads
+     * during the submit only (a socket does not carry them: nothing is in flight after it). */
+    struct {
+        struct msghdr mh;
+        struct evbuffer_iovec v[WRITE_IOV];
+    } slot[BATCH_RING];
     uint64_t *submits, *ops;   /* the worker's counters (pcr_metrics_t), or NULL */
     int *active;               /* the worker's "batching" flag, cleared on giving up, or NULL */
 } batch_t;
@@ -197,6 +200,13 @@ static void write_done(plain_t *p, ssize_t n, int err)
         disarm_write(p);
 }
 
+/* The output's first WRITE_IOV chains, as vectors for one send; how many. */
+static int out_vecs(plain_t *p, struct evbuffer_iovec v[WRITE_IOV])
+{
+    int nv = evbuffer_peek(p->out, -1, NULL, v, WRITE_IOV);
+    return nv > WRITE_IOV ? WRITE_IOV : nv;
+}
+
 static void write_now(plain_t *p)
 {
     if (evbuffer_get_length(p->out) == 0) {
@@ -204,9 +214,7 @@ static void write_now(plain_t *p)
         return;
     }
     struct evbuffer_iovec v[WRITE_IOV];
-    int nv = evbuffer_peek(p->out, -1, NULL, v, WRITE_IOV);
-    if (nv > WRITE_IOV)
-        nv = WRITE_IOV;
+    int nv = out_vecs(p, v);
     ssize_t n;
     if (nv == 1) {
         n = send(p->base.fd, v[0].iov_base, v[0].iov_len, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -498,7 +506,10 @@ static void read_phase(batch_t *b)
             p->rbatched = 0;
             if (p->ended || !p->base.reading || p->connecting)
                 continue;
-            p->rnv = evbuffer_reserve_space(p->in, READ_SIZE, p->rv, 2);
+            p->slot = k;
+            struct evbuffer_iovec *v = b->slot[k].v;
+            struct msghdr *mh = &b->slot[k].mh;
+            p->rnv = evbuffer_reserve_space(p->in, READ_SIZE, v, 2);
             p->rres = -ENOMEM;
             TAILQ_INSERT_TAIL(&b->rdone, p, rlink);
             p->rbatched = 2;
@@ -506,13 +517,12 @@ static void read_phase(batch_t *b)
                 continue;
             struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* k < the ring's size */
             if (p->rnv == 1) {
-                io_uring_prep_recv(sqe, p->base.fd, p->rv[0].iov_base, p->rv[0].iov_len,
-                                   MSG_DONTWAIT);
+                io_uring_prep_recv(sqe, p->base.fd, v[0].iov_base, v[0].iov_len, MSG_DONTWAIT);
             } else {
-                memset(&p->rmh, 0, sizeof(p->rmh));
-                p->rmh.msg_iov = (struct iovec *)p->rv;
-                p->rmh.msg_iovlen = (size_t)p->rnv;
-                io_uring_prep_recvmsg(sqe, p->base.fd, &p->rmh, MSG_DONTWAIT);
+                memset(mh, 0, sizeof(*mh));
+                mh->msg_iov = (struct iovec *)v;
+                mh->msg_iovlen = (size_t)p->rnv;
+                io_uring_prep_recvmsg(sqe, p->base.fd, mh, MSG_DONTWAIT);
             }
             io_uring_sqe_set_data(sqe, p);
             k++;
@@ -523,7 +533,7 @@ static void read_phase(batch_t *b)
                 TAILQ_REMOVE(&b->rdone, p, rlink);
                 p->rbatched = 0;
                 if (p->rnv > 0)
-                    evbuffer_commit_space(p->in, p->rv, 0);
+                    evbuffer_commit_space(p->in, b->slot[p->slot].v, 0);
             }
             return;
         }
@@ -532,7 +542,7 @@ static void read_phase(batch_t *b)
          * on the list: plain_free takes it off. */
         TAILQ_FOREACH(p, &b->rdone, rlink) {
             if (p->rnv > 0)
-                read_commit(p, p->rv, p->rnv, p->rres);
+                read_commit(p, b->slot[p->slot].v, p->rnv, p->rres);
         }
         while ((p = TAILQ_FIRST(&b->rdone)) != NULL) {
             TAILQ_REMOVE(&b->rdone, p, rlink);
@@ -558,14 +568,12 @@ static void write_phase(batch_t *b)
             p->batched = 0;
             if (p->ended || p->write_err || p->connecting || evbuffer_get_length(p->out) == 0)
                 continue;
-            int nv = evbuffer_peek(p->out, -1, NULL, (struct evbuffer_iovec *)p->iov, WRITE_IOV);
-            if (nv > WRITE_IOV)
-                nv = WRITE_IOV;
-            memset(&p->mh, 0, sizeof(p->mh));
-            p->mh.msg_iov = p->iov;
-            p->mh.msg_iovlen = (size_t)nv;
+            struct msghdr *mh = &b->slot[k].mh;
+            memset(mh, 0, sizeof(*mh));
+            mh->msg_iov = (struct iovec *)b->slot[k].v;
+            mh->msg_iovlen = (size_t)out_vecs(p, b->slot[k].v);
             struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* k < the ring's size */
-            io_uring_prep_sendmsg(sqe, p->base.fd, &p->mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+            io_uring_prep_sendmsg(sqe, p->base.fd, mh, MSG_DONTWAIT | MSG_NOSIGNAL);
             io_uring_sqe_set_data(sqe, p);
             chunk[k++] = p;
         }

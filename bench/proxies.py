@@ -148,8 +148,8 @@ def wait_port(port, proc, logfile=None, timeout=START_TIMEOUT):
 
 
 def group_cpu_seconds(pgid):
-    """User+system CPU time of every live process in process group pgid (from /proc)."""
-    total = 0
+    """User and system CPU time of every live process in process group pgid (from /proc)."""
+    user = system = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -159,8 +159,10 @@ def group_cpu_seconds(pgid):
         except (OSError, IndexError):
             continue
         if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+            user += int(fields[11])
+            system += int(fields[12])
+    tck = os.sysconf("SC_CLK_TCK")
+    return user / tck, system / tck
 
 
 def log_tail(path, n=15):
@@ -287,8 +289,10 @@ class Bench:
             wait_port(port, p, log)
         return p, {"h1": h1, "h2": h2}, log
 
-    def start_pcrouter(self, policy="cache_aware", workers=1, io_uring=True):
-        tag = "%s-w%d%s" % (policy, workers, "" if io_uring else "-epoll")
+    def start_pcrouter(self, policy="cache_aware", workers=1, io_uring=True, binary=None):
+        """binary: another build's pcrouter (--before) instead of --build's."""
+        tag = "%s-w%d%s%s" % (policy, workers, "" if io_uring else "-epoll",
+                              "-before" if binary else "")
         conf = os.path.join(self.dir, "pcrouter-%s.json" % tag)
         with open(conf, "w") as f:
             json.dump({
@@ -306,11 +310,11 @@ class Bench:
             }, f, indent=2)
         log = os.path.join(self.dir, "pcrouter-%s.log" % tag)
         # A private copy: the build folder is shared and may be relinked while the bench runs.
-        exe = os.path.join(self.dir, "pcrouter")
+        exe = os.path.join(self.dir, "pcrouter-before" if binary else "pcrouter")
         if not os.path.exists(exe):
-            shutil.copy2(self.args.pcrouter, exe)
+            shutil.copy2(binary or self.args.pcrouter, exe)
         argv = [exe, "-c", conf]
-        if self.args.perf and policy == "cache_aware" and workers == 1 and io_uring:
+        if self.args.perf and policy == "cache_aware" and workers == 1 and io_uring and not binary:
             data = os.path.join(OUT_DIR, "perf-pcrouter.data")
             os.makedirs(OUT_DIR, exist_ok=True)
             argv = ["perf", "record", "-e", "cpu-clock", "-F", "999", "-g", "-o", data, "--"] + argv
@@ -498,12 +502,21 @@ def parse_args():
                     help="record a perf profile (cpu-clock) of pcrouter cache_aware, 1 worker, "
                          "into bench/out/perf-pcrouter.data")
     ap.add_argument("--only", default="", help="comma-separated target names (debugging)")
+    ap.add_argument("--before", metavar="DIR", default="",
+                    help="also run DIR's pcrouter (another build folder) as cache_aware, 1 "
+                         "worker: an A/B of two builds in one run")
+    ap.add_argument("--protos", default="h1,h2",
+                    help="comma-separated protocols to load: h1 (wrk), h2 (h2load, h2c); one "
+                         "alone keeps a --perf profile to that protocol")
     ap.add_argument("--json", default=os.path.join(OUT_DIR, "proxies.json"))
     a = ap.parse_args()
     a.quick = quick
     a.build = os.path.abspath(a.build)
     a.pcrouter = find_pcrouter(a.build)
     a.bodies = [int(x) for x in a.bodies.split(",") if x]
+    a.before_exe = find_pcrouter(os.path.abspath(a.before)) if a.before else None
+    if a.before and a.before_exe is None:
+        ap.error("--before %s: no pcrouter binary there" % a.before)
     return a
 
 
@@ -568,6 +581,9 @@ def make_targets(b, args):
                            lambda: b.start_pcrouter("round_robin")),
                     Target("pcrouter_epoll", "pcrouter cache_aware, 1 worker, io_uring off",
                            lambda: b.start_pcrouter(io_uring=False))]
+        if args.before:
+            targets.append(Target("pcrouter_before", "pcrouter cache_aware, 1 worker, --before",
+                                  lambda: b.start_pcrouter(binary=args.before_exe)))
     if args.two_threads:
         targets.append(Target("haproxy_t2", "HAProxy round robin, 2 threads",
                               lambda: b.start_haproxy(True, threads=2)))
@@ -612,7 +628,7 @@ def run(b, args, anomalies, notes):
                 "pcrouter": tool_version([args.pcrouter, "--version"]) if args.pcrouter else "-"}
     header(b, args, versions, targets)
 
-    protos = ("h1", "h2")
+    protos = tuple(p for p in ("h1", "h2") if p in args.protos.split(","))
     summaries, all_results = {}, {}
     for size in args.bodies:
         set_body(b, size)
@@ -621,8 +637,10 @@ def run(b, args, anomalies, notes):
                 b.smoke(t)
         # Warm-up: one short run per target and protocol, so pools and caches are filled.
         for t in targets:
-            b.run_wrk(t, 1)
-            b.run_h2load(t, duration=1)
+            if "h1" in protos:
+                b.run_wrk(t, 1)
+            if "h2" in protos:
+                b.run_h2load(t, duration=1)
         results = {t.name: {p: [] for p in protos} for t in targets}
         for rep in range(args.reps):
             order = targets[rep % len(targets):] + targets[:rep % len(targets)]
@@ -634,8 +652,14 @@ def run(b, args, anomalies, notes):
                     cpu0 = group_cpu_seconds(pgid)
                     r = b.run_wrk(t, args.duration) if proto == "h1" else \
                         b.run_h2load(t, duration=args.duration)
-                    cpu = group_cpu_seconds(pgid) - cpu0
-                    r["cpu_us_per_req"] = cpu * 1e6 / r["requests"] if r["requests"] else 0.0
+                    cpu1 = group_cpu_seconds(pgid)
+                    user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+                    per = 1e6 / r["requests"] if r["requests"] else 0.0
+                    r["cpu_us_per_req"] = (user + system) * per
+                    # The split says where a difference lies: the proxy's own code, or the
+                    # kernel's work for it (system calls, TCP).
+                    r["cpu_user_us_per_req"] = user * per
+                    r["cpu_sys_us_per_req"] = system * per
                     r["rep"] = rep
                     results[t.name][proto].append(r)
                     bad = {k: v for k, v in r["errors"].items() if v}
@@ -716,12 +740,13 @@ def report(targets, results, protos, size):
         for p in protos:
             rs = results[t.name][p]
             if rs:
-                med[(t.name, p)] = {k: statistics.median(r[k] for r in rs)
-                                    for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")}
+                med[(t.name, p)] = {k: statistics.median(r.get(k, 0.0) for r in rs)
+                                    for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req",
+                                              "cpu_user_us_per_req", "cpu_sys_us_per_req")}
     print("\n%d-byte request bodies" % size)
-    print("%-34s %-8s %8s %8s %8s %8s %9s %10s %10s"
-          % ("target", "protocol", "req/s", "p50 ms", "p99 ms", "CPU us/r", "req/CPU-s",
-             "pcr per-core", "pcr req/s"))
+    print("%-34s %-8s %8s %8s %8s %8s %6s %6s %9s %10s %10s"
+          % ("target", "protocol", "req/s", "p50 ms", "p99 ms", "CPU us/r", "user", "sys",
+             "req/CPU-s", "pcr per-core", "pcr req/s"))
     summary = {}
     for p in protos:
         pcr = med.get(("pcrouter", p))
@@ -737,16 +762,17 @@ def report(targets, results, protos, size):
             rr = pcr["rps"] / m["rps"] if pcr and m["rps"] else None
             paired = paired_ratios(results.get("pcrouter", {}).get(p, []), results[t.name][p])
             me = t.name == "pcrouter"
-            print("%-34s %-8s %8.0f %8.2f %8.2f %8.1f %9.0f %10s %10s"
+            print("%-34s %-8s %8.0f %8.2f %8.2f %8.1f %6.1f %6.1f %9.0f %10s %10s"
                   % (t.label, "HTTP/1.1" if p == "h1" else "h2c", m["rps"], m["p50_ms"],
-                     m["p99_ms"], m["cpu_us_per_req"], per_core,
+                     m["p99_ms"], m["cpu_us_per_req"], m["cpu_user_us_per_req"],
+                     m["cpu_sys_us_per_req"], per_core,
                      "" if me or t.name == "direct" else fmt_ratio(cr),
                      "" if me else fmt_ratio(rr)))
             summary.setdefault(t.name, {})[p] = dict(m, per_core=per_core, pcr_per_core_ratio=cr,
                                                      pcr_rps_ratio=rr, **paired)
         print()
     print("CPU us/r: CPU time (user+sys) of the proxy's processes per request (direct: of the stub\n"
-          "  backends). req/CPU-s: requests per CPU-second. pcr per-core: pcrouter cache_aware (1\n"
+          "  backends); user, sys: its two parts. req/CPU-s: requests per CPU-second. pcr per-core: pcrouter cache_aware (1\n"
           "  worker)'s requests per CPU-second over the row's; pcr req/s: its req/s over the row's.")
     return summary
 

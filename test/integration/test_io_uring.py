@@ -1,13 +1,20 @@
 """test_io_uring.py: a worker's socket reads and writes go out in batches through io_uring (config
 `io_uring`, on by default): concurrent clients share the system calls of a loop turn, and every
 answer is whole; with `io_uring` false each read and write is a call of its own, and the
-answers are the same."""
+answers are the same. Where the kernel refuses the ring (a container runtime's seccomp profile:
+Docker's and Kubernetes' RuntimeDefault refuse io_uring_setup), or refuses to run it after
+giving it, the workers make their own calls and nothing is lost: those refusals are made here
+with a seccomp filter on pcrouter itself."""
+import errno
 import http.client
 import json
 import threading
 import urllib.parse
 
-from conftest import completion, get_metrics, metric
+import seccomp
+
+from conftest import (POD_NAMES, completion, curl, get_metrics, make_config, metric,
+                      wait_for)
 
 
 def burst(router, clients=24, each=4):
@@ -71,3 +78,56 @@ def test_io_uring_false_makes_a_call_per_read_and_write(cluster):
     assert metric(text, "pcrouter_io_uring_workers") == 0
     assert metric(text, "pcrouter_io_uring_submits_total") == 0
     assert metric(text, "pcrouter_io_uring_ops_total") == 0
+
+
+def refusing(call, err):
+    """A preexec_fn: pcrouter starts with `call` failing with `err`, as under a seccomp profile
+    that refuses it (the filter outlives exec; every other call is allowed)."""
+    def pre():
+        f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+        f.add_rule(seccomp.ERRNO(err), call)
+        f.load()
+    return pre
+
+
+def start_refused(stub_factory, router_factory, call, workers):
+    stubs = [stub_factory(POD_NAMES[i]) for i in range(2)]
+    r = router_factory(make_config(stubs, workers=workers, routing={"policy": "round_robin"}),
+                       preexec_fn=refusing(call, errno.EPERM))
+    wait_for(lambda: curl(r.url("/health")).status == 200, 15, 0.05, "/health 200")
+    return r
+
+
+def assert_all_answered(out):
+    for got in out:
+        for status, body in got:
+            assert status == 200 and b'"choices"' in body, (status, body[:200])
+
+
+def test_a_refused_ring_leaves_each_worker_to_its_own_calls(stub_factory, router_factory):
+    r = start_refused(stub_factory, router_factory, "io_uring_setup", workers=2)
+    # Said once, at start, with the kernel's reason, and not by every worker.
+    assert r.stderr_text().count("io_uring: no ring (Operation not permitted)") == 1, \
+        r.err.tail()
+    assert_all_answered(burst(r, clients=12, each=3))
+    text = get_metrics(r)
+    assert metric(text, "pcrouter_io_uring_workers") == 0
+    assert metric(text, "pcrouter_io_uring_submits_total") == 0
+    assert metric(text, "pcrouter_io_uring_ops_total") == 0
+
+
+def test_a_ring_the_kernel_will_not_run_is_given_up_without_losing_a_read(stub_factory,
+                                                                          router_factory):
+    """The ring is made, but io_uring_enter fails: the first turn that reads a client's request
+    finds its submit refused. Nothing was read then, so the socket is still readable; the worker
+    gives the ring up for good and reads it with a call of its own in the next turn."""
+    r = start_refused(stub_factory, router_factory, "io_uring_enter", workers=1)
+    assert "io_uring: no ring" not in r.stderr_text()
+    assert_all_answered(burst(r, clients=12, each=3))
+    wait_for(lambda: "io_uring: submitting failed (Operation not permitted)" in r.stderr_text(),
+             10, 0.05, "the worker to say it gave its ring up")
+    text = get_metrics(r)
+    assert metric(text, "pcrouter_io_uring_workers") == 0, "the gauge still counts a ring given up"
+    assert metric(text, "pcrouter_io_uring_submits_total") == 0
+    # And it goes on: a second round after the give-up is answered the same.
+    assert_all_answered(burst(r, clients=4, each=2))

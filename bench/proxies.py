@@ -514,6 +514,9 @@ def parse_args():
     a.build = os.path.abspath(a.build)
     a.pcrouter = find_pcrouter(a.build)
     a.bodies = [int(x) for x in a.bodies.split(",") if x]
+    a.protos = [x for x in a.protos.split(",") if x]
+    if not a.protos or set(a.protos) - {"h1", "h2"}:
+        ap.error("--protos: h1, h2 or both, comma-separated")
     a.before_exe = find_pcrouter(os.path.abspath(a.before)) if a.before else None
     if a.before and a.before_exe is None:
         ap.error("--before %s: no pcrouter binary there" % a.before)
@@ -628,7 +631,7 @@ def run(b, args, anomalies, notes):
                 "pcrouter": tool_version([args.pcrouter, "--version"]) if args.pcrouter else "-"}
     header(b, args, versions, targets)
 
-    protos = tuple(p for p in ("h1", "h2") if p in args.protos.split(","))
+    protos = tuple(p for p in ("h1", "h2") if p in args.protos)
     summaries, all_results = {}, {}
     for size in args.bodies:
         set_body(b, size)
@@ -740,7 +743,7 @@ def report(targets, results, protos, size):
         for p in protos:
             rs = results[t.name][p]
             if rs:
-                med[(t.name, p)] = {k: statistics.median(r.get(k, 0.0) for r in rs)
+                med[(t.name, p)] = {k: statistics.median(r[k] for r in rs)
                                     for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req",
                                               "cpu_user_us_per_req", "cpu_sys_us_per_req")}
     print("\n%d-byte request bodies" % size)

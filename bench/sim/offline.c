@@ -231,6 +231,7 @@ static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double 
     cJSON_AddNumberToObject(j, "ceiling", ceiling);
     cJSON_AddNumberToObject(j, "fraction_of_ceiling", r->hit_rate / ceiling);
     cJSON_AddNumberToObject(j, "share_max_over_mean", r->share);
+    cJSON_AddNumberToObject(j, "work_max_over_mean", r->work_share);
     cJSON_AddNumberToObject(j, "predicted_tokens", r->predicted_tokens);
     cJSON_AddNumberToObject(j, "delivered_tokens", r->delivered_tokens);
     cJSON_AddNumberToObject(j, "seen_delivered_tokens", r->seen_delivered_tokens);

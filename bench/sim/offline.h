@@ -73,6 +73,7 @@ typedef struct {
     double prompt_tokens;
     double ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, ttft_mean_ms;
     double share;              /* max/mean requests per pod */
+    double work_share;         /* max/mean prompt tokens prefilled per pod */
     double makespan_s;
     uint64_t reasons[PCR_REASON__COUNT];
 } off_result_t;

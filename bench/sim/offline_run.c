@@ -68,6 +68,7 @@ typedef struct {
     unsigned nwait, running;
     double busy_until;
     uint64_t success;
+    double prefilled;          /* prompt tokens it prefilled (not cached) */
     uint64_t sent_prefill;     /* uncached prefill sent, not yet at its first token */
     uint32_t hold_head;        /* held at the router, in arrival order */
     uint32_t pend_head, pend_tail; /* routed here, in commit order; settled ones leave the head */
@@ -164,6 +165,8 @@ static int admit_waiting(sim_t *S, size_t b, double now)
         S->st[i].hit_tokens = a.hit_tokens;
         S->out->delivered_tokens += (double)a.hit_tokens;
         S->out->prompt_tokens += (double)r->prompt_tokens;
+        if (r->prompt_tokens > a.hit_tokens)
+            pod->prefilled += (double)(r->prompt_tokens - a.hit_tokens);
         if (push(&S->h, a.first_token_us, EV_FIRST, i) != 0)
             return -1;
     }
@@ -504,7 +507,7 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
             goto done;
     }
     rt_sort(S.ttft, S.nttft);
-    double sum = 0, smax = 0, ssum = 0;
+    double sum = 0, smax = 0, ssum = 0, wmax = 0, wsum = 0;
     for (size_t i = 0; i < S.nttft; i++)
         sum += S.ttft[i];
     out->ttft_p50_ms = rt_percentile(S.ttft, S.nttft, 50);
@@ -515,8 +518,12 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
         ssum += (double)S.pods[b].success;
         if ((double)S.pods[b].success > smax)
             smax = (double)S.pods[b].success;
+        wsum += S.pods[b].prefilled;
+        if (S.pods[b].prefilled > wmax)
+            wmax = S.pods[b].prefilled;
     }
     out->share = ssum > 0 ? smax / (ssum / (double)s->npods) : NAN;
+    out->work_share = wsum > 0 ? wmax / (wsum / (double)s->npods) : NAN;
     out->hit_rate = out->prompt_tokens > 0 ? out->delivered_tokens / out->prompt_tokens : NAN;
     rc = 0;
 done:

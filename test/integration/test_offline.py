@@ -128,3 +128,18 @@ def test_offline_refuses_bad_input(tmp_path):
         p = subprocess.run([OFFLINE, "--trace", str(bad)] + args, capture_output=True,
                            text=True, timeout=30)
         assert p.returncode == 2 and why in p.stderr, (args, p.stderr)
+
+
+def test_offline_counts_each_pods_prefill(tmp_path):
+    """work_max_over_mean is the busiest pod's prefilled prompt tokens over the mean: one prompt
+    sent sixteen times, far apart, is prefilled once on every pod under round robin (1), and
+    once on one pod under consistent hashing, which sends it there every time (8 pods: 8)."""
+    trace = tmp_path / "one_prompt.jsonl"
+    with open(trace, "w") as f:
+        for k in range(16):
+            f.write(json.dumps({"timestamp": k * 20000, "input_length": 4 * workloads.BLOCK,
+                                "output_length": 1, "hash_ids": [1, 2, 3, 4]}) + "\n")
+    a = run_offline(tmp_path, trace, "--policies", "round_robin,consistent_hash")
+    assert a["round_robin"]["work_max_over_mean"] == 1.0, a["round_robin"]
+    assert a["consistent_hash"]["work_max_over_mean"] == 8.0, a["consistent_hash"]
+    assert a["consistent_hash"]["share_max_over_mean"] == 8.0, a["consistent_hash"]

@@ -359,13 +359,15 @@ class Cluster:
 
 @pytest.fixture
 def cluster(stub_factory, router_factory):
-    """cluster(n=2, policy="round_robin", models=None, tls=None, wait_healthy=True, **sections)"""
+    """cluster(n=2, policy="round_robin", models=None, tls=None, wait_healthy=True, popen=None,
+    **sections); popen: extra Popen arguments for pcrouter (preexec_fn, env)."""
 
-    def make(n=2, policy="round_robin", models=None, tls=None, wait_healthy=True, **sections):
+    def make(n=2, policy="round_robin", models=None, tls=None, wait_healthy=True, popen=None,
+             **sections):
         stubs = [stub_factory(POD_NAMES[i], models[i] if models else None) for i in range(n)]
         if policy is not None:
             sections = deep_merge({"routing": {"policy": policy}}, sections)
-        r = router_factory(make_config(stubs, tls=tls, **sections))
+        r = router_factory(make_config(stubs, tls=tls, **sections), **(popen or {}))
         if wait_healthy:
             wait_for(lambda: curl(r.url("/health")).status == 200, 15, 0.05, "/health 200")
         return Cluster(r, stubs)

@@ -13,8 +13,7 @@ import urllib.parse
 
 import seccomp
 
-from conftest import (POD_NAMES, completion, curl, get_metrics, make_config, metric,
-                      wait_for)
+from conftest import completion, get_metrics, metric, wait_for
 
 
 def burst(router, clients=24, each=4):
@@ -90,12 +89,9 @@ def refusing(call, err):
     return pre
 
 
-def start_refused(stub_factory, router_factory, call, workers):
-    stubs = [stub_factory(POD_NAMES[i]) for i in range(2)]
-    r = router_factory(make_config(stubs, workers=workers, routing={"policy": "round_robin"}),
-                       preexec_fn=refusing(call, errno.EPERM))
-    wait_for(lambda: curl(r.url("/health")).status == 200, 15, 0.05, "/health 200")
-    return r
+def start_refused(cluster, call, workers):
+    return cluster(2, workers=workers,
+                   popen={"preexec_fn": refusing(call, errno.EPERM)}).router
 
 
 def assert_all_answered(out):
@@ -104,8 +100,8 @@ def assert_all_answered(out):
             assert status == 200 and b'"choices"' in body, (status, body[:200])
 
 
-def test_a_refused_ring_leaves_each_worker_to_its_own_calls(stub_factory, router_factory):
-    r = start_refused(stub_factory, router_factory, "io_uring_setup", workers=2)
+def test_a_refused_ring_leaves_each_worker_to_its_own_calls(cluster):
+    r = start_refused(cluster, "io_uring_setup", workers=2)
     # Said once, at start, with the kernel's reason, and not by every worker.
     assert r.stderr_text().count("io_uring: no ring (Operation not permitted)") == 1, \
         r.err.tail()
@@ -116,12 +112,11 @@ def test_a_refused_ring_leaves_each_worker_to_its_own_calls(stub_factory, router
     assert metric(text, "pcrouter_io_uring_ops_total") == 0
 
 
-def test_a_ring_the_kernel_will_not_run_is_given_up_without_losing_a_read(stub_factory,
-                                                                          router_factory):
+def test_a_ring_the_kernel_will_not_run_is_given_up_without_losing_a_read(cluster):
     """The ring is made, but io_uring_enter fails: the first turn that reads a client's request
     finds its submit refused. Nothing was read then, so the socket is still readable; the worker
     gives the ring up for good and reads it with a call of its own in the next turn."""
-    r = start_refused(stub_factory, router_factory, "io_uring_enter", workers=1)
+    r = start_refused(cluster, "io_uring_enter", workers=1)
     assert "io_uring: no ring" not in r.stderr_text()
     assert_all_answered(burst(r, clients=12, each=3))
     wait_for(lambda: "io_uring: submitting failed (Operation not permitted)" in r.stderr_text(),

@@ -818,21 +818,26 @@ static void on_up_body(void *ctx, const char *data, size_t len)
      * through Redis either: each sees only its own part of a pod's queue, so the time it
      * measures holds the other replicas' work, which it would take for the pod's slowness
      * (4 replicas fell from 1.03x to 0.81x of one replica's hit rate so); they route on the
-     * configured rate. A held stream's time counts from its send, behind the prefill its pod
-     * had then: its wait in pcrouter is not the pod's. The same first event is the stream's
-     * time to first token (metrics, access log). */
-    if (ex->state != EX_UP_BODY && ex->req.stream && ex->t_first == 0)
+     * configured rate. Every stream's time counts from its send, behind the prefill its pod had
+     * been sent then and not finished: a wait in pcrouter (held, or for a connection slot) is
+     * not the pod's, and neither are the held streams of the queue the decision saw. Counted
+     * from the decision, a stream that went while others were held (another worker's, whose
+     * wake-up was still on its way) was charged their prefill too, and its pod looked up to
+     * three times faster than it was: the cost then sent it every long prompt (Mooncake past
+     * its knee, two workers). The same first event is the stream's time to first token
+     * (metrics, access log). */
+    if (ex->state != EX_UP_BODY && ex->req.stream && ex->t_first == 0) {
         ex->t_first = pcr_now_us();
+        ex->prefill_ahead = pcr_upstream_sent_ahead(ex->up);
+        ex->has_prefill_ahead = 1;
+    }
     if (ex->state != EX_UP_BODY && ex->req.stream && ex->attempts == 1 &&
         !ex->w->cfg->redis.enabled) {
         pcr_worker_t *w = ex->w;
-        uint64_t ttfb = ex->t_first - ex->t_start;
-        uint64_t ahead = ex->decision.queued_ahead;
-        uint64_t held = pcr_upstream_held_us(ex->up);
-        if (held > 0) {
-            ttfb = ttfb > held ? ttfb - held : 0;
-            ahead = pcr_upstream_sent_ahead(ex->up);
-        }
+        uint64_t sent = pcr_upstream_sent_us(ex->up);
+        uint64_t from = sent > ex->t_start ? sent : ex->t_start;
+        uint64_t ttfb = ex->t_first > from ? ex->t_first - from : 0;
+        uint64_t ahead = ex->prefill_ahead;
         pcr_policy_observe(w->policy, ex->be->id, ex->decision.uncached_prefill, ahead, ttfb);
         pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->decision.uncached_prefill,
                         ahead, ttfb);

@@ -95,6 +95,10 @@ struct pcr_exchange {
     uint64_t resp_bytes;
     uint64_t t_start, t_head;
     uint64_t t_first;                 /* a stream's first token: its first body byte (0: none) */
+    uint64_t prefill_ahead;           /* a stream's: the prefill its pod had been sent and had
+                                         not finished when it went (pcr_upstream_sent_ahead) */
+    int has_prefill_ahead;            /* prefill_ahead is known (a stream that got its first
+                                         token) */
 
     /* Per-request truth: the cached tokens the decision predicted, and what the pod said. */
     int inject_usage;                 /* stream_options added to the body sent (request_usage) */

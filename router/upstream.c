@@ -79,6 +79,7 @@ struct pcr_upreq {
     uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
     uint64_t prefill;                /* a stream's uncached prefill, tokens */
     uint64_t ahead;                  /* the backend's sent_prefill when it was charged */
+    uint64_t t_sent;                 /* when it was charged (went to the pod), us */
     pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
     int stream;                      /* counts against routing.hold_tokens */
     int charged;                     /* its prefill is in pool->sent_prefill */
@@ -181,6 +182,7 @@ static void charge(pcr_upreq_t *r)
 {
     if (r->stream && !r->charged) {
         r->ahead = PCR_LOAD(r->pool->be->sent_prefill);
+        r->t_sent = pcr_now_us();
         r->pool->sent_prefill += r->prefill;
         PCR_ADD(r->pool->be->sent_prefill, r->prefill);
         r->charged = 1;
@@ -927,6 +929,11 @@ uint64_t pcr_upstream_held_us(const pcr_upreq_t *r)
 uint64_t pcr_upstream_sent_ahead(const pcr_upreq_t *r)
 {
     return r != NULL ? r->ahead : 0;
+}
+
+uint64_t pcr_upstream_sent_us(const pcr_upreq_t *r)
+{
+    return r != NULL ? r->t_sent : 0;
 }
 
 void pcr_upstream_cancel(pcr_upreq_t *r)

@@ -124,6 +124,10 @@ uint64_t pcr_upstream_held_us(const pcr_upreq_t *r);
  * first token when this one went (routing.hold_tokens' count; 0 for other requests). */
 uint64_t pcr_upstream_sent_ahead(const pcr_upreq_t *r);
 
+/* When a stream went to its pod (pcr_now_us), after any wait for the budget or a connection
+ * slot; 0 for other requests and before it went. */
+uint64_t pcr_upstream_sent_us(const pcr_upreq_t *r);
+
 /* Fails every stream held in the pool with PCR_UP_HELD_OUT, the oldest first: its backend is
  * out of rotation (down, ejected, removed), so their owners route them again rather than wait
  * for it. Never from inside a callback of this pool's requests. */

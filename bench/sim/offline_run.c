@@ -56,7 +56,7 @@ typedef struct {
     uint32_t pnext;            /* its pod's requests in commit order (pending) */
     uint64_t settled_before;   /* pcr_policy_feedback's, as the router reads it at the send */
     pcr_decision_t d;
-    double sent_us;            /* when a held request went to its pod */
+    double sent_us;            /* when it went to its pod */
     uint64_t ahead_at_send;    /* the pod's sent_prefill then (pcr_upstream_sent_ahead) */
     double late;               /* how late the router sees its first byte (--jitter-ms) */
 } rstate_t;
@@ -245,6 +245,8 @@ static int send_or_hold(sim_t *S, size_t b, uint32_t i, double now)
 {
     opod_t *pod = &S->pods[b];
     if (pod->hold_head == NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) {
+        S->st[i].sent_us = now;
+        S->st[i].ahead_at_send = pod->sent_prefill;
         pod->sent_prefill += S->st[i].charged;
         enqueue(S, b, i);
         return admit_waiting(S, b, now);
@@ -335,7 +337,6 @@ static int on_seen(sim_t *S, uint32_t i, double now)
 {
     rstate_t *st = &S->st[i];
     size_t b = (size_t)st->pod;
-    const off_req_t *r = &S->w->reqs[i];
     st->settled = 1;
     S->loads[b].queued_prefill -= st->charged;
     S->pods[b].sent_prefill -= st->charged;
@@ -343,12 +344,10 @@ static int on_seen(sim_t *S, uint32_t i, double now)
     if (release(S, b, now) != 0)
         return -1;
     if (S->v->observe && S->policy) {
-        /* As router/exchange.c: a held request's time counts from its send, behind what the
-         * pod had then; the time it waited at the router is not the pod's. */
-        double from = st->held ? st->sent_us : r->arrival_us;
-        uint64_t ahead = st->held ? st->ahead_at_send : st->d.queued_ahead;
-        pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, ahead,
-                           (uint64_t)(now - from));
+        /* As router/exchange.c: a request's time counts from its send, behind what the pod
+         * had been sent then; the time it waited at the router is not the pod's. */
+        pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, st->ahead_at_send,
+                           (uint64_t)(now - st->sent_us));
     }
     return 0;
 }

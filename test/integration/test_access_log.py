@@ -18,7 +18,8 @@ JSON_FIELDS = {
     "route": (str, type(None)), "matched_blocks": (int, type(None)),
     "total_blocks": (int, type(None)), "predicted_cached_tokens": (int, type(None)),
     "delivered_cached_tokens": (int, type(None)), "ttfb_ms": (int, float, type(None)),
-    "ttft_ms": (int, float, type(None)), "held_ms": (int, float, type(None)), "duration_ms": (int, float), "bytes_in": int, "bytes_out": int, "retries": int,
+    "ttft_ms": (int, float, type(None)), "held_ms": (int, float, type(None)),
+    "prefill_ahead_tokens": (int, type(None)), "duration_ms": (int, float), "bytes_in": int, "bytes_out": int, "retries": int,
 }
 
 
@@ -81,6 +82,8 @@ def test_json_lines_carry_every_field(stub_factory, router_factory, tmp_path):
     assert a["ttft_ms"] is None and b["ttft_ms"] is None
     assert c["ttfb_ms"] <= c["ttft_ms"] <= c["duration_ms"], c
     assert all(o["held_ms"] is None for o in objs)  # nothing waited for a pod's prefill
+    # Only a stream's first token says when its prefill was done; nothing was ahead of it.
+    assert a["prefill_ahead_tokens"] is None and c["prefill_ahead_tokens"] == 0
     # The repeat: the index predicted it warm, and the pod said it reused most of it.
     assert b["route"] == "warm" and b["matched_blocks"] == b["total_blocks"] > 0
     assert b["predicted_cached_tokens"] > 0

@@ -152,6 +152,41 @@ def test_the_access_log_says_how_long_a_stream_was_held(stub_factory, router_fac
     assert b["held_ms"] <= b["ttft_ms"] <= b["duration_ms"], b
 
 
+def in_flight(r):
+    return metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a")
+
+
+def test_a_streams_prefill_ahead_is_what_its_pod_had_when_it_went(stub_factory, router_factory,
+                                                                  streams, tmp_path):
+    """prefill_ahead_tokens (access log), which cache_aware learns each pod's prefill rate
+    against: the uncached prefill the pod had been sent and not finished when the stream went,
+    counted at the send. A (2000 tokens) is at the pod, its prefill gated; B, sent at once, has
+    A's 2000 ahead of it. C finds the pod's one connection taken: when its turn comes, A is
+    done, and nothing is ahead of it, although A's prefill was queued when C was routed.
+    Counted at the decision, C would have 2000 ahead and its pod would look fast."""
+    path = str(tmp_path / "access.log")
+    a, r = one_pod(stub_factory, router_factory, routing={"hold_tokens": 0},
+                   upstream={"max_connections": 2},
+                   log={"access_log_path": path, "access_log_format": "json"})
+    start(streams, r, "A", 8000, prefill_gate="ga", gate="ge")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    b = start(streams, r, "B", 4400, gate="gb")
+    wait_for(lambda: tags_seen(a) == ["A", "B"], 15, what="B at the pod")
+    start(streams, r, "C", 4000)
+    wait_for(lambda: in_flight(r) == 3, 15, what="C routed, waiting for a connection")
+    assert tags_seen(a) == ["A", "B"]
+    a.release("ga")
+    a.release("ge")
+    wait_for(lambda: "C" in tags_seen(a), 15, what="C sent once A's connection was free")
+    a.release("gb")
+    all_done(streams)
+    got = wait_for(lambda: len(access_lines(path)) == 3 and access_lines(path), 15,
+                   what="three completions' lines")
+    ahead = {o["bytes_in"]: o["prefill_ahead_tokens"] for o in got}
+    by_size = [ahead[k] for k in sorted(ahead)]   # C, B, A
+    assert by_size == [0, 2000, 0], got
+
+
 def test_time_to_first_token_is_the_first_event_not_the_head(stub_factory, router_factory,
                                                              streams, tmp_path):
     """The pod sends a stream's head at once and its first event after the prefill (vLLM does

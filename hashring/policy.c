@@ -501,7 +501,6 @@ int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         out->reason = PCR_REASON_NO_BACKEND;
         return PCR_ERR_UNAVAIL;
     }
-    out->queued_ahead = loads[out->backend].queued_prefill;
     return 0;
 }
 

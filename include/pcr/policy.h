@@ -132,7 +132,6 @@ typedef struct {
     uint32_t matched_blocks;   /* leading blocks of the key the chosen backend holds */
     uint32_t total_blocks;     /* key->nblocks */
     uint64_t uncached_prefill; /* tokens the chosen backend will have to prefill */
-    uint64_t queued_ahead;     /* the chosen backend's queued prefill at the decision (its load) */
     uint64_t matched_time;     /* when the index saw the chosen backend last use its deepest
                                 * matched block (a `now` passed in before); 0 when none */
     /* With a clock (pcr_policy_set_clock), the decision's time in its two phases, ns: the
@@ -203,7 +202,9 @@ int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_bloc
 
 /* The time to first byte of a request `backend` answered: `ttfb_us` from sending it to the
  * first byte of its answer that carries a token (a stream's first event), for the decision's
- * `uncached_tokens` (uncached_prefill) behind `queued_ahead` tokens. cache_aware learns each
+ * `uncached_tokens` (uncached_prefill) behind `queued_ahead` tokens: the uncached prefill the
+ * backend had been sent and had not finished when this request went to it (not what the
+ * decision saw queued, which may hold requests still waiting in the router). cache_aware learns each
  * backend's prefill rate from these (include/pcr/ttft.h); other policies ignore them.
  * Deterministic. 0, or PCR_ERR_INVAL for a backend out of range. */
 int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,

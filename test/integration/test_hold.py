@@ -170,7 +170,7 @@ def test_a_streams_prefill_ahead_is_what_its_pod_had_when_it_went(stub_factory, 
                    log={"access_log_path": path, "access_log_format": "json"})
     start(streams, r, "A", 8000, prefill_gate="ga", gate="ge")
     wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-    b = start(streams, r, "B", 4400, gate="gb")
+    start(streams, r, "B", 4400, gate="gb")
     wait_for(lambda: tags_seen(a) == ["A", "B"], 15, what="B at the pod")
     start(streams, r, "C", 4000)
     wait_for(lambda: in_flight(r) == 3, 15, what="C routed, waiting for a connection")

@@ -208,6 +208,17 @@ static uint32_t *held_bringer(sim_t *S, size_t b, uint32_t i)
     return NULL;
 }
 
+/* Request i goes to pod b now: its send time and what the pod had been sent then are what its
+ * first token teaches the policy (on_seen), held or not. */
+static void send_to_pod(sim_t *S, size_t b, uint32_t i, double now)
+{
+    opod_t *pod = &S->pods[b];
+    S->st[i].sent_us = now;
+    S->st[i].ahead_at_send = pod->sent_prefill;
+    pod->sent_prefill += S->st[i].charged;
+    enqueue(S, b, i);
+}
+
 /* Sends pod b's held requests, highest rank first (or what the first counts on, first), while
  * it is under the budget; then the pod admits who can go. */
 static int release(sim_t *S, size_t b, double now)
@@ -232,10 +243,7 @@ static int release(sim_t *S, size_t b, double now)
         }
         uint32_t i = *best;
         *best = S->st[i].hnext;
-        S->st[i].sent_us = now;
-        S->st[i].ahead_at_send = pod->sent_prefill;
-        pod->sent_prefill += S->st[i].charged;
-        enqueue(S, b, i);
+        send_to_pod(S, b, i, now);
     }
     return admit_waiting(S, b, now);
 }
@@ -245,10 +253,7 @@ static int send_or_hold(sim_t *S, size_t b, uint32_t i, double now)
 {
     opod_t *pod = &S->pods[b];
     if (pod->hold_head == NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) {
-        S->st[i].sent_us = now;
-        S->st[i].ahead_at_send = pod->sent_prefill;
-        pod->sent_prefill += S->st[i].charged;
-        enqueue(S, b, i);
+        send_to_pod(S, b, i, now);
         return admit_waiting(S, b, now);
     }
     uint32_t *p = &pod->hold_head;   /* at the tail: arrival order breaks ties */

@@ -204,8 +204,9 @@ int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_bloc
  * first byte of its answer that carries a token (a stream's first event), for the decision's
  * `uncached_tokens` (uncached_prefill) behind `queued_ahead` tokens: the uncached prefill the
  * backend had been sent and had not finished when this request went to it (not what the
- * decision saw queued, which may hold requests still waiting in the router). cache_aware learns each
- * backend's prefill rate from these (include/pcr/ttft.h); other policies ignore them.
+ * decision saw queued, which may hold requests still waiting in the router). cache_aware
+ * learns each backend's prefill rate from these (include/pcr/ttft.h); other policies ignore
+ * them.
  * Deterministic. 0, or PCR_ERR_INVAL for a backend out of range. */
 int pcr_policy_observe(pcr_policy_t *p, int backend, uint64_t uncached_tokens,
                        uint64_t queued_ahead, uint64_t ttfb_us);

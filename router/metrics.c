@@ -395,6 +395,9 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
             "System calls that submitted a batch of socket reads or writes.", SUM(srv, io_submits));
     counter(out, "pcrouter_io_uring_ops_total",
             "Socket reads and writes submitted in those batches.", SUM(srv, io_ops));
+    counter(out, "pcrouter_io_uring_merged_total",
+            "Submits that carried the writes a busy loop turn left with the next turn's reads.",
+            SUM(srv, io_merged));
 
     /* Every worker holds a replica of the index: the memory is their sum. */
     HEADER(out, "pcrouter_index_bytes", "gauge", "Memory held by the prefix index, all worker replicas.");

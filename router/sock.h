@@ -68,11 +68,19 @@ void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg);
  * all the writes in another. Callbacks run from pcr_sock_batch_flush() then, never inside a
  * pcr_sock_* call. begin: 0, or -errno when the kernel refuses a ring (sockets then make their
  * own calls); `submits` and `ops` (may be NULL) count the system calls and the reads and
- * writes in them, and `active` (may be NULL) is 1 while the thread batches, 0 once a failed
+ * writes in them, `merged` (may be NULL) the submits of pcr_sock_batch_turn() that carried
+ * writes and reads, and `active` (may be NULL) is 1 while the thread batches, 0 once a failed
  * submit made it give up (relaxed atomic stores, this thread only). end: flushes, then frees. */
-int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, int *active);
+int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, uint64_t *merged, int *active);
 void pcr_sock_batch_flush(void);
 void pcr_sock_batch_end(void);
+/* A busy loop's turn in one system call instead of two. pcr_sock_batch_turn() in place of
+ * flush(): the writes left waiting go in one submit with this turn's reads, and when the turn
+ * had several reads, what their callbacks write waits for the next turn (with one read, or
+ * none, everything goes at once, as flush()). While pcr_sock_batch_waiting() says writes wait,
+ * the loop must not sleep: it only looks for events (EVLOOP_ONCE | EVLOOP_NONBLOCK). */
+int pcr_sock_batch_waiting(void);
+void pcr_sock_batch_turn(void);
 
 void pcr_sock_free(pcr_sock_t *s);  /* closes; NULL is a no-op */
 

@@ -18,7 +18,10 @@
  * queue the socket; the reads, then the writes, of the whole loop turn go to the kernel in one
  * io_uring submit each at its end (pcr_sock_batch_flush), as MSG_DONTWAIT calls that complete
  * inside the submit. The results are handled exactly as the direct calls' are (read_commit,
- * read_report, write_done).
+ * read_report, write_done). A busy loop merges the two (pcr_sock_batch_turn): the writes of a
+ * turn that read several sockets wait, the loop looks for events without sleeping, and they go
+ * in one submit with the next turn's reads. Under load that is one submit and one epoll_wait
+ * per turn, where the turn answers several requests.
  *
  * recvmsg and sendmsg, not readv and writev: the socket calls skip the VFS layer (file position
  * lock, iterator setup), a measurable part of the kernel's time per request; MSG_NOSIGNAL
@@ -79,6 +82,8 @@ typedef struct {
         struct evbuffer_iovec v[WRITE_IOV];
     } slot[BATCH_RING];
     uint64_t *submits, *ops;   /* the worker's counters (pcr_metrics_t), or NULL */
+    uint64_t *merged;          /* its submits that carried a turn's writes with the next reads */
+    int deferred;              /* the last turn left its writes for this one's reads */
     int *active;               /* the worker's "batching" flag, cleared on giving up, or NULL */
 } batch_t;
 static __thread batch_t *tls_batch;
@@ -468,9 +473,12 @@ static void batch_give_up(batch_t *b, int err)
         __atomic_store_n(b->active, 0, __ATOMIC_RELAXED);
 }
 
-/* Submits `k` queued operations and waits for all of them; each result goes to its socket's
- * `res_at` (an int at that offset). -1 when the ring failed: nothing was done then. */
-static int batch_run(batch_t *b, unsigned k, size_t res_at)
+/* The user data of an operation: its socket, with the low bit set for a write. */
+#define OP_WRITE ((uintptr_t)1)
+
+/* Submits `k` prepared operations and waits for all of them; each result goes to its socket's
+ * rres (a read) or wres (a write). -1 when the ring failed: nothing was done then. */
+static int batch_run(batch_t *b, unsigned k)
 {
     int rc;
     do
@@ -489,71 +497,132 @@ static int batch_run(batch_t *b, unsigned k, size_t res_at)
             batch_give_up(b, -rc);
             return -1;
         }
-        char *q = io_uring_cqe_get_data(cqe);
-        *(int *)(void *)(q + res_at) = cqe->res;
+        uintptr_t d = (uintptr_t)io_uring_cqe_get_data(cqe);
+        plain_t *p = (plain_t *)(d & ~OP_WRITE);
+        if (d & OP_WRITE)
+            p->wres = cqe->res;
+        else
+            p->rres = cqe->res;
         io_uring_cqe_seen(&b->ring, cqe);
     }
     return 0;
 }
 
+/* Prepares queued writes as operations from slot `k` on, while the ring has room; their
+ * sockets go to `chunk` from *nw on. Returns the next free slot. */
+static unsigned prep_writes(batch_t *b, unsigned k, plain_t *chunk[], unsigned *nw)
+{
+    plain_t *p;
+    while (k < BATCH_RING && (p = TAILQ_FIRST(&b->queue)) != NULL) {
+        TAILQ_REMOVE(&b->queue, p, batch_link);
+        p->batched = 0;
+        if (p->ended || p->write_err || p->connecting || evbuffer_get_length(p->out) == 0)
+            continue;
+        struct msghdr *mh = &b->slot[k].mh;
+        memset(mh, 0, sizeof(*mh));
+        mh->msg_iov = (struct iovec *)b->slot[k].v;
+        mh->msg_iovlen = (size_t)out_vecs(p, b->slot[k].v);
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* k < the ring's size */
+        io_uring_prep_sendmsg(sqe, p->base.fd, mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        io_uring_sqe_set_data(sqe, (void *)((uintptr_t)p | OP_WRITE));
+        chunk[(*nw)++] = p;
+        k++;
+    }
+    return k;
+}
+
+/* The results of the writes in `chunk`. No callback runs here: failures and drains are
+ * reported from the loop, so no socket of the chunk can be freed under it. */
+static void finish_writes(plain_t *chunk[], unsigned nw)
+{
+    for (unsigned i = 0; i < nw; i++) {
+        plain_t *q = chunk[i];
+        int res = q->wres;
+        write_done(q, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
+        if (!q->write_err && q->base.drain_wanted &&
+            evbuffer_get_length(q->out) <= q->base.drain_low)
+            event_active(q->wev, 0, 0);
+    }
+}
+
+/* Prepares queued reads as operations from slot `k` on, while the ring has room; their
+ * sockets go to `rdone`. Returns the next free slot. */
+static unsigned prep_reads(batch_t *b, unsigned k)
+{
+    plain_t *p;
+    while (k < BATCH_RING && (p = TAILQ_FIRST(&b->rqueue)) != NULL) {
+        TAILQ_REMOVE(&b->rqueue, p, rlink);
+        p->rbatched = 0;
+        if (p->ended || !p->base.reading || p->connecting)
+            continue;
+        p->slot = k;
+        struct evbuffer_iovec *v = b->slot[k].v;
+        struct msghdr *mh = &b->slot[k].mh;
+        p->rnv = evbuffer_reserve_space(p->in, READ_SIZE, v, 2);
+        p->rres = -ENOMEM;
+        TAILQ_INSERT_TAIL(&b->rdone, p, rlink);
+        p->rbatched = 2;
+        if (p->rnv < 1)
+            continue;
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* k < the ring's size */
+        if (p->rnv == 1) {
+            io_uring_prep_recv(sqe, p->base.fd, v[0].iov_base, v[0].iov_len, MSG_DONTWAIT);
+        } else {
+            memset(mh, 0, sizeof(*mh));
+            mh->msg_iov = (struct iovec *)v;
+            mh->msg_iovlen = (size_t)p->rnv;
+            io_uring_prep_recvmsg(sqe, p->base.fd, mh, MSG_DONTWAIT);
+        }
+        io_uring_sqe_set_data(sqe, p);
+        k++;
+    }
+    return k;
+}
+
+/* The ring failed before the prepared reads were made: they are dropped (the sockets are still
+ * readable, and epoll says so again). */
+static void unprep_reads(batch_t *b)
+{
+    plain_t *p;
+    while ((p = TAILQ_FIRST(&b->rdone)) != NULL) {
+        TAILQ_REMOVE(&b->rdone, p, rlink);
+        p->rbatched = 0;
+        if (p->rnv > 0)
+            evbuffer_commit_space(p->in, b->slot[p->slot].v, 0);
+    }
+}
+
+/* The results of the prepared reads. Every read's bytes into its input before any callback
+ * runs, so a callback may touch any socket's input; then the reports, in order. A callback may
+ * free a socket still on the list: plain_free takes it off. */
+static void finish_reads(batch_t *b)
+{
+    plain_t *p;
+    TAILQ_FOREACH(p, &b->rdone, rlink) {
+        if (p->rnv > 0)
+            read_commit(p, b->slot[p->slot].v, p->rnv, p->rres);
+    }
+    while ((p = TAILQ_FIRST(&b->rdone)) != NULL) {
+        TAILQ_REMOVE(&b->rdone, p, rlink);
+        p->rbatched = 0;
+        if (p->rnv < 1) {
+            end(p, PCR_SOCK_ERROR);
+            continue;
+        }
+        int res = p->rres;
+        read_report(p, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
+    }
+}
+
 static void read_phase(batch_t *b)
 {
     while (!TAILQ_EMPTY(&b->rqueue)) {
-        unsigned k = 0;
-        plain_t *p;
-        while (k < BATCH_RING && (p = TAILQ_FIRST(&b->rqueue)) != NULL) {
-            TAILQ_REMOVE(&b->rqueue, p, rlink);
-            p->rbatched = 0;
-            if (p->ended || !p->base.reading || p->connecting)
-                continue;
-            p->slot = k;
-            struct evbuffer_iovec *v = b->slot[k].v;
-            struct msghdr *mh = &b->slot[k].mh;
-            p->rnv = evbuffer_reserve_space(p->in, READ_SIZE, v, 2);
-            p->rres = -ENOMEM;
-            TAILQ_INSERT_TAIL(&b->rdone, p, rlink);
-            p->rbatched = 2;
-            if (p->rnv < 1)
-                continue;
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* k < the ring's size */
-            if (p->rnv == 1) {
-                io_uring_prep_recv(sqe, p->base.fd, v[0].iov_base, v[0].iov_len, MSG_DONTWAIT);
-            } else {
-                memset(mh, 0, sizeof(*mh));
-                mh->msg_iov = (struct iovec *)v;
-                mh->msg_iovlen = (size_t)p->rnv;
-                io_uring_prep_recvmsg(sqe, p->base.fd, mh, MSG_DONTWAIT);
-            }
-            io_uring_sqe_set_data(sqe, p);
-            k++;
-        }
-        if (k > 0 && batch_run(b, k, offsetof(plain_t, rres)) != 0) {
-            /* Nothing was read: the sockets are still readable, and epoll says so again. */
-            while ((p = TAILQ_FIRST(&b->rdone)) != NULL) {
-                TAILQ_REMOVE(&b->rdone, p, rlink);
-                p->rbatched = 0;
-                if (p->rnv > 0)
-                    evbuffer_commit_space(p->in, b->slot[p->slot].v, 0);
-            }
+        unsigned k = prep_reads(b, 0);
+        if (k > 0 && batch_run(b, k) != 0) {
+            unprep_reads(b);
             return;
         }
-        /* Every read's bytes into its input before any callback runs, so a callback may touch
-         * any socket's input; then the reports, in order. A callback may free a socket still
-         * on the list: plain_free takes it off. */
-        TAILQ_FOREACH(p, &b->rdone, rlink) {
-            if (p->rnv > 0)
-                read_commit(p, b->slot[p->slot].v, p->rnv, p->rres);
-        }
-        while ((p = TAILQ_FIRST(&b->rdone)) != NULL) {
-            TAILQ_REMOVE(&b->rdone, p, rlink);
-            p->rbatched = 0;
-            if (p->rnv < 1) {
-                end(p, PCR_SOCK_ERROR);
-                continue;
-            }
-            int res = p->rres;
-            read_report(p, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
-        }
+        finish_reads(b);
     }
 }
 
@@ -561,43 +630,20 @@ static void write_phase(batch_t *b)
 {
     plain_t *chunk[BATCH_RING];
     while (!TAILQ_EMPTY(&b->queue)) {
-        unsigned k = 0;
-        plain_t *p;
-        while (k < BATCH_RING && (p = TAILQ_FIRST(&b->queue)) != NULL) {
-            TAILQ_REMOVE(&b->queue, p, batch_link);
-            p->batched = 0;
-            if (p->ended || p->write_err || p->connecting || evbuffer_get_length(p->out) == 0)
-                continue;
-            struct msghdr *mh = &b->slot[k].mh;
-            memset(mh, 0, sizeof(*mh));
-            mh->msg_iov = (struct iovec *)b->slot[k].v;
-            mh->msg_iovlen = (size_t)out_vecs(p, b->slot[k].v);
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* k < the ring's size */
-            io_uring_prep_sendmsg(sqe, p->base.fd, mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-            io_uring_sqe_set_data(sqe, p);
-            chunk[k++] = p;
-        }
+        unsigned nw = 0;
+        unsigned k = prep_writes(b, 0, chunk, &nw);
         if (k == 0)
             break;
-        if (batch_run(b, k, offsetof(plain_t, wres)) != 0) {
-            for (unsigned i = 0; i < k; i++)
+        if (batch_run(b, k) != 0) {
+            for (unsigned i = 0; i < nw; i++)
                 write_now(chunk[i]); /* as without the ring */
             return;
         }
-        /* No callback runs here: results are applied, failures and drains reported from the
-         * loop, so no socket of the chunk can be freed under it. */
-        for (unsigned i = 0; i < k; i++) {
-            plain_t *q = chunk[i];
-            int res = q->wres;
-            write_done(q, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
-            if (!q->write_err && q->base.drain_wanted &&
-                evbuffer_get_length(q->out) <= q->base.drain_low)
-                event_active(q->wev, 0, 0);
-        }
+        finish_writes(chunk, nw);
     }
 }
 
-int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, int *active)
+int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, uint64_t *merged, int *active)
 {
     if (tls_batch != NULL)
         return 0;
@@ -614,6 +660,7 @@ int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, int *active)
     TAILQ_INIT(&b->rdone);
     b->submits = submits;
     b->ops = ops;
+    b->merged = merged;
     b->active = active;
     if (active != NULL)
         __atomic_store_n(active, 1, __ATOMIC_RELAXED);
@@ -651,6 +698,67 @@ void pcr_sock_batch_flush(void)
      * again from epoll, the writes go now. */
     batch_unqueue(b);
     if (b->broken) {
+        tls_batch = NULL;
+        free(b);
+    }
+}
+
+int pcr_sock_batch_waiting(void)
+{
+    batch_t *b = tls_batch;
+    return b != NULL && !TAILQ_EMPTY(&b->queue);
+}
+
+void pcr_sock_batch_turn(void)
+{
+    batch_t *b = tls_batch;
+    if (b == NULL)
+        return;
+    if (TAILQ_EMPTY(&b->rqueue)) {
+        b->deferred = 0;
+        pcr_sock_batch_flush(); /* nothing came in: what waits goes now */
+        return;
+    }
+    /* The writes left by the last turn, then this turn's reads, in one submit; writes that do
+     * not fit one go on their own first. */
+    plain_t *chunk[BATCH_RING];
+    unsigned nw, k;
+    for (;;) {
+        nw = 0;
+        k = prep_writes(b, 0, chunk, &nw);
+        if (TAILQ_EMPTY(&b->queue))
+            break;
+        if (batch_run(b, k) != 0) {
+            for (unsigned i = 0; i < nw; i++)
+                write_now(chunk[i]);
+            goto out;
+        }
+        finish_writes(chunk, nw);
+    }
+    unsigned kw = k;
+    k = prep_reads(b, k);
+    if (k > 0 && batch_run(b, k) != 0) {
+        for (unsigned i = 0; i < nw; i++)
+            write_now(chunk[i]);
+        unprep_reads(b);
+        goto out;
+    }
+    if (b->deferred && nw > 0 && k > kw)
+        count(b->merged, 1);
+    b->deferred = 0;
+    finish_writes(chunk, nw);
+    finish_reads(b);
+    read_phase(b); /* reads that did not fit the submit */
+    /* What the reads' callbacks queued waits for the next turn's reads only when this turn had
+     * several: a loop that busy finds more ready at once. One read alone is light load, where
+     * the look would most often find nothing and cost a call: its writes go now. */
+    if (k - kw < 2)
+        write_phase(b);
+    else
+        b->deferred = !TAILQ_EMPTY(&b->queue);
+out:
+    if (b->broken) {
+        batch_unqueue(b);
         tls_batch = NULL;
         free(b);
     }

@@ -368,18 +368,24 @@ static void *worker_main(void *arg)
     pcr_worker_t *w = arg;
     pcr_server_t *srv = w->srv;
     int rc = w->cfg->io_uring
-                 ? pcr_sock_batch_begin(&w->metrics.io_submits, &w->metrics.io_ops, &w->io_uring)
+                 ? pcr_sock_batch_begin(&w->metrics.io_submits, &w->metrics.io_ops,
+                                        &w->metrics.io_merged, &w->io_uring)
                  : -1;
     if (w->cfg->io_uring && rc != 0 && w->id == 0)
         pcr_log_warn("io_uring: no ring (%s): every socket read and write is a system call of "
                      "its own", strerror(-rc));
     if (rc == 0) {
-        /* One turn at a time, so that its reads and writes go out together at its end. */
+        /* One turn at a time, so that its reads and writes go out together at its end; while
+         * a busy turn's writes wait, the next only looks (no sleep) and they go with its reads. */
         for (;;) {
-            int turn = event_base_loop(w->base, EVLOOP_ONCE);
-            pcr_sock_batch_flush();
-            if (turn != 0 || event_base_got_exit(w->base) || event_base_got_break(w->base))
+            int turn = event_base_loop(w->base,
+                                       pcr_sock_batch_waiting() ? EVLOOP_ONCE | EVLOOP_NONBLOCK
+                                                                : EVLOOP_ONCE);
+            pcr_sock_batch_turn();
+            if (turn != 0 || event_base_got_exit(w->base) || event_base_got_break(w->base)) {
+                pcr_sock_batch_flush();
                 break;
+            }
         }
     } else {
         event_base_dispatch(w->base);

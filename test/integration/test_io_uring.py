@@ -16,14 +16,26 @@ import seccomp
 from conftest import H2Client, completion, get_metrics, metric, wait_for
 
 
+def together(n, client):
+    """Runs client(i, start, errors) for i < n on threads at once (`start`: a barrier of n
+    they wait on before their first request); asserts none of them reported an error."""
+    errors = []
+    start = threading.Barrier(n)
+    threads = [threading.Thread(target=client, args=(i, start, errors)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+
+
 def burst(router, clients=24, each=4):
     """`clients` keep-alive connections, each sending `each` completions at once with the others;
     the bodies of the answers, in order, per client."""
     u = urllib.parse.urlsplit(router.url("/"))
-    out, errors = [None] * clients, []
-    start = threading.Barrier(clients)
+    out = [None] * clients
 
-    def client(i):
+    def client(i, start, errors):
         try:
             conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
             start.wait(timeout=30)
@@ -39,12 +51,7 @@ def burst(router, clients=24, each=4):
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append("client %d: %r" % (i, e))
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    together(clients, client)
     return out
 
 
@@ -72,10 +79,7 @@ def test_a_turns_reads_and_writes_share_one_system_call(cluster):
 def h2_burst(router, conns=4, streams=16):
     """`conns` h2c connections at once, each with `streams` completions in flight together;
     asserts every answer is a whole 200."""
-    errors = []
-    start = threading.Barrier(conns)
-
-    def client(i):
+    def client(i, start, errors):
         h = None
         try:
             h = H2Client(router.port, timeout=30)
@@ -95,12 +99,7 @@ def h2_burst(router, conns=4, streams=16):
             if h is not None:
                 h.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(conns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    together(conns, client)
 
 
 def test_a_busy_turns_writes_go_out_with_the_next_turns_reads(cluster):

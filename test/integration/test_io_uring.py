@@ -131,12 +131,13 @@ def test_io_uring_false_makes_a_call_per_read_and_write(cluster):
     assert metric(text, "pcrouter_io_uring_merged_total") == 0
 
 
-def refusing(call, err):
+def refusing(call, err, *args):
     """A preexec_fn: pcrouter starts with `call` failing with `err`, as under a seccomp profile
-    that refuses it (the filter outlives exec; every other call is allowed)."""
+    that refuses it (the filter outlives exec; every other call is allowed); `args`
+    (seccomp.Arg) narrow the refusal to the calls whose arguments match."""
     def pre():
         f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
-        f.add_rule(seccomp.ERRNO(err), call)
+        f.add_rule(seccomp.ERRNO(err), call, *args)
         f.load()
     return pre
 
@@ -177,4 +178,54 @@ def test_a_ring_the_kernel_will_not_run_is_given_up_without_losing_a_read(cluste
     assert metric(text, "pcrouter_io_uring_workers") == 0, "the gauge still counts a ring given up"
     assert metric(text, "pcrouter_io_uring_submits_total") == 0
     # And it goes on: a second round after the give-up is answered the same.
+    assert_all_answered(burst(r, clients=4, each=2))
+
+
+def test_a_refused_submit_of_writes_is_given_up_and_every_write_still_goes(cluster):
+    """The ring runs submits of one operation and is refused every submit of two or more
+    (io_uring_enter's count of operations, its second argument). Requests one at a time keep
+    to single operations. Then one read of an h2c connection brings two streams' requests,
+    and the turn's writes, each stream's request to its pod on the connection the warm-up left
+    in the pool, make the first submit of two: refused, the worker gives the ring up, and the
+    writes it held go with a call each. Both streams are answered, and what follows too."""
+    c = cluster(2, workers=1, popen={"preexec_fn": refusing(
+        "io_uring_enter", errno.EPERM, seccomp.Arg(1, seccomp.GE, 2))})
+    r = c.router
+    u = urllib.parse.urlsplit(r.url("/"))
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    for i in range(4):  # round robin: two requests, one after the other, on each pod's connection
+        conn.request("POST", "/v1/completions", body=json.dumps(completion("warm-up %d" % i)),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and b'"choices"' in resp.read(), resp.status
+    conn.close()
+    text = get_metrics(r)
+    assert metric(text, "pcrouter_io_uring_workers") == 1, "the warm-up already broke the ring"
+    assert metric(text, "pcrouter_io_uring_submits_total") > 0
+    h = H2Client(r.port)
+    try:
+        h.wait(lambda: h.conn.remote_settings.initial_window_size > 0, what="the router's SETTINGS")
+        sids = []
+        for j in range(2):  # both streams' frames in one write: one read at the router
+            body = json.dumps(completion("stream %d" % j)).encode()
+            sid = h.conn.get_next_available_stream_id()
+            h.conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"),
+                                      (":scheme", "http"), (":authority", "x"),
+                                      ("content-type", "application/json"),
+                                      ("content-length", str(len(body)))])
+            h.conn.send_data(sid, body, end_stream=True)
+            h.streams[sid] = {"headers": None, "data": bytearray(), "ended": False, "reset": None}
+            sids.append(sid)
+        h.flush()
+        h.wait(lambda: all(h.streams[s]["ended"] or h.streams[s]["reset"] is not None
+                           for s in sids), timeout=20, what="both streams' answers")
+        for s in sids:
+            st = h.streams[s]
+            assert (st["headers"] or {}).get(":status") == "200", st
+            assert b'"choices"' in st["data"], st["data"][:200]
+    finally:
+        h.close()
+    wait_for(lambda: "io_uring: submitting failed (Operation not permitted)" in r.stderr_text(),
+             10, 0.05, "the worker to say it gave its ring up")
+    assert metric(get_metrics(r), "pcrouter_io_uring_workers") == 0
     assert_all_answered(burst(r, clients=4, each=2))

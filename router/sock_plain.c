@@ -545,6 +545,14 @@ static void finish_writes(plain_t *chunk[], unsigned nw)
     }
 }
 
+/* The ring failed before the writes in `chunk` were made: each goes with a call of its own, as
+ * without the ring. */
+static void unprep_writes(plain_t *chunk[], unsigned nw)
+{
+    for (unsigned i = 0; i < nw; i++)
+        write_now(chunk[i]);
+}
+
 /* Prepares queued reads as operations from slot `k` on, while the ring has room; their
  * sockets go to `rdone`. Returns the next free slot. */
 static unsigned prep_reads(batch_t *b, unsigned k)
@@ -635,8 +643,7 @@ static void write_phase(batch_t *b)
         if (k == 0)
             break;
         if (batch_run(b, k) != 0) {
-            for (unsigned i = 0; i < nw; i++)
-                write_now(chunk[i]); /* as without the ring */
+            unprep_writes(chunk, nw);
             return;
         }
         finish_writes(chunk, nw);
@@ -729,8 +736,7 @@ void pcr_sock_batch_turn(void)
         if (TAILQ_EMPTY(&b->queue))
             break;
         if (batch_run(b, k) != 0) {
-            for (unsigned i = 0; i < nw; i++)
-                write_now(chunk[i]);
+            unprep_writes(chunk, nw);
             goto out;
         }
         finish_writes(chunk, nw);
@@ -738,8 +744,7 @@ void pcr_sock_batch_turn(void)
     unsigned kw = k;
     k = prep_reads(b, k);
     if (k > 0 && batch_run(b, k) != 0) {
-        for (unsigned i = 0; i < nw; i++)
-            write_now(chunk[i]);
+        unprep_writes(chunk, nw);
         unprep_reads(b);
         goto out;
     }

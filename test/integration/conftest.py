@@ -704,7 +704,9 @@ class H2Client:
         if data:
             self.sock.sendall(data)
 
-    def request(self, method, path, body=None, headers=()):
+    def request(self, method, path, body=None, headers=(), flush=True):
+        """Opens a stream; with flush=False its frames wait in the connection for the next
+        flush (several streams in one write), unless flow control makes the body wait."""
         if isinstance(body, (dict, list)):
             body = json.dumps(body)
         if isinstance(body, str):
@@ -718,11 +720,12 @@ class H2Client:
         self.conn.send_headers(sid, hdrs, end_stream=body is None)
         self.streams[sid] = {"headers": None, "data": bytearray(), "ended": False, "reset": None}
         if body is not None:
-            self._send_body(sid, body)
-        self.flush()
+            self._send_body(sid, body, flush=flush)
+        if flush:
+            self.flush()
         return sid
 
-    def _send_body(self, sid, body, timeout=30):
+    def _send_body(self, sid, body, timeout=30, flush=True):
         """Sends as flow control allows; stops early if the server ended or reset the stream
         (an early answer such as 413)."""
         deadline = time.monotonic() + timeout
@@ -741,7 +744,8 @@ class H2Client:
             chunk = body[off:off + window]
             off += len(chunk)
             self.conn.send_data(sid, chunk, end_stream=off >= len(body))
-            self.flush()
+            if flush:
+                self.flush()
 
     def pump(self, timeout):
         """Reads once (bounded) and dispatches events; False on EOF."""

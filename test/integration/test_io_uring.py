@@ -205,17 +205,9 @@ def test_a_refused_submit_of_writes_is_given_up_and_every_write_still_goes(clust
     h = H2Client(r.port)
     try:
         h.wait(lambda: h.conn.remote_settings.initial_window_size > 0, what="the router's SETTINGS")
-        sids = []
-        for j in range(2):  # both streams' frames in one write: one read at the router
-            body = json.dumps(completion("stream %d" % j)).encode()
-            sid = h.conn.get_next_available_stream_id()
-            h.conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"),
-                                      (":scheme", "http"), (":authority", "x"),
-                                      ("content-type", "application/json"),
-                                      ("content-length", str(len(body)))])
-            h.conn.send_data(sid, body, end_stream=True)
-            h.streams[sid] = {"headers": None, "data": bytearray(), "ended": False, "reset": None}
-            sids.append(sid)
+        # Both streams' frames in one write: one read at the router.
+        sids = [h.request("POST", "/v1/completions", completion("stream %d" % j), flush=False)
+                for j in range(2)]
         h.flush()
         h.wait(lambda: all(h.streams[s]["ended"] or h.streams[s]["reset"] is not None
                            for s in sids), timeout=20, what="both streams' answers")

@@ -25,10 +25,11 @@
  *
  * recvmsg and sendmsg, not readv and writev: the socket calls skip the VFS layer (file position
  * lock, iterator setup), a measurable part of the kernel's time per request; MSG_NOSIGNAL
- * replaces ignoring SIGPIPE. With a single buffer, recv and send: they skip copying in the
- * message header and its iovec array too. */
+ * replaces ignoring SIGPIPE. With a single buffer, recv and send, direct or batched: they skip
+ * copying in the message header and its iovec array too. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -475,26 +476,33 @@ static void batch_give_up(batch_t *b, int err)
 
 /* The user data of an operation: its socket, with the low bit set for a write. */
 #define OP_WRITE ((uintptr_t)1)
+/* The result of an operation the kernel did not take (a short submit, or none): its read comes
+ * again from epoll, its write goes with a call of its own. */
+#define NOT_RUN INT_MIN
 
-/* Submits `k` prepared operations and waits for all of them; each result goes to its socket's
- * rres (a read) or wres (a write). -1 when the ring failed: nothing was done then. */
+/* Submits `k` prepared operations and waits for them; each result goes to its socket's rres (a
+ * read) or wres (a write). -1 when the ring failed: the operations it did not take keep
+ * NOT_RUN, and the ring is given up (what it left unsubmitted must never run later). The
+ * kernel stops a submit short only when it cannot allocate (IORING_SETUP_SUBMIT_ALL), and then
+ * does not wait: the operations it took are done, and their results are reaped here. (Every
+ * operation taken has completed inside the submit and the completion queue holds twice the
+ * ring's operations, so reaping them does not fail.) */
 static int batch_run(batch_t *b, unsigned k)
 {
     int rc;
     do
         rc = io_uring_submit_and_wait(&b->ring, k);
     while (rc == -EINTR);
-    if (rc < 0 || (unsigned)rc != k) {
-        batch_give_up(b, rc < 0 ? -rc : EIO);
-        return -1;
+    unsigned took = rc > 0 ? ((unsigned)rc < k ? (unsigned)rc : k) : 0;
+    if (took > 0) {
+        count(b->submits, 1);
+        count(b->ops, took);
     }
-    count(b->submits, 1);
-    count(b->ops, k);
-    for (unsigned got = 0; got < k; got++) {
+    for (unsigned got = 0; got < took; got++) {
         struct io_uring_cqe *cqe;
-        rc = io_uring_wait_cqe(&b->ring, &cqe);
-        if (rc != 0) {
-            batch_give_up(b, -rc);
+        int wrc = io_uring_wait_cqe(&b->ring, &cqe);
+        if (wrc != 0) {
+            batch_give_up(b, -wrc);
             return -1;
         }
         uintptr_t d = (uintptr_t)io_uring_cqe_get_data(cqe);
@@ -504,6 +512,10 @@ static int batch_run(batch_t *b, unsigned k)
         else
             p->rres = cqe->res;
         io_uring_cqe_seen(&b->ring, cqe);
+    }
+    if (took < k) {
+        batch_give_up(b, rc < 0 ? -rc : ENOMEM);
+        return -1;
     }
     return 0;
 }
@@ -518,39 +530,43 @@ static unsigned prep_writes(batch_t *b, unsigned k, plain_t *chunk[], unsigned *
         p->batched = 0;
         if (p->ended || p->write_err || p->connecting || evbuffer_get_length(p->out) == 0)
             continue;
-        struct msghdr *mh = &b->slot[k].mh;
-        memset(mh, 0, sizeof(*mh));
-        mh->msg_iov = (struct iovec *)b->slot[k].v;
-        mh->msg_iovlen = (size_t)out_vecs(p, b->slot[k].v);
+        struct evbuffer_iovec *v = b->slot[k].v;
+        int nv = out_vecs(p, v);
         struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* k < the ring's size */
-        io_uring_prep_sendmsg(sqe, p->base.fd, mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (nv == 1) {
+            io_uring_prep_send(sqe, p->base.fd, v[0].iov_base, v[0].iov_len,
+                               MSG_DONTWAIT | MSG_NOSIGNAL);
+        } else {
+            struct msghdr *mh = &b->slot[k].mh;
+            memset(mh, 0, sizeof(*mh));
+            mh->msg_iov = (struct iovec *)v;
+            mh->msg_iovlen = (size_t)nv;
+            io_uring_prep_sendmsg(sqe, p->base.fd, mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        }
         io_uring_sqe_set_data(sqe, (void *)((uintptr_t)p | OP_WRITE));
+        p->wres = NOT_RUN;
         chunk[(*nw)++] = p;
         k++;
     }
     return k;
 }
 
-/* The results of the writes in `chunk`. No callback runs here: failures and drains are
- * reported from the loop, so no socket of the chunk can be freed under it. */
+/* The results of the writes in `chunk`; a write the ring did not make goes with a call of its
+ * own, as without the ring. No callback runs here: failures and drains are reported from the
+ * loop, so no socket of the chunk can be freed under it. */
 static void finish_writes(plain_t *chunk[], unsigned nw)
 {
     for (unsigned i = 0; i < nw; i++) {
         plain_t *q = chunk[i];
         int res = q->wres;
-        write_done(q, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
+        if (res == NOT_RUN)
+            write_now(q);
+        else
+            write_done(q, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
         if (!q->write_err && q->base.drain_wanted &&
             evbuffer_get_length(q->out) <= q->base.drain_low)
             event_active(q->wev, 0, 0);
     }
-}
-
-/* The ring failed before the writes in `chunk` were made: each goes with a call of its own, as
- * without the ring. */
-static void unprep_writes(plain_t *chunk[], unsigned nw)
-{
-    for (unsigned i = 0; i < nw; i++)
-        write_now(chunk[i]);
 }
 
 /* Prepares queued reads as operations from slot `k` on, while the ring has room; their
@@ -567,7 +583,7 @@ static unsigned prep_reads(batch_t *b, unsigned k)
         struct evbuffer_iovec *v = b->slot[k].v;
         struct msghdr *mh = &b->slot[k].mh;
         p->rnv = evbuffer_reserve_space(p->in, READ_SIZE, v, 2);
-        p->rres = -ENOMEM;
+        p->rres = NOT_RUN;
         TAILQ_INSERT_TAIL(&b->rdone, p, rlink);
         p->rbatched = 2;
         if (p->rnv < 1)
@@ -587,22 +603,10 @@ static unsigned prep_reads(batch_t *b, unsigned k)
     return k;
 }
 
-/* The ring failed before the prepared reads were made: they are dropped (the sockets are still
- * readable, and epoll says so again). */
-static void unprep_reads(batch_t *b)
-{
-    plain_t *p;
-    while ((p = TAILQ_FIRST(&b->rdone)) != NULL) {
-        TAILQ_REMOVE(&b->rdone, p, rlink);
-        p->rbatched = 0;
-        if (p->rnv > 0)
-            evbuffer_commit_space(p->in, b->slot[p->slot].v, 0);
-    }
-}
-
 /* The results of the prepared reads. Every read's bytes into its input before any callback
  * runs, so a callback may touch any socket's input; then the reports, in order. A callback may
- * free a socket still on the list: plain_free takes it off. */
+ * free a socket still on the list: plain_free takes it off. A read the ring did not make
+ * reports nothing: its socket is still readable, and epoll says so again. */
 static void finish_reads(batch_t *b)
 {
     plain_t *p;
@@ -618,18 +622,17 @@ static void finish_reads(batch_t *b)
             continue;
         }
         int res = p->rres;
-        read_report(p, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
+        if (res != NOT_RUN)
+            read_report(p, res >= 0 ? res : -1, res >= 0 ? 0 : -res);
     }
 }
 
 static void read_phase(batch_t *b)
 {
-    while (!TAILQ_EMPTY(&b->rqueue)) {
+    while (!TAILQ_EMPTY(&b->rqueue) && !b->broken) {
         unsigned k = prep_reads(b, 0);
-        if (k > 0 && batch_run(b, k) != 0) {
-            unprep_reads(b);
-            return;
-        }
+        if (k > 0)
+            batch_run(b, k);
         finish_reads(b);
     }
 }
@@ -637,15 +640,12 @@ static void read_phase(batch_t *b)
 static void write_phase(batch_t *b)
 {
     plain_t *chunk[BATCH_RING];
-    while (!TAILQ_EMPTY(&b->queue)) {
+    while (!TAILQ_EMPTY(&b->queue) && !b->broken) {
         unsigned nw = 0;
         unsigned k = prep_writes(b, 0, chunk, &nw);
         if (k == 0)
             break;
-        if (batch_run(b, k) != 0) {
-            unprep_writes(chunk, nw);
-            return;
-        }
+        batch_run(b, k);
         finish_writes(chunk, nw);
     }
 }
@@ -657,11 +657,22 @@ int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, uint64_t *merged, int
     batch_t *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return -ENOMEM;
-    int rc = io_uring_queue_init(BATCH_RING, &b->ring, 0);
+    /* SUBMIT_ALL: a submit goes on past an operation that fails to start (its completion says
+     * why), so only an allocation failure stops one short. COOP_TASKRUN and SINGLE_ISSUER: the
+     * worker's thread alone submits, and reaps in the same call, so the kernel neither
+     * interrupts it for completions nor locks for other submitters. An older kernel refuses
+     * the flags: the ring goes without them. */
+    int rc = io_uring_queue_init(BATCH_RING, &b->ring,
+                                 IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN |
+                                     IORING_SETUP_SINGLE_ISSUER);
+    if (rc == -EINVAL)
+        rc = io_uring_queue_init(BATCH_RING, &b->ring, 0);
     if (rc < 0) {
         free(b);
         return rc;
     }
+    /* Each submit then finds the ring by its registered index, not through the fd table. */
+    (void)io_uring_register_ring_fd(&b->ring);
     TAILQ_INIT(&b->queue);
     TAILQ_INIT(&b->rqueue);
     TAILQ_INIT(&b->rdone);
@@ -735,24 +746,21 @@ void pcr_sock_batch_turn(void)
         k = prep_writes(b, 0, chunk, &nw);
         if (TAILQ_EMPTY(&b->queue))
             break;
-        if (batch_run(b, k) != 0) {
-            unprep_writes(chunk, nw);
-            goto out;
-        }
+        int rc = batch_run(b, k);
         finish_writes(chunk, nw);
+        if (rc != 0)
+            goto out;
     }
     unsigned kw = k;
     k = prep_reads(b, k);
-    if (k > 0 && batch_run(b, k) != 0) {
-        unprep_writes(chunk, nw);
-        unprep_reads(b);
-        goto out;
-    }
-    if (b->deferred && nw > 0 && k > kw)
+    int rc = k > 0 ? batch_run(b, k) : 0;
+    if (rc == 0 && b->deferred && nw > 0 && k > kw)
         count(b->merged, 1);
     b->deferred = 0;
     finish_writes(chunk, nw);
     finish_reads(b);
+    if (rc != 0)
+        goto out;
     read_phase(b); /* reads that did not fit the submit */
     /* What the reads' callbacks queued waits for the next turn's reads only when this turn had
      * several: a loop that busy finds more ready at once. One read alone is light load, where

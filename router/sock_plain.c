@@ -349,7 +349,10 @@ static void plain_flush(pcr_sock_t *s)
 
 /* A write from the loop, after the events that are ready now: an event of its own, made
  * active. Not the write event: libevent re-adds an active persistent event that has a
- * timeout, which would leave it polling a socket that is always writable. */
+ * timeout, which would leave it polling a socket that is always writable. Batched, the
+ * socket goes on the turn's write queue instead, which is written after every event of the
+ * turn: the same order, without the extra pass of the loop (an epoll_wait that finds nothing
+ * new, 0.35 a request over HTTP/1.1 under load) that running the event would take. */
 static void on_soon(evutil_socket_t fd, short what, void *arg)
 {
     plain_t *p = arg;
@@ -360,8 +363,12 @@ static void on_soon(evutil_socket_t fd, short what, void *arg)
 static void plain_flush_soon(pcr_sock_t *s)
 {
     plain_t *p = (plain_t *)s;
-    if (!p->connecting && !p->write_err && !p->ended && evbuffer_get_length(p->out) > 0)
-        event_active(p->soon, 0, 0);
+    if (!p->connecting && !p->write_err && !p->ended && evbuffer_get_length(p->out) > 0) {
+        if (tls_batch != NULL)
+            write_some(p);
+        else
+            event_active(p->soon, 0, 0);
+    }
 }
 
 static void plain_want_drain(pcr_sock_t *s)

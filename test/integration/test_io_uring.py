@@ -70,20 +70,25 @@ def test_a_turns_reads_and_writes_share_one_system_call(cluster):
     assert ops > submits * 1.5, "no turn batched several sockets: %s ops in %s submits" % (ops, submits)
 
 
+def one_at_a_time(router, n, what):
+    """`n` completions on one keep-alive connection, each sent once the last is answered."""
+    u = urllib.parse.urlsplit(router.url("/"))
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    for i in range(n):
+        conn.request("POST", "/v1/completions", body=json.dumps(completion("%s %d" % (what, i))),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and b'"choices"' in resp.read(), resp.status
+    conn.close()
+
+
 def test_a_turn_with_one_operation_makes_a_plain_call(cluster):
     """A submit of one operation costs more than the call it replaces and batches nothing:
     requests one at a time (a read, then a write, on each side, each in a turn of its own) make
     no submit at all, while the ring stays up for the turns that have several."""
     # No health checks after the first: their reads and writes could share a turn.
     c = cluster(2, workers=1, health={"interval_ms": 600000})
-    u = urllib.parse.urlsplit(c.router.url("/"))
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    for i in range(6):
-        conn.request("POST", "/v1/completions", body=json.dumps(completion("one at a time %d" % i)),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.status == 200 and b'"choices"' in resp.read(), resp.status
-    conn.close()
+    one_at_a_time(c.router, 6, "one at a time")
     text = get_metrics(c.router)
     assert metric(text, "pcrouter_io_uring_workers") == 1
     assert metric(text, "pcrouter_io_uring_submits_total") == 0
@@ -203,17 +208,11 @@ def test_a_ring_the_kernel_will_not_run_is_given_up_without_losing_a_read(cluste
 
 def two_streams_in_one_read(r):
     """Four requests one at a time (round robin: two on each pod's pooled connection, each
-    read and write a call of its own); then one read of an h2c connection brings two streams' requests,
-    and the turn's writes, each stream's request to its pod, make the ring's first submit of
-    two operations. Asserts the ring still ran after the warm-up and both streams' answers."""
-    u = urllib.parse.urlsplit(r.url("/"))
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    for i in range(4):
-        conn.request("POST", "/v1/completions", body=json.dumps(completion("warm-up %d" % i)),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.status == 200 and b'"choices"' in resp.read(), resp.status
-    conn.close()
+    read and write a call of its own); then one read of an h2c connection brings two streams'
+    requests, and the turn's writes, each stream's request to its pod, make the ring's first
+    submit of two operations. Asserts the ring still ran after the warm-up and both streams'
+    answers."""
+    one_at_a_time(r, 4, "warm-up")
     assert metric(get_metrics(r), "pcrouter_io_uring_workers") == 1, \
         "the warm-up already broke the ring"
     h = H2Client(r.port)

@@ -535,6 +535,10 @@ static int batch_run(batch_t *b, unsigned k)
     return 0;
 }
 
+/* Whether a queued socket is still to be read, or written, when its turn's batch is made. */
+static int can_read(const plain_t *p) { return !p->ended && p->base.reading && !p->connecting; }
+static int can_write(const plain_t *p) { return !p->ended && !p->write_err && !p->connecting; }
+
 /* Prepares queued writes as operations from slot `k` on, while the ring has room; their
  * sockets go to `chunk` from *nw on. Returns the next free slot. */
 static unsigned prep_writes(batch_t *b, unsigned k, plain_t *chunk[], unsigned *nw)
@@ -543,7 +547,7 @@ static unsigned prep_writes(batch_t *b, unsigned k, plain_t *chunk[], unsigned *
     while (k < BATCH_RING && (p = TAILQ_FIRST(&b->queue)) != NULL) {
         TAILQ_REMOVE(&b->queue, p, batch_link);
         p->batched = 0;
-        if (p->ended || p->write_err || p->connecting || evbuffer_get_length(p->out) == 0)
+        if (!can_write(p) || evbuffer_get_length(p->out) == 0)
             continue;
         struct evbuffer_iovec *v = b->slot[k].v;
         int nv = out_vecs(p, v);
@@ -566,15 +570,16 @@ static unsigned prep_writes(batch_t *b, unsigned k, plain_t *chunk[], unsigned *
     return k;
 }
 
-/* The results of the writes in `chunk`; a write the ring did not make goes with a call of its
- * own, as without the ring. No callback runs here: failures and drains are reported from the
- * loop, so no socket of the chunk can be freed under it. */
+/* A drain its owner waits for is reported from the loop. */
 static void drained(plain_t *q)
 {
     if (!q->write_err && q->base.drain_wanted && evbuffer_get_length(q->out) <= q->base.drain_low)
         event_active(q->wev, 0, 0);
 }
 
+/* The results of the writes in `chunk`; a write the ring did not make goes with a call of its
+ * own, as without the ring. No callback runs here: failures and drains are reported from the
+ * loop, so no socket of the chunk can be freed under it. */
 static void finish_writes(plain_t *chunk[], unsigned nw)
 {
     for (unsigned i = 0; i < nw; i++) {
@@ -603,7 +608,7 @@ static void read_one(batch_t *b)
     plain_t *p = TAILQ_FIRST(&b->rqueue);
     TAILQ_REMOVE(&b->rqueue, p, rlink);
     p->rbatched = 0;
-    if (!p->ended && p->base.reading && !p->connecting)
+    if (can_read(p))
         read_now(p);
 }
 
@@ -618,10 +623,10 @@ static void write_one(batch_t *b)
     plain_t *p = TAILQ_FIRST(&b->queue);
     TAILQ_REMOVE(&b->queue, p, batch_link);
     p->batched = 0;
-    if (p->ended || p->write_err || p->connecting)
-        return;
-    write_now(p);
-    drained(p);
+    if (can_write(p)) {
+        write_now(p);
+        drained(p);
+    }
 }
 
 /* Prepares queued reads as operations from slot `k` on, while the ring has room; their
@@ -632,7 +637,7 @@ static unsigned prep_reads(batch_t *b, unsigned k)
     while (k < BATCH_RING && (p = TAILQ_FIRST(&b->rqueue)) != NULL) {
         TAILQ_REMOVE(&b->rqueue, p, rlink);
         p->rbatched = 0;
-        if (p->ended || !p->base.reading || p->connecting)
+        if (!can_read(p))
             continue;
         p->slot = k;
         struct evbuffer_iovec *v = b->slot[k].v;

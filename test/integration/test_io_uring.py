@@ -239,10 +239,11 @@ def given_up(r, why):
 
 
 def test_a_refused_submit_of_writes_is_given_up_and_every_write_still_goes(cluster):
-    """The ring runs submits of one operation and is refused every submit of two or more
-    (io_uring_enter's count of operations, its second argument): the two streams' writes are
-    refused, the worker gives the ring up, and the writes it held go with a call each. Both
-    streams are answered, and what follows too."""
+    """Every submit of two operations or more is refused (io_uring_enter's count of operations,
+    its second argument; one operation alone is a plain call and makes none). The warm-up makes
+    no submit, so the first is the two streams' writes: refused, the worker gives the ring up,
+    and the writes it held go with a call each. Both streams are answered, and what follows
+    too."""
     c = cluster(2, workers=1, popen={"preexec_fn": refusing(
         "io_uring_enter", errno.EPERM, seccomp.Arg(1, seccomp.GE, 2))})
     two_streams_in_one_read(c.router)

@@ -291,18 +291,20 @@ static void decide_keyless(pcr_policy_t *p, const pcr_backend_load_t *loads, int
 static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
                       uint64_t now, pcr_decision_t *out)
 {
-    int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone);
     uint32_t top = 0;
     (void)now;
 
     if (key == NULL || key->nblocks == 0) {
+        int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone);
         decide_keyless(p, loads, any_under, any_in_zone, out);
         return;
     }
-    uint64_t t_match = p->clock_ns != NULL ? p->clock_ns() : 0;
+    /* The match comes first, so that its time runs from the decision's start (decide_t0): one
+     * clock read less. It reads the index only; the bounds below do not depend on it. */
     pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
     if (p->clock_ns != NULL)
-        out->match_ns = p->clock_ns() - t_match;
+        out->match_ns = p->clock_ns() - p->decide_t0;
+    int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone);
     for (size_t b = 0; b < p->n; b++)
         if (p->usable[b] != NOT_USABLE && p->matched[b] > top)
             top = p->matched[b];

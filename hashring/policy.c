@@ -491,10 +491,14 @@ int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     expire_unavailable(p, now);
     out->total_blocks = key != NULL ? (uint32_t)key->nblocks : 0;
     out->uncached_prefill = key != NULL ? key->prompt_tokens : 0;
-    uint64_t t0 = p->clock_ns != NULL ? p->clock_ns() : 0;
+    /* Three clock reads time both phases: here, after the match (the policy's op reads it from
+     * decide_t0), and at the end, which the caller takes as its own (done_ns). */
+    if (p->clock_ns != NULL)
+        p->decide_t0 = p->clock_ns();
     p->ops->decide(p, key, loads, now, out);
     if (p->clock_ns != NULL) {
-        uint64_t spent = p->clock_ns() - t0;
+        out->done_ns = p->clock_ns();
+        uint64_t spent = out->done_ns - p->decide_t0;
         out->cost_ns = spent > out->match_ns ? spent - out->match_ns : 0;
     }
     if (out->backend < 0) {

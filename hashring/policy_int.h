@@ -64,6 +64,7 @@ struct pcr_policy {
     uint64_t observed;         /* pcr_policy_observe calls so far */
     uint64_t *observed_at;     /* per backend: the count at its last observation */
     uint64_t (*clock_ns)(void); /* times the decision's phases when set (pcr_policy_set_clock) */
+    uint64_t decide_t0;         /* with it: its reading as the decision began (pcr_policy_decide) */
 };
 
 extern const pcr_lb_ops_t pcr_lb_round_robin;

@@ -624,12 +624,13 @@ static void dispatch(pcr_exchange_t *ex)
      * (proxy_routed); a retry reads it anew. */
     uint64_t now = (ex->t_hashed_ns != 0 ? ex->t_hashed_ns : pcr_now_ns()) / 1000u;
     ex->t_hashed_ns = 0;
-    uint64_t match_ns = 0, cost_ns = 0;
+    uint64_t match_ns = 0, cost_ns = 0, t_end = 0;
     for (;;) {
         fill_loads(ex, loads, n, now);
         int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
         match_ns += d.match_ns;
         cost_ns += d.cost_ns;
+        t_end = d.done_ns; /* the policy's clock is pcr_now_ns (worker.c) */
         if (rc < 0 || d.backend < 0 || (size_t)d.backend >= n)
             break;
         if ((be = pcr_backend_at(srv, (size_t)d.backend)) != NULL)
@@ -638,7 +639,7 @@ static void dispatch(pcr_exchange_t *ex)
         ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     }
     if (ex->attempts == 0 && ex->has_key)
-        observe_decision(ex, match_ns, cost_ns, pcr_now_ns());
+        observe_decision(ex, match_ns, cost_ns, t_end != 0 ? t_end : pcr_now_ns());
     if (be == NULL) {
         if (ex->attempts > 0) {
             fail_unrouted(ex);

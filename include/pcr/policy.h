@@ -137,6 +137,7 @@ typedef struct {
     /* With a clock (pcr_policy_set_clock), the decision's time in its two phases, ns: the
      * index match (cache_aware only), and the rest (costs, bounded loads, the ring). 0 without. */
     uint64_t match_ns, cost_ns;
+    uint64_t done_ns;          /* with a clock: its last reading, as the decision returned */
 } pcr_decision_t;
 
 /* Chooses a backend for `key` given `loads[n]`. `key` may be NULL (a request with no prompt,

@@ -980,6 +980,47 @@ static void test_backend_states(void)
     pcr_policy_free(p);
 }
 
+/* A clock that moves 100 ns a read: the phases show how many reads each took. */
+static uint64_t ticks;
+static uint64_t tick_clock(void) { return ticks += 100; }
+
+/* With a clock, a keyed decision reads it three times: as it starts, after the match and as it
+ * returns, that last reading given to the caller (done_ns) so that it need not read again. A
+ * keyless one reads it twice. Without a clock, every field is 0. */
+static void test_decision_timing_reads_the_clock_three_times(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    size_t len;
+    char *s = prompt(1, 4096, &len);
+    pcr_key_t *k = key_of(p, &kb, s, len);
+    all_usable(l, NB);
+
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, k, l, 1000, &d), 0);
+    PCR_CHECK_EQ_U64(d.match_ns, 0);
+    PCR_CHECK_EQ_U64(d.cost_ns, 0);
+    PCR_CHECK_EQ_U64(d.done_ns, 0);
+
+    pcr_policy_set_clock(p, tick_clock);
+    ticks = 5000;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, k, l, 1001, &d), 0);
+    PCR_CHECK_EQ_U64(ticks, 5300);     /* three reads */
+    PCR_CHECK_EQ_U64(d.match_ns, 100); /* start to after the match */
+    PCR_CHECK_EQ_U64(d.cost_ns, 100);  /* after the match to the end */
+    PCR_CHECK_EQ_U64(d.done_ns, 5300); /* the last reading */
+
+    ticks = 0;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, NULL, l, 1002, &d), 0);
+    PCR_CHECK_EQ_U64(ticks, 200);
+    PCR_CHECK_EQ_U64(d.match_ns, 0);
+    PCR_CHECK_EQ_U64(d.cost_ns, 100);
+    PCR_CHECK_EQ_U64(d.done_ns, 200);
+    free(s);
+    pcr_policy_free(p);
+}
+
 int main(void)
 {
     PCR_RUN(test_defaults_and_arguments);
@@ -1006,5 +1047,6 @@ int main(void)
     PCR_RUN(test_cold_avoids_long_prefill_queue);
     PCR_RUN(test_membership);
     PCR_RUN(test_backend_states);
+    PCR_RUN(test_decision_timing_reads_the_clock_three_times);
     return pcr_test_done();
 }

@@ -158,7 +158,8 @@ static void on_leg_error(void *ctx, pcr_up_error_t err, int got_head)
     leg_over(leg);
 }
 
-static const pcr_upstream_cbs_t leg_cbs = {on_leg_head, on_leg_body, on_leg_done, on_leg_error};
+static const pcr_upstream_cbs_t leg_cbs = {on_leg_head, on_leg_body, on_leg_done, on_leg_error,
+                                          NULL};
 
 int pcr_endpoint_models(pcr_exchange_t *ex)
 {

@@ -97,6 +97,8 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
 
 void *pcr_exchange_session(const pcr_exchange_t *ex) { return ex->sess; }
 
+void pcr_exchange_set_owner(pcr_exchange_t *ex, unsigned *pod_busy) { ex->pod_busy = pod_busy; }
+
 int pcr_exchange_responded(const pcr_exchange_t *ex) { return ex->t_head != 0; }
 
 int pcr_exchange_finished(const pcr_exchange_t *ex)
@@ -921,7 +923,10 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     fail_unrouted(ex);
 }
 
-static const pcr_upstream_cbs_t proxy_cbs = {on_up_head, on_up_body, on_up_done, on_up_error};
+static unsigned *on_up_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
+
+static const pcr_upstream_cbs_t proxy_cbs = {on_up_head, on_up_body, on_up_done, on_up_error,
+                                             on_up_owner};
 
 void pcr_exchange_on_writable(pcr_exchange_t *ex)
 {

@@ -94,5 +94,8 @@ size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex); /* request body buffer
 
 /* Session back-pointer (the h1 session or the h2 stream). */
 void *pcr_exchange_session(const pcr_exchange_t *ex);
+/* The client connection the request came on, whose count of requests on pod connections its
+ * own pod request keeps (pcr_session_t.pod_busy, upstream.c's fair share); NULL: none. */
+void pcr_exchange_set_owner(pcr_exchange_t *ex, unsigned *pod_busy);
 
 #endif

@@ -29,6 +29,8 @@ struct pcr_session {
     LIST_ENTRY(pcr_session) link;
     TAILQ_ENTRY(pcr_session) wait_link;
     int waiting;                   /* on srv->waiting */
+    unsigned pod_busy;             /* its requests on pod connections now: the fewer, the
+                                    * sooner its next one gets a free one (upstream.c) */
 };
 
 void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops);

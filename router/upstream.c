@@ -73,6 +73,7 @@ struct pcr_upreq {
     struct evbuffer *body;           /* the caller's, sent after them by reference (or NULL) */
     const pcr_upstream_cbs_t *cbs;
     void *ctx;
+    unsigned *owner;                 /* its client's requests on pod connections (cbs->owner) */
     struct event *wait_timer;        /* while queued for a slot */
     TAILQ_ENTRY(pcr_upreq) wait_link;
     uint64_t t_queued;               /* when it joined the queue, us */
@@ -87,6 +88,7 @@ struct pcr_upreq {
     int in_hold;                     /* ... and still is (the backend's `held` gauge) */
     int queued;
     int resent;                      /* already re-sent once after a stale pooled connection */
+    int busy;                        /* counted in *owner: it has had a connection */
     int fresh;                       /* must go on a new connection */
     int paused;
 };
@@ -204,22 +206,46 @@ static double rank_at(uint64_t now, uint64_t t_queued, uint64_t prefill)
     return pcr_hold_rank(now > t_queued ? now - t_queued : 0, prefill);
 }
 
-/* The waiter of highest rank now among the HOLD_SCAN oldest (ties: the older, first in the
- * queue): of the held streams only (`held_only`), or of all, streams only while `streams_go`.
- * Requests that are not streams rank as no prefill. */
+/* Fair share between clients: how many requests the waiter's client (its connection) has on
+ * pod connections now. A waiter whose client has fewer goes first, so that a client with many
+ * streams in flight (or stuck behind a window it never opens) cannot keep the pod's
+ * connections from everyone else: a connection that frees goes to whoever holds fewest. */
+static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r->owner : 0; }
+
+/* The waiter of highest rank now among the HOLD_SCAN oldest whose client has fewest requests on
+ * pod connections (ties: the older, first in the queue): of the held streams only
+ * (`held_only`), or of all, streams only while `streams_go`. Requests that are not streams
+ * rank as no prefill. */
 static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
     uint64_t now = pcr_now_us();
     double rank = 0;
-    unsigned seen = 0;
+    unsigned seen = 0, fewest = 0;
     for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
         if ((held_only && !w->in_hold) || (w->stream && !streams_go))
             continue;
+        unsigned busy = owner_busy(w);
         double k = rank_at(now, w->t_queued, w->stream ? w->prefill : 0);
-        if (best == NULL || k > rank) {
+        if (best == NULL || busy < fewest || (busy == fewest && k > rank)) {
             best = w;
             rank = k;
+            fewest = busy;
+        }
+    }
+    return best;
+}
+
+/* The oldest of the HOLD_SCAN oldest waiters whose client has fewest requests on pod
+ * connections. */
+static pcr_upreq_t *oldest_fewest(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = w;
+    unsigned seen = 0, fewest = w != NULL ? owner_busy(w) : 0;
+    for (; w != NULL && fewest > 0 && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
+        if (owner_busy(w) < fewest) {
+            best = w;
+            fewest = owner_busy(w);
         }
     }
     return best;
@@ -330,13 +356,14 @@ static void waiter_take(pcr_upreq_t *r)
     }
 }
 
-/* Who waits and may go next, or NULL: with no budget, the oldest; else the highest
- * pcr_hold_rank among those the budget lets go (of the HOLD_SCAN oldest). */
+/* Who waits and may go next, or NULL: of the waiters whose client has fewest requests on pod
+ * connections, with no budget the oldest; else the highest pcr_hold_rank among those the
+ * budget lets go (of the HOLD_SCAN oldest). */
 static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
     if (w == NULL || pool_budget(pool) == 0)
-        return w;
+        return oldest_fewest(pool);
     return highest_rank(pool, 0, hold_open(pool));
 }
 
@@ -413,6 +440,8 @@ static void req_free(pcr_upreq_t *r)
         return;
     if (r->queued)
         waiter_take(r);
+    if (r->busy && r->owner != NULL)
+        (*r->owner)--;
     uncharge(r);
     if (r->wait_timer)
         event_free(r->wait_timer);
@@ -784,6 +813,11 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
     r->conn = c;
+    if (!r->busy) {
+        r->busy = 1;
+        if (r->owner != NULL)
+            (*r->owner)++;
+    }
     charge(r);
     c->got_bytes = c->got_head = c->done = c->malformed = 0;
     c->nh = c->hlen = 0;
@@ -888,6 +922,7 @@ static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evb
     r->body = body;
     r->cbs = cbs;
     r->ctx = ctx;
+    r->owner = cbs->owner != NULL ? cbs->owner(ctx) : NULL;
     r->stream = stream;
     r->prefill = prefill;
     if (prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)

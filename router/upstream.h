@@ -44,6 +44,9 @@ typedef struct {
     void (*on_done)(void *ctx);
     /* `got_head` tells whether on_head was already called (then the response is cut short). */
     void (*on_error)(void *ctx, pcr_up_error_t err, int got_head);
+    /* Optional: the count of requests on pod connections of the client this one is for, which
+     * it keeps while it has a connection. Waiters whose client has fewer go first. */
+    unsigned *(*owner)(void *ctx);
 } pcr_upstream_cbs_t;
 
 /* The connections of one thread to one backend: idle keep-alive connections (most recently

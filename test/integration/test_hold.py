@@ -499,6 +499,48 @@ def test_a_request_that_waited_for_a_connection_keeps_it(stub_factory, router_fa
     all_done(streams)
 
 
+@pytest.mark.parametrize("budget", [0, BUDGET])
+def test_a_freed_connection_goes_to_the_client_that_holds_fewest(stub_factory, router_factory,
+                                                                 streams, budget):
+    """Fair share of a pod's connections between clients. One h2c client has two requests on
+    the pod's two connections and three more waiting; another client's request then waits
+    too. When one of the first two ends, the freed connection goes to the other client (none
+    on the pod) before the first client's older waiters (one on the pod). Without the fair
+    share they went first, oldest (or, with a hold budget, longest-waiting) first, and a
+    client with many streams kept every connection of the pod from everyone else."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url, "max_connections": 2}],
+                                   workers=1,
+                                   routing={"policy": "cache_aware", "hold_tokens": budget}))
+    greedy = H2Client(r.port, timeout=30)
+    try:
+        sids = [greedy.request("POST", "/v1/completions",
+                               completion(text("G%d" % i, 400), tag="G%d" % i,
+                                          gate="g%d" % min(i, 3)))
+                for i in range(1, 6)]
+        wait_for(lambda: sorted(tags_seen(a)) == ["G1", "G2"] and
+                 metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a") == 5,
+                 15, what="G1 and G2 at the pod, G3 to G5 waiting")
+        b = start(streams, r, "B", 400)
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_backend_in_flight",
+                                backend="pod-a") == 6, 15, what="B waiting")
+        a.release("g1")
+        wait_for(lambda: len(tags_seen(a)) >= 3, 15, what="a third request at the pod")
+        seen = tags_seen(a)
+        assert sorted(seen[:2]) == ["G1", "G2"] and seen[2] == "B", seen
+        all_done(streams)
+        for g in ("g2", "g3"):
+            a.release(g)
+        greedy.wait(lambda: all(greedy.streams[s]["ended"] for s in sids), 30,
+                    what="every greedy request answered")
+        for s in sids:
+            assert greedy.streams[s]["headers"][":status"] == "200", greedy.streams[s]
+    finally:
+        greedy.close()
+    assert tags_seen(a)[3:] == ["G3", "G4", "G5"], tags_seen(a)
+    assert metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a") == 0
+
+
 def test_a_flood_of_held_streams_drains_and_a_vanished_client_leaves_none(stub_factory,
                                                                          router_factory, streams):
     """Attack: 200 streams of mixed sizes held on one pod over one h2c connection all reach it

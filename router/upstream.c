@@ -214,8 +214,8 @@ static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r-
 
 /* The waiter of highest rank now among the HOLD_SCAN oldest whose client has fewest requests on
  * pod connections (ties: the older, first in the queue): of the held streams only
- * (`held_only`), or of all, streams only while `streams_go`. Requests that are not streams
- * rank as no prefill. */
+ * (`held_only`), or of all, streams only while `streams_go` (or small: pcr_hold_small).
+ * Requests that are not streams rank as no prefill. */
 static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
@@ -223,7 +223,8 @@ static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go
     double rank = 0;
     unsigned seen = 0, fewest = 0;
     for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
-        if ((held_only && !w->in_hold) || (w->stream && !streams_go))
+        if ((held_only && !w->in_hold) ||
+            (w->stream && !streams_go && !pcr_hold_small(w->prefill)))
             continue;
         unsigned busy = owner_busy(w);
         double k = rank_at(now, w->t_queued, w->stream ? w->prefill : 0);
@@ -877,8 +878,10 @@ static void req_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
     if (r->stream && !r->charged &&
-        (!hold_open(pool) || held_bringer(pool, r) != NULL)) {
-        waiter_add(r, 1); /* the backend's prefill queue is full, or what it counts on waits */
+        ((!hold_open(pool) && !pcr_hold_small(r->prefill)) || held_bringer(pool, r) != NULL)) {
+        /* The backend's prefill queue is full (and this one's own prefill is not too small
+         * to matter), or what it counts on waits. */
+        waiter_add(r, 1);
         return;
     }
     pcr_upconn_t *c = r->fresh ? NULL : TAILQ_FIRST(&pool->idle);

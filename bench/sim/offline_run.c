@@ -4,7 +4,8 @@
  * way every run:
  *   ARRIVE  the router decides, commits, charges the backend, and the pod queues the request,
  *           unless the pod already has hold_tokens of uncached prefill sent and not yet at its
- *           first token: then the router holds it (pcr/hold.h), as router/upstream.c does
+ *           first token: then the router holds it (pcr/hold.h), as router/upstream.c does,
+ *           but for a stream of small own prefill that counts on none held (pcr_hold_small)
  *   FIRST   the first token, which the router sees at once, or with --jitter-ms up to that
  *           much later (SEEN)
  *   SEEN    the router releases the request's queued prefill, and sends its pod's held
@@ -252,7 +253,8 @@ static int release(sim_t *S, size_t b, double now)
 static int send_or_hold(sim_t *S, size_t b, uint32_t i, double now)
 {
     opod_t *pod = &S->pods[b];
-    if (pod->hold_head == NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) {
+    if ((pod->hold_head == NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) ||
+        (pcr_hold_small(S->st[i].charged) && held_bringer(S, b, i) == NULL)) {
         send_to_pod(S, b, i, now);
         return admit_waiting(S, b, now);
     }

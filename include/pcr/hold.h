@@ -39,6 +39,17 @@ static inline int pcr_hold_open(uint64_t sent_tokens, uint64_t budget_tokens)
     return budget_tokens == 0 || sent_tokens < budget_tokens;
 }
 
+/* Whether a stream with `prefill_tokens` of its own uncached prefill goes to its pod whatever
+ * the budget says: at most PCR_HOLD_BASE_TOKENS, a prompt the pod holds all but the tail of. It
+ * adds less to the pod's queue than a first token's fixed part, so holding it spares the others
+ * nothing, while its wait at the router gives the pod time to evict the prefix it counts on
+ * (the pod refreshes those blocks only when the request reaches it). One it counts on that is
+ * still held goes first all the same (pcr_hold_depends). */
+static inline int pcr_hold_small(uint64_t prefill_tokens)
+{
+    return prefill_tokens <= PCR_HOLD_BASE_TOKENS;
+}
+
 /* Whether request 2, whose key `blocks2` (`n2` chained block hashes) matched `matched2` blocks
  * on its pod, counts as cached what request 1 (key `blocks1`, `n1` blocks) brings there: the
  * blocks from `added_from1` on, which that pod did not hold when request 1 was routed

@@ -96,13 +96,38 @@ def test_held_streams_go_highest_response_ratio_first(stub_factory, router_facto
     assert metric(text_m, "pcrouter_backend_queued_prefill_tokens", backend="pod-a") == 0
 
 
+def test_a_stream_with_almost_nothing_to_prefill_is_not_held(stub_factory, router_factory,
+                                                             streams):
+    """A fills the budget and C (1100 tokens) is held. B is A's prompt and 50 tokens more: its
+    own prefill on pod-a is those 50, less than a first token's fixed part, so it goes at once
+    although the budget is spent and C waits. Held, it would have spared the pod nothing, and
+    given it time to evict the prefix B counts on (pcr_hold_small)."""
+    a, r = one_pod(stub_factory, router_factory)
+    prompt = text("A", 8000)
+    streams.append(CurlStream(r.url("/v1/completions"),
+                              completion(prompt, stream=True, tag="A", prefill_gate="ga")))
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    start(streams, r, "C", 4400, prefill_gate="gc")
+    wait_for(lambda: held(r) == 1, 15, what="C held")
+    streams.append(CurlStream(r.url("/v1/completions"),
+                              completion(prompt + text("B", 200), stream=True, tag="B")))
+    wait_for(lambda: "B" in tags_seen(a), 15, what="B at the pod while the budget is spent")
+    assert tags_seen(a) == ["A", "B"] and held(r) == 1, (tags_seen(a), held(r))
+    a.release("ga")
+    wait_for(lambda: "C" in tags_seen(a), 15, what="C sent once A's prefill ended")
+    a.release("gc")
+    all_done(streams)
+    assert metric(get_metrics(r), "pcrouter_backend_held_total", backend="pod-a") == 1
+
+
 def test_a_held_stream_goes_before_one_that_counts_on_what_it_brings(stub_factory,
                                                                    router_factory, streams):
     """A fills the budget. B (2048 tokens) is held: it is routed to pod-a with a prompt the pod
     does not have, so it brings those blocks. C is B's prompt and 100 tokens more: the index
     counts B's blocks as cached on pod-a, so C's own prefill is 100 tokens and its rank passes
     B's at once. Sent first, C would prefill B's blocks itself and B would find them after it.
-    When A's prefill ends, B goes, and C waits for B's prefill (B fills the budget)."""
+    When A's prefill ends, B goes, and C after it: once B is not held, C's own 100 tokens are
+    too few to hold (pcr_hold_small), though B fills the budget."""
     a, r = one_pod(stub_factory, router_factory)
     start(streams, r, "A", 8000, prefill_gate="ga")
     wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
@@ -115,11 +140,10 @@ def test_a_held_stream_goes_before_one_that_counts_on_what_it_brings(stub_factor
                                          prefill_gate="gc")))
     wait_for(lambda: held(r) == 2, 15, what="C held")
     a.release("ga")
-    wait_for(lambda: len(tags_seen(a)) >= 2, 15, what="a held stream sent")
-    assert tags_seen(a) == ["A", "B"], tags_seen(a)
-    assert held(r) == 1
+    wait_for(lambda: len(tags_seen(a)) >= 3, 15, what="both held streams sent")
+    assert tags_seen(a) == ["A", "B", "C"], tags_seen(a)
+    assert held(r) == 0
     a.release("gb")
-    wait_for(lambda: "C" in tags_seen(a), 15, what="C sent once B's prefill ended")
     a.release("gc")
     all_done(streams)
 
@@ -304,14 +328,15 @@ def h2_all_done(streams):
 def test_a_first_token_on_one_worker_sends_what_another_holds(stub_factory, router_factory,
                                                               tmp_path):
     """The budget is the pod's, so a prefill that ends on one worker may be what another's held
-    stream waits for. A (1500 tokens) fills the budget from one worker; the other holds B (10)
-    and C (10). When A's prefill ends, both go: A's worker has nothing of its own held, and
+    stream waits for. A (1500 tokens) fills the budget from one worker; the other holds B and C
+    (300 tokens each, more than a stream too small to hold: pcr_hold_small). When A's prefill
+    ends, both go: A's worker has nothing of its own held, and
     nothing of the other's is at the pod to release them."""
     clients = []
     try:
         a, r, x, y, sa = a_over_the_budget_from_one_worker(stub_factory, router_factory,
                                                            tmp_path, clients)
-        sb, sc = send(y, "B", 10), send(y, "C", 10)
+        sb, sc = send(y, "B", 300), send(y, "C", 300)
         y.wait(lambda: held(r) == 2, 15, what="B and C held")
         a.release("gA")
         y.wait(lambda: sorted(tags_seen(a)) == ["A", "B", "C"], 15,
@@ -363,12 +388,12 @@ def test_a_long_wait_lifts_a_long_prompt(stub_factory, router_factory, streams):
     wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
     start(streams, r, "B", 4400, prefill_gate="gb")   # 1100 tokens
     wait_for(lambda: held(r) == 1, 15, what="B held")
-    # B's rank (its wait over 1100 + 256 tokens) is to pass that of the 100-token prompt
-    # C (its wait over 356): B must have waited 3.8 times as long as C, and C waits from
-    # its start to A's release. That is a wait the test has to let pass, not a
-    # synchronisation.
+    # B's rank (its wait over 1100 + 256 tokens) is to pass that of the 300-token prompt
+    # C (its wait over 556; a smaller one would not be held: pcr_hold_small): B must have
+    # waited 2.4 times as long as C, and C waits from its start to A's release. That is a
+    # wait the test has to let pass, not a synchronisation.
     time.sleep(1.5)
-    start(streams, r, "C", 400, prefill_gate="gc")    # 100 tokens
+    start(streams, r, "C", 1200, prefill_gate="gc")   # 300 tokens
     wait_for(lambda: held(r) == 2, 15, what="C held")
     a.release("ga")
     wait_for(lambda: len(tags_seen(a)) >= 2, 15, what="one held stream sent")
@@ -394,7 +419,7 @@ def test_time_held_in_pcrouter_is_not_taken_for_the_pods_slowness(stub_factory, 
     blocker = start([], r, "A", 8000, prefill_gate="ga")
     try:
         wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-        start(streams, r, "B", 1000)
+        start(streams, r, "B", 2000)   # 500 tokens: not too small to hold (pcr_hold_small)
         wait_for(lambda: held(r) == 1, 15, what="B held")
         # The time B is held is the point: the test lets some pass before A leaves.
         time.sleep(1.5)
@@ -553,7 +578,7 @@ def test_a_flood_of_held_streams_drains_and_a_vanished_client_leaves_none(stub_f
     gone = H2Client(r.port, timeout=60)
     try:
         sids = [flood.request("POST", "/v1/completions",
-                              completion(text("F%d" % i, 400 + 97 * (i % 50)), stream=True,
+                              completion(text("F%d" % i, 1100 + 97 * (i % 50)), stream=True,
                                          tag="F%d" % i))
                 for i in range(200)]
         flood.wait(lambda: held(r) == 200, 30, what="200 streams held")

@@ -35,6 +35,15 @@ static void test_the_budget(void)
     PCR_CHECK(!pcr_hold_open(50000, 1000));
 }
 
+/* A stream whose own prefill is below a first token's fixed part is never held. */
+static void test_too_small_to_hold(void)
+{
+    PCR_CHECK(pcr_hold_small(0));
+    PCR_CHECK(pcr_hold_small(PCR_HOLD_BASE_TOKENS));
+    PCR_CHECK(!pcr_hold_small(PCR_HOLD_BASE_TOKENS + 1));
+    PCR_CHECK(!pcr_hold_small(UINT64_MAX));
+}
+
 static void test_what_a_held_request_brings(void)
 {
     /* Request 1's key a0 a1 a2 a3; its pod held a0 a1 before it (it brings a2 a3). */
@@ -59,6 +68,7 @@ int main(void)
     PCR_RUN(test_waiting_lifts_a_long_prefill);
     PCR_RUN(test_the_ratio);
     PCR_RUN(test_the_budget);
+    PCR_RUN(test_too_small_to_hold);
     PCR_RUN(test_what_a_held_request_brings);
     return pcr_test_done();
 }

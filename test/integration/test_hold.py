@@ -148,6 +148,34 @@ def test_a_held_stream_goes_before_one_that_counts_on_what_it_brings(stub_factor
     all_done(streams)
 
 
+def test_a_small_stream_does_not_take_a_held_one_it_counts_on_past_the_budget(stub_factory,
+                                                                            router_factory,
+                                                                            streams):
+    """A fills the budget; B (2048 tokens) is held, and C, B's prompt and 100 tokens more, is
+    held behind it: too small to hold on its own, it counts on B's blocks. A request that is not
+    a stream then ends, and its connection's return looks for who may go. C may (small), but
+    its turn would go to B, which may not while the budget is spent: neither goes, and both go
+    in order once A's prefill ends."""
+    a, r = one_pod(stub_factory, router_factory)
+    start(streams, r, "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    prompt = text("B", 8192)
+    streams.append(CurlStream(r.url("/v1/completions"),
+                              completion(prompt, stream=True, tag="B", prefill_gate="gb")))
+    wait_for(lambda: held(r) == 1, 15, what="B held")
+    streams.append(CurlStream(r.url("/v1/completions"),
+                              completion(prompt + text("C", 400), stream=True, tag="C")))
+    wait_for(lambda: held(r) == 2, 15, what="C held")
+    resp = curl(r.url("/v1/completions"), completion(text("N", 400), tag="N"), timeout=10)
+    assert resp.status == 200, resp
+    assert held(r) == 2 and tags_seen(a) == ["A", "N"], (held(r), tags_seen(a))
+    a.release("ga")
+    wait_for(lambda: len(tags_seen(a)) >= 4, 15, what="B and C sent")
+    assert tags_seen(a) == ["A", "N", "B", "C"], tags_seen(a)
+    a.release("gb")
+    all_done(streams)
+
+
 def test_the_access_log_says_how_long_a_stream_was_held(stub_factory, router_factory, streams,
                                                         tmp_path):
     """held_ms: how long a stream waited in pcrouter, at least the time between the test seeing

@@ -214,9 +214,12 @@ static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r-
 
 /* The waiter of highest rank now among the HOLD_SCAN oldest whose client has fewest requests on
  * pod connections (ties: the older, first in the queue): of the held streams only
- * (`held_only`), or of all, streams only while `streams_go` (or, with `small_go`, small ones:
- * pcr_hold_small). Requests that are not streams rank as no prefill. */
-static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go, int small_go)
+ * (`held_only`), or of all, streams only while `streams_go`. Small streams (pcr_hold_small) that
+ * only wait for a connection slot may go whatever the budget; one held because it counts on a
+ * held stream's blocks waits for the budget as before, so that it reaches the pod after that
+ * stream's prefill, not beside it on another connection. Requests that are not streams rank as
+ * no prefill. */
+static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
     uint64_t now = pcr_now_us();
@@ -224,7 +227,7 @@ static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go
     unsigned seen = 0, fewest = 0;
     for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
         if ((held_only && !w->in_hold) ||
-            (w->stream && !streams_go && !(small_go && pcr_hold_small(w->prefill))))
+            (w->stream && !streams_go && (w->in_hold || !pcr_hold_small(w->prefill))))
             continue;
         unsigned busy = owner_busy(w);
         double k = rank_at(now, w->t_queued, w->stream ? w->prefill : 0);
@@ -294,7 +297,7 @@ static void publish(pcr_pool_t *pool, pcr_upreq_t *r)
 static void publish_best(pcr_pool_t *pool)
 {
     if (pool->nheld > 0 && slot_free(pool))
-        publish(pool, highest_rank(pool, 1, 1, 1));
+        publish(pool, highest_rank(pool, 1, 1));
     else if (pool->best_held != NULL)
         publish(pool, NULL);
 }
@@ -365,7 +368,7 @@ static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
     if (w == NULL || pool_budget(pool) == 0)
         return oldest_fewest(pool);
-    return highest_rank(pool, 0, hold_open(pool), 1);
+    return highest_rank(pool, 0, hold_open(pool));
 }
 
 /* A stream held in this pool (of the HOLD_SCAN oldest) that brings blocks `r` counts as cached
@@ -390,9 +393,7 @@ static pcr_upreq_t *held_bringer(pcr_pool_t *pool, const pcr_upreq_t *r)
 /* waiter_next(), but NULL when its choice is a held stream that another worker's published
  * one ranks above: that one goes first (budget_freed wakes its worker). A held stream's turn
  * goes to the held stream whose blocks it counts on, if any (that one's, in turn, to its own):
- * the chosen one's rank stands for both. While the budget is spent, a small stream chosen so
- * does not pass its turn to a larger one it counts on: the requests that are not streams go
- * instead, if any. */
+ * the chosen one's rank stands for both. */
 static pcr_upreq_t *waiter_next_in_order(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = waiter_next(pool);
@@ -403,8 +404,6 @@ static pcr_upreq_t *waiter_next_in_order(pcr_pool_t *pool)
     pcr_upreq_t *b;
     for (int depth = 0; depth < 8 && (b = held_bringer(pool, w)) != NULL; depth++)
         w = b;
-    if (pool_budget(pool) != 0 && !hold_open(pool) && !pcr_hold_small(w->prefill))
-        return highest_rank(pool, 0, 0, 0);
     return w;
 }
 

@@ -43,8 +43,9 @@ static inline int pcr_hold_open(uint64_t sent_tokens, uint64_t budget_tokens)
  * the budget says: at most PCR_HOLD_BASE_TOKENS, a prompt the pod holds all but the tail of. It
  * adds less to the pod's queue than a first token's fixed part, so holding it spares the others
  * nothing, while its wait at the router gives the pod time to evict the prefix it counts on
- * (the pod refreshes those blocks only when the request reaches it). One it counts on that is
- * still held goes first all the same (pcr_hold_depends). */
+ * (the pod refreshes those blocks only when the request reaches it). One held because it counts
+ * on a held stream's blocks (pcr_hold_depends) waits for the budget all the same, so that it
+ * reaches the pod after that stream's prefill. */
 static inline int pcr_hold_small(uint64_t prefill_tokens)
 {
     return prefill_tokens <= PCR_HOLD_BASE_TOKENS;

@@ -97,8 +97,6 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
 
 void *pcr_exchange_session(const pcr_exchange_t *ex) { return ex->sess; }
 
-void pcr_exchange_set_owner(pcr_exchange_t *ex, unsigned *pod_busy) { ex->pod_busy = pod_busy; }
-
 int pcr_exchange_responded(const pcr_exchange_t *ex) { return ex->t_head != 0; }
 
 int pcr_exchange_finished(const pcr_exchange_t *ex)
@@ -226,7 +224,7 @@ int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
     return 0;
 }
 
-void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin)
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin, unsigned *pod_busy)
 {
     if (peer == NULL)
         peer = "-";
@@ -234,6 +232,7 @@ void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin)
     memcpy(ex->peer, peer, n);
     ex->peer[n] = '\0';
     ex->admin = admin;
+    ex->pod_busy = pod_busy;
 }
 
 static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)

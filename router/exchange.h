@@ -43,9 +43,11 @@ void pcr_exchange_cache_clear(void);
 
 int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len);
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len);
-/* The client's address, for the access log, and whether it came through the admin listener
- * (then only /metrics and /health are served). */
-void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin);
+/* The client's address, for the access log; whether it came through the admin listener (then
+ * only /metrics and /health are served); and its connection's count of requests on pod
+ * connections, which this one's pod request keeps (pcr_session_t.pod_busy, upstream.c's fair
+ * share; NULL: none). */
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin, unsigned *pod_busy);
 /* Adds a request header as received. PCR_ERR_INVAL when the name is not an RFC 9110 token or
  * the value holds CR, LF or NUL; PCR_ERR_TOO_LARGE past PCR_MAX_REQ_HEADERS. */
 int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, const char *value,
@@ -94,8 +96,5 @@ size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex); /* request body buffer
 
 /* Session back-pointer (the h1 session or the h2 stream). */
 void *pcr_exchange_session(const pcr_exchange_t *ex);
-/* The client connection the request came on, whose count of requests on pod connections its
- * own pod request keeps (pcr_session_t.pod_busy, upstream.c's fair share); NULL: none. */
-void pcr_exchange_set_owner(pcr_exchange_t *ex, unsigned *pod_busy);
 
 #endif

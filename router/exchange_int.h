@@ -46,7 +46,7 @@ struct pcr_exchange {
     pcr_worker_t *w;
     const pcr_exchange_ops_t *ops;
     void *sess;
-    unsigned *pod_busy;               /* the client connection's (pcr_exchange_set_owner) */
+    unsigned *pod_busy;               /* the client connection's (pcr_exchange_set_client) */
     const char *proto;                /* "HTTP/1.1", "HTTP/2" */
     pcr_ex_state_t state;
 

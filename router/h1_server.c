@@ -339,8 +339,8 @@ static int on_message_begin(http_parser *p)
     s->ex = pcr_exchange_new(s->w, &h1_ops, s, "HTTP/1.1");
     if (s->ex == NULL)
         return -1;
-    pcr_exchange_set_client(s->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock));
-    pcr_exchange_set_owner(s->ex, &s->base.pod_busy);
+    pcr_exchange_set_client(s->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
+                            &s->base.pod_busy);
     s->url_len = s->name_len = s->value_len = s->header_bytes = 0;
     s->in_value = s->expect_continue = s->reject_status = s->in_body = 0;
     s->n_host = s->n_cl = s->n_te = 0;

@@ -361,8 +361,8 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         stream_free(st);
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
     }
-    pcr_exchange_set_client(st->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock));
-    pcr_exchange_set_owner(st->ex, &s->base.pod_busy);
+    pcr_exchange_set_client(st->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
+                            &s->base.pod_busy);
     nghttp2_session_set_stream_user_data(ng, st->id, st);
     if (s->nstreams == 1) {
         pcr_session_set_waiting(&s->base, 0);

@@ -40,12 +40,12 @@ static inline int pcr_hold_open(uint64_t sent_tokens, uint64_t budget_tokens)
 }
 
 /* Whether a stream with `prefill_tokens` of its own uncached prefill goes to its pod whatever
- * the budget says: at most PCR_HOLD_BASE_TOKENS, a prompt the pod holds all but the tail of. It
- * adds less to the pod's queue than a first token's fixed part, so holding it spares the others
- * nothing, while its wait at the router gives the pod time to evict the prefix it counts on
- * (the pod refreshes those blocks only when the request reaches it). One held because it counts
- * on a held stream's blocks (pcr_hold_depends) waits for the budget all the same, so that it
- * reaches the pod after that stream's prefill. */
+ * the budget says: at most PCR_HOLD_BASE_TOKENS (a short prompt, or one the pod holds all but
+ * the tail of). It adds less to the pod's queue than a first token's fixed part, so holding it
+ * spares the others nothing, while its wait at the router gives the pod time to evict any
+ * prefix it counts on (the pod refreshes those blocks only when the request reaches it). One
+ * held because it counts on a held stream's blocks (pcr_hold_depends) waits for the budget all
+ * the same, so that it reaches the pod after that stream's prefill. */
 static inline int pcr_hold_small(uint64_t prefill_tokens)
 {
     return prefill_tokens <= PCR_HOLD_BASE_TOKENS;

@@ -121,12 +121,14 @@ bench-proxies: deps-bench build
 # MISCONFIG=2 (pods hold half the capacity the config says: feedback off and on);
 # WORKERS=N (pcrouter's worker threads); CAPACITY=N (KV tokens per pod, over the workload's);
 # REPEAT=N (runs of each policy, or of each MISCONFIG setup: medians, TTFT pooled over the
-# runs, and with MISCONFIG the share feedback won back).
+# runs, and with MISCONFIG the share feedback won back); UNSTREAMED=F (that fraction of the
+# requests asks for a whole answer, "stream": false).
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE)) \
 	  $(if $(MISCONFIG),--misconfig $(MISCONFIG) --replicas 1) $(if $(WORKERS),--workers $(WORKERS)) \
-	  $(if $(CAPACITY),--capacity-tokens $(CAPACITY)) $(if $(REPEAT),--repeat $(REPEAT))
+	  $(if $(CAPACITY),--capacity-tokens $(CAPACITY)) $(if $(REPEAT),--repeat $(REPEAT)) \
+	  $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED))
 
 # cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py).
 bench-sweep: build

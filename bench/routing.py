@@ -781,7 +781,9 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                 print("== %s" % policy, flush=True)
                 r = run_replay(build, trace, front.url, list(sims.urls.values()), time_scale,
                                limit, os.path.join(outdir, "replay_%s.json" % policy), policy,
-                               cap=args.max_tokens_cap, progress=not args.no_progress)
+                               cap=args.max_tokens_cap, progress=not args.no_progress,
+                               extra=(["--unstreamed", str(args.unstreamed)]
+                                      if args.unstreamed else []))
                 if isinstance(front, Router):
                     r.update(router_prediction(
                         front, os.path.join(outdir, "metrics_%s.txt" % policy)))
@@ -848,6 +850,10 @@ def main():
                     help="replicas with and without sharing the index through Redis")
     ap.add_argument("--flush-ms", type=int, default=0,
                     help="redis.flush_ms of the shared runs (default: pcrouter's)")
+    ap.add_argument("--unstreamed", type=float, default=0, metavar="F",
+                    help="this fraction of the requests asks for a whole answer"
+                         " (\"stream\": false), the same ones in every run; they count in"
+                         " the hit rate and the shares, not in TTFT (default 0)")
     ap.add_argument("--repeat", type=int, default=None,
                     help="runs of each replica setup (the table shows the run of median hit"
                          " rate), or of every policy on a --workload (the table and the"

@@ -3,7 +3,11 @@
  * Each row becomes a streaming /v1/completions request (prompt synthesised from its hash_ids,
  * max_tokens = min(output_length, --max-tokens-cap)) sent at timestamp / time_scale, over
  * HTTP/1.1 keep-alive connections (replay_client.c) or h2c streams (--h2c, replay_h2.c). Per
- * request it measures time to first token (first SSE data event) and end to end. With --pods
+ * request it measures time to first token (first SSE data event) and end to end. With
+ * --unstreamed F, that fraction of the rows (drawn from the row's index, so every run and
+ * router gets the same ones) asks for a whole answer instead ("stream": false), as batch
+ * clients do: those count in the hit rate, the shares and end to end, not in TTFT, which a
+ * whole answer does not show. With --pods
  * it scrapes every pod's /metrics before and after: delivered hit rate is the difference of
  * vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total, each pod's share comes
  * from vllm:request_success_total. The ceiling is one LRU cache with all pods' capacity
@@ -45,7 +49,7 @@ typedef struct {
 typedef struct {
     size_t idx;
     double sent_us, ttft_us, e2e_us;
-    int status, err, got_done, first_seen;
+    int status, err, got_done, first_seen, stream;
     size_t cached_tokens, completion_tokens;
     char pod[32];
     struct evbuffer *sse;     /* undelivered bytes of the current SSE event */
@@ -58,6 +62,7 @@ static struct {
     size_t next, inflight, finished, errors, max_inflight;
     double t0_us, end_us;
     double time_scale;
+    double unstreamed;        /* fraction of rows sent with "stream": false */
     size_t cap;
     const char *model;
     double timeout_s;
@@ -194,11 +199,38 @@ static void sse_event(req_t *r, const char *ev, size_t n)
     }
 }
 
+/* A whole answer's usage, at its end; 0 when it is a complete JSON completion. */
+static int whole_answer(req_t *r)
+{
+    size_t n = evbuffer_get_length(r->sse);
+    cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->sse, -1), n);
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(o, "choices");
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    const cJSON *det = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+    const cJSON *cached = cJSON_GetObjectItemCaseSensitive(det, "cached_tokens");
+    int ok = cJSON_IsArray(ch) && cJSON_IsNumber(ct);
+    if (ok)
+        r->completion_tokens = (size_t)ct->valuedouble;
+    if (ok && cJSON_IsNumber(cached))
+        r->cached_tokens = (size_t)cached->valuedouble;
+    cJSON_Delete(o);
+    return ok ? 0 : -1;
+}
+
+/* A whole answer is kept until its end, up to this much. */
+#define MAX_WHOLE_ANSWER (64u << 20)
+
 static void on_req_body(void *arg, const char *d, size_t n)
 {
     req_t *r = arg;
     if (r->status != 200)
         return;
+    if (!r->stream) {
+        if (evbuffer_get_length(r->sse) + n <= MAX_WHOLE_ANSWER)
+            evbuffer_add(r->sse, d, n);
+        return;
+    }
     evbuffer_add(r->sse, d, n);
     for (;;) {
         struct evbuffer_ptr p = evbuffer_search(r->sse, "\n\n", 2, NULL);
@@ -216,6 +248,8 @@ static void on_req_done(void *arg, int err)
     r->e2e_us = now_us() - r->sent_us;
     if (!err && r->status != 200)
         err = PCR_ERR_IO;
+    if (!err && !r->stream)
+        r->got_done = whole_answer(r) == 0;
     if (!err && !r->got_done)
         err = PCR_ERR_PARSE;   /* the stream ended without [DONE] */
     r->err = err;
@@ -265,8 +299,17 @@ static void send_one(size_t i)
     /* The prompt is lowercase words and spaces (synth.c): it needs no JSON escaping. */
     evbuffer_add_printf(body, "{\"model\":\"%s\",\"prompt\":\"", g.model);
     evbuffer_add_reference(body, prompt, plen, free_prompt, NULL);
-    evbuffer_add_printf(body, "\",\"max_tokens\":%zu,\"stream\":true,"
-                        "\"stream_options\":{\"include_usage\":true}}", mt);
+    /* The row's own draw (splitmix64 of its index): the same rows for every run. */
+    uint64_t z = (uint64_t)i + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    r->stream = !((double)(z >> 11) / 9007199254740992.0 < g.unstreamed);
+    if (r->stream)
+        evbuffer_add_printf(body, "\",\"max_tokens\":%zu,\"stream\":true,"
+                            "\"stream_options\":{\"include_usage\":true}}", mt);
+    else
+        evbuffer_add_printf(body, "\",\"max_tokens\":%zu,\"stream\":false}", mt);
     size_t t = i % g.ntargets;   /* row i to target i mod n: the replicas behind a Service */
     if (g.target_h2[t])
         rh2_send(g.target_h2[t], g.target_path, body, g.timeout_s, &req_cb, r);
@@ -332,6 +375,8 @@ static void usage(FILE *f)
 "  --max-conns N         HTTP/1.1 connections to the target at most (default 4096)\n"
 "  --h2c                 send over HTTP/2 cleartext (prior knowledge) instead of HTTP/1.1\n"
 "  --h2c-conns N         h2c connections, requests spread over them (default 1)\n"
+"  --unstreamed F        this fraction of the rows asks for a whole answer, not a stream\n"
+"                        (the same rows every run; not in TTFT) (default 0)\n"
 "  --json FILE           write the summary as JSON\n"
 "  --label NAME          name of this run in the table and JSON (default: the target)\n"
 "  --no-progress         no progress bar\n");
@@ -350,7 +395,8 @@ int main(int argc, char **argv)
     g.timeout_s = 300;
     g.progress = 1;
     enum { O_TRACE = 256, O_TARGET, O_SCALE, O_LIMIT, O_SKIP, O_CAP, O_MODEL, O_PODS, O_CEIL,
-           O_TIMEOUT, O_CONNS, O_JSON, O_LABEL, O_NOPROG, O_HELP, O_MAXIN, O_H2C, O_H2CONNS };
+           O_TIMEOUT, O_CONNS, O_JSON, O_LABEL, O_NOPROG, O_HELP, O_MAXIN, O_H2C, O_H2CONNS,
+           O_UNSTREAMED };
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"target", 1, 0, O_TARGET}, {"time-scale", 1, 0, O_SCALE},
         {"limit", 1, 0, O_LIMIT}, {"skip", 1, 0, O_SKIP}, {"max-tokens-cap", 1, 0, O_CAP},
@@ -358,7 +404,7 @@ int main(int argc, char **argv)
         {"timeout-s", 1, 0, O_TIMEOUT}, {"max-conns", 1, 0, O_CONNS}, {"json", 1, 0, O_JSON},
         {"label", 1, 0, O_LABEL}, {"no-progress", 0, 0, O_NOPROG}, {"help", 0, 0, O_HELP},
         {"max-input-tokens", 1, 0, O_MAXIN}, {"h2c", 0, 0, O_H2C},
-        {"h2c-conns", 1, 0, O_H2CONNS}, {0, 0, 0, 0},
+        {"h2c-conns", 1, 0, O_H2CONNS}, {"unstreamed", 1, 0, O_UNSTREAMED}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -390,6 +436,7 @@ int main(int argc, char **argv)
         case O_MAXIN: if (!num_ok || v < 1) break; max_input = (size_t)v; continue;
         case O_H2C: if (!h2c_conns) h2c_conns = 1; continue;
         case O_H2CONNS: if (!num_ok || v < 1) break; h2c_conns = (unsigned)v; continue;
+        case O_UNSTREAMED: if (!num_ok || v > 1) break; g.unstreamed = v; continue;
         default: usage(stderr); return 2;
         }
         fprintf(stderr, "replay: bad value for --%s: %s\n", opts[o - O_TRACE].name, optarg);
@@ -499,7 +546,7 @@ int main(int argc, char **argv)
     int scrape_failed = g.npods ? scrape_all() : 0;
 
     /* Figures. */
-    size_t n = g.trace.n, ok = 0;
+    size_t n = g.trace.n, ok = 0, nt = 0;
     double *ttft = malloc(n * sizeof(double)), *e2e = malloc(n * sizeof(double));
     double cached = 0, prompt = 0;
     size_t e_timeout = 0, e_io = 0, e_http = 0, e_stream = 0;
@@ -512,13 +559,14 @@ int main(int argc, char **argv)
             else e_io++;
             continue;
         }
-        ttft[ok] = r->ttft_us / 1000.0;
+        if (r->stream)
+            ttft[nt++] = r->ttft_us / 1000.0;
         e2e[ok] = r->e2e_us / 1000.0;
         ok++;
         cached += r->cached_tokens;
         prompt += g.trace.rows[i].input_length;
     }
-    rt_sort(ttft, ok);
+    rt_sort(ttft, nt);
     rt_sort(e2e, ok);
     double dq = 0, dh = 0, ds = 0, smax = 0;
     size_t share_pods = 0;
@@ -568,9 +616,9 @@ int main(int argc, char **argv)
            "client-seen %.4f\n",
            hit, ceiling, hit / ceiling, prompt > 0 ? cached / prompt : NAN);
     printf("  TTFT model ms p50 %.0f  p90 %.0f  p99 %.0f   (wall ms p50 %.1f p99 %.1f)\n",
-           rt_percentile(ttft, ok, 50) * sc, rt_percentile(ttft, ok, 90) * sc,
-           rt_percentile(ttft, ok, 99) * sc, rt_percentile(ttft, ok, 50),
-           rt_percentile(ttft, ok, 99));
+           rt_percentile(ttft, nt, 50) * sc, rt_percentile(ttft, nt, 90) * sc,
+           rt_percentile(ttft, nt, 99) * sc, rt_percentile(ttft, nt, 50),
+           rt_percentile(ttft, nt, 99));
     printf("  e2e model s p50 %.2f  p99 %.2f   max/mean share %.3f   %.1f req/s wall "
            "(%.2f req/s model)   peak in flight %zu\n", rt_percentile(e2e, ok, 50) * sc / 1000,
            rt_percentile(e2e, ok, 99) * sc / 1000, share, rps, rps / sc, g.max_inflight);
@@ -584,6 +632,8 @@ int main(int argc, char **argv)
         cJSON_AddNumberToObject(j, "time_scale", sc);
         cJSON_AddNumberToObject(j, "requests", (double)n);
         cJSON_AddNumberToObject(j, "completed", (double)ok);
+        cJSON_AddNumberToObject(j, "completed_streams", (double)nt);
+        cJSON_AddNumberToObject(j, "unstreamed_fraction", g.unstreamed);
         cJSON_AddNumberToObject(j, "errors", (double)g.errors);
         cJSON *ek = cJSON_AddObjectToObject(j, "error_kinds");
         cJSON_AddNumberToObject(ek, "timeout", (double)e_timeout);
@@ -618,16 +668,17 @@ int main(int argc, char **argv)
         const char *which[] = { "ttft_ms_wall", "ttft_ms_model", "e2e_ms_model" };
         for (int k = 0; k < 3; k++) {
             const double *v = k < 2 ? ttft : e2e;
+            size_t m = k < 2 ? nt : ok;
             double f = k == 0 ? 1 : sc;
             cJSON *s = cJSON_AddObjectToObject(j, which[k]);
-            if (ok) {
-                cJSON_AddNumberToObject(s, "p50", rt_percentile(v, ok, 50) * f);
-                cJSON_AddNumberToObject(s, "p90", rt_percentile(v, ok, 90) * f);
-                cJSON_AddNumberToObject(s, "p99", rt_percentile(v, ok, 99) * f);
+            if (m) {
+                cJSON_AddNumberToObject(s, "p50", rt_percentile(v, m, 50) * f);
+                cJSON_AddNumberToObject(s, "p90", rt_percentile(v, m, 90) * f);
+                cJSON_AddNumberToObject(s, "p99", rt_percentile(v, m, 99) * f);
             }
         }
         cJSON *all = cJSON_AddArrayToObject(j, "ttft_ms_model_sorted");
-        for (size_t i = 0; i < ok; i++)
+        for (size_t i = 0; i < nt; i++)
             cJSON_AddItemToArray(all, cJSON_CreateNumber(round(ttft[i] * sc * 10) / 10));
         char *text = cJSON_Print(j);
         FILE *f = fopen(json, "w");

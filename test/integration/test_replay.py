@@ -73,3 +73,30 @@ def test_cache_aware_delivers_more_hits_than_round_robin(tmp_path):
     assert ca["hit_rate"] > rr["hit_rate"], (
         "cache_aware %.4f <= round_robin %.4f (ceiling %.4f)" % (
             ca["hit_rate"], rr["hit_rate"], ca.get("ceiling", float("nan"))))
+
+
+def test_unstreamed_rows_ask_for_whole_answers_and_count_everywhere_but_ttft(tmp_path):
+    """--unstreamed 0.5: about half the rows, the same ones each run, ask for a whole answer.
+    Each of those is read to its end and counts as complete only if it is a JSON completion
+    with its usage; those rows count at the pods (hit rate, shares) and not in TTFT."""
+    sims = None
+    runs = []
+    try:
+        sims = routing.Sims(BUILD, PODS[:2], TIME_SCALE, CAPACITY, extra=SIM_EXTRA)
+        for k in range(2):
+            runs.append(routing.run_replay(
+                BUILD, trace_path(), list(sims.urls.values())[0], list(sims.urls.values()),
+                TIME_SCALE, 100, str(tmp_path / ("u%d.json" % k)), "u%d" % k, cap=16,
+                timeout=120, progress=False,
+                extra=["--timeout-s", "30", "--max-input-tokens", str(MAX_INPUT),
+                       "--unstreamed", "0.5"]))
+    finally:
+        if sims:
+            sims.stop()
+    for r in runs:
+        assert r["errors"] == 0, r["error_kinds"]
+        assert r["completed"] == 100
+        assert 30 <= r["completed_streams"] <= 70, r["completed_streams"]
+        assert len(r["ttft_ms_model_sorted"]) == r["completed_streams"]
+    assert runs[0]["completed_streams"] == runs[1]["completed_streams"]
+    assert sum(p["requests"] for p in runs[0]["pods"]) == 100

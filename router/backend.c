@@ -464,7 +464,7 @@ static void on_health_done(void *ctx)
 static void on_health_error(void *ctx, pcr_up_error_t err, int got_head) { health_end(ctx, 0); }
 
 static const pcr_upstream_cbs_t health_cbs = {
-    on_health_head, on_health_body, on_health_done, on_health_error, NULL,
+    on_health_head, on_health_body, on_health_done, on_health_error, NULL, NULL, NULL,
 };
 
 static void on_health_deadline(evutil_socket_t fd, short what, void *arg)

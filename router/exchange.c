@@ -9,7 +9,9 @@
  *
  * Every state change goes through ex_to(): it alone moves the in-flight counts, charges and
  * releases the backend's queued prefill, and records the final status, durations and the access
- * log line, so that no path can count a request twice or not at all.
+ * log line, so that no path can count a request twice or not at all. The one release outside
+ * it is an unstreamed completion's prefill at its expected first token (on_up_prefill_due),
+ * which zeroes ex->prefill so that ex_to's later release is of nothing.
  *
  * The exchange never frees itself: the session that owns it does, after send_end or when the
  * client goes away (pcr_exchange_free cancels the upstream request then). */
@@ -706,6 +708,11 @@ static void dispatch(pcr_exchange_t *ex)
             .added_from = ex->committed ? (uint32_t)ex->added_from : (uint32_t)ex->key.nblocks,
         };
         ex->up = pcr_upstream_send_stream(pool, req, body, ex->prefill, &prefix, &proxy_cbs, ex);
+    } else if (ex->has_key) {
+        /* Not streamed: no first token shows before the answer, which vLLM sends whole once
+         * generated. Its prefill counts in the pod's queue until the time the policy expects
+         * its first token, not for the whole generation. */
+        ex->up = pcr_upstream_send_unstreamed(pool, req, body, ex->prefill, &proxy_cbs, ex);
     } else {
         ex->up = pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
     }
@@ -924,8 +931,30 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
 
 static unsigned *on_up_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
 
-static const pcr_upstream_cbs_t proxy_cbs = {on_up_head, on_up_body, on_up_done, on_up_error,
-                                             on_up_owner};
+/* An unstreamed completion's first token, as the policy expects it of its pod behind `tokens`
+ * of prefill (what was sent before it, and its own): learned from streams, or configured. */
+static uint64_t on_up_prefill_us(void *arg, uint64_t tokens)
+{
+    pcr_exchange_t *ex = arg;
+    double us = pcr_policy_estimate_ttft(ex->w->policy, ex->be->id, tokens);
+    return us > 0 ? (uint64_t)us : 0;
+}
+
+/* ... has come: its prefill leaves the pod's queue as the decisions count it, and it no longer
+ * keeps the pod's settled_before back, as a stream's first event would. */
+static void on_up_prefill_due(void *arg)
+{
+    pcr_exchange_t *ex = arg;
+    if (!holds_prefill(ex->state))
+        return;
+    PCR_SUB(ex->be->queued_prefill, ex->prefill);
+    ex->prefill = 0;
+    pending_leave(ex);
+}
+
+static const pcr_upstream_cbs_t proxy_cbs = {on_up_head,  on_up_body,       on_up_done,
+                                             on_up_error, on_up_owner,      on_up_prefill_us,
+                                             on_up_prefill_due};
 
 void pcr_exchange_on_writable(pcr_exchange_t *ex)
 {

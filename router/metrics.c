@@ -170,7 +170,8 @@ static const struct {
      "Restarts of the pod its scrape revealed (its prefix entries were dropped).", v_restarts},
     {"pcrouter_backend_in_flight", "gauge", "Requests in flight per backend.", v_inflight},
     {"pcrouter_backend_queued_prefill_tokens", "gauge",
-     "Uncached prompt tokens sent to the backend whose first byte has not come back.", v_queued},
+     "Uncached prompt tokens routed to the backend whose first byte has not come back (a "
+     "non-streamed completion's until its expected first token).", v_queued},
     {"pcrouter_backend_pod_waiting", "gauge", "vllm:num_requests_waiting as last scraped.", v_waiting},
     {"pcrouter_backend_held_requests", "gauge",
      "Streams held at the router while the backend's prefill queue is full (routing.hold_tokens).",

@@ -94,7 +94,8 @@ static void on_done(void *ctx)
 
 static void on_error(void *ctx, pcr_up_error_t err, int got_head) { models_end(ctx); }
 
-static const pcr_upstream_cbs_t models_cbs = {on_head, on_body, on_done, on_error, NULL};
+static const pcr_upstream_cbs_t models_cbs = {on_head, on_body, on_done, on_error,
+                                              NULL,    NULL,    NULL};
 
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {

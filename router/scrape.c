@@ -169,7 +169,8 @@ static void on_done(void *ctx)
 
 static void on_error(void *ctx, pcr_up_error_t err, int got_head) { scrape_end(ctx); }
 
-static const pcr_upstream_cbs_t scrape_cbs = {on_head, on_body, on_done, on_error, NULL};
+static const pcr_upstream_cbs_t scrape_cbs = {on_head, on_body, on_done, on_error,
+                                              NULL,    NULL,    NULL};
 
 /* Not answered in time: nothing of this page is used (what came so far may be cut anywhere),
  * and the check connection is free for the next scrape, health check or model list. */

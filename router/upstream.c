@@ -13,11 +13,16 @@
  * connection until its first event (pcr_upstream_prefill_done) or its end. While the backend's
  * is at the budget, new streams join the wait queue too ("held"), and whoever waits goes
  * highest pcr_hold_rank first, save that a held stream goes before one of this worker's that
- * counts on the blocks it brings (held_bringer)
- * (requests that are not streams count as no prefill, and only they may go while the budget is
- * spent). With no budget the queue stays FIFO. A queued request keeps its place until
- * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
- * its backend leaves rotation (pcr_upstream_fail_held: PCR_UP_HELD_OUT, from the worker's tick).
+ * counts on the blocks it brings (held_bringer). Requests that are not streams rank as no
+ * prefill and are never held; they and small streams (pcr_hold_small, unless they count on a
+ * held one) go while the budget is spent. A completion that is not streamed shows no first
+ * token before its answer, yet its prefill is in the pod's queue all the same: it counts from
+ * when it gets a connection until the time the caller estimates for its first token behind
+ * what was sent before it (cbs->prefill_us, a timer: prefill_due), or its answer, whichever
+ * comes first (pcr_upstream_send_unstreamed). With no budget the queue stays FIFO. A queued
+ * request keeps its place until timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a
+ * held one), and a held one until its backend leaves rotation (pcr_upstream_fail_held:
+ * PCR_UP_HELD_OUT, from the worker's tick).
  * The budget is the pod's, so a stream's first token on one worker may be what another's held
  * streams wait for, and the order is the pod's too: a release sends this worker's best held
  * stream only while no other worker's ranks higher (below, "one rank order"); when the budget is
@@ -75,14 +80,16 @@ struct pcr_upreq {
     void *ctx;
     unsigned *owner;                 /* its client's requests on pod connections (cbs->owner) */
     struct event *wait_timer;        /* while queued for a slot */
+    struct event *prefill_timer;     /* unstreamed: when its prefill is taken as done */
     TAILQ_ENTRY(pcr_upreq) wait_link;
     uint64_t t_queued;               /* when it joined the queue, us */
     uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
-    uint64_t prefill;                /* a stream's uncached prefill, tokens */
+    uint64_t prefill;                /* its uncached prefill, tokens (streams and unstreamed) */
     uint64_t ahead;                  /* the backend's sent_prefill when it was charged */
     uint64_t t_sent;                 /* when it was charged (went to the pod), us */
     pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
-    int stream;                      /* counts against routing.hold_tokens */
+    int stream;                      /* counts against routing.hold_tokens, may be held */
+    int unstreamed;                  /* counts against it until an estimate, never held */
     int charged;                     /* its prefill is in pool->sent_prefill */
     int held;                        /* was queued because the budget was spent */
     int in_hold;                     /* ... and still is (the backend's `held` gauge) */
@@ -180,14 +187,38 @@ static int hold_open(const pcr_pool_t *pool)
     return pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pool_budget(pool));
 }
 
+static void prefill_due(evutil_socket_t fd, short what, void *arg);
+
+/* An unstreamed request's prefill leaves the count when its caller expects its first token:
+ * behind the prefill sent before it, its own included (cbs->prefill_us). No later than the
+ * response deadline, which would end it anyway. Without a timer (out of memory) it stays
+ * counted until its answer, as a stream whose first token never came. */
+static void prefill_arm(pcr_upreq_t *r)
+{
+    if (r->cbs->prefill_us == NULL)
+        return;
+    uint64_t us = r->cbs->prefill_us(r->ctx, r->ahead + r->prefill);
+    uint64_t cap = (uint64_t)tmo(r->pool)->response_ms * 1000;
+    if (us > cap)
+        us = cap;
+    if (r->prefill_timer == NULL)
+        r->prefill_timer = evtimer_new(r->pool->base, prefill_due, r);
+    if (r->prefill_timer == NULL)
+        return;
+    struct timeval tv = {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)};
+    evtimer_add(r->prefill_timer, &tv);
+}
+
 static void charge(pcr_upreq_t *r)
 {
-    if (r->stream && !r->charged) {
+    if ((r->stream || r->unstreamed) && !r->charged) {
         r->ahead = PCR_LOAD(r->pool->be->sent_prefill);
         r->t_sent = pcr_now_us();
         r->pool->sent_prefill += r->prefill;
         PCR_ADD(r->pool->be->sent_prefill, r->prefill);
         r->charged = 1;
+        if (r->unstreamed)
+            prefill_arm(r);
     }
 }
 
@@ -197,6 +228,8 @@ static void uncharge(pcr_upreq_t *r)
         r->pool->sent_prefill -= r->prefill;
         PCR_SUB(r->pool->be->sent_prefill, r->prefill);
         r->charged = 0;
+        if (r->prefill_timer != NULL)
+            evtimer_del(r->prefill_timer);
     }
 }
 
@@ -449,6 +482,8 @@ static void req_free(pcr_upreq_t *r)
     uncharge(r);
     if (r->wait_timer)
         event_free(r->wait_timer);
+    if (r->prefill_timer)
+        event_free(r->prefill_timer);
     if (r->request)
         evbuffer_free(r->request);
     pcr_evmem_free(r);
@@ -915,8 +950,9 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
 }
 
 static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
-                             int stream, uint64_t prefill, const pcr_up_prefix_t *prefix,
-                             const pcr_upstream_cbs_t *cbs, void *ctx)
+                             int stream, int unstreamed, uint64_t prefill,
+                             const pcr_up_prefix_t *prefix, const pcr_upstream_cbs_t *cbs,
+                             void *ctx)
 {
     pcr_upreq_t *r = pcr_evmem_calloc(1, sizeof(*r)); /* per request: evmem.h */
     if (r == NULL) {
@@ -930,6 +966,7 @@ static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evb
     r->ctx = ctx;
     r->owner = cbs->owner != NULL ? cbs->owner(ctx) : NULL;
     r->stream = stream;
+    r->unstreamed = unstreamed && prefill > 0;
     r->prefill = prefill;
     if (prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
         r->prefix = *prefix;
@@ -940,7 +977,14 @@ static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evb
 pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
                                     const pcr_upstream_cbs_t *cbs, void *ctx)
 {
-    return send_req(pool, head, body, 0, 0, NULL, cbs, ctx);
+    return send_req(pool, head, body, 0, 0, 0, NULL, cbs, ctx);
+}
+
+pcr_upreq_t *pcr_upstream_send_unstreamed(pcr_pool_t *pool, struct evbuffer *head,
+                                          struct evbuffer *body, uint64_t prefill,
+                                          const pcr_upstream_cbs_t *cbs, void *ctx)
+{
+    return send_req(pool, head, body, 0, 1, prefill, NULL, cbs, ctx);
 }
 
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
@@ -948,7 +992,19 @@ pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       const pcr_up_prefix_t *prefix,
                                       const pcr_upstream_cbs_t *cbs, void *ctx)
 {
-    return send_req(pool, head, body, 1, prefill, prefix, cbs, ctx);
+    return send_req(pool, head, body, 1, 0, prefill, prefix, cbs, ctx);
+}
+
+/* An unstreamed request's estimated first token: its prefill leaves the count. Its owner
+ * hears first (its own count of the pod's queue), then held streams may go. */
+static void prefill_due(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_upreq_t *r = arg;
+    pcr_pool_t *pool = r->pool;
+    uncharge(r);
+    if (r->cbs->on_prefill_due != NULL)
+        r->cbs->on_prefill_due(r->ctx);
+    budget_freed(pool);
 }
 
 int pcr_upstream_prefill_done(pcr_upreq_t *r)

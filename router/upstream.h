@@ -47,6 +47,14 @@ typedef struct {
     /* Optional: the count of requests on pod connections of the client this one is for, which
      * it keeps while it has a connection. Waiters whose client has fewer go first. */
     unsigned *(*owner)(void *ctx);
+    /* Optional, for pcr_upstream_send_unstreamed(): how long after its send the pod is
+     * expected to reach a first token behind `tokens` of prefill (what was sent it before the
+     * request and not finished, and the request's own), in microseconds; and the call made
+     * when that time has come, before the answer (never after on_done, on_error or
+     * pcr_upstream_cancel). prefill_us is a question, and may be asked inside the send;
+     * on_prefill_due must not end the request. */
+    uint64_t (*prefill_us)(void *ctx, uint64_t tokens);
+    void (*on_prefill_due)(void *ctx);
 } pcr_upstream_cbs_t;
 
 /* The connections of one thread to one backend: idle keep-alive connections (most recently
@@ -64,7 +72,8 @@ typedef struct pcr_pool {
     unsigned nconns;                 /* open: connecting + idle + busy */
     unsigned nidle;
     unsigned max_connections;
-    uint64_t sent_prefill;           /* streams' uncached prefill sent, not yet at a first token
+    uint64_t sent_prefill;           /* uncached prefill sent, not yet at a first token: streams'
+                                        and, until their estimate, unstreamed completions'
                                         (this worker's; the backend's counts every worker's) */
     unsigned nheld;                  /* streams held in `waiters` */
     struct pcr_worker *worker;       /* the owner, told when the pod's budget opens while
@@ -111,6 +120,16 @@ pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       const pcr_up_prefix_t *prefix,
                                       const pcr_upstream_cbs_t *cbs, void *ctx);
 
+/* As pcr_upstream_send_body(), for a completion that is not streamed, with `prefill` tokens
+ * of uncached prefill (0: as pcr_upstream_send_body). It shows no first token before its
+ * answer, yet its prefill is in the pod's queue: it counts against routing.hold_tokens (and in
+ * pcr_upstream_sent_ahead() of the streams sent after it) from when it is sent until
+ * cbs->prefill_us() later (then cbs->on_prefill_due()), its answer's first body byte
+ * (pcr_upstream_prefill_done) or its end, whichever comes first. It is never held itself. */
+pcr_upreq_t *pcr_upstream_send_unstreamed(pcr_pool_t *pool, struct evbuffer *head,
+                                          struct evbuffer *body, uint64_t prefill,
+                                          const pcr_upstream_cbs_t *cbs, void *ctx);
+
 /* The stream's first event came back: its prefill is done and leaves the budget; held requests
  * may go. Returns 1 when the request itself had been held (others may have gone ahead of it),
  * else 0. Once per request; later calls return the same and change nothing. */
@@ -123,12 +142,12 @@ void pcr_upstream_kick(pcr_pool_t *pool);
 /* How long the request has been held so far, in microseconds (0 when never). */
 uint64_t pcr_upstream_held_us(const pcr_upreq_t *r);
 
-/* A stream's uncached prefill that every worker had sent its backend and not seen reach a
- * first token when this one went (routing.hold_tokens' count; 0 for other requests). */
+/* The uncached prefill that every worker had sent the backend and not seen reach a first token
+ * when this one went (routing.hold_tokens' count; 0 for requests sent without a prefill). */
 uint64_t pcr_upstream_sent_ahead(const pcr_upreq_t *r);
 
-/* When a stream went to its pod (pcr_now_us), after any wait for the budget or a connection
- * slot; 0 for other requests and before it went. */
+/* When a request sent with a prefill went to its pod (pcr_now_us), after any wait for the
+ * budget or a connection slot; 0 for other requests and before it went. */
 uint64_t pcr_upstream_sent_us(const pcr_upreq_t *r);
 
 /* Fails every stream held in the pool with PCR_UP_HELD_OUT, the oldest first: its backend is

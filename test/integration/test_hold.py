@@ -459,8 +459,8 @@ def test_time_held_in_pcrouter_is_not_taken_for_the_pods_slowness(stub_factory, 
 
 
 def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory, streams):
-    """A non-streamed completion shows no first token before its answer, so it is neither held
-    nor counted: it goes through while the pod's budget is spent."""
+    """A non-streamed completion shows no first token before its answer, so nothing would
+    release it: it is never held, and goes through while the pod's budget is spent."""
     a, r = one_pod(stub_factory, router_factory)
     start(streams, r, "A", 8000, prefill_gate="ga")
     wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
@@ -469,6 +469,65 @@ def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory
     assert held(r) == 0
     a.release("ga")
     all_done(streams)
+
+
+def queued(r):
+    return metric(get_metrics(r), "pcrouter_backend_queued_prefill_tokens", backend="pod-a")
+
+
+# An unstreamed prompt of 50000 tokens: at the policy's starting rate (70 us a token, 20 ms
+# more), its first token is expected 3.5 s after its send.
+LONG = 200000
+
+
+def test_an_unstreamed_prefill_counts_until_its_expected_first_token(stub_factory,
+                                                                     router_factory, streams,
+                                                                     tmp_path):
+    """A non-streamed completion's answer comes whole, after its generation, yet its prefill
+    is in the pod's queue as a stream's is. N (50000 tokens, its answer gated) counts in the
+    pod's queued prefill and in the prefill ahead of B, a stream sent after it. When the time
+    the policy expects N's first token has passed, N leaves both, while its answer is still
+    to come: C, sent then, has nothing ahead of it. Counted until its answer, a long
+    generation would keep its prefill in its pod's queue for the decisions throughout."""
+    path = str(tmp_path / "access.log")
+    a, r = one_pod(stub_factory, router_factory, routing={"hold_tokens": 0},
+                   log={"access_log_path": path, "access_log_format": "json"})
+    n = CurlStream(r.url("/v1/completions"), completion(text("N", LONG), tag="N", gate="gn"))
+    streams.append(n)
+    wait_for(lambda: tags_seen(a) == ["N"], 15, what="N at the pod")
+    assert queued(r) == LONG // 4
+    start(streams, r, "B", 2000)
+    wait_for(lambda: len(access_lines(path)) == 1, 15, what="B answered")
+    wait_for(lambda: queued(r) == 0, 30, what="N's prefill out of the queue")
+    start(streams, r, "C", 2000)
+    wait_for(lambda: len(access_lines(path)) == 2, 15, what="C answered")
+    assert not n.done, "N was answered before its gate opened"
+    got = access_lines(path)
+    assert [o["prefill_ahead_tokens"] for o in got] == [LONG // 4, 0], got
+    a.release("gn")
+    rc, out = n.finish(30)
+    assert rc == 0 and b" 200 " in out.split(b"\r\n", 1)[0], out[:300]
+
+
+def test_an_unstreamed_prefill_holds_streams_until_its_expected_first_token(stub_factory,
+                                                                            router_factory,
+                                                                            streams):
+    """N's 50000 tokens fill the pod's budget of 1000 as a stream's would: B, a stream sent
+    after it, is held. When N's first token is expected, B goes, with N's answer still to
+    come. Uncounted, B would have gone at once behind 50000 tokens of prefill."""
+    a, r = one_pod(stub_factory, router_factory)
+    n = CurlStream(r.url("/v1/completions"), completion(text("N", LONG), tag="N", gate="gn"))
+    streams.append(n)
+    wait_for(lambda: tags_seen(a) == ["N"], 15, what="N at the pod")
+    start(streams, r, "B", 4400)
+    wait_for(lambda: held(r) == 1, 15, what="B held behind N's prefill")
+    assert tags_seen(a) == ["N"]
+    wait_for(lambda: tags_seen(a) == ["N", "B"], 30, what="B sent at N's expected first token")
+    all_done(streams[1:])
+    assert not n.done, "N was answered before its gate opened"
+    a.release("gn")
+    rc, out = n.finish(30)
+    assert rc == 0, out[:300]
 
 
 def test_a_held_stream_gets_a_clear_503_at_the_response_timeout(stub_factory, router_factory,

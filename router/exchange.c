@@ -697,9 +697,12 @@ static void dispatch(pcr_exchange_t *ex)
     ex->be = be;
     ex->prefill = d.uncached_prefill;
     ex_to(ex, EX_UP_WAIT);
-    /* A stream's first event tells when its prefill is done, so the pool can hold streams
-     * while the pod's prefill queue is full (routing.hold_tokens). */
-    if (ex->req.stream && ex->has_key) {
+    /* A stream's first event tells when its prefill is done, so the pool can hold completions
+     * while the pod's prefill queue is full (routing.hold_tokens). One that is not streamed
+     * shows nothing before its answer, which vLLM sends whole once generated: its prefill
+     * counts in the pod's queue until the time the policy expects its first token, not for
+     * the whole generation. */
+    if (ex->has_key) {
         /* The key lives as long as the exchange, the upstream request no longer. */
         pcr_up_prefix_t prefix = {
             .blocks = ex->key.blocks,
@@ -707,12 +710,10 @@ static void dispatch(pcr_exchange_t *ex)
             .matched = d.matched_blocks,
             .added_from = ex->committed ? (uint32_t)ex->added_from : (uint32_t)ex->key.nblocks,
         };
-        ex->up = pcr_upstream_send_stream(pool, req, body, ex->prefill, &prefix, &proxy_cbs, ex);
-    } else if (ex->has_key) {
-        /* Not streamed: no first token shows before the answer, which vLLM sends whole once
-         * generated. Its prefill counts in the pod's queue until the time the policy expects
-         * its first token, not for the whole generation. */
-        ex->up = pcr_upstream_send_unstreamed(pool, req, body, ex->prefill, &proxy_cbs, ex);
+        ex->up = ex->req.stream ? pcr_upstream_send_stream(pool, req, body, ex->prefill,
+                                                           &prefix, &proxy_cbs, ex)
+                                : pcr_upstream_send_unstreamed(pool, req, body, ex->prefill,
+                                                               &prefix, &proxy_cbs, ex);
     } else {
         ex->up = pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
     }

@@ -174,10 +174,11 @@ static const struct {
      "non-streamed completion's until its expected first token).", v_queued},
     {"pcrouter_backend_pod_waiting", "gauge", "vllm:num_requests_waiting as last scraped.", v_waiting},
     {"pcrouter_backend_held_requests", "gauge",
-     "Streams held at the router while the backend's prefill queue is full (routing.hold_tokens).",
+     "Completions held at the router while the backend's prefill queue is full "
+     "(routing.hold_tokens).",
      v_held},
     {"pcrouter_backend_held_total", "counter",
-     "Streams that were held at the router for the backend.", v_held_total},
+     "Completions that were held at the router for the backend.", v_held_total},
     {"pcrouter_backend_prefill_tokens_per_second", "gauge",
      "Prefill speed, uncached prompt tokens a second, that cache_aware has learned for the "
      "backend from its streams' first tokens (time held in pcrouter excluded).", v_prefill_speed},

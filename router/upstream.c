@@ -8,18 +8,18 @@
  *   pcr_upstream_send -> [idle conn | new conn (connect) | wait queue]
  *        -> write request -> on_head -> on_body* -> on_done -> conn back to the pool
  *
- * Holding (routing.hold_tokens, pcr/hold.h): a streamed completion counts its uncached prefill
- * in `sent_prefill`, its pool's and its backend's (every worker's), from when it gets a
- * connection until its first event (pcr_upstream_prefill_done) or its end. While the backend's
- * is at the budget, new streams join the wait queue too ("held"), and whoever waits goes
- * highest pcr_hold_rank first, save that a held stream goes before one of this worker's that
- * counts on the blocks it brings (held_bringer). Requests that are not streams rank as no
- * prefill and are never held; they and small streams (pcr_hold_small, unless they count on a
- * held one) go while the budget is spent. A completion that is not streamed shows no first
- * token before its answer, yet its prefill is in the pod's queue all the same: it counts from
- * when it gets a connection until the time the caller estimates for its first token behind
- * what was sent before it (cbs->prefill_us, a timer: prefill_due), or its answer, whichever
- * comes first (pcr_upstream_send_unstreamed). With no budget the queue stays FIFO. A queued
+ * Holding (routing.hold_tokens, pcr/hold.h): a completion counts its uncached prefill in
+ * `sent_prefill`, its pool's and its backend's (every worker's), from when it gets a connection
+ * until its first event (pcr_upstream_prefill_done) or its end. One that is not streamed shows
+ * no first token before its whole answer, yet its prefill is in the pod's queue all the same:
+ * it counts until the time the caller estimates for its first token behind what was sent
+ * before it (cbs->prefill_us, a timer: prefill_due), or its answer, whichever comes first
+ * (pcr_upstream_send_unstreamed). While the backend's count is at the budget, new completions
+ * join the wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first, save
+ * that a held one goes before one of this worker's that counts on the blocks it brings
+ * (held_bringer). Other requests rank as no prefill and are never held; they and small
+ * completions (pcr_hold_small, unless they count on a held one) go while the budget is spent.
+ * With no budget the queue stays FIFO. A queued
  * request keeps its place until timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a
  * held one), and a held one until its backend leaves rotation (pcr_upstream_fail_held:
  * PCR_UP_HELD_OUT, from the worker's tick).
@@ -88,8 +88,9 @@ struct pcr_upreq {
     uint64_t ahead;                  /* the backend's sent_prefill when it was charged */
     uint64_t t_sent;                 /* when it was charged (went to the pod), us */
     pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
-    int stream;                      /* counts against routing.hold_tokens, may be held */
-    int unstreamed;                  /* counts against it until an estimate, never held */
+    int budgeted;                    /* a completion: counts against routing.hold_tokens, may
+                                        be held */
+    int estimated;                   /* not streamed: its prefill leaves at an estimate */
     int charged;                     /* its prefill is in pool->sent_prefill */
     int held;                        /* was queued because the budget was spent */
     int in_hold;                     /* ... and still is (the backend's `held` gauge) */
@@ -211,13 +212,13 @@ static void prefill_arm(pcr_upreq_t *r)
 
 static void charge(pcr_upreq_t *r)
 {
-    if ((r->stream || r->unstreamed) && !r->charged) {
+    if (r->budgeted && !r->charged) {
         r->ahead = PCR_LOAD(r->pool->be->sent_prefill);
         r->t_sent = pcr_now_us();
         r->pool->sent_prefill += r->prefill;
         PCR_ADD(r->pool->be->sent_prefill, r->prefill);
         r->charged = 1;
-        if (r->unstreamed)
+        if (r->estimated)
             prefill_arm(r);
     }
 }
@@ -260,10 +261,10 @@ static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go
     unsigned seen = 0, fewest = 0;
     for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
         if ((held_only && !w->in_hold) ||
-            (w->stream && !streams_go && (w->in_hold || !pcr_hold_small(w->prefill))))
+            (w->budgeted && !streams_go && (w->in_hold || !pcr_hold_small(w->prefill))))
             continue;
         unsigned busy = owner_busy(w);
-        double k = rank_at(now, w->t_queued, w->stream ? w->prefill : 0);
+        double k = rank_at(now, w->t_queued, w->budgeted ? w->prefill : 0);
         if (best == NULL || busy < fewest || (busy == fewest && k > rank)) {
             best = w;
             rank = k;
@@ -915,7 +916,7 @@ static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
 static void req_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
-    if (r->stream && !r->charged &&
+    if (r->budgeted && !r->charged &&
         ((!hold_open(pool) && !pcr_hold_small(r->prefill)) || held_bringer(pool, r) != NULL)) {
         /* The backend's prefill queue is full (and this one's own prefill is not too small
          * to matter), or what it counts on waits. */
@@ -950,7 +951,7 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
 }
 
 static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
-                             int stream, int unstreamed, uint64_t prefill,
+                             int budgeted, int estimated, uint64_t prefill,
                              const pcr_up_prefix_t *prefix, const pcr_upstream_cbs_t *cbs,
                              void *ctx)
 {
@@ -965,8 +966,8 @@ static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evb
     r->cbs = cbs;
     r->ctx = ctx;
     r->owner = cbs->owner != NULL ? cbs->owner(ctx) : NULL;
-    r->stream = stream;
-    r->unstreamed = unstreamed && prefill > 0;
+    r->budgeted = budgeted;
+    r->estimated = estimated && prefill > 0;
     r->prefill = prefill;
     if (prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
         r->prefix = *prefix;
@@ -982,9 +983,10 @@ pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, str
 
 pcr_upreq_t *pcr_upstream_send_unstreamed(pcr_pool_t *pool, struct evbuffer *head,
                                           struct evbuffer *body, uint64_t prefill,
+                                          const pcr_up_prefix_t *prefix,
                                           const pcr_upstream_cbs_t *cbs, void *ctx)
 {
-    return send_req(pool, head, body, 0, 1, prefill, NULL, cbs, ctx);
+    return send_req(pool, head, body, 1, 1, prefill, prefix, cbs, ctx);
 }
 
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,

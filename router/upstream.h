@@ -75,10 +75,10 @@ typedef struct pcr_pool {
     uint64_t sent_prefill;           /* uncached prefill sent, not yet at a first token: streams'
                                         and, until their estimate, unstreamed completions'
                                         (this worker's; the backend's counts every worker's) */
-    unsigned nheld;                  /* streams held in `waiters` */
+    unsigned nheld;                  /* completions held in `waiters` */
     struct pcr_worker *worker;       /* the owner, told when the pod's budget opens while
-                                        another worker holds streams for it (NULL: nobody) */
-    struct pcr_upreq *best_held;     /* the held stream published as this worker's next */
+                                        another worker holds completions for it (NULL: nobody) */
+    struct pcr_upreq *best_held;     /* the held one published as this worker's next */
 } pcr_pool_t;
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
@@ -98,8 +98,8 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
 pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
                                     const pcr_upstream_cbs_t *cbs, void *ctx);
 
-/* The prefix a stream was routed with, for the order among held streams: a held stream goes
- * before one that counts as cached the blocks it brings to the pod (pcr_hold_depends). `blocks`
+/* The prefix a completion was routed with, for the order among held ones: a held completion
+ * goes before one that counts as cached the blocks it brings to the pod (pcr_hold_depends). `blocks`
  * is the caller's and stays unchanged until the request ends; NULL (or nblocks 0): no key. */
 typedef struct {
     const uint64_t *blocks;          /* the key's chained block hashes */
@@ -110,24 +110,25 @@ typedef struct {
 
 /* As pcr_upstream_send_body(), for a streamed completion with `prefill` tokens of uncached
  * prefill, routed with `prefix` (NULL: none). It counts against routing.hold_tokens, with every
- * worker's streams to the backend, from when it is sent until pcr_upstream_prefill_done() or
- * its end. While the budget is spent, such requests wait in the pool and go highest
- * pcr_hold_rank first over every worker (pcr/hold.h), except that a stream held on this worker
- * whose blocks the first counts on goes before it; or they fail with PCR_UP_HELD after
+ * worker's completions to the backend, from when it is sent until pcr_upstream_prefill_done()
+ * or its end. While the budget is spent, such requests wait in the pool and go highest
+ * pcr_hold_rank first over every worker (pcr/hold.h), except that a completion held on this
+ * worker whose blocks the first counts on goes before it; or they fail with PCR_UP_HELD after
  * timeouts.response_ms. */
 pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
                                       struct evbuffer *body, uint64_t prefill,
                                       const pcr_up_prefix_t *prefix,
                                       const pcr_upstream_cbs_t *cbs, void *ctx);
 
-/* As pcr_upstream_send_body(), for a completion that is not streamed, with `prefill` tokens
- * of uncached prefill (0: as pcr_upstream_send_body). It shows no first token before its
- * answer, yet its prefill is in the pod's queue: it counts against routing.hold_tokens (and in
- * pcr_upstream_sent_ahead() of the streams sent after it) from when it is sent until
- * cbs->prefill_us() later (then cbs->on_prefill_due()), its answer's first body byte
- * (pcr_upstream_prefill_done) or its end, whichever comes first. It is never held itself. */
+/* As pcr_upstream_send_stream(), for a completion that is not streamed. It shows no first
+ * token before its whole answer, yet its prefill is in the pod's queue: it is held and counts
+ * against routing.hold_tokens (and in pcr_upstream_sent_ahead() of what is sent after it) as a
+ * stream does, from when it is sent until cbs->prefill_us() later (then
+ * cbs->on_prefill_due()), its answer's first body byte (pcr_upstream_prefill_done) or its end,
+ * whichever comes first. */
 pcr_upreq_t *pcr_upstream_send_unstreamed(pcr_pool_t *pool, struct evbuffer *head,
                                           struct evbuffer *body, uint64_t prefill,
+                                          const pcr_up_prefix_t *prefix,
                                           const pcr_upstream_cbs_t *cbs, void *ctx);
 
 /* The stream's first event came back: its prefill is done and leaves the budget; held requests

@@ -1,8 +1,8 @@
-"""Holding streams at the router (routing.hold_tokens, include/pcr/hold.h): while a pod has
-that many uncached prompt tokens sent and not yet at their first event, further streams wait
-in pcrouter and go highest response ratio first; requests that are not streams never wait for
-the budget; a held request ends with a clear 503 at timeouts.response_ms, and a client that
-leaves gives its place back.
+"""Holding completions at the router (routing.hold_tokens, include/pcr/hold.h): while a pod
+has that many uncached prompt tokens sent and not yet at their first event, further ones wait
+in pcrouter and go highest response ratio first (a non-streamed completion's prefill counts
+until its expected first token); other requests never wait for the budget; a held request
+ends with a clear 503 at timeouts.response_ms, and a client that leaves gives its place back.
 
 The stub pod's `prefill_gate` keeps a stream's first event back (its head goes at once, as
 vLLM's does), so the test decides when a prefill ends. Prompts are 4 bytes a token, and no two
@@ -458,17 +458,25 @@ def test_time_held_in_pcrouter_is_not_taken_for_the_pods_slowness(stub_factory, 
     assert speed() > prior / 2, speed()
 
 
-def test_requests_that_are_not_streams_are_not_held(stub_factory, router_factory, streams):
-    """A non-streamed completion shows no first token before its answer, so nothing would
-    release it: it is never held, and goes through while the pod's budget is spent."""
+def test_a_non_streamed_completion_is_held_as_a_stream_is(stub_factory, router_factory,
+                                                         streams):
+    """A non-streamed completion's prefill is in the pod's queue as a stream's is: N (2000
+    tokens) is held while A fills the budget, and goes when A's first token comes. A request
+    that is not a completion (no prompt, nothing to prefill) goes through meanwhile."""
     a, r = one_pod(stub_factory, router_factory)
     start(streams, r, "A", 8000, prefill_gate="ga")
     wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
-    resp = curl(r.url("/v1/completions"), completion(text("N", 8000), tag="N"), timeout=10)
-    assert resp.status == 200, resp
-    assert held(r) == 0
+    n = CurlStream(r.url("/v1/completions"), completion(text("N", 8000), tag="N"))
+    streams.append(n)
+    wait_for(lambda: held(r) == 1, 15, what="N held")
+    other = curl(r.url("/v1/embeddings"), {"model": "stub-model", "input": "hi"}, timeout=10)
+    assert other.status != 503 and held(r) == 1, other
+    assert tags_seen(a) == ["A"]
     a.release("ga")
-    all_done(streams)
+    rc, out = n.finish(30)
+    assert rc == 0 and b" 200 " in out.split(b"\r\n", 1)[0], out[:300]
+    assert tags_seen(a) == ["A", "N"]
+    all_done(streams[:1])
 
 
 def queued(r):

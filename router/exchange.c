@@ -933,7 +933,8 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
 static unsigned *on_up_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
 
 /* An unstreamed completion's first token, as the policy expects it of its pod behind `tokens`
- * of prefill (what was sent before it, and its own): learned from streams, or configured. */
+ * of prefill (what was sent before it, and its own): at the rate learned from streams, or the
+ * policy's starting one. */
 static uint64_t on_up_prefill_us(void *arg, uint64_t tokens)
 {
     pcr_exchange_t *ex = arg;

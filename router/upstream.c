@@ -19,10 +19,9 @@
  * that a held one goes before one of this worker's that counts on the blocks it brings
  * (held_bringer). Other requests rank as no prefill and are never held; they and small
  * completions (pcr_hold_small, unless they count on a held one) go while the budget is spent.
- * With no budget the queue stays FIFO. A queued
- * request keeps its place until timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a
- * held one), and a held one until its backend leaves rotation (pcr_upstream_fail_held:
- * PCR_UP_HELD_OUT, from the worker's tick).
+ * With no budget the queue stays FIFO. A queued request keeps its place until
+ * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
+ * its backend leaves rotation (pcr_upstream_fail_held: PCR_UP_HELD_OUT, from the worker's tick).
  * The budget is the pod's, so a stream's first token on one worker may be what another's held
  * streams wait for, and the order is the pod's too: a release sends this worker's best held
  * stream only while no other worker's ranks higher (below, "one rank order"); when the budget is

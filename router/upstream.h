@@ -99,8 +99,9 @@ pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, str
                                     const pcr_upstream_cbs_t *cbs, void *ctx);
 
 /* The prefix a completion was routed with, for the order among held ones: a held completion
- * goes before one that counts as cached the blocks it brings to the pod (pcr_hold_depends). `blocks`
- * is the caller's and stays unchanged until the request ends; NULL (or nblocks 0): no key. */
+ * goes before one that counts as cached the blocks it brings to the pod (pcr_hold_depends).
+ * `blocks` is the caller's and stays unchanged until the request ends; NULL (or nblocks 0): no
+ * key. */
 typedef struct {
     const uint64_t *blocks;          /* the key's chained block hashes */
     uint32_t nblocks;

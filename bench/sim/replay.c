@@ -167,6 +167,21 @@ static void on_req_pod(void *arg, const char *v, size_t n)
     snprintf(r->pod, sizeof r->pod, "%.*s", (int)n, v);
 }
 
+/* The answer's usage (an SSE event's, or a whole answer's): its completion tokens and cached
+ * prompt tokens. Returns whether it had its completion tokens. */
+static int take_usage(req_t *r, const cJSON *o)
+{
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    const cJSON *det = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+    const cJSON *cached = cJSON_GetObjectItemCaseSensitive(det, "cached_tokens");
+    if (cJSON_IsNumber(ct))
+        r->completion_tokens = (size_t)ct->valuedouble;
+    if (cJSON_IsNumber(cached))
+        r->cached_tokens = (size_t)cached->valuedouble;
+    return cJSON_IsNumber(ct);
+}
+
 static void sse_event(req_t *r, const char *ev, size_t n)
 {
     if (n < 6 || memcmp(ev, "data:", 5) != 0)
@@ -187,14 +202,7 @@ static void sse_event(req_t *r, const char *ev, size_t n)
     }
     if (memmem(d, dn, "\"usage\"", 7)) {
         cJSON *o = cJSON_ParseWithLength(d, dn);
-        const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
-        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
-        const cJSON *det = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
-        const cJSON *cached = cJSON_GetObjectItemCaseSensitive(det, "cached_tokens");
-        if (cJSON_IsNumber(ct))
-            r->completion_tokens = (size_t)ct->valuedouble;
-        if (cJSON_IsNumber(cached))
-            r->cached_tokens = (size_t)cached->valuedouble;
+        take_usage(r, o);
         cJSON_Delete(o);
     }
 }
@@ -204,16 +212,7 @@ static int whole_answer(req_t *r)
 {
     size_t n = evbuffer_get_length(r->sse);
     cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->sse, -1), n);
-    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(o, "choices");
-    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
-    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
-    const cJSON *det = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
-    const cJSON *cached = cJSON_GetObjectItemCaseSensitive(det, "cached_tokens");
-    int ok = cJSON_IsArray(ch) && cJSON_IsNumber(ct);
-    if (ok)
-        r->completion_tokens = (size_t)ct->valuedouble;
-    if (ok && cJSON_IsNumber(cached))
-        r->cached_tokens = (size_t)cached->valuedouble;
+    int ok = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "choices")) && take_usage(r, o);
     cJSON_Delete(o);
     return ok ? 0 : -1;
 }

@@ -246,12 +246,12 @@ static double rank_at(uint64_t now, uint64_t t_queued, uint64_t prefill)
 static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r->owner : 0; }
 
 /* The waiter of highest rank now among the HOLD_SCAN oldest whose client has fewest requests on
- * pod connections (ties: the older, first in the queue): of the held streams only
- * (`held_only`), or of all, streams only while `streams_go`. Small streams (pcr_hold_small) that
- * only wait for a connection slot may go whatever the budget; one held because it counts on a
- * held stream's blocks waits for the budget as before, so that it reaches the pod after that
- * stream's prefill, not beside it on another connection. Requests that are not streams rank as
- * no prefill. */
+ * pod connections (ties: the older, first in the queue): of the held completions only
+ * (`held_only`), or of all, completions only while `streams_go`. Small completions
+ * (pcr_hold_small) that only wait for a connection slot may go whatever the budget; one held
+ * because it counts on a held one's blocks waits for the budget as before, so that it reaches
+ * the pod after that one's prefill, not beside it on another connection. Requests that are not
+ * completions rank as no prefill. */
 static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;

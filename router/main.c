@@ -205,7 +205,7 @@ static int run(const char *path)
      * runs checks, scrapes, lookups and the Redis link, no hot path): hiredis closes a socket
      * right after deleting its events, and with the changelist the epoll_ctl would come after
      * the close, when a worker may already have been given the same fd number. That is
-     * harmless (test/tsan.supp says why) but avoidable here, so it is avoided. */
+     * harmless (pcr_sock_base_new says why) but avoidable here, so it is avoided. */
     srv.base = event_base_new();
     srv.bus = pcr_bus_new(srv.nworkers);
     if (srv.base == NULL || srv.bus == NULL || pipe2(srv.wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {

@@ -130,9 +130,10 @@ bench-routing: deps-bench build
 	  $(if $(CAPACITY),--capacity-tokens $(CAPACITY)) $(if $(REPEAT),--repeat $(REPEAT)) \
 	  $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED))
 
-# cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py).
+# cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py);
+# UNSTREAMED=F as for bench-routing.
 bench-sweep: build
-	$(PY) bench/sweep.py --build $(BUILD)
+	$(PY) bench/sweep.py --build $(BUILD) $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED))
 
 # The attacks of the hardening tests at full scale: the router's RSS and CPU, and a
 # well-behaved client's p99, during each (needs only the test packages).

@@ -133,6 +133,10 @@ def main():
     ap.add_argument("--jitter-ms", type=float, default=0.0,
                     help="the router sees each first byte up to this many ms of model time late"
                          " (routing_offline --jitter-ms; default 0)")
+    ap.add_argument("--unstreamed", type=float, default=0.0, metavar="F",
+                    help="this fraction of the requests asks for a whole answer, the same ones"
+                         " as bench/routing.py --unstreamed sends (routing_offline"
+                         " --unstreamed; default 0); TTFT counts the streams")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     grid = json.loads(args.grid) if args.grid else {
@@ -152,7 +156,9 @@ def main():
         trace = os.path.join(wdir, "%s_%s_%d.jsonl" % (name, load, run))
         workloads.write(name, load, trace, run=run)
         r = run_offline(args.build, name, load, run, trace, variants,
-                        ["--jitter-ms", str(args.jitter_ms)] if args.jitter_ms else [], args.names)
+                        (["--jitter-ms", str(args.jitter_ms)] if args.jitter_ms else []) +
+                        (["--unstreamed", str(args.unstreamed)] if args.unstreamed else []),
+                        args.names)
         print("%-14s %-5s run %d: %5d requests, ceiling %.3f (%.0fs)" % (
             name, load, run, r["requests"], r["ceiling"], time.monotonic() - t0), flush=True)
         return job, {"baselines": [x for x in r["results"] if x["label"] in BASELINES],

@@ -39,6 +39,11 @@ static void usage(FILE *f)
 "                        default 0), so learns the pods' rates from later times and sends\n"
 "                        held requests that much later: a real run's network and\n"
 "                        scheduling, in model time\n"
+"  --unstreamed F        this fraction of the rows asks for a whole answer (\"stream\":\n"
+"                        false), the same rows as replay --unstreamed picks: its prefill\n"
+"                        leaves the hold budget at the policy's expected first token (as\n"
+"                        pcrouter's prefill timer), or at its answer if that is earlier;\n"
+"                        TTFT counts streams only (default 0)\n"
 "  --scrape-ms F         model time between two reads of the pods' queues (default 20000:\n"
 "                        pcrouter's 1 s health interval in a real run at time scale 20)\n"
 "  --policies LIST       of round_robin,least_loaded,consistent_hash,cache_aware,haproxy_hash\n"
@@ -50,7 +55,9 @@ static void usage(FILE *f)
 "                        this many times its cache), \"hold_tokens\" (as in the\n"
 "                        config, default 20480; HAProxy never holds) and \"hold_deps\"\n"
 "                        (boolean, default true: a held request goes before one that\n"
-"                        counts on the blocks it brings, as pcrouter does)\n"
+"                        counts on the blocks it brings, as pcrouter does) and\n"
+"                        \"hold_unstreamed\" (boolean, default true, as pcrouter; false: an\n"
+"                        unstreamed completion goes at once, counted as it is when held)\n"
 "  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
 "Columns: pred/del is the cached tokens the index predicted over those the pods delivered\n"
@@ -113,13 +120,14 @@ static void variant_defaults(off_variant_t *v)
     v->feedback = 1;
     v->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
     v->hold_deps = 1;
+    v->hold_unstreamed = 1;
 }
 
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
     static const char *const other[] = {"vnodes", "observe", "feedback", "index_capacity",
-                                        "hold_tokens", "hold_deps"};
+                                        "hold_tokens", "hold_deps", "hold_unstreamed"};
     cJSON *o = cJSON_Parse(json);
     int rc = -1;
     if (!cJSON_IsObject(o)) {
@@ -146,7 +154,8 @@ static int apply_routing(off_variant_t *v, const char *json)
         num_key(o, "index_capacity", 0.001, 1000, &v->index_capacity) ||
         num_key(o, "hold_tokens", 0, 4294967295.0, &v->hold_tokens) ||
         bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback) ||
-        bool_key(o, "hold_deps", &v->hold_deps))
+        bool_key(o, "hold_deps", &v->hold_deps) ||
+        bool_key(o, "hold_unstreamed", &v->hold_unstreamed))
         goto out;
     v->opts.vnodes = (unsigned)vnodes;
     rc = 0;
@@ -227,6 +236,7 @@ static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double 
     cJSON_AddStringToObject(j, "label", v->label);
     cJSON_AddNumberToObject(j, "completed", (double)r->completed);
     cJSON_AddNumberToObject(j, "errors", (double)r->errors);
+    cJSON_AddNumberToObject(j, "completed_streams", (double)r->completed_streams);
     cJSON_AddNumberToObject(j, "hit_rate", r->hit_rate);
     cJSON_AddNumberToObject(j, "ceiling", ceiling);
     cJSON_AddNumberToObject(j, "fraction_of_ceiling", r->hit_rate / ceiling);
@@ -243,6 +253,11 @@ static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double 
     cJSON_AddNumberToObject(t, "p90", r->ttft_p90_ms);
     cJSON_AddNumberToObject(t, "p99", r->ttft_p99_ms);
     cJSON_AddNumberToObject(t, "mean", r->ttft_mean_ms);
+    if (r->due_n > 0) {   /* --unstreamed: the expected first token against the true one */
+        cJSON *e = cJSON_AddObjectToObject(j, "expected_first_token_error_ms");
+        cJSON_AddNumberToObject(e, "mean", r->due_err_us / (double)r->due_n / 1000.0);
+        cJSON_AddNumberToObject(e, "mean_abs", r->due_abs_err_us / (double)r->due_n / 1000.0);
+    }
     cJSON *rs = cJSON_AddObjectToObject(j, "reasons");
     for (int k = 0; k < PCR_REASON__COUNT; k++)
         if (r->reasons[k])
@@ -271,7 +286,7 @@ int main(int argc, char **argv)
     off_setup_t s = {.npods = 8, .capacity_tokens = 1000000, .m = SIM_MODEL_DEFAULTS,
                      .scrape_us = 20e6, .names = "pod-"};
     enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
-           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES };
+           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES, O_UNSTREAMED };
     const char *slowdown = NULL;
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
@@ -279,7 +294,7 @@ int main(int argc, char **argv)
         {"scrape-ms", 1, 0, O_SCRAPE}, {"policies", 1, 0, O_POL}, {"routing", 1, 0, O_ROUT},
         {"variant", 1, 0, O_VAR}, {"json", 1, 0, O_JSON}, {"quiet", 0, 0, O_QUIET},
         {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {"jitter-ms", 1, 0, O_JITTER},
-        {"names", 1, 0, O_NAMES}, {0, 0, 0, 0},
+        {"names", 1, 0, O_NAMES}, {"unstreamed", 1, 0, O_UNSTREAMED}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -308,6 +323,7 @@ int main(int argc, char **argv)
             bad = strlen(optarg) == 0 || strlen(optarg) > 64;
             s.names = optarg;
             break;
+        case O_UNSTREAMED: bad = parse_count(optarg, 0, 1, &s.unstreamed); break;
         case O_QUIET: quiet = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -45,6 +45,10 @@ typedef struct {
                                 * (uniform, seeded): what a real, time-scaled run adds */
     const char *names;         /* pod i is named names + i: the names place the pods on the
                                 * rings, so another prefix is another placement */
+    double unstreamed;         /* this fraction of the rows (rt_unstreamed) asks for a whole
+                                * answer: no first token for the router to see, so its prefill
+                                * leaves the budget at the policy's expected first token, as
+                                * pcrouter's prefill timer does; no TTFT, no rate observation */
 } off_setup_t;
 
 /* One routing configuration to simulate. */
@@ -61,10 +65,15 @@ typedef struct {
                                 * holds the rest (pcr/hold.h). 0: off */
     int hold_deps;             /* a held request goes before one that counts on the blocks it
                                 * brings (pcr_hold_depends; the router's rule, default on) */
+    int hold_unstreamed;       /* unstreamed completions are held as streams are (pcrouter's
+                                * rule, default on); off: they go at once, counted the same */
 } off_variant_t;
 
 typedef struct {
     size_t completed, errors;
+    size_t completed_streams;  /* of them, streams (the TTFT figures are theirs) */
+    size_t due_n;              /* unstreamed completions whose first token was expected */
+    double due_err_us, due_abs_err_us; /* sums of (expected - true first token), and of |...| */
     double hit_rate;           /* pods' cached tokens / prompt tokens */
     double predicted_tokens;   /* cached tokens the index predicted on the chosen pods */
     double delivered_tokens;   /* ... the pods delivered */

@@ -15,6 +15,11 @@
  *   TOKENS  decoding goes on in chunks of CHUNK tokens at the pod's current inter-token time;
  *           after the last one the pod releases the cache blocks and admits who can go
  *   SCRAPE  the router reads every pod's waiting queue, as its health scrape does
+ *   DUE     an unstreamed completion (--unstreamed) shows no first token: its prefill leaves
+ *           the queue and the budget at the policy's expected first token from its send
+ *           (pcr_policy_estimate_ttft, behind what the pod had been sent), as pcrouter's
+ *           prefill timer does, or at its last token if that comes first; it teaches no rate
+ *           and has no TTFT
  * A pod admits in FIFO order exactly as vllm_sim does (sim_model_admit). */
 #include <math.h>
 #include <stdio.h>
@@ -29,7 +34,7 @@
 #define CHUNK 8         /* tokens per TOKENS event: the batch changes little within 8 steps */
 #define NIL UINT32_MAX
 
-enum { EV_ARRIVE, EV_FIRST, EV_SEEN, EV_TOKENS, EV_SCRAPE };
+enum { EV_ARRIVE, EV_FIRST, EV_SEEN, EV_TOKENS, EV_SCRAPE, EV_DUE };
 
 typedef struct {
     double t;
@@ -53,13 +58,15 @@ typedef struct {
     uint32_t added_from;
     uint32_t hnext;            /* the pod's held requests */
     int held;                  /* was held: no feedback (see on_tokens) */
-    int settled;               /* reached its first token */
+    int settled;               /* reached its first token (unstreamed: its expected one) */
+    int unstreamed;            /* asks for a whole answer (rt_unstreamed) */
     uint32_t pnext;            /* its pod's requests in commit order (pending) */
     uint64_t settled_before;   /* pcr_policy_feedback's, as the router reads it at the send */
     pcr_decision_t d;
     double sent_us;            /* when it went to its pod */
     uint64_t ahead_at_send;    /* the pod's sent_prefill then (pcr_upstream_sent_ahead) */
     double late;               /* how late the router sees its first byte (--jitter-ms) */
+    double due_us;             /* unstreamed: when the router expects its first token, or 0 */
 } rstate_t;
 
 typedef struct {
@@ -211,13 +218,20 @@ static uint32_t *held_bringer(sim_t *S, size_t b, uint32_t i)
 
 /* Request i goes to pod b now: its send time and what the pod had been sent then are what its
  * first token teaches the policy (on_seen), held or not. */
-static void send_to_pod(sim_t *S, size_t b, uint32_t i, double now)
+static int send_to_pod(sim_t *S, size_t b, uint32_t i, double now)
 {
     opod_t *pod = &S->pods[b];
     S->st[i].sent_us = now;
     S->st[i].ahead_at_send = pod->sent_prefill;
     pod->sent_prefill += S->st[i].charged;
     enqueue(S, b, i);
+    if (S->st[i].unstreamed && S->policy != NULL) {
+        double us = pcr_policy_estimate_ttft(S->policy, (int)b,
+                                             S->st[i].ahead_at_send + S->st[i].charged);
+        S->st[i].due_us = now + (us > 0 ? us : 0);
+        return push(&S->h, S->st[i].due_us, EV_DUE, i);
+    }
+    return 0;
 }
 
 /* Sends pod b's held requests, highest rank first (or what the first counts on, first), while
@@ -244,7 +258,8 @@ static int release(sim_t *S, size_t b, double now)
         }
         uint32_t i = *best;
         *best = S->st[i].hnext;
-        send_to_pod(S, b, i, now);
+        if (send_to_pod(S, b, i, now) != 0)
+            return -1;
     }
     return admit_waiting(S, b, now);
 }
@@ -253,9 +268,11 @@ static int release(sim_t *S, size_t b, double now)
 static int send_or_hold(sim_t *S, size_t b, uint32_t i, double now)
 {
     opod_t *pod = &S->pods[b];
-    if ((pod->hold_head == NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) ||
+    if ((S->st[i].unstreamed && !S->v->hold_unstreamed) ||
+        (pod->hold_head == NIL && pcr_hold_open(pod->sent_prefill, hold_budget(S))) ||
         (pcr_hold_small(S->st[i].charged) && held_bringer(S, b, i) == NULL)) {
-        send_to_pod(S, b, i, now);
+        if (send_to_pod(S, b, i, now) != 0)
+            return -1;
         return admit_waiting(S, b, now);
     }
     uint32_t *p = &pod->hold_head;   /* at the tail: arrival order breaks ties */
@@ -337,10 +354,8 @@ static int next_tokens(sim_t *S, uint32_t i, double now)
                 EV_TOKENS, i);
 }
 
-/* The router sees request i's first token (its first byte, `late` after the pod sent it): the
- * prefill leaves the pod's queue and budget, held requests may go, and the time teaches the
- * policy the pod's rate. */
-static int on_seen(sim_t *S, uint32_t i, double now)
+/* Request i's prefill leaves its pod's queue and budget, and held requests may go. */
+static int settle(sim_t *S, uint32_t i, double now)
 {
     rstate_t *st = &S->st[i];
     size_t b = (size_t)st->pod;
@@ -348,7 +363,15 @@ static int on_seen(sim_t *S, uint32_t i, double now)
     S->loads[b].queued_prefill -= st->charged;
     S->pods[b].sent_prefill -= st->charged;
     st->charged = 0;
-    if (release(S, b, now) != 0)
+    return release(S, b, now);
+}
+
+/* The router sees request i's first token (its first byte, `late` after the pod sent it): it
+ * settles, and the time teaches the policy the pod's rate. */
+static int on_seen(sim_t *S, uint32_t i, double now)
+{
+    rstate_t *st = &S->st[i];
+    if (settle(S, i, now) != 0)
         return -1;
     if (S->v->observe && S->policy) {
         /* As router/exchange.c: a request's time counts from its send, behind what the pod
@@ -364,6 +387,14 @@ static int on_first(sim_t *S, uint32_t i, double now)
     rstate_t *st = &S->st[i];
     const off_req_t *r = &S->w->reqs[i];
     st->first_us = now;
+    st->sent = 1;
+    if (st->unstreamed && st->due_us > 0) {   /* how good the estimate was */
+        S->out->due_n++;
+        S->out->due_err_us += st->due_us - now;
+        S->out->due_abs_err_us += fabs(st->due_us - now);
+    }
+    if (st->unstreamed)   /* nothing reaches the router before the whole answer */
+        return st->sent >= r->max_tokens ? push(&S->h, now, EV_TOKENS, i) : next_tokens(S, i, now);
     S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
     /* How late the router sees it: its release of held requests waits as long as that. */
     st->late = S->s->jitter_us > 0
@@ -375,7 +406,6 @@ static int on_first(sim_t *S, uint32_t i, double now)
     } else if (on_seen(S, i, now) != 0) {
         return -1;
     }
-    st->sent = 1;
     if (st->sent >= r->max_tokens)
         return push(&S->h, now, EV_TOKENS, i);
     return next_tokens(S, i, now);
@@ -394,7 +424,11 @@ static int on_tokens(sim_t *S, uint32_t i, double now)
     pod->success++;
     S->loads[b].inflight--;
     S->out->completed++;
+    S->out->completed_streams += !st->unstreamed;
     S->finished++;
+    /* A whole answer before its expected first token: the router settles it now. */
+    if (st->unstreamed && !st->settled && settle(S, i, now) != 0)
+        return -1;
     double pred = (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / 4.0;
     if (pred > (double)r->prompt_tokens)
         pred = (double)r->prompt_tokens;
@@ -494,9 +528,11 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
     memset(out, 0, sizeof(*out));
     if (setup(&S) != 0)
         goto done;
-    for (uint32_t i = 0; i < w->n; i++)
+    for (uint32_t i = 0; i < w->n; i++) {
+        S.st[i].unstreamed = rt_unstreamed(i, s->unstreamed);
         if (push(&S.h, w->reqs[i].arrival_us, EV_ARRIVE, i) != 0)
             goto done;
+    }
     if (w->n && push(&S.h, w->reqs[0].arrival_us, EV_SCRAPE, 0) != 0)
         goto done;
     while (S.h.n > 0) {
@@ -508,6 +544,7 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
         case EV_SEEN: r = on_seen(&S, e.req, e.t); break;
         case EV_TOKENS: r = on_tokens(&S, e.req, e.t); break;
         case EV_SCRAPE: r = on_scrape(&S, e.t); break;
+        case EV_DUE: r = S.st[e.req].settled ? 0 : settle(&S, e.req, e.t); break;
         }
         if (r != 0)
             goto done;

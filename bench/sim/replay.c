@@ -298,12 +298,7 @@ static void send_one(size_t i)
     /* The prompt is lowercase words and spaces (synth.c): it needs no JSON escaping. */
     evbuffer_add_printf(body, "{\"model\":\"%s\",\"prompt\":\"", g.model);
     evbuffer_add_reference(body, prompt, plen, free_prompt, NULL);
-    /* The row's own draw (splitmix64 of its index): the same rows for every run. */
-    uint64_t z = (uint64_t)i + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    r->stream = !((double)(z >> 11) / 9007199254740992.0 < g.unstreamed);
+    r->stream = !rt_unstreamed(i, g.unstreamed);
     if (r->stream)
         evbuffer_add_printf(body, "\",\"max_tokens\":%zu,\"stream\":true,"
                             "\"stream_options\":{\"include_usage\":true}}", mt);

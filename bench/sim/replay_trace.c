@@ -157,6 +157,15 @@ void rt_sort(double *v, size_t n)
     qsort(v, n, sizeof(double), cmp_double);
 }
 
+int rt_unstreamed(size_t i, double fraction)
+{
+    uint64_t z = (uint64_t)i + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0 < fraction;
+}
+
 double rt_percentile(const double *sorted, size_t n, double p)
 {
     if (n == 0)

@@ -41,4 +41,9 @@ double rt_ceiling(const rt_trace_t *t, uint64_t capacity_tokens, uint64_t *hits,
 void rt_sort(double *v, size_t n);
 double rt_percentile(const double *sorted, size_t n, double p);
 
+/* Whether row i asks for a whole answer ("stream": false) when `fraction` of the rows do:
+ * drawn from the row's index (splitmix64), so that every run, the replayer's and
+ * routing_offline's alike, picks the same rows. */
+int rt_unstreamed(size_t i, double fraction);
+
 #endif

@@ -4,8 +4,8 @@ bench/sim/routing_offline (the policies before simulated pods in virtual time).
 Workloads: the same seed gives the same rows, rows are well formed, and each workload has the
 shape it claims (groups sharing a system prompt, chats whose turns extend their history).
 routing_offline: two runs of the same trace give the same figures, the pods' names are their
-placement on the rings, cache_aware keeps more of the ceiling than round robin, and bad input is
-refused with a message. Binaries come from $PCR_BUILD (default build/); every run is bounded in
+placement on the rings, cache_aware keeps more of the ceiling than round robin, unstreamed rows
+free the hold budget at their expected first token, and bad input is refused with a message. Binaries come from $PCR_BUILD (default build/); every run is bounded in
 time."""
 import json
 import math
@@ -143,3 +143,52 @@ def test_offline_counts_each_pods_prefill(tmp_path):
     assert a["round_robin"]["work_max_over_mean"] == 1.0, a["round_robin"]
     assert a["consistent_hash"]["work_max_over_mean"] == 8.0, a["consistent_hash"]
     assert a["consistent_hash"]["share_max_over_mean"] == 8.0, a["consistent_hash"]
+
+
+def unstreamed_draw(i):
+    """rt_unstreamed's draw for row i (splitmix64 of the index), as replay and routing_offline
+    compute it: a row asks for a whole answer when its draw is under the fraction."""
+    m = (1 << 64) - 1
+    z = (i + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    return (z >> 11) / 9007199254740992.0
+
+
+def test_offline_unstreamed_rows_free_the_budget_at_their_expected_first_token(tmp_path):
+    """--unstreamed F: the rows whose draw is under F ask for whole answers (the same rows as
+    the replayer's). They count in the hit rate, not in TTFT, and their prefill leaves the hold
+    budget at the policy's expected first token, not at the end of the answer: one pod, a budget
+    of 1000 tokens, an unstreamed 2048-token prompt with a 4000-token answer (over a minute of
+    decoding), then six streams that must wait for its prefill. Their TTFT stays far below the
+    answer's decoding time, where holding them until the answer would put all six past it."""
+    draws = [unstreamed_draw(i) for i in range(10)]
+    assert min(range(10), key=draws.__getitem__) == 3   # row 3 alone, at the fraction below
+    frac = (draws[3] + sorted(draws)[1]) / 2
+    trace = tmp_path / "unstreamed.jsonl"
+    with open(trace, "w") as f:
+        for i in range(10):
+            big = i >= 3
+            f.write(json.dumps({
+                "timestamp": 0 if i < 3 else 100 + 10 * i,
+                "input_length": 4 * workloads.BLOCK if big else 64,
+                "output_length": 4000 if i == 3 else 1,
+                "hash_ids": [100 * i + k for k in range(4 if big else 1)]}) + "\n")
+    args = ["--pods", "1", "--policies", "cache_aware", "--routing", '{"hold_tokens": 1000}']
+    a = run_offline(tmp_path, trace, *args, "--unstreamed", str(frac))["cache_aware"]
+    assert a["completed"] == 10 and a["completed_streams"] == 9 and a["errors"] == 0, a
+    assert a["ttft_ms_model"]["p99"] < 5000, a
+    assert a["makespan_s"] > 30, a   # the answer did take that long
+    # The expected first token against the true one, which the pod knows and the router not.
+    assert abs(a["expected_first_token_error_ms"]["mean"]) < 100, a
+    b = run_offline(tmp_path, trace, *args)["cache_aware"]
+    assert b["completed"] == 10 and b["completed_streams"] == 10, b
+    assert "expected_first_token_error_ms" not in b, b
+    # Every row unstreamed: no TTFT at all, and nothing lost.
+    c = run_offline(tmp_path, trace, *args, "--unstreamed", "1")["cache_aware"]
+    assert c["completed"] == 10 and c["completed_streams"] == 0, c
+    assert c["ttft_ms_model"]["p50"] is None, c
+    p = subprocess.run([OFFLINE, "--trace", str(trace), "--unstreamed", "1.5"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "bad value for --unstreamed" in p.stderr, p.stderr

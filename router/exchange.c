@@ -966,7 +966,6 @@ void pcr_exchange_on_writable(pcr_exchange_t *ex)
     }
 }
 
-/* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. */
 /* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. The body was
  * parsed and its prompt hashed while it arrived (pcr_exchange_add_body): what is left is the
  * reader's last step and the decision. */

@@ -388,23 +388,25 @@ static int on_first(sim_t *S, uint32_t i, double now)
     const off_req_t *r = &S->w->reqs[i];
     st->first_us = now;
     st->sent = 1;
-    if (st->unstreamed && st->due_us > 0) {   /* how good the estimate was */
-        S->out->due_n++;
-        S->out->due_err_us += st->due_us - now;
-        S->out->due_abs_err_us += fabs(st->due_us - now);
-    }
-    if (st->unstreamed)   /* nothing reaches the router before the whole answer */
-        return st->sent >= r->max_tokens ? push(&S->h, now, EV_TOKENS, i) : next_tokens(S, i, now);
-    S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
-    /* How late the router sees it: its release of held requests waits as long as that. */
-    st->late = S->s->jitter_us > 0
-                   ? S->s->jitter_us * (double)(next_random(&S->rng) >> 11) / 9007199254740992.0
-                   : 0;
-    if (st->late > 0) {
-        if (push(&S->h, now + st->late, EV_SEEN, i) != 0)
+    if (st->unstreamed) {
+        /* Nothing reaches the router before the whole answer; how good its estimate was. */
+        if (st->due_us > 0) {
+            S->out->due_n++;
+            S->out->due_err_us += st->due_us - now;
+            S->out->due_abs_err_us += fabs(st->due_us - now);
+        }
+    } else {
+        S->ttft[S->nttft++] = (now - r->arrival_us) / 1000.0;
+        /* How late the router sees it: its release of held requests waits as long as that. */
+        st->late = S->s->jitter_us > 0 ? S->s->jitter_us * (double)(next_random(&S->rng) >> 11) /
+                                             9007199254740992.0
+                                       : 0;
+        if (st->late > 0) {
+            if (push(&S->h, now + st->late, EV_SEEN, i) != 0)
+                return -1;
+        } else if (on_seen(S, i, now) != 0) {
             return -1;
-    } else if (on_seen(S, i, now) != 0) {
-        return -1;
+        }
     }
     if (st->sent >= r->max_tokens)
         return push(&S->h, now, EV_TOKENS, i);

@@ -60,6 +60,10 @@ static void usage(FILE *f)
 "                        unstreamed completion goes at once, counted as it is when held)\n"
 "  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
+"  --requests FILE       write one JSON line per finished request (every policy's, labelled):\n"
+"                        its pod and route, matched blocks, uncached prefill, cached tokens,\n"
+"                        time held at the router, prefill ahead at its send, TTFT and end to\n"
+"                        end, in ms of model time (as pcrouter's access log, for comparing)\n"
 "Columns: pred/del is the cached tokens the index predicted over those the pods delivered\n"
 "within the prefix it sees (max_prefix_bytes); |error| the mean per-request difference\n"
 "over the prompt tokens.\n"
@@ -277,7 +281,7 @@ static int parse_count(const char *s, double lo, double hi, double *out)
 
 int main(int argc, char **argv)
 {
-    const char *trace = NULL, *json = NULL, *routing = "{}";
+    const char *trace = NULL, *json = NULL, *routing = "{}", *requests = NULL;
     const char *policies = "round_robin,least_loaded,consistent_hash,cache_aware,haproxy_hash";
     const char *variants[MAX_VARIANTS];
     size_t nvariants = 0, limit = 0;
@@ -286,7 +290,7 @@ int main(int argc, char **argv)
     off_setup_t s = {.npods = 8, .capacity_tokens = 1000000, .m = SIM_MODEL_DEFAULTS,
                      .scrape_us = 20e6, .names = "pod-"};
     enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
-           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES, O_UNSTREAMED };
+           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES, O_UNSTREAMED, O_REQS };
     const char *slowdown = NULL;
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
@@ -294,7 +298,8 @@ int main(int argc, char **argv)
         {"scrape-ms", 1, 0, O_SCRAPE}, {"policies", 1, 0, O_POL}, {"routing", 1, 0, O_ROUT},
         {"variant", 1, 0, O_VAR}, {"json", 1, 0, O_JSON}, {"quiet", 0, 0, O_QUIET},
         {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {"jitter-ms", 1, 0, O_JITTER},
-        {"names", 1, 0, O_NAMES}, {"unstreamed", 1, 0, O_UNSTREAMED}, {0, 0, 0, 0},
+        {"names", 1, 0, O_NAMES}, {"unstreamed", 1, 0, O_UNSTREAMED},
+        {"requests", 1, 0, O_REQS}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -317,6 +322,7 @@ int main(int argc, char **argv)
                 variants[nvariants++] = optarg;
             break;
         case O_JSON: json = optarg; break;
+        case O_REQS: requests = optarg; break;
         case O_SLOW: slowdown = optarg; break;
         case O_JITTER: bad = parse_count(optarg, 0, 1e6, &v); s.jitter_us = v * 1000; break;
         case O_NAMES:
@@ -418,6 +424,11 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(all, "ceiling", ceiling);
     cJSON *arr = cJSON_AddArrayToObject(all, "results");
     rc = 0;
+    if (requests != NULL && (s.requests = fopen(requests, "w")) == NULL) {
+        fprintf(stderr, "routing_offline: cannot write %s\n", requests);
+        rc = 1;
+        nruns = 0;
+    }
     for (size_t k = 0; k < nruns; k++) {
         off_result_t res;
         if (off_run(&w, &s, &runs[k], &res) != 0) {
@@ -427,6 +438,10 @@ int main(int argc, char **argv)
         if (!quiet)
             print_row(&runs[k], &res, ceiling);
         cJSON_AddItemToArray(arr, result_json(&runs[k], &res, ceiling));
+    }
+    if (s.requests != NULL && (ferror(s.requests) | fclose(s.requests)) != 0) {
+        fprintf(stderr, "routing_offline: cannot write %s\n", requests);
+        rc = 1;
     }
     if (json) {
         char *text = cJSON_Print(all);

@@ -13,6 +13,7 @@
 #define PCR_BENCH_OFFLINE_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "pcr/policy.h"
@@ -49,6 +50,8 @@ typedef struct {
                                 * answer: no first token for the router to see, so its prefill
                                 * leaves the budget at the policy's expected first token, as
                                 * pcrouter's prefill timer does; no TTFT, no rate observation */
+    FILE *requests;            /* NULL, or one JSON line per finished request is written here
+                                * (--requests): the decision, the hold and the first token */
 } off_setup_t;
 
 /* One routing configuration to simulate. */

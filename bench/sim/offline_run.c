@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "offline.h"
 #include "pcr/hold.h"
 #include "pcr/ring.h"
@@ -413,6 +415,36 @@ static int on_first(sim_t *S, uint32_t i, double now)
     return next_tokens(S, i, now);
 }
 
+/* One line of --requests for request i, finished at `now`, as pcrouter's access log has it.
+ * -1 when out of memory. */
+static int write_request(sim_t *S, uint32_t i, double now)
+{
+    const off_req_t *r = &S->w->reqs[i];
+    const rstate_t *st = &S->st[i];
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "label", S->v->label);
+    cJSON_AddNumberToObject(j, "row", i);
+    cJSON_AddNumberToObject(j, "pod", st->pod);
+    cJSON_AddStringToObject(j, "route", pcr_reason_name(st->d.reason));
+    cJSON_AddNumberToObject(j, "matched_blocks", st->d.matched_blocks);
+    cJSON_AddNumberToObject(j, "total_blocks", (double)r->key.nblocks);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->prompt_tokens);
+    cJSON_AddNumberToObject(j, "uncached_prefill", (double)st->d.uncached_prefill);
+    cJSON_AddNumberToObject(j, "cached_tokens", (double)st->hit_tokens);
+    cJSON_AddNumberToObject(j, "held_ms", (st->sent_us - r->arrival_us) / 1000.0);
+    cJSON_AddNumberToObject(j, "prefill_ahead_tokens", (double)st->ahead_at_send);
+    cJSON_AddNumberToObject(j, "ttft_ms", (st->first_us - r->arrival_us) / 1000.0);
+    cJSON_AddNumberToObject(j, "e2e_ms", (now - r->arrival_us) / 1000.0);
+    cJSON_AddBoolToObject(j, "stream", !st->unstreamed);
+    char *line = cJSON_PrintUnformatted(j);
+    if (line != NULL)   /* a failed write shows at the file's close (ferror) */
+        fprintf(S->s->requests, "%s\n", line);
+    int rc = line != NULL ? 0 : -1;
+    cJSON_free(line);
+    cJSON_Delete(j);
+    return rc;
+}
+
 static int on_tokens(sim_t *S, uint32_t i, double now)
 {
     const off_req_t *r = &S->w->reqs[i];
@@ -443,6 +475,8 @@ static int on_tokens(sim_t *S, uint32_t i, double now)
      * the pod's account of it says nothing of what the pod evicted. */
     if (S->v->feedback && S->policy && !st->held)
         pcr_policy_feedback(S->policy, &r->key, &st->d, st->hit_tokens, st->settled_before);
+    if (S->s->requests != NULL && write_request(S, i, now) != 0)
+        return -1;
     if (now / 1e6 > S->out->makespan_s)
         S->out->makespan_s = now / 1e6;
     return admit_waiting(S, b, now);

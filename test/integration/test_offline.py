@@ -156,16 +156,12 @@ def unstreamed_draw(i):
     return (z >> 11) / 9007199254740992.0
 
 
-def test_offline_unstreamed_rows_free_the_budget_at_their_expected_first_token(tmp_path):
-    """--unstreamed F: the rows whose draw is under F ask for whole answers (the same rows as
-    the replayer's). They count in the hit rate, not in TTFT, and their prefill leaves the hold
-    budget at the policy's expected first token, not at the end of the answer: one pod, a budget
-    of 1000 tokens, an unstreamed 2048-token prompt with a 4000-token answer (over a minute of
-    decoding), then six streams that must wait for its prefill. Their TTFT stays far below the
-    answer's decoding time, where holding them until the answer would put all six past it."""
+def one_long_answer_then_streams(tmp_path):
+    """Three tiny requests at 0, then at 130 ms a 2048-token prompt with a 4000-token answer
+    (row 3), then six 2048-token streams 10 ms apart. Returns the trace and an --unstreamed
+    fraction that picks row 3 alone."""
     draws = [unstreamed_draw(i) for i in range(10)]
     assert min(range(10), key=draws.__getitem__) == 3   # row 3 alone, at the fraction below
-    frac = (draws[3] + sorted(draws)[1]) / 2
     trace = tmp_path / "unstreamed.jsonl"
     with open(trace, "w") as f:
         for i in range(10):
@@ -175,6 +171,17 @@ def test_offline_unstreamed_rows_free_the_budget_at_their_expected_first_token(t
                 "input_length": 4 * workloads.BLOCK if big else 64,
                 "output_length": 4000 if i == 3 else 1,
                 "hash_ids": [100 * i + k for k in range(4 if big else 1)]}) + "\n")
+    return trace, (draws[3] + sorted(draws)[1]) / 2
+
+
+def test_offline_unstreamed_rows_free_the_budget_at_their_expected_first_token(tmp_path):
+    """--unstreamed F: the rows whose draw is under F ask for whole answers (the same rows as
+    the replayer's). They count in the hit rate, not in TTFT, and their prefill leaves the hold
+    budget at the policy's expected first token, not at the end of the answer: one pod, a budget
+    of 1000 tokens, an unstreamed 2048-token prompt with a 4000-token answer (over a minute of
+    decoding), then six streams that must wait for its prefill. Their TTFT stays far below the
+    answer's decoding time, where holding them until the answer would put all six past it."""
+    trace, frac = one_long_answer_then_streams(tmp_path)
     args = ["--pods", "1", "--policies", "cache_aware", "--routing", '{"hold_tokens": 1000}']
     a = run_offline(tmp_path, trace, *args, "--unstreamed", str(frac))["cache_aware"]
     assert a["completed"] == 10 and a["completed_streams"] == 9 and a["errors"] == 0, a
@@ -192,3 +199,33 @@ def test_offline_unstreamed_rows_free_the_budget_at_their_expected_first_token(t
     p = subprocess.run([OFFLINE, "--trace", str(trace), "--unstreamed", "1.5"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "bad value for --unstreamed" in p.stderr, p.stderr
+
+
+def test_offline_requests_file_has_each_request_as_the_access_log_would(tmp_path):
+    """--requests FILE: one JSON line per finished request and policy, with the time it was held
+    at the router, so a live run's access log can be compared with the simulator's request by
+    request. In the trace above, with a budget of 1000 tokens, the six streams wait for the long
+    prompt's prefill (held, then their first token after), and the tiny ones never wait."""
+    trace, frac = one_long_answer_then_streams(tmp_path)
+    out = tmp_path / "requests.jsonl"
+    a = run_offline(tmp_path, trace, "--pods", "1", "--policies", "cache_aware,round_robin",
+                    "--routing", '{"hold_tokens": 1000}', "--unstreamed", str(frac),
+                    "--requests", str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for label in ("cache_aware", "round_robin"):
+        mine = {r["row"]: r for r in rows if r["label"] == label}
+        assert sorted(mine) == list(range(10)) and a[label]["completed"] == 10, mine
+        assert [mine[i]["stream"] for i in range(10)] == [i != 3 for i in range(10)]
+        for i, r in mine.items():
+            assert r["pod"] == 0 and 0 <= r["held_ms"] <= r["ttft_ms"] <= r["e2e_ms"], r
+            assert r["prompt_tokens"] == (2048 if i >= 3 else 64), r
+        assert all(mine[i]["held_ms"] == 0 for i in range(4)), mine
+    ca = {r["row"]: r for r in rows if r["label"] == "cache_aware"}
+    assert all(ca[i]["held_ms"] > 0 for i in range(4, 10)), ca   # held behind row 3
+    assert max(ca[i]["held_ms"] for i in range(4, 10)) < 5000, ca  # not until its answer
+    assert ca[3]["e2e_ms"] > 30000, ca[3]
+    assert ca[4]["route"] == "cold" and ca[4]["uncached_prefill"] == 2048, ca[4]
+    p = subprocess.run([OFFLINE, "--trace", str(trace), "--quiet", "--requests",
+                        str(tmp_path / "no" / "such" / "dir")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "cannot write" in p.stderr, p.stderr

@@ -77,6 +77,12 @@ typedef struct {
                                 * requests any warm pod serves as well are steered off a pod
                                 * nearing the bound, so that the ones only it holds warm need
                                 * not spill; default 2048, 0 = none */
+    double share_exempt_tokens;/* cache_aware: a request with at least this many tokens of
+                                * uncached prefill at its warmest backend is not held to the
+                                * share bound (the in-flight bound stands): it moves a share by
+                                * one request, but sent where the bound leaves room, behind the
+                                * longest queues, it waits seconds and delays all queued after
+                                * it; default 16384, 0 = none */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */

@@ -614,6 +614,75 @@ static void test_share_penalty_steers_equal_warmth(void)
     PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
 }
 
+/* share_exempt_tokens: every pod holds the system prompt; pod 0 is over its share bound (it
+ * has served 24 of 36 recent requests where the bound is 17) and has nothing queued, the others
+ * 100k tokens each. A short prompt keeps to the bound and queues behind them. A prompt of 30k
+ * uncached tokens is one request, a small step over the bound, but queued there it would
+ * wait 7 s and hold back everything after it: past share_exempt_tokens it goes to pod 0, and
+ * with the exemption off it does not. (Mooncake past its knee, live: 2 to 6 of 8 pods were over
+ * the bound at each long prompt's decision, so long prompts piled onto the pods that already
+ * had the longest queues, and their p99 was 10 to 22 s.) */
+static void test_share_exemption_lets_long_prompts_past_the_bound(void)
+{
+    for (int exempt = 0; exempt <= 1; exempt++) {
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        PCR_CHECK(o.share_exempt_tokens > 0 && o.share_exempt_tokens <= 30000);
+        if (!exempt)
+            o.share_exempt_tokens = 0;
+        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        pcr_backend_load_t l[NB];
+        pcr_decision_t d;
+        keybuf_t kb;
+        uint32_t from;
+        size_t len;
+        uint64_t t = 1;
+        char *s = prompt(0, 0, &len);
+        for (int b = 0; b < NB; b++)
+            for (int k = 0; k < 4; k++)
+                PCR_CHECK_EQ_INT(pcr_policy_commit(p, b, key_of(p, &kb, s, len), t++, &from), 0);
+        free(s);
+        for (int i = 0; i < 20; i++) {
+            s = prompt(100 + i, 512, &len);
+            pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from);
+            free(s);
+        }
+        all_usable(l, NB);
+        for (int b = 1; b < NB; b++) {
+            l[b].queued_prefill = 100000;
+            l[b].inflight = 3;
+        }
+        s = prompt(998, 512, &len);
+        s[SYS_BYTES] = '#';   /* none holds any of it past the system prompt */
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
+        printf("# exemption %s: a short prompt goes to pod %d\n", exempt ? "on" : "off",
+               d.backend);
+        PCR_CHECK(d.backend != 0);
+        free(s);
+        s = prompt(999, 120000, &len);
+        s[SYS_BYTES] = '#';
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
+        PCR_CHECK_EQ_INT(d.matched_blocks, SYS_BYTES / 256);
+        PCR_CHECK(d.uncached_prefill >= 30000);
+        printf("# exemption %s: a 30k-token prompt goes to pod %d (%s)\n", exempt ? "on" : "off",
+               d.backend, pcr_reason_name(d.reason));
+        if (exempt) {
+            PCR_CHECK_EQ_INT(d.backend, 0);
+            PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+        } else {
+            PCR_CHECK(d.backend != 0);
+        }
+        free(s);
+        pcr_policy_free(p);
+    }
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.share_exempt_tokens = -1;
+    PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+    o.share_exempt_tokens = NAN;
+    PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+}
+
 /* Observed times to first byte make a backend's rate: a pod 3x slower than the others is
  * passed over for new prompts while the others are idle, and weighs a third in the bounds;
  * pods that differ by the noise of a busy minute (within 25%) are all the same to the cost. */
@@ -1038,6 +1107,7 @@ int main(void)
     PCR_RUN(test_share_penalty_steers_equal_warmth);
     PCR_RUN(test_share_margin_keeps_requests_in_hand);
     PCR_RUN(test_share_charge_capped_by_the_prompt);
+    PCR_RUN(test_share_exemption_lets_long_prompts_past_the_bound);
     PCR_RUN(test_learned_rates);
     PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);
     PCR_RUN(test_the_overhead_is_learned_for_the_pool);

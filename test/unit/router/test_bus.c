@@ -190,6 +190,49 @@ static void test_tune_carries_the_share_margin(void)
     PCR_CHECK_EQ_INT(most[1], 365);
 }
 
+/* ... and share_exempt_tokens: 1000 prompts with a hot head and a tail of their own. Held to the
+ * share bound they spread (no pod over 366); at 1 token every one is exempt, and the pod that
+ * holds the head keeps them all. */
+static void test_tune_carries_the_share_exemption(void)
+{
+    int most[2];
+    for (int exempt = 0; exempt <= 1; exempt++) {
+        pcr_bus_t *bus = pcr_bus_new(1);
+        pcr_policy_t *w0 = replica();
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        o.share_penalty = 0;
+        o.share_exempt_tokens = exempt ? 1 : 0;
+        pcr_bus_tune(bus, &o);
+        PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
+        pcr_backend_load_t loads[3];
+        memset(loads, 0, sizeof(loads));
+        for (int i = 0; i < 3; i++)
+            loads[i].usable = 1;
+        int counts[3] = {0};
+        memset(prompt, 'h', sizeof(prompt) - 1);
+        for (int i = 0; i < 1000; i++) {
+            uint64_t blocks[1024];
+            pcr_key_t key;
+            pcr_decision_t d;
+            uint32_t from;
+            snprintf(prompt + 2048, 16, "%015d", i);
+            prompt[2048 + 15] = 't';
+            make_key(w0, prompt, &key, blocks);
+            pcr_policy_decide(w0, &key, loads, (uint64_t)i, &d);
+            pcr_policy_commit(w0, d.backend, &key, (uint64_t)i, &from);
+            counts[d.backend]++;
+        }
+        most[exempt] = 0;
+        for (int b = 0; b < 3; b++)
+            most[exempt] = counts[b] > most[exempt] ? counts[b] : most[exempt];
+        pcr_policy_free(w0);
+        pcr_bus_free(bus);
+    }
+    PCR_CHECK(most[0] <= 366);
+    PCR_CHECK_EQ_INT(most[1], 1000);
+}
+
 static int tapped[8];
 
 static void on_tap(const pcr_bus_msg_t *m, void *arg)
@@ -241,6 +284,7 @@ int main(void)
     PCR_RUN(test_observe_and_feedback_reach_the_others);
     PCR_RUN(test_control_reaches_every_worker);
     PCR_RUN(test_tune_carries_the_share_margin);
+    PCR_RUN(test_tune_carries_the_share_exemption);
     PCR_RUN(test_tap_sees_the_workers_updates_only);
     PCR_RUN(test_undrained_inbox_is_bounded);
     return pcr_test_done();

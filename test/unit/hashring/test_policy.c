@@ -566,6 +566,27 @@ static void test_share_charge_capped_by_the_prompt(void)
     pcr_policy_free(p);
 }
 
+/* Every pod serves the system prompt `per_pod` times, then pod 0 `to_pod0` prompts of its own
+ * behind it (512 bytes each). Returns the time of the next commit. */
+static uint64_t warm_all_then_pod0(pcr_policy_t *p, int per_pod, int to_pod0)
+{
+    keybuf_t kb;
+    uint32_t from;
+    size_t len;
+    uint64_t t = 1;
+    char *s = prompt(0, 0, &len);
+    for (int b = 0; b < NB; b++)
+        for (int k = 0; k < per_pod; k++)
+            PCR_CHECK_EQ_INT(pcr_policy_commit(p, b, key_of(p, &kb, s, len), t++, &from), 0);
+    free(s);
+    for (int i = 0; i < to_pod0; i++) {
+        s = prompt(100 + 2 * i, 512, &len);
+        pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from);
+        free(s);
+    }
+    return t;
+}
+
 /* share_penalty: every pod holds the system prompt; pod 0 has served more than its fair share
  * (still under the share bound) and has the shortest queue. A new conversation, as warm on any
  * pod, goes to pod 0 without the penalty and elsewhere with it. */
@@ -580,22 +601,12 @@ static void test_share_penalty_steers_equal_warmth(void)
         pcr_backend_load_t l[NB];
         pcr_decision_t d;
         keybuf_t kb;
-        uint32_t from;
         size_t len;
-        uint64_t t = 1;
-        char *s = prompt(0, 0, &len);
-        for (int b = 0; b < NB; b++)
-            PCR_CHECK_EQ_INT(pcr_policy_commit(p, b, key_of(p, &kb, s, len), t++, &from), 0);
-        free(s);
-        for (int i = 0; i < 8; i++) {
-            s = prompt(100 + 2 * i, 512, &len);
-            pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from);
-            free(s);
-        }
+        uint64_t t = warm_all_then_pod0(p, 1, 8);
         all_usable(l, NB);
         for (int b = 1; b < NB; b++)
             l[b].queued_prefill = 64;
-        s = prompt(999, 512, &len);
+        char *s = prompt(999, 512, &len);
         pcr_key_t *key = key_of(p, &kb, s, len);
         PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, t, &d), 0);
         PCR_CHECK_EQ_INT(d.matched_blocks, SYS_BYTES / 256);
@@ -634,25 +645,14 @@ static void test_share_exemption_lets_long_prompts_past_the_bound(void)
         pcr_backend_load_t l[NB];
         pcr_decision_t d;
         keybuf_t kb;
-        uint32_t from;
         size_t len;
-        uint64_t t = 1;
-        char *s = prompt(0, 0, &len);
-        for (int b = 0; b < NB; b++)
-            for (int k = 0; k < 4; k++)
-                PCR_CHECK_EQ_INT(pcr_policy_commit(p, b, key_of(p, &kb, s, len), t++, &from), 0);
-        free(s);
-        for (int i = 0; i < 20; i++) {
-            s = prompt(100 + i, 512, &len);
-            pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from);
-            free(s);
-        }
+        uint64_t t = warm_all_then_pod0(p, 4, 20);
         all_usable(l, NB);
         for (int b = 1; b < NB; b++) {
             l[b].queued_prefill = 100000;
             l[b].inflight = 3;
         }
-        s = prompt(998, 512, &len);
+        char *s = prompt(998, 512, &len);
         s[SYS_BYTES] = '#';   /* none holds any of it past the system prompt */
         PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
         printf("# exemption %s: a short prompt goes to pod %d\n", exempt ? "on" : "off",

@@ -144,21 +144,26 @@ static void test_control_reaches_every_worker(void)
     pcr_bus_free(bus);
 }
 
-/* The busiest of the three pods' count when one hot prompt is routed 1000 times. */
-static int busiest_of_1000(pcr_policy_t *p)
+/* The busiest of the three pods' count when one hot prompt is routed 1000 times; with `tails`,
+ * 1000 prompts that share its first 2 KiB and each end their own way. */
+static int busiest_of_1000(pcr_policy_t *p, int tails)
 {
-    uint64_t blocks[1024];
-    pcr_key_t key;
-    memset(prompt, 'h', sizeof(prompt) - 1);
-    make_key(p, prompt, &key, blocks);
     pcr_backend_load_t loads[3];
     memset(loads, 0, sizeof(loads));
     for (int i = 0; i < 3; i++)
         loads[i].usable = 1;
     int counts[3] = {0}, most = 0;
+    memset(prompt, 'h', sizeof(prompt) - 1);
     for (int i = 0; i < 1000; i++) {
+        uint64_t blocks[1024];
+        pcr_key_t key;
         pcr_decision_t d;
         uint32_t from;
+        if (tails) {
+            snprintf(prompt + 2048, 16, "%015d", i);
+            prompt[2048 + 15] = 't';
+        }
+        make_key(p, prompt, &key, blocks);
         pcr_policy_decide(p, &key, loads, (uint64_t)i, &d);
         pcr_policy_commit(p, d.backend, &key, (uint64_t)i, &from);
         counts[d.backend]++;
@@ -168,23 +173,30 @@ static int busiest_of_1000(pcr_policy_t *p)
     return most;
 }
 
+/* busiest_of_1000() on a replica tuned through the bus with `o`. */
+static int busiest_after_tune(const pcr_policy_opts_t *o, int tails)
+{
+    pcr_bus_t *bus = pcr_bus_new(1);
+    pcr_policy_t *w0 = replica();
+    pcr_bus_tune(bus, o);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
+    int most = busiest_of_1000(w0, tails);
+    pcr_policy_free(w0);
+    pcr_bus_free(bus);
+    return most;
+}
+
 /* A tune carries every option: with share_margin 1 (and no share penalty), the busiest pod of
  * a hot prompt ends one request further under the share bound (366 of 1000 without it). */
 static void test_tune_carries_the_share_margin(void)
 {
     int most[2];
     for (int margin = 0; margin <= 1; margin++) {
-        pcr_bus_t *bus = pcr_bus_new(1);
-        pcr_policy_t *w0 = replica();
         pcr_policy_opts_t o;
         pcr_policy_opts_default(&o);
         o.share_penalty = 0;
         o.share_margin = margin;
-        pcr_bus_tune(bus, &o);
-        PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
-        most[margin] = busiest_of_1000(w0);
-        pcr_policy_free(w0);
-        pcr_bus_free(bus);
+        most[margin] = busiest_after_tune(&o, 0);
     }
     PCR_CHECK_EQ_INT(most[0], 366);
     PCR_CHECK_EQ_INT(most[1], 365);
@@ -197,37 +209,11 @@ static void test_tune_carries_the_share_exemption(void)
 {
     int most[2];
     for (int exempt = 0; exempt <= 1; exempt++) {
-        pcr_bus_t *bus = pcr_bus_new(1);
-        pcr_policy_t *w0 = replica();
         pcr_policy_opts_t o;
         pcr_policy_opts_default(&o);
         o.share_penalty = 0;
         o.share_exempt_tokens = exempt ? 1 : 0;
-        pcr_bus_tune(bus, &o);
-        PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
-        pcr_backend_load_t loads[3];
-        memset(loads, 0, sizeof(loads));
-        for (int i = 0; i < 3; i++)
-            loads[i].usable = 1;
-        int counts[3] = {0};
-        memset(prompt, 'h', sizeof(prompt) - 1);
-        for (int i = 0; i < 1000; i++) {
-            uint64_t blocks[1024];
-            pcr_key_t key;
-            pcr_decision_t d;
-            uint32_t from;
-            snprintf(prompt + 2048, 16, "%015d", i);
-            prompt[2048 + 15] = 't';
-            make_key(w0, prompt, &key, blocks);
-            pcr_policy_decide(w0, &key, loads, (uint64_t)i, &d);
-            pcr_policy_commit(w0, d.backend, &key, (uint64_t)i, &from);
-            counts[d.backend]++;
-        }
-        most[exempt] = 0;
-        for (int b = 0; b < 3; b++)
-            most[exempt] = counts[b] > most[exempt] ? counts[b] : most[exempt];
-        pcr_policy_free(w0);
-        pcr_bus_free(bus);
+        most[exempt] = busiest_after_tune(&o, 1);
     }
     PCR_CHECK(most[0] <= 366);
     PCR_CHECK_EQ_INT(most[1], 1000);

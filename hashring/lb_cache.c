@@ -318,16 +318,12 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
     if (p->clock_ns != NULL)
         out->match_ns = p->clock_ns() - p->decide_t0;
-    uint32_t warmest_all = 0;
     for (size_t b = 0; b < p->n; b++)
-        if (loads[b].usable && p->matched[b] > warmest_all)
-            warmest_all = p->matched[b];
-    int exempt = p->o.share_exempt_tokens > 0 &&
-                 (double)uncached_tokens(p, key, warmest_all) >= p->o.share_exempt_tokens;
-    int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone, exempt);
-    for (size_t b = 0; b < p->n; b++)
-        if (p->usable[b] != NOT_USABLE && p->matched[b] > top)
+        if (loads[b].usable && p->matched[b] > top)
             top = p->matched[b];
+    int exempt = p->o.share_exempt_tokens > 0 &&
+                 (double)uncached_tokens(p, key, top) >= p->o.share_exempt_tokens;
+    int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone, exempt);
     if (top == 0) {
         out->backend = place_cold(p, key, loads, any_in_zone);
         out->reason = PCR_REASON_COLD;

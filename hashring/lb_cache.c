@@ -58,6 +58,21 @@
  * unchanged. (bench/sweep.py: 16384 met the 60 targets, as 0 and 12288 did, and cut Mooncake's
  * p99 past its knee from 8.8 to 7.0 s; 8192 met 59, 24576 55.)
  *
+ * What spills at the bound is whatever comes when a pod reaches it, and past the knee the
+ * share charge has faded (w is small), so the pods reach it with requests that any pod would
+ * serve as well: then a long prompt only one pod holds warm comes and spills, and its whole
+ * prefix is prefilled again elsewhere. On Mooncake past its knee, offline, one draw in five
+ * lost 0.105 of its ceiling's hit tokens in 24 spills, where spills cost 0.048 in another;
+ * one of them was a 19k-token prompt sent away from an idle pod that held all of it. So a pod
+ * share_reserve of the way from its fair share to the bound (0.8 by default) keeps the rest
+ * for the requests it saves at least share_reserve_tokens (4096) of prefill over every other
+ * pod: a cold request, or one as warm elsewhere, goes to another pod under both bounds, as
+ * early as it costs nothing. (bench/sweep.py, five draws of every workload and load: 297 of the
+ * 300 targets met draw by draw against 292, Mooncake past its knee 0.960 to 0.975 of the
+ * ceiling against 0.926 to 0.965, and the worst share 1.08 against 1.10; 0.5, 0.7 and 0.9 met
+ * 293, 293 and 294, and 1024, 2048 and 8192 tokens 295, 296 and 293. Its price: Mooncake's
+ * TTFT p50 past its knee 1326 ms against 1211, still within the target.)
+ *
  * The share bound counts requests by configured weight only. A learned speed is an estimate
  * that wanders past a pool's knee: identical pods looked 1.12 to 1.44 times faster or slower
  * than the median in live runs of Mooncake, and a share bound that followed it gave the one
@@ -95,7 +110,7 @@
 #define SHARE_CAP 0.75
 
 /* Scratch states in p->usable. */
-enum { NOT_USABLE = 0, OVER_BOUND = 1, UNDER_BOUND = 2 };
+enum { NOT_USABLE = 0, OVER_BOUND = 1, UNDER_BOUND = 2, RESERVED = 3 };
 
 static uint64_t mix64(uint64_t x)
 {
@@ -179,6 +194,43 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
         any_under |= under;
     }
     return any_under;
+}
+
+/* After mark_bounds: a backend under both bounds but share_reserve of the way to the share bound
+ * is passed over for a request it does not save share_reserve_tokens of prefill on against the
+ * next warmest usable backend, while another backend stays under both bounds. */
+static void keep_reserve(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads)
+{
+    if (p->o.share_reserve <= 0 || p->o.share_factor <= 0)
+        return;
+    uint32_t t1 = 0, t2 = 0;
+    for (size_t b = 0; b < p->n; b++) {
+        if (!loads[b].usable)
+            continue;
+        if (p->matched[b] > t1) {
+            t2 = t1;
+            t1 = p->matched[b];
+        } else if (p->matched[b] > t2) {
+            t2 = p->matched[b];
+        }
+    }
+    /* Tokens the warmest saves over the next (0 for every other backend), within the prompt. */
+    double saving = (double)(uncached_tokens(p, key, t2) - uncached_tokens(p, key, t1));
+    size_t left = 0, passed = 0;
+    for (size_t b = 0; b < p->n; b++) {
+        if (p->usable[b] != UNDER_BOUND)
+            continue;
+        double save = p->matched[b] == t1 ? saving : 0;
+        if (p->over_share[b] >= p->o.share_reserve && save < p->o.share_reserve_tokens) {
+            p->usable[b] = RESERVED;
+            passed++;
+        } else {
+            left++;
+        }
+    }
+    for (size_t b = 0; passed > 0 && b < p->n; b++)
+        if (p->usable[b] == RESERVED)
+            p->usable[b] = left > 0 ? OVER_BOUND : UNDER_BOUND;
 }
 
 static double zone_cost(const pcr_policy_t *p, size_t b)
@@ -324,6 +376,8 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     int exempt = p->o.share_exempt_tokens > 0 &&
                  (double)uncached_tokens(p, key, top) >= p->o.share_exempt_tokens;
     int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone, exempt);
+    if (any_under && !exempt)
+        keep_reserve(p, key, loads);
     if (top == 0) {
         out->backend = place_cold(p, key, loads, any_in_zone);
         out->reason = PCR_REASON_COLD;

@@ -22,6 +22,8 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->share_penalty = 2048;
     o->share_margin = 0;
     o->share_exempt_tokens = 16384;
+    o->share_reserve = 0.8;
+    o->share_reserve_tokens = 4096;
     o->zone_penalty = 2048;
     o->zone = NULL;
     o->vnodes = 160;
@@ -108,6 +110,7 @@ static int opts_valid(const pcr_policy_opts_t *o, size_t n)
            o->zone_penalty >= 0 &&
            (o->share_factor == 0 || o->share_factor >= 1.0) && o->share_penalty >= 0 &&
            o->share_margin >= 0 && o->share_exempt_tokens >= 0 &&
+           o->share_reserve >= 0 && o->share_reserve <= 1 && o->share_reserve_tokens >= 0 &&
            o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0;
 }
 
@@ -374,6 +377,8 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
     p->o.share_penalty = o->share_penalty;
     p->o.share_margin = o->share_margin;
     p->o.share_exempt_tokens = o->share_exempt_tokens;
+    p->o.share_reserve = o->share_reserve;
+    p->o.share_reserve_tokens = o->share_reserve_tokens;
     p->o.zone_penalty = o->zone_penalty;
     p->o.unavailable_keep = o->unavailable_keep;
     p->o.vnodes = o->vnodes;

@@ -25,7 +25,7 @@ typedef struct {
     uint64_t block_bytes, max_prefix_bytes, index_max_bytes, unavailable_keep;
     double load_factor, load_weight, zone_penalty;
     double inflight_factor, load_scale, share_factor, prefill_us_per_token, ttft_overhead_us;
-    double share_penalty, share_margin, share_exempt_tokens;
+    double share_penalty, share_margin, share_exempt_tokens, share_reserve, share_reserve_tokens;
 } tune_t;
 
 typedef struct {
@@ -207,6 +207,8 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
                 opts.share_penalty = t.share_penalty;
                 opts.share_margin = t.share_margin;
                 opts.share_exempt_tokens = t.share_exempt_tokens;
+                opts.share_reserve = t.share_reserve;
+                opts.share_reserve_tokens = t.share_reserve_tokens;
                 opts.prefill_us_per_token = t.prefill_us_per_token;
                 opts.ttft_overhead_us = t.ttft_overhead_us;
                 opts.zone = zone;
@@ -254,7 +256,8 @@ void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *o)
                 o->index_max_bytes, o->unavailable_keep, o->load_factor, o->load_weight,
                 o->zone_penalty, o->inflight_factor, o->load_scale, o->share_factor,
                 o->prefill_us_per_token, o->ttft_overhead_us, o->share_penalty,
-                o->share_margin, o->share_exempt_tokens};
+                o->share_margin, o->share_exempt_tokens, o->share_reserve,
+                o->share_reserve_tokens};
     memcpy(payload, &t, sizeof(t));
     memcpy((char *)payload + sizeof(t), zone, zl);
     msg_t m = {OP_TUNE, 0, 0, (uint32_t)words, 0, 0};

@@ -111,6 +111,8 @@ static const struct {
     {"share_factor", offsetof(pcr_policy_opts_t, share_factor), 0, 100},
     {"share_penalty", offsetof(pcr_policy_opts_t, share_penalty), 0, 1e9},
     {"share_exempt_tokens", offsetof(pcr_policy_opts_t, share_exempt_tokens), 0, 1e12},
+    {"share_reserve", offsetof(pcr_policy_opts_t, share_reserve), 0, 1},
+    {"share_reserve_tokens", offsetof(pcr_policy_opts_t, share_reserve_tokens), 0, 1e12},
     {"zone_penalty", offsetof(pcr_policy_opts_t, zone_penalty), 0, 1e9},
     {"prefill_us_per_token", offsetof(pcr_policy_opts_t, prefill_us_per_token), 1e-3, 1e6},
     {"ttft_overhead_us", offsetof(pcr_policy_opts_t, ttft_overhead_us), 0, 1e8},

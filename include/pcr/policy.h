@@ -83,6 +83,13 @@ typedef struct {
                                 * one request, but sent where the bound leaves room, behind the
                                 * longest queues, it waits seconds and delays all queued after
                                 * it; default 16384, 0 = none */
+    double share_reserve;      /* cache_aware: a backend this far from its fair share to the
+                                * share bound (0..1; 1 at the bound) takes only requests it
+                                * saves at least share_reserve_tokens of prefill over every
+                                * other backend, while another is under both bounds: its last
+                                * requests under the bound are kept for those that would lose
+                                * the most by spilling; default 0.8, 0 = none */
+    double share_reserve_tokens; /* ... default 4096 */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */

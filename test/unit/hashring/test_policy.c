@@ -508,6 +508,7 @@ static void test_share_margin_keeps_requests_in_hand(void)
         pcr_policy_opts_t o;
         pcr_policy_opts_default(&o);
         o.share_penalty = 0;
+        o.share_reserve = 0;   /* it would keep the busiest pod from the bound itself */
         o.share_margin = margin;
         pcr_policy_t *p = pcr_policy_new(&o, four, NB);
         pcr_backend_load_t l[NB];
@@ -538,6 +539,7 @@ static void test_share_charge_capped_by_the_prompt(void)
 {
     pcr_policy_opts_t o;
     pcr_policy_opts_default(&o);
+    o.share_reserve = 0;   /* near the bound, pod 0 would keep its room for longer prompts */
     pcr_policy_t *p = pcr_policy_new(&o, four, NB);
     pcr_backend_load_t l[NB];
     pcr_decision_t d;
@@ -595,6 +597,7 @@ static void test_share_penalty_steers_equal_warmth(void)
     for (int pen = 0; pen <= 1; pen++) {
         pcr_policy_opts_t o;
         pcr_policy_opts_default(&o);
+        o.share_reserve = 0;   /* the charge alone (the reserve has a test of its own) */
         if (!pen)
             o.share_penalty = 0;
         pcr_policy_t *p = pcr_policy_new(&o, four, NB);
@@ -681,6 +684,72 @@ static void test_share_exemption_lets_long_prompts_past_the_bound(void)
     PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
     o.share_exempt_tokens = NAN;
     PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+}
+
+/* share_reserve: pod 0 has served 9 of 12 requests, 0.84 of the way from its fair share to the
+ * share bound, and has the shortest queue; it alone holds a 10k-token prompt. With the share
+ * charge off, a new conversation that every pod holds as warm (the system prompt) goes to pod 0
+ * without the reserve and elsewhere with it; the next turn of the long prompt, which saves 10k
+ * tokens of prefill there, goes to pod 0 either way. (Mooncake past its knee: the pods met the
+ * bound with such requests, and a 19k-token prompt then spilled from an idle pod that held all of
+ * it.) */
+static void test_share_reserve_keeps_the_bound_for_warm_prompts(void)
+{
+    for (int reserve = 0; reserve <= 1; reserve++) {
+        pcr_policy_opts_t o;
+        pcr_policy_opts_default(&o);
+        o.share_penalty = 0;
+        if (!reserve)
+            o.share_reserve = 0;
+        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        pcr_backend_load_t l[NB];
+        pcr_decision_t d;
+        keybuf_t kb;
+        uint32_t from;
+        size_t len;
+        uint64_t t = warm_all_then_pod0(p, 1, 7);
+        char *s = prompt(500, 40000, &len);
+        PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from), 0);
+        free(s);
+        all_usable(l, NB);
+        for (int b = 1; b < NB; b++)
+            l[b].queued_prefill = 64;
+        s = prompt(999, 512, &len);
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
+        PCR_CHECK_EQ_INT(d.matched_blocks, SYS_BYTES / 256);
+        printf("# reserve %s: as warm everywhere, pod %d\n", reserve ? "on" : "off", d.backend);
+        if (reserve)
+            PCR_CHECK(d.backend != 0);
+        else
+            PCR_CHECK_EQ_INT(d.backend, 0);
+        free(s);
+        s = prompt(500, 41000, &len);
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
+        printf("# reserve %s: the long prompt's next turn, pod %d (%s, %u blocks)\n",
+               reserve ? "on" : "off", d.backend, pcr_reason_name(d.reason), d.matched_blocks);
+        PCR_CHECK_EQ_INT(d.backend, 0);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+        PCR_CHECK(d.matched_blocks >= 160);
+        free(s);
+        pcr_policy_free(p);
+    }
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    PCR_CHECK(o.share_reserve == 0.8 && o.share_reserve_tokens == 4096);
+    pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+    PCR_CHECK(p != NULL);
+    double bad[] = {-0.1, 1.5, NAN};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        o.share_reserve = bad[i];
+        PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+        PCR_CHECK_EQ_INT(pcr_policy_tune(p, &o), PCR_ERR_INVAL);
+    }
+    o.share_reserve = 0.8;
+    o.share_reserve_tokens = -1;
+    PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+    o.share_reserve_tokens = NAN;
+    PCR_CHECK(pcr_policy_new(&o, four, NB) == NULL);
+    pcr_policy_free(p);
 }
 
 /* Observed times to first byte make a backend's rate: a pod 3x slower than the others is
@@ -1108,6 +1177,7 @@ int main(void)
     PCR_RUN(test_share_margin_keeps_requests_in_hand);
     PCR_RUN(test_share_charge_capped_by_the_prompt);
     PCR_RUN(test_share_exemption_lets_long_prompts_past_the_bound);
+    PCR_RUN(test_share_reserve_keeps_the_bound_for_warm_prompts);
     PCR_RUN(test_learned_rates);
     PCR_RUN(test_an_unobserved_pod_looks_like_the_pool);
     PCR_RUN(test_the_overhead_is_learned_for_the_pool);

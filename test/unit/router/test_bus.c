@@ -195,11 +195,29 @@ static void test_tune_carries_the_share_margin(void)
         pcr_policy_opts_t o;
         pcr_policy_opts_default(&o);
         o.share_penalty = 0;
+        o.share_reserve = 0;
         o.share_margin = margin;
         most[margin] = busiest_after_tune(&o, 0);
     }
     PCR_CHECK_EQ_INT(most[0], 366);
     PCR_CHECK_EQ_INT(most[1], 365);
+}
+
+/* ... and share_reserve and its tokens: the replica's own defaults keep the busiest pod of the
+ * hot prompt at 360, six requests short of the bound (every pod holds the prompt, so none saves
+ * anything over another); tuned to no reserve, or to one that passes nothing over, it reaches
+ * the bound. */
+static void test_tune_carries_the_share_reserve(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.share_penalty = 0;
+    PCR_CHECK_EQ_INT(busiest_after_tune(&o, 0), 360);
+    o.share_reserve = 0;
+    PCR_CHECK_EQ_INT(busiest_after_tune(&o, 0), 366);
+    o.share_reserve = 0.8;
+    o.share_reserve_tokens = 0;
+    PCR_CHECK_EQ_INT(busiest_after_tune(&o, 0), 366);
 }
 
 /* ... and share_exempt_tokens: 1000 prompts with a hot head and a tail of their own. Held to the
@@ -271,6 +289,7 @@ int main(void)
     PCR_RUN(test_control_reaches_every_worker);
     PCR_RUN(test_tune_carries_the_share_margin);
     PCR_RUN(test_tune_carries_the_share_exemption);
+    PCR_RUN(test_tune_carries_the_share_reserve);
     PCR_RUN(test_tap_sees_the_workers_updates_only);
     PCR_RUN(test_undrained_inbox_is_bounded);
     return pcr_test_done();

@@ -589,36 +589,57 @@ static uint64_t warm_all_then_pod0(pcr_policy_t *p, int per_pod, int to_pod0)
     return t;
 }
 
+/* The default cache_aware policy with its share charge and its share reserve on or off. */
+static pcr_policy_t *share_policy(int penalty, int reserve)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    if (!penalty)
+        o.share_penalty = 0;
+    if (!reserve)
+        o.share_reserve = 0;
+    return pcr_policy_new(&o, four, NB);
+}
+
+/* Every backend usable, pod 0 with the shortest queue (64 tokens queued on each other). */
+static void pod0_least_queued(pcr_backend_load_t *l)
+{
+    all_usable(l, NB);
+    for (int b = 1; b < NB; b++)
+        l[b].queued_prefill = 64;
+}
+
+/* A new conversation, as warm on every pod (the system prompt), is decided at `t`: it goes to
+ * pod 0, or elsewhere when `away`. */
+static void new_conversation_goes(pcr_policy_t *p, const pcr_backend_load_t *l, uint64_t t,
+                                  int away, const char *what)
+{
+    pcr_decision_t d;
+    keybuf_t kb;
+    size_t len;
+    char *s = prompt(999, 512, &len);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
+    PCR_CHECK_EQ_INT(d.matched_blocks, SYS_BYTES / 256);
+    printf("# %s: a new conversation goes to pod %d\n", what, d.backend);
+    if (away)
+        PCR_CHECK(d.backend != 0);
+    else
+        PCR_CHECK_EQ_INT(d.backend, 0);
+    free(s);
+}
+
 /* share_penalty: every pod holds the system prompt; pod 0 has served more than its fair share
  * (still under the share bound) and has the shortest queue. A new conversation, as warm on any
  * pod, goes to pod 0 without the penalty and elsewhere with it. */
 static void test_share_penalty_steers_equal_warmth(void)
 {
     for (int pen = 0; pen <= 1; pen++) {
-        pcr_policy_opts_t o;
-        pcr_policy_opts_default(&o);
-        o.share_reserve = 0;   /* the charge alone (the reserve has a test of its own) */
-        if (!pen)
-            o.share_penalty = 0;
-        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        /* The charge alone (the reserve has a test of its own). */
+        pcr_policy_t *p = share_policy(pen, 0);
         pcr_backend_load_t l[NB];
-        pcr_decision_t d;
-        keybuf_t kb;
-        size_t len;
         uint64_t t = warm_all_then_pod0(p, 1, 8);
-        all_usable(l, NB);
-        for (int b = 1; b < NB; b++)
-            l[b].queued_prefill = 64;
-        char *s = prompt(999, 512, &len);
-        pcr_key_t *key = key_of(p, &kb, s, len);
-        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, t, &d), 0);
-        PCR_CHECK_EQ_INT(d.matched_blocks, SYS_BYTES / 256);
-        printf("# share penalty %s: pod %d\n", pen ? "on" : "off", d.backend);
-        if (pen)
-            PCR_CHECK(d.backend != 0);
-        else
-            PCR_CHECK_EQ_INT(d.backend, 0);
-        free(s);
+        pod0_least_queued(l);
+        new_conversation_goes(p, l, t, pen, pen ? "share penalty on" : "share penalty off");
         pcr_policy_free(p);
     }
     pcr_policy_opts_t o;
@@ -696,12 +717,7 @@ static void test_share_exemption_lets_long_prompts_past_the_bound(void)
 static void test_share_reserve_keeps_the_bound_for_warm_prompts(void)
 {
     for (int reserve = 0; reserve <= 1; reserve++) {
-        pcr_policy_opts_t o;
-        pcr_policy_opts_default(&o);
-        o.share_penalty = 0;
-        if (!reserve)
-            o.share_reserve = 0;
-        pcr_policy_t *p = pcr_policy_new(&o, four, NB);
+        pcr_policy_t *p = share_policy(0, reserve);
         pcr_backend_load_t l[NB];
         pcr_decision_t d;
         keybuf_t kb;
@@ -711,18 +727,8 @@ static void test_share_reserve_keeps_the_bound_for_warm_prompts(void)
         char *s = prompt(500, 40000, &len);
         PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from), 0);
         free(s);
-        all_usable(l, NB);
-        for (int b = 1; b < NB; b++)
-            l[b].queued_prefill = 64;
-        s = prompt(999, 512, &len);
-        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
-        PCR_CHECK_EQ_INT(d.matched_blocks, SYS_BYTES / 256);
-        printf("# reserve %s: as warm everywhere, pod %d\n", reserve ? "on" : "off", d.backend);
-        if (reserve)
-            PCR_CHECK(d.backend != 0);
-        else
-            PCR_CHECK_EQ_INT(d.backend, 0);
-        free(s);
+        pod0_least_queued(l);
+        new_conversation_goes(p, l, t, reserve, reserve ? "reserve on" : "reserve off");
         s = prompt(500, 41000, &len);
         PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
         printf("# reserve %s: the long prompt's next turn, pod %d (%s, %u blocks)\n",

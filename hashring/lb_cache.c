@@ -66,12 +66,15 @@
  * one of them was a 19k-token prompt sent away from an idle pod that held all of it. So a pod
  * share_reserve of the way from its fair share to the bound (0.8 by default) keeps the rest
  * for the requests it saves at least share_reserve_tokens (4096) of prefill over every other
- * pod: a cold request, or one as warm elsewhere, goes to another pod under both bounds, as
- * early as it costs nothing. (bench/sweep.py, five draws of every workload and load: 297 of the
- * 300 targets met draw by draw against 292, Mooncake past its knee 0.960 to 0.975 of the
- * ceiling against 0.926 to 0.965, and the worst share 1.08 against 1.10; 0.5, 0.7 and 0.9 met
- * 293, 293 and 294, and 1024, 2048 and 8192 tokens 295, 296 and 293. Its price: Mooncake's
- * TTFT p50 past its knee 1326 ms against 1211, still within the target.)
+ * pod, or half their prompt (RESERVE_SHARE): a cold request, or one as warm elsewhere, goes to
+ * another pod under both bounds, as early as it costs nothing, while a short conversation's
+ * next turn stays (the bound's slack is there for it). (bench/sweep.py, five draws of every
+ * workload and load: 296 of the 300 targets met draw by draw against 292, Mooncake past its
+ * knee 0.956 to 0.971 of the ceiling against 0.926 to 0.965, and the worst share 1.08 against
+ * 1.10. Without the half-prompt rule 297 and 0.960 to 0.975, but a 14k-character conversation
+ * left its pod at its ninth turn among four pods; share_reserve 0.5, 0.7 and 0.9 met 293, 293
+ * and 294, and 1024, 2048 and 8192 tokens 295, 296 and 293. Its price: Mooncake's TTFT p50 past
+ * its knee 1326 ms against 1211, still within the target.)
  *
  * The share bound counts requests by configured weight only. A learned speed is an estimate
  * that wanders past a pool's knee: identical pods looked 1.12 to 1.44 times faster or slower
@@ -108,6 +111,11 @@
  * pod holds is not one of them (share_penalty is 2048 tokens). Below the share bound, such a
  * request stays. */
 #define SHARE_CAP 0.75
+
+/* A request whose warmest backend saves it at least this share of its prompt is not one the
+ * share reserve moves, however short: most of its prefill is at stake (a conversation's next
+ * turn, a system prompt's next user), as SHARE_CAP says of the charge. */
+#define RESERVE_SHARE 0.5
 
 /* Scratch states in p->usable. */
 enum { NOT_USABLE = 0, OVER_BOUND = 1, UNDER_BOUND = 2, RESERVED = 3 };
@@ -198,7 +206,8 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
 
 /* After mark_bounds: a backend under both bounds but share_reserve of the way to the share bound
  * is passed over for a request it does not save share_reserve_tokens of prefill on against the
- * next warmest usable backend, while another backend stays under both bounds. */
+ * next warmest usable backend, nor RESERVE_SHARE of the request's own prompt, while another
+ * backend stays under both bounds. */
 static void keep_reserve(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads)
 {
     if (p->o.share_reserve <= 0 || p->o.share_factor <= 0)
@@ -221,7 +230,8 @@ static void keep_reserve(pcr_policy_t *p, const pcr_key_t *key, const pcr_backen
         if (p->usable[b] != UNDER_BOUND)
             continue;
         double save = p->matched[b] == t1 ? saving : 0;
-        if (p->over_share[b] >= p->o.share_reserve && save < p->o.share_reserve_tokens) {
+        if (p->over_share[b] >= p->o.share_reserve && save < p->o.share_reserve_tokens &&
+            save < RESERVE_SHARE * (double)key->prompt_tokens) {
             p->usable[b] = RESERVED;
             passed++;
         } else {

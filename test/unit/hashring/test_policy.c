@@ -711,7 +711,8 @@ static void test_share_exemption_lets_long_prompts_past_the_bound(void)
  * share bound, and has the shortest queue; it alone holds a 10k-token prompt. With the share
  * charge off, a new conversation that every pod holds as warm (the system prompt) goes to pod 0
  * without the reserve and elsewhere with it; the next turn of the long prompt, which saves 10k
- * tokens of prefill there, goes to pod 0 either way. (Mooncake past its knee: the pods met the
+ * tokens of prefill there, goes to pod 0 either way, and so does a short prompt pod 0 holds
+ * most of. (Mooncake past its knee: the pods met the
  * bound with such requests, and a 19k-token prompt then spilled from an idle pod that held all of
  * it.) */
 static void test_share_reserve_keeps_the_bound_for_warm_prompts(void)
@@ -736,6 +737,21 @@ static void test_share_reserve_keeps_the_bound_for_warm_prompts(void)
         PCR_CHECK_EQ_INT(d.backend, 0);
         PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
         PCR_CHECK(d.matched_blocks >= 160);
+        free(s);
+        /* A short prompt of its own (no shared system prompt, 1k tokens), one more request
+         * nearer the bound: it saves under 4096 tokens there, but most of its prefill, and
+         * stays, as a short conversation's next turn does. */
+        s = prompt(600, 2000, &len);
+        s[0] = 'z';
+        PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key_of(p, &kb, s, len), t++, &from), 0);
+        free(s);
+        s = prompt(600, 2100, &len);
+        s[0] = 'z';
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, s, len), l, t, &d), 0);
+        printf("# reserve %s: a short prompt of its own, pod %d (%s)\n", reserve ? "on" : "off",
+               d.backend, pcr_reason_name(d.reason));
+        PCR_CHECK_EQ_INT(d.backend, 0);
+        PCR_CHECK(d.uncached_prefill < 100);
         free(s);
         pcr_policy_free(p);
     }

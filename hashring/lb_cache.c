@@ -71,10 +71,10 @@
  * next turn stays (the bound's slack is there for it). (bench/sweep.py, five draws of every
  * workload and load: 296 of the 300 targets met draw by draw against 292, Mooncake past its
  * knee 0.956 to 0.971 of the ceiling against 0.926 to 0.965, and the worst share 1.08 against
- * 1.10. Without the half-prompt rule 297 and 0.960 to 0.975, but a 14k-character conversation
- * left its pod at its ninth turn among four pods; share_reserve 0.5, 0.7 and 0.9 met 293, 293
- * and 294, and 1024, 2048 and 8192 tokens 295, 296 and 293. Its price: Mooncake's TTFT p50 past
- * its knee 1326 ms against 1211, still within the target.)
+ * 1.10; share_reserve 0.5, 0.7 and 0.9 met 293, 296 and 296. Without the half-prompt rule 297
+ * and 0.960 to 0.975, but a 14k-character conversation left its pod at its ninth turn among
+ * four pods; there 1024, 2048 and 8192 tokens met 295, 296 and 293. Its price: Mooncake's TTFT
+ * p50 past its knee 1326 ms against 1211, still within the target.)
  *
  * The share bound counts requests by configured weight only. A learned speed is an estimate
  * that wanders past a pool's knee: identical pods looked 1.12 to 1.44 times faster or slower

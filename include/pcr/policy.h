@@ -86,7 +86,8 @@ typedef struct {
     double share_reserve;      /* cache_aware: a backend this far from its fair share to the
                                 * share bound (0..1; 1 at the bound) takes only requests it
                                 * saves at least share_reserve_tokens of prefill over every
-                                * other backend, while another is under both bounds: its last
+                                * other backend, or half their prompt, while another is under
+                                * both bounds: its last
                                 * requests under the bound are kept for those that would lose
                                 * the most by spilling; default 0.8, 0 = none */
     double share_reserve_tokens; /* ... default 4096 */

@@ -207,22 +207,12 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
 /* After mark_bounds: a backend under both bounds but share_reserve of the way to the share bound
  * is passed over for a request it does not save share_reserve_tokens of prefill on against the
  * next warmest usable backend, nor RESERVE_SHARE of the request's own prompt, while another
- * backend stays under both bounds. */
-static void keep_reserve(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads)
+ * backend stays under both bounds. t1, t2: the usable backends' longest and next longest matches
+ * (ca_decide). */
+static void keep_reserve(pcr_policy_t *p, const pcr_key_t *key, uint32_t t1, uint32_t t2)
 {
     if (p->o.share_reserve <= 0 || p->o.share_factor <= 0)
         return;
-    uint32_t t1 = 0, t2 = 0;
-    for (size_t b = 0; b < p->n; b++) {
-        if (!loads[b].usable)
-            continue;
-        if (p->matched[b] > t1) {
-            t2 = t1;
-            t1 = p->matched[b];
-        } else if (p->matched[b] > t2) {
-            t2 = p->matched[b];
-        }
-    }
     /* Tokens the warmest saves over the next (0 for every other backend), within the prompt. */
     double saving = (double)(uncached_tokens(p, key, t2) - uncached_tokens(p, key, t1));
     size_t left = 0, passed = 0;
@@ -367,7 +357,7 @@ static void decide_keyless(pcr_policy_t *p, const pcr_backend_load_t *loads, int
 static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
                       uint64_t now, pcr_decision_t *out)
 {
-    uint32_t top = 0;
+    uint32_t top = 0, second = 0; /* the usable backends' longest and next longest matches */
     (void)now;
 
     if (key == NULL || key->nblocks == 0) {
@@ -380,14 +370,21 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
     if (p->clock_ns != NULL)
         out->match_ns = p->clock_ns() - p->decide_t0;
-    for (size_t b = 0; b < p->n; b++)
-        if (loads[b].usable && p->matched[b] > top)
+    for (size_t b = 0; b < p->n; b++) {
+        if (!loads[b].usable)
+            continue;
+        if (p->matched[b] > top) {
+            second = top;
             top = p->matched[b];
+        } else if (p->matched[b] > second) {
+            second = p->matched[b];
+        }
+    }
     int exempt = p->o.share_exempt_tokens > 0 &&
                  (double)uncached_tokens(p, key, top) >= p->o.share_exempt_tokens;
     int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone, exempt);
     if (any_under && !exempt)
-        keep_reserve(p, key, loads);
+        keep_reserve(p, key, top, second);
     if (top == 0) {
         out->backend = place_cold(p, key, loads, any_in_zone);
         out->reason = PCR_REASON_COLD;

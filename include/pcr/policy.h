@@ -87,9 +87,9 @@ typedef struct {
                                 * share bound (0..1; 1 at the bound) takes only requests it
                                 * saves at least share_reserve_tokens of prefill over every
                                 * other backend, or half their prompt, while another is under
-                                * both bounds: its last
-                                * requests under the bound are kept for those that would lose
-                                * the most by spilling; default 0.8, 0 = none */
+                                * both bounds: its last requests under the bound are kept for
+                                * those that would lose the most by spilling; default 0.8,
+                                * 0 = none */
     double share_reserve_tokens; /* ... default 4096 */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */

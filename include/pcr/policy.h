@@ -90,7 +90,10 @@ typedef struct {
                                 * both bounds: its last requests under the bound are kept for
                                 * those that would lose the most by spilling; default 0.8,
                                 * 0 = none */
-    double share_reserve_tokens; /* ... default 4096 */
+    double share_reserve_tokens; /* cache_aware: the prefill, in tokens, a backend past
+                                  * share_reserve must save a request over every other
+                                  * backend to take it (or half its prompt); default 4096,
+                                  * 0 = none */
     double zone_penalty;       /* in tokens (4 bytes of canonical prompt = 1 token), default 2048 */
     const char *zone;          /* the router's own zone, "" or NULL when none */
     unsigned vnodes;           /* ring points per unit of weight, default 160 */

@@ -289,25 +289,31 @@ class Bench:
             wait_port(port, p, log)
         return p, {"h1": h1, "h2": h2}, log
 
-    def start_pcrouter(self, policy="cache_aware", workers=1, io_uring=True, binary=None):
-        """binary: another build's pcrouter (--before) instead of --build's."""
-        tag = "%s-w%d%s%s" % (policy, workers, "" if io_uring else "-epoll",
-                              "-before" if binary else "")
+    def start_pcrouter(self, policy="cache_aware", workers=1, io_uring=True, binary=None,
+                       batch_wait_us=None):
+        """binary: another build's pcrouter (--before) instead of --build's. batch_wait_us:
+        None leaves pcrouter's default."""
+        tag = "%s-w%d%s%s%s" % (policy, workers, "" if io_uring else "-epoll",
+                                "-before" if binary else "",
+                                "" if batch_wait_us is None else "-bw%d" % batch_wait_us)
         conf = os.path.join(self.dir, "pcrouter-%s.json" % tag)
+        cfg = {
+            "listen": [{"address": "127.0.0.1:0"}],
+            "backends": [
+                {"name": "b1", "url": "http://127.0.0.1:%d" % self.backend_ports["b1"]},
+                {"name": "b2", "url": "http://127.0.0.1:%d" % self.backend_ports["b2"]}],
+            "workers": workers,
+            "io_uring": io_uring,
+            "routing": {"policy": policy},
+            "limits": {"max_body_bytes": 4 << 20},
+            "log": {"access_log": False},
+            "health": {"interval_ms": 1000},
+            "scrape": {"interval_ms": 0, "models_interval_ms": 0},
+        }
+        if batch_wait_us is not None:
+            cfg["batch_wait_us"] = batch_wait_us
         with open(conf, "w") as f:
-            json.dump({
-                "listen": [{"address": "127.0.0.1:0"}],
-                "backends": [
-                    {"name": "b1", "url": "http://127.0.0.1:%d" % self.backend_ports["b1"]},
-                    {"name": "b2", "url": "http://127.0.0.1:%d" % self.backend_ports["b2"]}],
-                "workers": workers,
-                "io_uring": io_uring,
-                "routing": {"policy": policy},
-                "limits": {"max_body_bytes": 4 << 20},
-                "log": {"access_log": False},
-                "health": {"interval_ms": 1000},
-                "scrape": {"interval_ms": 0, "models_interval_ms": 0},
-            }, f, indent=2)
+            json.dump(cfg, f, indent=2)
         log = os.path.join(self.dir, "pcrouter-%s.log" % tag)
         # A private copy: the build folder is shared and may be relinked while the bench runs.
         exe = os.path.join(self.dir, "pcrouter-before" if binary else "pcrouter")
@@ -592,7 +598,9 @@ def make_targets(b, args):
                     Target("pcrouter_rr", "pcrouter round_robin, 1 worker",
                            lambda: b.start_pcrouter("round_robin")),
                     Target("pcrouter_epoll", "pcrouter cache_aware, 1 worker, io_uring off",
-                           lambda: b.start_pcrouter(io_uring=False))]
+                           lambda: b.start_pcrouter(io_uring=False)),
+                    Target("pcrouter_nowait", "pcrouter cache_aware, 1 worker, batch_wait_us 0",
+                           lambda: b.start_pcrouter(batch_wait_us=0))]
         if args.before:
             targets.append(Target("pcrouter_before", "pcrouter cache_aware, 1 worker, --before",
                                   lambda: b.start_pcrouter(binary=args.before_exe)))

@@ -168,6 +168,7 @@ typedef struct {
     pcr_dns_conf_t dns;
     unsigned workers;              /* event-loop threads; 0 (default) = one per core */
     int io_uring;                  /* batch each worker's socket calls through io_uring, default 1 */
+    unsigned batch_wait_us;        /* a busy worker lets events gather this long, default 25 */
     pcr_routing_conf_t routing;
     pcr_limits_conf_t limits;
     pcr_timeouts_conf_t timeouts;

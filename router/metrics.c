@@ -400,6 +400,9 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_io_uring_merged_total",
             "Submits that carried the writes a busy loop turn left with the next turn's reads.",
             SUM(srv, io_merged));
+    counter(out, "pcrouter_batch_waits_total",
+            "Times a busy worker let events gather for batch_wait_us before looking for them.",
+            SUM(srv, batch_waits));
 
     /* Every worker holds a replica of the index: the memory is their sum. */
     HEADER(out, "pcrouter_index_bytes", "gauge", "Memory held by the prefix index, all worker replicas.");

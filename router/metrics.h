@@ -62,6 +62,7 @@ typedef struct {
     uint64_t io_submits;                         /* io_uring submits of batched socket I/O */
     uint64_t io_ops;                             /* the reads and writes in them */
     uint64_t io_merged;                          /* submits with a turn's writes and the next reads */
+    uint64_t batch_waits;                        /* sleeps of batch_wait_us before a wait */
     pcr_hist_t duration;                         /* request start -> response end (us) */
     pcr_hist_t ttfb;                             /* request start -> first response byte (us) */
     pcr_hist_t ttft;                             /* request start -> a stream's first token (us) */

@@ -72,6 +72,9 @@ void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg);
  * writes and reads, and `active` (may be NULL) is 1 while the thread batches, 0 once a failed
  * submit made it give up (relaxed atomic stores, this thread only). end: flushes, then frees. */
 int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, uint64_t *merged, int *active);
+/* How many times a plain socket of this thread was found readable since the last call (with
+ * or without batching): how many events a loop turn brought. */
+unsigned pcr_sock_readable_take(void);
 void pcr_sock_batch_flush(void);
 void pcr_sock_batch_end(void);
 /* A busy loop's turn in one system call instead of two. pcr_sock_batch_turn() in place of

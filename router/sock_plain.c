@@ -89,6 +89,7 @@ typedef struct {
     int *active;               /* the worker's "batching" flag, cleared on giving up, or NULL */
 } batch_t;
 static __thread batch_t *tls_batch;
+static __thread unsigned tls_readable; /* readable events since pcr_sock_readable_take() */
 
 static void arm_write(plain_t *p, int restart)
 {
@@ -188,6 +189,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
     plain_t *p = arg;
     batch_t *b = tls_batch;
+    tls_readable++;
     if (b != NULL) {
         if (!p->rbatched) {
             TAILQ_INSERT_TAIL(&b->rqueue, p, rlink);
@@ -855,6 +857,13 @@ out:
         tls_batch = NULL;
         free(b);
     }
+}
+
+unsigned pcr_sock_readable_take(void)
+{
+    unsigned n = tls_readable;
+    tls_readable = 0;
+    return n;
 }
 
 void pcr_sock_batch_end(void)

@@ -143,6 +143,8 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_INT(full->workers, min->workers);
         PCR_CHECK_EQ_INT(full->io_uring, min->io_uring);
         PCR_CHECK_EQ_INT(min->io_uring, 1);
+        PCR_CHECK_EQ_INT(full->batch_wait_us, min->batch_wait_us);
+        PCR_CHECK_EQ_INT(min->batch_wait_us, 25);
         PCR_CHECK_EQ_INT(full->dns.nnameservers, min->dns.nnameservers);
         PCR_CHECK_EQ_INT(full->dns.timeout_ms, min->dns.timeout_ms);
         PCR_CHECK(memcmp(&full->scrape, &min->scrape, sizeof full->scrape) == 0);
@@ -369,6 +371,25 @@ static void test_error_redis(void)
     PCR_CHECK_STR(e, "t.json:2:23: backends[0].name: at most 255 bytes with a \"redis\" section "
                      "(replicas exchange it), got 256\n");
     free(e);
+}
+
+/* batch_wait_us: 0 turns the gathering off, a millisecond is the most a turn may wait. */
+static void test_batch_wait_us_bounds(void)
+{
+    char *errors = NULL;
+    pcr_config_t *off = parse(HEAD "'batch_wait_us': 0}", &errors);
+    pcr_config_t *most = parse(HEAD "'batch_wait_us': 1000}", &errors);
+    PCR_CHECK(off != NULL && most != NULL && errors == NULL);
+    if (off != NULL && most != NULL) {
+        PCR_CHECK_EQ_INT(off->batch_wait_us, 0);
+        PCR_CHECK_EQ_INT(most->batch_wait_us, 1000);
+    }
+    pcr_config_free(off);
+    pcr_config_free(most);
+    CHECK_ERROR(HEAD "'batch_wait_us': 1001}",
+                "t.json:3:18: batch_wait_us: must be between 0 and 1000, got 1001");
+    CHECK_ERROR(HEAD "'batch_wait_us': -1}",
+                "t.json:3:18: batch_wait_us: must be between 0 and 1000, got -1");
 }
 
 /* The sharing keeps its own copy of its settings; a reload compares them. */
@@ -614,7 +635,7 @@ static void test_error_unknown_keys(void)
                 "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
                 "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, discovery, dns, workers, io_uring, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
+                "(allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
@@ -830,7 +851,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "t.json:4:23: routing.policy: unknown policy \"x\"; expected one of round_robin, least_loaded, "
         "consistent_hash, cache_aware\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
-        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, routing, limits, timeouts, "
+        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
         "upstream, health, scrape, outlier, log, admin, redis)\n";
     PCR_CHECK_STR(e, want);
     free(e);
@@ -858,7 +879,7 @@ static void test_positions_survive_awkward_text(void)
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'models': [[[[]], []], 'm']}],\n"
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
-                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, io_uring, routing, limits, timeouts, "
+                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
                 "upstream, health, scrape, outlier, log, admin, redis)");
 }
 
@@ -866,7 +887,7 @@ static void test_positions_survive_awkward_text(void)
 static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
-                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, io_uring, routing, "
+                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, "
                 "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");
@@ -897,6 +918,7 @@ int main(void)
     PCR_RUN(test_error_duplicate_backend_name);
     PCR_RUN(test_error_unknown_policy_and_level);
     PCR_RUN(test_error_out_of_range);
+    PCR_RUN(test_batch_wait_us_bounds);
     PCR_RUN(test_multiple_errors_all_reported_in_order);
     PCR_RUN(test_positions_survive_awkward_text);
     PCR_RUN(test_error_lines_stay_one_line);

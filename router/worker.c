@@ -12,8 +12,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -368,17 +368,15 @@ void pcr_worker_release(pcr_worker_t *w)
 /* ---- letting events gather (batch_wait_us) --------------------------------------------------
  * Under load, a loop that wakes for each event as it comes pays for every one a wait, a wake-up
  * and, batched, a submit of its own: on a VM, where a system call and a wake-up are dear, that
- * is a good part of a request's cost. When the last wait found an event within batch_wait_us of
- * starting (a steady flow), the worker sleeps that long before the next wait, which then returns
- * what came meanwhile, handled in one turn. When the flow is sparse the wait blocked longer than
- * that, and the next one goes at once: light load gets no added latency, a busy worker at most
- * batch_wait_us a turn. A steady flow is a wait that found sockets readable within
- * batch_wait_us of starting, two or more of them: a single client taking turns with its pod
- * (one event a turn) is not one, and gets no added latency either. Never while a busy turn's
+ * is a good part of a request's cost. When the last wait found two sockets or more readable
+ * within batch_wait_us of starting (a steady flow), the worker sleeps that long before the next
+ * wait, which then returns what came meanwhile, handled in one turn: at most batch_wait_us of
+ * latency a turn. A wait that blocked longer, or found one event (a single client taking turns
+ * with its pod), ends the stretch: light load gets no added latency. Never while a busy turn's
  * writes wait for the next turn's reads. */
 typedef struct {
     uint64_t since; /* when the last wait began (us) */
-    int dense;      /* it found something within batch_wait_us */
+    int dense;      /* it found two readable sockets or more within batch_wait_us */
 } gather_t;
 
 static void gather_before(pcr_worker_t *w, gather_t *g, int writes_wait)

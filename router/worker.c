@@ -418,28 +418,19 @@ static void *worker_main(void *arg)
     /* The thread's timers to the microsecond: the default slack (50 us) would make a sleep of
      * batch_wait_us up to three times as long. */
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-    if (rc == 0) {
-        /* One turn at a time, so that its reads and writes go out together at its end; while
-         * a busy turn's writes wait, the next only looks (no sleep) and they go with its reads. */
-        for (;;) {
-            int writes_wait = pcr_sock_batch_waiting();
-            gather_before(w, &g, writes_wait);
-            int turn = event_base_loop(w->base, writes_wait ? EVLOOP_ONCE | EVLOOP_NONBLOCK
-                                                            : EVLOOP_ONCE);
-            gather_after(w, &g, writes_wait);
-            pcr_sock_batch_turn();
-            if (turn != 0 || event_base_got_exit(w->base) || event_base_got_break(w->base)) {
-                pcr_sock_batch_flush();
-                break;
-            }
-        }
-    } else {
-        for (;;) {
-            gather_before(w, &g, 0);
-            int turn = event_base_loop(w->base, EVLOOP_ONCE);
-            gather_after(w, &g, 0);
-            if (turn != 0 || event_base_got_exit(w->base) || event_base_got_break(w->base))
-                break;
+    /* One turn at a time, so that its reads and writes go out together at its end; while a
+     * busy turn's writes wait, the next only looks (no sleep) and they go with its reads.
+     * Without a ring the batch calls do nothing and each turn is libevent's alone. */
+    for (;;) {
+        int writes_wait = pcr_sock_batch_waiting();
+        gather_before(w, &g, writes_wait);
+        int turn = event_base_loop(w->base, writes_wait ? EVLOOP_ONCE | EVLOOP_NONBLOCK
+                                                        : EVLOOP_ONCE);
+        gather_after(w, &g, writes_wait);
+        pcr_sock_batch_turn();
+        if (turn != 0 || event_base_got_exit(w->base) || event_base_got_break(w->base)) {
+            pcr_sock_batch_flush();
+            break;
         }
     }
     pcr_worker_dispose(w);

@@ -289,7 +289,7 @@ static int grow(pcr_policy_t *p, size_t n)
 int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
 {
     if (p == NULL || d == NULL || d->name == NULL || d->weight == 0 || id < 0 ||
-        (size_t)id > p->n)
+        (size_t)id >= PCR_INDEX_MAX_BACKENDS)
         return PCR_ERR_INVAL;
     int rc = grow(p, (size_t)id + 1);
     if (rc != 0)

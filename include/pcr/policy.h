@@ -178,8 +178,10 @@ void pcr_policy_forget(pcr_policy_t *p, int backend, const pcr_key_t *key, uint3
 /* Membership. Backends live in numbered slots; the router hands out slot numbers and must pass
  * usable = 0 for a slot that holds no backend. Both calls are deterministic, so replicas given
  * the same calls agree on slots, ring and index.
- * - pcr_policy_backend_set: slot `id` (an existing one, or the next one, n, to grow) now holds
- *   the backend `desc` (copied). The same name keeps its entries (a change of weight, zone or
+ * - pcr_policy_backend_set: slot `id` (any below PCR_INDEX_MAX_BACKENDS; slots up to it that
+ *   did not exist are made empty) now holds the backend `desc` (copied). Gaps are allowed
+ *   because the router's slots keep their numbers when a backend leaves, and a fresh policy
+ *   (a reload that changes the keys) is refilled from those numbers. The same name keeps its entries (a change of weight, zone or
  *   capacity); another name starts empty. The ring is rebuilt: about 1/n of the keys move.
  * - pcr_policy_backend_remove: slot `id` is empty: its entries are dropped, it leaves the ring.
  * 0, PCR_ERR_INVAL or PCR_ERR_NOMEM (then nothing changed). */

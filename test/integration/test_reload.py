@@ -294,3 +294,52 @@ def test_backend_changed_in_place_or_replaced(stub_factory, router_factory):
         s.release("move")
     rc, out = stream.finish(30)
     assert rc == 0 and b"[DONE]" in out, out[-300:]
+
+
+def test_reload_removing_a_backend_and_changing_the_policy_keeps_routing(stub_factory,
+                                                                       router_factory):
+    """[p0, p1] with cache_aware, reloaded to [p1] with least_loaded: the workers' fresh
+    policies are refilled from slot numbers with a hole at 0. They refused slot 1, and every
+    completion got 404 model_not_found while p1 was up."""
+    p0, p1 = stub_factory("p0"), stub_factory("p1")
+    r = router_factory(make_config([p0, p1], routing={"policy": "cache_aware"}))
+    wait_for(lambda: curl(r.url("/health")).status == 200, 15, what="/health 200")
+    assert curl(r.url("/v1/completions"), completion("before")).status == 200
+    reload(r, make_config([p1], routing={"policy": "least_loaded"}))
+    # Every worker has the new config once each has answered with least_loaded's route.
+    wait_for(lambda: all(curl(r.url("/v1/completions"), completion("after%d" % i)).header(
+        "x-pcrouter-route") == "least_loaded" for i in range(6)), 10,
+        what="least_loaded on every worker")
+    for i in range(20):
+        resp = curl(r.url("/v1/completions"), completion("steady%d" % i))
+        assert resp.status == 200 and resp.header("x-pcrouter-backend") == "p1", resp
+        resp = curl(r.url("/v1/embeddings"), {"model": "stub-model", "input": "x%d" % i})
+        assert resp.status == 200 and resp.header("x-pcrouter-backend") == "p1", resp
+
+
+def test_reload_storm_reorders_backends_and_policies_under_load(stub_factory, router_factory):
+    """Reloads under load that add, remove and reorder backends while the policy, the block
+    size and the prefix length change: every request is answered 200, by a pod of the config
+    in force or the one before it."""
+    pods = [stub_factory("s%d" % i) for i in range(4)]
+    policies = ["cache_aware", "least_loaded", "consistent_hash", "round_robin"]
+    r = router_factory(make_config(pods, routing={"policy": "cache_aware"}))
+    wait_for(lambda: curl(r.url("/health")).status == 200, 15, what="/health 200")
+    load = Load(r.port, lambda n: completion("storm %d %s" % (n % 7, "y" * (n % 300))),
+                threads=4)
+    plans = [[3, 1], [0, 2, 3], [2], [1, 0], [3, 2, 1, 0], [0], [2, 3]]
+    try:
+        load.wait_count(50)
+        for k, plan in enumerate(plans):
+            cfg = make_config([pods[i] for i in plan],
+                              routing={"policy": policies[k % len(policies)],
+                                       "block_bytes": 128 if k % 2 else 256,
+                                       "max_prefix_bytes": 65536 if k % 3 else 131072})
+            reload(r, cfg)
+            mark = load.count()
+            load.wait_count(mark + 40)
+    finally:
+        results = load.stop()
+    bad = [x for x in results if x["status"] != 200]
+    assert not bad, "%d of %d requests failed: %s" % (len(bad), len(results), bad[:5])
+    assert {x["backend"] for x in results[-20:]} <= {"s2", "s3"}

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "pcr/index.h"
 #include "pcr/policy.h"
 #include "pcr_test.h"
 
@@ -1047,7 +1048,8 @@ static void test_membership(void)
         pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), loads, 1, &d);
         before[i] = d.backend;
     }
-    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 5, &four[3]), PCR_ERR_INVAL); /* no gaps */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, (int)PCR_INDEX_MAX_BACKENDS, &four[3]),
+                     PCR_ERR_INVAL);
     PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 3, &four[3]), 0);
     PCR_CHECK_EQ_INT(pcr_policy_backend_set(q, 3, &four[3]), 0);
     PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 4);
@@ -1101,6 +1103,45 @@ static void test_membership(void)
 
 /* Down is not forgotten: an unavailable backend keeps its entries for opts.unavailable_keep,
  * a restart drops them at once, coming back in time keeps them. */
+/* A reload that changes the keys gives each worker a fresh, empty policy, refilled from the
+ * router's slot numbers, which keep a hole where a backend left: [p0, p1] reloaded to [p1]
+ * sets slot 1 alone. Every kind must take it and route to it (it refused it, and the gateway
+ * answered 404 or 503 to everything). */
+static void test_fresh_policy_refilled_past_a_hole(void)
+{
+    static const pcr_policy_kind_t kinds[] = {PCR_POLICY_ROUND_ROBIN, PCR_POLICY_LEAST_LOADED,
+                                              PCR_POLICY_CONSISTENT_HASH, PCR_POLICY_CACHE_AWARE};
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        pcr_policy_t *p = make(kinds[k], NULL, 0, NULL);
+        PCR_CHECK(p != NULL);
+        PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 1, &four[1]), 0);
+        PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 3, &four[3]), 0);
+        PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 4);
+        pcr_backend_load_t l[NB];
+        memset(l, 0, sizeof(l));
+        l[1].usable = l[3].usable = 1;
+        keybuf_t kb;
+        char text[64];
+        int seen[NB] = {0};
+        for (int i = 0; i < 64; i++) {
+            int n = snprintf(text, sizeof(text), "prompt number %d", i);
+            pcr_decision_t d;
+            PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, text, (size_t)n), l, 1, &d), 0);
+            PCR_CHECK(d.backend == 1 || d.backend == 3);
+            if (d.backend >= 0 && d.backend < NB)
+                seen[d.backend]++;
+            if (d.backend >= 0)
+                pcr_policy_commit(p, d.backend, &kb.k, 1, NULL);
+        }
+        PCR_CHECK_EQ_INT(seen[0] + seen[2], 0);
+        PCR_CHECK(seen[1] + seen[3] == 64);
+        /* The hole fills later, as when a backend joins the freed slot. */
+        PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 0, &four[0]), 0);
+        PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 4);
+        pcr_policy_free(p);
+    }
+}
+
 static void test_backend_states(void)
 {
     pcr_policy_opts_t o;
@@ -1208,6 +1249,7 @@ int main(void)
     PCR_RUN(test_keyless_balances_load);
     PCR_RUN(test_cold_avoids_long_prefill_queue);
     PCR_RUN(test_membership);
+    PCR_RUN(test_fresh_policy_refilled_past_a_hole);
     PCR_RUN(test_backend_states);
     PCR_RUN(test_decision_timing_reads_the_clock_three_times);
     return pcr_test_done();

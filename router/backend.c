@@ -686,6 +686,14 @@ void pcr_backends_retime(pcr_server_t *srv)
     struct timeval ptv = {cfg->outlier.probe_ms / 1000,
                           (suseconds_t)(cfg->outlier.probe_ms % 1000) * 1000};
     event_add(srv->probe_tick, &ptv);
+    /* A backend whose health checks were off starts them, whatever the scrape does. */
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be != NULL && cfg->health.interval_ms > 0 && be->health_timer == NULL) {
+            be->health_timer = evtimer_new(srv->base, on_health_timer, be);
+            health_schedule(be);
+        }
+    }
     if (cfg->scrape.interval_ms == 0) {
         if (srv->scrape_tick)
             event_del(srv->scrape_tick);
@@ -698,14 +706,6 @@ void pcr_backends_retime(pcr_server_t *srv)
     struct timeval stv = {cfg->scrape.interval_ms / 1000,
                           (suseconds_t)(cfg->scrape.interval_ms % 1000) * 1000};
     event_add(srv->scrape_tick, &stv);
-    /* A backend whose health checks were off (or on) follows the new interval. */
-    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
-        pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be != NULL && cfg->health.interval_ms > 0 && be->health_timer == NULL) {
-            be->health_timer = evtimer_new(srv->base, on_health_timer, be);
-            health_schedule(be);
-        }
-    }
 }
 
 void pcr_backends_dispose(pcr_server_t *srv)

@@ -10,8 +10,8 @@ import socket
 import ssl
 import subprocess
 
-from conftest import (CurlStream, Load, RawConn, assert_error, completion, curl, get_metrics,
-                      http_request, make_config, metric, wait_for)
+from conftest import (QUIET_SCRAPE, CurlStream, Load, RawConn, assert_error, completion, curl,
+                      get_metrics, http_request, make_config, metric, wait_for)
 
 
 def reloads(router):
@@ -343,3 +343,22 @@ def test_reload_storm_reorders_backends_and_policies_under_load(stub_factory, ro
     bad = [x for x in results if x["status"] != 200]
     assert not bad, "%d of %d requests failed: %s" % (len(bad), len(results), bad[:5])
     assert {x["backend"] for x in results[-20:]} <= {"s2", "s3"}
+
+
+def test_reload_turns_health_checks_on_with_scraping_off(stub_factory, router_factory):
+    """A reload that turns health checks on starts them, scraping off or not: a pod that fails
+    its checks is then marked down, and /health says no backend is up."""
+    a = stub_factory("pod-a")
+    a.configure(health_status=503)
+    cfg = make_config([a], health={"interval_ms": 0}, scrape=QUIET_SCRAPE)
+    r = router_factory(cfg)
+    # With checks off the pod is taken to be up, and nothing asks it for /health.
+    assert curl(r.url("/health")).status == 200
+    assert a.stats()["requests"].get("/health", 0) == 0
+    cfg = make_config([a], health={"interval_ms": 100, "timeout_ms": 1000, "fall": 2},
+                      scrape=QUIET_SCRAPE)
+    start = reload(r, cfg)
+    wait_for(lambda: since(r, start, r"backend pod-a is down after"), 10,
+             what="pod-a marked down by the checks the reload started")
+    assert a.stats()["requests"].get("/health", 0) >= 2
+    assert curl(r.url("/health")).status == 503

@@ -25,7 +25,7 @@
  * The budget is the pod's, so a stream's first token on one worker may be what another's held
  * streams wait for, and the order is the pod's too: a release sends this worker's best held
  * stream only while no other worker's ranks higher (below, "one rank order"); when the budget is
- * still open and others hold streams, they are told (budget_freed, pcr_worker_wake_held), and
+ * still open and others hold streams, they are told (budget_freed, the owner's on_budget_open), and
  * each sends what it may (pcr_upstream_kick).
  *
  * A pooled connection the backend closed just as it was reused fails before any response byte;
@@ -145,8 +145,17 @@ void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
     pool->draining = draining;
     pool->cfg = cfg;
     pool->max_connections = max_connections ? max_connections : 1;
+    pool->owner_slot = -1;
     TAILQ_INIT(&pool->idle);
     TAILQ_INIT(&pool->waiters);
+}
+
+void pcr_pool_set_owner(pcr_pool_t *pool, int slot, void (*on_budget_open)(void *owner),
+                        void *owner)
+{
+    pool->owner_slot = slot;
+    pool->on_budget_open = on_budget_open;
+    pool->owner = owner;
 }
 
 void pcr_pool_dispose(pcr_pool_t *pool)
@@ -301,9 +310,9 @@ static pcr_upreq_t *oldest_fewest(pcr_pool_t *pool)
 
 static pcr_pending_t *own_slot(const pcr_pool_t *pool)
 {
-    if (pool->worker == NULL || pool->worker->id >= pool->be->npending)
+    if (pool->owner_slot < 0 || (unsigned)pool->owner_slot >= pool->be->npending)
         return NULL;
-    return &pool->be->pending[pool->worker->id];
+    return &pool->be->pending[pool->owner_slot];
 }
 
 static int slot_free(const pcr_pool_t *pool)
@@ -466,9 +475,9 @@ void pcr_upstream_kick(pcr_pool_t *pool)
 static void budget_freed(pcr_pool_t *pool)
 {
     pool_kick(pool);
-    if (pool->worker != NULL && PCR_LOAD(pool->be->held) > pool->nheld &&
+    if (pool->on_budget_open != NULL && PCR_LOAD(pool->be->held) > pool->nheld &&
         pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pool_budget(pool)))
-        pcr_worker_wake_held(pool->worker);
+        pool->on_budget_open(pool->owner);
 }
 
 static void req_free(pcr_upreq_t *r)

@@ -76,14 +76,23 @@ typedef struct pcr_pool {
                                         and, until their estimate, unstreamed completions'
                                         (this worker's; the backend's counts every worker's) */
     unsigned nheld;                  /* completions held in `waiters` */
-    struct pcr_worker *worker;       /* the owner, told when the pod's budget opens while
-                                        another worker holds completions for it (NULL: nobody) */
+    /* The owner (pcr_pool_set_owner): its slot in the backend's pending[] (a worker's id; -1:
+     * none, as the control thread's pool), and the call that tells the other owners when the
+     * pod's budget opens while they hold completions for it (NULL: nobody to tell). */
+    int owner_slot;
+    void (*on_budget_open)(void *owner);
+    void *owner;
     struct pcr_upreq *best_held;     /* the held one published as this worker's next */
 } pcr_pool_t;
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
                    unsigned max_connections, const int *draining,
                    const pcr_config_t *const *cfg);
+/* The pool belongs to the worker in `slot` of the backend's pending[]: its held streams take
+ * part in the one rank order over the workers, and `on_budget_open(owner)` is called when the
+ * budget opens while others hold streams. Without it the pool holds for itself alone. */
+void pcr_pool_set_owner(pcr_pool_t *pool, int slot, void (*on_budget_open)(void *owner),
+                        void *owner);
 /* Closes the idle connections; the busy ones end with their requests. */
 void pcr_pool_dispose(pcr_pool_t *pool);
 

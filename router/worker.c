@@ -112,6 +112,8 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
 
 void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
 
+static void wake_held(void *w) { pcr_worker_wake_held(w); }
+
 pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
 {
     size_t id = (size_t)be->id;
@@ -139,7 +141,7 @@ pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
     unsigned max = PCR_LOAD(be->max_connections);
     pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining,
                   &w->cfg);
-    pool->worker = w;
+    pcr_pool_set_owner(pool, (int)w->id, wake_held, w);
     pcr_backend_ref(be);
     w->pools[id] = pool;
     return pool;

@@ -11,7 +11,7 @@
 
 /* 200 when a pod is usable; 503 when none is, and while a cold start loads the index shared
  * through Redis (requests are routed meanwhile, from the local index: only readiness waits). */
-void pcr_endpoint_health(pcr_exchange_t *ex)
+int pcr_endpoint_health(pcr_exchange_t *ex)
 {
     size_t up = pcr_backends_up(ex->w->srv);
     int loading = PCR_LOAD(ex->w->srv->share_loading);
@@ -22,20 +22,22 @@ void pcr_endpoint_health(pcr_exchange_t *ex)
                      loading ? ",\"detail\":\"loading the prefix index shared through Redis\"" : "",
                      ex->w->draining ? ",\"draining\":true" : "");
     pcr_exchange_reply(ex, up && !loading ? 200 : 503, "application/json", body, (size_t)n, NULL, 0);
+    return 0;
 }
 
-void pcr_endpoint_metrics(pcr_exchange_t *ex)
+int pcr_endpoint_metrics(pcr_exchange_t *ex)
 {
     struct evbuffer *out = evbuffer_new();
     if (out == NULL) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
-        return;
+        return 0;
     }
     pcr_metrics_render(ex->w, out);
     size_t len = evbuffer_get_length(out);
     pcr_exchange_reply(ex, 200, "text/plain; version=0.0.4; charset=utf-8",
                        (const char *)evbuffer_pullup(out, -1), len, NULL, 0);
     evbuffer_free(out);
+    return 0;
 }
 
 /* ---- GET /v1/models ------------------------------------------------------------------ */

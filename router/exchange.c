@@ -1,7 +1,7 @@
 /* router/exchange.c: owns one request/response pair from routing to the last byte, and the
  * request state machine (exchange_int.h) with the accounting tied to it.
  *
- *   run -> route by path -> local endpoint (health, metrics, models)
+ *   run -> route by path (the worker's route table, routes.c) -> local endpoint
  *                        -> proxy: parse body -> key -> policy decision -> upstream
  *   upstream head/body/end -> session ops (streamed as they come, paused above a watermark)
  *   upstream failure before anything reached the client -> forget the speculative index
@@ -269,19 +269,15 @@ int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, c
     return 0;
 }
 
-static int path_is(const char *path, const char *want);
+static const pcr_route_t *route_find(const pcr_exchange_t *ex);
 
 /* The routed paths (a prompt to hash): which API, or -1. */
 static int routed_api(const pcr_exchange_t *ex)
 {
-    const char *p = ex->path ? ex->path : "";
     if (strcmp(ex->method, "POST") != 0)
         return -1;
-    if (path_is(p, "/v1/completions"))
-        return PCR_API_COMPLETIONS;
-    if (path_is(p, "/v1/chat/completions"))
-        return PCR_API_CHAT;
-    return -1;
+    const pcr_route_t *rt = route_find(ex);
+    return rt != NULL && rt->kind == PCR_ROUTE_PROMPT ? rt->api : -1;
 }
 
 static int body_reader_start(pcr_exchange_t *ex)
@@ -377,12 +373,8 @@ static void error_reply(pcr_exchange_t *ex, int status, const char *type, const 
     const char *body = text ? text : fallback;
     pcr_hdr_t extra[1];
     size_t nextra = 0;
-    if (status == 405) {
-        const char *p = ex->path ? ex->path : "";
-        const char *allow = strncmp(p, "/v1/models", 10) == 0 || strcmp(p, "/health") == 0 ||
-                                    strcmp(p, "/metrics") == 0
-                                ? "GET"
-                                : "POST";
+    if (status == 405 && ex->route != NULL) {
+        const char *allow = ex->route->method; /* the route that refused the method */
         extra[nextra++] = (pcr_hdr_t){"allow", 5, allow, strlen(allow)};
     }
     pcr_exchange_reply(ex, status, "application/json", body, strlen(body), extra, nextra);
@@ -1012,13 +1004,43 @@ static int path_is(const char *path, const char *want)
     return strncmp(path, want, n) == 0 && (path[n] == '\0' || path[n] == '?');
 }
 
+/* The first route of the worker's table that the path is (its path, or under its prefix). */
+static const pcr_route_t *route_find(const pcr_exchange_t *ex)
+{
+    const char *p = ex->path ? ex->path : "";
+    const pcr_route_table_t *t = ex->w->routes;
+    for (size_t i = 0; t != NULL && i < t->n; i++) {
+        const pcr_route_t *rt = &t->routes[i];
+        size_t n = strlen(rt->path);
+        if (n > 0 && rt->path[n - 1] == '/' ? strncmp(p, rt->path, n) == 0 : path_is(p, rt->path))
+            return rt;
+    }
+    return NULL;
+}
+
+/* "/v1/completions, ..., /metrics": the table's paths, for the answer to a path it has not. */
+static void route_list(const pcr_route_table_t *t, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; t != NULL && i < t->n && len < cap; i++) {
+        const char *path = t->routes[i].path;
+        if (path[strlen(path) - 1] == '/')
+            continue; /* a prefix is no endpoint */
+        int n = snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", path);
+        if (n < 0)
+            break;
+        len += (size_t)n;
+    }
+}
+
 void pcr_exchange_run(pcr_exchange_t *ex)
 {
     ex_to(ex, EX_ROUTING);
     const char *p = ex->path ? ex->path : "";
-    int get = strcmp(ex->method, "GET") == 0 || strcmp(ex->method, "HEAD") == 0;
-    int post = strcmp(ex->method, "POST") == 0;
-    int own = path_is(p, "/health") || path_is(p, "/metrics");
+    const pcr_route_t *rt = route_find(ex);
+    ex->route = rt;
+    int own = rt != NULL && rt->own;
 
     /* With an admin listener, the router's own endpoints live there and only there: the
      * public listeners need not expose the pool's state. */
@@ -1032,43 +1054,36 @@ void pcr_exchange_run(pcr_exchange_t *ex)
                            "%s is served on the admin listener (admin.address)", p);
         return;
     }
-    if (own || path_is(p, "/v1/models")) {
-        if (!get) {
-            pcr_exchange_error(ex, 405, "invalid_request_error", "method_not_allowed",
-                               "%s is not allowed on %s; use GET", ex->method, p);
-        } else if (path_is(p, "/health")) {
-            pcr_endpoint_health(ex);
-        } else if (path_is(p, "/metrics")) {
-            pcr_endpoint_metrics(ex);
-        } else {
-            ex_to(ex, EX_LOCAL);
-            if (pcr_endpoint_models(ex) < 0)
-                pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
-                                   "no backend is available");
-        }
+    if (rt == NULL) {
+        char list[256];
+        route_list(ex->w->routes, list, sizeof(list));
+        pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
+                           "no route for %s %s (see %s)", ex->method, p, list);
         return;
     }
-    if (path_is(p, "/v1/completions") || path_is(p, "/v1/chat/completions")) {
-        if (!post) {
-            pcr_exchange_error(ex, 405, "invalid_request_error", "method_not_allowed",
-                               "%s is not allowed on %s; use POST", ex->method, p);
-            return;
-        }
-        proxy_routed(ex);
-        return;
-    }
-    if (strncmp(p, "/v1/", 4) == 0 && post) {
-        dispatch(ex); /* embeddings, tokenize, ...: balanced by load, no prefix key */
-        return;
-    }
-    if (strncmp(p, "/v1/", 4) == 0 && !post) {
+    int get = strcmp(rt->method, "GET") == 0;
+    if (strcmp(ex->method, rt->method) != 0 && !(get && strcmp(ex->method, "HEAD") == 0)) {
         pcr_exchange_error(ex, 405, "invalid_request_error", "method_not_allowed",
-                           "%s is not allowed on %s; use POST", ex->method, p);
+                           "%s is not allowed on %s; use %s", ex->method, p, rt->method);
         return;
     }
-    pcr_exchange_error(ex, 404, "invalid_request_error", "not_found",
-                       "no route for %s %s (see /v1/completions, /v1/chat/completions, /v1/models, "
-                       "/health, /metrics)", ex->method, p);
+    switch (rt->kind) {
+    case PCR_ROUTE_ANSWER:
+        rt->serve(ex);
+        break;
+    case PCR_ROUTE_FANOUT:
+        ex_to(ex, EX_LOCAL);
+        if (rt->serve(ex) < 0)
+            pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
+                               "no backend is available");
+        break;
+    case PCR_ROUTE_PROMPT:
+        proxy_routed(ex);
+        break;
+    case PCR_ROUTE_PROXY:
+        dispatch(ex);
+        break;
+    }
 }
 
 void pcr_exchange_free(pcr_exchange_t *ex)
@@ -1080,8 +1095,8 @@ void pcr_exchange_free(pcr_exchange_t *ex)
         pcr_upstream_cancel(ex->up);
         ex->up = NULL;
     }
-    if (ex->fanout)
-        pcr_endpoint_models_cancel(ex);
+    if (ex->fanout && ex->route != NULL && ex->route->cancel != NULL)
+        ex->route->cancel(ex);
     if (ex->state != EX_RECEIVING && !pcr_exchange_finished(ex)) {
         /* 499: the client went away before the response ended (nginx's convention). */
         ex->status = 499;

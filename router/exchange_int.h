@@ -1,5 +1,6 @@
 /* router/exchange_int.h: the exchange's fields, shared by exchange.c (the state machine,
- * routing and proxying) and endpoints.c (the router's own endpoints). Nothing else includes it. */
+ * routing and proxying), the route table (routes.c), the router's own endpoints (endpoints.c)
+ * and the access-log line (access.c). Nothing else includes it. */
 #ifndef PCR_ROUTER_EXCHANGE_INT_H
 #define PCR_ROUTER_EXCHANGE_INT_H
 
@@ -13,6 +14,37 @@
 #define PCR_MAX_REQ_HEADERS 100
 
 typedef struct pcr_models_fanout pcr_models_fanout_t;
+
+/* What a path is (routes.c holds the table, the exchange walks it): an answer of the router's
+ * own, given at once (/health, /metrics) or gathered from the pods (/v1/models), a prompt to
+ * route by its prefix, or a request balanced by load. */
+typedef enum {
+    PCR_ROUTE_ANSWER = 0,
+    PCR_ROUTE_FANOUT,
+    PCR_ROUTE_PROMPT,
+    PCR_ROUTE_PROXY,
+} pcr_route_kind_t;
+
+typedef struct pcr_route {
+    const char *path;                 /* the path (a query may follow), or a prefix ending '/' */
+    const char *method;               /* the one it takes ("GET" takes HEAD too), Allow on 405 */
+    pcr_route_kind_t kind;
+    int own;                          /* the router's own: on the admin listener when there is one */
+    int api;                          /* PCR_ROUTE_PROMPT: its pcr_api_t */
+    /* ANSWER and FANOUT: starts the answer; < 0: no backend to ask (503). */
+    int (*serve)(pcr_exchange_t *ex);
+    /* FANOUT: the exchange is freed before the answer came. */
+    void (*cancel)(pcr_exchange_t *ex);
+} pcr_route_t;
+
+/* The routes in the order they are tried: exact paths before the prefixes that hold them. */
+typedef struct pcr_route_table {
+    const pcr_route_t *routes;
+    size_t n;
+} pcr_route_table_t;
+
+/* routes.c: the table every worker's exchanges use. */
+extern const pcr_route_table_t pcr_routes;
 
 /* Where a request stands. Every change goes through ex_to() in exchange.c, which owns all the
  * accounting attached to the states:
@@ -62,6 +94,7 @@ struct pcr_exchange {
     size_t body_counted;              /* bytes of `body` counted in the process's body budget */
     char peer[64];
     int admin;                        /* came through the admin listener */
+    const pcr_route_t *route;         /* what its path is, from pcr_exchange_run (NULL: none) */
 
     /* Routing. */
     pcr_body_reader_t *reader;        /* a routed request's body, parsed as it arrives */
@@ -119,9 +152,9 @@ struct pcr_exchange {
 /* access.c: the request's access-log line (log.access_log), handed to the writer. */
 void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);
 
-/* endpoints.c */
-void pcr_endpoint_health(pcr_exchange_t *ex);
-void pcr_endpoint_metrics(pcr_exchange_t *ex);
+/* endpoints.c: the answers of the router's own (routes.c names them). */
+int pcr_endpoint_health(pcr_exchange_t *ex);
+int pcr_endpoint_metrics(pcr_exchange_t *ex);
 int pcr_endpoint_models(pcr_exchange_t *ex);   /* starts the fan-out */
 void pcr_endpoint_models_cancel(pcr_exchange_t *ex);
 

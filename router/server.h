@@ -132,6 +132,7 @@ struct pcr_worker {
     pthread_t thread;
     struct event_base *base;
     pcr_policy_t *policy;         /* this worker's replica */
+    const struct pcr_route_table *routes;  /* the paths its exchanges serve (routes.c) */
     pcr_pool_t **pools;           /* by backend slot: this worker's upstream connections */
     size_t npools;
     uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */

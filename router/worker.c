@@ -18,7 +18,7 @@
 
 #include "backend.h"
 #include "body.h"
-#include "exchange.h"
+#include "exchange_int.h"
 #include "bus.h"
 #include "log.h"
 #include "reload.h"
@@ -306,6 +306,7 @@ int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     w->cfg = srv->cfg;
     w->cfg_gen = PCR_LOAD(srv->cfg_gen);
     w->id = id;
+    w->routes = &pcr_routes;
     w->spare_fd = -1;
     w->cmd_fd[0] = w->cmd_fd[1] = -1;
     LIST_INIT(&w->sessions);

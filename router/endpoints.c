@@ -8,6 +8,7 @@
 
 #include "exchange_int.h"
 #include "log.h"
+#include "pools.h"
 
 /* 200 when a pod is usable; 503 when none is, and while a cold start loads the index shared
  * through Redis (requests are routed meanwhile, from the local index: only readiness waits). */
@@ -179,7 +180,7 @@ int pcr_endpoint_models(pcr_exchange_t *ex)
     }
     for (size_t i = 0; i < n; i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);
-        pcr_pool_t *pool = be != NULL && PCR_LOAD(be->up) ? pcr_worker_pool(w, be) : NULL;
+        pcr_pool_t *pool = be != NULL && PCR_LOAD(be->up) ? pcr_pools_get(w, be) : NULL;
         if (pool == NULL)
             continue;
         models_leg_t *leg = &f->legs[f->nlegs];

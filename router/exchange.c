@@ -25,9 +25,11 @@
 #include <cjson/cJSON.h>
 #include <http_parser.h>
 
+#include "budget.h"
 #include "bus.h"
 #include "exchange_int.h"
 #include "http1.h"
+#include "pools.h"
 #include "log.h"
 
 static const pcr_upstream_cbs_t proxy_cbs;
@@ -307,7 +309,7 @@ int pcr_exchange_see_body(pcr_exchange_t *ex, const char *data, size_t len)
         ex->ns_parse += pcr_now_ns() - t0;
     }
     ex->body_counted += len;
-    pcr_body_account(ex->w, (ptrdiff_t)len);
+    pcr_budget_account(ex->w, (ptrdiff_t)len);
     return 0;
 }
 
@@ -675,7 +677,7 @@ static void dispatch(pcr_exchange_t *ex)
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
         return;
     }
-    pcr_pool_t *pool = pcr_worker_pool(w, be);
+    pcr_pool_t *pool = pcr_pools_get(w, be);
     if (pool == NULL) {
         evbuffer_free(req);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -1104,9 +1106,9 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->state != EX_RECEIVING)
         PCR_STORE(w->inflight, w->inflight - 1);
-    pcr_worker_body_forget(w, ex);
+    pcr_budget_forget(w, ex);
     if (ex->body_counted)
-        pcr_body_account(w, -(ptrdiff_t)ex->body_counted);
+        pcr_budget_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
     pcr_body_reader_free(ex->reader);
     pcr_usage_dispose(&ex->usage);

@@ -22,7 +22,7 @@
  *         a client that accepts no bytes for timeouts.client_write_ms is cut by the transport.
  * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
  * connection receiving a body past its first PCR_BODY_FREE_BYTES stops reading until some is
- * released (server.h: the first MiB of a request, and one request at a time, go on).
+ * released (budget.h: the first MiB of a request, and one request at a time, go on).
  *
  * Lingering close: a request refused before its body was read (400, 408, 413, 431) leaves
  * unread bytes behind; closing then would make the kernel answer them with a reset that can
@@ -42,6 +42,7 @@
 #include <event2/event.h>
 #include <http_parser.h>
 
+#include "budget.h"
 #include "exchange.h"
 #include "http1.h"
 #include "log.h"
@@ -683,10 +684,10 @@ static void check_pause(h1_sess_t *s)
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
     } else if (!running && s->ex != NULL && pcr_exchange_body_bytes(s->ex) >= PCR_BODY_FREE_BYTES &&
-               !pcr_worker_body_may_grow(s->w, s->ex)) {
+               !pcr_budget_may_grow(s->w, s->ex)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-        pcr_worker_body_wait(s->w, &s->budget);
+        pcr_budget_wait(s->w, &s->budget);
     }
 }
 
@@ -749,7 +750,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
     http_parser_pause(&s->parser, 0);
     if (s->read_paused) {
         s->read_paused = 0;
-        pcr_worker_body_unwait(s->w, &s->budget);
+        pcr_budget_unwait(s->w, &s->budget);
         pcr_sock_read_start(s->sock);
     }
     parse_input(s);
@@ -775,7 +776,7 @@ static void h1_close(h1_sess_t *s)
 {
     pcr_exchange_free(s->ex);
     s->ex = NULL;
-    pcr_worker_body_unwait(s->w, &s->budget);
+    pcr_budget_unwait(s->w, &s->budget);
     event_free(s->advance);
     event_free(s->timer);
     pcr_sock_free(s->sock);

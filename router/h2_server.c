@@ -15,7 +15,7 @@
  *   given back to the client's window only while the process holds less than
  *   limits.max_buffered_body_bytes of request bodies, so streams over the budget wait on their
  *   windows instead of growing memory, and resume when some is released. Past the budget one
- *   request at a time may still finish its body (server.h); the session it belongs to then
+ *   request at a time may still finish its body (budget.h); the session it belongs to then
  *   stops holding its connection window, which the other streams' held bytes would otherwise
  *   keep shut: only stream windows hold those bytes back (at most one initial window each).
  * - One timer per connection: with no stream open it is the idle timeout
@@ -33,6 +33,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "evmem.h"
+#include "budget.h"
 #include "exchange.h"
 #include "http1.h"
 #include "log.h"
@@ -294,14 +295,14 @@ static const pcr_exchange_ops_t h2_ops = {op_send_head, op_send_body, op_send_en
 
 /* ---- flow control against the body budget -------------------------------------------- */
 
-/* Whether the stream's body may grow (server.h). When it becomes the request allowed past the
+/* Whether the stream's body may grow (budget.h). When it becomes the request allowed past the
  * budget, the connection window its session holds for the other streams is given back, or the
  * client could not send it a byte. */
 static int stream_may_grow(h2_sess_t *s, h2_stream_t *st)
 {
-    if (!pcr_worker_body_may_grow(s->w, st->ex))
+    if (!pcr_budget_may_grow(s->w, st->ex))
         return 0;
-    if (!pcr_worker_body_budget_ok(s->w) && s->exempt != st) {
+    if (!pcr_budget_ok(s->w) && s->exempt != st) {
         s->exempt = st;
         for (h2_stream_t *o = s->streams; o != NULL; o = o->next) {
             nghttp2_session_consume_connection(s->ng, o->conn_held);
@@ -327,7 +328,7 @@ static void consume_pending(h2_sess_t *s)
         st->unconsumed = st->conn_held = 0;
     }
     if (wait)
-        pcr_worker_body_wait(s->w, &s->budget);
+        pcr_budget_wait(s->w, &s->budget);
 }
 
 static void budget_resume(pcr_budget_waiter_t *w)
@@ -538,7 +539,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
             nghttp2_session_consume_connection(ng, len); /* see stream_may_grow */
         else
             st->conn_held += len;
-        pcr_worker_body_wait(s->w, &s->budget);
+        pcr_budget_wait(s->w, &s->budget);
     }
     return 0;
 }
@@ -760,7 +761,7 @@ static void h2_close(h2_sess_t *s)
 {
     while (s->streams)
         stream_free(s->streams);
-    pcr_worker_body_unwait(s->w, &s->budget);
+    pcr_budget_unwait(s->w, &s->budget);
     nghttp2_session_del(s->ng);
     event_free(s->flush);
     event_free(s->timer);

@@ -25,6 +25,7 @@
 #include <event2/event.h>
 #include <openssl/ssl.h>
 
+#include "bus.h"
 #include "config.h"
 #include "metrics.h"
 #include "pcr/policy.h"
@@ -117,14 +118,6 @@ typedef struct pcr_server {
     uint64_t reloads_ok, reloads_failed;  /* atomic */
 } pcr_server_t;
 
-/* A session waiting for request-body budget: `resume` runs from its worker's loop once some was
- * released (it may find the budget taken again and wait anew). */
-typedef struct pcr_budget_waiter {
-    TAILQ_ENTRY(pcr_budget_waiter) link;
-    void (*resume)(struct pcr_budget_waiter *w);
-    int queued;
-} pcr_budget_waiter_t;
-
 struct pcr_worker {
     pcr_server_t *srv;
     const pcr_config_t *cfg;      /* srv->cfg */
@@ -148,7 +141,7 @@ struct pcr_worker {
     size_t nsessions;             /* atomic: /metrics reads it */
     uint64_t inflight;            /* exchanges started and not finished (atomic reads) */
     int io_uring;                 /* its socket I/O batched through io_uring now (atomic) */
-    TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;
+    TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;  /* budget.c */
     struct event *budget_event;
     int draining;
     int stopped;                  /* the loop has ended (atomic) */
@@ -156,41 +149,25 @@ struct pcr_worker {
     /* Cross-thread: commands through a pipe (rare: drain, stop), index updates through the
      * inbox (bus.c), drained by `tick` too so an idle worker does not fall behind. */
     int cmd_fd[2];
-    int hold_wake;                /* atomic: an 'H' (pcr_worker_wake_held) is in cmd_fd */
+    int hold_wake;                /* atomic: an 'H' (pools.c) is in cmd_fd */
     struct event *cmd_event;
     struct event *tick;
 };
-
-/* Every request may buffer this much of its body whatever the budget: an HTTP/2 stream's
- * initial window, and as much for an HTTP/1.1 request, so that uploads holding the budget
- * cannot stall the small requests (most prompts) of other clients. */
-#define PCR_BODY_FREE_BYTES (1024 * 1024)
-
-/* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
-int pcr_worker_body_budget_ok(const pcr_worker_t *w);
-/* Whether the body of request `req` (an exchange) may grow. Under the budget, any may. Past
- * it, one request at a time in the process still may (the first to ask, until it is freed): a
- * budget filled by partial bodies, none of which could complete, would otherwise stall every
- * upload until each timed out. The overshoot is at most one limits.max_body_bytes. */
-int pcr_worker_body_may_grow(pcr_worker_t *w, const void *req);
-/* `req` is being freed: it stops being the request allowed past the budget. */
-void pcr_worker_body_forget(pcr_worker_t *w, const void *req);
-void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta);
-void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
-void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw);
 
 /* Monotonic time in microseconds, and in nanoseconds (same clock). */
 uint64_t pcr_now_us(void);
 uint64_t pcr_now_ns(void);
 
-/* A backend's prefill budget (routing.hold_tokens) is open and workers other than `self` hold
- * streams for it: each is told through its command pipe, at most one word on the way to each,
- * and sends what its pools may (pcr_upstream_kick). */
-void pcr_worker_wake_held(pcr_worker_t *self);
-
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
  * nothing is left. */
-void pcr_worker_check_drained(pcr_worker_t *w);
+static inline void pcr_worker_check_drained(pcr_worker_t *w)
+{
+    if (w->draining && w->inflight == 0 && w->nsessions == 0)
+        event_base_loopexit(w->base, NULL);
+}
+
+/* Before a decision: apply what the other workers learned since the last one. */
+static inline void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
 
 /* worker.c: start the workers' threads (listeners bound already), ask them to drain or stop. */
 int pcr_workers_start(pcr_server_t *srv);
@@ -206,10 +183,5 @@ void pcr_workers_join(pcr_server_t *srv);
 int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id);
 void pcr_worker_dispose(pcr_worker_t *w);
 void pcr_worker_release(pcr_worker_t *w);
-/* Before a decision: apply what the other workers learned since the last one. */
-void pcr_worker_sync(pcr_worker_t *w);
-/* This worker's pool of connections to `be` (made on first use; it holds a reference). NULL
- * when out of memory. */
-pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be);
 
 #endif

@@ -1,6 +1,7 @@
 /* router/worker.c: owns the worker threads (server.h): their setup and teardown, the commands
- * the control thread sends them (drain, stop), the tick that keeps an idle worker's index
- * replica current, and the request-body budget shared by all of them.
+ * the control thread sends them (drain, stop, reload, held streams), and the tick that keeps an
+ * idle worker's index replica current. The services lower parts use live below it: the body
+ * budget (budget.c), the pools (pools.c), the bus sync and drained check (server.h).
  *
  * A worker is built entirely on the main thread before its thread starts (event base, policy
  * replica, pools, listener events), runs its loop on its own thread, and tears itself down on
@@ -18,197 +19,18 @@
 
 #include "backend.h"
 #include "body.h"
+#include "budget.h"
 #include "exchange_int.h"
 #include "bus.h"
 #include "log.h"
+#include "pools.h"
 #include "reload.h"
 #include "session.h"
 #include "sock.h"
-#include "upstream.h"
 
 #define TICK_MS 20
 
-/* ---- the request-body budget --------------------------------------------------------- */
-
-int pcr_worker_body_budget_ok(const pcr_worker_t *w)
-{
-    return PCR_LOAD(w->srv->body_buffered) < w->cfg->limits.max_buffered_body_bytes;
-}
-
-int pcr_worker_body_may_grow(pcr_worker_t *w, const void *req)
-{
-    if (pcr_worker_body_budget_ok(w))
-        return 1;
-    const void *held = __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE);
-    if (held == req)
-        return 1;
-    if (held != NULL)
-        return 0;
-    return __atomic_compare_exchange_n(&w->srv->body_exempt, &held, req, 0, __ATOMIC_ACQ_REL,
-                                       __ATOMIC_ACQUIRE);
-}
-
-void pcr_worker_body_forget(pcr_worker_t *w, const void *req)
-{
-    const void *mine = req;
-    if (__atomic_compare_exchange_n(&w->srv->body_exempt, &mine, NULL, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE) &&
-        !TAILQ_EMPTY(&w->budget_waiters))
-        event_active(w->budget_event, 0, 0);
-}
-
-/* Waiters can make progress: there is budget, or nobody holds the exemption. */
-static int budget_open(const pcr_worker_t *w)
-{
-    return pcr_worker_body_budget_ok(w) ||
-           __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE) == NULL;
-}
-
-void pcr_body_account(pcr_worker_t *w, ptrdiff_t delta)
-{
-    if (delta >= 0) {
-        PCR_ADD(w->srv->body_buffered, (size_t)delta);
-        return;
-    }
-    PCR_SUB(w->srv->body_buffered, (size_t)-delta);
-    /* This worker's waiters hear of it now; the others' at their next tick. */
-    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
-        event_active(w->budget_event, 0, 0);
-}
-
-void pcr_worker_body_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
-{
-    if (!bw->queued) {
-        TAILQ_INSERT_TAIL(&w->budget_waiters, bw, link);
-        bw->queued = 1;
-    }
-}
-
-void pcr_worker_body_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
-{
-    if (bw->queued) {
-        TAILQ_REMOVE(&w->budget_waiters, bw, link);
-        bw->queued = 0;
-    }
-}
-
-/* Wakes the sessions waiting for body budget, oldest first, while there is budget (or the
- * exemption is free); each may take some and wait again, which puts it at the back. */
-static void on_budget(evutil_socket_t fd, short what, void *arg)
-{
-    pcr_worker_t *w = arg;
-    size_t n = 0;
-    pcr_budget_waiter_t *bw;
-    TAILQ_FOREACH(bw, &w->budget_waiters, link)
-        n++;
-    while (n-- > 0 && budget_open(w) &&
-           (bw = TAILQ_FIRST(&w->budget_waiters)) != NULL) {
-        pcr_worker_body_unwait(w, bw);
-        bw->resume(bw);
-    }
-}
-
 /* ---- the loop ------------------------------------------------------------------------ */
-
-void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
-
-static void wake_held(void *w) { pcr_worker_wake_held(w); }
-
-pcr_pool_t *pcr_worker_pool(pcr_worker_t *w, pcr_backend_t *be)
-{
-    size_t id = (size_t)be->id;
-    if (id >= w->npools) {
-        size_t n = w->npools ? w->npools : 8;
-        while (n <= id)
-            n *= 2;
-        pcr_pool_t **np = realloc(w->pools, n * sizeof(*np));
-        if (np == NULL)
-            return NULL;
-        memset(np + w->npools, 0, (n - w->npools) * sizeof(*np));
-        w->pools = np;
-        w->npools = n;
-    }
-    pcr_pool_t *pool = w->pools[id];
-    if (pool != NULL && pool->be == be)
-        return pool;
-    /* A slot is reused only once the backend that had it is gone, pools included. */
-    if (pool != NULL)
-        return NULL;
-    pool = calloc(1, sizeof(*pool));
-    if (pool == NULL)
-        return NULL;
-    /* The backend's bound is for the process: each worker gets its share. */
-    unsigned max = PCR_LOAD(be->max_connections);
-    pcr_pool_init(pool, be, w->base, (max + w->srv->nworkers - 1) / w->srv->nworkers, &w->draining,
-                  &w->cfg);
-    pcr_pool_set_owner(pool, (int)w->id, wake_held, w);
-    pcr_backend_ref(be);
-    w->pools[id] = pool;
-    return pool;
-}
-
-/* Pools of backends that left: idle connections close now, the pool goes with its last one. */
-static void release_pools(pcr_worker_t *w, int all)
-{
-    for (size_t i = 0; i < w->npools; i++) {
-        pcr_pool_t *pool = w->pools[i];
-        if (pool == NULL || (!all && !PCR_LOAD(pool->be->removed)))
-            continue;
-        pcr_upstream_close_idle(pool);
-        if (pool->nconns == 0 && TAILQ_EMPTY(&pool->waiters)) {
-            pcr_backend_unref(pool->be);
-            free(pool);
-            w->pools[i] = NULL;
-        }
-    }
-}
-
-void pcr_worker_check_drained(pcr_worker_t *w)
-{
-    if (w->draining && w->inflight == 0 && w->nsessions == 0)
-        event_base_loopexit(w->base, NULL);
-}
-
-void pcr_worker_wake_held(pcr_worker_t *self)
-{
-    pcr_server_t *srv = self->srv;
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        pcr_worker_t *w = &srv->workers[i];
-        if (w == self || __atomic_exchange_n(&w->hold_wake, 1, __ATOMIC_ACQ_REL))
-            continue;
-        ssize_t n = write(w->cmd_fd[1], "H", 1);
-        (void)n; /* the pipe cannot be full: this is the only word that is not rare */
-    }
-}
-
-/* Streams held for a backend that went out of rotation (down, ejected, removed) are routed
- * again now: waiting for its prefill queue to drain could take until timeouts.response_ms.
- * The others go if the pod's budget is open (what no wake-up told this worker). */
-static void fail_held_out(pcr_worker_t *w)
-{
-    uint64_t now = 0;
-    for (size_t i = 0; i < w->npools; i++) {
-        pcr_pool_t *pool = w->pools[i];
-        if (pool == NULL || pool->nheld == 0)
-            continue;
-        if (now == 0)
-            now = pcr_now_us();
-        pcr_backend_t *be = pool->be;
-        if (!PCR_LOAD(be->up) || PCR_LOAD(be->removed) || pcr_backend_ejected(be, now))
-            pcr_upstream_fail_held(pool);
-        else
-            pcr_upstream_kick(pool);
-    }
-}
-
-/* Another worker left a backend's prefill budget open: this one's held streams go. */
-static void kick_held(pcr_worker_t *w)
-{
-    __atomic_store_n(&w->hold_wake, 0, __ATOMIC_RELEASE); /* a later wake writes again */
-    for (size_t i = 0; i < w->npools; i++)
-        if (w->pools[i] != NULL && w->pools[i]->nheld > 0)
-            pcr_upstream_kick(w->pools[i]);
-}
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -218,8 +40,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     __atomic_store_n(&w->epoch_seen, __atomic_load_n(&w->srv->epoch, __ATOMIC_ACQUIRE),
                      __ATOMIC_RELEASE);
     pcr_worker_sync(w);
-    fail_held_out(w);
-    release_pools(w, 0);
+    pcr_pools_tick(w);
     pcr_policy_stats_t ps;
     pcr_policy_stats(w->policy, &ps);
     PCR_STORE(w->metrics.index_bytes, ps.index_bytes);
@@ -232,8 +53,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     }
     PCR_BUMP(w->metrics.index_evictions, ev >= w->evictions_seen ? ev - w->evictions_seen : ev);
     w->evictions_seen = ev;
-    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
-        event_active(w->budget_event, 0, 0);
+    pcr_budget_tick(w);
 }
 
 static void worker_drain(pcr_worker_t *w)
@@ -248,9 +68,7 @@ static void worker_drain(pcr_worker_t *w)
         next = LIST_NEXT(s, link);
         s->ops->drain(s);
     }
-    for (size_t i = 0; i < w->npools; i++)
-        if (w->pools[i] != NULL)
-            pcr_upstream_close_idle(w->pools[i]);
+    pcr_pools_close_idle(w);
     pcr_worker_check_drained(w);
 }
 
@@ -282,7 +100,7 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
         else if (cmds[i] == 'R')
             worker_switch(w);
         else if (cmds[i] == 'H')
-            kick_held(w);
+            pcr_pools_kick_held(w);
     }
 }
 
@@ -311,7 +129,6 @@ int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
     w->cmd_fd[0] = w->cmd_fd[1] = -1;
     LIST_INIT(&w->sessions);
     TAILQ_INIT(&w->waiting);
-    TAILQ_INIT(&w->budget_waiters);
     w->base = pcr_sock_base_new();
     w->policy = make_policy(srv->cfg, srv->nworkers);
     if (w->base == NULL || w->policy == NULL)
@@ -321,8 +138,7 @@ int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
         return PCR_ERR_IO;
     w->cmd_event = event_new(w->base, w->cmd_fd[0], EV_READ | EV_PERSIST, on_cmd, w);
     w->tick = event_new(w->base, -1, EV_PERSIST, on_tick, w);
-    w->budget_event = event_new(w->base, -1, 0, on_budget, w);
-    if (w->cmd_event == NULL || w->tick == NULL || w->budget_event == NULL)
+    if (w->cmd_event == NULL || w->tick == NULL || pcr_budget_init(w) < 0)
         return PCR_ERR_NOMEM;
     struct timeval tv = {0, TICK_MS * 1000};
     event_add(w->cmd_event, NULL);
@@ -339,19 +155,15 @@ void pcr_worker_dispose(pcr_worker_t *w)
         s->ops->close(s);
     }
     pcr_listeners_free(w);
-    release_pools(w, 1);
-    free(w->pools);
-    w->pools = NULL;
-    w->npools = 0;
+    pcr_pools_free(w);
     pcr_policy_free(w->policy);
     w->policy = NULL;
     if (w->cmd_event)
         event_free(w->cmd_event);
     if (w->tick)
         event_free(w->tick);
-    if (w->budget_event)
-        event_free(w->budget_event);
-    w->cmd_event = w->tick = w->budget_event = NULL;
+    pcr_budget_dispose(w);
+    w->cmd_event = w->tick = NULL;
     if (w->base)
         event_base_free(w->base);
     w->base = NULL;

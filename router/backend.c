@@ -1,25 +1,24 @@
-/* router/backend.c: owns the backends' run-time state: the slots they live in and their
- * lifetime (backend.h), the up/down state that active health checks move, passive outlier
- * detection (ejection), the model lists the pods report, and the active checks themselves (GET
- * health.path every health.interval_ms, probes of ejected backends every outlier.probe_ms).
+/* router/backend.c: owns the backends' registry (backend.h): the slots they live in and their
+ * lifetime, the up/down state that active health checks move, passive outlier detection
+ * (ejection), and the model lists the pods report. It sends nothing to a pod itself: the
+ * control thread's checks (control.c: health.c, scrape.c, models.c) are started and stopped
+ * through the hooks it is given, so a backend added by a reload or by discovery gets them too.
  *
  * A backend goes down after `fall` failed checks in a row and comes back after `rise`
  * successful ones. A backend that is down keeps its entries in the index: a pod unreachable for
- * a while still holds its KV cache; only a restart empties it, and the scrape sees that. Checks
- * run on the control thread, over a connection of their own, so a pod whose request pool is
- * full of long generations is still checked. Outcomes of real requests come from the workers,
- * hence the atomics: consecutive errors eject a backend for a back-off that grows with repeated
- * ejections. An ejected pod is probed (a health check, so one that cannot be reached is soon
- * marked down). One ejected because it refused connections comes back as soon as a probe
- * succeeds, so a pod that restarts in a few milliseconds costs a fraction of a second; one
- * ejected for 5xx or resets serves its ejection (it may answer /health while failing requests),
- * and is back in rotation when the ejection ends. */
+ * a while still holds its KV cache; only a restart empties it, and the scrape sees that.
+ * Outcomes of real requests come from the workers, hence the atomics: consecutive errors eject
+ * a backend for a back-off that grows with repeated ejections. An ejected pod is probed (a
+ * health check, so one that cannot be reached is soon marked down). One ejected because it
+ * refused connections comes back as soon as a probe succeeds, so a pod that restarts in a few
+ * milliseconds costs a fraction of a second; one ejected for 5xx or resets serves its ejection
+ * (it may answer /health while failing requests), and is back in rotation when the ejection
+ * ends. */
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/buffer.h>
 #include <event2/event.h>
 #include <xxhash.h>
 
@@ -27,13 +26,6 @@
 #include "bus.h"
 #include "dns.h"
 #include "log.h"
-#include "models.h"
-#include "reload.h"
-#include "scrape.h"
-#include "upstream.h"
-
-static void health_schedule(pcr_backend_t *be);
-static void on_health_timer(evutil_socket_t fd, short what, void *arg);
 
 /* ---- slots and lifetime -------------------------------------------------------------- */
 
@@ -139,10 +131,9 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
     be->addrlen = salen;
     size_t hl = strlen(bc->host) + 16;
     be->host_header = malloc(hl);
-    be->check_pool = calloc(1, sizeof(*be->check_pool));
     be->npending = srv->nworkers ? srv->nworkers : 1;
     be->pending = calloc(be->npending, sizeof(*be->pending));
-    if (be->host_header == NULL || be->check_pool == NULL || be->pending == NULL) {
+    if (be->host_header == NULL || be->pending == NULL) {
         backend_free(be);
         return NULL;
     }
@@ -154,14 +145,10 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
         snprintf(be->host_header, hl, "[%s]:%u", bc->host, bc->port);
     else
         snprintf(be->host_header, hl, "%s:%u", bc->host, bc->port);
-    /* Checks and scrapes: one connection of their own, never queued behind requests. */
-    pcr_pool_init(be->check_pool, be, srv->base, 1, &srv->draining, (const pcr_config_t **)&srv->cfg);
-    if (cfg->health.interval_ms > 0) {
-        be->health_timer = evtimer_new(srv->base, on_health_timer, be);
-        if (be->health_timer == NULL) {
-            backend_free(be);
-            return NULL;
-        }
+    /* Its checks' connection and timer, before any thread can see it. */
+    if (srv->backend_hooks != NULL && srv->backend_hooks->prepare(be) < 0) {
+        backend_free(be);
+        return NULL;
     }
     pcr_backend_config_models(be, bc);
     srv->slot_taken[id] = 1;
@@ -172,15 +159,8 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
     pcr_backend_desc(be, &d);
     pcr_bus_backend_set(srv->bus, PCR_BUS_CONTROL, (int)id, &d);
     __atomic_store_n(&srv->backends[id], be, __ATOMIC_RELEASE);
-    if (be->health_timer != NULL) {
-        /* First check right away, so a dead pod is known within one timeout. */
-        struct timeval now = {0, 0};
-        evtimer_add(be->health_timer, &now);
-    }
-    if (srv->cfg->scrape.interval_ms != 0)
-        pcr_scrape_start(be);
-    if (srv->cfg->scrape.models_interval_ms != 0)
-        pcr_models_fetch(be);
+    if (srv->backend_hooks != NULL)
+        srv->backend_hooks->join(be);
     return be;
 }
 
@@ -191,10 +171,8 @@ void pcr_backend_remove(pcr_backend_t *be)
     PCR_STORE(be->removed, 1);
     __atomic_store_n(&srv->backends[be->id], NULL, __ATOMIC_RELEASE);
     pcr_bus_backend_remove(srv->bus, PCR_BUS_CONTROL, be->id);
-    if (be->health_timer)
-        event_del(be->health_timer);
-    pcr_scrape_cancel(be);
-    pcr_models_cancel(be);
+    if (srv->backend_hooks != NULL)
+        srv->backend_hooks->leave(be);
     /* Release: a worker that reads the new epoch (acquire) reads the emptied slot too. */
     be->retired_epoch = __atomic_fetch_add(&srv->epoch, 1, __ATOMIC_RELEASE) + 1;
     LIST_INSERT_HEAD(&srv->retired, be, retired_link);
@@ -217,7 +195,7 @@ void pcr_backends_collect(pcr_server_t *srv)
     for (; be != NULL; be = next) {
         next = LIST_NEXT(be, retired_link);
         if (be->retired_epoch > seen || __atomic_load_n(&be->refs, __ATOMIC_ACQUIRE) != 0 ||
-            be->health_req != NULL || be->models_req != NULL)
+            (srv->backend_hooks != NULL && srv->backend_hooks->busy(be)))
             continue;
         LIST_REMOVE(be, retired_link);
         srv->slot_taken[be->id] = 0;
@@ -361,6 +339,11 @@ void pcr_backend_uneject(pcr_backend_t *be)
     ejection_over(be, PCR_LOAD(be->ejected_until_us), "answers its probe");
 }
 
+void pcr_backend_ejection_served(pcr_backend_t *be, uint64_t until)
+{
+    ejection_over(be, until, "has served its ejection");
+}
+
 /* ---- models -------------------------------------------------------------------------- */
 
 uint64_t pcr_model_hash(const char *model, size_t len) { return XXH3_64bits(model, len); }
@@ -426,138 +409,6 @@ int pcr_backend_serves(const pcr_backend_t *be, const char *model, uint64_t mode
     return ncfg == 0; /* the pod has not said yet: only a config list can say no */
 }
 
-/* ---- active health checks ------------------------------------------------------------ */
-
-typedef struct {
-    pcr_backend_t *be;
-    int status;
-    struct event *deadline;
-} health_ctx_t;
-
-/* Ends the check in flight. */
-static void health_end(health_ctx_t *h, int ok)
-{
-    pcr_backend_t *be = h->be;
-    be->health_req = NULL;
-    be->health_ctx = NULL;
-    event_free(h->deadline);
-    free(h);
-    if (ok && pcr_backend_ejected(be, pcr_now_us()) && PCR_LOAD(be->ejected_for_connects))
-        pcr_backend_uneject(be); /* a probe, or a check that happened to come first */
-    pcr_backend_check_result(be, ok);
-    health_schedule(be);
-}
-
-static void on_health_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
-{
-    ((health_ctx_t *)ctx)->status = status;
-}
-
-static void on_health_body(void *ctx, const char *data, size_t len) {}
-
-static void on_health_done(void *ctx)
-{
-    health_ctx_t *h = ctx;
-    health_end(h, h->status >= 200 && h->status < 300);
-}
-
-static void on_health_error(void *ctx, pcr_up_error_t err, int got_head) { health_end(ctx, 0); }
-
-static const pcr_upstream_cbs_t health_cbs = {
-    on_health_head, on_health_body, on_health_done, on_health_error, NULL, NULL, NULL,
-};
-
-static void on_health_deadline(evutil_socket_t fd, short what, void *arg)
-{
-    health_ctx_t *h = arg;
-    pcr_upstream_cancel(h->be->health_req);
-    health_end(h, 0);
-}
-
-/* Sends one check now, unless one is in flight. */
-static void health_start(pcr_backend_t *be)
-{
-    if (PCR_LOAD(be->srv->draining) || be->health_req != NULL || PCR_LOAD(be->removed))
-        return;
-    health_ctx_t *h = calloc(1, sizeof(*h));
-    struct evbuffer *req = evbuffer_new();
-    if (h == NULL || req == NULL)
-        goto fail;
-    h->be = be;
-    h->deadline = evtimer_new(be->srv->base, on_health_deadline, h);
-    if (h->deadline == NULL)
-        goto fail;
-    evbuffer_add_printf(req, "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: pcrouter-health\r\n\r\n",
-                        be->srv->cfg->health.path, be->host_header);
-    be->health_req = pcr_upstream_send(be->check_pool, req, &health_cbs, h);
-    req = NULL;
-    if (be->health_req == NULL)
-        goto fail;
-    be->health_ctx = h;
-    unsigned ms = be->srv->cfg->health.timeout_ms;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    evtimer_add(h->deadline, &tv);
-    return;
-fail:
-    if (req)
-        evbuffer_free(req);
-    if (h && h->deadline)
-        event_free(h->deadline);
-    free(h);
-    health_schedule(be);
-}
-
-static void on_health_timer(evutil_socket_t fd, short what, void *arg) { health_start(arg); }
-
-static void health_schedule(pcr_backend_t *be)
-{
-    unsigned ms = be->srv->cfg->health.interval_ms;
-    if (ms == 0 || be->health_timer == NULL || PCR_LOAD(be->srv->draining) ||
-        PCR_LOAD(be->removed))
-        return;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    evtimer_add(be->health_timer, &tv);
-}
-
-/* Every outlier.probe_ms: an ejected backend is probed (a health check), so one that cannot be
- * reached is marked down after health.fall probes, and one ejected for failed connects comes
- * back as soon as it answers rather than when its ejection ends; an ejection that ran its course
- * ends here. Backends that left and drained are freed here too. */
-static void on_probe_tick(evutil_socket_t fd, short what, void *arg)
-{
-    pcr_server_t *srv = arg;
-    uint64_t now = pcr_now_us();
-    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
-        pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be == NULL)
-            continue;
-        uint64_t until = PCR_LOAD(be->ejected_until_us);
-        if (until > now)
-            health_start(be);
-        else if (until != 0 && until <= now)
-            ejection_over(be, until, "has served its ejection");
-    }
-    pcr_backends_collect(srv);
-    pcr_reload_collect(srv);
-}
-
-/* Every scrape.interval_ms, independent of the health checks: the pods' load, hit rate and
- * models. */
-static void on_scrape_tick(evutil_socket_t fd, short what, void *arg)
-{
-    pcr_server_t *srv = arg;
-    if (PCR_LOAD(srv->draining))
-        return;
-    uint64_t now = pcr_now_us();
-    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
-        pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be != NULL) {
-            pcr_scrape_start(be);
-            pcr_models_tick(be, now);
-        }
-    }
-}
-
 /* ---- set-up -------------------------------------------------------------------------- */
 
 typedef struct {
@@ -620,9 +471,10 @@ static int resolve_now(pcr_server_t *srv, const pcr_backend_conf_t *bc,
     return 0;
 }
 
-int pcr_backends_init(pcr_server_t *srv)
+int pcr_backends_open(pcr_server_t *srv, const pcr_backend_hooks_t *hooks)
 {
     const pcr_config_t *cfg = srv->cfg;
+    srv->backend_hooks = hooks;
     srv->backends = calloc(PCR_MAX_BACKENDS, sizeof(*srv->backends));
     srv->slot_taken = calloc(PCR_MAX_BACKENDS, 1);
     if (srv->backends == NULL || srv->slot_taken == NULL)
@@ -640,39 +492,13 @@ int pcr_backends_init(pcr_server_t *srv)
         if (pcr_backend_add(srv, bc, (struct sockaddr *)&ss, len) == NULL)
             return PCR_ERR_NOMEM;
     }
-    srv->probe_tick = event_new(srv->base, -1, EV_PERSIST, on_probe_tick, srv);
-    if (srv->probe_tick == NULL)
-        return PCR_ERR_NOMEM;
-    struct timeval ptv = {cfg->outlier.probe_ms / 1000,
-                          (suseconds_t)(cfg->outlier.probe_ms % 1000) * 1000};
-    event_add(srv->probe_tick, &ptv);
-    if (cfg->scrape.interval_ms > 0) {
-        srv->scrape_tick = event_new(srv->base, -1, EV_PERSIST, on_scrape_tick, srv);
-        if (srv->scrape_tick == NULL)
-            return PCR_ERR_NOMEM;
-        struct timeval stv = {cfg->scrape.interval_ms / 1000,
-                              (suseconds_t)(cfg->scrape.interval_ms % 1000) * 1000};
-        event_add(srv->scrape_tick, &stv);
-    }
     return 0;
 }
 
 static void backend_free(pcr_backend_t *be)
 {
-    if (be->health_timer)
-        event_free(be->health_timer);
-    if (be->health_req != NULL) {
-        health_ctx_t *h = be->health_ctx;
-        pcr_upstream_cancel(be->health_req);
-        event_free(h->deadline);
-        free(h);
-    }
-    pcr_scrape_cancel(be);
-    pcr_models_cancel(be);
-    if (be->check_pool) {
-        pcr_pool_dispose(be->check_pool);
-        free(be->check_pool);
-    }
+    if (be->srv->backend_hooks != NULL)
+        be->srv->backend_hooks->dispose(be);
     pcr_backend_conf_dispose(&be->conf);
     free(be->pending);
     free(be->host_header);
@@ -680,41 +506,8 @@ static void backend_free(pcr_backend_t *be)
     free(be);
 }
 
-void pcr_backends_retime(pcr_server_t *srv)
+void pcr_backends_close(pcr_server_t *srv)
 {
-    const pcr_config_t *cfg = srv->cfg;
-    struct timeval ptv = {cfg->outlier.probe_ms / 1000,
-                          (suseconds_t)(cfg->outlier.probe_ms % 1000) * 1000};
-    event_add(srv->probe_tick, &ptv);
-    /* A backend whose health checks were off starts them, whatever the scrape does. */
-    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
-        pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be != NULL && cfg->health.interval_ms > 0 && be->health_timer == NULL) {
-            be->health_timer = evtimer_new(srv->base, on_health_timer, be);
-            health_schedule(be);
-        }
-    }
-    if (cfg->scrape.interval_ms == 0) {
-        if (srv->scrape_tick)
-            event_del(srv->scrape_tick);
-        return;
-    }
-    if (srv->scrape_tick == NULL)
-        srv->scrape_tick = event_new(srv->base, -1, EV_PERSIST, on_scrape_tick, srv);
-    if (srv->scrape_tick == NULL)
-        return;
-    struct timeval stv = {cfg->scrape.interval_ms / 1000,
-                          (suseconds_t)(cfg->scrape.interval_ms % 1000) * 1000};
-    event_add(srv->scrape_tick, &stv);
-}
-
-void pcr_backends_dispose(pcr_server_t *srv)
-{
-    if (srv->probe_tick)
-        event_free(srv->probe_tick);
-    if (srv->scrape_tick)
-        event_free(srv->scrape_tick);
-    srv->probe_tick = srv->scrape_tick = NULL;
     for (size_t i = 0; srv->backends != NULL && i < PCR_MAX_BACKENDS; i++) {
         if (srv->backends[i] != NULL)
             backend_free(srv->backends[i]);

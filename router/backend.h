@@ -11,7 +11,9 @@
  * from a slot during one callback is never freed under it).
  *
  * The connections to it live in pools (pcr_pool_t), one per worker and one on the control
- * thread for health checks and scrapes, never shared between threads (upstream.h). */
+ * thread for health checks and scrapes, never shared between threads (upstream.h). The
+ * registry (backend.c) sends nothing to a pod: the control thread's checks hang off it through
+ * pcr_backend_hooks_t (control.c). */
 #ifndef PCR_ROUTER_BACKEND_H
 #define PCR_ROUTER_BACKEND_H
 
@@ -90,14 +92,14 @@ struct pcr_backend {
     double pod_start_time;                   /* process_start_time_seconds, 0 unknown */
     uint64_t pod_hits_last, pod_queries_last;
     int pod_have_hits, pod_have_queries;
-    pcr_upreq_t *scrape_req;
+    struct pcr_probe *scrape_req;            /* scrape.c, on the check connection (probe.h) */
     void *scrape_ctx;
 
     /* The models it serves: those its config lists, and those its pod says it serves (GET
      * /v1/models, LoRA adapters included). */
     pcr_modelset_t cfg_models;
     pcr_modelset_t pod_models;
-    pcr_upreq_t *models_req;
+    struct pcr_probe *models_req;            /* models.c */
     void *models_ctx;
     uint64_t models_at_us;                   /* control: when the pod was last asked */
 
@@ -114,10 +116,10 @@ struct pcr_backend {
                                                 connects, so a probe may end it (atomic) */
     uint64_t ejected_at_us;                  /* atomic */
     uint64_t ejections_total;                /* atomic */
-    struct event *health_timer;
-    pcr_upreq_t *health_req;
-    void *health_ctx;                        /* the check in flight, freed on dispose */
-    pcr_pool_t *check_pool;                  /* the control thread's one connection */
+    struct event *health_timer;              /* health.c */
+    struct pcr_probe *health_req;            /* the check in flight */
+    int health_status;                       /* its answer's status, 0 before the head */
+    pcr_pool_t *check_pool;                  /* the control thread's one connection (control.c) */
 
     /* Counters for /metrics (atomic). */
     uint64_t requests_by_code[600];
@@ -142,12 +144,26 @@ void pcr_backend_unref(pcr_backend_t *be);
  * thread. */
 uint64_t pcr_backend_settled_before(const pcr_backend_t *be);
 
-/* Control thread. pcr_backends_init resolves the config's backends (before the loops run) and
- * starts the checks; pcr_backend_add makes one from settings whose host is resolved already
- * (`sa`), in the lowest free slot, published to every worker's policy; pcr_backend_remove
- * empties its slot (draining); pcr_backends_collect frees those nothing holds any more. */
-int pcr_backends_init(pcr_server_t *srv);
-void pcr_backends_dispose(pcr_server_t *srv);
+/* What the control thread does with a backend's checks (control.c), called by the registry so
+ * that a backend added at start, by a reload or by discovery gets them alike: `prepare` before
+ * the backend is published (its check connection and timer; < 0 refuses it), `join` once it
+ * is, `leave` when it leaves its slot, `busy` while a check still runs (it is freed only after),
+ * `dispose` before it is freed (also after a failed `prepare`). */
+typedef struct pcr_backend_hooks {
+    int (*prepare)(pcr_backend_t *be);
+    void (*join)(pcr_backend_t *be);
+    void (*leave)(pcr_backend_t *be);
+    int (*busy)(const pcr_backend_t *be);
+    void (*dispose)(pcr_backend_t *be);
+} pcr_backend_hooks_t;
+
+/* Control thread. pcr_backends_open resolves the config's backends (before the loops run) and
+ * adds them, `hooks` (may be NULL: no checks) being told of each; pcr_backend_add makes one
+ * from settings whose host is resolved already (`sa`), in the lowest free slot, published to
+ * every worker's policy; pcr_backend_remove empties its slot (draining); pcr_backends_collect
+ * frees those nothing holds any more; pcr_backends_close frees them all. */
+int pcr_backends_open(pcr_server_t *srv, const pcr_backend_hooks_t *hooks);
+void pcr_backends_close(pcr_server_t *srv);
 pcr_backend_t *pcr_backend_add(pcr_server_t *srv, const pcr_backend_conf_t *conf,
                                const struct sockaddr *sa, socklen_t salen);
 void pcr_backend_remove(pcr_backend_t *be);
@@ -155,8 +171,6 @@ void pcr_backend_remove(pcr_backend_t *be);
 pcr_backend_t *pcr_backend_add_discovered(pcr_server_t *srv, const pcr_backend_conf_t *conf,
                                           const struct sockaddr *sa, socklen_t salen,
                                           const char *dns, unsigned port);
-/* A reload changed the intervals: the control ticks take them. */
-void pcr_backends_retime(pcr_server_t *srv);
 void pcr_backends_collect(pcr_server_t *srv);
 /* Finds the backend named `name` (control thread), NULL when none. */
 pcr_backend_t *pcr_backend_find(pcr_server_t *srv, const char *name);
@@ -186,6 +200,9 @@ void pcr_backend_report(pcr_backend_t *be, const pcr_outlier_conf_t *o, pcr_outc
  * would defeat the back-off. */
 void pcr_backend_uneject(pcr_backend_t *be);
 int pcr_backend_ejected(const pcr_backend_t *be, uint64_t now_us);
+/* The ejection read as ending at `until` has run its course (control thread's probe tick): the
+ * backend is back in rotation, unless another ejection began meanwhile. */
+void pcr_backend_ejection_served(pcr_backend_t *be, uint64_t until);
 
 /* Number of backends currently up, and in all (any thread). */
 size_t pcr_backends_up(const pcr_server_t *srv);

@@ -1,9 +1,9 @@
-/* router/clock.c: the one clock the router reads: monotonic, in microseconds (server.h), and
+/* router/clock.c: the one clock the router reads: monotonic, in microseconds (clock.h), and
  * in nanoseconds for what takes microseconds (a routing decision's phases). The routing library
  * has none of its own: this time is passed in. */
 #include <time.h>
 
-#include "server.h"
+#include "clock.h"
 
 uint64_t pcr_now_us(void)
 {

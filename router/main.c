@@ -20,6 +20,7 @@
 
 #include "accesslog.h"
 #include "backend.h"
+#include "control.h"
 #include "bus.h"
 #include "evmem.h"
 #include "discovery.h"

@@ -1,5 +1,5 @@
 /* router/models.c: what each pod says it serves, from its GET /v1/models (LoRA adapters appear
- * there as models of their own), read on the control thread over the checks' connection when a
+ * there as models of their own), read on the control thread over the checks' connection (probe.c) when a
  * backend joins and then every scrape.models_interval_ms (0: never). The list joins the config's `models`
  * (backend.h): a request names a model, and only pods serving it are candidates; a request for
  * a model no pod serves gets 404 model_not_found. A pod that has not answered yet serves any
@@ -9,12 +9,11 @@
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
-#include <event2/event.h>
 
 #include "backend.h"
 #include "log.h"
 #include "models.h"
-#include "upstream.h"
+#include "probe.h"
 
 #define MODELS_MAX_BYTES (1024 * 1024)
 
@@ -23,7 +22,6 @@ typedef struct {
     int status;
     int too_big;
     struct evbuffer *body;
-    struct event *deadline;
 } models_ctx_t;
 
 /* Reads {"data": [{"id": "..."}, ...]}; -1 when it is not that. */
@@ -52,14 +50,10 @@ static void models_end(models_ctx_t *c)
     be->models_req = NULL;
     be->models_ctx = NULL;
     evbuffer_free(c->body);
-    event_free(c->deadline);
     free(c);
 }
 
-static void on_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
-{
-    ((models_ctx_t *)ctx)->status = status;
-}
+static void on_head(void *ctx, int status) { ((models_ctx_t *)ctx)->status = status; }
 
 static void on_body(void *ctx, const char *data, size_t len)
 {
@@ -70,10 +64,14 @@ static void on_body(void *ctx, const char *data, size_t len)
         c->too_big = 1;
 }
 
-static void on_done(void *ctx)
+static void on_end(void *ctx, int complete)
 {
     models_ctx_t *c = ctx;
     pcr_backend_t *be = c->be;
+    if (!complete) {
+        models_end(c);
+        return;
+    }
     uint64_t h[PCR_MAX_MODELS];
     size_t n = 0;
     size_t len = evbuffer_get_length(c->body);
@@ -92,17 +90,7 @@ static void on_done(void *ctx)
     models_end(c);
 }
 
-static void on_error(void *ctx, pcr_up_error_t err, int got_head) { models_end(ctx); }
-
-static const pcr_upstream_cbs_t models_cbs = {on_head, on_body, on_done, on_error,
-                                              NULL,    NULL,    NULL};
-
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
-{
-    models_ctx_t *c = arg;
-    pcr_upstream_cancel(c->be->models_req);
-    models_end(c);
-}
+static const pcr_probe_cbs_t models_cbs = {on_head, on_body, on_end};
 
 void pcr_models_fetch(pcr_backend_t *be)
 {
@@ -110,38 +98,28 @@ void pcr_models_fetch(pcr_backend_t *be)
     if (be->models_req != NULL || PCR_LOAD(be->removed))
         return;
     models_ctx_t *c = calloc(1, sizeof(*c));
-    struct evbuffer *req = evbuffer_new();
-    if (c == NULL || req == NULL || (c->body = evbuffer_new()) == NULL ||
-        (c->deadline = evtimer_new(srv->base, on_deadline, c)) == NULL) {
-        if (c != NULL && c->body != NULL)
-            evbuffer_free(c->body);
+    if (c == NULL || (c->body = evbuffer_new()) == NULL) {
         free(c);
-        if (req)
-            evbuffer_free(req);
         return;
     }
     c->be = be;
-    evbuffer_add_printf(req, "GET /v1/models HTTP/1.1\r\nHost: %s\r\nUser-Agent: pcrouter-models\r\n"
-                             "Accept: application/json\r\n\r\n", be->host_header);
-    be->models_req = pcr_upstream_send(be->check_pool, req, &models_cbs, c);
+    be->models_req = pcr_probe_get(be, "/v1/models", "pcrouter-models", "application/json",
+                                   srv->cfg->scrape.timeout_ms, &models_cbs, c);
     if (be->models_req == NULL) {
         evbuffer_free(c->body);
-        event_free(c->deadline);
         free(c);
         return;
     }
     be->models_ctx = c;
     be->models_at_us = pcr_now_us();
-    unsigned ms = srv->cfg->scrape.timeout_ms;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    evtimer_add(c->deadline, &tv);
 }
 
 void pcr_models_cancel(pcr_backend_t *be)
 {
     if (be->models_req == NULL)
         return;
-    pcr_upstream_cancel(be->models_req);
+    pcr_probe_cancel(be->models_req);
+    be->models_req = NULL;
     models_end(be->models_ctx);
 }
 

@@ -21,6 +21,7 @@
 
 #include "accesslog.h"
 #include "backend.h"
+#include "control.h"
 #include "bus.h"
 #include "discovery.h"
 #include "dns.h"

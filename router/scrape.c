@@ -1,5 +1,5 @@
 /* router/scrape.c: reads each pod's own /metrics (vLLM's Prometheus text) every
- * scrape.interval_ms, over the health checks' own connection, for what the router cannot count
+ * scrape.interval_ms, over the health checks' own connection (probe.c), for what the router cannot count
  * itself:
  *   - the load the pod reports: vllm:num_requests_waiting feeds the routing cost;
  *   - the hit rate the pod delivers: vllm:prefix_cache_hits_total / _queries_total (tokens),
@@ -12,14 +12,13 @@
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/event.h>
 
 #include "backend.h"
 #include "bus.h"
 #include "log.h"
+#include "probe.h"
 #include "prom.h"
 #include "scrape.h"
-#include "upstream.h"
 
 #define SCRAPE_MAX_BYTES (4 * 1024 * 1024)
 
@@ -29,7 +28,6 @@ typedef struct {
     pcr_backend_t *be;
     int status;
     size_t bytes;                  /* of the page so far, against SCRAPE_MAX_BYTES */
-    struct event *deadline;        /* scrape.timeout_ms: a pod that stalls its page is let go */
     pcr_prom_reader_t page;
 } scrape_ctx_t;
 
@@ -128,15 +126,7 @@ void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
     free(r);
 }
 
-static void scrape_end(scrape_ctx_t *c)
-{
-    c->be->scrape_req = NULL;
-    c->be->scrape_ctx = NULL;
-    event_free(c->deadline);
-    free(c);
-}
-
-static void on_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
+static void on_head(void *ctx, int status)
 {
     scrape_ctx_t *c = ctx;
     c->status = status;
@@ -159,66 +149,46 @@ static void on_body(void *ctx, const char *data, size_t len)
     pcr_prom_feed(&c->page, data, len);
 }
 
-static void on_done(void *ctx)
+/* Complete: the page is applied. Cut (an error, or scrape.timeout_ms: a pod that stalls its
+ * page is let go): nothing of it is used, as what came may be cut anywhere. */
+static void on_end(void *ctx, int complete)
 {
     scrape_ctx_t *c = ctx;
-    if (c->status == 200)
+    if (complete && c->status == 200)
         apply(c->be, pcr_prom_end(&c->page));
-    scrape_end(c);
+    c->be->scrape_req = NULL;
+    c->be->scrape_ctx = NULL;
+    free(c);
 }
 
-static void on_error(void *ctx, pcr_up_error_t err, int got_head) { scrape_end(ctx); }
-
-static const pcr_upstream_cbs_t scrape_cbs = {on_head, on_body, on_done, on_error,
-                                              NULL,    NULL,    NULL};
-
-/* Not answered in time: nothing of this page is used (what came so far may be cut anywhere),
- * and the check connection is free for the next scrape, health check or model list. */
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
-{
-    scrape_ctx_t *c = arg;
-    pcr_upstream_cancel(c->be->scrape_req);
-    scrape_end(c);
-}
+static const pcr_probe_cbs_t scrape_cbs = {on_head, on_body, on_end};
 
 void pcr_scrape_start(pcr_backend_t *be)
 {
     if (be->scrape_req != NULL || !PCR_LOAD(be->up))
         return; /* the last one is still running, or the pod is down */
     scrape_ctx_t *c = malloc(sizeof(*c));   /* the reader's carry need not be zeroed */
-    struct evbuffer *req = evbuffer_new();
-    if (c != NULL)
-        c->deadline = evtimer_new(be->srv->base, on_deadline, c);
-    if (c == NULL || req == NULL || c->deadline == NULL) {
-        if (c != NULL && c->deadline != NULL)
-            event_free(c->deadline);
-        free(c);
-        if (req)
-            evbuffer_free(req);
+    if (c == NULL)
         return;
-    }
     c->be = be;
     c->status = 0;
     c->bytes = 0;
     pcr_prom_begin(&c->page);
-    evbuffer_add_printf(req, "GET /metrics HTTP/1.1\r\nHost: %s\r\nUser-Agent: pcrouter-scrape\r\n\r\n",
-                        be->host_header);
-    be->scrape_req = pcr_upstream_send(be->check_pool, req, &scrape_cbs, c);
+    be->scrape_req = pcr_probe_get(be, "/metrics", "pcrouter-scrape", NULL,
+                                   be->srv->cfg->scrape.timeout_ms, &scrape_cbs, c);
     if (be->scrape_req == NULL) {
-        event_free(c->deadline);
         free(c);
         return;
     }
     be->scrape_ctx = c;
-    unsigned ms = be->srv->cfg->scrape.timeout_ms;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
-    evtimer_add(c->deadline, &tv);
 }
 
 void pcr_scrape_cancel(pcr_backend_t *be)
 {
     if (be->scrape_req == NULL)
         return;
-    pcr_upstream_cancel(be->scrape_req);
-    scrape_end(be->scrape_ctx);
+    pcr_probe_cancel(be->scrape_req);
+    be->scrape_req = NULL;
+    free(be->scrape_ctx);
+    be->scrape_ctx = NULL;
 }

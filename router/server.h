@@ -26,6 +26,7 @@
 #include <openssl/ssl.h>
 
 #include "bus.h"
+#include "clock.h"
 #include "config.h"
 #include "metrics.h"
 #include "pcr/policy.h"
@@ -81,6 +82,7 @@ typedef struct pcr_server {
     char *slot_taken;             /* control thread: the slot's backend is not freed yet */
     LIST_HEAD(, pcr_backend) retired;  /* left, freed once nothing holds them */
     uint64_t epoch;               /* atomic: retirements; workers publish the last they saw */
+    const struct pcr_backend_hooks *backend_hooks;  /* the checks of each backend (control.c) */
     pcr_worker_t *workers;
     unsigned nworkers;
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
@@ -90,8 +92,8 @@ typedef struct pcr_server {
 
     /* The control loop, on the main thread. */
     struct event_base *base;
-    struct event *probe_tick;     /* probes of ejected backends (backend.c) */
-    struct event *scrape_tick;    /* the pods' metrics (scrape.c) */
+    struct event *probe_tick;     /* probes of ejected backends (control.c) */
+    struct event *scrape_tick;    /* the pods' metrics and model lists (control.c) */
     struct event *sig_ev; /* the signalfd (SIGTERM, SIGINT, SIGHUP, SIGUSR1) */
     int sig_fd;
     struct event *drain_timer;
@@ -153,10 +155,6 @@ struct pcr_worker {
     struct event *cmd_event;
     struct event *tick;
 };
-
-/* Monotonic time in microseconds, and in nanoseconds (same clock). */
-uint64_t pcr_now_us(void);
-uint64_t pcr_now_ns(void);
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
  * nothing is left. */

@@ -72,6 +72,7 @@
 #include "backend.h"
 #include "bus.h"
 #include "config.h"
+#include "control.h"
 #include "fuzz.h"
 #include "fuzz_net.h"
 #include "log.h"

@@ -33,7 +33,6 @@
 #include "config_err.h"
 #include "pcr/common.h"
 #include "pcr/hold.h"
-#include "share_codec.h"
 
 /* A config file larger than this is a mistake (a log, a dump), not a config. */
 #define CONFIG_MAX_FILE_BYTES (16u * 1024 * 1024)
@@ -847,13 +846,13 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
         /* Replicas name the backends in what they exchange, in a byte of length. */
         for (size_t i = 0; i < cfg->nbackends; i++) {
             size_t len = cfg->backends[i].name != NULL ? strlen(cfg->backends[i].name) : 0;
-            if (len <= PCR_SHARE_NAME_MAX)
+            if (len <= PCR_BACKEND_NAME_MAX)
                 continue;
             mark = pcr_cfg_path_push_key(&c->path, "backends");
             pcr_cfg_path_push_index(&c->path, i);
             pcr_cfg_path_push_key(&c->path, "name");
             pcr_cfg_err(c, "at most %d bytes with a \"redis\" section (replicas exchange it), "
-                           "got %zu", PCR_SHARE_NAME_MAX, len);
+                           "got %zu", PCR_BACKEND_NAME_MAX, len);
             pcr_cfg_path_pop(&c->path, mark);
         }
     }

@@ -13,6 +13,10 @@
 
 #include "pcr/policy.h"
 
+/* The longest backend name with a "redis" section: replicas name the backends in what they
+ * exchange (share_codec.h), in a byte of length. */
+#define PCR_BACKEND_NAME_MAX 255
+
 typedef struct {
     char *address;                 /* as written: "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8443" */
     struct sockaddr_storage addr;  /* resolved numerically, port included */
@@ -195,6 +199,10 @@ pcr_config_t *pcr_config_load(const char *path, char **errors);
 pcr_config_t *pcr_config_parse(const char *text, const char *name, char **errors);
 
 void pcr_config_free(pcr_config_t *cfg);  /* NULL is a no-op */
+
+/* The policy options a config gives a process of `nworkers` workers: the workers' first
+ * replicas and every reload's tune (config_policy.c). */
+void pcr_config_policy_opts(const pcr_config_t *cfg, unsigned nworkers, pcr_policy_opts_t *o);
 
 /* A deep copy of one backend's settings (a running backend outlives the config it came from),
  * and its release. 0 or PCR_ERR_NOMEM (then `dst` holds nothing). */

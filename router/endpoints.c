@@ -8,6 +8,7 @@
 
 #include "exchange_int.h"
 #include "log.h"
+#include "metrics.h"
 #include "pools.h"
 
 /* 200 when a pod is usable; 503 when none is, and while a cold start loads the index shared

@@ -33,6 +33,7 @@
 #include "sock.h"
 #include "upstream.h"
 #include "version.h"
+#include "worker.h"
 
 #define PCR_VERSION "0.1.0"
 

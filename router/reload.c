@@ -28,6 +28,7 @@
 #include "log.h"
 #include "reload.h"
 #include "session.h"
+#include "worker.h"
 
 struct pcr_reload {
     pcr_server_t *srv;
@@ -154,30 +155,6 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
     free(seen);
 }
 
-static void policy_opts(const pcr_config_t *cfg, unsigned nworkers, pcr_policy_opts_t *o)
-{
-    pcr_policy_opts_default(o);
-    o->kind = cfg->routing.policy;
-    o->block_bytes = cfg->routing.block_bytes;
-    o->max_prefix_bytes = cfg->routing.max_prefix_bytes;
-    o->index_max_bytes = cfg->routing.index_max_bytes;
-    o->load_factor = cfg->routing.load_factor;
-    o->load_weight = cfg->routing.load_weight;
-    o->zone_penalty = cfg->routing.zone_penalty;
-    o->zone = cfg->routing.zone;
-    o->vnodes = cfg->routing.vnodes;
-    o->unavailable_keep = (uint64_t)cfg->routing.unavailable_keep_ms * 1000; /* now is in us */
-    /* The workers' replicas see each other's decisions only at their next one: two at the same
-     * moment may both take a pod's last request under the share bound (live, 138 where the
-     * bound is 137, in 6 of 87 runs with two workers, in none of 26 with one). */
-    o->share_margin = nworkers > 1 ? nworkers - 1 : 0;
-}
-
-void pcr_reload_policy_opts(const pcr_config_t *cfg, unsigned nworkers, pcr_policy_opts_t *o)
-{
-    policy_opts(cfg, nworkers, o);
-}
-
 static int dns_changed(const pcr_config_t *a, const pcr_config_t *b)
 {
     if (a->dns.nnameservers != b->dns.nnameservers || a->dns.timeout_ms != b->dns.timeout_ms)
@@ -238,7 +215,7 @@ static void apply(pcr_reload_t *r)
         srv->dns = dns;
     }
     pcr_policy_opts_t o;
-    policy_opts(cfg, srv->nworkers, &o);
+    pcr_config_policy_opts(cfg, srv->nworkers, &o);
     pcr_bus_tune(srv->bus, &o);
     size_t added = 0, removed = 0, changed = 0;
     apply_backends(r, &added, &removed, &changed);

@@ -10,8 +10,5 @@ void pcr_reload_start(pcr_server_t *srv);
 /* Frees what the last reload replaced, once every worker has switched (control tick). */
 void pcr_reload_collect(pcr_server_t *srv);
 void pcr_reload_dispose(pcr_server_t *srv);
-/* The policy options a config gives a server of `nworkers` workers (workers use it for their
- * first replica too). */
-void pcr_reload_policy_opts(const pcr_config_t *cfg, unsigned nworkers, pcr_policy_opts_t *o);
 
 #endif

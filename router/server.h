@@ -7,6 +7,9 @@
  * policy. Nothing of a worker is touched by another thread except through worker.c: its
  * command pipe, its inbox of index updates, and counters read with relaxed atomics.
  *
+ * This header holds their data only, low in the ladder so every layer may read it; the code
+ * that runs the process and the workers is at the top (main.c, worker.h, control.h, reload.h).
+ *
  *   main thread: control loop ------ commands (drain, stop) -------> worker 0 .. N-1
  *                health, scrapes --- index updates (capacity) -----> every worker's inbox
  *   worker i: decides, commits ----- index updates (commit, forget) -> every other worker
@@ -25,10 +28,11 @@
 #include <event2/event.h>
 #include <openssl/ssl.h>
 
+#include "atomic.h"
 #include "bus.h"
 #include "clock.h"
 #include "config.h"
-#include "metrics.h"
+#include "counters.h"
 #include "pcr/policy.h"
 
 typedef struct pcr_backend pcr_backend_t;
@@ -48,16 +52,6 @@ typedef struct pcr_listen_plan {
     int *fds;                     /* [n * nworkers]: new sockets, -1 once a worker took one */
     SSL_CTX **ctx;                /* [n]: NULL for plain */
 } pcr_listen_plan_t;
-
-/* Relaxed atomics for counters and gauges shared between threads: a single writer (or
- * several, for the RMW forms) and readers that only need some recent value. */
-#define PCR_LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define PCR_STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-#define PCR_ADD(x, v) __atomic_fetch_add(&(x), (v), __ATOMIC_RELAXED)
-#define PCR_SUB(x, v) __atomic_fetch_sub(&(x), (v), __ATOMIC_RELAXED)
-/* A counter only its owner thread writes: no read-modify-write instruction needed. */
-#define PCR_INC(x) PCR_STORE(x, PCR_LOAD(x) + 1)
-#define PCR_BUMP(x, v) PCR_STORE(x, PCR_LOAD(x) + (v))
 
 typedef struct pcr_dns pcr_dns_t;
 typedef struct pcr_reload pcr_reload_t;
@@ -166,20 +160,5 @@ static inline void pcr_worker_check_drained(pcr_worker_t *w)
 
 /* Before a decision: apply what the other workers learned since the last one. */
 static inline void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
-
-/* worker.c: start the workers' threads (listeners bound already), ask them to drain or stop. */
-int pcr_workers_start(pcr_server_t *srv);
-void pcr_workers_drain(pcr_server_t *srv);
-void pcr_workers_stop(pcr_server_t *srv);
-/* 'D' drain, 'S' stop, 'R' take srv->pending_switch. */
-void pcr_workers_command(pcr_server_t *srv, char cmd);
-void pcr_workers_join(pcr_server_t *srv);
-/* One worker without its thread, for pcr_workers_start() and for harnesses that run its loop
- * themselves (the fuzz targets): init builds everything (event base, policy replica, events,
- * the listeners of srv->listen_plan), on the calling thread; dispose closes its sessions and
- * frees what init made; release closes the command pipe, once no thread can write to it. */
-int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id);
-void pcr_worker_dispose(pcr_worker_t *w);
-void pcr_worker_release(pcr_worker_t *w);
 
 #endif

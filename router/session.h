@@ -15,6 +15,7 @@
 
 #include "server.h"
 #include "sock.h"
+#include "tls.h"
 
 typedef struct {
     /* Stop taking new requests; close once the ones in flight are answered. */
@@ -53,8 +54,5 @@ void pcr_listen_plan_free(pcr_listen_plan_t *plan);  /* sockets no worker took, 
 int pcr_listeners_adopt(pcr_worker_t *w, pcr_listen_plan_t *plan, const pcr_config_t *cfg);
 void pcr_listeners_stop(pcr_worker_t *w);      /* stop accepting */
 void pcr_listeners_free(pcr_worker_t *w);
-
-/* TLS (tls.c): a server SSL_CTX offering ALPN h2 and http/1.1. */
-SSL_CTX *pcr_tls_ctx_new(const char *cert, const char *key, char *err, size_t errlen);
 
 #endif

@@ -32,10 +32,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
+
 #define PCR_SHARE_VERSION 1
 #define PCR_SHARE_HDR_BYTES 32
 #define PCR_SHARE_OP_BYTES 19          /* an op without its blocks */
-#define PCR_SHARE_NAME_MAX 255
+#define PCR_SHARE_NAME_MAX PCR_BACKEND_NAME_MAX  /* config.h checks names against it */
 #define PCR_SHARE_MAX_NAMES 65535
 
 enum {

@@ -21,7 +21,7 @@
 #include "dns.h"
 #include "log.h"
 #include "pcr/common.h"
-#include "server.h"
+#include "clock.h"
 #include "share_link.h"
 
 #define TICK_MS 50

@@ -5,7 +5,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "session.h"
+#include "tls.h"
 
 static int on_alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                           const unsigned char *in, unsigned int inlen, void *arg)

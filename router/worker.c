@@ -24,9 +24,9 @@
 #include "bus.h"
 #include "log.h"
 #include "pools.h"
-#include "reload.h"
 #include "session.h"
 #include "sock.h"
+#include "worker.h"
 
 #define TICK_MS 20
 
@@ -111,7 +111,7 @@ static void on_cmd(evutil_socket_t fd, short what, void *arg)
 static pcr_policy_t *make_policy(const pcr_config_t *cfg, unsigned nworkers)
 {
     pcr_policy_opts_t o;
-    pcr_reload_policy_opts(cfg, nworkers, &o);
+    pcr_config_policy_opts(cfg, nworkers, &o);
     pcr_policy_t *p = pcr_policy_new(&o, NULL, 0);
     pcr_policy_set_clock(p, pcr_now_ns); /* its phases in pcrouter_route_decision_seconds */
     return p;

@@ -79,6 +79,7 @@
 #include "session.h"
 #include "sock.h"
 #include "upstream.h"
+#include "worker.h"
 
 #define CTRL 4
 #define POD_MARK "@@pod@@"       /* byte 3, bit 4: client bytes, the mark, the pod's answer */

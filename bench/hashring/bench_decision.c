@@ -1,5 +1,5 @@
 /* bench_decision.c: the routing decision, timed from the request body's last byte: the last
- * chunk fed to the reader (router/body.h), its finish, and pcr_policy_decide() against the
+ * chunk fed to the reader (router/body/body.h), its finish, and pcr_policy_decide() against the
  * pre-filled index. The target: within 10 us for any prompt up to 512 KiB.
  *
  * Prompts of 1k, 8k, 32k and 128k tokens (4 bytes a token, so up to 512 KiB), as completions

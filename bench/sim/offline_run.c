@@ -4,7 +4,7 @@
  * way every run:
  *   ARRIVE  the router decides, commits, charges the backend, and the pod queues the request,
  *           unless the pod already has hold_tokens of uncached prefill sent and not yet at its
- *           first token: then the router holds it (pcr/hold.h), as router/upstream.c does,
+ *           first token: then the router holds it (pcr/hold.h), as router/upstream/upstream.c does,
  *           but for a stream of small own prefill that counts on none held (pcr_hold_small)
  *   FIRST   the first token, which the router sees at once, or with --jitter-ms up to that
  *           much later (SEEN)
@@ -376,7 +376,7 @@ static int on_seen(sim_t *S, uint32_t i, double now)
     if (settle(S, i, now) != 0)
         return -1;
     if (S->v->observe && S->policy) {
-        /* As router/exchange.c: a request's time counts from its send, behind what the pod
+        /* As router/http/exchange.c: a request's time counts from its send, behind what the pod
          * had been sent then; the time it waited at the router is not the pod's. */
         pcr_policy_observe(S->policy, st->d.backend, st->d.uncached_prefill, st->ahead_at_send,
                            (uint64_t)(now - st->sent_us));

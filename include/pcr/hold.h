@@ -10,7 +10,7 @@
  * none waits forever; but a held request goes before one that counts on the blocks it brings
  * (pcr_hold_depends). Routing is unchanged: a held request counts on its pod as if sent.
  *
- * Pure; implemented in hashring/hold.c. The router (router/upstream.c) and the offline
+ * Pure; implemented in hashring/hold.c. The router (router/upstream/upstream.c) and the offline
  * simulator (bench/sim/offline_run.c) order their held requests with it. */
 #ifndef PCR_HOLD_H
 #define PCR_HOLD_H

@@ -137,7 +137,7 @@ typedef struct {
 
 /* Hashes the canonical prompt `bytes` with `model` mixed in (pcr/prefix.h) into `key->blocks`,
  * which must have room for pcr_policy_max_blocks(p) entries. Returns 0. A request whose body
- * is read as it arrives gets the same key from router/body.h's reader, which also mixes in a
+ * is read as it arrives gets the same key from router/body/body.h's reader, which also mixes in a
  * chat request's tools. */
 int pcr_policy_key(const pcr_policy_t *p, const char *model, size_t model_len, const void *bytes,
                    size_t len, pcr_key_t *key);

@@ -14,7 +14,7 @@
  *
  * Why the model is mixed in last instead of seeding the chain: a request body may name its
  * model after a 512 KiB prompt (and a chat request its tools after its messages), and the
- * router hashes the prompt while the body arrives (router/body.c). The chain needs nothing
+ * router hashes the prompt while the body arrives (router/body/body.c). The chain needs nothing
  * but the prompt's bytes; the model and the context cost one 8-byte XXH3 per block at the end
  * (max_prefix_bytes / block_bytes of them: 512 by default, about 1 us).
  *

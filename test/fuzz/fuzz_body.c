@@ -1,4 +1,4 @@
-/* fuzz_body.c: libFuzzer target for the request body reader (router/body.c, body_scan.c):
+/* fuzz_body.c: libFuzzer target for the request body reader (router/body/body.c, body_scan.c):
  * body -> key.
  *
  * Input: byte 0 picks the API (bit 0) and the prefix block size (bits 1-2); byte 1 seeds the
@@ -10,7 +10,7 @@
  * yajl accepts may be refused as JSON only for one of the reader's limits.
  *
  * Build (clang, clang++ for the one C++ file): -fsanitize=fuzzer,address,undefined with
- * router/body.c, body_fields.c, body_scan.c, body_check.cpp and the files of hashring/,
+ * router/body/body.c, body_fields.c, body_scan.c, body_check.cpp and the files of hashring/,
  * linked with -lyajl -lsimdjson -lxxhash -lm. The seed corpus is test/fuzz/corpus/body/. */
 #include <stdint.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* test/fuzz/fuzz_config.c: the config loader (router/config.c with jansson) on any bytes.
+/* test/fuzz/fuzz_config.c: the config loader (router/config/config.c with jansson) on any bytes.
  *
  * Invariants, beyond "no crash, no leak, no undefined behaviour":
  *   - Exactly one of a config and an error text comes back; the same input gives the same

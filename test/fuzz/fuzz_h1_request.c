@@ -1,7 +1,7 @@
 /* test/fuzz/fuzz_h1_request.c: HTTP/1.1 requests from a client, as pcrouter reads and answers
- * them: router/h1_server.c (http-parser and its callbacks, the RFC 9112 framing checks of
- * router/http1.c, pipelining, deadlines, lingering close), the request state machine of
- * router/exchange.c behind it, the local endpoints, and the pod it proxies to.
+ * them: router/http/h1_server.c (http-parser and its callbacks, the RFC 9112 framing checks of
+ * router/core/http1.c, pipelining, deadlines, lingering close), the request state machine of
+ * router/http/exchange.c behind it, the local endpoints, and the pod it proxies to.
  *
  * Each input runs a real server in process: the config (from JSON text, through the loader),
  * the backends, one worker (pcr_worker_init: event base, policy replica, tick, pools), and one

@@ -1,6 +1,6 @@
-/* test/fuzz/fuzz_h1_response.c: HTTP/1.1 responses from a pod, as router/upstream.c reads them
- * (http-parser and its callbacks, the checks of router/http1.c, 1xx, Content-Length, chunked
- * and close-delimited bodies, keep-alive and the pool, deadlines, pausing, cancelling).
+/* test/fuzz/fuzz_h1_response.c: HTTP/1.1 responses from a pod, as router/upstream/upstream.c reads
+ * them (http-parser and its callbacks, the checks of router/core/http1.c, 1xx, Content-Length,
+ * chunked and close-delimited bodies, keep-alive and the pool, deadlines, pausing, cancelling).
  *
  * Each input: a pool of one connection to a backend whose address is a loopback listener of
  * the harness (pcr_pool_init), one request sent through it (pcr_upstream_send); the harness

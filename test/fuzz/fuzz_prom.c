@@ -1,5 +1,5 @@
-/* test/fuzz/fuzz_prom.c: the Prometheus text parser (router/prom.c) and the scrape that applies
- * it to a backend (router/scrape.c), on any bytes a pod could send.
+/* test/fuzz/fuzz_prom.c: the Prometheus text parser (router/body/prom.c) and the scrape that
+ * applies it to a backend (router/upstream/scrape.c), on any bytes a pod could send.
  *
  * Invariants, beyond "no crash, no leak, no undefined behaviour":
  *   1. The sample is sane: every value finite and >= 0, the usage within 0..1, the KV labels

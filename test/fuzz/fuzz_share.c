@@ -1,6 +1,6 @@
 /* test/fuzz/fuzz_share.c: the decoder of the batches replicas exchange through Redis
- * (router/share_codec.c) on any bytes, as another replica, a foreign writer or a corrupted key
- * could put them in the stream or a snapshot.
+ * (router/share/share_codec.c) on any bytes, as another replica, a foreign writer or a corrupted
+ * key could put them in the stream or a snapshot.
  *
  * Invariants, beyond "no crash, no leak, no undefined behaviour":
  *   1. A rejected batch yields no op.

@@ -39,6 +39,7 @@ COMMANDS = {
     "promtool": "prometheus",
     "dnsmasq": "dnsmasq-base",
     "redis-server": "redis-server",
+    "nm": "binutils",
 }
 # Commands from Debian's Essential packages, on every Debian system: no list needs them.
 ESSENTIAL_COMMANDS = {

@@ -1,4 +1,4 @@
-"""Several pcrouter replicas share one prefix index through a real Redis (router/share.c).
+"""Several pcrouter replicas share one prefix index through a real Redis (router/share/share.c).
 
 Each test starts its own redis-server from Debian on a free loopback port, data in memory only
 (--save "" --appendonly no), and stub pods that say which one answered. Whether a replica
@@ -319,7 +319,8 @@ def test_redis_killed_mid_traffic(stub_factory, router_factory, redis_server):
 
 def batch(ops=(), names=(b"pod-a",), flags=0, replica=0xfeedfacecafebeef, block_bytes=256,
           version=1, sent_ms=None):
-    """A batch in the wire format of router/share_codec.h; ops: (op, name index, blocks, arg)."""
+    """A batch in the wire format of router/share/share_codec.h; ops: (op, name index, blocks,
+    arg)."""
     sent_ms = int(time.time() * 1000) if sent_ms is None else sent_ms
     out = b"pcr" + bytes([version, flags, 0]) + struct.pack("<HII", len(names), block_bytes, len(ops))
     out += struct.pack("<QQ", replica, sent_ms)

@@ -1,6 +1,6 @@
-/* body_result.h: what one read of a request body gave (router/body.h), and whether two reads
+/* body_result.h: what one read of a request body gave (router/body/body.h), and whether two reads
  * gave the same, for the tests that read one body in several ways and compare: the unit test
- * of the scanner (test/unit/router/test_body_scan.c) and the body fuzz target
+ * of the scanner (test/unit/router/body/test_body_scan.c) and the body fuzz target
  * (test/fuzz/fuzz_body.c). One comparison, so that a field added to pcr_body_t is checked by
  * both or by neither. */
 #ifndef PCR_TEST_BODY_RESULT_H

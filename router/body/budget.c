@@ -1,0 +1,102 @@
+/* router/body/budget.c: owns the request-body budget (budget.h): one atomic count of the bytes all
+ * workers hold, the one request allowed past it, and each worker's queue of sessions waiting
+ * for it, woken oldest first from the worker's own loop. */
+#include <event2/event.h>
+
+#include "budget.h"
+
+int pcr_budget_ok(const pcr_worker_t *w)
+{
+    return PCR_LOAD(w->srv->body_buffered) < w->cfg->limits.max_buffered_body_bytes;
+}
+
+int pcr_budget_may_grow(pcr_worker_t *w, const void *req)
+{
+    if (pcr_budget_ok(w))
+        return 1;
+    const void *held = __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE);
+    if (held == req)
+        return 1;
+    if (held != NULL)
+        return 0;
+    return __atomic_compare_exchange_n(&w->srv->body_exempt, &held, req, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
+void pcr_budget_forget(pcr_worker_t *w, const void *req)
+{
+    const void *mine = req;
+    if (__atomic_compare_exchange_n(&w->srv->body_exempt, &mine, NULL, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE) &&
+        !TAILQ_EMPTY(&w->budget_waiters))
+        event_active(w->budget_event, 0, 0);
+}
+
+/* Waiters can make progress: there is budget, or nobody holds the exemption. */
+static int budget_open(const pcr_worker_t *w)
+{
+    return pcr_budget_ok(w) || __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE) == NULL;
+}
+
+void pcr_budget_account(pcr_worker_t *w, ptrdiff_t delta)
+{
+    if (delta >= 0) {
+        PCR_ADD(w->srv->body_buffered, (size_t)delta);
+        return;
+    }
+    PCR_SUB(w->srv->body_buffered, (size_t)-delta);
+    /* This worker's waiters hear of it now; the others' at their next tick. */
+    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
+        event_active(w->budget_event, 0, 0);
+}
+
+void pcr_budget_wait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
+{
+    if (!bw->queued) {
+        TAILQ_INSERT_TAIL(&w->budget_waiters, bw, link);
+        bw->queued = 1;
+    }
+}
+
+void pcr_budget_unwait(pcr_worker_t *w, pcr_budget_waiter_t *bw)
+{
+    if (bw->queued) {
+        TAILQ_REMOVE(&w->budget_waiters, bw, link);
+        bw->queued = 0;
+    }
+}
+
+/* Wakes the sessions waiting for body budget, oldest first, while there is budget (or the
+ * exemption is free); each may take some and wait again, which puts it at the back. */
+static void on_budget(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_worker_t *w = arg;
+    size_t n = 0;
+    pcr_budget_waiter_t *bw;
+    TAILQ_FOREACH(bw, &w->budget_waiters, link)
+        n++;
+    while (n-- > 0 && budget_open(w) && (bw = TAILQ_FIRST(&w->budget_waiters)) != NULL) {
+        pcr_budget_unwait(w, bw);
+        bw->resume(bw);
+    }
+}
+
+void pcr_budget_tick(pcr_worker_t *w)
+{
+    if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
+        event_active(w->budget_event, 0, 0);
+}
+
+int pcr_budget_init(pcr_worker_t *w)
+{
+    TAILQ_INIT(&w->budget_waiters);
+    w->budget_event = event_new(w->base, -1, 0, on_budget, w);
+    return w->budget_event != NULL ? 0 : PCR_ERR_NOMEM;
+}
+
+void pcr_budget_dispose(pcr_worker_t *w)
+{
+    if (w->budget_event)
+        event_free(w->budget_event);
+    w->budget_event = NULL;
+}

@@ -1,0 +1,374 @@
+/* router/core/bus.c: the workers' index-update inboxes (bus.h).
+ *
+ * A message is a fixed header and the key's block hashes:
+ *   op (u8) | pad (u8) | backend (u16) | nblocks (u32) | arg (u64: now, added_from, blocks) |
+ *   prompt_tokens (u64) | blocks (nblocks x u64)
+ * copied into each target inbox (a growable byte buffer) under its mutex. A membership message
+ * (OP_SET) carries the backend's weight in prompt_tokens, its capacity in arg, and its name and
+ * zone, NUL-terminated, in the words where a key's blocks would be. OP_OBSERVE carries the
+ * uncached tokens in prompt_tokens and the queued work in one word; OP_FEEDBACK three words
+ * (matched blocks, their time, settled_before) before the key's blocks. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus.h"
+#include "server.h"
+
+enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE,
+       OP_STATE, OP_OBSERVE, OP_FEEDBACK };
+#define FEEDBACK_WORDS 3
+
+/* OP_TUNE's payload: the options but the zone, then the zone, NUL-terminated. */
+typedef struct {
+    uint32_t kind, vnodes;
+    uint64_t block_bytes, max_prefix_bytes, index_max_bytes, unavailable_keep;
+    double load_factor, load_weight, zone_penalty;
+    double inflight_factor, load_scale, share_factor, prefill_us_per_token, ttft_overhead_us;
+    double share_penalty, share_margin, share_exempt_tokens, share_reserve, share_reserve_tokens;
+} tune_t;
+
+typedef struct {
+    uint8_t op, pad;
+    uint16_t backend;
+    uint32_t nblocks;
+    uint64_t arg;
+    uint64_t prompt_tokens;
+} msg_t;
+
+typedef struct {
+    pthread_mutex_t mu;
+    unsigned char *buf;          /* messages waiting, under mu */
+    size_t len, cap;
+    size_t pending;              /* == len, read without the lock (atomic) */
+    unsigned char *spare;        /* the drainer's buffer, swapped with buf */
+    size_t spare_cap;
+} inbox_t;
+
+struct pcr_bus {
+    unsigned n;                  /* workers; in[n] is the tap's inbox */
+    int tap;                     /* the workers' updates also go to in[n] */
+    inbox_t *in;
+    uint64_t dropped;            /* atomic */
+};
+
+pcr_bus_t *pcr_bus_new(unsigned nworkers)
+{
+    pcr_bus_t *bus = calloc(1, sizeof(*bus));
+    if (bus == NULL)
+        return NULL;
+    bus->n = nworkers;
+    bus->in = calloc(nworkers + 1, sizeof(*bus->in));
+    if (bus->in == NULL) {
+        free(bus);
+        return NULL;
+    }
+    for (unsigned i = 0; i <= nworkers; i++)
+        pthread_mutex_init(&bus->in[i].mu, NULL);
+    return bus;
+}
+
+void pcr_bus_free(pcr_bus_t *bus)
+{
+    if (bus == NULL)
+        return;
+    for (unsigned i = 0; i <= bus->n; i++) {
+        pthread_mutex_destroy(&bus->in[i].mu);
+        free(bus->in[i].buf);
+        free(bus->in[i].spare);
+    }
+    free(bus->in);
+    free(bus);
+}
+
+static void put(pcr_bus_t *bus, inbox_t *ib, const msg_t *m, const uint64_t *blocks)
+{
+    size_t need = sizeof(*m) + (size_t)m->nblocks * sizeof(uint64_t);
+    pthread_mutex_lock(&ib->mu);
+    if (ib->len + need > PCR_BUS_MAX_BYTES) {
+        pthread_mutex_unlock(&ib->mu);
+        PCR_ADD(bus->dropped, 1);
+        return;
+    }
+    if (ib->len + need > ib->cap) {
+        size_t ncap = ib->cap ? ib->cap * 2 : 16384;
+        while (ncap < ib->len + need)
+            ncap *= 2;
+        unsigned char *nb = realloc(ib->buf, ncap);
+        if (nb == NULL) {
+            pthread_mutex_unlock(&ib->mu);
+            PCR_ADD(bus->dropped, 1);
+            return;
+        }
+        ib->buf = nb;
+        ib->cap = ncap;
+    }
+    memcpy(ib->buf + ib->len, m, sizeof(*m));
+    if (m->nblocks && blocks != NULL)
+        memcpy(ib->buf + ib->len + sizeof(*m), blocks, (size_t)m->nblocks * sizeof(uint64_t));
+    ib->len += need;
+    PCR_STORE(ib->pending, ib->len);
+    pthread_mutex_unlock(&ib->mu);
+}
+
+static void publish(pcr_bus_t *bus, int from, const msg_t *m, const uint64_t *blocks)
+{
+    if (bus == NULL)
+        return;
+    for (unsigned i = 0; i < bus->n; i++)
+        if ((int)i != from)
+            put(bus, &bus->in[i], m, blocks);
+    if (bus->tap && from != PCR_BUS_CONTROL)
+        put(bus, &bus->in[bus->n], m, blocks);
+}
+
+void pcr_bus_enable_tap(pcr_bus_t *bus) { bus->tap = 1; }
+
+void pcr_bus_commit(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key, uint64_t now)
+{
+    msg_t m = {OP_COMMIT, 0, (uint16_t)backend, (uint32_t)key->nblocks, now, key->prompt_tokens};
+    publish(bus, from, &m, key->blocks);
+}
+
+void pcr_bus_forget(pcr_bus_t *bus, int from, int backend, const pcr_key_t *key,
+                    uint32_t added_from)
+{
+    msg_t m = {OP_FORGET, 0, (uint16_t)backend, (uint32_t)key->nblocks, added_from,
+               key->prompt_tokens};
+    publish(bus, from, &m, key->blocks);
+}
+
+void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks)
+{
+    msg_t m = {OP_CAPACITY, 0, (uint16_t)backend, 0, blocks, 0};
+    publish(bus, from, &m, NULL);
+}
+
+/* Takes inbox `ib`'s messages and calls `fn` on each; the buffer is reused next time. */
+static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg)
+{
+    if (PCR_LOAD(ib->pending) == 0)
+        return 0;
+    pthread_mutex_lock(&ib->mu);
+    unsigned char *buf = ib->buf;
+    size_t len = ib->len, cap = ib->cap;
+    ib->buf = ib->spare;
+    ib->cap = ib->spare_cap;
+    ib->len = 0;
+    PCR_STORE(ib->pending, 0);
+    pthread_mutex_unlock(&ib->mu);
+    size_t n = 0, off = 0;
+    while (off + sizeof(msg_t) <= len) {
+        msg_t m;
+        memcpy(&m, buf + off, sizeof(m));
+        off += sizeof(m);
+        size_t bytes = (size_t)m.nblocks * sizeof(uint64_t);
+        if (off + bytes > len)
+            break;
+        /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
+        pcr_key_t key = {(uint64_t *)(void *)(buf + off), m.nblocks, m.prompt_tokens};
+        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL, 0, 0, {0}, 0};
+        if (m.op == OP_OBSERVE && m.nblocks == 1) {
+            bm.uncached = m.prompt_tokens;
+            bm.queued_ahead = key.blocks[0];
+        }
+        if (m.op == OP_FEEDBACK) {
+            if (m.nblocks < FEEDBACK_WORDS) {
+                off += bytes;
+                continue;
+            }
+            bm.decision.backend = m.backend;
+            bm.decision.matched_blocks = (uint32_t)key.blocks[0];
+            bm.decision.matched_time = key.blocks[1];
+            bm.settled_before = key.blocks[2];
+            key.blocks += FEEDBACK_WORDS;
+            key.nblocks -= FEEDBACK_WORDS;
+        }
+        pcr_backend_desc_t desc;
+        pcr_policy_opts_t opts;
+        if (m.op == OP_TUNE && bytes > sizeof(tune_t)) {
+            tune_t t;
+            memcpy(&t, buf + off, sizeof(t));
+            const char *zone = (const char *)(buf + off + sizeof(t));
+            if (strnlen(zone, bytes - sizeof(t)) < bytes - sizeof(t)) {
+                pcr_policy_opts_default(&opts);
+                opts.kind = (pcr_policy_kind_t)t.kind;
+                opts.vnodes = t.vnodes;
+                opts.block_bytes = t.block_bytes;
+                opts.max_prefix_bytes = t.max_prefix_bytes;
+                opts.index_max_bytes = t.index_max_bytes;
+                opts.unavailable_keep = t.unavailable_keep;
+                opts.load_factor = t.load_factor;
+                opts.load_weight = t.load_weight;
+                opts.zone_penalty = t.zone_penalty;
+                opts.inflight_factor = t.inflight_factor;
+                opts.load_scale = t.load_scale;
+                opts.share_factor = t.share_factor;
+                opts.share_penalty = t.share_penalty;
+                opts.share_margin = t.share_margin;
+                opts.share_exempt_tokens = t.share_exempt_tokens;
+                opts.share_reserve = t.share_reserve;
+                opts.share_reserve_tokens = t.share_reserve_tokens;
+                opts.prefill_us_per_token = t.prefill_us_per_token;
+                opts.ttft_overhead_us = t.ttft_overhead_us;
+                opts.zone = zone;
+                bm.opts = &opts;
+            }
+        }
+        if (m.op == OP_SET) {
+            const char *name = (const char *)(buf + off);
+            size_t room = bytes, nl = strnlen(name, room);
+            if (nl + 1 < room) {
+                desc = (pcr_backend_desc_t){name, name + nl + 1, (uint32_t)m.prompt_tokens, m.arg};
+                bm.desc = &desc;
+            }
+        }
+        fn(&bm, arg);
+        off += bytes;
+        n++;
+    }
+    ib->spare = buf;
+    ib->spare_cap = cap;
+    return n;
+}
+
+void pcr_bus_backend_set(pcr_bus_t *bus, int from, int backend, const pcr_backend_desc_t *d)
+{
+    const char *zone = d->zone ? d->zone : "";
+    size_t nl = strlen(d->name) + 1, zl = strlen(zone) + 1;
+    size_t words = (nl + zl + 7) / 8;
+    uint64_t text[words];
+    memset(text, 0, sizeof(text));
+    memcpy(text, d->name, nl);
+    memcpy((char *)text + nl, zone, zl);
+    msg_t m = {OP_SET, 0, (uint16_t)backend, (uint32_t)words, d->capacity_blocks, d->weight};
+    publish(bus, from, &m, text);
+}
+
+void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *o)
+{
+    const char *zone = o->zone ? o->zone : "";
+    size_t zl = strlen(zone) + 1;
+    size_t words = (sizeof(tune_t) + zl + 7) / 8;
+    uint64_t payload[words];
+    memset(payload, 0, sizeof(payload));
+    tune_t t = {(uint32_t)o->kind, o->vnodes, o->block_bytes, o->max_prefix_bytes,
+                o->index_max_bytes, o->unavailable_keep, o->load_factor, o->load_weight,
+                o->zone_penalty, o->inflight_factor, o->load_scale, o->share_factor,
+                o->prefill_us_per_token, o->ttft_overhead_us, o->share_penalty,
+                o->share_margin, o->share_exempt_tokens, o->share_reserve,
+                o->share_reserve_tokens};
+    memcpy(payload, &t, sizeof(t));
+    memcpy((char *)payload + sizeof(t), zone, zl);
+    msg_t m = {OP_TUNE, 0, 0, (uint32_t)words, 0, 0};
+    publish(bus, PCR_BUS_CONTROL, &m, payload);
+}
+
+void pcr_bus_state(pcr_bus_t *bus, int backend, pcr_backend_state_t state, uint64_t now)
+{
+    msg_t m = {OP_STATE, 0, (uint16_t)backend, 0, now, (uint64_t)state};
+    publish(bus, PCR_BUS_CONTROL, &m, NULL);
+}
+
+void pcr_bus_observe(pcr_bus_t *bus, int from, int backend, uint64_t uncached_tokens,
+                     uint64_t queued_ahead, uint64_t ttfb_us)
+{
+    msg_t m = {OP_OBSERVE, 0, (uint16_t)backend, 1, ttfb_us, uncached_tokens};
+    publish(bus, from, &m, &queued_ahead);
+}
+
+void pcr_bus_feedback(pcr_bus_t *bus, int from, const pcr_key_t *key, const pcr_decision_t *d,
+                      uint64_t delivered_tokens, uint64_t settled_before)
+{
+    if (bus == NULL || key->nblocks > UINT32_MAX - FEEDBACK_WORDS)
+        return;
+    /* One per answered request: on the stack unless the key is unusually long. */
+    uint64_t local[FEEDBACK_WORDS + 1024];
+    size_t words = FEEDBACK_WORDS + key->nblocks;
+    uint64_t *payload = words <= PCR_ARRAY_SIZE(local) ? local : malloc(words * sizeof(uint64_t));
+    if (payload == NULL) {
+        PCR_ADD(bus->dropped, 1);
+        return;
+    }
+    payload[0] = d->matched_blocks;
+    payload[1] = d->matched_time;
+    payload[2] = settled_before;
+    if (key->nblocks)
+        memcpy(payload + FEEDBACK_WORDS, key->blocks, key->nblocks * sizeof(uint64_t));
+    msg_t m = {OP_FEEDBACK, 0, (uint16_t)d->backend, (uint32_t)words, delivered_tokens,
+               key->prompt_tokens};
+    publish(bus, from, &m, payload);
+    if (payload != local)
+        free(payload);
+}
+
+void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
+{
+    msg_t m = {OP_REMOVE, 0, (uint16_t)backend, 0, 0, 0};
+    publish(bus, from, &m, NULL);
+}
+
+static void apply(const pcr_bus_msg_t *m, void *arg)
+{
+    pcr_policy_t **pp = arg, *policy = *pp;
+    uint32_t from;
+    switch (m->op) {
+    case PCR_BUS_OP_COMMIT:
+        pcr_policy_commit(policy, m->backend, m->key, m->arg, &from);
+        break;
+    case PCR_BUS_OP_FORGET:
+        pcr_policy_forget(policy, m->backend, m->key, (uint32_t)m->arg);
+        break;
+    case PCR_BUS_OP_CAPACITY:
+        pcr_policy_set_capacity(policy, m->backend, m->arg);
+        break;
+    case PCR_BUS_OP_SET:
+        if (m->desc != NULL)
+            pcr_policy_backend_set(policy, m->backend, m->desc);
+        break;
+    case PCR_BUS_OP_REMOVE:
+        pcr_policy_backend_remove(policy, m->backend);
+        break;
+    case PCR_BUS_OP_STATE:
+        pcr_policy_backend_state(policy, m->backend, (pcr_backend_state_t)m->key->prompt_tokens,
+                                 m->arg);
+        break;
+    case PCR_BUS_OP_OBSERVE:
+        pcr_policy_observe(policy, m->backend, m->uncached, m->queued_ahead, m->arg);
+        break;
+    case PCR_BUS_OP_FEEDBACK:
+        pcr_policy_feedback(policy, m->key, &m->decision, m->arg, m->settled_before);
+        break;
+    case PCR_BUS_OP_TUNE:
+        if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {
+            /* The keys change meaning: a new, empty policy; the control thread publishes every
+             * slot's membership right after. Kept as is when even that fails. */
+            pcr_policy_t *fresh = pcr_policy_new(m->opts, NULL, 0);
+            if (fresh != NULL) {
+                pcr_policy_set_clock(fresh, pcr_now_ns); /* as worker.c gave the first */
+                pcr_policy_free(policy);
+                *pp = fresh;
+            }
+        }
+        break;
+    }
+}
+
+size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy)
+{
+    if (bus == NULL || id >= bus->n)
+        return 0;
+    return drain(&bus->in[id], apply, policy);
+}
+
+size_t pcr_bus_drain_tap(pcr_bus_t *bus, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg)
+{
+    if (bus == NULL || !bus->tap)
+        return 0;
+    return drain(&bus->in[bus->n], fn, arg);
+}
+
+uint64_t pcr_bus_dropped(const pcr_bus_t *bus)
+{
+    return bus ? PCR_LOAD(((pcr_bus_t *)bus)->dropped) : 0;
+}

@@ -1,0 +1,83 @@
+/* router/core/counters.h: the counters and histograms behind GET /metrics (Prometheus text):
+ * integers bumped by the worker that owns them (server.h holds each worker's), rendered by
+ * metrics.c, which walks every worker's once per scrape. */
+#ifndef PCR_ROUTER_COUNTERS_H
+#define PCR_ROUTER_COUNTERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcr/policy.h"
+
+#define PCR_HIST_BUCKETS 16
+#define PCR_LABEL_MAX 256   /* a label value once escaped; longer ones are cut */
+
+/* A histogram's buckets: upper bounds in the unit values are observed in (microseconds,
+ * nanoseconds, tokens), ascending, and how many of that unit make one of the unit rendered
+ * (1e6 for microseconds shown as seconds). */
+typedef struct {
+    int64_t le[PCR_HIST_BUCKETS];
+    size_t n;
+    double scale;
+} pcr_hist_spec_t;
+
+extern const pcr_hist_spec_t pcr_hist_latency_us;   /* 5 ms .. 10 min, rendered in seconds */
+extern const pcr_hist_spec_t pcr_hist_decision_ns;  /* 1 us .. 100 ms, rendered in seconds */
+extern const pcr_hist_spec_t pcr_hist_tokens_error; /* -65536 .. 65536 tokens */
+
+typedef struct {
+    uint64_t counts[PCR_HIST_BUCKETS + 1];  /* counts[spec->n] is +Inf */
+    int64_t sum;                            /* may go negative (the prediction error) */
+    uint64_t total;
+} pcr_hist_t;
+
+/* The phases of a routing decision, timed in exchange.c. */
+typedef enum {
+    PCR_PHASE_PARSE = 0,   /* the request body's JSON, into canonical prompt bytes */
+    PCR_PHASE_HASH,        /* the chained block hashes of the prefix key */
+    PCR_PHASE_MATCH,       /* the policy's index match (cache_aware) */
+    PCR_PHASE_COST,        /* the policy's costs, bounded loads, ring */
+    PCR_PHASE_TOTAL,       /* all of it, from the body's parse to the chosen backend */
+    PCR_PHASE__COUNT
+} pcr_phase_t;
+
+/* One worker's counters. Only that worker writes them (PCR_INC, atomic.h); /metrics, rendered
+ * by whichever worker got the scrape, sums every worker's with relaxed loads. */
+typedef struct {
+    uint64_t requests_by_code[600];
+    uint64_t decisions[PCR_REASON__COUNT];      /* by reason, for the configured policy */
+    uint64_t prefix_blocks;                      /* blocks of routed prompts */
+    uint64_t prefix_blocks_matched;              /* of those, held by the chosen backend */
+    uint64_t retries;
+    uint64_t panic_routes;                       /* sent while every candidate was out */
+    uint64_t client_connections_total;
+    uint64_t connections_evicted;                /* closed at the limit to make room */
+    uint64_t connections_refused;                /* closed at accept: limit, draining */
+    uint64_t accept_fd_exhausted;                /* accept failed for lack of descriptors */
+    uint64_t bad_requests;                       /* unparseable HTTP from clients */
+    uint64_t request_timeouts;                   /* 408: head or body not received in time */
+    uint64_t write_timeouts;                     /* clients that accepted no bytes in time */
+    uint64_t responses_aborted;                  /* broken after their head went out */
+    uint64_t index_bytes;                        /* this worker's replica, set on its tick */
+    uint64_t index_evictions;                    /* its evictions, added up on its tick */
+    uint64_t io_submits;                         /* io_uring submits of batched socket I/O */
+    uint64_t io_ops;                             /* the reads and writes in them */
+    uint64_t io_merged;                          /* submits with a turn's writes and the next reads */
+    uint64_t batch_waits;                        /* sleeps of batch_wait_us before a wait */
+    pcr_hist_t duration;                         /* request start -> response end (us) */
+    pcr_hist_t ttfb;                             /* request start -> first response byte (us) */
+    pcr_hist_t ttft;                             /* request start -> a stream's first token (us) */
+    pcr_hist_t decision[PCR_PHASE__COUNT];       /* routing decision phases (ns) */
+    pcr_hist_t cached_error;                     /* predicted - delivered cached tokens */
+} pcr_metrics_t;
+
+/* Records one value in the unit of `spec` (owner thread only). */
+void pcr_hist_observe(pcr_hist_t *h, const pcr_hist_spec_t *spec, int64_t v);
+
+/* Counts `status` in a per-code array of 600 (100..599); anything else, which only a
+ * malformed peer could produce, lands in slot 0 ("other") instead of outside the array. The
+ * first form is for an array one thread writes, the second for one several threads share. */
+void pcr_metrics_count_status(uint64_t by_code[600], int status);
+void pcr_metrics_count_status_shared(uint64_t by_code[600], int status);
+
+#endif

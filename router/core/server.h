@@ -1,0 +1,164 @@
+/* router/core/server.h: the two contexts every part of the proxy hangs off.
+ *
+ * pcr_server_t is the process: the config, the backends' shared state (health, load, pod
+ * metrics), the workers, and the control loop on the main thread (signals, health checks,
+ * scrapes). pcr_worker_t is one worker thread: its own event loop, listeners (SO_REUSEPORT),
+ * client sessions, upstream connection pools, metrics, and its own replica of the routing
+ * policy. Nothing of a worker is touched by another thread except through worker.c: its
+ * command pipe, its inbox of index updates, and counters read with relaxed atomics.
+ *
+ * This header holds their data only, low in the ladder so every layer may read it; the code
+ * that runs the process and the workers is at the top (main.c, worker.h, control.h, reload.h).
+ *
+ *   main thread: control loop ------ commands (drain, stop) -------> worker 0 .. N-1
+ *                health, scrapes --- index updates (capacity) -----> every worker's inbox
+ *   worker i: decides, commits ----- index updates (commit, forget) -> every other worker
+ *
+ * Every worker routes from the same knowledge: what one learns (a prefix committed to a
+ * backend, forgotten after a failure) is applied at once to its own policy and appended to the
+ * others' inboxes, which they drain before each decision and on a short tick. */
+#ifndef PCR_ROUTER_SERVER_H
+#define PCR_ROUTER_SERVER_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <event2/event.h>
+#include <openssl/ssl.h>
+
+#include "atomic.h"
+#include "bus.h"
+#include "clock.h"
+#include "config.h"
+#include "counters.h"
+#include "pcr/policy.h"
+
+typedef struct pcr_backend pcr_backend_t;
+typedef struct pcr_pool pcr_pool_t;
+typedef struct pcr_session pcr_session_t;
+typedef struct pcr_worker pcr_worker_t;
+typedef struct pcr_bus pcr_bus_t;
+typedef struct pcr_share pcr_share_t;
+
+/* What the workers' listeners are to be (conn.c): for each config listener, the running
+ * listener to keep (its sockets), or new sockets, one per worker, bound by the main thread; and
+ * each one's TLS context, shared by the workers. Made at start and at each reload. */
+typedef struct pcr_listen_plan {
+    size_t n;
+    unsigned nworkers;
+    int *keep;                    /* [n]: index of the running listener kept, or -1 */
+    int *fds;                     /* [n * nworkers]: new sockets, -1 once a worker took one */
+    SSL_CTX **ctx;                /* [n]: NULL for plain */
+} pcr_listen_plan_t;
+
+typedef struct pcr_dns pcr_dns_t;
+typedef struct pcr_reload pcr_reload_t;
+typedef struct pcr_accesslog pcr_accesslog_t;
+struct pcr_watch;
+
+/* A reload's new config and listeners, waiting for every worker to take them (reload.c). */
+typedef struct {
+    pcr_config_t *cfg;
+    pcr_listen_plan_t *plan;
+    uint64_t gen;
+    pcr_config_t *old_cfg;        /* freed once every worker switched */
+    pcr_listen_plan_t *old_plan;
+} pcr_switch_t;
+
+typedef struct pcr_server {
+    pcr_config_t *cfg;
+    /* Backends by slot (= policy id), PCR_MAX_BACKENDS of them, NULL for an empty slot; read
+     * with pcr_backend_at() (backend.h). Slots below `nslots` (atomic) may be in use. */
+    pcr_backend_t **backends;
+    size_t nslots;
+    char *slot_taken;             /* control thread: the slot's backend is not freed yet */
+    LIST_HEAD(, pcr_backend) retired;  /* left, freed once nothing holds them */
+    uint64_t epoch;               /* atomic: retirements; workers publish the last they saw */
+    const struct pcr_backend_hooks *backend_hooks;  /* the checks of each backend (control.c) */
+    pcr_worker_t *workers;
+    unsigned nworkers;
+    pcr_bus_t *bus;               /* index updates between workers (bus.c) */
+    pcr_accesslog_t *access_log;  /* the access log's writer (accesslog.h) */
+    pcr_share_t *share;           /* the index shared with other replicas (share.c), or NULL */
+    int share_loading;            /* atomic: a cold start loads the shared index; /health 503 */
+
+    /* The control loop, on the main thread. */
+    struct event_base *base;
+    struct event *probe_tick;     /* probes of ejected backends (control.c) */
+    struct event *scrape_tick;    /* the pods' metrics and model lists (control.c) */
+    struct event *sig_ev; /* the signalfd (SIGTERM, SIGINT, SIGHUP, SIGUSR1) */
+    int sig_fd;
+    struct event *drain_timer;
+    struct event *workers_done;   /* the last worker to stop wakes the control loop */
+    int draining;                 /* SIGTERM seen (atomic: workers read it) */
+    unsigned workers_running;     /* atomic */
+    int wake_fd[2];               /* workers_done's pipe */
+
+    /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
+    size_t body_buffered;         /* atomic */
+    const void *body_exempt;      /* atomic: the one request allowed past the budget, or NULL */
+    pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
+
+    /* Names, DNS discovery and reloads (control thread). */
+    pcr_dns_t *dns;
+    struct pcr_watch *watches;    /* one per discovery entry */
+    size_t nwatches;
+    uint64_t discovery_lookups, discovery_failures;  /* atomic */
+    pcr_reload_t *reload;         /* in progress */
+    int reload_again;             /* a SIGHUP came during one */
+    pcr_switch_t *pending_switch; /* atomic: what the workers switch to at 'R' */
+    pcr_switch_t *switching;      /* control: waiting for every worker */
+    uint64_t cfg_gen;             /* atomic: reloads applied */
+    uint64_t reloads_ok, reloads_failed;  /* atomic */
+} pcr_server_t;
+
+struct pcr_worker {
+    pcr_server_t *srv;
+    const pcr_config_t *cfg;      /* srv->cfg */
+    unsigned id;
+    pthread_t thread;
+    struct event_base *base;
+    pcr_policy_t *policy;         /* this worker's replica */
+    const struct pcr_route_table *routes;  /* the paths its exchanges serve (routes.c) */
+    pcr_pool_t **pools;           /* by backend slot: this worker's upstream connections */
+    size_t npools;
+    uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
+    uint64_t cfg_gen;             /* the reload this worker runs (atomic) */
+    pcr_metrics_t metrics;        /* written by this worker only */
+    uint64_t evictions_seen;      /* the policy's eviction count at the last tick, */
+    const pcr_policy_t *evictions_policy; /* of this replica (a new one counts from 0) */
+    struct pcr_listener *listeners;  /* one per cfg->listen entry (conn.c) */
+    size_t nlisteners;
+    int spare_fd;                 /* given back to accept one connection when out of fds */
+    LIST_HEAD(, pcr_session) sessions;  /* every open client connection */
+    TAILQ_HEAD(, pcr_session) waiting;  /* those waiting for their client, oldest first */
+    size_t nsessions;             /* atomic: /metrics reads it */
+    uint64_t inflight;            /* exchanges started and not finished (atomic reads) */
+    int io_uring;                 /* its socket I/O batched through io_uring now (atomic) */
+    TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;  /* budget.c */
+    struct event *budget_event;
+    int draining;
+    int stopped;                  /* the loop has ended (atomic) */
+
+    /* Cross-thread: commands through a pipe (rare: drain, stop), index updates through the
+     * inbox (bus.c), drained by `tick` too so an idle worker does not fall behind. */
+    int cmd_fd[2];
+    int hold_wake;                /* atomic: an 'H' (pools.c) is in cmd_fd */
+    struct event *cmd_event;
+    struct event *tick;
+};
+
+/* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
+ * nothing is left. */
+static inline void pcr_worker_check_drained(pcr_worker_t *w)
+{
+    if (w->draining && w->inflight == 0 && w->nsessions == 0)
+        event_base_loopexit(w->base, NULL);
+}
+
+/* Before a decision: apply what the other workers learned since the last one. */
+static inline void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
+
+#endif

@@ -1,0 +1,161 @@
+/* router/http/exchange_int.h: the exchange's fields, shared by exchange.c (the state machine,
+ * routing and proxying), the route table (routes.c), the router's own endpoints (endpoints.c)
+ * and the access-log line (access.c). Nothing else includes it. */
+#ifndef PCR_ROUTER_EXCHANGE_INT_H
+#define PCR_ROUTER_EXCHANGE_INT_H
+
+#include <event2/buffer.h>
+
+#include "backend.h"
+#include "exchange.h"
+#include "spare.h"
+#include "usage.h"
+
+#define PCR_MAX_REQ_HEADERS 100
+
+typedef struct pcr_models_fanout pcr_models_fanout_t;
+
+/* What a path is (routes.c holds the table, the exchange walks it): an answer of the router's
+ * own, given at once (/health, /metrics) or gathered from the pods (/v1/models), a prompt to
+ * route by its prefix, or a request balanced by load. */
+typedef enum {
+    PCR_ROUTE_ANSWER = 0,
+    PCR_ROUTE_FANOUT,
+    PCR_ROUTE_PROMPT,
+    PCR_ROUTE_PROXY,
+} pcr_route_kind_t;
+
+typedef struct pcr_route {
+    const char *path;                 /* the path (a query may follow), or a prefix ending '/' */
+    const char *method;               /* the one it takes ("GET" takes HEAD too), Allow on 405 */
+    pcr_route_kind_t kind;
+    int own;                          /* the router's own: on the admin listener when there is one */
+    int api;                          /* PCR_ROUTE_PROMPT: its pcr_api_t */
+    /* ANSWER and FANOUT: starts the answer; < 0: no backend to ask (503). */
+    int (*serve)(pcr_exchange_t *ex);
+    /* FANOUT: the exchange is freed before the answer came. */
+    void (*cancel)(pcr_exchange_t *ex);
+} pcr_route_t;
+
+/* The routes in the order they are tried: exact paths before the prefixes that hold them. */
+typedef struct pcr_route_table {
+    const pcr_route_t *routes;
+    size_t n;
+} pcr_route_table_t;
+
+/* routes.c: the table every worker's exchanges use. */
+extern const pcr_route_table_t pcr_routes;
+
+/* Where a request stands. Every change goes through ex_to() in exchange.c, which owns all the
+ * accounting attached to the states:
+ *
+ *   RECEIVING --run/reject--> ROUTING --dispatch--> UP_WAIT --head--> UP_HEAD --body--> UP_BODY
+ *       |                      |   ^                  |                 |                 |
+ *       |                      |   +----retry---------+                 +---> DONE <------+
+ *       +----------------------+--> LOCAL (an answer of the router's own) --> DONE
+ *                                   UP_HEAD / UP_BODY --pod broke--> ABORTED
+ *   any state but RECEIVING, DONE, ABORTED --the client left--> GONE (at pcr_exchange_free)
+ *
+ *   running (w->inflight)        ROUTING and every state after it
+ *   backend in flight, and       UP_WAIT, UP_HEAD, UP_BODY
+ *     the request's own prefill  UP_WAIT, UP_HEAD (released when the first body byte arrives)
+ *   status recorded              on entering DONE, ABORTED or GONE (as 499, nginx's "client
+ *                                closed request"); per backend only for DONE and ABORTED
+ */
+typedef enum {
+    EX_RECEIVING = 0,
+    EX_ROUTING,
+    EX_UP_WAIT,
+    EX_UP_HEAD,
+    EX_UP_BODY,
+    EX_LOCAL,
+    EX_DONE,
+    EX_ABORTED,
+    EX_GONE,
+} pcr_ex_state_t;
+
+struct pcr_exchange {
+    pcr_worker_t *w;
+    const pcr_exchange_ops_t *ops;
+    void *sess;
+    unsigned *pod_busy;               /* the client connection's (pcr_exchange_set_client) */
+    const char *proto;                /* "HTTP/1.1", "HTTP/2" */
+    pcr_ex_state_t state;
+
+    /* The request. Header names and values live in `hbuf` at the offsets hoff/hsz (below). */
+    char method[16];
+    char *path;                       /* NULL until set; then path_buf */
+    char *path_buf;                   /* path_cap bytes, kept when the exchange is recycled */
+    size_t path_cap;
+    char *hbuf;
+    size_t hlen, hcap;
+    size_t nh;
+    struct evbuffer *body;
+    size_t body_counted;              /* bytes of `body` counted in the process's body budget */
+    char peer[64];
+    int admin;                        /* came through the admin listener */
+    const pcr_route_t *route;         /* what its path is, from pcr_exchange_run (NULL: none) */
+
+    /* Routing. */
+    pcr_body_reader_t *reader;        /* a routed request's body, parsed as it arrives */
+    pcr_body_t req;                   /* what it gave: model, key blocks (owned here) */
+    pcr_key_t key;                    /* a view of req's blocks */
+    int has_key;
+    pcr_decision_t decision;
+    uint32_t added_from;
+    int committed;                    /* the index holds the speculative entry */
+    pcr_backend_t *be;                /* current attempt's backend (referenced) */
+    uint64_t prefill;                 /* the request's uncached prefill on `be` */
+    uint64_t tried[PCR_MAX_BACKENDS / 64];  /* per backend slot: already failed this request */
+    uint64_t model_hash;              /* of req.model, for the pods' model lists */
+    unsigned attempts;
+    int panic;                        /* routed while every candidate was down or ejected */
+    uint64_t held_us;                 /* how long it was held, over its attempts */
+    int held;                         /* waited in the pool while the pod's prefill queue was
+                                         full (routing.hold_tokens): no feedback from it */
+    /* Its prefix was committed to `be` at t_commit and the pod may not have computed it yet: in
+     * be->pending[worker] from the send until the first token (or the end). settled_before:
+     * what pcr_backend_settled_before() said just before this request was sent. */
+    uint64_t t_commit, settled_before;
+    TAILQ_ENTRY(pcr_exchange) pend_link;
+    int pending;
+    pcr_up_error_t last_error;
+    pcr_upreq_t *up;
+    int paused;
+    pcr_models_fanout_t *fanout;
+
+    /* Response. */
+    int status;
+    uint64_t resp_bytes;
+    uint64_t t_start, t_head;
+    uint64_t t_first;                 /* a stream's first token: its first body byte (0: none) */
+    uint64_t prefill_ahead;           /* a stream's: the prefill its pod had been sent and had
+                                         not finished when it went (pcr_upstream_sent_ahead) */
+    int has_prefill_ahead;            /* prefill_ahead is known (a stream that got its first
+                                         token) */
+
+    /* Per-request truth: the cached tokens the decision predicted, and what the pod said. */
+    int inject_usage;                 /* stream_options added to the body sent (request_usage) */
+    pcr_usage_t usage;                /* reads the answer's usage as it is forwarded */
+    uint64_t predicted;               /* cached tokens the current decision predicted */
+    int64_t delivered;                /* cached tokens the pod reported, -1 until it did */
+    /* The decision's phases (first attempt): ns_parse, the reader's time while the body came;
+     * from t_parse_ns (the last byte is in) ns_hash, the reader's last step, then the policy. */
+    uint64_t t_parse_ns, ns_parse, ns_hash;
+    uint64_t t_hashed_ns;             /* the reader's last step ended; dispatch's "now", 0 after */
+
+    pcr_spare_link_t spare;           /* on its thread's list of spare exchanges (exchange.c) */
+    /* Last: a recycled exchange is cleared up to here (entries past nh are never read). */
+    size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
+};
+
+/* access.c: the request's access-log line (log.access_log), handed to the writer. */
+void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);
+
+/* endpoints.c: the answers of the router's own (routes.c names them). */
+int pcr_endpoint_health(pcr_exchange_t *ex);
+int pcr_endpoint_metrics(pcr_exchange_t *ex);
+int pcr_endpoint_models(pcr_exchange_t *ex);   /* starts the fan-out */
+void pcr_endpoint_models_cancel(pcr_exchange_t *ex);
+
+#endif

@@ -1,0 +1,821 @@
+/* router/http/h1_server.c: owns an HTTP/1.1 client connection: request parsing with http-parser,
+ * framing checked as strictly as RFC 9112 asks, keep-alive, pipelining, response framing, and
+ * the connection's deadlines and budgets.
+ *
+ * Pipelined requests are answered in order, one at a time: when a request is complete the
+ * parser is paused, later bytes wait in the input buffer (reading stops past PIPELINE_MAX_BYTES),
+ * and parsing resumes once the response has ended. Responses of unknown length are chunked (an
+ * SSE stream reaches the client event by event). Output above PCR_WRITE_HIGH pauses the upstream;
+ * the transport's drain notification at PCR_WRITE_LOW resumes it.
+ *
+ * Framing: header names must be tokens (no whitespace before the colon), values free of CR, LF
+ * and NUL, obs-fold is refused, Transfer-Encoding must be exactly "chunked" and never comes with
+ * Content-Length, at most one Content-Length, exactly one Host on HTTP/1.1; anything else is a
+ * 400 and the connection closes, since the rest of the stream cannot be trusted to be in sync.
+ * An absolute-form target is taken as its path.
+ *
+ * Deadlines, one timer in one of four modes:
+ *   IDLE  no request begun: closed quietly after timeouts.client_idle_ms
+ *   HEAD  a request head is arriving: 408 unless complete within timeouts.request_header_ms
+ *   BODY  the body is arriving: 408 when no byte came for timeouts.client_idle_ms
+ *   BUSY  the request is being answered: the client may be silent (a stream can take minutes);
+ *         a client that accepts no bytes for timeouts.client_write_ms is cut by the transport.
+ * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
+ * connection receiving a body past its first PCR_BODY_FREE_BYTES stops reading until some is
+ * released (budget.h: the first MiB of a request, and one request at a time, go on).
+ *
+ * Lingering close: a request refused before its body was read (400, 408, 413, 431) leaves
+ * unread bytes behind; closing then would make the kernel answer them with a reset that can
+ * destroy the error response before the client reads it. So the answer is written, the sending
+ * side shut down, and what still arrives is read and thrown away until the client closes or
+ * LINGER_MS pass (nginx's lingering_close, HAProxy's "nolinger" being the exception).
+ *
+ * One close path, h1_close(); the exchange is freed from the deferred `advance` event or from a
+ * transport callback, never from inside the exchange's own calls. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <http_parser.h>
+
+#include "budget.h"
+#include "exchange.h"
+#include "http1.h"
+#include "log.h"
+#include "session.h"
+
+typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY, T_LINGER } timer_mode_t;
+
+/* How long a rejected request's connection keeps reading (and discarding) after its answer. */
+#define LINGER_MS 2000
+
+/* A body segment of at least PCR_BODY_TAKE_MIN bytes (exchange.h) is moved to the request
+ * with the read buffer it is in (whole buffers by reference, evbuffer_remove_buffer) instead
+ * of being copied; at most TAKE_MAX segments per chunk parsed (a chunked body may have more:
+ * the rest are copied). */
+#define TAKE_MAX 8
+
+typedef struct {
+    pcr_session_t base;
+    pcr_worker_t *w;
+    pcr_sock_t *sock;
+    http_parser parser;
+    pcr_exchange_t *ex;            /* the request being parsed or answered */
+    struct event *advance;         /* deferred: the response ended or broke */
+    struct event *timer;
+    timer_mode_t mode;
+    pcr_budget_waiter_t budget;
+    char *url;
+    size_t url_len, url_cap;
+    char *name, *value;            /* the header being parsed */
+    size_t name_len, value_len, name_cap, value_cap;
+    int in_value;
+    size_t header_bytes;
+    /* Request framing as seen in the head. */
+    unsigned n_host, n_cl, n_te;
+    int te_bad;
+    int expect_continue;
+    int in_body;                   /* the head is complete, the body is arriving */
+    int reject_status;             /* decided by a callback: 400, 413, 431 */
+    const char *reject_why;
+    pcr_fold_t fold;               /* obs-fold detection across reads */
+    int keep_alive;                /* of the current request */
+    int head_only;
+    int bodiless;                  /* the response has no body whatever its length: 1xx, 204, 304 */
+    int chunked;                   /* the current response is chunked */
+    int sse;                       /* the current response is an SSE stream */
+    int closing;                   /* close once the output is written */
+    int linger;                    /* a rejected request: half-close, then discard input */
+    int lingering;
+    int draining;
+    int read_paused;               /* reading stopped: pipelined bytes wait, or budget */
+    /* Body bytes of the chunk being parsed that are moved, not copied, to the request once
+     * http_parser_execute returns (see on_body). */
+    const char *take_base;         /* the chunk */
+    struct {
+        size_t off, len;
+    } take[TAKE_MAX];
+    unsigned ntake;
+    int take_copy;                 /* this chunk's body bytes are copied, from here on */
+} h1_sess_t;
+
+static void h1_close(h1_sess_t *s);
+static void parse_input(h1_sess_t *s);
+static void update_timer(h1_sess_t *s);
+
+#define PIPELINE_MAX_BYTES (1024 * 1024)
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 422: return "Unprocessable Entity";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default:  return "Status";
+    }
+}
+
+static h1_sess_t *sess_of(pcr_exchange_t *ex) { return pcr_exchange_session(ex); }
+
+/* ---- response ops -------------------------------------------------------------------- */
+
+static char *put(char *p, const char *src, size_t n)
+{
+    memcpy(p, src, n);
+    return p + n;
+}
+
+/* The head is written once into space of its exact size, without printf (which cost more than
+ * the rest of the head). */
+static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
+{
+    h1_sess_t *s = sess_of(ex);
+    struct evbuffer *out = pcr_sock_output(s->sock);
+    int http10 = s->parser.http_major == 1 && s->parser.http_minor == 0;
+    if (!s->keep_alive || s->draining || s->w->draining)
+        s->closing = 1;
+    s->chunked = 0;
+    s->sse = 0;
+    for (size_t i = 0; i < n; i++)
+        if (h[i].name_len == 12 && strncasecmp(h[i].name, "content-type", 12) == 0 &&
+            h[i].value_len >= 17 && strncasecmp(h[i].value, "text/event-stream", 17) == 0)
+            s->sse = 1;
+    /* These statuses end at the blank line (RFC 9112, 6.3): chunked framing, or a body, would
+     * be read as the start of the next response. A 304 may say the length a 200 would have. */
+    s->bodiless = status < 200 || status == 204 || status == 304;
+    if (!s->bodiless && clen < 0 && http10)
+        s->closing = 1; /* HTTP/1.0 has no chunking: the close ends the body */
+    else if (!s->bodiless && clen < 0)
+        s->chunked = 1;
+
+    /* "HTTP/1.1 <status> <reason>\r\n", the fields, the framing, Connection, CRLF. */
+    const char *reason = reason_phrase(status);
+    size_t rlen = strlen(reason);
+    size_t need = 9 + 20 + 1 + rlen + 2 + 16 + 20 + 2 + 28 + 24 + 2;
+    for (size_t i = 0; i < n; i++)
+        need += h[i].name_len + 2 + h[i].value_len + 2;
+    /* A body of known, moderate length gets room right after the head: one buffer, written
+     * with one send. */
+    size_t room = clen > 0 && clen <= 65536 && !s->head_only && !s->bodiless ? (size_t)clen : 0;
+    struct evbuffer_iovec v;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)(need + room), &v, 1) != 1)
+        return; /* no memory: the client sees the connection end without an answer */
+    char *p = v.iov_base;
+    p = put(p, "HTTP/1.1 ", 9);
+    p += pcr_http_put_dec(p, (uint64_t)(unsigned)status); /* 100-599: ours, or checked */
+    *p++ = ' ';
+    p = put(p, reason, rlen);
+    p = put(p, "\r\n", 2);
+    for (size_t i = 0; i < n; i++) {
+        p = put(p, h[i].name, h[i].name_len);
+        p = put(p, ": ", 2);
+        p = put(p, h[i].value, h[i].value_len);
+        p = put(p, "\r\n", 2);
+    }
+    if (clen >= 0 && (!s->bodiless || status == 304)) {
+        p = put(p, "Content-Length: ", 16);
+        p += pcr_http_put_dec(p, (uint64_t)clen);
+        p = put(p, "\r\n", 2);
+    } else if (s->chunked) {
+        p = put(p, "Transfer-Encoding: chunked\r\n", 28);
+    }
+    if (s->closing)
+        p = put(p, "Connection: close\r\n\r\n", 21);
+    else
+        p = put(p, "Connection: keep-alive\r\n\r\n", 26);
+    v.iov_len = (size_t)(p - (char *)v.iov_base);
+    evbuffer_commit_space(out, &v, 1);
+}
+
+static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
+{
+    h1_sess_t *s = sess_of(ex);
+    if (s->head_only || s->bodiless || len == 0)
+        return;
+    struct evbuffer *out = pcr_sock_output(s->sock);
+    if (s->chunked) {
+        char size[20];
+        size_t k = pcr_http_put_hex(size, len);
+        size[k++] = '\r';
+        size[k++] = '\n';
+        evbuffer_add(out, size, k);
+        evbuffer_add(out, data, len);
+        evbuffer_add(out, "\r\n", 2);
+    } else {
+        evbuffer_add(out, data, len);
+    }
+    pcr_sock_flush_soon(s->sock);
+    if (pcr_sock_pending(s->sock) > PCR_WRITE_LOW)
+        pcr_sock_want_drain(s->sock, PCR_WRITE_LOW);
+}
+
+static void op_send_end(pcr_exchange_t *ex)
+{
+    h1_sess_t *s = sess_of(ex);
+    if (s->chunked && !s->head_only)
+        evbuffer_add(pcr_sock_output(s->sock), "0\r\n\r\n", 5);
+    pcr_sock_flush_soon(s->sock); /* written before on_advance runs: it was queued first */
+    event_active(s->advance, 0, 0);
+}
+
+/* The last event of a stream the pod broke: an SSE client that ignores how the connection
+ * ended still sees that the answer is incomplete. */
+static const char sse_error[] =
+    "event: error\ndata: {\"error\":{\"message\":\"the backend stopped answering in the middle "
+    "of the response\",\"type\":\"upstream_error\",\"code\":\"response_cut\"}}\n\n";
+
+static void op_send_abort(pcr_exchange_t *ex)
+{
+    h1_sess_t *s = sess_of(ex);
+    /* A chunked body without its last chunk tells the client the response is incomplete; what
+     * already arrived from the pod is written first, then an SSE error event for a stream, then
+     * the connection closes. The head alone may still be unflushed (the pod broke in the read
+     * that brought it): the flush below covers it, or the close would wait for a drain that no
+     * write event is armed to report. */
+    if (s->sse && s->chunked && !s->head_only)
+        evbuffer_add_printf(pcr_sock_output(s->sock), "%zx\r\n%s\r\n", sizeof(sse_error) - 1,
+                            sse_error);
+    s->closing = 1;
+    pcr_sock_flush(s->sock);
+    event_active(s->advance, 0, 0);
+}
+
+static size_t op_pending(pcr_exchange_t *ex) { return pcr_sock_pending(sess_of(ex)->sock); }
+
+static const pcr_exchange_ops_t h1_ops = {op_send_head, op_send_body, op_send_end, op_send_abort,
+                                          op_pending};
+
+/* ---- request parsing ----------------------------------------------------------------- */
+
+static int grow_append(char **buf, size_t *len, size_t *cap, const char *at, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t ncap = *cap ? *cap * 2 : 256;
+        while (ncap < *len + n + 1)
+            ncap *= 2;
+        char *nb = realloc(*buf, ncap);
+        if (nb == NULL)
+            return -1;
+        *buf = nb;
+        *cap = ncap;
+    }
+    memcpy(*buf + *len, at, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+static int refuse(h1_sess_t *s, int status, const char *why)
+{
+    if (s->reject_status == 0) {
+        s->reject_status = status;
+        s->reject_why = why;
+    }
+    return -1;
+}
+
+static int count_header_bytes(h1_sess_t *s, size_t n)
+{
+    s->header_bytes += n;
+    if (s->header_bytes > s->w->cfg->limits.max_header_bytes)
+        return refuse(s, 431, NULL);
+    return 0;
+}
+
+static int name_is(const h1_sess_t *s, const char *want)
+{
+    size_t n = strlen(want);
+    return s->name_len == n && strncasecmp(s->name, want, n) == 0;
+}
+
+static int flush_header(h1_sess_t *s)
+{
+    if (s->name_len == 0)
+        return 0;
+    const char *v = s->value ? s->value : "";
+    size_t vlen = s->value_len;
+    if (name_is(s, "host")) {
+        s->n_host++;
+    } else if (name_is(s, "content-length")) {
+        s->n_cl++;
+    } else if (name_is(s, "transfer-encoding")) {
+        s->n_te++;
+        s->te_bad |= !pcr_http_te_is_chunked(v, vlen);
+    } else if (name_is(s, "expect") && vlen == 12 && strncasecmp(v, "100-continue", 12) == 0) {
+        s->expect_continue = 1;
+    }
+    int rc = pcr_exchange_add_header(s->ex, s->name, s->name_len, v, vlen);
+    s->name_len = s->value_len = 0;
+    s->in_value = 0;
+    if (rc == PCR_ERR_TOO_LARGE)
+        return refuse(s, 431, NULL);
+    if (rc == PCR_ERR_INVAL)
+        return refuse(s, 400, "invalid header field (a name must be a token, with no whitespace "
+                              "before the colon; a value must not hold CR, LF or NUL)");
+    return rc;
+}
+
+static int on_message_begin(http_parser *p)
+{
+    h1_sess_t *s = p->data;
+    s->ex = pcr_exchange_new(s->w, &h1_ops, s, "HTTP/1.1");
+    if (s->ex == NULL)
+        return -1;
+    pcr_exchange_set_client(s->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
+                            &s->base.pod_busy);
+    s->url_len = s->name_len = s->value_len = s->header_bytes = 0;
+    s->in_value = s->expect_continue = s->reject_status = s->in_body = 0;
+    s->n_host = s->n_cl = s->n_te = 0;
+    s->te_bad = 0;
+    s->reject_why = NULL;
+    pcr_fold_reset(&s->fold);
+    return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t n)
+{
+    h1_sess_t *s = p->data;
+    if (count_header_bytes(s, n) < 0)
+        return -1;
+    return grow_append(&s->url, &s->url_len, &s->url_cap, at, n);
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t n)
+{
+    h1_sess_t *s = p->data;
+    if (count_header_bytes(s, n) < 0)
+        return -1;
+    if (s->in_value && flush_header(s) < 0)
+        return -1;
+    pcr_fold_field(&s->fold);
+    return grow_append(&s->name, &s->name_len, &s->name_cap, at, n);
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t n)
+{
+    h1_sess_t *s = p->data;
+    if (count_header_bytes(s, n) < 0)
+        return -1;
+    if (pcr_fold_value(&s->fold, at, n) < 0)
+        return refuse(s, 400, "obsolete line folding (obs-fold) in a header field");
+    s->in_value = 1;
+    return grow_append(&s->value, &s->value_len, &s->value_cap, at, n);
+}
+
+/* The request target: origin-form as is; absolute-form ("http://host/path") as its path. */
+static int set_target(h1_sess_t *s)
+{
+    const char *u = s->url ? s->url : "/";
+    size_t len = s->url ? s->url_len : 1;
+    if (len > 0 && u[0] == '/')
+        return pcr_exchange_set_path(s->ex, u, len);
+    if (len == 1 && u[0] == '*')
+        return pcr_exchange_set_path(s->ex, u, len);
+    struct http_parser_url pu;
+    http_parser_url_init(&pu);
+    if (http_parser_parse_url(u, len, 0, &pu) != 0 || !(pu.field_set & (1 << UF_SCHEMA)) ||
+        !(pu.field_set & (1 << UF_HOST)))
+        return refuse(s, 400, "the request target must be a path (\"/v1/...\") or an absolute URL");
+    if (!(pu.field_set & (1 << UF_PATH)))
+        return pcr_exchange_set_path(s->ex, "/", 1);
+    size_t off = pu.field_data[UF_PATH].off;
+    return pcr_exchange_set_path(s->ex, u + off, len - off);
+}
+
+static int on_headers_complete(http_parser *p)
+{
+    h1_sess_t *s = p->data;
+    if (flush_header(s) < 0)
+        return -1;
+    const char *m = http_method_str((enum http_method)p->method);
+    if (pcr_exchange_set_method(s->ex, m, strlen(m)) < 0 || set_target(s) < 0)
+        return -1;
+    s->keep_alive = http_should_keep_alive(p);
+    s->head_only = p->method == HTTP_HEAD;
+    int http11 = p->http_major == 1 && p->http_minor >= 1;
+    if (http11 && s->n_host != 1)
+        return refuse(s, 400, s->n_host ? "more than one Host header" : "missing Host header");
+    if (s->n_te > 0 && (s->te_bad || s->n_te > 1))
+        return refuse(s, 400, "Transfer-Encoding must be exactly \"chunked\"");
+    if (s->n_te > 0 && s->n_cl > 0)
+        return refuse(s, 400, "Content-Length together with Transfer-Encoding");
+    if (s->n_cl > 1)
+        return refuse(s, 400, "more than one Content-Length");
+    if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->w->cfg->limits.max_body_bytes)
+        return refuse(s, 413, NULL);
+    if (s->expect_continue) {
+        evbuffer_add(pcr_sock_output(s->sock), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        pcr_sock_flush(s->sock);
+    }
+    s->in_body = 1;
+    return 0;
+}
+
+/* Copies the segments recorded so far, in order, and the rest of this chunk's from here on:
+ * segments reach the body in the order they came. */
+static int take_as_copies(h1_sess_t *s)
+{
+    for (unsigned i = 0; i < s->ntake; i++)
+        if (evbuffer_add(pcr_exchange_body(s->ex), s->take_base + s->take[i].off,
+                         s->take[i].len) != 0)
+            return -1;
+    s->ntake = 0;
+    s->take_copy = 1;
+    return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t n)
+{
+    h1_sess_t *s = p->data;
+    int rc = pcr_exchange_see_body(s->ex, at, n);
+    if (rc == PCR_ERR_TOO_LARGE)
+        return refuse(s, 413, NULL);
+    if (rc < 0)
+        return -1;
+    /* Moved after the parse (parse_input), or copied now; once one is to be moved, the ones
+     * after it in this chunk are too, or all are copied, so the order holds. */
+    if (!s->take_copy && (s->ntake > 0 || n >= PCR_BODY_TAKE_MIN)) {
+        if (s->ntake < TAKE_MAX) {
+            s->take[s->ntake].off = (size_t)(at - s->take_base);
+            s->take[s->ntake].len = n;
+            s->ntake++;
+            return 0;
+        }
+        if (take_as_copies(s) != 0)
+            return -1;
+    }
+    return evbuffer_add(pcr_exchange_body(s->ex), at, n) == 0 ? 0 : -1;
+}
+
+/* After http_parser_execute took n bytes of the chunk at the front of `in`: the recorded body
+ * segments move to the request, the rest of the n bytes are dropped. */
+static int consume(h1_sess_t *s, struct evbuffer *in, size_t n)
+{
+    size_t at = 0;
+    int rc = 0;
+    for (unsigned i = 0; i < s->ntake && rc == 0; i++) {
+        evbuffer_drain(in, s->take[i].off - at);
+        rc = pcr_exchange_take_body(s->ex, in, s->take[i].len);
+        at = s->take[i].off + s->take[i].len;
+    }
+    s->ntake = 0;
+    evbuffer_drain(in, rc == 0 ? n - at : evbuffer_get_length(in));
+    return rc;
+}
+
+static int on_message_complete(http_parser *p)
+{
+    http_parser_pause(p, 1); /* answer this one before parsing the next */
+    return 0;
+}
+
+static const http_parser_settings req_settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* The request could not be taken: answer with a clear error, then close (the rest of the
+ * stream cannot be trusted to be in sync). */
+static void reject(h1_sess_t *s, int status, const char *detail)
+{
+    pcr_worker_t *w = s->w;
+    s->keep_alive = 0;
+    s->closing = 1;
+    s->linger = 1;
+    pcr_sock_read_stop(s->sock);
+    if (s->ex == NULL)
+        s->ex = pcr_exchange_new(w, &h1_ops, s, "HTTP/1.1");
+    if (s->ex == NULL) {
+        h1_close(s);
+        return;
+    }
+    s->mode = T_BUSY;
+    event_del(s->timer);
+    pcr_session_set_waiting(&s->base, 0);
+    switch (status) {
+    case 413:
+        pcr_exchange_error(s->ex, 413, "invalid_request_error", "body_too_large",
+                           "request body is larger than limits.max_body_bytes (%zu bytes)",
+                           w->cfg->limits.max_body_bytes);
+        break;
+    case 431:
+        pcr_exchange_error(s->ex, 431, "invalid_request_error", "headers_too_large",
+                           "request headers are larger than limits.max_header_bytes (%zu bytes)",
+                           w->cfg->limits.max_header_bytes);
+        break;
+    case 408:
+        PCR_INC(w->metrics.request_timeouts);
+        pcr_exchange_error(s->ex, 408, "invalid_request_error", "request_timeout", "%s", detail);
+        break;
+    default:
+        PCR_INC(w->metrics.bad_requests);
+        pcr_exchange_error(s->ex, 400, "invalid_request_error", "bad_request",
+                           "malformed HTTP/1.1 request: %s", detail);
+        break;
+    }
+}
+
+static void parse_input(h1_sess_t *s)
+{
+    struct evbuffer *in = pcr_sock_input(s->sock);
+    while (evbuffer_get_length(in) > 0) {
+        if (s->ex != NULL && pcr_exchange_running(s->ex))
+            break; /* answering; the next pipelined request waits its turn */
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        pcr_fold_begin(&s->fold, v.iov_base, v.iov_len);
+        s->take_base = v.iov_base;
+        s->ntake = 0;
+        s->take_copy = 0;
+        size_t n = http_parser_execute(&s->parser, &req_settings, v.iov_base, v.iov_len);
+        pcr_fold_end(&s->fold);
+        enum http_errno e = HTTP_PARSER_ERRNO(&s->parser);
+        if (e != HPE_OK && e != HPE_PAUSED) {
+            s->ntake = 0; /* the request is refused: its body goes with the input, below */
+        } else if (consume(s, in, n) != 0) {
+            reject(s, 400, "out of memory while reading the request body");
+            return;
+        }
+        if (e == HPE_PAUSED) {
+            /* The response may finish synchronously (a local endpoint): `advance` runs later,
+             * from the loop. */
+            s->mode = T_BUSY;
+            update_timer(s);
+            pcr_exchange_run(s->ex);
+            break;
+        }
+        if (e != HPE_OK) {
+            evbuffer_drain(in, evbuffer_get_length(in));
+            if (s->reject_status == 413 || s->reject_status == 431)
+                reject(s, s->reject_status, NULL);
+            else if (s->reject_status != 0)
+                reject(s, 400, s->reject_why ? s->reject_why : "invalid request");
+            else if (e == HPE_HEADER_OVERFLOW)
+                reject(s, 431, NULL);
+            else
+                reject(s, 400, http_errno_description(e));
+            return;
+        }
+    }
+    update_timer(s);
+}
+
+/* ---- deadlines and reading ----------------------------------------------------------- */
+
+static void arm(h1_sess_t *s, unsigned ms)
+{
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    evtimer_add(s->timer, &tv);
+}
+
+/* Sets the timer's mode from where the connection stands (see the header comment). BODY is
+ * re-armed on every call: each read that brought body bytes restarts its idle time. */
+static void update_timer(h1_sess_t *s)
+{
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
+    timer_mode_t want;
+    if (s->lingering)
+        return;
+    if (s->ex == NULL)
+        want = T_IDLE;
+    else if (pcr_exchange_running(s->ex))
+        want = T_BUSY;
+    else
+        want = s->in_body ? T_BODY : T_HEAD;
+    if (want == s->mode && want != T_BODY)
+        return;
+    s->mode = want;
+    pcr_session_set_waiting(&s->base, want != T_BUSY);
+    switch (want) {
+    case T_IDLE: arm(s, t->client_idle_ms); break;
+    case T_HEAD: arm(s, t->request_header_ms); break;
+    case T_BODY: arm(s, t->client_idle_ms); break;
+    case T_BUSY: event_del(s->timer); break;
+    case T_LINGER: break;
+    }
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    h1_sess_t *s = arg;
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
+    char msg[160];
+    switch (s->mode) {
+    case T_IDLE:
+        h1_close(s); /* idle past client_idle_ms */
+        break;
+    case T_HEAD:
+        snprintf(msg, sizeof(msg), "the request head was not complete within %u ms "
+                 "(timeouts.request_header_ms)", t->request_header_ms);
+        reject(s, 408, msg);
+        break;
+    case T_BODY:
+        snprintf(msg, sizeof(msg), "no byte of the request body arrived for %u ms "
+                 "(timeouts.client_idle_ms)", t->client_idle_ms);
+        reject(s, 408, msg);
+        break;
+    case T_BUSY:
+        break;
+    case T_LINGER:
+        h1_close(s);
+        break;
+    }
+}
+
+/* The answer is out: close, or half-close and linger after a rejected request. */
+static void close_written(h1_sess_t *s)
+{
+    if (!s->linger || s->draining) {
+        h1_close(s);
+        return;
+    }
+    s->lingering = 1;
+    s->mode = T_LINGER;
+    pcr_sock_shutdown_write(s->sock);
+    evbuffer_drain(pcr_sock_input(s->sock), evbuffer_get_length(pcr_sock_input(s->sock)));
+    pcr_session_set_waiting(&s->base, 1); /* first to go when connections run short */
+    arm(s, LINGER_MS);
+    pcr_sock_read_start(s->sock);
+}
+
+static void budget_resume(pcr_budget_waiter_t *w)
+{
+    h1_sess_t *s = (h1_sess_t *)((char *)w - offsetof(h1_sess_t, budget));
+    if (s->read_paused && !s->closing) {
+        s->read_paused = 0;
+        pcr_sock_read_start(s->sock);
+        parse_input(s);
+    }
+}
+
+/* After a read: pause reading while pipelined bytes pile up behind a running request, or while
+ * a body past its first PCR_BODY_FREE_BYTES is arriving and the process is over its body
+ * budget. */
+static void check_pause(h1_sess_t *s)
+{
+    size_t queued = evbuffer_get_length(pcr_sock_input(s->sock));
+    int running = s->ex != NULL && pcr_exchange_running(s->ex);
+    if (running && queued > PIPELINE_MAX_BYTES) {
+        pcr_sock_read_stop(s->sock);
+        s->read_paused = 1;
+    } else if (!running && s->ex != NULL && pcr_exchange_body_bytes(s->ex) >= PCR_BODY_FREE_BYTES &&
+               !pcr_budget_may_grow(s->w, s->ex)) {
+        pcr_sock_read_stop(s->sock);
+        s->read_paused = 1;
+        pcr_budget_wait(s->w, &s->budget);
+    }
+}
+
+static void on_read(pcr_sock_t *sock, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (s->lingering) {
+        evbuffer_drain(pcr_sock_input(sock), evbuffer_get_length(pcr_sock_input(sock)));
+        return;
+    }
+    if (s->closing)
+        return;
+    parse_input(s);
+    if (!s->closing && s->ex != NULL)
+        check_pause(s);
+}
+
+static void on_drain(pcr_sock_t *sock, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (s->ex != NULL)
+        pcr_exchange_on_writable(s->ex);
+    if (s->closing && !s->lingering && s->ex == NULL && pcr_sock_pending(sock) == 0)
+        close_written(s);
+}
+
+static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (why == PCR_SOCK_WRITE_TIMEOUT) {
+        PCR_INC(s->w->metrics.write_timeouts);
+        pcr_log_info("client %s accepted no bytes for %u ms: connection closed", pcr_sock_peer(sock),
+                     s->w->cfg->timeouts.client_write_ms);
+    }
+    /* EOF, error or timeout: the client is gone (or stuck); whatever it asked is abandoned and
+     * its upstream request closed, so the pod stops generating. */
+    h1_close(s);
+}
+
+static void on_ready(pcr_sock_t *sock, int err, void *arg) {}
+
+static const pcr_sock_cbs_t h1_sock_cbs = {on_read, on_drain, on_end, on_ready};
+
+static void on_advance(evutil_socket_t fd, short what, void *arg)
+{
+    h1_sess_t *s = arg;
+    if (s->ex == NULL || !pcr_exchange_finished(s->ex))
+        return;
+    pcr_exchange_free(s->ex);
+    s->ex = NULL;
+    s->head_only = 0; /* the next request's, once its head is read: a refusal may come first */
+    if (s->closing) {
+        pcr_sock_read_stop(s->sock);
+        if (pcr_sock_pending(s->sock) == 0)
+            close_written(s);
+        else
+            pcr_sock_want_drain(s->sock, 0); /* on_drain closes once the output is out */
+        return;
+    }
+    http_parser_pause(&s->parser, 0);
+    if (s->read_paused) {
+        s->read_paused = 0;
+        pcr_budget_unwait(s->w, &s->budget);
+        pcr_sock_read_start(s->sock);
+    }
+    parse_input(s);
+    if (!s->closing && s->ex != NULL)
+        check_pause(s);
+}
+
+static void h1_drain(pcr_session_t *base)
+{
+    h1_sess_t *s = (h1_sess_t *)base;
+    s->draining = 1;
+    if (s->lingering || s->ex == NULL || !pcr_exchange_running(s->ex))
+        h1_close(s); /* idle: nothing to finish */
+    else
+        s->closing = 1;
+}
+
+static void h1_force_close(pcr_session_t *base) { h1_close((h1_sess_t *)base); }
+
+static const pcr_session_ops_t h1_session_ops = {h1_drain, h1_force_close};
+
+static void h1_close(h1_sess_t *s)
+{
+    pcr_exchange_free(s->ex);
+    s->ex = NULL;
+    pcr_budget_unwait(s->w, &s->budget);
+    event_free(s->advance);
+    event_free(s->timer);
+    pcr_sock_free(s->sock);
+    free(s->url);
+    free(s->name);
+    free(s->value);
+    pcr_session_unregister(&s->base);
+    free(s);
+}
+
+int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock)
+{
+    h1_sess_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return PCR_ERR_NOMEM;
+    s->w = w;
+    s->sock = sock;
+    s->advance = event_new(w->base, -1, 0, on_advance, s);
+    s->timer = evtimer_new(w->base, on_timer, s);
+    if (s->advance == NULL || s->timer == NULL) {
+        if (s->advance)
+            event_free(s->advance);
+        if (s->timer)
+            event_free(s->timer);
+        free(s);
+        return PCR_ERR_NOMEM;
+    }
+    s->budget.resume = budget_resume;
+    http_parser_init(&s->parser, HTTP_REQUEST);
+    s->parser.data = s;
+    pcr_session_register(w, &s->base, &h1_session_ops);
+    pcr_sock_set_cbs(sock, &h1_sock_cbs, s);
+    pcr_sock_set_write_timeout(sock, w->cfg->timeouts.client_write_ms);
+    s->mode = T_BUSY; /* so that the first update arms the right deadline */
+    pcr_sock_read_start(sock);
+    /* The handshake already read the first bytes of a request head. */
+    if (evbuffer_get_length(pcr_sock_input(sock)) > 0)
+        on_read(sock, s);
+    else
+        update_timer(s);
+    return 0;
+}

@@ -1,0 +1,836 @@
+/* router/http/h2_server.c: owns an HTTP/2 client connection (h2 over TLS, or h2c with prior
+ * knowledge): the nghttp2 session (1.52 API) and its streams, one exchange per stream.
+ *
+ * A stream is created at begin-headers and freed at stream-close, nowhere else. Every read
+ * feeds nghttp2_session_mem_recv and then flushes. Flushing asks nghttp2 for frames until the
+ * transport holds PCR_WRITE_HIGH unsent bytes, writes, and goes on while the kernel took them
+ * and nghttp2 has more; only when the socket is full does it wait, for the transport's drain
+ * notification. A response body that has not arrived from upstream yet makes the data source
+ * return NGHTTP2_ERR_DEFERRED; upstream data resumes it. Exchange ops never call into nghttp2's
+ * send path directly: they queue and activate the deferred `flush` event, so a stream is never
+ * closed (and its exchange freed) while the exchange's own code is on the stack.
+ *
+ * Budgets and deadlines:
+ * - Flow control is consumed by hand (no automatic WINDOW_UPDATE): a DATA frame's bytes are
+ *   given back to the client's window only while the process holds less than
+ *   limits.max_buffered_body_bytes of request bodies, so streams over the budget wait on their
+ *   windows instead of growing memory, and resume when some is released. Past the budget one
+ *   request at a time may still finish its body (budget.h); the session it belongs to then
+ *   stops holding its connection window, which the other streams' held bytes would otherwise
+ *   keep shut: only stream windows hold those bytes back (at most one initial window each).
+ * - One timer per connection: with no stream open it is the idle timeout
+ *   (timeouts.client_idle_ms); with streams it ticks, and a stream whose head is not complete
+ *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
+ *   answered 408; one whose response made no progress towards the client for
+ *   timeouts.client_write_ms (a zero window) is reset, and its pod request cancelled. */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <nghttp2/nghttp2.h>
+
+#include "evmem.h"
+#include "budget.h"
+#include "exchange.h"
+#include "http1.h"
+#include "log.h"
+#include "session.h"
+
+typedef struct h2_sess h2_sess_t;
+
+/* DATA bytes of at least PCR_BODY_TAKE_MIN (exchange.h) in one piece are referenced where
+ * they arrived instead of being copied into the request: the read chain they are in is moved
+ * out of the socket's input into a hold, which lives while any request body points into it. A
+ * piece must also be at least a quarter of its chain, however long the chain, so that a hold
+ * keeps at most 4x the body bytes it carries, as on HTTP/1.1 (h1_server.c). */
+
+typedef struct {
+    struct evbuffer *buf;          /* the read chain, moved whole */
+    unsigned refs;                 /* body references, and on_read's own while it feeds */
+} h2_hold_t;
+
+typedef struct h2_stream {
+    int32_t id;
+    h2_sess_t *sess;
+    pcr_exchange_t *ex;
+    struct evbuffer *out;          /* response body not yet taken by nghttp2 */
+    size_t header_bytes;
+    size_t unconsumed;             /* DATA bytes not yet given back to the stream window (budget) */
+    size_t conn_held;              /* of those, not yet given back to the connection window */
+    uint64_t t_begin;              /* begin-headers */
+    uint64_t t_recv;               /* last request byte */
+    uint64_t t_progress;           /* last response byte taken by nghttp2 (or output began) */
+    int headers_done;
+    int req_done;                  /* END_STREAM from the client */
+    int reject_status;             /* 413 / 431 decided while receiving */
+    int rejected;                  /* the error response went out */
+    int eof;                       /* the exchange sent its end */
+    int deferred;                  /* the data source returned NGHTTP2_ERR_DEFERRED */
+    int head_only;
+    int abort;                     /* the response broke: reset once `out` is sent */
+    int submitted;                 /* a response with a data source was submitted */
+    int run_queued;                /* complete: to run once the whole read is processed */
+    struct event *rst_timer;       /* a reset sent a little after the response (rst_later) */
+    uint32_t rst_code;
+    struct h2_stream *prev, *next;
+} h2_stream_t;
+
+struct h2_sess {
+    pcr_session_t base;
+    pcr_worker_t *w;
+    pcr_sock_t *sock;
+    nghttp2_session *ng;
+    struct event *flush;
+    struct event *timer;           /* idle timeout, or the streams' deadline tick */
+    pcr_budget_waiter_t budget;
+    h2_stream_t *exempt;           /* the stream allowed past the body budget, if it is ours */
+    h2_stream_t *streams;
+    size_t nstreams;
+    size_t nqueued;                /* streams with run_queued set */
+    int closing;
+    int in_flush;
+    /* The read chain nghttp2 is being fed (on_read), for DATA taken by reference. */
+    const uint8_t *seg;
+    size_t seg_len;
+    h2_hold_t *hold;               /* the chain, once moved out of the input; NULL before */
+};
+
+static void h2_close(h2_sess_t *s);
+static void flush_now(h2_sess_t *s);
+static void arm_timer(h2_sess_t *s);
+
+static void schedule_flush(h2_sess_t *s) { event_active(s->flush, 0, 0); }
+
+static void stream_free(h2_stream_t *st)
+{
+    h2_sess_t *s = st->sess;
+    if (st->prev)
+        st->prev->next = st->next;
+    else
+        s->streams = st->next;
+    if (st->next)
+        st->next->prev = st->prev;
+    s->nstreams--;
+    if (st->run_queued)
+        s->nqueued--;
+    if (s->exempt == st)
+        s->exempt = NULL;
+    pcr_exchange_free(st->ex);
+    if (st->rst_timer)
+        event_free(st->rst_timer);
+    if (st->out)
+        evbuffer_free(st->out);
+    pcr_evmem_free(st);
+}
+
+/* ---- response ops -------------------------------------------------------------------- */
+
+#define RST_DELAY_US 50000
+
+static void on_rst_timer(evutil_socket_t fd, short what, void *arg)
+{
+    h2_stream_t *st = arg;
+    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, st->rst_code);
+    schedule_flush(st->sess);
+}
+
+/* Resets the stream RST_DELAY_US from now: clients (curl among them) drop the frames of a
+ * response that reach them in the same read as its stream's RST_STREAM. */
+static void rst_later(h2_stream_t *st, uint32_t code)
+{
+    if (st->rst_timer != NULL)
+        return;
+    st->rst_code = code;
+    st->rst_timer = evtimer_new(st->sess->w->base, on_rst_timer, st);
+    struct timeval tv = {0, RST_DELAY_US};
+    if (st->rst_timer)
+        evtimer_add(st->rst_timer, &tv);
+    else
+        nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, code);
+}
+
+/* The response body is not copied into nghttp2's frame buffer: the source says how much goes
+ * in the next DATA frame (NGHTTP2_DATA_FLAG_NO_COPY) and on_send_data moves those bytes from
+ * st->out to the connection's output, after the frame header. */
+static ssize_t on_data_source_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                                   uint32_t *flags, nghttp2_data_source *src, void *user)
+{
+    h2_stream_t *st = src->ptr;
+    size_t avail = evbuffer_get_length(st->out);
+    size_t n = avail < length ? avail : length;
+    if (n > 0) {
+        *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+        st->t_progress = pcr_now_us();
+    }
+    if (st->eof && avail == n) {
+        *flags |= NGHTTP2_DATA_FLAG_EOF;
+    } else if (n == 0 && st->abort) {
+        /* Everything that arrived went out; the reset follows a moment later. */
+        rst_later(st, NGHTTP2_INTERNAL_ERROR);
+        st->deferred = 1;
+        return NGHTTP2_ERR_DEFERRED;
+    } else if (n == 0) {
+        st->deferred = 1;
+        return NGHTTP2_ERR_DEFERRED;
+    }
+    if (n == 0 && st->ex) /* else on_send_data tells, once the bytes left st->out */
+        pcr_exchange_on_writable(st->ex);
+    return (ssize_t)n;
+}
+
+static int on_send_data(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *framehd,
+                        size_t length, nghttp2_data_source *src, void *user)
+{
+    h2_sess_t *s = user;
+    h2_stream_t *st = src->ptr;
+    struct evbuffer *out = pcr_sock_output(s->sock);
+    size_t pad = frame->data.padlen;
+    static const uint8_t zeros[256];
+    evbuffer_add(out, framehd, 9);
+    if (pad > 0) {
+        uint8_t padlen = (uint8_t)(pad - 1);
+        evbuffer_add(out, &padlen, 1);
+    }
+    if (evbuffer_remove_buffer(st->out, out, length) != (int)length)
+        return NGHTTP2_ERR_CALLBACK_FAILURE; /* cannot happen: the source measured st->out */
+    if (pad > 1)
+        evbuffer_add(out, zeros, pad - 1);
+    if (st->ex)
+        pcr_exchange_on_writable(st->ex);
+    return 0;
+}
+
+static void op_send_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
+{
+    h2_stream_t *st = pcr_exchange_session(ex);
+    h2_sess_t *s = st->sess;
+    nghttp2_nv nva[n + 2];
+    char status_str[3], clen_str[20];
+    size_t k = 0;
+    /* HTTP/2 wants lower-case names; upstream may send any case. */
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += h[i].name_len;
+    char stack_names[2048];
+    char *names = total < sizeof(stack_names) ? stack_names : malloc(total + 1);
+    status_str[0] = (char)('0' + status / 100 % 10); /* 100-599: ours, or checked */
+    status_str[1] = (char)('0' + status / 10 % 10);
+    status_str[2] = (char)('0' + status % 10);
+    nva[k++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status_str, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    size_t off = 0;
+    for (size_t i = 0; i < n && names != NULL; i++) {
+        for (size_t j = 0; j < h[i].name_len; j++) {
+            unsigned char c = (unsigned char)h[i].name[j];
+            names[off + j] = (char)(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c);
+        }
+        nva[k++] = (nghttp2_nv){(uint8_t *)names + off, (uint8_t *)h[i].value, h[i].name_len,
+                                h[i].value_len, NGHTTP2_NV_FLAG_NONE};
+        off += h[i].name_len;
+    }
+    if (clen >= 0) {
+        size_t l = pcr_http_put_dec(clen_str, (uint64_t)clen);
+        nva[k++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)clen_str, 14, l,
+                                NGHTTP2_NV_FLAG_NONE};
+    }
+    nghttp2_data_provider prd = {.source.ptr = st, .read_callback = on_data_source_read};
+    int rc = nghttp2_submit_response(s->ng, st->id, nva, k, st->head_only ? NULL : &prd);
+    st->submitted = rc == 0 && !st->head_only;
+    if (names != stack_names)
+        free(names);
+    if (rc != 0)
+        pcr_log_warn("h2 stream %d: cannot submit response: %s", st->id, nghttp2_strerror(rc));
+    schedule_flush(s);
+}
+
+static void resume(h2_stream_t *st)
+{
+    if (st->deferred) {
+        st->deferred = 0;
+        nghttp2_session_resume_data(st->sess->ng, st->id);
+    }
+    schedule_flush(st->sess);
+}
+
+static void op_send_body(pcr_exchange_t *ex, const char *data, size_t len)
+{
+    h2_stream_t *st = pcr_exchange_session(ex);
+    if (st->head_only)
+        return;
+    if (evbuffer_get_length(st->out) == 0)
+        st->t_progress = pcr_now_us(); /* the write deadline counts from here */
+    evbuffer_add(st->out, data, len);
+    resume(st);
+}
+
+static void op_send_end(pcr_exchange_t *ex)
+{
+    h2_stream_t *st = pcr_exchange_session(ex);
+    st->eof = 1;
+    resume(st);
+}
+
+static void op_send_abort(pcr_exchange_t *ex)
+{
+    h2_stream_t *st = pcr_exchange_session(ex);
+    if (st->submitted) {
+        st->abort = 1; /* the data source sends what is queued, then resets */
+        resume(st);
+        return;
+    }
+    nghttp2_submit_rst_stream(st->sess->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+    schedule_flush(st->sess);
+}
+
+static size_t op_pending(pcr_exchange_t *ex)
+{
+    h2_stream_t *st = pcr_exchange_session(ex);
+    return evbuffer_get_length(st->out);
+}
+
+static const pcr_exchange_ops_t h2_ops = {op_send_head, op_send_body, op_send_end, op_send_abort,
+                                          op_pending};
+
+/* ---- flow control against the body budget -------------------------------------------- */
+
+/* Whether the stream's body may grow (budget.h). When it becomes the request allowed past the
+ * budget, the connection window its session holds for the other streams is given back, or the
+ * client could not send it a byte. */
+static int stream_may_grow(h2_sess_t *s, h2_stream_t *st)
+{
+    if (!pcr_budget_may_grow(s->w, st->ex))
+        return 0;
+    if (!pcr_budget_ok(s->w) && s->exempt != st) {
+        s->exempt = st;
+        for (h2_stream_t *o = s->streams; o != NULL; o = o->next) {
+            nghttp2_session_consume_connection(s->ng, o->conn_held);
+            o->conn_held = 0;
+        }
+    }
+    return 1;
+}
+
+/* Gives DATA bytes back to the client's windows, to the streams whose bodies may grow. */
+static void consume_pending(h2_sess_t *s)
+{
+    int wait = 0;
+    for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
+        if (st->unconsumed == 0)
+            continue;
+        if (!stream_may_grow(s, st)) {
+            wait = 1;
+            continue;
+        }
+        nghttp2_session_consume_stream(s->ng, st->id, st->unconsumed);
+        nghttp2_session_consume_connection(s->ng, st->conn_held);
+        st->unconsumed = st->conn_held = 0;
+    }
+    if (wait)
+        pcr_budget_wait(s->w, &s->budget);
+}
+
+static void budget_resume(pcr_budget_waiter_t *w)
+{
+    h2_sess_t *s = (h2_sess_t *)((char *)w - offsetof(h2_sess_t, budget));
+    consume_pending(s);
+    flush_now(s);
+}
+
+/* ---- nghttp2 callbacks --------------------------------------------------------------- */
+
+static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
+{
+    h2_sess_t *s = user;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0;
+    h2_stream_t *st = pcr_evmem_calloc(1, sizeof(*st)); /* per request: evmem.h */
+    if (st == NULL)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    st->id = frame->hd.stream_id;
+    st->sess = s;
+    st->out = evbuffer_new();
+    st->ex = pcr_exchange_new(s->w, &h2_ops, st, "HTTP/2");
+    st->t_begin = st->t_recv = pcr_now_us();
+    st->next = s->streams;
+    if (s->streams)
+        s->streams->prev = st;
+    s->streams = st;
+    s->nstreams++;
+    if (st->out == NULL || st->ex == NULL) {
+        stream_free(st);
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
+    }
+    pcr_exchange_set_client(st->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
+                            &s->base.pod_busy);
+    nghttp2_session_set_stream_user_data(ng, st->id, st);
+    if (s->nstreams == 1) {
+        pcr_session_set_waiting(&s->base, 0);
+        arm_timer(s);
+    }
+    return 0;
+}
+
+static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name, size_t nlen,
+                     const uint8_t *value, size_t vlen, uint8_t flags, void *user)
+{
+    h2_sess_t *s = user;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0;
+    h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (st == NULL || st->reject_status)
+        return 0;
+    st->header_bytes += nlen + vlen;
+    if (st->header_bytes > s->w->cfg->limits.max_header_bytes) {
+        st->reject_status = 431;
+        return 0;
+    }
+    const char *n = (const char *)name, *v = (const char *)value;
+    if (nlen == 7 && memcmp(n, ":method", 7) == 0) {
+        if (pcr_exchange_set_method(st->ex, v, vlen) < 0)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        st->head_only = vlen == 4 && memcmp(v, "HEAD", 4) == 0;
+    } else if (nlen == 5 && memcmp(n, ":path", 5) == 0) {
+        if (pcr_exchange_set_path(st->ex, v, vlen) < 0)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    } else if (nlen > 0 && n[0] != ':') {
+        if (nlen == 14 && memcmp(n, "content-length", 14) == 0 &&
+            strtoull(v, NULL, 10) > s->w->cfg->limits.max_body_bytes)
+            st->reject_status = 413;
+        /* nghttp2 has already refused invalid names and values (RFC 9113, 8.2.1). */
+        if (pcr_exchange_add_header(st->ex, n, nlen, v, vlen) == PCR_ERR_TOO_LARGE)
+            st->reject_status = 431;
+    }
+    return 0;
+}
+
+static void reject(h2_stream_t *st)
+{
+    h2_sess_t *s = st->sess;
+    st->rejected = 1;
+    if (st->reject_status == 413)
+        pcr_exchange_error(st->ex, 413, "invalid_request_error", "body_too_large",
+                           "request body is larger than limits.max_body_bytes (%zu bytes)",
+                           s->w->cfg->limits.max_body_bytes);
+    else
+        pcr_exchange_error(st->ex, 431, "invalid_request_error", "headers_too_large",
+                           "request headers are larger than limits.max_header_bytes (%zu bytes)",
+                           s->w->cfg->limits.max_header_bytes);
+}
+
+static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
+{
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
+        return 0;
+    h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (st == NULL)
+        return 0;
+    /* DATA bytes count as progress in on_data_chunk; an empty DATA frame is none (a flood of
+     * them must not keep a request that sends nothing from its 408). */
+    if (frame->hd.type == NGHTTP2_HEADERS) {
+        st->t_recv = pcr_now_us();
+        st->headers_done = 1;
+    }
+    if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+        st->req_done = 1;
+    if (st->reject_status && !st->rejected) {
+        reject(st);
+        return 0;
+    }
+    if (st->req_done && !st->rejected && !pcr_exchange_running(st->ex) && !st->run_queued) {
+        st->run_queued = 1; /* run_queued() */
+        st->sess->nqueued++;
+    }
+    return 0;
+}
+
+/* Runs the requests completed by the read just processed. Not from on_frame_recv: a stream the
+ * same read resets (rapid reset sends HEADERS, DATA and RST_STREAM together) is then closed
+ * before anything was sent to a pod for it. */
+static void run_queued(h2_sess_t *s)
+{
+    if (s->nqueued == 0)
+        return;
+    s->nqueued = 0;
+    h2_stream_t *st = s->streams;
+    while (st != NULL && st->next != NULL)
+        st = st->next; /* the oldest: requests run in the order they came */
+    for (; st != NULL; st = st->prev) {
+        if (!st->run_queued)
+            continue;
+        st->run_queued = 0;
+        if (!st->rejected && !pcr_exchange_running(st->ex))
+            pcr_exchange_run(st->ex);
+    }
+}
+
+static void hold_release(h2_hold_t *h)
+{
+    if (h != NULL && --h->refs == 0) {
+        evbuffer_free(h->buf);
+        pcr_evmem_free(h);
+    }
+}
+
+static void hold_unref(const void *data, size_t len, void *arg)
+{
+    (void)data;
+    (void)len;
+    hold_release(arg);
+}
+
+/* Adds a DATA piece to the request's body: by reference into the read chain when it is long
+ * enough (see PCR_BODY_TAKE_MIN), else copied. */
+static int add_data(h2_sess_t *s, h2_stream_t *st, const uint8_t *data, size_t len)
+{
+    int by_ref = len >= PCR_BODY_TAKE_MIN && s->seg != NULL && data >= s->seg &&
+                 len <= s->seg_len && (size_t)(data - s->seg) <= s->seg_len - len &&
+                 (s->hold != NULL || len >= s->seg_len / 4);
+    if (!by_ref)
+        return pcr_exchange_add_body(st->ex, (const char *)data, len);
+    int rc = pcr_exchange_see_body(st->ex, (const char *)data, len);
+    if (rc != 0)
+        return rc;
+    if (s->hold == NULL) {
+        h2_hold_t *h = pcr_evmem_malloc(sizeof(*h));
+        struct evbuffer *in = pcr_sock_input(s->sock), *buf = h != NULL ? evbuffer_new() : NULL;
+        /* The chain is the input's first, whole: moving it moves a pointer, not the bytes. */
+        if (buf == NULL || evbuffer_remove_buffer(in, buf, s->seg_len) != (int)s->seg_len) {
+            /* A first chain is moved whole or not at all: on failure its bytes are still in
+             * `in`, and this piece is copied from them. */
+            if (buf != NULL)
+                evbuffer_free(buf);
+            pcr_evmem_free(h);
+            return evbuffer_add(pcr_exchange_body(st->ex), data, len) == 0 ? 0 : PCR_ERR_NOMEM;
+        }
+        h->buf = buf;
+        h->refs = 1; /* on_read's, until nghttp2 has read the chain */
+        s->hold = h;
+    }
+    if (evbuffer_add_reference(pcr_exchange_body(st->ex), data, len, hold_unref, s->hold) != 0)
+        return PCR_ERR_NOMEM;
+    s->hold->refs++;
+    return 0;
+}
+
+static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
+                         size_t len, void *user)
+{
+    h2_sess_t *s = user;
+    h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
+    if (st == NULL || st->reject_status || pcr_exchange_running(st->ex)) {
+        /* Dropped: the window is given back at once. */
+        nghttp2_session_consume(ng, id, len);
+        return 0;
+    }
+    st->t_recv = pcr_now_us();
+    if (add_data(s, st, data, len) == PCR_ERR_TOO_LARGE) {
+        nghttp2_session_consume(ng, id, len);
+        st->reject_status = 413;
+        reject(st);
+        return 0;
+    }
+    if (st->unconsumed == 0 && stream_may_grow(s, st)) {
+        nghttp2_session_consume(ng, id, len);
+    } else {
+        st->unconsumed += len;
+        if (s->exempt != NULL)
+            nghttp2_session_consume_connection(ng, len); /* see stream_may_grow */
+        else
+            st->conn_held += len;
+        pcr_budget_wait(s->w, &s->budget);
+    }
+    return 0;
+}
+
+static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
+{
+    /* The response ended while the client is still sending (an early 408 or 413): the rest of
+     * its request will not be read, so the stream is reset (RFC 9113, 8.1), a moment later so
+     * that the client reads the response first. */
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
+        return 0;
+    if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        return 0;
+    h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (st != NULL && !st->req_done)
+        rst_later(st, NGHTTP2_NO_ERROR);
+    return 0;
+}
+
+static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code, void *user)
+{
+    h2_sess_t *s = user;
+    h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
+    if (st == NULL)
+        return 0;
+    nghttp2_session_set_stream_user_data(ng, id, NULL);
+    if (st->conn_held)
+        nghttp2_session_consume_connection(ng, st->conn_held);
+    /* A reset by the client, or the natural end: either way the exchange ends here; if its
+     * upstream request is still running it is closed, so the pod stops generating. */
+    stream_free(st);
+    if (s->nstreams == 0) {
+        pcr_session_set_waiting(&s->base, 1);
+        arm_timer(s);
+    }
+    pcr_worker_check_drained(s->w);
+    return 0;
+}
+
+/* ---- deadlines ----------------------------------------------------------------------- */
+
+static unsigned tick_ms(const pcr_timeouts_conf_t *t)
+{
+    unsigned m = t->client_write_ms;
+    if (t->request_header_ms < m)
+        m = t->request_header_ms;
+    if (t->client_idle_ms < m)
+        m = t->client_idle_ms;
+    m /= 4;
+    return m < 50 ? 50 : m > 1000 ? 1000 : m;
+}
+
+static void arm_timer(h2_sess_t *s)
+{
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
+    unsigned ms = s->nstreams == 0 ? t->client_idle_ms : tick_ms(t);
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    evtimer_add(s->timer, &tv);
+}
+
+static void stream_timeout_408(h2_stream_t *st, unsigned ms)
+{
+    st->reject_status = 408;
+    st->rejected = 1;
+    PCR_INC(st->sess->w->metrics.request_timeouts);
+    pcr_exchange_error(st->ex, 408, "invalid_request_error", "request_timeout",
+                       "no byte of the request body arrived for %u ms (timeouts.client_idle_ms)", ms);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    h2_sess_t *s = arg;
+    const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
+    if (s->nstreams == 0) {
+        h2_close(s); /* idle past client_idle_ms with no stream open */
+        return;
+    }
+    uint64_t now = pcr_now_us();
+    for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
+        if (!pcr_exchange_running(st->ex) && !st->rejected) {
+            if (!st->headers_done && now - st->t_begin >= (uint64_t)t->request_header_ms * 1000) {
+                /* A header block is contiguous on the connection (CONTINUATION frames follow
+                 * their HEADERS at once), so one left unfinished stalls the whole connection:
+                 * there is no stream to answer 408 on, only a connection to close. */
+                PCR_INC(s->w->metrics.request_timeouts);
+                pcr_log_debug("client %s: h2 header block not complete within %u ms",
+                              pcr_sock_peer(s->sock), t->request_header_ms);
+                h2_close(s);
+                return;
+            }
+            if (st->headers_done && now - st->t_recv >= (uint64_t)t->client_idle_ms * 1000)
+                stream_timeout_408(st, t->client_idle_ms);
+        } else if (evbuffer_get_length(st->out) > 0 && !st->abort &&
+                   now - st->t_progress >= (uint64_t)t->client_write_ms * 1000 &&
+                   (nghttp2_session_get_stream_remote_window_size(s->ng, st->id) <= 0 ||
+                    nghttp2_session_get_remote_window_size(s->ng) <= 0)) {
+            /* A zero window: the client takes nothing. Reset the stream; closing it frees the
+             * exchange and cancels the pod request, which gives its connection back. With the
+             * windows open, what stalls is the socket: the connection's own write deadline
+             * (on_end) closes it and counts it, once. */
+            PCR_INC(s->w->metrics.write_timeouts);
+            pcr_log_info("client %s, h2 stream %d: no response bytes accepted for %u ms: reset",
+                         pcr_sock_peer(s->sock), st->id, t->client_write_ms);
+            st->abort = 1;
+            nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
+        }
+    }
+    arm_timer(s);
+    flush_now(s);
+}
+
+/* ---- connection ---------------------------------------------------------------------- */
+
+static void flush_now(h2_sess_t *s)
+{
+    if (s->in_flush)
+        return;
+    s->in_flush = 1;
+    struct evbuffer *out = pcr_sock_output(s->sock);
+    for (;;) {
+        size_t produced = 0;
+        while (evbuffer_get_length(out) < PCR_WRITE_HIGH) {
+            const uint8_t *data;
+            ssize_t n = nghttp2_session_mem_send(s->ng, &data);
+            if (n < 0) {
+                pcr_log_debug("h2: send failed: %s", nghttp2_strerror((int)n));
+                s->in_flush = 0;
+                h2_close(s);
+                return;
+            }
+            if (n == 0)
+                break;
+            evbuffer_add(out, data, (size_t)n);
+            produced += (size_t)n;
+        }
+        pcr_sock_flush(s->sock);
+        /* The kernel took it and nghttp2 may have more: go on. A full socket waits for the
+         * drain notification instead. */
+        if (produced == 0 || evbuffer_get_length(out) >= PCR_WRITE_HIGH ||
+            !nghttp2_session_want_write(s->ng))
+            break;
+    }
+    s->in_flush = 0;
+    if (evbuffer_get_length(out) >= PCR_WRITE_LOW)
+        pcr_sock_want_drain(s->sock, PCR_WRITE_LOW);
+    if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
+        evbuffer_get_length(out) == 0)
+        h2_close(s);
+}
+
+static void on_flush(evutil_socket_t fd, short what, void *arg) { flush_now(arg); }
+
+static void on_read(pcr_sock_t *sock, void *arg)
+{
+    h2_sess_t *s = arg;
+    struct evbuffer *in = pcr_sock_input(sock);
+    while (evbuffer_get_length(in) > 0 && !s->closing) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        s->seg = v.iov_base;
+        s->seg_len = v.iov_len;
+        ssize_t n = nghttp2_session_mem_recv(s->ng, v.iov_base, v.iov_len);
+        /* A hold took the whole chain out of `in` already; nghttp2 reads all it is given
+         * unless it fails, and then everything left is dropped below. */
+        size_t moved = s->hold != NULL ? s->seg_len : 0;
+        hold_release(s->hold);
+        s->hold = NULL;
+        s->seg = NULL;
+        if (n < 0) {
+            /* nghttp2 has queued a GOAWAY for protocol errors; send it, then close. */
+            pcr_log_debug("h2: bad input from client: %s", nghttp2_strerror((int)n));
+            PCR_INC(s->w->metrics.bad_requests);
+            evbuffer_drain(in, evbuffer_get_length(in));
+            pcr_sock_read_stop(sock);
+            s->closing = 1;
+            nghttp2_session_terminate_session(s->ng, NGHTTP2_PROTOCOL_ERROR);
+            break;
+        }
+        if ((size_t)n > moved)
+            evbuffer_drain(in, (size_t)n - moved);
+    }
+    if (!s->closing)
+        run_queued(s);
+    flush_now(s);
+}
+
+static void on_drain(pcr_sock_t *sock, void *arg) { flush_now(arg); }
+
+static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
+{
+    h2_sess_t *s = arg;
+    if (why == PCR_SOCK_WRITE_TIMEOUT) {
+        PCR_INC(s->w->metrics.write_timeouts);
+        pcr_log_info("client %s accepted no bytes for %u ms: connection closed", pcr_sock_peer(sock),
+                     s->w->cfg->timeouts.client_write_ms);
+    }
+    h2_close(s); /* EOF, error or timeout: every stream's exchange is abandoned */
+}
+
+static void on_ready(pcr_sock_t *sock, int err, void *arg) {}
+
+static const pcr_sock_cbs_t h2_sock_cbs = {on_read, on_drain, on_end, on_ready};
+
+static void h2_drain(pcr_session_t *base)
+{
+    h2_sess_t *s = (h2_sess_t *)base;
+    /* GOAWAY with the last stream we took: the client retries later ones elsewhere. */
+    nghttp2_submit_goaway(s->ng, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(s->ng),
+                          NGHTTP2_NO_ERROR, NULL, 0);
+    schedule_flush(s);
+}
+
+static void h2_force_close(pcr_session_t *base) { h2_close((h2_sess_t *)base); }
+
+static const pcr_session_ops_t h2_session_ops = {h2_drain, h2_force_close};
+
+static void h2_close(h2_sess_t *s)
+{
+    while (s->streams)
+        stream_free(s->streams);
+    pcr_budget_unwait(s->w, &s->budget);
+    nghttp2_session_del(s->ng);
+    event_free(s->flush);
+    event_free(s->timer);
+    pcr_sock_free(s->sock);
+    pcr_session_unregister(&s->base);
+    free(s);
+}
+
+int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
+{
+    h2_sess_t *s = calloc(1, sizeof(*s));
+    nghttp2_session_callbacks *cbs = NULL;
+    nghttp2_option *opt = NULL;
+    if (s == NULL || nghttp2_session_callbacks_new(&cbs) != 0 || nghttp2_option_new(&opt) != 0)
+        goto fail;
+    s->w = w;
+    s->sock = sock;
+    s->budget.resume = budget_resume;
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
+    nghttp2_session_callbacks_set_send_data_callback(cbs, on_send_data);
+    /* Request bodies are buffered against a process-wide budget: windows are given back by
+     * hand (consume_pending), never automatically. */
+    nghttp2_option_set_no_auto_window_update(opt, 1);
+    int rc = nghttp2_session_server_new2(&s->ng, cbs, s, opt);
+    nghttp2_session_callbacks_del(cbs);
+    cbs = NULL;
+    nghttp2_option_del(opt);
+    opt = NULL;
+    if (rc != 0)
+        goto fail;
+    s->flush = event_new(w->base, -1, 0, on_flush, s);
+    s->timer = evtimer_new(w->base, on_timer, s);
+    if (s->flush == NULL || s->timer == NULL)
+        goto fail;
+    nghttp2_settings_entry iv[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, w->cfg->limits.max_concurrent_streams},
+        /* Prompts are large: 1 MiB per stream, granted whatever the body budget. */
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, PCR_BODY_FREE_BYTES},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)w->cfg->limits.max_header_bytes},
+    };
+    nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));
+    nghttp2_session_set_local_window_size(s->ng, NGHTTP2_FLAG_NONE, 0, 16 << 20);
+    pcr_session_register(w, &s->base, &h2_session_ops);
+    pcr_session_set_waiting(&s->base, 1);
+    pcr_sock_set_cbs(sock, &h2_sock_cbs, s);
+    pcr_sock_set_write_timeout(sock, w->cfg->timeouts.client_write_ms);
+    pcr_sock_read_start(sock);
+    arm_timer(s);
+    if (evbuffer_get_length(pcr_sock_input(sock)) > 0)
+        on_read(sock, s);
+    else
+        flush_now(s);
+    return 0;
+fail:
+    if (cbs)
+        nghttp2_session_callbacks_del(cbs);
+    if (opt)
+        nghttp2_option_del(opt);
+    if (s && s->flush)
+        event_free(s->flush);
+    if (s && s->timer)
+        event_free(s->timer);
+    if (s && s->ng)
+        nghttp2_session_del(s->ng);
+    free(s);
+    return PCR_ERR_NOMEM;
+}

@@ -1,0 +1,130 @@
+/* router/net/sock_tls.c: the TLS transport (sock.h), a server-side connection through libevent's
+ * bufferevent_openssl (OpenSSL 3 does the record layer; libevent drives it from the loop).
+ *
+ * The handshake reads and writes whatever the owner asked, so reading is forced on until it
+ * completes; on_ready then reports it and the ALPN choice. The bufferevent's write callback,
+ * with its low watermark set to the owner's drain mark, is the drain notification. */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <openssl/ssl.h>
+
+#include "sock.h"
+
+typedef struct {
+    pcr_sock_t base;
+    struct bufferevent *bev;
+    int handshaking;
+} tls_t;
+
+static void on_bev_read(struct bufferevent *bev, void *arg)
+{
+    tls_t *t = arg;
+    t->base.cbs->on_read(&t->base, t->base.arg);
+}
+
+static void on_bev_write(struct bufferevent *bev, void *arg)
+{
+    tls_t *t = arg;
+    if (t->base.drain_wanted &&
+        evbuffer_get_length(bufferevent_get_output(bev)) <= t->base.drain_low) {
+        t->base.drain_wanted = 0;
+        t->base.cbs->on_drain(&t->base, t->base.arg);
+    }
+}
+
+static void on_bev_event(struct bufferevent *bev, short what, void *arg)
+{
+    tls_t *t = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        t->handshaking = 0;
+        const unsigned char *alpn = NULL;
+        unsigned alen = 0;
+        SSL_get0_alpn_selected(bufferevent_openssl_get_ssl(bev), &alpn, &alen);
+        t->base.alpn_h2 = alen == 2 && alpn[0] == 'h' && alpn[1] == '2';
+        if (!t->base.reading)
+            bufferevent_disable(bev, EV_READ);
+        t->base.cbs->on_ready(&t->base, 0, t->base.arg);
+        return;
+    }
+    pcr_sock_end_t why = PCR_SOCK_ERROR;
+    if (what & BEV_EVENT_TIMEOUT)
+        why = PCR_SOCK_WRITE_TIMEOUT;
+    else if (what & BEV_EVENT_EOF)
+        why = PCR_SOCK_EOF;
+    else if (t->handshaking || bufferevent_get_openssl_error(bev) != 0)
+        why = PCR_SOCK_TLS_ERROR;
+    bufferevent_disable(bev, EV_READ | EV_WRITE);
+    t->base.cbs->on_end(&t->base, why, t->base.arg);
+}
+
+static void tls_free(pcr_sock_t *s)
+{
+    tls_t *t = (tls_t *)s;
+    if (t->bev)
+        bufferevent_free(t->bev); /* closes the fd and frees the SSL */
+    free(t);
+}
+
+static void tls_read_start(pcr_sock_t *s)
+{
+    bufferevent_enable(((tls_t *)s)->bev, EV_READ);
+}
+
+static void tls_read_stop(pcr_sock_t *s)
+{
+    tls_t *t = (tls_t *)s;
+    if (!t->handshaking)
+        bufferevent_disable(t->bev, EV_READ);
+}
+
+static struct evbuffer *tls_input(pcr_sock_t *s) { return bufferevent_get_input(((tls_t *)s)->bev); }
+static struct evbuffer *tls_output(pcr_sock_t *s) { return bufferevent_get_output(((tls_t *)s)->bev); }
+static void tls_flush(pcr_sock_t *s) { (void)s; /* the bufferevent writes when the socket is ready */ }
+
+static void tls_want_drain(pcr_sock_t *s)
+{
+    tls_t *t = (tls_t *)s;
+    bufferevent_setwatermark(t->bev, EV_WRITE, s->drain_low, 0);
+    if (evbuffer_get_length(bufferevent_get_output(t->bev)) <= s->drain_low)
+        bufferevent_trigger(t->bev, EV_WRITE, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
+}
+
+static void tls_set_write_timeout(pcr_sock_t *s)
+{
+    tls_t *t = (tls_t *)s;
+    unsigned ms = s->write_timeout_ms;
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    bufferevent_set_timeouts(t->bev, NULL, ms ? &tv : NULL);
+}
+
+static const pcr_sock_ops_t tls_ops = {
+    tls_free, tls_read_start, tls_read_stop, tls_input,
+    tls_output, tls_flush, tls_flush, tls_want_drain, tls_set_write_timeout,
+};
+
+pcr_sock_t *pcr_sock_tls_new(struct event_base *base, int fd, SSL *ssl)
+{
+    tls_t *t = calloc(1, sizeof(*t));
+    if (t != NULL)
+        t->bev = bufferevent_openssl_socket_new(base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                BEV_OPT_CLOSE_ON_FREE);
+    if (t == NULL || t->bev == NULL) {
+        free(t);
+        SSL_free(ssl);
+        close(fd);
+        return NULL;
+    }
+    t->base.ops = &tls_ops;
+    t->base.fd = fd;
+    t->base.tls = 1;
+    t->handshaking = 1;
+    bufferevent_openssl_set_allow_dirty_shutdown(t->bev, 1);
+    bufferevent_setcb(t->bev, on_bev_read, on_bev_write, on_bev_event, t);
+    bufferevent_enable(t->bev, EV_READ | EV_WRITE);
+    return &t->base;
+}

@@ -1,0 +1,194 @@
+/* router/upstream/scrape.c: reads each pod's own /metrics (vLLM's Prometheus text) every
+ * scrape.interval_ms, over the health checks' own connection (probe.c), for what the router cannot count
+ * itself:
+ *   - the load the pod reports: vllm:num_requests_waiting feeds the routing cost;
+ *   - the hit rate the pod delivers: vllm:prefix_cache_hits_total / _queries_total (tokens),
+ *     shown in pcrouter's /metrics beside the hit rate the router predicted.
+ * The text is read by prom.c (pure, bounded, fuzzed) as it arrives: a vLLM page is tens of KiB
+ * and 64 pods every 200 ms is 320 pages a second, so no copy of it is made, only of a line a
+ * read boundary cuts. This file does the I/O and applies the sample to the backend. Counters are accumulated as deltas, so a pod restart (its counters
+ * fall to 0) is not a negative rate. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "backend.h"
+#include "bus.h"
+#include "log.h"
+#include "probe.h"
+#include "prom.h"
+#include "scrape.h"
+
+#define SCRAPE_MAX_BYTES (4 * 1024 * 1024)
+
+/* One scrape in flight. The page is read as it arrives (prom.c's reader): no copy of it is
+ * kept, only a line cut by a read boundary. */
+typedef struct {
+    pcr_backend_t *be;
+    int status;
+    size_t bytes;                  /* of the page so far, against SCRAPE_MAX_BYTES */
+    pcr_prom_reader_t page;
+} scrape_ctx_t;
+
+/* A count the pod reported (finite, >= 0: prom.c checked) as an integer, saturated. */
+static uint64_t to_u64(double v)
+{
+    return v >= 18446744073709551615.0 ? UINT64_MAX : v > 0 ? (uint64_t)v : 0;
+}
+
+static uint32_t to_u32(double v)
+{
+    return v >= 4294967295.0 ? UINT32_MAX : v > 0 ? (uint32_t)v : 0;
+}
+
+/* Adds what the counter grew by; returns 1 when it went back (the pod restarted). */
+static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
+{
+    uint64_t v = to_u64(raw);
+    int went_back = *have && v < *last;
+    /* Below the last value, the pod restarted: its counter began again at 0. */
+    uint64_t add = *have && v >= *last ? v - *last : v;
+    if (*have)
+        *total = add > UINT64_MAX - *total ? UINT64_MAX : *total + add;
+    *last = v;
+    *have = 1;
+    return went_back;
+}
+
+/* What one page said becomes the backend's. */
+static void apply(pcr_backend_t *be, const pcr_pod_sample_t *sp)
+{
+    const pcr_pod_sample_t s = *sp;
+    int restarted = 0;
+    if (s.seen & PCR_PROM_WAITING) {
+        PCR_STORE(be->pod_waiting, to_u32(s.num_requests_waiting));
+        PCR_STORE(be->pod_running, to_u32(s.num_requests_running));
+    }
+    if (s.seen & PCR_PROM_KV_USAGE) {
+        double r = s.kv_cache_usage; /* a ratio, 0..1, despite the name */
+        PCR_STORE(be->pod_kv_usage_ppm, (uint32_t)(r > 1 ? 1e6 : r > 0 ? r * 1e6 + 0.5 : 0));
+        PCR_STORE(be->pod_kv_usage_known, 1);
+    }
+    if (s.seen & PCR_PROM_HITS) {
+        uint64_t h = PCR_LOAD(be->pod_hits), q = PCR_LOAD(be->pod_queries);
+        restarted |= accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, s.prefix_cache_hits);
+        restarted |= accumulate(&q, &be->pod_queries_last, &be->pod_have_queries,
+                                s.prefix_cache_queries);
+        PCR_STORE(be->pod_hits, h);
+        PCR_STORE(be->pod_queries, q);
+    }
+    if (s.seen & PCR_PROM_START_TIME) {
+        restarted |= be->pod_start_time > 0 && s.process_start_time != be->pod_start_time;
+        be->pod_start_time = s.process_start_time;
+    }
+    /* prom.h bounds both factors, so neither product below can overflow. */
+    uint64_t cache_tokens = s.block_size * s.num_gpu_blocks;
+    /* A new cache geometry is a new engine too. */
+    restarted |= cache_tokens > 0 && PCR_LOAD(be->pod_cache_tokens) > 0 &&
+                 cache_tokens != PCR_LOAD(be->pod_cache_tokens);
+    if (restarted) {
+        /* Its KV cache is empty: every replica of the index forgets what it believed of it
+         * (the routing library decides; we report). */
+        PCR_ADD(be->restarts, 1);
+        pcr_log_warn("backend %s restarted (its metrics say so): its cache starts empty",
+                     be->conf.name);
+        pcr_bus_state(be->srv->bus, be->id, PCR_BACKEND_RESTARTED, pcr_now_us());
+    }
+    if (cache_tokens > 0 && cache_tokens != PCR_LOAD(be->pod_cache_tokens)) {
+        /* The pod's real KV capacity replaces the configured guess: the index must never
+         * believe a pod holds more than it can. A token is 4 bytes of canonical prompt. */
+        PCR_STORE(be->pod_cache_tokens, cache_tokens);
+        uint64_t blocks = cache_tokens * 4 / be->srv->cfg->routing.block_bytes;
+        pcr_bus_capacity(be->srv->bus, PCR_BUS_CONTROL, be->id, blocks ? blocks : 1);
+        pcr_log_info("backend %s reports a KV cache of %llu tokens", be->conf.name,
+                     (unsigned long long)cache_tokens);
+    }
+    PCR_INC(be->pod_scrapes);
+}
+
+void pcr_scrape_parse(pcr_backend_t *be, struct evbuffer *body)
+{
+    pcr_prom_reader_t *r = malloc(sizeof(*r));
+    if (r == NULL)
+        return;
+    pcr_prom_begin(r);
+    struct evbuffer_ptr at;
+    struct evbuffer_iovec v;
+    evbuffer_ptr_set(body, &at, 0, EVBUFFER_PTR_SET);
+    while (evbuffer_peek(body, -1, &at, &v, 1) == 1 && v.iov_len > 0) {
+        pcr_prom_feed(r, v.iov_base, v.iov_len);
+        if (evbuffer_ptr_set(body, &at, v.iov_len, EVBUFFER_PTR_ADD) != 0)
+            break;
+    }
+    evbuffer_drain(body, evbuffer_get_length(body));
+    apply(be, pcr_prom_end(r));
+    free(r);
+}
+
+static void on_head(void *ctx, int status)
+{
+    scrape_ctx_t *c = ctx;
+    c->status = status;
+    pcr_prom_begin(&c->page);
+}
+
+static void on_body(void *ctx, const char *data, size_t len)
+{
+    scrape_ctx_t *c = ctx;
+    if (c->status != 200)
+        return;
+    size_t room = c->bytes < SCRAPE_MAX_BYTES ? SCRAPE_MAX_BYTES - c->bytes : 0;
+    /* Past the bound everything is dropped, not just the chunks that do not fit: a later,
+     * smaller chunk kept after a dropped one would glue two unrelated lines into one. The
+     * text stays what the pod sent, cut; the reader ignores the last line, cut without its
+     * '\n'. */
+    if (len > room)
+        len = room;
+    c->bytes += len;
+    pcr_prom_feed(&c->page, data, len);
+}
+
+/* Complete: the page is applied. Cut (an error, or scrape.timeout_ms: a pod that stalls its
+ * page is let go): nothing of it is used, as what came may be cut anywhere. */
+static void on_end(void *ctx, int complete)
+{
+    scrape_ctx_t *c = ctx;
+    if (complete && c->status == 200)
+        apply(c->be, pcr_prom_end(&c->page));
+    c->be->scrape_req = NULL;
+    c->be->scrape_ctx = NULL;
+    free(c);
+}
+
+static const pcr_probe_cbs_t scrape_cbs = {on_head, on_body, on_end};
+
+void pcr_scrape_start(pcr_backend_t *be)
+{
+    if (be->scrape_req != NULL || !PCR_LOAD(be->up))
+        return; /* the last one is still running, or the pod is down */
+    scrape_ctx_t *c = malloc(sizeof(*c));   /* the reader's carry need not be zeroed */
+    if (c == NULL)
+        return;
+    c->be = be;
+    c->status = 0;
+    c->bytes = 0;
+    pcr_prom_begin(&c->page);
+    be->scrape_req = pcr_probe_get(be, "/metrics", "pcrouter-scrape", NULL,
+                                   be->srv->cfg->scrape.timeout_ms, &scrape_cbs, c);
+    if (be->scrape_req == NULL) {
+        free(c);
+        return;
+    }
+    be->scrape_ctx = c;
+}
+
+void pcr_scrape_cancel(pcr_backend_t *be)
+{
+    if (be->scrape_req == NULL)
+        return;
+    pcr_probe_cancel(be->scrape_req);
+    be->scrape_req = NULL;
+    free(be->scrape_ctx);
+    be->scrape_ctx = NULL;
+}

@@ -1,0 +1,157 @@
+/* test_evmem.c: router/core/evmem.c, libevent's blocks kept per thread for reuse. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#include "evmem.h"
+#include "pcr_test.h"
+
+/* A freed block of a kept size comes back for the next request of that size class; other
+ * sizes are not kept. */
+static void test_reuse_by_size(void)
+{
+    pcr_evmem_thread_clear();
+    void *a = pcr_evmem_malloc(32768 - 100);
+    PCR_CHECK(a != NULL);
+    PCR_CHECK(((uintptr_t)a & 15) == 0);
+    memset(a, 0xAB, 32768 - 100);
+    pcr_evmem_free(a);
+    if (!pcr_evmem_keeps()) {
+        PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 0);
+        return;
+    }
+    PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 1);
+    void *b = pcr_evmem_malloc(32768);   /* same class: the same block */
+    PCR_CHECK(b == a);
+    PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 0);
+    void *c = pcr_evmem_malloc(20000);   /* same class again, none kept: a new one */
+    PCR_CHECK(c != NULL && c != b);
+    pcr_evmem_free(b);
+    pcr_evmem_free(c);
+    void *tiny = pcr_evmem_malloc(8), *huge = pcr_evmem_malloc(200000);
+    PCR_CHECK(tiny != NULL && huge != NULL);
+    pcr_evmem_free(tiny);
+    pcr_evmem_free(huge);
+    PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 2);  /* b and c only */
+    /* Small blocks (an evbuffer, an upstream request) are kept from 32 bytes up, zeroed by
+     * calloc when they come back. */
+    unsigned char *s1 = pcr_evmem_malloc(100);
+    PCR_CHECK(s1 != NULL && ((uintptr_t)s1 & 15) == 0);
+    memset(s1, 0xCD, 100);
+    pcr_evmem_free(s1);
+    PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 3);
+    unsigned char *s2 = pcr_evmem_calloc(1, 120);  /* the 128-byte class: the same block */
+    PCR_CHECK(s2 == s1);
+    for (int i = 0; i < 120; i++)
+        PCR_CHECK_EQ_INT(s2[i], 0);
+    pcr_evmem_free(s2);
+    PCR_CHECK(pcr_evmem_calloc(SIZE_MAX / 2, 4) == NULL);  /* n x size overflows */
+    pcr_evmem_thread_clear();
+    PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 0);
+}
+
+/* At most 1 MiB of a size is kept per thread: the rest is freed. */
+static void test_bounded(void)
+{
+    pcr_evmem_thread_clear();
+    enum { N = 100 };
+    void *p[N];
+    for (int i = 0; i < N; i++)
+        p[i] = pcr_evmem_malloc(65536);
+    for (int i = 0; i < N; i++)
+        pcr_evmem_free(p[i]);
+    PCR_CHECK((int)pcr_evmem_thread_kept() <= (pcr_evmem_keeps() ? 16 : 0));
+    for (int i = 0; i < N; i++)
+        p[i] = pcr_evmem_malloc(1024);
+    for (int i = 0; i < N; i++)
+        pcr_evmem_free(p[i]);
+    PCR_CHECK((int)pcr_evmem_thread_kept() <= (pcr_evmem_keeps() ? 16 + N : 0));
+    pcr_evmem_thread_clear();
+}
+
+/* realloc keeps the bytes, within a class and across classes and sizes. */
+static void test_realloc(void)
+{
+    unsigned char *p = pcr_evmem_realloc(NULL, 10);
+    PCR_CHECK(p != NULL);
+    for (int i = 0; i < 10; i++)
+        p[i] = (unsigned char)i;
+    static const size_t sizes[] = {300, 600, 5000, 70000, 300000, 2000, 8};
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        p = pcr_evmem_realloc(p, sizes[s]);
+        PCR_CHECK(p != NULL);
+        for (int i = 0; i < 8; i++)
+            PCR_CHECK_EQ_INT(p[i], i);
+        memset(p + 8, 0x5A, sizes[s] - 8);  /* every byte asked for is usable */
+    }
+    pcr_evmem_free(p);
+    pcr_evmem_thread_clear();
+}
+
+static void *free_them(void *arg)
+{
+    void **p = arg;
+    for (int i = 0; i < 8; i++)
+        pcr_evmem_free(p[i]);
+    /* This thread keeps them until it ends: its exit frees them (LeakSanitizer checks). */
+    return (void *)(uintptr_t)pcr_evmem_thread_kept();
+}
+
+/* A block made by one thread and freed by another joins the freeing thread's list, which is
+ * freed when that thread ends. */
+static void test_other_thread(void)
+{
+    pcr_evmem_thread_clear();
+    void *p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = pcr_evmem_malloc(4096 * (size_t)(i + 1));
+    pthread_t t;
+    void *kept = NULL;
+    PCR_CHECK(pthread_create(&t, NULL, free_them, p) == 0);
+    PCR_CHECK(pthread_join(t, &kept) == 0);
+    PCR_CHECK_EQ_INT((int)(uintptr_t)kept, pcr_evmem_keeps() ? 8 : 0);
+    PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 0);
+}
+
+/* Through libevent: buffers filled, drained and freed, the same chain blocks come back. */
+static void test_libevent(void)
+{
+    pcr_evmem_install();
+    pcr_evmem_thread_clear();
+    char data[3000];
+    memset(data, 'x', sizeof(data));
+    for (int round = 0; round < 100; round++) {
+        struct evbuffer *b = evbuffer_new();
+        PCR_CHECK(b != NULL);
+        struct evbuffer_iovec v;
+        PCR_CHECK(evbuffer_reserve_space(b, 16384, &v, 1) == 1);
+        memcpy(v.iov_base, data, sizeof(data));
+        v.iov_len = sizeof(data);
+        PCR_CHECK(evbuffer_commit_space(b, &v, 1) == 0);
+        PCR_CHECK(evbuffer_add(b, data, sizeof(data)) == 0);
+        PCR_CHECK_EQ_INT((int)evbuffer_get_length(b), 2 * (int)sizeof(data));
+        evbuffer_drain(b, 100);
+        PCR_CHECK(memcmp(evbuffer_pullup(b, -1), data, 100) == 0);
+        evbuffer_free(b);
+    }
+    /* Kept: a few blocks, not one per round. */
+    PCR_CHECK((int)pcr_evmem_thread_kept() <= (pcr_evmem_keeps() ? 8 : 0));
+    struct event_base *base = event_base_new();
+    PCR_CHECK(base != NULL);
+    event_base_free(base);
+    pcr_evmem_thread_clear();
+}
+
+int main(void)
+{
+    PCR_RUN(test_reuse_by_size);
+    PCR_RUN(test_bounded);
+    PCR_RUN(test_realloc);
+    PCR_RUN(test_other_thread);
+    PCR_RUN(test_libevent);
+    return pcr_test_done();
+}

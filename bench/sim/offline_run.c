@@ -334,7 +334,8 @@ static int on_arrive(sim_t *S, uint32_t i, double now)
     pod->pend_tail = i;
     if (!S->v->haproxy)
         pcr_policy_commit(S->policy, st->d.backend, &r->key, (uint64_t)now, &st->added_from);
-    double pred = (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / 4.0;
+    double pred =
+        (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / PCR_BYTES_PER_TOKEN;
     if (pred > (double)r->prompt_tokens)
         pred = (double)r->prompt_tokens;
     S->out->predicted_tokens += pred;
@@ -463,11 +464,13 @@ static int on_tokens(sim_t *S, uint32_t i, double now)
     /* A whole answer before its expected first token: the router settles it now. */
     if (st->unstreamed && !st->settled && settle(S, i, now) != 0)
         return -1;
-    double pred = (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / 4.0;
+    double pred =
+        (double)st->d.matched_blocks * (double)S->v->opts.block_bytes / PCR_BYTES_PER_TOKEN;
     if (pred > (double)r->prompt_tokens)
         pred = (double)r->prompt_tokens;
     /* The index sees only the first max_prefix_bytes of a prompt: compare within them. */
-    double seen = (double)r->key.nblocks * (double)S->v->opts.block_bytes / 4.0;
+    double seen =
+        (double)r->key.nblocks * (double)S->v->opts.block_bytes / PCR_BYTES_PER_TOKEN;
     seen = (double)st->hit_tokens < seen ? (double)st->hit_tokens : seen;
     S->out->seen_delivered_tokens += seen;
     S->out->abs_error_tokens += fabs(pred - seen);
@@ -502,9 +505,9 @@ static int setup(sim_t *S)
     for (size_t b = 0; b < n; b++) {
         snprintf(names[b], sizeof names[b], "%s%zu", S->s->names, b);
         np[b] = names[b];
-        /* As router/main.c converts capacity_tokens: a token is 4 bytes of prompt. */
+        /* As the router converts capacity_tokens (router/upstream/backend.c). */
         double tokens = (double)S->s->capacity_tokens * S->v->index_capacity;
-        uint64_t blocks = (uint64_t)(tokens * 4.0 / (double)S->v->opts.block_bytes);
+        uint64_t blocks = (uint64_t)(tokens * PCR_BYTES_PER_TOKEN / (double)S->v->opts.block_bytes);
         descs[b] = (pcr_backend_desc_t){names[b], "", 1, blocks ? blocks : 1};
     }
     S->pods = calloc(n, sizeof(*S->pods));

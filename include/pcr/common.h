@@ -38,4 +38,8 @@ static inline const char *pcr_strerror(int err)
 
 #define PCR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
+/* A token as pcrouter counts one before a pod says: 4 bytes of canonical prompt. Capacities in
+ * tokens become blocks with it, and predicted cached tokens come from matched blocks with it. */
+#define PCR_BYTES_PER_TOKEN 4
+
 #endif

@@ -327,7 +327,8 @@ int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
     out->include_usage = r->include_usage;
     out->stream_options = r->stream_options;
     uint64_t bytes = pcr_prefix_stream_bytes(r->key);
-    out->prompt_tokens = (size_t)(bytes / 4 + (bytes % 4 != 0));
+    out->prompt_tokens =
+        (size_t)(bytes / PCR_BYTES_PER_TOKEN + (bytes % PCR_BYTES_PER_TOKEN != 0));
     if (r->o.keep_canonical) {
         out->key = dup_bytes(r->canon.p, r->canon.len);
         out->key_len = r->canon.len;

@@ -160,7 +160,7 @@ static void start_handshake(struct pcr_listener *lst, int fd)
     pcr_session_set_waiting(&hs->base, 1);
     PCR_INC(w->metrics.client_connections_total);
     unsigned ms = w->cfg->timeouts.request_header_ms;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    struct timeval tv = pcr_ms_to_tv(ms);
     evtimer_add(hs->deadline, &tv);
     pcr_sock_set_cbs(hs->sock, &hs_cbs, hs);
     pcr_sock_set_write_timeout(hs->sock, w->cfg->timeouts.client_write_ms);
@@ -227,7 +227,7 @@ static void out_of_fds(struct pcr_listener *lst, int err)
         pcr_log_warn("listen %s: accept failed: %s; pausing %u ms (open connections: %zu)",
                      lst->conf->address, strerror(err), lst->backoff_ms, w->nsessions);
     event_del(lst->ev);
-    struct timeval tv = {lst->backoff_ms / 1000, (suseconds_t)(lst->backoff_ms % 1000) * 1000};
+    struct timeval tv = pcr_ms_to_tv(lst->backoff_ms);
     evtimer_add(lst->backoff, &tv);
 }
 

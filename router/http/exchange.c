@@ -597,12 +597,13 @@ static void observe_decision(pcr_exchange_t *ex, uint64_t match_ns, uint64_t cos
 }
 
 /* The cached tokens the decision predicts: the chosen backend's matched blocks, a token being
- * 4 bytes of canonical prompt, at most the prompt's own tokens. */
+ * PCR_BYTES_PER_TOKEN bytes of canonical prompt, at most the prompt's own tokens. */
 static uint64_t predicted_tokens(const pcr_exchange_t *ex)
 {
     if (!ex->has_key)
         return 0;
-    uint64_t t = (uint64_t)ex->decision.matched_blocks * ex->w->cfg->routing.block_bytes / 4;
+    uint64_t t = (uint64_t)ex->decision.matched_blocks * ex->w->cfg->routing.block_bytes /
+                 PCR_BYTES_PER_TOKEN;
     return t < ex->key.prompt_tokens ? t : ex->key.prompt_tokens;
 }
 
@@ -751,7 +752,7 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     pcr_backend_t *be = ex->be;
     uint64_t predicted = ex->predicted;
     if (prompt > 0 && predicted > prompt)
-        predicted = prompt; /* the pod's tokens are the truth; ours are bytes / 4 */
+        predicted = prompt; /* the pod's tokens are the truth; ours are estimates */
     ex->predicted = predicted;
     ex->delivered = (int64_t)delivered;
     PCR_ADD(be->cached_predicted, predicted);

@@ -589,7 +589,7 @@ static void parse_input(h1_sess_t *s)
 
 static void arm(h1_sess_t *s, unsigned ms)
 {
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    struct timeval tv = pcr_ms_to_tv(ms);
     evtimer_add(s->timer, &tv);
 }
 

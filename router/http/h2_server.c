@@ -596,7 +596,7 @@ static void arm_timer(h2_sess_t *s)
 {
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     unsigned ms = s->nstreams == 0 ? t->client_idle_ms : tick_ms(t);
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    struct timeval tv = pcr_ms_to_tv(ms);
     evtimer_add(s->timer, &tv);
 }
 

@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <liburing.h>
 
+#include "clock.h"
 #include "log.h"
 #include "sock.h"
 
@@ -98,8 +99,7 @@ static void arm_write(plain_t *p, int restart)
     struct timeval tv, *tvp = NULL;
     unsigned ms = p->base.write_timeout_ms;
     if (ms > 0) {
-        tv.tv_sec = ms / 1000;
-        tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+        tv = pcr_ms_to_tv(ms);
         tvp = &tv;
     }
     event_add(p->wev, tvp);
@@ -444,7 +444,7 @@ pcr_sock_t *pcr_sock_connect(struct event_base *base, const struct sockaddr *sa,
         event_active(p->wev, EV_WRITE, 0);
         return &p->base;
     }
-    struct timeval tv = {timeout_ms / 1000, (suseconds_t)(timeout_ms % 1000) * 1000};
+    struct timeval tv = pcr_ms_to_tv(timeout_ms);
     event_add(p->wev, &tv);
     p->wev_added = 1;
     return &p->base;

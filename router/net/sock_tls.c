@@ -13,6 +13,7 @@
 #include <event2/event.h>
 #include <openssl/ssl.h>
 
+#include "clock.h"
 #include "sock.h"
 
 typedef struct {
@@ -98,7 +99,7 @@ static void tls_set_write_timeout(pcr_sock_t *s)
 {
     tls_t *t = (tls_t *)s;
     unsigned ms = s->write_timeout_ms;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    struct timeval tv = pcr_ms_to_tv(ms);
     bufferevent_set_timeouts(t->bev, NULL, ms ? &tv : NULL);
 }
 

@@ -377,10 +377,10 @@ void pcr_share_start(pcr_share_t *s)
     if (s == NULL)
         return;
     s->start_us = pcr_now_us();
-    struct timeval flush = {s->rc->flush_ms / 1000, (suseconds_t)(s->rc->flush_ms % 1000) * 1000};
+    struct timeval flush = pcr_ms_to_tv(s->rc->flush_ms);
     unsigned si = s->rc->snapshot_interval_ms, rt = s->rc->ready_timeout_ms;
-    struct timeval snap = {si / 1000, (suseconds_t)(si % 1000) * 1000};
-    struct timeval ready = {rt / 1000, (suseconds_t)(rt % 1000) * 1000};
+    struct timeval snap = pcr_ms_to_tv(si);
+    struct timeval ready = pcr_ms_to_tv(rt);
     event_add(s->flush_timer, &flush);
     event_add(s->snap_timer, &snap);
     if (!s->loaded)

@@ -338,7 +338,7 @@ static void on_fail(evutil_socket_t fd, short what, void *arg)
     unsigned ms = (unsigned)(l->backoff_ms * jitter);
     l->backoff_ms = l->backoff_ms * 2 > l->rc->reconnect_max_ms ? l->rc->reconnect_max_ms
                                                                 : l->backoff_ms * 2;
-    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    struct timeval tv = pcr_ms_to_tv(ms);
     evtimer_add(l->retry, &tv);
     if (was_up && l->cbs.on_down)
         l->cbs.on_down(l->arg, l->why);

@@ -59,12 +59,12 @@ void pcr_backend_desc(const pcr_backend_t *be, pcr_backend_desc_t *d)
     d->name = be->conf.name;
     d->zone = be->conf.zone;
     d->weight = be->conf.weight;
-    /* A token is 4 bytes of canonical prompt: capacity in tokens -> blocks. What the pod
-     * reports (vllm:cache_config_info) replaces the configured guess. */
+    /* Capacity in tokens -> blocks (PCR_BYTES_PER_TOKEN). What the pod reports
+     * (vllm:cache_config_info) replaces the configured guess. */
     uint64_t tokens = PCR_LOAD(((pcr_backend_t *)be)->pod_cache_tokens);
     if (tokens == 0)
         tokens = be->conf.capacity_tokens;
-    uint64_t blocks = tokens * 4 / cfg->routing.block_bytes;
+    uint64_t blocks = tokens * PCR_BYTES_PER_TOKEN / cfg->routing.block_bytes;
     d->capacity_blocks = blocks ? blocks : 1;
 }
 

@@ -97,9 +97,10 @@ static void apply(pcr_backend_t *be, const pcr_pod_sample_t *sp)
     }
     if (cache_tokens > 0 && cache_tokens != PCR_LOAD(be->pod_cache_tokens)) {
         /* The pod's real KV capacity replaces the configured guess: the index must never
-         * believe a pod holds more than it can. A token is 4 bytes of canonical prompt. */
+         * believe a pod holds more than it can. A token is PCR_BYTES_PER_TOKEN bytes. */
         PCR_STORE(be->pod_cache_tokens, cache_tokens);
-        uint64_t blocks = cache_tokens * 4 / be->srv->cfg->routing.block_bytes;
+        uint64_t blocks =
+            cache_tokens * PCR_BYTES_PER_TOKEN / be->srv->cfg->routing.block_bytes;
         pcr_bus_capacity(be->srv->bus, PCR_BUS_CONTROL, be->id, blocks ? blocks : 1);
         pcr_log_info("backend %s reports a KV cache of %llu tokens", be->conf.name,
                      (unsigned long long)cache_tokens);

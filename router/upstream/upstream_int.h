@@ -1,0 +1,113 @@
+/* router/upstream/upstream_int.h: the upstream module's own: a request and a connection as the
+ * three files of the module see them (upstream.c, upstream_queue.c, upstream_h1.c), and the
+ * calls between them. Nothing else includes it. */
+#ifndef PCR_ROUTER_UPSTREAM_INT_H
+#define PCR_ROUTER_UPSTREAM_INT_H
+
+#include <event2/event.h>
+#include <http_parser.h>
+
+#include "backend.h"
+#include "http1.h"
+#include "server.h"
+#include "sock.h"
+#include "upstream.h"
+
+#define MAX_RESP_HEADERS 64
+/* A release looks at most this many waiters, the longest-waiting first, so a flood of held
+ * streams costs a bounded time per first token; a younger one's turn comes as they leave. */
+#define HOLD_SCAN 1024
+#define MAX_RESP_HEADER_BYTES 65536
+
+struct pcr_upreq {
+    pcr_pool_t *pool;
+    pcr_upconn_t *conn;              /* NULL while waiting for a slot */
+    struct evbuffer *request;        /* the bytes to send, kept for the one stale-conn re-send */
+    struct evbuffer *body;           /* the caller's, sent after them by reference (or NULL) */
+    const pcr_upstream_cbs_t *cbs;
+    void *ctx;
+    unsigned *owner;                 /* its client's requests on pod connections (cbs->owner) */
+    struct event *wait_timer;        /* while queued for a slot */
+    struct event *prefill_timer;     /* unstreamed: when its prefill is taken as done */
+    TAILQ_ENTRY(pcr_upreq) wait_link;
+    uint64_t t_queued;               /* when it joined the queue, us */
+    uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
+    uint64_t prefill;                /* its uncached prefill, tokens (streams and unstreamed) */
+    uint64_t ahead;                  /* the backend's sent_prefill when it was charged */
+    uint64_t t_sent;                 /* when it was charged (went to the pod), us */
+    pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
+    int budgeted;                    /* a completion: counts against routing.hold_tokens, may
+                                        be held */
+    int estimated;                   /* not streamed: its prefill leaves at an estimate */
+    int charged;                     /* its prefill is in pool->sent_prefill */
+    int held;                        /* was queued because the budget was spent */
+    int in_hold;                     /* ... and still is (the backend's `held` gauge) */
+    int queued;
+    int resent;                      /* already re-sent once after a stale pooled connection */
+    int busy;                        /* counted in *owner: it has had a connection */
+    int fresh;                       /* must go on a new connection */
+    int paused;
+};
+
+struct pcr_upconn {
+    pcr_pool_t *pool;
+    pcr_backend_t *be;
+    pcr_sock_t *sock;
+    struct event *timer;
+    unsigned timer_ms;               /* the deadline in force, re-armed on reads */
+    http_parser parser;
+    pcr_fold_t fold;
+    pcr_upreq_t *req;                /* the request it carries, NULL when idle */
+    TAILQ_ENTRY(pcr_upconn) idle_link;
+    int connected;
+    int reused;                      /* has carried a request before */
+    int in_idle;
+    int got_bytes;                   /* any response byte for the current request */
+    int got_head;
+    int done;                        /* on_message_complete seen */
+    int malformed;                   /* a check of ours refused the response */
+    int in_read;                     /* inside pcr_uph1_parse: the parser's callbacks may run */
+    /* Response headers as parsed: a flat buffer and offsets into it. */
+    char *hbuf;
+    size_t hlen, hcap;
+    size_t hoff[MAX_RESP_HEADERS * 2], hsz[MAX_RESP_HEADERS * 2];
+    size_t nh;                       /* names + values stored */
+    int last_was_value;
+};
+
+/* The timeouts of the thread that owns the pool: a worker's config may be newer than what the
+ * control thread reads (a reload is seen by each thread in turn). */
+static inline const pcr_timeouts_conf_t *tmo(const pcr_pool_t *pool)
+{
+    return &(*pool->cfg)->timeouts;
+}
+
+/* upstream.c: a request's end. free: no callback; fail: detached from its connection, then its
+ * owner's on_error. */
+void pcr_upreq_free(pcr_upreq_t *r);
+void pcr_upreq_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head);
+
+/* upstream_queue.c: the budget (routing.hold_tokens, 0: none) and whether it is open; a
+ * request's prefill in and out of the count; into the queue (`hold`: because the budget is
+ * spent) and out of it; who goes next (NULL: nobody may); the held stream whose blocks `r`
+ * counts on; and, once a prefill left the budget, the kick of this pool and of the others. */
+uint64_t pcr_upq_budget(const pcr_pool_t *pool);
+int pcr_upq_open(const pcr_pool_t *pool);
+void pcr_upq_charge(pcr_upreq_t *r);
+void pcr_upq_uncharge(pcr_upreq_t *r);
+void pcr_upq_add(pcr_upreq_t *r, int hold);
+void pcr_upq_take(pcr_upreq_t *r);
+pcr_upreq_t *pcr_upq_next(pcr_pool_t *pool);
+pcr_upreq_t *pcr_upq_bringer(pcr_pool_t *pool, const pcr_upreq_t *r);
+void pcr_upq_freed(pcr_pool_t *pool);
+
+/* upstream_h1.c: a request to a connection (idle, new, or the queue); one assigned to a
+ * connection; a connection closed (its slot to the next waiter); its deadline (re)armed; what
+ * its input holds, parsed. */
+void pcr_uph1_dispatch(pcr_upreq_t *r);
+void pcr_uph1_assign(pcr_upconn_t *c, pcr_upreq_t *r);
+void pcr_uph1_close(pcr_upconn_t *c);
+void pcr_uph1_arm(pcr_upconn_t *c, unsigned ms);
+void pcr_uph1_parse(pcr_upconn_t *c);
+
+#endif

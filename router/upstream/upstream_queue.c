@@ -1,0 +1,361 @@
+/* router/upstream/upstream_queue.c: owns the hold queue of a pool (upstream_int.h): the
+ * requests waiting for a connection slot or for the pod's prefill budget, the budget's count,
+ * and the one rank order over the workers.
+ *
+ * Holding (routing.hold_tokens, pcr/hold.h): a completion counts its uncached prefill in
+ * `sent_prefill`, its pool's and its backend's (every worker's), from when it gets a connection
+ * until its first event (pcr_upstream_prefill_done) or its end. One that is not streamed shows
+ * no first token before its whole answer, yet its prefill is in the pod's queue all the same:
+ * it counts until the time the caller estimates for its first token behind what was sent
+ * before it (cbs->prefill_us, a timer: prefill_due), or its answer, whichever comes first
+ * (pcr_upstream_send_unstreamed). While the backend's count is at the budget, new completions
+ * join the wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first, save
+ * that a held one goes before one of this worker's that counts on the blocks it brings
+ * (held_bringer). Other requests rank as no prefill and are never held; they and small
+ * completions (pcr_hold_small, unless they count on a held one) go while the budget is spent.
+ * With no budget the queue stays FIFO. A queued request keeps its place until
+ * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until
+ * its backend leaves rotation (pcr_upstream_fail_held: PCR_UP_HELD_OUT, from the worker's tick).
+ * The budget is the pod's, so a stream's first token on one worker may be what another's held
+ * streams wait for, and the order is the pod's too: a release sends this worker's best held
+ * stream only while no other worker's ranks higher (below, "one rank order"); when the budget is
+ * still open and others hold streams, they are told (budget_freed, the owner's on_budget_open), and
+ * each sends what it may (pcr_upstream_kick). */
+#include <stdlib.h>
+
+#include <event2/event.h>
+
+#include "pcr/hold.h"
+#include "upstream_int.h"
+
+/* routing.hold_tokens (0: no budget), as the owner's config says now: the pod's, counted over
+ * every worker. */
+uint64_t pcr_upq_budget(const pcr_pool_t *pool)
+{
+    return (*pool->cfg)->routing.hold_tokens;
+}
+
+/* Whether a stream may go to the pod now: the prefill every worker has sent it and not seen
+ * finish is under the budget. Whichever worker's stream brings that under it wakes the others
+ * (pcr_upq_freed), so a worker with nothing of its own in flight there is not left waiting. */
+int pcr_upq_open(const pcr_pool_t *pool)
+{
+    return pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pcr_upq_budget(pool));
+}
+
+static void prefill_due(evutil_socket_t fd, short what, void *arg);
+static void on_wait_timeout(evutil_socket_t fd, short what, void *arg);
+
+/* An unstreamed request's prefill leaves the count when its caller expects its first token:
+ * behind the prefill sent before it, its own included (cbs->prefill_us). No later than the
+ * response deadline, which would end it anyway. Without a timer (out of memory) it stays
+ * counted until its answer, as a stream whose first token never came. */
+static void prefill_arm(pcr_upreq_t *r)
+{
+    if (r->cbs->prefill_us == NULL)
+        return;
+    uint64_t us = r->cbs->prefill_us(r->ctx, r->ahead + r->prefill);
+    uint64_t cap = (uint64_t)tmo(r->pool)->response_ms * 1000;
+    if (us > cap)
+        us = cap;
+    if (r->prefill_timer == NULL)
+        r->prefill_timer = evtimer_new(r->pool->base, prefill_due, r);
+    if (r->prefill_timer == NULL)
+        return;
+    struct timeval tv = {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)};
+    evtimer_add(r->prefill_timer, &tv);
+}
+
+void pcr_upq_charge(pcr_upreq_t *r)
+{
+    if (r->budgeted && !r->charged) {
+        r->ahead = PCR_LOAD(r->pool->be->sent_prefill);
+        r->t_sent = pcr_now_us();
+        r->pool->sent_prefill += r->prefill;
+        PCR_ADD(r->pool->be->sent_prefill, r->prefill);
+        r->charged = 1;
+        if (r->estimated)
+            prefill_arm(r);
+    }
+}
+
+void pcr_upq_uncharge(pcr_upreq_t *r)
+{
+    if (r->charged) {
+        r->pool->sent_prefill -= r->prefill;
+        PCR_SUB(r->pool->be->sent_prefill, r->prefill);
+        r->charged = 0;
+        if (r->prefill_timer != NULL)
+            evtimer_del(r->prefill_timer);
+    }
+}
+
+/* pcr_hold_rank at `now` of a request queued at `t_queued` with `prefill` tokens to do. */
+static double rank_at(uint64_t now, uint64_t t_queued, uint64_t prefill)
+{
+    return pcr_hold_rank(now > t_queued ? now - t_queued : 0, prefill);
+}
+
+/* Fair share between clients: how many requests the waiter's client (its connection) has on
+ * pod connections now. A waiter whose client has fewer goes first, so that a client with many
+ * streams in flight (or stuck behind a window it never opens) cannot keep the pod's
+ * connections from everyone else: a connection that frees goes to whoever holds fewest. */
+static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r->owner : 0; }
+
+/* The waiter of highest rank now among the HOLD_SCAN oldest whose client has fewest requests on
+ * pod connections (ties: the older, first in the queue): of the held completions only
+ * (`held_only`), or of all, completions only while `streams_go`. Small completions
+ * (pcr_hold_small) that only wait for a connection slot may go whatever the budget; one held
+ * because it counts on a held one's blocks waits for the budget as before, so that it reaches
+ * the pod after that one's prefill, not beside it on another connection. Requests that are not
+ * completions rank as no prefill. */
+static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go)
+{
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
+    uint64_t now = pcr_now_us();
+    double rank = 0;
+    unsigned seen = 0, fewest = 0;
+    for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
+        if ((held_only && !w->in_hold) ||
+            (w->budgeted && !streams_go && (w->in_hold || !pcr_hold_small(w->prefill))))
+            continue;
+        unsigned busy = owner_busy(w);
+        double k = rank_at(now, w->t_queued, w->budgeted ? w->prefill : 0);
+        if (best == NULL || busy < fewest || (busy == fewest && k > rank)) {
+            best = w;
+            rank = k;
+            fewest = busy;
+        }
+    }
+    return best;
+}
+
+/* The oldest of the HOLD_SCAN oldest waiters whose client has fewest requests on pod
+ * connections. */
+static pcr_upreq_t *oldest_fewest(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = w;
+    unsigned seen = 0, fewest = w != NULL ? owner_busy(w) : 0;
+    for (; w != NULL && fewest > 0 && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
+        if (owner_busy(w) < fewest) {
+            best = w;
+            fewest = owner_busy(w);
+        }
+    }
+    return best;
+}
+
+/* ---- one rank order over the workers -------------------------------------------------
+ *
+ * Each worker publishes, in its slot on the backend (pcr_pending_t), its held stream that goes
+ * next: the highest rank when it last looked (at each kick, and when that one leaves). A
+ * release on a budget opening sends this worker's best only if no other worker's published one
+ * ranks higher now; else it stops, and pcr_upq_freed wakes the others. A published stream may
+ * have been overtaken by another of its worker's since, so what is compared is a lower bound of
+ * that worker's best, never more: two workers cannot each defer to the other. A worker without a
+ * connection slot to give publishes none. The one deferred to is woken and sends, as it sees the
+ * same budget; should a wake-up cross a hold, the ticks kick too. */
+
+static pcr_pending_t *own_slot(const pcr_pool_t *pool)
+{
+    if (pool->owner_slot < 0 || (unsigned)pool->owner_slot >= pool->be->npending)
+        return NULL;
+    return &pool->be->pending[pool->owner_slot];
+}
+
+static int slot_free(const pcr_pool_t *pool)
+{
+    return pool->nidle > 0 || pool->nconns < pool->max_connections;
+}
+
+/* `r` (or none) is this worker's next held stream, as the others see it. The two words are read
+ * apart: a reader between two publications may pair one stream's time with the other's prefill,
+ * and misorder one release; nothing waits on it. */
+static void publish(pcr_pool_t *pool, pcr_upreq_t *r)
+{
+    pcr_pending_t *slot = own_slot(pool);
+    int same = r != NULL && r == pool->best_held;
+    pool->best_held = r;
+    if (slot == NULL || same)
+        return;
+    if (r != NULL)
+        PCR_STORE(slot->held_prefill, r->prefill);
+    PCR_STORE(slot->held_at, r != NULL ? (r->t_queued ? r->t_queued : 1) : 0);
+}
+
+/* Publishes the held stream of highest rank now (of the HOLD_SCAN oldest), or none. */
+static void publish_best(pcr_pool_t *pool)
+{
+    if (pool->nheld > 0 && slot_free(pool))
+        publish(pool, highest_rank(pool, 1, 1));
+    else if (pool->best_held != NULL)
+        publish(pool, NULL);
+}
+
+/* Whether another worker's published held stream for this backend ranks above `r` now. */
+static int other_goes_first(const pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    const pcr_pending_t *own = own_slot(pool);
+    if (own == NULL)
+        return 0;
+    uint64_t now = pcr_now_us();
+    double mine = rank_at(now, r->t_queued, r->prefill);
+    for (unsigned i = 0; i < pool->be->npending; i++) {
+        const pcr_pending_t *o = &pool->be->pending[i];
+        uint64_t at = o == own ? 0 : PCR_LOAD(o->held_at);
+        if (at != 0 && rank_at(now, at, PCR_LOAD(o->held_prefill)) > mine)
+            return 1;
+    }
+    return 0;
+}
+
+void pcr_upq_add(pcr_upreq_t *r, int hold)
+{
+    pcr_pool_t *pool = r->pool;
+    /* Waiting is bounded by the response timeout. */
+    if (r->wait_timer == NULL)
+        r->wait_timer = evtimer_new(pool->base, on_wait_timeout, r);
+    if (r->wait_timer != NULL) {
+        struct timeval wt = pcr_ms_to_tv(tmo(pool)->response_ms);
+        evtimer_add(r->wait_timer, &wt);
+    }
+    TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);
+    r->queued = 1;
+    r->t_queued = pcr_upq_budget(pool) ? pcr_now_us() : 0;
+    if (hold) {
+        r->held = r->in_hold = 1;
+        pool->nheld++;
+        PCR_ADD(pool->be->held, 1);
+        PCR_ADD(pool->be->held_total, 1);
+        if (pool->best_held == NULL && slot_free(pool))
+            publish(pool, r); /* it ranks 0 now: an older one, if any, stays the next */
+    }
+}
+
+/* Off the queue, its deadline disarmed (the connection's own deadlines take over). */
+void pcr_upq_take(pcr_upreq_t *r)
+{
+    TAILQ_REMOVE(&r->pool->waiters, r, wait_link);
+    r->queued = 0;
+    if (r->wait_timer)
+        evtimer_del(r->wait_timer);
+    if (r->in_hold) {
+        uint64_t now = pcr_now_us();
+        r->held_us += now > r->t_queued ? now - r->t_queued : 0;
+        r->in_hold = 0;
+        r->pool->nheld--;
+        PCR_SUB(r->pool->be->held, 1);
+        if (r == r->pool->best_held)
+            publish_best(r->pool);
+    }
+}
+
+/* Who waits and may go next, or NULL: of the waiters whose client has fewest requests on pod
+ * connections, with no budget the oldest; else the highest pcr_hold_rank among those the
+ * budget lets go (of the HOLD_SCAN oldest). */
+static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
+    if (w == NULL || pcr_upq_budget(pool) == 0)
+        return oldest_fewest(pool);
+    return highest_rank(pool, 0, pcr_upq_open(pool));
+}
+
+/* A stream held in this pool (of the HOLD_SCAN oldest) that brings blocks `r` counts as cached
+ * (pcr_hold_depends), or NULL. Sent first, `r` would prefill them itself and the other would
+ * find them: the hit the routing chose both for would be lost. Only this worker's: another
+ * worker's held streams are seen as one published rank, not as keys. */
+pcr_upreq_t *pcr_upq_bringer(pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    if (pool->nheld == 0 || r->prefix.blocks == NULL || r->prefix.matched == 0)
+        return NULL;
+    unsigned seen = 0;
+    for (pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters); w != NULL && seen < HOLD_SCAN;
+         w = TAILQ_NEXT(w, wait_link), seen++) {
+        if (w != r && w->in_hold && w->prefix.blocks != NULL &&
+            pcr_hold_depends(r->prefix.blocks, r->prefix.nblocks, r->prefix.matched,
+                             w->prefix.blocks, w->prefix.nblocks, w->prefix.added_from))
+            return w;
+    }
+    return NULL;
+}
+
+/* waiter_next(), but NULL when its choice is a held stream that another worker's published
+ * one ranks above: that one goes first (pcr_upq_freed wakes its worker). A held stream's turn
+ * goes to the held stream whose blocks it counts on, if any (that one's, in turn, to its own):
+ * the chosen one's rank stands for both. */
+pcr_upreq_t *pcr_upq_next(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w = waiter_next(pool);
+    if (w == NULL || !w->in_hold)
+        return w;
+    if (other_goes_first(pool, w))
+        return NULL;
+    pcr_upreq_t *b;
+    for (int depth = 0; depth < 8 && (b = pcr_upq_bringer(pool, w)) != NULL; depth++)
+        w = b;
+    return w;
+}
+
+/* The budget or a slot opened: sends whoever may go, in order, while a connection is there to
+ * take (an idle one, or room for a new one). Then publishes this worker's next. */
+static void pool_kick(pcr_pool_t *pool)
+{
+    pcr_upreq_t *w;
+    while (slot_free(pool) && (w = pcr_upq_next(pool)) != NULL) {
+        pcr_upq_take(w);
+        pcr_uph1_dispatch(w);
+        if (w->queued)
+            break; /* no connection after all (out of memory): it waits again */
+    }
+    publish_best(pool);
+}
+
+void pcr_upstream_kick(pcr_pool_t *pool)
+{
+    pool_kick(pool);
+}
+
+/* A stream's prefill left the budget (or may have): this worker's waiters go first, then the
+ * other workers hear of it if the pod still has room and they hold streams for it. Never from
+ * pcr_upstream_kick, so two workers that cannot send (no connection slot) do not wake each
+ * other in turn. */
+void pcr_upq_freed(pcr_pool_t *pool)
+{
+    pool_kick(pool);
+    if (pool->on_budget_open != NULL && PCR_LOAD(pool->be->held) > pool->nheld &&
+        pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pcr_upq_budget(pool)))
+        pool->on_budget_open(pool->owner);
+}
+
+/* An unstreamed request's estimated first token: its prefill leaves the count. Its owner
+ * hears first (its own count of the pod's queue), then held streams may go. */
+static void prefill_due(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_upreq_t *r = arg;
+    pcr_pool_t *pool = r->pool;
+    pcr_upq_uncharge(r);
+    if (r->cbs->on_prefill_due != NULL)
+        r->cbs->on_prefill_due(r->ctx);
+    pcr_upq_freed(pool);
+}
+
+static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_upreq_t *r = arg;
+    pcr_upreq_fail(r, r->in_hold ? PCR_UP_HELD : PCR_UP_POOL_FULL, 0);
+}
+
+void pcr_upstream_fail_held(pcr_pool_t *pool)
+{
+    /* One at a time from the head: an owner's callback may end other requests of this pool,
+     * so no pointer is kept across one. */
+    while (pool->nheld > 0) {
+        pcr_upreq_t *r = TAILQ_FIRST(&pool->waiters);
+        while (r != NULL && !r->in_hold)
+            r = TAILQ_NEXT(r, wait_link);
+        if (r == NULL)
+            break;
+        pcr_upreq_fail(r, PCR_UP_HELD_OUT, 0);
+    }
+}

@@ -1,6 +1,6 @@
-/* router/http/exchange_int.h: the exchange's fields, shared by exchange.c (the state machine,
- * routing and proxying), the route table (routes.c), the router's own endpoints (endpoints.c)
- * and the access-log line (access.c). Nothing else includes it. */
+/* router/http/exchange_int.h: the exchange's fields, shared by exchange.c (the container and
+ * the state machine), proxy.c (the way to a pod), the route table (routes.c), the router's own
+ * endpoints (endpoints.c) and the access-log line (access.c). Nothing else includes it. */
 #ifndef PCR_ROUTER_EXCHANGE_INT_H
 #define PCR_ROUTER_EXCHANGE_INT_H
 
@@ -46,8 +46,8 @@ typedef struct pcr_route_table {
 /* routes.c: the table every worker's exchanges use. */
 extern const pcr_route_table_t pcr_routes;
 
-/* Where a request stands. Every change goes through ex_to() in exchange.c, which owns all the
- * accounting attached to the states:
+/* Where a request stands. Every change goes through pcr_exchange_to() in exchange.c, which owns
+ * all the accounting attached to the states:
  *
  *   RECEIVING --run/reject--> ROUTING --dispatch--> UP_WAIT --head--> UP_HEAD --body--> UP_BODY
  *       |                      |   ^                  |                 |                 |
@@ -148,6 +148,20 @@ struct pcr_exchange {
     /* Last: a recycled exchange is cleared up to here (entries past nh are never read). */
     size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
 };
+
+/* exchange.c, for proxy.c: a state change (the one transition function, which owns the
+ * accounting), an unstreamed completion's prefill at its expected first token, the start of the
+ * body reader (routed requests), the head and the body of an answer. */
+void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to);
+void pcr_exchange_prefill_due(pcr_exchange_t *ex);
+int pcr_exchange_reader_start(pcr_exchange_t *ex);
+void pcr_exchange_respond_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n,
+                               int64_t clen);
+void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len);
+
+/* proxy.c: a routed request (a prompt: its key, then the decision) and any request to a pod. */
+void pcr_proxy_routed(pcr_exchange_t *ex);
+void pcr_proxy_dispatch(pcr_exchange_t *ex);
 
 /* access.c: the request's access-log line (log.access_log), handed to the writer. */
 void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);

@@ -14,7 +14,11 @@
  *
  * Lines and columns are 1-based; columns count UTF-8 characters, as jansson's do, so the
  * positions of parse errors (from jansson) and of validation errors (from the scanner) agree.
- * Listen addresses and backend URLs are parsed in config_addr.c. */
+ * Listen addresses and backend URLs are parsed in config_addr.c.
+ *
+ * Over 700 lines, kept whole: the tables of keys (a row per key) and the checks across keys that
+ * no row can say (listeners against each other, the redis section, discovery) share the
+ * loader's context and its error paths. */
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>

@@ -31,7 +31,10 @@
  * LINGER_MS pass (nginx's lingering_close, HAProxy's "nolinger" being the exception).
  *
  * One close path, h1_close(); the exchange is freed from the deferred `advance` event or from a
- * transport callback, never from inside the exchange's own calls. */
+ * transport callback, never from inside the exchange's own calls.
+ *
+ * Over 700 lines, kept whole: it is one session's state, and its framing checks, timer modes,
+ * pipelining and lingering close each read and write the same fields. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -27,7 +27,10 @@
  * recvmsg and sendmsg, not readv and writev: the socket calls skip the VFS layer (file position
  * lock, iterator setup), a measurable part of the kernel's time per request; MSG_NOSIGNAL
  * replaces ignoring SIGPIPE. With a single buffer, recv and send, direct or batched: they skip
- * copying in the message header and its iovec array too. */
+ * copying in the message header and its iovec array too.
+ *
+ * Over 700 lines, kept whole: the batched path and the plain one share every socket's queues
+ * and flags, and a split would put one operation's two paths in two files. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>

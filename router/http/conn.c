@@ -496,33 +496,3 @@ void pcr_listeners_free(pcr_worker_t *w)
         close(w->spare_fd);
     w->spare_fd = -1;
 }
-
-/* ---- the session lists --------------------------------------------------------------- */
-
-void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops)
-{
-    s->w = w;
-    s->ops = ops;
-    s->waiting = 0;
-    LIST_INSERT_HEAD(&w->sessions, s, link);
-    PCR_STORE(w->nsessions, w->nsessions + 1);
-}
-
-void pcr_session_set_waiting(pcr_session_t *s, int waiting)
-{
-    if (s->waiting == waiting)
-        return;
-    if (waiting)
-        TAILQ_INSERT_TAIL(&s->w->waiting, s, wait_link);
-    else
-        TAILQ_REMOVE(&s->w->waiting, s, wait_link);
-    s->waiting = waiting;
-}
-
-void pcr_session_unregister(pcr_session_t *s)
-{
-    pcr_session_set_waiting(s, 0);
-    LIST_REMOVE(s, link);
-    PCR_STORE(s->w->nsessions, s->w->nsessions - 1);
-    pcr_worker_check_drained(s->w);
-}

@@ -29,11 +29,13 @@ struct pcr_session {
     const pcr_session_ops_t *ops;
     LIST_ENTRY(pcr_session) link;
     TAILQ_ENTRY(pcr_session) wait_link;
-    int waiting;                   /* on srv->waiting */
+    int waiting;                   /* on w->waiting */
     unsigned pod_busy;             /* its requests on pod connections now: the fewer, the
-                                    * sooner its next one gets a free one (upstream.c) */
+                                    * sooner its next one gets a free one (upstream_queue.c) */
 };
 
+/* The worker's lists (sessions.c): a session joins at accept and leaves when it closes (which
+ * may end a draining worker's loop). */
 void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops);
 void pcr_session_unregister(pcr_session_t *s);
 /* Moves the session onto (1) or off (0) the waiting list; going on puts it last (youngest). */

@@ -43,7 +43,7 @@ typedef struct pcr_upconn pcr_upconn_t;
  * their end), oldest commit first: the prefixes the pod may not have computed yet (exchange.c);
  * `since` is what the others read of it. `held_at`, `held_prefill`: its held stream that goes
  * next (the highest pcr_hold_rank when it last looked), so that a release on any worker goes in
- * one rank order (upstream.c). */
+ * one rank order (upstream_queue.c). */
 struct pcr_exchange;
 typedef struct pcr_pending {
     TAILQ_HEAD(pcr_pending_list, pcr_exchange) list;
@@ -76,7 +76,7 @@ struct pcr_backend {
     uint32_t conns;                          /* request connections, all workers */
     uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
     uint64_t held_total;                     /* ... ever */
-    uint64_t sent_prefill;                   /* the pools' sent_prefill, summed (upstream.c) */
+    uint64_t sent_prefill;                   /* the pools' sent_prefill, summed (upstream_queue.c) */
     pcr_pending_t *pending;                  /* [npending]: each worker's own (exchange.c) */
     unsigned npending;                       /* srv->nworkers when it was made */
     /* What the pod reports, from the control thread's scrape (atomic). */
@@ -123,7 +123,7 @@ struct pcr_backend {
 
     /* Counters for /metrics (atomic). */
     uint64_t requests_by_code[600];
-    /* Cached prompt tokens, over the requests whose pod reported its usage (exchange.c): what
+    /* Cached prompt tokens, over the requests whose pod reported its usage (proxy.c): what
      * the index predicted, what the pod said it reused, and their prompts' tokens. */
     uint64_t cached_predicted, cached_delivered, prompt_tokens;
     uint64_t connect_errors;

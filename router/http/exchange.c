@@ -1,7 +1,8 @@
 /* router/http/exchange.c: owns one request/response pair, independent of the client's
  * protocol: the container (its request as the session feeds it), the request state machine
  * (exchange_int.h) with the accounting tied to it, the router's own answers, and the walk of
- * the route table (routes.c). Proxying to a pod, the decision and the retries are proxy.c's.
+ * the route table (routes.c). Proxying to a pod, the decision and the retries are proxy.c's,
+ * which the route table names: the exchange calls neither it nor the endpoints by name.
  *
  *   run -> route by path (the worker's route table) -> local endpoint (endpoints.c)
  *                                                   -> proxy (proxy.c)
@@ -488,23 +489,11 @@ void pcr_exchange_run(pcr_exchange_t *ex)
                            "%s is not allowed on %s; use %s", ex->method, p, rt->method);
         return;
     }
-    switch (rt->kind) {
-    case PCR_ROUTE_ANSWER:
-        rt->serve(ex);
-        break;
-    case PCR_ROUTE_FANOUT:
+    /* An answer gathered from the pods is the router's own: LOCAL until it is complete. */
+    if (rt->kind == PCR_ROUTE_FANOUT)
         pcr_exchange_to(ex, EX_LOCAL);
-        if (rt->serve(ex) < 0)
-            pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
-                               "no backend is available");
-        break;
-    case PCR_ROUTE_PROMPT:
-        pcr_proxy_routed(ex);
-        break;
-    case PCR_ROUTE_PROXY:
-        pcr_proxy_dispatch(ex);
-        break;
-    }
+    if (rt->serve(ex) < 0)
+        pcr_exchange_error(ex, 503, "service_unavailable", "no_backend", "no backend is available");
 }
 
 void pcr_exchange_free(pcr_exchange_t *ex)

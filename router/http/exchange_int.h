@@ -31,7 +31,8 @@ typedef struct pcr_route {
     pcr_route_kind_t kind;
     int own;                          /* the router's own: on the admin listener when there is one */
     int api;                          /* PCR_ROUTE_PROMPT: its pcr_api_t */
-    /* ANSWER and FANOUT: starts the answer; < 0: no backend to ask (503). */
+    /* Takes the request on: an answer, a fan-out, or the way to a pod; < 0: no backend to ask
+     * (503, FANOUT only). */
     int (*serve)(pcr_exchange_t *ex);
     /* FANOUT: the exchange is freed before the answer came. */
     void (*cancel)(pcr_exchange_t *ex);
@@ -159,9 +160,10 @@ void pcr_exchange_respond_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *
                                int64_t clen);
 void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len);
 
-/* proxy.c: a routed request (a prompt: its key, then the decision) and any request to a pod. */
-void pcr_proxy_routed(pcr_exchange_t *ex);
-void pcr_proxy_dispatch(pcr_exchange_t *ex);
+/* proxy.c: a routed request (a prompt: its key, then the decision) and any request to a pod;
+ * the route table names them. Both return 0: what goes wrong is answered to the client. */
+int pcr_proxy_routed(pcr_exchange_t *ex);
+int pcr_proxy_dispatch(pcr_exchange_t *ex);
 
 /* access.c: the request's access-log line (log.access_log), handed to the writer. */
 void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);

@@ -230,7 +230,7 @@ static uint64_t predicted_tokens(const pcr_exchange_t *ex)
 }
 
 /* Chooses a backend (skipping those already tried) and sends the request there. */
-void pcr_proxy_dispatch(pcr_exchange_t *ex)
+int pcr_proxy_dispatch(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
     pcr_server_t *srv = w->srv;
@@ -270,7 +270,7 @@ void pcr_proxy_dispatch(pcr_exchange_t *ex)
             pcr_exchange_error(ex, 503, "service_unavailable", "no_backend",
                                "no backend is available (%zu up)", pcr_backends_up(srv));
         }
-        return;
+        return 0;
     }
     if (ex->panic)
         PCR_INC(w->metrics.panic_routes);
@@ -298,13 +298,13 @@ void pcr_proxy_dispatch(pcr_exchange_t *ex)
     struct evbuffer *req = build_upstream_request(ex, be, &body);
     if (req == NULL) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
-        return;
+        return 0;
     }
     pcr_pool_t *pool = pcr_pools_get(w, be);
     if (pool == NULL) {
         evbuffer_free(req);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
-        return;
+        return 0;
     }
     /* The exchange holds the backend until it is freed: a backend that leaves the config is
      * not freed under a request it is answering. */
@@ -338,6 +338,7 @@ void pcr_proxy_dispatch(pcr_exchange_t *ex)
         pcr_exchange_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
     }
+    return 0;
 }
 
 /* ---- per-request truth: the pod's usage ------------------------------------------------ */
@@ -569,14 +570,14 @@ static const pcr_upstream_cbs_t proxy_cbs = {on_up_head,  on_up_body,       on_u
 /* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. The body was
  * parsed and its prompt hashed while it arrived (pcr_exchange_add_body): what is left is the
  * reader's last step and the decision. */
-void pcr_proxy_routed(pcr_exchange_t *ex)
+int pcr_proxy_routed(pcr_exchange_t *ex)
 {
     /* The body was read and its prefix hashed as it came (ns_parse); from here on is the time
      * after its last byte: the reader's last step (ns_hash), then the decision. */
     ex->t_parse_ns = pcr_now_ns();
     if (ex->reader == NULL && pcr_exchange_reader_start(ex) < 0) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
-        return;
+        return 0;
     }
     int rc = pcr_body_reader_finish(ex->reader, &ex->req);
     const char *why = pcr_body_reader_error(ex->reader);
@@ -584,15 +585,15 @@ void pcr_proxy_routed(pcr_exchange_t *ex)
     ex->ns_hash = ex->t_hashed_ns - ex->t_parse_ns;
     if (rc == PCR_ERR_PARSE) {
         pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json", "%s", why);
-        return;
+        return 0;
     }
     if (rc == PCR_ERR_INVAL) {
         pcr_exchange_error(ex, 400, "invalid_request_error", "missing_prompt", "%s", why);
-        return;
+        return 0;
     }
     if (rc < 0) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "%s", pcr_strerror(rc));
-        return;
+        return 0;
     }
     pcr_body_reader_free(ex->reader);
     ex->reader = NULL;
@@ -604,4 +605,5 @@ void pcr_proxy_routed(pcr_exchange_t *ex)
     ex->inject_usage = ex->w->cfg->upstream.request_usage && ex->req.stream &&
                        !ex->req.stream_options;
     pcr_proxy_dispatch(ex);
+    return 0;
 }

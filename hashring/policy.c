@@ -530,10 +530,9 @@ int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64
      * Until a window's worth of commits has been made, every one weighs the same: the decay
      * would weigh a pod's first requests less than its last, and what the share bound let
      * through early on (SHARE_SLACK, lb_cache.c) would fade from the window but not from the
-     * pod's true count, which then ends over share_factor (1.104 on the 1000-request Mooncake
-     * trace, bench/sweep.py). Counted flat, the bound holds on the counts themselves; past a
-     * window's worth the decay takes over from the same total (the decayed sum's limit is the
-     * window), so nothing jumps. */
+     * pod's true count, which then ends over share_factor (docs/TUNING.md). Counted flat, the
+     * bound holds on the counts themselves; past a window's worth the decay takes over from
+     * the same total (the decayed sum's limit is the window), so nothing jumps. */
     p->served[backend] += p->served_unit;
     if (p->commits < (uint64_t)PCR_SHARE_WINDOW)
         p->commits++;

@@ -56,7 +56,7 @@ typedef struct {
                                 * cache_aware places a prefix nobody holds), default 1.25 */
     double inflight_factor;    /* cache_aware: a backend with more than this times its fair
                                 * share of the requests in flight (4 at least) is passed over
-                                * while another is under, default 2 */
+                                * while another is under, default 3 */
     double load_weight;        /* the weight of a backend's queued work against a request's
                                 * uncached prefill on an idle pool, default 1 (the honest time
                                 * to first token) */
@@ -103,7 +103,8 @@ typedef struct {
     uint64_t unavailable_keep;
     /* What cache_aware assumes of a pod before pcr_policy_observe has taught it better
      * (include/pcr/ttft.h): time to first token = overhead + per_token * prefill tokens.
-     * Fair shares (both bounds) are weighted by weight and by the speed learned. */
+     * The in-flight bound's fair shares are weighted by weight and by the speed learned; the
+     * share bound's by configured weight alone (hashring/lb_cache.c says why). */
     double prefill_us_per_token; /* default 70 (about 14k tokens/s) */
     double ttft_overhead_us;   /* default 20000 */
 } pcr_policy_opts_t;
@@ -189,10 +190,10 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *de
 int pcr_policy_backend_remove(pcr_policy_t *p, int id);
 size_t pcr_policy_backend_slots(const pcr_policy_t *p);
 
-/* A reload: applies what can change in place (load_factor, load_weight, zone_penalty, zone,
- * vnodes, index_max_bytes, unavailable_keep). PCR_ERR_INVAL when `opts` is invalid or changes the kind,
- * block_bytes or max_prefix_bytes: the keys and the index would mean something else, so the
- * caller makes a new policy. */
+/* A reload: applies every option in place but the kind, block_bytes and max_prefix_bytes;
+ * PCR_ERR_INVAL when `opts` is invalid or changes one of those three (the keys and the index
+ * would mean something else, so the caller makes a new policy). A new prefill prior keeps what
+ * was observed. */
 int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *opts);
 
 /* Drops every entry of a backend. */

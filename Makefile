@@ -14,7 +14,7 @@ PREFIX     ?= /usr/local
 BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libsimdjson-dev libhiredis-dev \
               libhttp-parser-dev liburing-dev libc-ares-dev \
-              libmsgpack-dev libmsgpack-cxx-dev
+              libmsgpack-dev libmsgpack-cxx-dev libzmq3-dev
 # Run and test: real clients and servers the tests start themselves (redis-server and its
 # Python client for the index sharing; dnsmasq-base: a DNS server the discovery tests control,
 # without a system service), groff for the manual page, YAML and the Kubernetes object models

@@ -62,7 +62,8 @@ int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decisio
     if (p == NULL || key == NULL || d == NULL || d->backend < 0 || (size_t)d->backend >= p->n ||
         key->nblocks > p->max_blocks || (key->nblocks > 0 && key->blocks == NULL))
         return PCR_ERR_INVAL;
-    if (p->index == NULL || key->nblocks == 0)
+    /* A precise decision was made on what the pods said they hold: nothing to correct. */
+    if (p->index == NULL || key->nblocks == 0 || d->precise)
         return 0;
     unsigned b = (unsigned)d->backend;
     uint64_t bb = p->o.block_bytes;

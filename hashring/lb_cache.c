@@ -113,12 +113,40 @@ static double load_tokens(const pcr_backend_load_t *l)
  * that, it is most likely the same conversation or agent going on, whose earlier turns, the
  * rest of the prompt but its end, the pod holds too: count it cached rather than charge the
  * pod a prefill of everything past the horizon, which it will not do. */
+static int precise(const pcr_policy_t *p, const pcr_key_t *key)
+{
+    return p->kvt != NULL && key->ntblocks > 0;
+}
+
 static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uint32_t matched)
 {
+    if (precise(p, key)) {
+        /* Token blocks, and the prompt's exact count: what is left is at least the part of
+         * a block that no cache holds, but past the chained horizon as above. */
+        uint64_t cached = (uint64_t)matched * p->o.kv_block_tokens;
+        if (matched > 0 && matched >= key->ntblocks &&
+            key->prompt_tokens > key->ntblocks * p->o.kv_block_tokens + p->o.kv_block_tokens)
+            return 0;
+        return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
+    }
     uint64_t cached = (uint64_t)matched * p->o.block_bytes / 4;
     if (matched > 0 && matched >= key->nblocks)
         return 0;
     return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
+}
+
+/* The match: in the pods' own table when the key has token chains (a block held only on a
+ * pod's CPU counts half: loading it back is cheaper than prefilling it, dearer than a GPU
+ * hit), else in the approximate index. */
+static void match(pcr_policy_t *p, const pcr_key_t *key)
+{
+    if (!precise(p, key)) {
+        pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+        return;
+    }
+    pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
+    for (size_t b = 0; b < p->n; b++)
+        p->matched[b] = p->kv_gpu[b] + (p->matched[b] - p->kv_gpu[b]) / 2;
 }
 
 /* Marks every usable backend under both bounds (in flight, share of recent requests) or over
@@ -333,14 +361,16 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     uint32_t top = 0, second = 0; /* the usable backends' longest and next longest matches */
     (void)now;
 
-    if (key == NULL || key->nblocks == 0) {
+    if (key == NULL || (key->nblocks == 0 && !precise(p, key))) {
         int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone, 0);
         decide_keyless(p, loads, any_under, any_in_zone, out);
         return;
     }
     /* The match comes first, so that its time runs from the decision's start (decide_t0): one
      * clock read less. It reads the index only; the bounds below do not depend on it. */
-    pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+    match(p, key);
+    out->precise = precise(p, key);
+    out->total_blocks = (uint32_t)(out->precise ? key->ntblocks : key->nblocks);
     if (p->clock_ns != NULL)
         out->match_ns = p->clock_ns() - p->decide_t0;
     for (size_t b = 0; b < p->n; b++) {
@@ -390,8 +420,9 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     }
     out->backend = best;
     out->matched_blocks = p->matched[best];
-    out->matched_time = pcr_index_last_use(p->index, (unsigned)best, key->blocks,
-                                           p->matched[best]);
+    out->matched_time = out->precise ? 0
+                                     : pcr_index_last_use(p->index, (unsigned)best, key->blocks,
+                                                          p->matched[best]);
     out->uncached_prefill = uncached_tokens(p, key, p->matched[best]);
     /* Why not the warmest: the bound skipped it, or its load outweighed its saving. */
     double chosen_base = (double)out->uncached_prefill + zone_cost(p, (size_t)best);

@@ -39,6 +39,8 @@ struct pcr_policy {
     const pcr_lb_ops_t *ops;
     pcr_ring_t *ring;          /* consistent_hash, cache_aware */
     pcr_index_t *index;        /* cache_aware */
+    pcr_kvtable_t *kvt;        /* cache_aware in precise mode: what the pods say they hold */
+    uint32_t *kv_gpu;          /* scratch for one decision: blocks matched on a pod's GPU */
     pcr_ttft_t *ttft;          /* per backend: its time to first token, learned */
     uint64_t *cap_conf;        /* per backend: capacity in blocks as configured or scraped */
     uint64_t *cap_eff;         /* ... and as feedback corrected it (PCR_INDEX_UNLIMITED: none) */

@@ -59,6 +59,10 @@ typedef struct {
 pcr_kvtable_t *pcr_kvtable_new(const pcr_kvtable_opts_t *opts);
 void pcr_kvtable_free(pcr_kvtable_t *t);
 
+/* A reload: the new bound (entries past it stay, new ones are refused until below) and TTL
+ * (for entries speculated from now on). NULL is a no-op. */
+void pcr_kvtable_set_limits(pcr_kvtable_t *t, size_t max_bytes, uint64_t speculative_ttl);
+
 /* Room for backends up to `n` (never shrinks). 0 or PCR_ERR_NOMEM. */
 int pcr_kvtable_grow(pcr_kvtable_t *t, size_t n);
 

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "pcr/common.h"
+#include "pcr/kvtable.h"
 
 typedef enum {
     PCR_POLICY_ROUND_ROBIN = 0,
@@ -101,6 +102,18 @@ typedef struct {
      * router passes microseconds): default 300 s. A pod unreachable for a while still holds
      * its KV cache; only a restart empties it (PCR_BACKEND_RESTARTED). */
     uint64_t unavailable_keep;
+    /* Precise mode (routing.index "events"): cache_aware also keeps what each pod says it
+     * holds (pcr/kvtable.h, fed by pcr_policy_kv_*), and a key that carries the prompt's
+     * token chains (pcr_policy_key_tokens) is matched there, exactly. A key without them
+     * (the pod's tokenizer did not answer in time) is matched in the approximate index, which
+     * goes on learning from every commit. The index_max_bytes bound is shared: a quarter for
+     * the approximate index, the rest for the pods' table. */
+    int index_events;          /* 0: the approximate index only (default) */
+    uint32_t kv_block_tokens;  /* tokens per block of the pods' caches (vLLM's --block-size),
+                                * default 16 */
+    uint64_t kv_speculative_ttl; /* how long a block counts as held after a request was sent
+                                  * with it, until the pod's event confirms it, in `now` units;
+                                  * default 2 s (2000000 us) */
     /* What cache_aware assumes of a pod before pcr_policy_observe has taught it better
      * (include/pcr/ttft.h): time to first token = overhead + per_token * prefill tokens.
      * The in-flight bound's fair shares are weighted by weight and by the speed learned; the
@@ -133,7 +146,12 @@ void pcr_policy_free(pcr_policy_t *p);  /* NULL is a no-op */
 typedef struct {
     uint64_t *blocks;          /* chained block hashes; blocks[i] names the prefix 0..i */
     size_t nblocks;
-    size_t prompt_tokens;      /* canonical prompt bytes / 4, rounded up (all of it, not only hashed) */
+    size_t prompt_tokens;      /* canonical prompt bytes / 4, rounded up (all of it, not only
+                                * hashed); the exact count when tblocks are there */
+    /* Precise mode: the chains of the prompt's whole token blocks, when the router has its
+     * tokens (pcr_policy_key_tokens); NULL and 0 otherwise. */
+    uint64_t *tblocks;
+    size_t ntblocks;
 } pcr_key_t;
 
 /* Hashes the canonical prompt `bytes` with `model` mixed in (pcr/prefix.h) into `key->blocks`,
@@ -144,6 +162,23 @@ int pcr_policy_key(const pcr_policy_t *p, const char *model, size_t model_len, c
                    size_t len, pcr_key_t *key);
 size_t pcr_policy_max_blocks(const pcr_policy_t *p);
 
+/* Precise mode: the chains of `tokens` (pcr_kvtable_key, with `seed`: 0 for the base model)
+ * into key->tblocks, which has room for pcr_policy_max_tblocks(p), and their exact count into
+ * key->prompt_tokens. Tokens past max_prefix_bytes / 4 are not chained. Returns 0, or
+ * PCR_ERR_INVAL when the policy is not in precise mode. */
+int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,
+                          size_t ntokens, pcr_key_t *key);
+size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
+
+/* Precise mode: what a pod said, applied to this replica (as pcr_kvtable_stored, _removed,
+ * _clear; PCR_ERR_INVAL, or nothing, when the policy keeps no pods' table). */
+int pcr_policy_kv_stored(pcr_policy_t *p, int backend, const pcr_kvt_stored_t *ev, uint64_t now);
+size_t pcr_policy_kv_removed(pcr_policy_t *p, int backend, const uint64_t *hashes, size_t n,
+                             pcr_kvt_medium_t medium);
+void pcr_policy_kv_clear(pcr_policy_t *p, int backend);
+/* The pods' table, for its counts (NULL when not in precise mode). */
+const pcr_kvtable_t *pcr_policy_kvtable(const pcr_policy_t *p);
+
 typedef struct {
     int backend;               /* 0..n-1, or -1 when no backend is usable */
     pcr_reason_t reason;
@@ -152,6 +187,8 @@ typedef struct {
     uint64_t uncached_prefill; /* tokens the chosen backend will have to prefill */
     uint64_t matched_time;     /* when the index saw the chosen backend last use its deepest
                                 * matched block (a `now` passed in before); 0 when none */
+    int precise;               /* matched on the key's token chains, in the pods' table:
+                                * matched_blocks and total_blocks count token blocks */
     /* With a clock (pcr_policy_set_clock), the decision's time in its two phases, ns: the
      * index match (cache_aware only), and the rest (costs, bounded loads, the ring). 0 without. */
     uint64_t match_ns, cost_ns;

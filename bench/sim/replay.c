@@ -3,7 +3,10 @@
  * Each row becomes a streaming /v1/completions request (prompt synthesised from its hash_ids,
  * max_tokens = min(output_length, --max-tokens-cap)) sent at timestamp / time_scale, over
  * HTTP/1.1 keep-alive connections (replay_client.c) or h2c streams (--h2c, replay_h2.c). Per
- * request it measures time to first token (first SSE data event) and end to end. With
+ * request it measures time to first token (first SSE data event), the gaps between the events
+ * that carry tokens (inter-token latency, as vLLM's benchmark counts it), time per output
+ * token (last token less first, over the tokens after the first), output tokens and end to
+ * end; per run, output tokens and requests per second, each with p50, p90, p99 and mean. With
  * --unstreamed F, that fraction of the rows (drawn from the row's index, so every run and
  * router gets the same ones) asks for a whole answer instead ("stream": false), as batch
  * clients do: those count in the hit rate, the shares and end to end, not in TTFT, which a
@@ -49,6 +52,7 @@ typedef struct {
 typedef struct {
     size_t idx;
     double sent_us, ttft_us, e2e_us;
+    double first_tok_us, last_tok_us;   /* the first and last events carrying tokens */
     int status, err, got_done, first_seen, stream;
     size_t cached_tokens, completion_tokens;
     char pod[32];
@@ -74,6 +78,8 @@ static struct {
     int progress_tty, progress;
     pod_t pods[MAX_PODS];
     size_t npods, scrapes_left;
+    double *itl;              /* every gap between two token events of a stream, wall us */
+    size_t nitl, citl;
 } g;
 
 static double now_us(void)
@@ -199,6 +205,25 @@ static void sse_event(req_t *r, const char *ev, size_t n)
     if (dn >= 6 && memcmp(d, "[DONE]", 6) == 0) {
         r->got_done = 1;
         return;
+    }
+    /* An event with choices carries tokens; the usage event's choices are empty. */
+    if (!memmem(d, dn, "\"choices\":[]", 12)) {
+        double now = now_us();
+        if (r->first_tok_us == 0) {
+            r->first_tok_us = now;
+        } else {
+            if (g.nitl == g.citl) {
+                size_t nc = g.citl ? g.citl * 2 : 65536;
+                double *nv = realloc(g.itl, nc * sizeof(*nv));
+                if (nv) {
+                    g.itl = nv;
+                    g.citl = nc;
+                }
+            }
+            if (g.nitl < g.citl)
+                g.itl[g.nitl++] = now - r->last_tok_us;
+        }
+        r->last_tok_us = now;
     }
     if (memmem(d, dn, "\"usage\"", 7)) {
         cJSON *o = cJSON_ParseWithLength(d, dn);
@@ -349,6 +374,29 @@ static void on_progress(evutil_socket_t fd, short what, void *arg)
 }
 
 /* ---- the report ---- */
+
+/* {p50, p90, p99, mean} of v[0..n) (sorted), each times f, as object `name` of j. */
+static void add_stats(cJSON *j, const char *name, const double *v, size_t n, double f)
+{
+    cJSON *s = cJSON_AddObjectToObject(j, name);
+    if (!n)
+        return;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    cJSON_AddNumberToObject(s, "p50", rt_percentile(v, n, 50) * f);
+    cJSON_AddNumberToObject(s, "p90", rt_percentile(v, n, 90) * f);
+    cJSON_AddNumberToObject(s, "p99", rt_percentile(v, n, 99) * f);
+    cJSON_AddNumberToObject(s, "mean", sum / (double)n * f);
+}
+
+static double mean(const double *v, size_t n)
+{
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    return n ? sum / (double)n : NAN;
+}
 
 static void usage(FILE *f)
 {
@@ -542,7 +590,9 @@ int main(int argc, char **argv)
     /* Figures. */
     size_t n = g.trace.n, ok = 0, nt = 0;
     double *ttft = malloc(n * sizeof(double)), *e2e = malloc(n * sizeof(double));
-    double cached = 0, prompt = 0;
+    double *tpot = malloc(n * sizeof(double)), *outtok = malloc(n * sizeof(double));
+    size_t ntpot = 0;
+    double cached = 0, prompt = 0, out_tokens = 0;
     size_t e_timeout = 0, e_io = 0, e_http = 0, e_stream = 0;
     for (size_t i = 0; i < n; i++) {
         req_t *r = &g.reqs[i];
@@ -555,6 +605,11 @@ int main(int argc, char **argv)
         }
         if (r->stream)
             ttft[nt++] = r->ttft_us / 1000.0;
+        if (r->stream && r->completion_tokens > 1 && r->last_tok_us > r->first_tok_us)
+            tpot[ntpot++] = (r->last_tok_us - r->first_tok_us) / 1000.0 /
+                            (double)(r->completion_tokens - 1);
+        outtok[ok] = (double)r->completion_tokens;
+        out_tokens += (double)r->completion_tokens;
         e2e[ok] = r->e2e_us / 1000.0;
         ok++;
         cached += r->cached_tokens;
@@ -562,6 +617,9 @@ int main(int argc, char **argv)
     }
     rt_sort(ttft, nt);
     rt_sort(e2e, ok);
+    rt_sort(tpot, ntpot);
+    rt_sort(outtok, ok);
+    rt_sort(g.itl, g.nitl);
     double dq = 0, dh = 0, ds = 0, smax = 0;
     size_t share_pods = 0;
     for (size_t i = 0; i < g.npods; i++) {
@@ -601,6 +659,7 @@ int main(int argc, char **argv)
     size_t npods_share = g.npods ? g.npods : share_pods;
     double share = npods_share && ds > 0 ? smax / (ds / npods_share) : NAN;
     double rps = wall_s > 0 ? ok / wall_s : 0;
+    double tps = wall_s > 0 ? out_tokens / wall_s : 0;
     double sc = g.time_scale;
 
     printf("replay %s: %zu requests, %zu ok, %zu errors (timeout %zu, http %zu, dropped %zu, "
@@ -616,6 +675,11 @@ int main(int argc, char **argv)
     printf("  e2e model s p50 %.2f  p99 %.2f   max/mean share %.3f   %.1f req/s wall "
            "(%.2f req/s model)   peak in flight %zu\n", rt_percentile(e2e, ok, 50) * sc / 1000,
            rt_percentile(e2e, ok, 99) * sc / 1000, share, rps, rps / sc, g.max_inflight);
+    printf("  ITL model ms p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f   TPOT mean %.1f   TTFT mean "
+           "%.0f   output %.0f tokens/s model\n", rt_percentile(g.itl, g.nitl, 50) / 1000 * sc,
+           rt_percentile(g.itl, g.nitl, 90) / 1000 * sc,
+           rt_percentile(g.itl, g.nitl, 99) / 1000 * sc, mean(g.itl, g.nitl) / 1000 * sc,
+           mean(tpot, ntpot) * sc, mean(ttft, nt) * sc, tps / sc);
 
     if (json) {
         cJSON *j = cJSON_CreateObject();
@@ -659,18 +723,15 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(po, "hits", g.pods[i].hits - g.pods[i].h0);
             cJSON_AddItemToArray(pa, po);
         }
-        const char *which[] = { "ttft_ms_wall", "ttft_ms_model", "e2e_ms_model" };
-        for (int k = 0; k < 3; k++) {
-            const double *v = k < 2 ? ttft : e2e;
-            size_t m = k < 2 ? nt : ok;
-            double f = k == 0 ? 1 : sc;
-            cJSON *s = cJSON_AddObjectToObject(j, which[k]);
-            if (m) {
-                cJSON_AddNumberToObject(s, "p50", rt_percentile(v, m, 50) * f);
-                cJSON_AddNumberToObject(s, "p90", rt_percentile(v, m, 90) * f);
-                cJSON_AddNumberToObject(s, "p99", rt_percentile(v, m, 99) * f);
-            }
-        }
+        add_stats(j, "ttft_ms_wall", ttft, nt, 1);
+        add_stats(j, "ttft_ms_model", ttft, nt, sc);
+        add_stats(j, "e2e_ms_model", e2e, ok, sc);
+        add_stats(j, "itl_ms_model", g.itl, g.nitl, sc / 1000);
+        add_stats(j, "tpot_ms_model", tpot, ntpot, sc);
+        add_stats(j, "output_tokens", outtok, ok, 1);
+        cJSON_AddNumberToObject(j, "output_tokens_total", out_tokens);
+        cJSON_AddNumberToObject(j, "output_tokens_per_s_model", tps / sc);
+        cJSON_AddNumberToObject(j, "requests_per_s_model", rps / sc);
         cJSON *all = cJSON_AddArrayToObject(j, "ttft_ms_model_sorted");
         for (size_t i = 0; i < nt; i++)
             cJSON_AddItemToArray(all, cJSON_CreateNumber(round(ttft[i] * sc * 10) / 10));
@@ -684,6 +745,9 @@ int main(int argc, char **argv)
     }
     free(ttft);
     free(e2e);
+    free(tpot);
+    free(outtok);
+    free(g.itl);
     rc = scrape_failed || ok == 0 ? 1 : 0;   /* a run where nothing completed is a failure */
 out:
     for (size_t t = 0; t < g.ntargets; t++) {

@@ -42,6 +42,7 @@ static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
     case PCR_POLICY_LEAST_LOADED:    return &pcr_lb_least_loaded;
     case PCR_POLICY_CONSISTENT_HASH: return &pcr_lb_consistent_hash;
     case PCR_POLICY_CACHE_AWARE:     return &pcr_lb_cache_aware;
+    case PCR_POLICY_RANDOM:          return &pcr_lb_random;
     }
     return NULL;
 }
@@ -147,6 +148,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->o = *opts;
     p->n = n;
     p->ops = ops_of(opts->kind);
+    p->rng = PCR_RANDOM_SEED;
     p->max_blocks = pcr_prefix_max_blocks(opts->block_bytes, opts->max_prefix_bytes);
     p->zone = dup_str(opts->zone);
     p->o.zone = p->zone;

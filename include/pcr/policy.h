@@ -21,9 +21,11 @@ typedef enum {
     PCR_POLICY_LEAST_LOADED,
     PCR_POLICY_CONSISTENT_HASH,
     PCR_POLICY_CACHE_AWARE,
+    PCR_POLICY_RANDOM,          /* a Kubernetes Service: kube-proxy's iptables mode */
 } pcr_policy_kind_t;
 
-/* "round_robin" | "least_loaded" | "consistent_hash" | "cache_aware" -> kind; 0 or PCR_ERR_INVAL. */
+/* "round_robin" | "least_loaded" | "consistent_hash" | "cache_aware" | "random" -> kind; 0 or
+ * PCR_ERR_INVAL. */
 int pcr_policy_kind_parse(const char *name, pcr_policy_kind_t *out);
 const char *pcr_policy_kind_name(pcr_policy_kind_t kind);
 
@@ -36,6 +38,7 @@ typedef enum {
     PCR_REASON_LEAST_LOADED,
     PCR_REASON_HASH,            /* consistent_hash placement */
     PCR_REASON_NO_BACKEND,      /* no usable backend: the decision's backend is -1 */
+    PCR_REASON_RANDOM,          /* random: drawn uniformly among the usable backends */
     PCR_REASON__COUNT
 } pcr_reason_t;
 

@@ -76,7 +76,11 @@ static void test_defaults_and_arguments(void)
     PCR_CHECK_EQ_INT(o.vnodes, 160);
     PCR_CHECK_EQ_INT(pcr_policy_kind_parse("consistent_hash", &k), 0);
     PCR_CHECK_EQ_INT(k, PCR_POLICY_CONSISTENT_HASH);
-    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("random", &k), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("random", &k), 0);
+    PCR_CHECK_EQ_INT(k, PCR_POLICY_RANDOM);
+    PCR_CHECK_STR(pcr_policy_kind_name(PCR_POLICY_RANDOM), "random");
+    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("fastest", &k), PCR_ERR_INVAL);
+    PCR_CHECK_STR(pcr_reason_name(PCR_REASON_RANDOM), "random");
     PCR_CHECK_STR(pcr_reason_name(PCR_REASON_OVERLOAD_SPILL), "overload_spill");
     /* No backend yet is a policy that answers "none usable" until some join. */
     pcr_policy_t *empty = pcr_policy_new(&o, NULL, 0);
@@ -111,6 +115,37 @@ static void test_defaults_and_arguments(void)
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_NO_BACKEND);
     PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, NULL, 1, &d), PCR_ERR_INVAL);
     pcr_policy_free(p);
+}
+
+/* random (kube-proxy's iptables mode): every usable backend about equally often, never an
+ * unusable one, in no fixed order, and the same draws from every policy made alike. */
+static void test_random_is_uniform_over_usable_and_repeatable(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_RANDOM, four, NB, NULL);
+    pcr_policy_t *q = make(PCR_POLICY_RANDOM, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d, e;
+    int counts[NB] = {0}, repeats = 0, prev = -1;
+    all_usable(l, NB);
+    l[2].usable = 0;
+    for (int i = 0; i < 3000; i++) {
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, NULL, l, 1, &d), 0);
+        PCR_CHECK_EQ_INT(pcr_policy_decide(q, NULL, l, 1, &e), 0);
+        PCR_CHECK_EQ_INT(d.backend, e.backend);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_RANDOM);
+        counts[d.backend]++;
+        repeats += d.backend == prev;
+        prev = d.backend;
+    }
+    PCR_CHECK_EQ_INT(counts[2], 0);
+    for (int b = 0; b < NB; b++)
+        if (b != 2)
+            PCR_CHECK(counts[b] > 900 && counts[b] < 1100);   /* 1000 expected, sd 26 */
+    PCR_CHECK(repeats > 800 && repeats < 1200);   /* 1 in 3 follows itself: not a rotation */
+    l[0].usable = l[1].usable = l[3].usable = 0;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, NULL, l, 1, &d), PCR_ERR_UNAVAIL);
+    pcr_policy_free(p);
+    pcr_policy_free(q);
 }
 
 static void test_round_robin_skips_unusable(void)
@@ -1301,6 +1336,7 @@ int main(void)
 {
     PCR_RUN(test_defaults_and_arguments);
     PCR_RUN(test_round_robin_skips_unusable);
+    PCR_RUN(test_random_is_uniform_over_usable_and_repeatable);
     PCR_RUN(test_least_loaded);
     PCR_RUN(test_consistent_hash_keys_past_first_block);
     PCR_RUN(test_cold_then_warm);

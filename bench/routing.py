@@ -1,12 +1,18 @@
 #!/usr/bin/python3
 """bench/routing.py: `make bench-routing`: every routing policy on a real trace, side by side.
 
-For each policy (round_robin, least_loaded, consistent_hash, cache_aware) it starts N simulated
+For each policy (round_robin, random, least_loaded, consistent_hash, cache_aware; random and
+round_robin are what a Kubernetes Service does, kube-proxy's iptables and IPVS modes) it starts N
+simulated
 vLLM pods (bench/sim/vllm_sim, one process, one port each, caches cold) and pcrouter on a
 generated config, replays the conversation trace through it (bench/sim/replay), and reads the
 pods' /metrics. It does the same through HAProxy 2.6 hashing the first 256 bytes of the prompt
-with bounded loads. Prints one table and the hit-rate and latency targets, writes bench/out/routing.json
-and bench/out/routing.png (TTFT distribution and hit rate per policy, gnuplot).
+with bounded loads. Prints one table (hit rate, TTFT, inter-token latency, output tokens per
+second) and the hit-rate and latency targets, writes bench/out/routing.json (per policy, besides
+replay's figures, flat ones named ttft_mean_ms, itl_p99_ms, output_tokens_per_s, ...) and
+bench/out/routing.png (TTFT distribution, ITL and hit rate per policy, gnuplot).
+--engine step runs the pods on the step engine (vllm_sim --engine step), where prefill and
+decode share each engine step, so what a router saves in prefill shows in every stream's ITL.
 
 Then cache_aware again through several replicas of pcrouter (--replicas, default 1,2,4) with
 the trace's requests spread over them round robin, each replica on its own index and (--share)
@@ -45,8 +51,8 @@ import workloads  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-POLICIES = ["round_robin", "least_loaded", "consistent_hash", "cache_aware"]
-BASELINES = ["round_robin", "least_loaded", "consistent_hash", "haproxy_hash"]
+POLICIES = ["round_robin", "random", "least_loaded", "consistent_hash", "cache_aware"]
+BASELINES = ["round_robin", "random", "least_loaded", "consistent_hash", "haproxy_hash"]
 
 
 def traces_dir():
@@ -318,16 +324,36 @@ def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
+# Flat names for routing.json: each figure's p50, p90, p99 and mean, in model time.
+FLAT = (("ttft", "ttft_ms_model"), ("itl", "itl_ms_model"), ("tpot", "tpot_ms_model"),
+        ("e2e", "e2e_ms_model"))
+
+
+def flat_figures(r):
+    """Replay's figures under names that say what they are: ttft_mean_ms, itl_p99_ms, ...,
+    output_tokens_per_s and requests_per_s (model time)."""
+    out = {}
+    for short, key in FLAT:
+        for q, v in (r.get(key) or {}).items():
+            out["%s_%s_ms" % (short, q)] = v
+    out["output_tokens_per_s"] = r.get("output_tokens_per_s_model")
+    out["requests_per_s"] = r.get("requests_per_s_model", r.get("throughput_rps_model"))
+    return out
+
+
 def print_table(results):
-    head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "max/mean", "req/s",
-            "errors", "pred/del")
+    head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "TTFT mean", "ITL mean",
+            "ITL p99", "out tok/s", "max/mean", "req/s", "errors", "pred/del")
     w = max([16] + [len(r["label"]) for r in results])
-    print("%-*s %9s %8s %10s %10s %9s %7s %7s %8s" % ((w,) + head))
+    print("%-*s %9s %8s %10s %10s %10s %9s %9s %9s %9s %7s %7s %8s" % ((w,) + head))
     for r in results:
         t = r.get("ttft_ms_model", {})
-        print("%-*s %9s %8s %9sms %9sms %9s %7s %7d %8s" % (
+        i = r.get("itl_ms_model", {})
+        print("%-*s %9s %8s %9sms %9sms %9sms %7sms %7sms %9s %9s %7s %7d %8s" % (
             w, r["label"], fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f"),
-            fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"),
+            fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"), fmt(t.get("mean"), ".0f"),
+            fmt(i.get("mean"), ".1f"), fmt(i.get("p99"), ".1f"),
+            fmt(r.get("output_tokens_per_s_model"), ".0f"),
             fmt(r.get("share_max_over_mean"), ".2f"), fmt(r.get("throughput_rps_model"), ".2f"),
             r.get("errors", 0), fmt(r.get("pred_over_del"), ".3f")))
 
@@ -362,7 +388,8 @@ def check_targets(by):
 
 
 def plot(results, outdir):
-    """TTFT CDF per policy (left) and hit rate per policy against the ceiling (right)."""
+    """TTFT CDF per policy (left), inter-token latency per policy (middle) and hit rate per
+    policy against the ceiling (right)."""
     png = os.path.join(outdir, "routing.png")
     plots = []
     for r in results:
@@ -378,10 +405,15 @@ def plot(results, outdir):
         for i, r in enumerate(results):
             f.write("%d %s %g %g\n" % (i, r["label"], r.get("hit_rate") or 0,
                                        r.get("ceiling") or 0))
+    itl = os.path.join(outdir, "itl.dat")
+    with open(itl, "w") as f:
+        for i, r in enumerate(results):
+            t = r.get("itl_ms_model") or {}
+            f.write("%d %s %g %g\n" % (i, r["label"], t.get("mean") or 0, t.get("p99") or 0))
     script = """
-set terminal pngcairo size 1400,560 noenhanced
+set terminal pngcairo size 2000,560 noenhanced
 set output '%s'
-set multiplot layout 1,2 title 'pcrouter routing benchmark (%s)'
+set multiplot layout 1,3 title 'pcrouter routing benchmark (%s)'
 set title 'time to first token (model seconds), CDF'
 set logscale x
 set xlabel 'TTFT (s)'
@@ -390,6 +422,16 @@ set key bottom right
 set grid
 plot %s
 unset logscale x
+set title 'inter-token latency (model ms)'
+set style fill solid 0.6
+set boxwidth 0.6
+set yrange [0:*]
+set xlabel ''
+set ylabel 'ms between token events'
+set xtics rotate by -30
+set key top left
+plot '%s' using 1:3:xtic(2) with boxes title 'mean', \
+     '%s' using 1:4 with points pt 7 ps 1.5 title 'p99'
 set title 'delivered prefix-cache hit rate (pods metrics)'
 set style fill solid 0.6
 set boxwidth 0.6
@@ -401,7 +443,8 @@ set key top left
 plot '%s' using 1:3:xtic(2) with boxes title 'hit rate', \
      '%s' using 1:4 with linespoints lw 2 title 'LRU ceiling (all pods capacity)'
 unset multiplot
-""" % (png, results[0].get("trace", "").split("/")[-1], ", ".join(plots), bars, bars)
+""" % (png, results[0].get("trace", "").split("/")[-1], ", ".join(plots), itl, itl, bars,
+       bars)
     try:
         subprocess.run(["gnuplot"], input=script, text=True, check=True, timeout=60,
                        stderr=subprocess.PIPE)
@@ -523,7 +566,8 @@ def replica_run(args, build, trace, names, routing, tmp, n, mode, k=0):
     sims, routers, rs = None, [], None
     t0 = time.monotonic()
     try:
-        sims = Sims(build, names, args.time_scale, args.capacity_tokens)
+        sims = Sims(build, names, args.time_scale, args.capacity_tokens,
+                    extra=["--engine", args.engine])
         if mode == "redis":
             rs = RedisServer(tmp)
         for i in range(n):
@@ -732,6 +776,7 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
     spell of this shared machine does not always fall on the same policy)."""
     names = ["pod-%d" % i for i in range(pods)]
     results = []
+    sim_extra = list(sim_extra) + ["--engine", args.engine]
     print("routing: %s: %s, %s requests, %d pods x %d tokens, time scale %g" % (
         label, os.path.basename(trace), limit or "all", pods, capacity, time_scale), flush=True)
     policies = [p for p in args.policies.split(",") if p and p != "none"]
@@ -787,6 +832,7 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                 if isinstance(front, Router):
                     r.update(router_prediction(
                         front, os.path.join(outdir, "metrics_%s.txt" % policy)))
+                r.update(flat_figures(r))
                 results.append(r)
             except Exception as e:   # one broken policy must not hide the others
                 print("routing: %s failed: %s" % (policy, e), file=sys.stderr, flush=True)
@@ -834,6 +880,9 @@ def main():
                          " cache_aware_before")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--engine", choices=("latency", "step"), default="latency",
+                    help="the pods' model: latency (default) or step (engine steps after"
+                         " vLLM's scheduler: prefill slows the streams beside it)")
     ap.add_argument("--routing", default="{}",
                     help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
     ap.add_argument("--misconfig", type=float, default=0, metavar="F",

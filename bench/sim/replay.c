@@ -727,6 +727,7 @@ int main(int argc, char **argv)
         add_stats(j, "ttft_ms_model", ttft, nt, sc);
         add_stats(j, "e2e_ms_model", e2e, ok, sc);
         add_stats(j, "itl_ms_model", g.itl, g.nitl, sc / 1000);
+        cJSON_AddNumberToObject(j, "itl_gaps", (double)g.nitl);
         add_stats(j, "tpot_ms_model", tpot, ntpot, sc);
         add_stats(j, "output_tokens", outtok, ok, 1);
         cJSON_AddNumberToObject(j, "output_tokens_total", out_tokens);

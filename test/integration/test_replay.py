@@ -100,3 +100,44 @@ def test_unstreamed_rows_ask_for_whole_answers_and_count_everywhere_but_ttft(tmp
         assert len(r["ttft_ms_model_sorted"]) == r["completed_streams"]
     assert runs[0]["completed_streams"] == runs[1]["completed_streams"]
     assert sum(p["requests"] for p in runs[0]["pods"]) == 100
+
+
+def test_step_engine_streams_every_token_and_replay_reports_itl(tmp_path):
+    """vllm_sim --engine step writes each stream's token at the end of every engine step, one
+    event per token, and replay reports inter-token latency, time per output token, output
+    tokens and throughput; pcrouter takes routing.policy "random" and spreads the requests over
+    both pods. The checks are counts and orderings, not times."""
+    trace = tmp_path / "short.jsonl"
+    with open(trace, "w") as f:
+        for k in range(40):
+            f.write('{"timestamp": %d, "input_length": 1024, "output_length": 24, '
+                    '"hash_ids": [%d, %d]}\n' % (100 * k, 1 + k % 4, 100 + k))
+    sims = router = None
+    try:
+        sims = routing.Sims(BUILD, PODS[:2], 10, CAPACITY, extra=["--engine", "step"])
+        assert any("step engine" in line for line in sims.proc.lines), sims.proc.lines
+        router = routing.Router(BUILD, routing.router_config(sims.urls, "random", CAPACITY),
+                                str(tmp_path))
+        r = routing.run_replay(BUILD, str(trace), router.url, list(sims.urls.values()), 10, 0,
+                               str(tmp_path / "step.json"), "random", timeout=120,
+                               progress=False, extra=["--timeout-s", "30"])
+    finally:
+        if router:
+            router.stop()
+        if sims:
+            sims.stop()
+    assert r["completed"] == 40 and r["errors"] == 0, r
+    # One event per token: 23 gaps per stream of 24 tokens.
+    assert r["itl_gaps"] == 40 * 23, r["itl_gaps"]
+    assert r["output_tokens_total"] == 40 * 24, r
+    assert r["output_tokens"]["mean"] == 24 and r["output_tokens"]["p99"] == 24, r
+    for k in ("itl_ms_model", "tpot_ms_model", "ttft_ms_model", "e2e_ms_model"):
+        s = r[k]
+        assert 0 < s["p50"] <= s["p90"] <= s["p99"], (k, s)
+        assert s["mean"] > 0, (k, s)
+    assert r["output_tokens_per_s_model"] > 0 and r["requests_per_s_model"] > 0, r
+    flat = routing.flat_figures(r)
+    assert flat["itl_mean_ms"] == r["itl_ms_model"]["mean"], flat
+    assert flat["ttft_p99_ms"] == r["ttft_ms_model"]["p99"], flat
+    assert flat["output_tokens_per_s"] == r["output_tokens_per_s_model"], flat
+    assert all(p["requests"] > 0 for p in r["pods"]), r["pods"]   # random used both pods

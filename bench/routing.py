@@ -177,11 +177,13 @@ class Sims:
 ACCESS_LOG_DIR = None
 
 
-def router_config(backends, policy, capacity_tokens=None, port=0, routing=None):
+def router_config(backends, policy, capacity_tokens=None, port=0, routing=None, zones=None):
+    """`zones`: None, or each backend's zone by name (the router's own is routing.zone)."""
     return {
         "listen": [{"address": "127.0.0.1:%d" % port}],
         "backends": [dict({"name": n, "url": u},
-                          **({"capacity_tokens": capacity_tokens} if capacity_tokens else {}))
+                          **({"capacity_tokens": capacity_tokens} if capacity_tokens else {}),
+                          **({"zone": zones[n]} if zones else {}))
                      for n, u in backends.items()],
         "routing": dict({"policy": policy}, **(routing or {})),
         "health": {"interval_ms": 1000},
@@ -190,6 +192,28 @@ def router_config(backends, policy, capacity_tokens=None, port=0, routing=None):
                                                  % (policy, time.monotonic_ns()))}
                 if ACCESS_LOG_DIR else {"access_log": False}),
     }
+
+
+class ZonedSims:
+    """--zones: the pods in two zones, one vllm_sim each. The first half is in the router's
+    zone "a"; the second half, zone "b", answers one round trip (`rtt_ms`) later."""
+
+    def __init__(self, build, names, time_scale, capacity_tokens, rtt_ms, extra=()):
+        h = (len(names) + 1) // 2
+        self.near, self.far = names[:h], names[h:]
+        self.parts = [Sims(build, self.near, time_scale, capacity_tokens, extra=extra)]
+        try:
+            self.parts.append(Sims(build, self.far, time_scale, capacity_tokens,
+                                   extra=list(extra) + ["--rtt-ms", str(rtt_ms)]))
+        except Exception:
+            self.stop()
+            raise
+        self.urls = dict(self.parts[0].urls, **self.parts[1].urls)
+        self.zones = dict({n: "a" for n in self.near}, **{n: "b" for n in self.far})
+
+    def stop(self):
+        for p in self.parts:
+            p.stop()
 
 
 class Router:
@@ -827,16 +851,25 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
             sims = front = None
             t0 = time.monotonic()
             try:
-                sims = Sims(build, names, time_scale, capacity, extra=sim_extra)
+                if args.zones:
+                    sims = ZonedSims(build, names, time_scale, capacity, args.zones,
+                                     extra=sim_extra)
+                    zones = sims.zones
+                    routing = dict(routing or {}, zone="a")
+                else:
+                    sims = Sims(build, names, time_scale, capacity, extra=sim_extra)
+                    zones = None
                 if policy == "haproxy_hash":
                     front = Haproxy(sims.urls, tmp)
                 elif policy == "cache_aware_before":
                     front = Router(os.path.abspath(args.before),
-                                   router_config(sims.urls, "cache_aware", capacity), tmp)
+                                   router_config(sims.urls, "cache_aware", capacity,
+                                                 routing=routing if zones else None,
+                                                 zones=zones), tmp)
                 elif policy in variants:
                     cap_conf, extra_routing = variants[policy]
                     cfg = router_config(sims.urls, "cache_aware", cap_conf,
-                                        routing=dict(routing, **extra_routing))
+                                        routing=dict(routing, **extra_routing), zones=zones)
                     if args.workers:
                         cfg["workers"] = args.workers
                     front = Router(build, cfg, tmp)
@@ -846,7 +879,7 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                     keys = dict(routing or {})
                     if policy != "cache_aware":
                         keys = dict({"hold_tokens": 0}, **keys)
-                    cfg = router_config(sims.urls, policy, capacity, routing=keys)
+                    cfg = router_config(sims.urls, policy, capacity, routing=keys, zones=zones)
                     if args.workers:
                         cfg["workers"] = args.workers
                     front = Router(build, cfg, tmp)
@@ -855,7 +888,8 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                                limit, os.path.join(outdir, "replay_%s.json" % policy), policy,
                                cap=args.max_tokens_cap, progress=not args.no_progress,
                                extra=(["--unstreamed", str(args.unstreamed)]
-                                      if args.unstreamed else []))
+                                      if args.unstreamed else []) +
+                               (["--far-pods", ",".join(sims.far)] if zones else []))
                 if isinstance(front, Router):
                     r.update(router_prediction(
                         front, os.path.join(outdir, "metrics_%s.txt" % policy)))
@@ -872,6 +906,10 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
     if results:
         print()
         print_table(results)
+        if args.zones:
+            print("crossed zones (requests, bytes): " + "; ".join(
+                "%s %s, %s" % (r["label"], fmt(r.get("cross_zone_request_share"), ".3f"),
+                               fmt(r.get("cross_zone_byte_share"), ".3f")) for r in results))
         print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of"
               " ceil: fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model"
               " time (wall x time scale); req/s in model time." % (
@@ -910,6 +948,11 @@ def main():
     ap.add_argument("--engine", choices=("latency", "step"), default="latency",
                     help="the pods' model: latency (default) or step (engine steps after"
                          " vLLM's scheduler: prefill slows the streams beside it)")
+    ap.add_argument("--zones", type=float, default=0, metavar="RTT_MS",
+                    help="pods in two zones: the router and the first half in zone a, the"
+                         " rest in zone b, answering RTT_MS (model time) later; the table adds"
+                         " the share of requests and bytes that crossed zones (default 0: one"
+                         " zone)")
     ap.add_argument("--routing", default="{}",
                     help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
     ap.add_argument("--misconfig", type=float, default=0, metavar="F",

@@ -16,6 +16,9 @@
  * from vllm:request_success_total. The ceiling is one LRU cache with all pods' capacity
  * (replay_trace.c). Prints a table; --json writes the same figures for scripts.
  *
+ * With --far-pods it also counts the requests, and the bytes (request and response bodies),
+ * that crossed zones: those answered by a pod (x-sim-pod) of that list.
+ *
  * Times are measured on the wall clock; the "model" figures multiply them by the time scale
  * to read as a real pod's seconds (router and network overhead are scaled up too). */
 #include <cjson/cJSON.h>
@@ -53,6 +56,7 @@ typedef struct {
     size_t idx;
     double sent_us, ttft_us, e2e_us;
     double first_tok_us, last_tok_us;   /* the first and last events carrying tokens */
+    size_t bytes_out, bytes_in;         /* request body sent, response body received */
     int status, err, got_done, first_seen, stream;
     size_t cached_tokens, completion_tokens;
     char pod[32];
@@ -248,6 +252,7 @@ static int whole_answer(req_t *r)
 static void on_req_body(void *arg, const char *d, size_t n)
 {
     req_t *r = arg;
+    r->bytes_in += n;
     if (r->status != 200)
         return;
     if (!r->stream) {
@@ -329,6 +334,7 @@ static void send_one(size_t i)
                             "\"stream_options\":{\"include_usage\":true}}", mt);
     else
         evbuffer_add_printf(body, "\",\"max_tokens\":%zu,\"stream\":false}", mt);
+    r->bytes_out = evbuffer_get_length(body);
     size_t t = i % g.ntargets;   /* row i to target i mod n: the replicas behind a Service */
     if (g.target_h2[t])
         rh2_send(g.target_h2[t], g.target_path, body, g.timeout_s, &req_cb, r);
@@ -375,6 +381,21 @@ static void on_progress(evutil_socket_t fd, short what, void *arg)
 
 /* ---- the report ---- */
 
+/* Is `name` one of the comma-separated names of `list`? */
+static int in_list(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == n && strncmp(p, name, n) == 0)
+            return 1;
+        p += k;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
 /* {p50, p90, p99, mean} of v[0..n) (sorted), each times f, as object `name` of j. */
 static void add_stats(cJSON *j, const char *name, const double *v, size_t n, double f)
 {
@@ -419,6 +440,8 @@ static void usage(FILE *f)
 "  --h2c-conns N         h2c connections, requests spread over them (default 1)\n"
 "  --unstreamed F        this fraction of the rows asks for a whole answer, not a stream\n"
 "                        (the same rows every run; not in TTFT) (default 0)\n"
+"  --far-pods NAME,...   pods in another zone than the target (by their x-sim-pod name): the\n"
+"                        share of requests and of bytes that crossed zones is reported\n"
 "  --json FILE           write the summary as JSON\n"
 "  --label NAME          name of this run in the table and JSON (default: the target)\n"
 "  --no-progress         no progress bar\n");
@@ -427,6 +450,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     const char *trace = NULL, *target = NULL, *pods = NULL, *json = NULL, *label = NULL;
+    const char *far = NULL;
     const char *targets[MAX_TARGETS];
     size_t limit = 0, skip = 0, max_input = 0;
     double ceiling_tokens = 0;
@@ -438,7 +462,7 @@ int main(int argc, char **argv)
     g.progress = 1;
     enum { O_TRACE = 256, O_TARGET, O_SCALE, O_LIMIT, O_SKIP, O_CAP, O_MODEL, O_PODS, O_CEIL,
            O_TIMEOUT, O_CONNS, O_JSON, O_LABEL, O_NOPROG, O_HELP, O_MAXIN, O_H2C, O_H2CONNS,
-           O_UNSTREAMED };
+           O_UNSTREAMED, O_FAR };
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"target", 1, 0, O_TARGET}, {"time-scale", 1, 0, O_SCALE},
         {"limit", 1, 0, O_LIMIT}, {"skip", 1, 0, O_SKIP}, {"max-tokens-cap", 1, 0, O_CAP},
@@ -446,7 +470,8 @@ int main(int argc, char **argv)
         {"timeout-s", 1, 0, O_TIMEOUT}, {"max-conns", 1, 0, O_CONNS}, {"json", 1, 0, O_JSON},
         {"label", 1, 0, O_LABEL}, {"no-progress", 0, 0, O_NOPROG}, {"help", 0, 0, O_HELP},
         {"max-input-tokens", 1, 0, O_MAXIN}, {"h2c", 0, 0, O_H2C},
-        {"h2c-conns", 1, 0, O_H2CONNS}, {"unstreamed", 1, 0, O_UNSTREAMED}, {0, 0, 0, 0},
+        {"h2c-conns", 1, 0, O_H2CONNS}, {"unstreamed", 1, 0, O_UNSTREAMED},
+        {"far-pods", 1, 0, O_FAR}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -464,6 +489,7 @@ int main(int argc, char **argv)
             g.model = optarg;
             continue;
         case O_PODS: pods = optarg; continue;
+        case O_FAR: far = optarg; continue;
         case O_JSON: json = optarg; continue;
         case O_LABEL: label = optarg; continue;
         case O_NOPROG: g.progress = 0; continue;
@@ -591,7 +617,8 @@ int main(int argc, char **argv)
     size_t n = g.trace.n, ok = 0, nt = 0;
     double *ttft = malloc(n * sizeof(double)), *e2e = malloc(n * sizeof(double));
     double *tpot = malloc(n * sizeof(double)), *outtok = malloc(n * sizeof(double));
-    size_t ntpot = 0;
+    size_t ntpot = 0, far_n = 0;
+    double bytes_all = 0, bytes_far = 0;
     double cached = 0, prompt = 0, out_tokens = 0;
     size_t e_timeout = 0, e_io = 0, e_http = 0, e_stream = 0;
     for (size_t i = 0; i < n; i++) {
@@ -612,6 +639,11 @@ int main(int argc, char **argv)
         out_tokens += (double)r->completion_tokens;
         e2e[ok] = r->e2e_us / 1000.0;
         ok++;
+        bytes_all += (double)(r->bytes_out + r->bytes_in);
+        if (far && r->pod[0] && in_list(far, r->pod)) {
+            far_n++;
+            bytes_far += (double)(r->bytes_out + r->bytes_in);
+        }
         cached += r->cached_tokens;
         prompt += g.trace.rows[i].input_length;
     }
@@ -675,6 +707,9 @@ int main(int argc, char **argv)
     printf("  e2e model s p50 %.2f  p99 %.2f   max/mean share %.3f   %.1f req/s wall "
            "(%.2f req/s model)   peak in flight %zu\n", rt_percentile(e2e, ok, 50) * sc / 1000,
            rt_percentile(e2e, ok, 99) * sc / 1000, share, rps, rps / sc, g.max_inflight);
+    if (far)
+        printf("  crossed zones: %.3f of requests, %.3f of bytes\n",
+               ok ? (double)far_n / (double)ok : NAN, bytes_all > 0 ? bytes_far / bytes_all : NAN);
     printf("  ITL model ms p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f   TPOT mean %.1f   TTFT mean "
            "%.0f   output %.0f tokens/s model\n", rt_percentile(g.itl, g.nitl, 50) / 1000 * sc,
            rt_percentile(g.itl, g.nitl, 90) / 1000 * sc,
@@ -733,6 +768,14 @@ int main(int argc, char **argv)
         cJSON_AddNumberToObject(j, "output_tokens_total", out_tokens);
         cJSON_AddNumberToObject(j, "output_tokens_per_s_model", tps / sc);
         cJSON_AddNumberToObject(j, "requests_per_s_model", rps / sc);
+        cJSON_AddNumberToObject(j, "body_bytes", bytes_all);
+        if (far) {
+            cJSON_AddNumberToObject(j, "cross_zone_requests", (double)far_n);
+            cJSON_AddNumberToObject(j, "cross_zone_request_share",
+                                    ok ? (double)far_n / (double)ok : 0);
+            cJSON_AddNumberToObject(j, "cross_zone_byte_share",
+                                    bytes_all > 0 ? bytes_far / bytes_all : 0);
+        }
         cJSON *all = cJSON_AddArrayToObject(j, "ttft_ms_model_sorted");
         for (size_t i = 0; i < nt; i++)
             cJSON_AddItemToArray(all, cJSON_CreateNumber(round(ttft[i] * sc * 10) / 10));

@@ -33,6 +33,7 @@ typedef struct {
     int step;                     /* --engine step: pods run in engine steps (step_engine.c) */
     sim_step_conf_t sc;           /* --max-num-batched-tokens, --step-base-ms, --step-seq-us,
                                      --step-kv-ns-per-token, and the two flags shared with m */
+    double rtt_us;                /* --rtt-ms: a round trip to another zone, model time */
     uint64_t capacity_tokens;     /* --capacity-tokens: KV cache size */
     uint64_t max_model_len;       /* --max-model-len: prompt + max_tokens limit */
     double fail_rate, drop_rate, stall_rate;
@@ -47,7 +48,7 @@ typedef struct sim_pod sim_pod_t;
 typedef struct sim_conn sim_conn_t;
 typedef struct sim_req sim_req_t;
 
-enum { SIM_REQ_WAITING, SIM_REQ_RUNNING };
+enum { SIM_REQ_WAITING, SIM_REQ_RUNNING, SIM_REQ_IN_FLIGHT /* crossing zones (--rtt-ms) */ };
 
 struct sim_req {
     sim_pod_t *pod;
@@ -66,6 +67,7 @@ struct sim_req {
     double first_token_us;      /* wall clock at which the first token is due */
     double next_token_us;
     struct event *timer;
+    struct event *rtt_timer;    /* --rtt-ms: the request reaches the engine when it fires */
     struct evbuffer *text;      /* non-streaming: the generated text so far */
     sim_step_seq_t step;        /* --engine step: its sequence in the pod's engine */
 };

@@ -168,6 +168,8 @@ void sim_req_free(sim_req_t *r)
         return;
     if (r->timer)
         event_free(r->timer);
+    if (r->rtt_timer)
+        event_free(r->rtt_timer);
     if (r->text)
         evbuffer_free(r->text);
     free(r->hashes);

@@ -17,6 +17,10 @@
  * one SSE event (one write), and the next firing is at least tick_us later, so a time-scaled
  * pod stays cheap however fast its virtual clock runs.
  *
+ * With --rtt-ms a request reaches the engine one round trip late: its way in and its answer's
+ * way out, taken together before the first byte. Every later write is then that much later
+ * than from a pod in the router's zone, and the gaps between them are the same.
+ *
  * With --engine step the pod runs step_engine.c instead: one timer per pod fires at the end of
  * each engine step (its model time over time_scale after the step before ended, so a late
  * timer is caught up), every sequence that sampled a token writes it (one SSE event per token
@@ -140,9 +144,24 @@ static void step_kick(sim_pod_t *pod)
     step_next(pod, sim_now_us());
 }
 
+static void on_rtt(evutil_socket_t fd, short what, void *arg)
+{
+    sim_engine_submit(arg);   /* rtt_timer is set: this time it goes in */
+}
+
 void sim_engine_submit(sim_req_t *r)
 {
     sim_pod_t *pod = r->pod;
+    if (pod->conf->rtt_us > 0 && !r->rtt_timer) {
+        r->rtt_timer = evtimer_new(pod->base, on_rtt, r);
+        if (r->rtt_timer) {
+            double d = pod->conf->rtt_us / pod->conf->time_scale;
+            struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
+            r->state = SIM_REQ_IN_FLIGHT;
+            evtimer_add(r->rtt_timer, &tv);
+            return;
+        }   /* out of memory: no delay rather than no answer */
+    }
     r->arrival_us = sim_now_us();
     r->timer = pod->conf->step ? NULL : evtimer_new(pod->base, on_token_timer, r);
     if (!r->timer && !pod->conf->step) {
@@ -192,6 +211,10 @@ static void retire(sim_req_t *r)
 void sim_engine_cancel(sim_req_t *r)
 {
     r->pod->cancelled++;
+    if (r->state == SIM_REQ_IN_FLIGHT) {   /* not in the engine yet */
+        sim_req_free(r);
+        return;
+    }
     retire(r);
 }
 

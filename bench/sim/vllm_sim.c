@@ -51,6 +51,10 @@ static void usage(FILE *f)
 "  --overhead-ms F              fixed time to first token, ms (default 15)\n"
 "  --itl-ms F                   inter-token latency at batch 1, ms (default 12)\n"
 "  --itl-per-seq-us F           inter-token latency added per running request, us (default 60)\n"
+"  --rtt-ms F                   a round trip to another zone, ms of model time: every\n"
+"                               request reaches the engine this much later, so its first\n"
+"                               byte and every write after it come this much later\n"
+"                               (default 0)\n"
 "  --tick-us N                  shortest wall-clock gap between writes of a stream (default 1000)\n"
 "  --fail-rate F                answer this fraction with 500 (default 0)\n"
 "  --drop-rate F                close this fraction mid-stream (default 0)\n"
@@ -109,7 +113,7 @@ int main(int argc, char **argv)
     uint64_t seed = 1;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
-           O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV };
+           O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -122,7 +126,7 @@ int main(int argc, char **argv)
         {"hide-cache-config", 0, 0, O_HIDE}, {"help", 0, 0, O_HELP},
         {"engine", 1, 0, O_ENGINE}, {"max-num-batched-tokens", 1, 0, O_MNBT},
         {"step-base-ms", 1, 0, O_SBASE}, {"step-seq-us", 1, 0, O_SSEQ},
-        {"step-kv-ns-per-token", 1, 0, O_SKV},
+        {"step-kv-ns-per-token", 1, 0, O_SKV}, {"rtt-ms", 1, 0, O_RTT},
         {0, 0, 0, 0},
     };
     int o;
@@ -163,6 +167,7 @@ int main(int argc, char **argv)
             break;
         case O_SBASE: bad = parse_double(optarg, 0, 1e6, &v); conf.sc.base_us = v * 1000; break;
         case O_SSEQ: bad = parse_double(optarg, 0, 1e7, &conf.sc.decode_us_per_seq); break;
+        case O_RTT: bad = parse_double(optarg, 0, 1e6, &v); conf.rtt_us = v * 1000; break;
         case O_SKV:
             bad = parse_double(optarg, 0, 1e7, &v);
             conf.sc.ctx_us_per_token = v / 1000;

@@ -218,11 +218,12 @@ void sim_engine_cancel(sim_req_t *r)
     retire(r);
 }
 
+static int deliver(sim_req_t *r, size_t first, int done);
+
 static void on_token_timer(evutil_socket_t fd, short what, void *arg)
 {
     sim_req_t *r = arg;
     sim_pod_t *pod = r->pod;
-    sim_conn_t *c = r->conn;
     double now = sim_now_us();
     size_t first = r->sent;
     while (r->sent < r->max_tokens && r->next_token_us <= now) {
@@ -231,9 +232,19 @@ static void on_token_timer(evutil_socket_t fd, short what, void *arg)
         r->sent++;
         r->next_token_us += itl_us(pod);
     }
+    if (deliver(r, first, r->sent == r->max_tokens))
+        arm(r, r->next_token_us, now);
+}
+
+/* Sends r's tokens from `first` to r->sent: one SSE event, or the whole answer's text; closes
+ * the connection mid-stream where --drop-rate says so; answers and frees r when `done`.
+ * Returns whether r goes on (not done, not dropped). */
+static int deliver(sim_req_t *r, size_t first, int done)
+{
+    sim_pod_t *pod = r->pod;
+    sim_conn_t *c = r->conn;
     size_t n = r->sent - first;
     pod->generation_tokens += n;
-    int done = r->sent == r->max_tokens;
     if (r->drop_at && r->sent >= r->drop_at && !done) {
         /* Close mid-stream: detach first so the close path does not free r under us. */
         pod->dropped++;
@@ -241,23 +252,23 @@ static void on_token_timer(evutil_socket_t fd, short what, void *arg)
         r->conn = NULL;
         retire(r);
         sim_conn_close(c);
-        return;
+        return 0;
     }
     if (r->stream) {
         if (n > 0) {
             struct evbuffer *ev = evbuffer_new();
-            sim_api_stream_event(r, first, n, done, ev);
-            sim_conn_chunk(c, ev);
-            evbuffer_free(ev);
+            if (ev) {
+                sim_api_stream_event(r, first, n, done, ev);
+                sim_conn_chunk(c, ev);
+                evbuffer_free(ev);
+            }
         }
     } else {
         for (size_t i = first; i < r->sent; i++)
             sim_api_token_text(i, r->text);
     }
-    if (!done) {
-        arm(r, r->next_token_us, now);
-        return;
-    }
+    if (!done)
+        return 1;
     pod->success++;
     c->req = NULL;
     r->conn = NULL;
@@ -272,6 +283,7 @@ static void on_token_timer(evutil_socket_t fd, short what, void *arg)
         sim_conn_respond(c, 200, "application/json", (char *)evbuffer_pullup(body, -1), len);
         evbuffer_free(body);
     }
+    return 0;
 }
 
 /* --engine step: sequence q sampled a token at the end of its pod's step; it goes out now. */
@@ -279,7 +291,6 @@ static void on_step_token(void *arg, sim_step_seq_t *q)
 {
     sim_req_t *r = q->owner;
     sim_pod_t *pod = r->pod;
-    sim_conn_t *c = r->conn;
     size_t first = r->sent;
     if (first == 0) {   /* its hit is known from its admission, counted as vLLM counts it */
         r->hit_tokens = q->hit_tokens;
@@ -289,43 +300,7 @@ static void on_step_token(void *arg, sim_step_seq_t *q)
         record_ttft(pod, (sim_now_us() - r->arrival_us) * pod->conf->time_scale / 1e6);
     }
     r->sent = q->generated;
-    pod->generation_tokens += r->sent - first;
-    int done = q->state == SIM_SEQ_FINISHED;
-    if (r->drop_at && r->sent >= r->drop_at && !done) {
-        pod->dropped++;
-        c->req = NULL;
-        r->conn = NULL;
-        retire(r);
-        sim_conn_close(c);
-        return;
-    }
-    if (r->stream) {
-        struct evbuffer *ev = evbuffer_new();
-        if (ev) {
-            sim_api_stream_event(r, first, r->sent - first, done, ev);
-            sim_conn_chunk(c, ev);
-            evbuffer_free(ev);
-        }
-    } else {
-        for (size_t i = first; i < r->sent; i++)
-            sim_api_token_text(i, r->text);
-    }
-    if (!done)
-        return;
-    pod->success++;
-    c->req = NULL;
-    r->conn = NULL;
-    if (r->stream) {
-        retire(r);
-        sim_conn_end(c);
-    } else {
-        struct evbuffer *body = evbuffer_new();
-        sim_api_full_response(r, body);
-        size_t len = evbuffer_get_length(body);
-        retire(r);
-        sim_conn_respond(c, 200, "application/json", (char *)evbuffer_pullup(body, -1), len);
-        evbuffer_free(body);
-    }
+    deliver(r, first, q->state == SIM_SEQ_FINISHED);
 }
 
 void sim_engine_on_step(evutil_socket_t fd, short what, void *arg)

@@ -133,7 +133,8 @@ bench-routing: deps-bench build
 	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE)) \
 	  $(if $(MISCONFIG),--misconfig $(MISCONFIG) --replicas 1) $(if $(WORKERS),--workers $(WORKERS)) \
 	  $(if $(CAPACITY),--capacity-tokens $(CAPACITY)) $(if $(REPEAT),--repeat $(REPEAT)) \
-	  $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED))
+	  $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED)) $(if $(ENGINE),--engine $(ENGINE)) \
+	  $(if $(ZONES),--zones $(ZONES)) $(if $(TIME_SCALE),--time-scale $(TIME_SCALE))
 
 # cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py);
 # UNSTREAMED=F as for bench-routing.

@@ -5,7 +5,7 @@
  *   offline_run.c  one run: the router's bookkeeping, the policy, the pods, the event queue
  *
  * The pods are vllm_sim's (kvcache.c and sim_model.c: same cache, same admission, same
- * latency model); the router is libpcrhash itself, fed the loads pcrouter would count
+ * latency model; with --engine step, step_engine.c, as vllm_sim --engine step); the router is libpcrhash itself, fed the loads pcrouter would count
  * (in-flight requests, their uncached prefill until the first byte, the pods' waiting queues
  * as a scrape last saw them). What it leaves out: network and proxy time, and the wall-clock
  * jitter a time-scaled real run adds. Same inputs, same figures, on any machine. */

@@ -1,5 +1,5 @@
-/* pcr/flowq.h: the queue requests wait in while the pool is saturated (flow control, issue
- * 44): strict priority bands, and within a band the tenants take turns by tokens served.
+/* pcr/flowq.h: the queue requests wait in while the pool is saturated (flow control):
+ * strict priority bands, and within a band the tenants take turns by tokens served.
  *
  * The order is virtual-token-counter fairness (Sheng et al., "Fairness in Serving Large
  * Language Models", OSDI 2024): each tenant has a counter of the tokens it was served divided

@@ -1,4 +1,4 @@
-/* pcr/pd.h: prefill/decode disaggregation, the decision (issue 43).
+/* pcr/pd.h: prefill/decode disaggregation, the decision.
  *
  * A disaggregated fleet has prefill pods, decode pods and pods that do both. A request goes
  * to a decode pod, chosen with the cache-aware cost among the pods that decode (its cache

@@ -13,7 +13,8 @@ PREFIX     ?= /usr/local
 # Build: compilers, meson, and the libraries found through pkg-config.
 BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev libssl-dev \
               libxxhash-dev libjansson-dev libcjson-dev libyajl-dev libsimdjson-dev libhiredis-dev \
-              libhttp-parser-dev liburing-dev
+              libhttp-parser-dev liburing-dev libc-ares-dev \
+              libmsgpack-dev libmsgpack-cxx-dev libzmq3-dev
 # Run and test: real clients and servers the tests start themselves (redis-server and its
 # Python client for the index sharing; dnsmasq-base: a DNS server the discovery tests control,
 # without a system service), groff for the manual page, YAML and the Kubernetes object models
@@ -30,7 +31,7 @@ BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
 .PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
-        install fuzz bench bench-routing bench-sweep bench-proxies bench-hashring bench-attacks bench-metrics \
+        install fuzz bench bench-routing bench-sweep bench-proxies bench-hashring bench-kv bench-attacks bench-metrics \
         bench-resilience clean
 
 all: build
@@ -104,11 +105,15 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-metrics bench-proxies bench-routing bench-attacks \
+bench: deps-bench build bench-hashring bench-kv bench-metrics bench-proxies bench-routing bench-attacks \
        bench-resilience
 
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
+
+# vLLM's KV-event payloads decoded per second, against msgpack-c's own C unpacker.
+bench-kv: build
+	$(BUILD)/bench/kv/bench_kv
 
 bench-metrics: build
 	$(BUILD)/bench/metrics/bench_metrics
@@ -128,7 +133,8 @@ bench-routing: deps-bench build
 	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE)) \
 	  $(if $(MISCONFIG),--misconfig $(MISCONFIG) --replicas 1) $(if $(WORKERS),--workers $(WORKERS)) \
 	  $(if $(CAPACITY),--capacity-tokens $(CAPACITY)) $(if $(REPEAT),--repeat $(REPEAT)) \
-	  $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED))
+	  $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED)) $(if $(ENGINE),--engine $(ENGINE)) \
+	  $(if $(ZONES),--zones $(ZONES)) $(if $(TIME_SCALE),--time-scale $(TIME_SCALE))
 
 # cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py);
 # UNSTREAMED=F as for bench-routing.

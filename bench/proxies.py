@@ -12,7 +12,7 @@ every target once per protocol, in an order rotated from one repetition to the n
 figures are medians over repetitions. Every process started here is killed on exit.
 
 Python standard library only. Usage:
-    bench/proxies.py --build build [--reps N] [--duration S] [--pin split|none] [--no-defaults]
+    bench/proxies.py --build build [--reps N] [--duration S] [--pin split|none] [--defaults]
     QUICK=1 bench/proxies.py ...      # 2 repetitions of 2 s: a smoke run, not a measurement
     KEEP_TMP=1 ...                    # keep the temp folder (configs, pcrouter.log, error logs)
     --only direct,pcrouter,haproxy,nginx,haproxy_default,nginx_default   # a subset of targets

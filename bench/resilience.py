@@ -8,7 +8,7 @@
            1 s after its death, time to rejoin.
   restart  h2load keeps a steady load on pcrouter; the pod is killed and started again on its
            port at once (a few ms: one exec). Failed requests, with the pod alone and with a
-           second pod (the issue's "before": 9,177 failures over 1.35 s, one pod).
+           second pod (docs/BENCHMARKS.md has the figure from before this work).
   scrape   pcrouter with 64 backends (one vllm_sim serving 64 pods, /metrics grown to vLLM's
            size with --metrics-pad-bytes), no traffic: its CPU (utime + stime from
            /proc/PID/stat) over 30 s, as % of one core, with scrapes every 200 ms and without.

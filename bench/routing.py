@@ -1,12 +1,18 @@
 #!/usr/bin/python3
 """bench/routing.py: `make bench-routing`: every routing policy on a real trace, side by side.
 
-For each policy (round_robin, least_loaded, consistent_hash, cache_aware) it starts N simulated
+For each policy (round_robin, random, least_loaded, consistent_hash, cache_aware; random and
+round_robin are what a Kubernetes Service does, kube-proxy's iptables and IPVS modes) it starts N
+simulated
 vLLM pods (bench/sim/vllm_sim, one process, one port each, caches cold) and pcrouter on a
 generated config, replays the conversation trace through it (bench/sim/replay), and reads the
 pods' /metrics. It does the same through HAProxy 2.6 hashing the first 256 bytes of the prompt
-with bounded loads. Prints one table and the hit-rate and latency targets, writes bench/out/routing.json
-and bench/out/routing.png (TTFT distribution and hit rate per policy, gnuplot).
+with bounded loads. Prints one table (hit rate, TTFT, inter-token latency, output tokens per
+second) and the hit-rate and latency targets, writes bench/out/routing.json (per policy, besides
+replay's figures, flat ones named ttft_mean_ms, itl_p99_ms, output_tokens_per_s, ...) and
+bench/out/routing.png (TTFT distribution, ITL and hit rate per policy, gnuplot).
+--engine step runs the pods on the step engine (vllm_sim --engine step), where prefill and
+decode share each engine step, so what a router saves in prefill shows in every stream's ITL.
 
 Then cache_aware again through several replicas of pcrouter (--replicas, default 1,2,4) with
 the trace's requests spread over them round robin, each replica on its own index and (--share)
@@ -45,8 +51,8 @@ import workloads  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-POLICIES = ["round_robin", "least_loaded", "consistent_hash", "cache_aware"]
-BASELINES = ["round_robin", "least_loaded", "consistent_hash", "haproxy_hash"]
+POLICIES = ["round_robin", "random", "least_loaded", "consistent_hash", "cache_aware"]
+BASELINES = ["round_robin", "random", "least_loaded", "consistent_hash", "haproxy_hash"]
 
 
 def traces_dir():
@@ -171,11 +177,13 @@ class Sims:
 ACCESS_LOG_DIR = None
 
 
-def router_config(backends, policy, capacity_tokens=None, port=0, routing=None):
+def router_config(backends, policy, capacity_tokens=None, port=0, routing=None, zones=None):
+    """`zones`: None, or each backend's zone by name (the router's own is routing.zone)."""
     return {
         "listen": [{"address": "127.0.0.1:%d" % port}],
         "backends": [dict({"name": n, "url": u},
-                          **({"capacity_tokens": capacity_tokens} if capacity_tokens else {}))
+                          **({"capacity_tokens": capacity_tokens} if capacity_tokens else {}),
+                          **({"zone": zones[n]} if zones else {}))
                      for n, u in backends.items()],
         "routing": dict({"policy": policy}, **(routing or {})),
         "health": {"interval_ms": 1000},
@@ -184,6 +192,28 @@ def router_config(backends, policy, capacity_tokens=None, port=0, routing=None):
                                                  % (policy, time.monotonic_ns()))}
                 if ACCESS_LOG_DIR else {"access_log": False}),
     }
+
+
+class ZonedSims:
+    """--zones: the pods in two zones, one vllm_sim each. The first half is in the router's
+    zone "a"; the second half, zone "b", answers one round trip (`rtt_ms`) later."""
+
+    def __init__(self, build, names, time_scale, capacity_tokens, rtt_ms, extra=()):
+        h = (len(names) + 1) // 2
+        self.near, self.far = names[:h], names[h:]
+        self.parts = [Sims(build, self.near, time_scale, capacity_tokens, extra=extra)]
+        try:
+            self.parts.append(Sims(build, self.far, time_scale, capacity_tokens,
+                                   extra=list(extra) + ["--rtt-ms", str(rtt_ms)]))
+        except Exception:
+            self.stop()
+            raise
+        self.urls = dict(self.parts[0].urls, **self.parts[1].urls)
+        self.zones = dict({n: "a" for n in self.near}, **{n: "b" for n in self.far})
+
+    def stop(self):
+        for p in self.parts:
+            p.stop()
 
 
 class Router:
@@ -318,16 +348,36 @@ def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
+# Flat names for routing.json: each figure's p50, p90, p99 and mean, in model time.
+FLAT = (("ttft", "ttft_ms_model"), ("itl", "itl_ms_model"), ("tpot", "tpot_ms_model"),
+        ("e2e", "e2e_ms_model"))
+
+
+def flat_figures(r):
+    """Replay's figures under names that say what they are: ttft_mean_ms, itl_p99_ms, ...,
+    output_tokens_per_s and requests_per_s (model time)."""
+    out = {}
+    for short, key in FLAT:
+        for q, v in (r.get(key) or {}).items():
+            out["%s_%s_ms" % (short, q)] = v
+    out["output_tokens_per_s"] = r.get("output_tokens_per_s_model")
+    out["requests_per_s"] = r.get("requests_per_s_model", r.get("throughput_rps_model"))
+    return out
+
+
 def print_table(results):
-    head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "max/mean", "req/s",
-            "errors", "pred/del")
+    head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "TTFT mean", "ITL mean",
+            "ITL p99", "out tok/s", "max/mean", "req/s", "errors", "pred/del")
     w = max([16] + [len(r["label"]) for r in results])
-    print("%-*s %9s %8s %10s %10s %9s %7s %7s %8s" % ((w,) + head))
+    print("%-*s %9s %8s %10s %10s %10s %9s %9s %9s %9s %7s %7s %8s" % ((w,) + head))
     for r in results:
         t = r.get("ttft_ms_model", {})
-        print("%-*s %9s %8s %9sms %9sms %9s %7s %7d %8s" % (
+        i = r.get("itl_ms_model", {})
+        print("%-*s %9s %8s %9sms %9sms %9sms %7sms %7sms %9s %9s %7s %7d %8s" % (
             w, r["label"], fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f"),
-            fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"),
+            fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"), fmt(t.get("mean"), ".0f"),
+            fmt(i.get("mean"), ".1f"), fmt(i.get("p99"), ".1f"),
+            fmt(r.get("output_tokens_per_s_model"), ".0f"),
             fmt(r.get("share_max_over_mean"), ".2f"), fmt(r.get("throughput_rps_model"), ".2f"),
             r.get("errors", 0), fmt(r.get("pred_over_del"), ".3f")))
 
@@ -362,7 +412,8 @@ def check_targets(by):
 
 
 def plot(results, outdir):
-    """TTFT CDF per policy (left) and hit rate per policy against the ceiling (right)."""
+    """TTFT CDF per policy (left), inter-token latency per policy (middle) and hit rate per
+    policy against the ceiling (right)."""
     png = os.path.join(outdir, "routing.png")
     plots = []
     for r in results:
@@ -378,10 +429,15 @@ def plot(results, outdir):
         for i, r in enumerate(results):
             f.write("%d %s %g %g\n" % (i, r["label"], r.get("hit_rate") or 0,
                                        r.get("ceiling") or 0))
+    itl = os.path.join(outdir, "itl.dat")
+    with open(itl, "w") as f:
+        for i, r in enumerate(results):
+            t = r.get("itl_ms_model") or {}
+            f.write("%d %s %g %g\n" % (i, r["label"], t.get("mean") or 0, t.get("p99") or 0))
     script = """
-set terminal pngcairo size 1400,560 noenhanced
+set terminal pngcairo size 2000,560 noenhanced
 set output '%s'
-set multiplot layout 1,2 title 'pcrouter routing benchmark (%s)'
+set multiplot layout 1,3 title 'pcrouter routing benchmark (%s)'
 set title 'time to first token (model seconds), CDF'
 set logscale x
 set xlabel 'TTFT (s)'
@@ -390,6 +446,16 @@ set key bottom right
 set grid
 plot %s
 unset logscale x
+set title 'inter-token latency (model ms)'
+set style fill solid 0.6
+set boxwidth 0.6
+set yrange [0:*]
+set xlabel ''
+set ylabel 'ms between token events'
+set xtics rotate by -30
+set key top left
+plot '%s' using 1:3:xtic(2) with boxes title 'mean', \
+     '%s' using 1:4 with points pt 7 ps 1.5 title 'p99'
 set title 'delivered prefix-cache hit rate (pods metrics)'
 set style fill solid 0.6
 set boxwidth 0.6
@@ -401,7 +467,8 @@ set key top left
 plot '%s' using 1:3:xtic(2) with boxes title 'hit rate', \
      '%s' using 1:4 with linespoints lw 2 title 'LRU ceiling (all pods capacity)'
 unset multiplot
-""" % (png, results[0].get("trace", "").split("/")[-1], ", ".join(plots), bars, bars)
+""" % (png, results[0].get("trace", "").split("/")[-1], ", ".join(plots), itl, itl, bars,
+       bars)
     try:
         subprocess.run(["gnuplot"], input=script, text=True, check=True, timeout=60,
                        stderr=subprocess.PIPE)
@@ -523,7 +590,8 @@ def replica_run(args, build, trace, names, routing, tmp, n, mode, k=0):
     sims, routers, rs = None, [], None
     t0 = time.monotonic()
     try:
-        sims = Sims(build, names, args.time_scale, args.capacity_tokens)
+        sims = Sims(build, names, args.time_scale, args.capacity_tokens,
+                    extra=["--engine", args.engine])
         if mode == "redis":
             rs = RedisServer(tmp)
         for i in range(n):
@@ -602,8 +670,10 @@ def print_replicas(rows):
 
 
 def routing_targets(by):
-    """The four routing targets for cache_aware against the best baseline of the same run, as
-    (name, met, detail); [] when cache_aware or every baseline is missing."""
+    """The routing targets for cache_aware against the best baseline of the same run, as
+    (name, met, detail); [] when cache_aware or every baseline is missing. Four; on the step
+    engine a fifth, ITL p99 no worse than the best baseline's (the latency model's ITL is
+    vllm_sim's write tick, not the pod's)."""
     ca = by.get("cache_aware")
     base = [by[k] for k in BASELINES if k in by and by[k].get("ttft_ms_model", {}).get("p50")]
     if not ca or not base or not ca.get("ttft_ms_model", {}).get("p50"):
@@ -612,6 +682,13 @@ def routing_targets(by):
     p50, p99 = ca["ttft_ms_model"]["p50"], ca["ttft_ms_model"]["p99"]
     b50 = min(base, key=lambda r: r["ttft_ms_model"]["p50"])
     b99 = min(base, key=lambda r: r["ttft_ms_model"]["p99"])
+    out = []
+    itl = [r for r in base if (r.get("itl_ms_model") or {}).get("p99")]
+    if ca.get("engine") == "step" and itl and (ca.get("itl_ms_model") or {}).get("p99"):
+        i99 = min(itl, key=lambda r: r["itl_ms_model"]["p99"])
+        out.append(("ITL p99 <= best", ca["itl_ms_model"]["p99"] <= i99["itl_ms_model"]["p99"],
+                    "%.1f vs %s %.1f ms" % (ca["itl_ms_model"]["p99"], i99["label"],
+                                            i99["itl_ms_model"]["p99"])))
     return [
         ("hit >= 0.95 of ceiling", f is not None and f >= 0.95, "%s" % fmt(f, ".3f")),
         ("share <= 1.1", s is not None and s <= 1.1, "%s" % fmt(s, ".2f")),
@@ -619,7 +696,7 @@ def routing_targets(by):
          "%.0f vs %s %.0f ms" % (p99, b99["label"], b99["ttft_ms_model"]["p99"])),
         ("p50 <= 1.05 best", p50 <= 1.05 * b50["ttft_ms_model"]["p50"],
          "%.0f vs %s %.0f ms" % (p50, b50["label"], b50["ttft_ms_model"]["p50"])),
-    ]
+    ] + out
 
 
 def print_misconfig(rounds):
@@ -649,11 +726,38 @@ def print_misconfig(rounds):
             lost, won, "%.0f%%" % (100 * won / lost) if lost > 0 else "nothing was lost"))
 
 
+# GKE Inference Gateway against a Kubernetes Service in front of the same pods: output
+# throughput, mean time to first token and mean inter-token latency.
+GKE = {"throughput": 0.157, "ttft": 0.928, "itl": 0.626}
+
+
+def gke_line(name, results):
+    """cache_aware against random (a Service) in the same run, as GKE's three figures: output
+    tokens per second higher by, mean TTFT and mean ITL lower by; None without both or without
+    ITL (the latency engine before replay measured it)."""
+    by = {r["label"]: r for r in results}
+    ca, rnd = by.get("cache_aware"), by.get("random")
+    if not ca or not rnd:
+        return None
+    try:
+        tput = ca["output_tokens_per_s"] / rnd["output_tokens_per_s"] - 1
+        ttft = 1 - ca["ttft_mean_ms"] / rnd["ttft_mean_ms"]
+        itl = 1 - ca["itl_mean_ms"] / rnd["itl_mean_ms"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    got = {"throughput": tput, "ttft": ttft, "itl": itl}
+    return "gke %-24s %s" % (name, "; ".join(
+        "%s %s %+.1f%% (GKE %s%.1f%%)" % ("MET" if got[k] >= GKE[k] else
+                                         "MISS", k, 100 * got[k] * (1 if k == "throughput" else -1),
+                                         "+" if k == "throughput" else "-", 100 * GKE[k])
+        for k in ("throughput", "ttft", "itl")))
+
+
 def summary_line(name, results):
     t = routing_targets({r["label"]: r for r in results})
     if not t:
         return "summary %-20s cache_aware or the baselines did not run" % name
-    return "summary %-20s %d/4 met: %s" % (name, sum(1 for _, ok, _ in t if ok), "; ".join(
+    return "summary %-20s %d/%d met: %s" % (name, sum(1 for _, ok, _ in t if ok), len(t), "; ".join(
         "%s %s (%s)" % ("MET" if ok else "MISS", what, d) for what, ok, d in t))
 
 
@@ -732,6 +836,7 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
     spell of this shared machine does not always fall on the same policy)."""
     names = ["pod-%d" % i for i in range(pods)]
     results = []
+    sim_extra = list(sim_extra) + ["--engine", args.engine]
     print("routing: %s: %s, %s requests, %d pods x %d tokens, time scale %g" % (
         label, os.path.basename(trace), limit or "all", pods, capacity, time_scale), flush=True)
     policies = [p for p in args.policies.split(",") if p and p != "none"]
@@ -755,16 +860,25 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
             sims = front = None
             t0 = time.monotonic()
             try:
-                sims = Sims(build, names, time_scale, capacity, extra=sim_extra)
+                if args.zones:
+                    sims = ZonedSims(build, names, time_scale, capacity, args.zones,
+                                     extra=sim_extra)
+                    zones = sims.zones
+                    routing = dict(routing or {}, zone="a")
+                else:
+                    sims = Sims(build, names, time_scale, capacity, extra=sim_extra)
+                    zones = None
                 if policy == "haproxy_hash":
                     front = Haproxy(sims.urls, tmp)
                 elif policy == "cache_aware_before":
                     front = Router(os.path.abspath(args.before),
-                                   router_config(sims.urls, "cache_aware", capacity), tmp)
+                                   router_config(sims.urls, "cache_aware", capacity,
+                                                 routing=routing if zones else None,
+                                                 zones=zones), tmp)
                 elif policy in variants:
                     cap_conf, extra_routing = variants[policy]
                     cfg = router_config(sims.urls, "cache_aware", cap_conf,
-                                        routing=dict(routing, **extra_routing))
+                                        routing=dict(routing, **extra_routing), zones=zones)
                     if args.workers:
                         cfg["workers"] = args.workers
                     front = Router(build, cfg, tmp)
@@ -774,7 +888,7 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                     keys = dict(routing or {})
                     if policy != "cache_aware":
                         keys = dict({"hold_tokens": 0}, **keys)
-                    cfg = router_config(sims.urls, policy, capacity, routing=keys)
+                    cfg = router_config(sims.urls, policy, capacity, routing=keys, zones=zones)
                     if args.workers:
                         cfg["workers"] = args.workers
                     front = Router(build, cfg, tmp)
@@ -783,10 +897,13 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                                limit, os.path.join(outdir, "replay_%s.json" % policy), policy,
                                cap=args.max_tokens_cap, progress=not args.no_progress,
                                extra=(["--unstreamed", str(args.unstreamed)]
-                                      if args.unstreamed else []))
+                                      if args.unstreamed else []) +
+                               (["--far-pods", ",".join(sims.far)] if zones else []))
                 if isinstance(front, Router):
                     r.update(router_prediction(
                         front, os.path.join(outdir, "metrics_%s.txt" % policy)))
+                r.update(flat_figures(r))
+                r["engine"] = args.engine
                 results.append(r)
             except Exception as e:   # one broken policy must not hide the others
                 print("routing: %s failed: %s" % (policy, e), file=sys.stderr, flush=True)
@@ -799,6 +916,10 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
     if results:
         print()
         print_table(results)
+        if args.zones:
+            print("crossed zones (requests, bytes): " + "; ".join(
+                "%s %s, %s" % (r["label"], fmt(r.get("cross_zone_request_share"), ".3f"),
+                               fmt(r.get("cross_zone_byte_share"), ".3f")) for r in results))
         print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of"
               " ceil: fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model"
               " time (wall x time scale); req/s in model time." % (
@@ -834,6 +955,14 @@ def main():
                          " cache_aware_before")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--engine", choices=("latency", "step"), default="latency",
+                    help="the pods' model: latency (default) or step (engine steps after"
+                         " vLLM's scheduler: prefill slows the streams beside it)")
+    ap.add_argument("--zones", type=float, default=0, metavar="RTT_MS",
+                    help="pods in two zones: the router and the first half in zone a, the"
+                         " rest in zone b, answering RTT_MS (model time) later; the table adds"
+                         " the share of requests and bytes that crossed zones (default 0: one"
+                         " zone)")
     ap.add_argument("--routing", default="{}",
                     help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
     ap.add_argument("--misconfig", type=float, default=0, metavar="F",
@@ -966,6 +1095,12 @@ def main():
     print("\ntargets (cache_aware against the best of %s):" % ", ".join(BASELINES))
     for name, results in runs:
         print(summary_line(name, results))
+    gke = [g for g in (gke_line(name, results) for name, results in runs) if g]
+    if gke:
+        print("\ncache_aware against random (a Kubernetes Service), as GKE Inference Gateway"
+              " reports itself:")
+        for g in gke:
+            print(g)
     return 0
 
 

@@ -21,8 +21,7 @@
  * The index does not record the served prompt again as last used now, although the pod does
  * hold it at the end of the request: stamping every answered prompt with the end-of-request
  * clock while commits stamp the decision's clock mixed two clocks in one LRU order, and cost
- * up to 4 points of hit rate with the capacity told right (Mooncake at light load, 0.988 of
- * the ceiling without feedback, 0.952 with). The commit's record stands.
+ * hit rate even with the capacity told right (docs/TUNING.md). The commit's record stands.
  *
  * A short answer is evidence of an eviction only when the pod had the missing block to evict:
  * when the request that last committed it (at d->matched_time) had reached its first token
@@ -30,9 +29,8 @@
  * shared system prompt's next user often comes while the request that brings the prefix is
  * still in the pod's queue, or held in the router; vLLM reuses only blocks it has scheduled
  * for computation (it caches them as it allocates them to a step), so that answer is short
- * without any eviction. Taken as one, it made the index forget everything
- * older on that pod and cut the pod's capacity in the index to what was left: early in a live
- * Mooncake run, 724 blocks to 99 and 1909 to 105, from one answer each.
+ * without any eviction. Taken as one, it made the index forget everything older on that pod
+ * and cut the pod's capacity in the index to a fraction, from a single answer.
  *
  * Token counts: a pod counts its own tokens, the index 4 bytes of canonical prompt per token
  * (the simulator's rule, and a close one for English text); a pod always computes the last
@@ -64,7 +62,8 @@ int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decisio
     if (p == NULL || key == NULL || d == NULL || d->backend < 0 || (size_t)d->backend >= p->n ||
         key->nblocks > p->max_blocks || (key->nblocks > 0 && key->blocks == NULL))
         return PCR_ERR_INVAL;
-    if (p->index == NULL || key->nblocks == 0)
+    /* A precise decision was made on what the pods said they hold: nothing to correct. */
+    if (p->index == NULL || key->nblocks == 0 || d->precise)
         return 0;
     unsigned b = (unsigned)d->backend;
     uint64_t bb = p->o.block_bytes;

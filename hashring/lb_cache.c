@@ -20,9 +20,9 @@
  * order, so a request waits for the queued prefill and then does its own; that is the weight
  * while the other pods are idle. When they are busy, the prefill a request would make one of
  * them do (its uncached part, which a warm pod skips) delays every request queued there after
- * it, so new work costs more than waiting: w falls, and prefixes stay on their pods. (Found by
- * bench/sweep.py: a fixed weight either lost a third of the hit rate past the knee or queued
- * cold prompts behind each other on an idle pool.)
+ * it, so new work costs more than waiting: w falls, and prefixes stay on their pods. A fixed
+ * weight either lost hit rate past the knee or queued cold prompts behind each other on an
+ * idle pool.
  *
  * Bounds: a backend with
  * inflight + 1 > max(BOUND_FLOOR, ceil(inflight_factor * (total_inflight + 1) * its share)), its
@@ -36,54 +36,27 @@
  * anywhere puts its pod over), which would turn a conversation's next turn away from its warm
  * pod although a vLLM pod batches hundreds of requests.
  *
- * The share bound is a cliff: whatever request comes when a pod is over it spills, a long
- * conversation's next turn as readily as a new one that every pod holds the system prompt of.
- * share(b) steers the requests that cost nothing to move (as warm elsewhere) off a pod as it
- * nears the bound, so that the ones only it holds warm seldom meet the cliff. It fades with
- * w(b): on a busy pool equal warmth rarely means equal cost, and the load term is small there
- * too. (bench/sweep.py, medians of five draws on five placements, at the default 2048 tokens:
- * past their knees the conversation trace keeps 0.960 of the ceiling with it and 0.945 without,
- * Mooncake 0.958 and 0.938; 58 of the 60 targets are met with it, 55 without, 56 at 512.)
+ * The share bound is a cliff: whatever request comes when a pod is over it spills. share(b)
+ * steers the requests that cost nothing to move (as warm elsewhere) off a pod as it nears the
+ * bound, so that the ones only it holds warm seldom meet the cliff. It fades with w(b): on a
+ * busy pool equal warmth rarely means equal cost.
  *
- * The share bound counts requests, not work, so the pods it leaves open are those that took
- * few requests: often because they took long prompts, whose prefill is still queued. A prompt
- * of share_exempt_tokens or more uncached (16384 by default, over a second of prefill at 14k
- * tokens/s) is not held to it, as it adds one request to a share and seconds to a queue.
- * Mooncake past its knee, live, two workers: when each of its 58 longest prompts was routed,
- * 2.5 of the 8 pods were over the bound on average (1.9 in the offline simulator), and such a
- * prompt went to the pod with the least queued prefill 7 to 20% of the time (31 to 34%
- * offline). They piled up where the queues were longest, waited there while shorter held
- * requests passed them (pcr/hold.h ranks by wait over size), and made the TTFT p99 10 to 22 s.
- * With the exemption: 7.5 to 8.5 s in five runs, p50 1.0 s against 1.3, hit rate and share
- * unchanged. (bench/sweep.py: 16384 met the 60 targets, as 0 and 12288 did, and cut Mooncake's
- * p99 past its knee from 8.8 to 7.0 s; 8192 met 59, 24576 55.)
+ * The share bound counts requests, not work, so the pods it leaves open are often those that
+ * took long prompts whose prefill is still queued. A prompt with share_exempt_tokens or more
+ * uncached at its warmest pod is not held to it: it adds one request to a share, and seconds
+ * to a queue.
  *
- * What spills at the bound is whatever comes when a pod reaches it, and past the knee the
- * share charge has faded (w is small), so the pods reach it with requests that any pod would
- * serve as well: then a long prompt only one pod holds warm comes and spills, and its whole
- * prefix is prefilled again elsewhere. On Mooncake past its knee, offline, one draw in five
- * lost 0.105 of its ceiling's hit tokens in 24 spills, where spills cost 0.048 in another;
- * one of them was a 19k-token prompt sent away from an idle pod that held all of it. So a pod
- * share_reserve of the way from its fair share to the bound (0.8 by default) keeps the rest
- * for the requests it saves at least share_reserve_tokens (4096) of prefill over every other
- * pod, or half their prompt (RESERVE_SHARE): a cold request, or one as warm elsewhere, goes to
- * another pod under both bounds, as early as it costs nothing, while a short conversation's
- * next turn stays (the bound's slack is there for it). (bench/sweep.py, five draws of every
- * workload and load: 296 of the 300 targets met draw by draw against 292, Mooncake past its
- * knee 0.956 to 0.971 of the ceiling against 0.926 to 0.965, and the worst share 1.08 against
- * 1.10; share_reserve 0.5, 0.7 and 0.9 met 293, 296 and 296. Without the half-prompt rule 297
- * and 0.960 to 0.975, but a 14k-character conversation left its pod at its ninth turn among
- * four pods; there 1024, 2048 and 8192 tokens met 295, 296 and 293. Its price: Mooncake's TTFT
- * p50 past its knee 1326 ms against 1211, still within the target.)
+ * Past the knee the share charge has faded, so pods reach the bound with requests any pod
+ * would serve as well, and then a long prompt only one pod holds warm spills and is prefilled
+ * again elsewhere. So a pod share_reserve of the way from its fair share to the bound keeps the
+ * rest for requests it saves at least share_reserve_tokens of prefill over every other pod, or
+ * half their prompt (RESERVE_SHARE, which keeps a short conversation's next turn on its pod).
  *
- * The share bound counts requests by configured weight only. A learned speed is an estimate
- * that wanders past a pool's knee: identical pods looked 1.12 to 1.44 times faster or slower
- * than the median in live runs of Mooncake, and a share bound that followed it gave the one
- * that looked faster up to 1.30 times the mean request count. A pod really slower is given
- * less by its cost and its in-flight bound before the share bound would act, and one really
- * faster can be given more by its configured weight. (bench/sweep.py with a pod twice as slow,
- * `--slowdown 2,1,...`, on Mooncake past its knee: hit rate 0.925 -> 0.960 of the ceiling, TTFT
- * p50 1968 -> 1833 ms, p99 17.3 -> 11.0 s, share 1.21 -> 1.10.)
+ * The share bound counts requests by configured weight only: a learned speed wanders past a
+ * pool's knee, and a bound that followed it gave identical pods that looked faster more than
+ * their share. A pod really slower is given less by its cost and its in-flight bound.
+ *
+ * The figures behind each choice, and the defaults', are in docs/TUNING.md.
  *
  * When no backend holds a block of the prompt, the ring places it (see place_cold). Ties go to
  * the lowest mix of the prefix's ring key and the backend index, so equal inputs give equal
@@ -140,12 +113,40 @@ static double load_tokens(const pcr_backend_load_t *l)
  * that, it is most likely the same conversation or agent going on, whose earlier turns, the
  * rest of the prompt but its end, the pod holds too: count it cached rather than charge the
  * pod a prefill of everything past the horizon, which it will not do. */
+static int precise(const pcr_policy_t *p, const pcr_key_t *key)
+{
+    return p->kvt != NULL && key->ntblocks > 0;
+}
+
 static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uint32_t matched)
 {
+    if (precise(p, key)) {
+        /* Token blocks, and the prompt's exact count: what is left is at least the part of
+         * a block that no cache holds, but past the chained horizon as above. */
+        uint64_t cached = (uint64_t)matched * p->o.kv_block_tokens;
+        if (matched > 0 && matched >= key->ntblocks &&
+            key->prompt_tokens > key->ntblocks * p->o.kv_block_tokens + p->o.kv_block_tokens)
+            return 0;
+        return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
+    }
     uint64_t cached = (uint64_t)matched * p->o.block_bytes / 4;
     if (matched > 0 && matched >= key->nblocks)
         return 0;
     return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
+}
+
+/* The match: in the pods' own table when the key has token chains (a block held only on a
+ * pod's CPU counts half: loading it back is cheaper than prefilling it, dearer than a GPU
+ * hit), else in the approximate index. */
+static void match(pcr_policy_t *p, const pcr_key_t *key)
+{
+    if (!precise(p, key)) {
+        pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+        return;
+    }
+    pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
+    for (size_t b = 0; b < p->n; b++)
+        p->matched[b] = p->kv_gpu[b] + (p->matched[b] - p->kv_gpu[b]) / 2;
 }
 
 /* Marks every usable backend under both bounds (in flight, share of recent requests) or over
@@ -360,14 +361,16 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     uint32_t top = 0, second = 0; /* the usable backends' longest and next longest matches */
     (void)now;
 
-    if (key == NULL || key->nblocks == 0) {
+    if (key == NULL || (key->nblocks == 0 && !precise(p, key))) {
         int any_in_zone, any_under = mark_bounds(p, loads, &any_in_zone, 0);
         decide_keyless(p, loads, any_under, any_in_zone, out);
         return;
     }
     /* The match comes first, so that its time runs from the decision's start (decide_t0): one
      * clock read less. It reads the index only; the bounds below do not depend on it. */
-    pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+    match(p, key);
+    out->precise = precise(p, key);
+    out->total_blocks = (uint32_t)(out->precise ? key->ntblocks : key->nblocks);
     if (p->clock_ns != NULL)
         out->match_ns = p->clock_ns() - p->decide_t0;
     for (size_t b = 0; b < p->n; b++) {
@@ -417,8 +420,9 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     }
     out->backend = best;
     out->matched_blocks = p->matched[best];
-    out->matched_time = pcr_index_last_use(p->index, (unsigned)best, key->blocks,
-                                           p->matched[best]);
+    out->matched_time = out->precise ? 0
+                                     : pcr_index_last_use(p->index, (unsigned)best, key->blocks,
+                                                          p->matched[best]);
     out->uncached_prefill = uncached_tokens(p, key, p->matched[best]);
     /* Why not the warmest: the bound skipped it, or its load outweighed its saving. */
     double chosen_base = (double)out->uncached_prefill + zone_cost(p, (size_t)best);

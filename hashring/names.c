@@ -9,6 +9,7 @@ static const char *const policy_names[] = {
     [PCR_POLICY_LEAST_LOADED] = "least_loaded",
     [PCR_POLICY_CONSISTENT_HASH] = "consistent_hash",
     [PCR_POLICY_CACHE_AWARE] = "cache_aware",
+    [PCR_POLICY_RANDOM] = "random",
 };
 
 static const char *const reason_names[PCR_REASON__COUNT] = {
@@ -20,6 +21,7 @@ static const char *const reason_names[PCR_REASON__COUNT] = {
     [PCR_REASON_LEAST_LOADED] = "least_loaded",
     [PCR_REASON_HASH] = "hash",
     [PCR_REASON_NO_BACKEND] = "no_backend",
+    [PCR_REASON_RANDOM] = "random",
 };
 
 int pcr_policy_kind_parse(const char *name, pcr_policy_kind_t *out)

@@ -30,6 +30,9 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     o->unavailable_keep = 300000000; /* 300 s in microseconds */
     o->prefill_us_per_token = 70;
     o->ttft_overhead_us = 20000;
+    o->index_events = 0;
+    o->kv_block_tokens = 16;
+    o->kv_speculative_ttl = 2000000; /* 2 s in microseconds */
 }
 
 static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
@@ -39,6 +42,7 @@ static const pcr_lb_ops_t *ops_of(pcr_policy_kind_t kind)
     case PCR_POLICY_LEAST_LOADED:    return &pcr_lb_least_loaded;
     case PCR_POLICY_CONSISTENT_HASH: return &pcr_lb_consistent_hash;
     case PCR_POLICY_CACHE_AWARE:     return &pcr_lb_cache_aware;
+    case PCR_POLICY_RANDOM:          return &pcr_lb_random;
     }
     return NULL;
 }
@@ -100,6 +104,17 @@ static char *dup_str(const char *s)
     return d;
 }
 
+/* In precise mode the index_max_bytes bound is shared (policy.h says how). */
+static size_t radix_max_bytes(const pcr_policy_opts_t *o)
+{
+    return o->index_events && o->index_max_bytes != 0 ? o->index_max_bytes / 4 : o->index_max_bytes;
+}
+
+static size_t kv_max_bytes(const pcr_policy_opts_t *o)
+{
+    return o->index_max_bytes - radix_max_bytes(o);
+}
+
 static int opts_valid(const pcr_policy_opts_t *o, size_t n)
 {
     return o != NULL && ops_of(o->kind) != NULL && n <= PCR_INDEX_MAX_BACKENDS &&
@@ -111,7 +126,8 @@ static int opts_valid(const pcr_policy_opts_t *o, size_t n)
            (o->share_factor == 0 || o->share_factor >= 1.0) && o->share_penalty >= 0 &&
            o->share_margin >= 0 && o->share_exempt_tokens >= 0 &&
            o->share_reserve >= 0 && o->share_reserve <= 1 && o->share_reserve_tokens >= 0 &&
-           o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0;
+           o->vnodes >= 1 && o->prefill_us_per_token > 0 && o->ttft_overhead_us >= 0 &&
+           o->kv_block_tokens >= 1 && o->kv_block_tokens <= 65536;
 }
 
 pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_desc_t *backends,
@@ -132,6 +148,7 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
     p->o = *opts;
     p->n = n;
     p->ops = ops_of(opts->kind);
+    p->rng = PCR_RANDOM_SEED;
     p->max_blocks = pcr_prefix_max_blocks(opts->block_bytes, opts->max_prefix_bytes);
     p->zone = dup_str(opts->zone);
     p->o.zone = p->zone;
@@ -179,10 +196,18 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
             goto fail;
     }
     if (opts->kind == PCR_POLICY_CACHE_AWARE) {
-        pcr_index_opts_t io = {.nbackends = alloc, .max_bytes = opts->index_max_bytes};
+        pcr_index_opts_t io = {.nbackends = alloc, .max_bytes = radix_max_bytes(opts)};
         p->index = pcr_index_new(&io);
         if (p->index == NULL)
             goto fail;
+        if (opts->index_events) {
+            pcr_kvtable_opts_t ko = {alloc, opts->kv_block_tokens, kv_max_bytes(opts),
+                                     opts->kv_speculative_ttl};
+            p->kvt = pcr_kvtable_new(&ko);
+            p->kv_gpu = calloc(alloc, sizeof(*p->kv_gpu));
+            if (p->kvt == NULL || p->kv_gpu == NULL)
+                goto fail;
+        }
         for (size_t b = 0; b < n; b++)
             pcr_index_set_capacity(p->index, (unsigned)b, p->cap_eff[b]);
     }
@@ -222,6 +247,15 @@ static int ring_rebuild(pcr_policy_t *p)
         p->ring = ring;
     }
     return rc;
+}
+
+/* Drops what either index believes a backend holds. */
+static void drop_backend(pcr_policy_t *p, unsigned b)
+{
+    if (p->index != NULL)
+        pcr_index_remove_backend(p->index, b);
+    if (p->kvt != NULL)
+        pcr_kvtable_clear(p->kvt, b);
 }
 
 /* A slot's learned state as for a backend never seen: the configured rate, the capacity
@@ -277,6 +311,14 @@ static int grow(pcr_policy_t *p, size_t n)
 #undef GROW
     if (p->index != NULL && pcr_index_grow(p->index, n) != 0)
         return PCR_ERR_NOMEM;
+    if (p->kvt != NULL) {
+        uint32_t *g = realloc(p->kv_gpu, n * sizeof(*g));
+        if (g == NULL)
+            return PCR_ERR_NOMEM;
+        p->kv_gpu = g;
+        if (pcr_kvtable_grow(p->kvt, n) != 0)
+            return PCR_ERR_NOMEM;
+    }
     for (size_t b = p->n; b < n; b++) {
         p->be[b] = (pcr_pbackend_t){NULL, NULL, 0, 0, 0};
         slot_fresh(p, b, 0);
@@ -304,7 +346,7 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
     }
     /* Another backend in the slot: what the index believed of the old one is not its. */
     if (b->name != NULL && strcmp(b->name, d->name) != 0 && p->index != NULL)
-        pcr_index_remove_backend(p->index, (unsigned)id);
+        drop_backend(p, (unsigned)id);
     pcr_pbackend_t old = *b;
     *b = (pcr_pbackend_t){name, zone, d->weight, p->zone[0] == '\0' || strcmp(z, p->zone) == 0,
                           old.name != NULL && strcmp(old.name, d->name) == 0 ? old.down_since : 0};
@@ -352,7 +394,7 @@ int pcr_policy_backend_remove(pcr_policy_t *p, int id)
         p->ndown--;
     b->down_since = 0;
     if (p->index != NULL)
-        pcr_index_remove_backend(p->index, (unsigned)id);
+        drop_backend(p, (unsigned)id);
     slot_fresh(p, (size_t)id, 0);
     rates_update(p);
     return 0;
@@ -363,7 +405,8 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
     if (p == NULL || !opts_valid(o, 0))
         return PCR_ERR_INVAL;
     if (o->kind != p->o.kind || o->block_bytes != p->o.block_bytes ||
-        o->max_prefix_bytes != p->o.max_prefix_bytes)
+        o->max_prefix_bytes != p->o.max_prefix_bytes || !o->index_events != !p->o.index_events ||
+        o->kv_block_tokens != p->o.kv_block_tokens)
         return PCR_ERR_INVAL; /* keys, index or ring would mean something else */
     char *zone = dup_str(o->zone);
     if (zone == NULL)
@@ -399,9 +442,12 @@ int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *o)
         p->o.ttft_overhead_us = o->ttft_overhead_us;
         rates_update(p);
     }
-    if (o->index_max_bytes != p->o.index_max_bytes) {
+    if (o->index_max_bytes != p->o.index_max_bytes ||
+        o->kv_speculative_ttl != p->o.kv_speculative_ttl) {
         p->o.index_max_bytes = o->index_max_bytes;
-        pcr_index_set_max_bytes(p->index, o->index_max_bytes);
+        p->o.kv_speculative_ttl = o->kv_speculative_ttl;
+        pcr_index_set_max_bytes(p->index, radix_max_bytes(&p->o));
+        pcr_kvtable_set_limits(p->kvt, kv_max_bytes(&p->o), p->o.kv_speculative_ttl);
     }
     return 0;
 }
@@ -438,6 +484,8 @@ void pcr_policy_free(pcr_policy_t *p)
     free(p->observed_at);
     pcr_ring_free(p->ring);
     pcr_index_free(p->index);
+    pcr_kvtable_free(p->kvt);
+    free(p->kv_gpu);
     free(p);
 }
 
@@ -496,6 +544,8 @@ int pcr_policy_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     if (usable == 0)
         return PCR_ERR_UNAVAIL;
     expire_unavailable(p, now);
+    if (p->kvt != NULL)
+        pcr_kvtable_expire(p->kvt, now);
     out->total_blocks = key != NULL ? (uint32_t)key->nblocks : 0;
     out->uncached_prefill = key != NULL ? key->prompt_tokens : 0;
     /* Three clock reads time both phases: here, after the match (the policy's op reads it from
@@ -530,10 +580,9 @@ int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64
      * Until a window's worth of commits has been made, every one weighs the same: the decay
      * would weigh a pod's first requests less than its last, and what the share bound let
      * through early on (SHARE_SLACK, lb_cache.c) would fade from the window but not from the
-     * pod's true count, which then ends over share_factor (1.104 on the 1000-request Mooncake
-     * trace, bench/sweep.py). Counted flat, the bound holds on the counts themselves; past a
-     * window's worth the decay takes over from the same total (the decayed sum's limit is the
-     * window), so nothing jumps. */
+     * pod's true count, which then ends over share_factor (docs/TUNING.md). Counted flat, the
+     * bound holds on the counts themselves; past a window's worth the decay takes over from
+     * the same total (the decayed sum's limit is the window), so nothing jumps. */
     p->served[backend] += p->served_unit;
     if (p->commits < (uint64_t)PCR_SHARE_WINDOW)
         p->commits++;
@@ -544,6 +593,10 @@ int pcr_policy_commit(pcr_policy_t *p, int backend, const pcr_key_t *key, uint64
             p->served[b] /= p->served_unit;
         p->served_unit = 1;
     }
+    /* Precise mode: the blocks count as held until the pod's events confirm them (or not). A
+     * table at its bound refuses and counts; the request is sent all the same. */
+    if (p->kvt != NULL && key != NULL && key->ntblocks > 0)
+        pcr_kvtable_speculate(p->kvt, (unsigned)backend, key->tblocks, key->ntblocks, now);
     if (p->index == NULL || key == NULL || key->nblocks == 0)
         return 0;
     rc = pcr_index_insert(p->index, (unsigned)backend, key->blocks, key->nblocks, now, &from);
@@ -568,7 +621,7 @@ static void expire_unavailable(pcr_policy_t *p, uint64_t now)
         uint64_t since = p->be[b].down_since;
         if (since != 0 && now >= since && now - since >= p->o.unavailable_keep) {
             if (p->index != NULL)
-                pcr_index_remove_backend(p->index, (unsigned)b);
+                drop_backend(p, (unsigned)b);
             p->be[b].down_since = 0;
             p->ndown--;
         }
@@ -596,7 +649,7 @@ int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t s
         break;
     case PCR_BACKEND_RESTARTED:
         if (p->index != NULL)
-            pcr_index_remove_backend(p->index, (unsigned)backend);
+            drop_backend(p, (unsigned)backend);
         break;
     default:
         return PCR_ERR_INVAL;
@@ -609,7 +662,7 @@ void pcr_policy_backend_reset(pcr_policy_t *p, int backend)
 {
     if (p == NULL || p->index == NULL || backend < 0 || (size_t)backend >= p->n)
         return;
-    pcr_index_remove_backend(p->index, (unsigned)backend);
+    drop_backend(p, (unsigned)backend);
 }
 
 int pcr_policy_set_capacity(pcr_policy_t *p, int backend, uint64_t capacity_blocks)
@@ -653,7 +706,7 @@ void pcr_policy_stats(const pcr_policy_t *p, pcr_policy_stats_t *out)
 {
     if (out == NULL)
         return;
-    out->index_bytes = p != NULL ? pcr_index_bytes(p->index) : 0;
+    out->index_bytes = p != NULL ? pcr_index_bytes(p->index) + pcr_kvtable_bytes(p->kvt) : 0;
     out->index_nodes = p != NULL ? pcr_index_nodes(p->index) : 0;
     out->index_evictions = p != NULL ? pcr_index_evictions(p->index) : 0;
 }
@@ -664,3 +717,45 @@ uint64_t pcr_policy_backend_blocks(const pcr_policy_t *p, int backend)
         return 0;
     return pcr_index_backend_blocks(p->index, (unsigned)backend);
 }
+
+/* ---- precise mode: the pods' own word (pcr/kvtable.h) ------------------------------------ */
+
+size_t pcr_policy_max_tblocks(const pcr_policy_t *p)
+{
+    return p != NULL && p->kvt != NULL ? p->o.max_prefix_bytes / 4 / p->o.kv_block_tokens : 0;
+}
+
+int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,
+                          size_t ntokens, pcr_key_t *key)
+{
+    if (p == NULL || p->kvt == NULL || key == NULL || key->tblocks == NULL ||
+        (ntokens > 0 && tokens == NULL))
+        return PCR_ERR_INVAL;
+    key->ntblocks = pcr_kvtable_key(seed, p->o.kv_block_tokens, tokens, ntokens, key->tblocks,
+                                    pcr_policy_max_tblocks(p));
+    key->prompt_tokens = ntokens;
+    return 0;
+}
+
+int pcr_policy_kv_stored(pcr_policy_t *p, int backend, const pcr_kvt_stored_t *ev, uint64_t now)
+{
+    if (p == NULL || p->kvt == NULL || backend < 0 || (size_t)backend >= p->n)
+        return PCR_ERR_INVAL;
+    return pcr_kvtable_stored(p->kvt, (unsigned)backend, ev, now);
+}
+
+size_t pcr_policy_kv_removed(pcr_policy_t *p, int backend, const uint64_t *hashes, size_t n,
+                             pcr_kvt_medium_t medium)
+{
+    if (p == NULL || p->kvt == NULL || backend < 0 || (size_t)backend >= p->n)
+        return 0;
+    return pcr_kvtable_removed(p->kvt, (unsigned)backend, hashes, n, medium);
+}
+
+void pcr_policy_kv_clear(pcr_policy_t *p, int backend)
+{
+    if (p != NULL && p->kvt != NULL && backend >= 0 && (size_t)backend < p->n)
+        pcr_kvtable_clear(p->kvt, (unsigned)backend);
+}
+
+const pcr_kvtable_t *pcr_policy_kvtable(const pcr_policy_t *p) { return p ? p->kvt : NULL; }

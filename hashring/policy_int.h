@@ -39,6 +39,8 @@ struct pcr_policy {
     const pcr_lb_ops_t *ops;
     pcr_ring_t *ring;          /* consistent_hash, cache_aware */
     pcr_index_t *index;        /* cache_aware */
+    pcr_kvtable_t *kvt;        /* cache_aware in precise mode: what the pods say they hold */
+    uint32_t *kv_gpu;          /* scratch for one decision: blocks matched on a pod's GPU */
     pcr_ttft_t *ttft;          /* per backend: its time to first token, learned */
     uint64_t *cap_conf;        /* per backend: capacity in blocks as configured or scraped */
     uint64_t *cap_eff;         /* ... and as feedback corrected it (PCR_INDEX_UNLIMITED: none) */
@@ -47,6 +49,7 @@ struct pcr_policy {
     uint64_t commits;          /* pcr_policy_commit calls so far, up to PCR_SHARE_WINDOW */
     size_t max_blocks;
     uint64_t rotation;         /* round_robin position, least_loaded tie rotation */
+    uint64_t rng;              /* random: xorshift64 state, from PCR_RANDOM_SEED at creation */
     size_t ndown;              /* backends with down_since set */
     /* Scratch for one decision (a policy is used by one thread). */
     uint32_t *matched;
@@ -69,6 +72,10 @@ struct pcr_policy {
 
 extern const pcr_lb_ops_t pcr_lb_round_robin;
 extern const pcr_lb_ops_t pcr_lb_least_loaded;
+extern const pcr_lb_ops_t pcr_lb_random;
+
+/* random's first state: every policy draws the same sequence, so runs repeat. */
+#define PCR_RANDOM_SEED 0x9e3779b97f4a7c15ull
 extern const pcr_lb_ops_t pcr_lb_consistent_hash;
 extern const pcr_lb_ops_t pcr_lb_cache_aware;
 

@@ -264,14 +264,10 @@ out:
     srv.share = NULL;
     pcr_discovery_stop(&srv);
     pcr_reload_dispose(&srv);
-    /* evdns calls back for the lookups just cancelled from a later loop turn, and only then
-     * can the resolver go (dns.c): a few turns of the loop, with nothing else left to do. */
     pcr_dns_free(srv.dns);
     srv.dns = NULL;
     if (srv.drain_timer)
         event_del(srv.drain_timer);
-    for (int turn = 0; turn < 100 && pcr_dns_retiring() > 0; turn++)
-        event_base_loop(srv.base, EVLOOP_NONBLOCK);
     pcr_listen_plan_free(srv.listen_plan);
     pcr_backends_dispose(&srv);
     pcr_bus_free(srv.bus);

@@ -119,7 +119,7 @@ static uint64_t pairs_index(void *ctx)
 
 void ins_policy(void *ctx, unsigned b, const uint64_t *k, size_t n, uint64_t now)
 {
-    pcr_key_t key = {(uint64_t *)k, n, n * 64};
+    pcr_key_t key = {.blocks = (uint64_t *)k, .nblocks = n, .prompt_tokens = n * 64};
     uint32_t from;
     pcr_policy_commit(ctx, (int)b, &key, now, &from);
 }

@@ -39,6 +39,17 @@ static void usage(FILE *f)
 "                        default 0), so learns the pods' rates from later times and sends\n"
 "                        held requests that much later: a real run's network and\n"
 "                        scheduling, in model time\n"
+"  --engine KIND         latency (default: the pods' latency model, sim_model.c) or step\n"
+"                        (the pods run in engine steps after vLLM's scheduler,\n"
+"                        step_engine.c, and the report adds inter-token latency, time per\n"
+"                        output token, end to end, output tokens and throughput)\n"
+"  --max-num-batched-tokens N  step: tokens per engine step (default 8192)\n"
+"  --max-num-seqs N      running requests per pod at most (default 256)\n"
+"  --prefill-us-per-token F  prefill time per uncached token, us (default 70)\n"
+"  --step-base-ms F      step: a step's fixed time, ms (default 7.4)\n"
+"  --step-seq-us F       step: time per decoding sequence, us (default 30)\n"
+"  --step-kv-ns-per-token F  step: time per context token a sequence reads, ns (default\n"
+"                        39)\n"
 "  --unstreamed F        this fraction of the rows asks for a whole answer (\"stream\":\n"
 "                        false), the same rows as replay --unstreamed picks: its prefill\n"
 "                        leaves the hold budget at the policy's expected first token (as\n"
@@ -228,6 +239,16 @@ static void work_dispose(off_work_t *w)
 
 /* ---- the report --------------------------------------------------------------------------- */
 
+/* --engine step: the row adds what a load generator reports. */
+static void print_step_row(const off_variant_t *v, const off_result_t *r, double ceiling)
+{
+    printf("%-22s %8.4f %7.3f %9.0fms %9.0fms %9.0fms %7.1fms %7.1fms %9.0f %8.2f %6llu %6zu\n",
+           v->label, r->hit_rate, r->hit_rate / ceiling, r->ttft_p50_ms, r->ttft_p99_ms,
+           r->ttft_mean_ms, r->itl_ms[3], r->itl_ms[2], r->output_tokens_per_s, r->share,
+           (unsigned long long)r->preemptions, r->errors);
+    fflush(stdout);
+}
+
 static void print_row(const off_variant_t *v, const off_result_t *r, double ceiling)
 {
     printf("%-22s %8.4f %7.3f %9.0fms %9.0fms %8.2f %8.3f %8.3f %6zu\n", v->label,
@@ -237,7 +258,8 @@ static void print_row(const off_variant_t *v, const off_result_t *r, double ceil
     fflush(stdout);
 }
 
-static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double ceiling)
+static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double ceiling,
+                          int step)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "label", v->label);
@@ -265,6 +287,30 @@ static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double 
         cJSON_AddNumberToObject(e, "mean", r->due_err_us / (double)r->due_n / 1000.0);
         cJSON_AddNumberToObject(e, "mean_abs", r->due_abs_err_us / (double)r->due_n / 1000.0);
     }
+    if (step) {
+        /* Each figure as {p50, p90, p99, mean}, then the ones a table quotes, flat. */
+        static const char *const q[4] = {"p50", "p90", "p99", "mean"};
+        const struct {
+            const char *name;
+            const double *v;
+        } f[] = {{"itl_ms_model", r->itl_ms}, {"tpot_ms_model", r->tpot_ms},
+                 {"e2e_ms_model", r->e2e_ms}, {"output_tokens", r->output_tokens}};
+        for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+            cJSON *o = cJSON_AddObjectToObject(j, f[k].name);
+            for (int p = 0; p < 4; p++)
+                cJSON_AddNumberToObject(o, q[p], f[k].v[p]);
+        }
+        cJSON_AddNumberToObject(j, "output_tokens_total", r->output_tokens_total);
+        cJSON_AddNumberToObject(j, "output_tokens_per_s", r->output_tokens_per_s);
+        cJSON_AddNumberToObject(j, "requests_per_s", r->requests_per_s);
+        cJSON_AddNumberToObject(j, "ttft_mean_ms", r->ttft_mean_ms);
+        cJSON_AddNumberToObject(j, "ttft_p99_ms", r->ttft_p99_ms);
+        cJSON_AddNumberToObject(j, "itl_mean_ms", r->itl_ms[3]);
+        cJSON_AddNumberToObject(j, "itl_p99_ms", r->itl_ms[2]);
+        cJSON_AddNumberToObject(j, "tpot_mean_ms", r->tpot_ms[3]);
+        cJSON_AddNumberToObject(j, "steps", (double)r->steps);
+        cJSON_AddNumberToObject(j, "preemptions", (double)r->preemptions);
+    }
     cJSON *rs = cJSON_AddObjectToObject(j, "reasons");
     for (int k = 0; k < PCR_REASON__COUNT; k++)
         if (r->reasons[k])
@@ -291,9 +337,10 @@ int main(int argc, char **argv)
     double cap = 4096, v;
     int quiet = 0;
     off_setup_t s = {.npods = 8, .capacity_tokens = 1000000, .m = SIM_MODEL_DEFAULTS,
-                     .scrape_us = 20e6, .names = "pod-"};
+                     .sc = SIM_STEP_DEFAULTS, .scrape_us = 20e6, .names = "pod-"};
     enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
-           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES, O_UNSTREAMED, O_REQS };
+           O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES, O_UNSTREAMED, O_REQS, O_ENGINE,
+           O_MNBT, O_MNS, O_PREFILL, O_SBASE, O_SSEQ, O_SKV };
     const char *slowdown = NULL;
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
@@ -302,7 +349,10 @@ int main(int argc, char **argv)
         {"variant", 1, 0, O_VAR}, {"json", 1, 0, O_JSON}, {"quiet", 0, 0, O_QUIET},
         {"help", 0, 0, O_HELP}, {"slowdown", 1, 0, O_SLOW}, {"jitter-ms", 1, 0, O_JITTER},
         {"names", 1, 0, O_NAMES}, {"unstreamed", 1, 0, O_UNSTREAMED},
-        {"requests", 1, 0, O_REQS}, {0, 0, 0, 0},
+        {"requests", 1, 0, O_REQS}, {"engine", 1, 0, O_ENGINE},
+        {"max-num-batched-tokens", 1, 0, O_MNBT}, {"max-num-seqs", 1, 0, O_MNS},
+        {"prefill-us-per-token", 1, 0, O_PREFILL}, {"step-base-ms", 1, 0, O_SBASE},
+        {"step-seq-us", 1, 0, O_SSEQ}, {"step-kv-ns-per-token", 1, 0, O_SKV}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -333,6 +383,25 @@ int main(int argc, char **argv)
             s.names = optarg;
             break;
         case O_UNSTREAMED: bad = parse_count(optarg, 0, 1, &s.unstreamed); break;
+        case O_ENGINE:
+            bad = strcmp(optarg, "step") != 0 && strcmp(optarg, "latency") != 0;
+            s.step = strcmp(optarg, "step") == 0;
+            break;
+        case O_MNBT:
+            bad = parse_count(optarg, 1, 1e7, &v);
+            s.sc.max_batched_tokens = (unsigned)v;
+            break;
+        case O_MNS:
+            bad = parse_count(optarg, 1, 1e6, &v);
+            s.sc.max_num_seqs = s.m.max_num_seqs = (unsigned)v;
+            break;
+        case O_PREFILL:
+            bad = parse_count(optarg, 0, 1e7, &s.m.prefill_us_per_token);
+            s.sc.prefill_us_per_token = s.m.prefill_us_per_token;
+            break;
+        case O_SBASE: bad = parse_count(optarg, 0, 1e6, &v); s.sc.base_us = v * 1000; break;
+        case O_SSEQ: bad = parse_count(optarg, 0, 1e7, &s.sc.decode_us_per_seq); break;
+        case O_SKV: bad = parse_count(optarg, 0, 1e7, &v); s.sc.ctx_us_per_token = v / 1000; break;
         case O_QUIET: quiet = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -416,8 +485,14 @@ int main(int argc, char **argv)
     if (!quiet) {
         printf("routing_offline: %s, %zu requests, %zu pods x %llu tokens, ceiling %.4f\n",
                trace, w.n, s.npods, (unsigned long long)s.capacity_tokens, ceiling);
-        printf("%-22s %8s %7s %11s %11s %8s %8s %8s %6s\n", "policy", "hit rate", "of ceil",
-               "TTFT p50", "TTFT p99", "max/mean", "pred/del", "|error|", "errors");
+        if (s.step)
+            printf("%-22s %8s %7s %11s %11s %11s %9s %9s %9s %8s %6s %6s\n", "policy",
+                   "hit rate", "of ceil", "TTFT p50", "TTFT p99", "TTFT mean", "ITL mean",
+                   "ITL p99", "out tok/s", "max/mean", "preempt", "errors");
+        else
+            printf("%-22s %8s %7s %11s %11s %8s %8s %8s %6s\n", "policy", "hit rate",
+                   "of ceil", "TTFT p50", "TTFT p99", "max/mean", "pred/del", "|error|",
+                   "errors");
     }
     cJSON *all = cJSON_CreateObject();
     cJSON_AddStringToObject(all, "trace", trace);
@@ -425,6 +500,8 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(all, "pods", (double)s.npods);
     cJSON_AddNumberToObject(all, "capacity_tokens", (double)s.capacity_tokens);
     cJSON_AddNumberToObject(all, "ceiling", ceiling);
+    if (s.step)
+        cJSON_AddStringToObject(all, "engine", "step");
     cJSON *arr = cJSON_AddArrayToObject(all, "results");
     rc = 0;
     if (requests != NULL && (s.requests = fopen(requests, "w")) == NULL) {
@@ -438,9 +515,11 @@ int main(int argc, char **argv)
             rc = 1;
             continue;
         }
-        if (!quiet)
+        if (!quiet && s.step)
+            print_step_row(&runs[k], &res, ceiling);
+        else if (!quiet)
             print_row(&runs[k], &res, ceiling);
-        cJSON_AddItemToArray(arr, result_json(&runs[k], &res, ceiling));
+        cJSON_AddItemToArray(arr, result_json(&runs[k], &res, ceiling, s.step));
     }
     if (s.requests != NULL && (ferror(s.requests) | fclose(s.requests)) != 0) {
         fprintf(stderr, "routing_offline: cannot write %s\n", requests);

@@ -5,7 +5,7 @@
  *   offline_run.c  one run: the router's bookkeeping, the policy, the pods, the event queue
  *
  * The pods are vllm_sim's (kvcache.c and sim_model.c: same cache, same admission, same
- * latency model); the router is libpcrhash itself, fed the loads pcrouter would count
+ * latency model; with --engine step, step_engine.c, as vllm_sim --engine step); the router is libpcrhash itself, fed the loads pcrouter would count
  * (in-flight requests, their uncached prefill until the first byte, the pods' waiting queues
  * as a scrape last saw them). What it leaves out: network and proxy time, and the wall-clock
  * jitter a time-scaled real run adds. Same inputs, same figures, on any machine. */
@@ -18,6 +18,7 @@
 
 #include "pcr/policy.h"
 #include "sim_model.h"
+#include "step_engine.h"
 
 /* One request of the workload, prepared once for every run. */
 typedef struct {
@@ -39,6 +40,8 @@ typedef struct {
     size_t npods;
     uint64_t capacity_tokens;  /* each pod's real KV cache */
     sim_model_t m;
+    int step;                  /* --engine step: the pods run step_engine.c, not sim_model.c */
+    sim_step_conf_t sc;        /* its configuration */
     double scrape_us;          /* how often the router reads the pods' waiting queues */
     const double *slowdown;    /* NULL, or per pod: its prefill and decode take this many times
                                 * m's (a pool of unlike GPUs) */
@@ -88,6 +91,12 @@ typedef struct {
     double work_share;         /* max/mean prompt tokens prefilled per pod */
     double makespan_s;
     uint64_t reasons[PCR_REASON__COUNT];
+    /* With --engine step only, what a load generator reports; each as {p50, p90, p99, mean}.
+     * ITL: the gaps between a stream's tokens; TPOT: a stream's (last - first token) over
+     * its tokens after the first; e2e and output tokens: every completed request's. */
+    double itl_ms[4], tpot_ms[4], e2e_ms[4], output_tokens[4];
+    double output_tokens_total, output_tokens_per_s, requests_per_s; /* over the makespan */
+    uint64_t steps, preemptions;
 } off_result_t;
 
 /* Simulates `w` through `v` on `s`. 0, or -1 when out of memory or when the policy cannot be

@@ -20,7 +20,12 @@
  *           (pcr_policy_estimate_ttft, behind what the pod had been sent), as pcrouter's
  *           prefill timer does, or at its last token if that comes first; it teaches no rate
  *           and has no TTFT
- * A pod admits in FIFO order exactly as vllm_sim does (sim_model_admit). */
+ * A pod admits in FIFO order exactly as vllm_sim does (sim_model_admit).
+ *
+ * With --engine step the pods run step_engine.c instead, as vllm_sim --engine step does: one
+ *   STEP   event per busy pod; at its time the pod's step ends, its tokens go out (a first
+ *          token does what FIRST does, the last what the last TOKENS does), and the next step
+ *          is composed. The gaps between a stream's tokens are its inter-token latencies. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +41,7 @@
 #define CHUNK 8         /* tokens per TOKENS event: the batch changes little within 8 steps */
 #define NIL UINT32_MAX
 
-enum { EV_ARRIVE, EV_FIRST, EV_SEEN, EV_TOKENS, EV_SCRAPE, EV_DUE };
+enum { EV_ARRIVE, EV_FIRST, EV_SEEN, EV_TOKENS, EV_SCRAPE, EV_DUE, EV_STEP };
 
 typedef struct {
     double t;
@@ -69,6 +74,8 @@ typedef struct {
     uint64_t ahead_at_send;    /* the pod's sent_prefill then (pcr_upstream_sent_ahead) */
     double late;               /* how late the router sees its first byte (--jitter-ms) */
     double due_us;             /* unstreamed: when the router expects its first token, or 0 */
+    sim_step_seq_t seq;        /* --engine step: its sequence on its pod */
+    double last_tok_us;        /* --engine step: when its last token came */
 } rstate_t;
 
 typedef struct {
@@ -82,6 +89,8 @@ typedef struct {
     uint64_t sent_prefill;     /* uncached prefill sent, not yet at its first token */
     uint32_t hold_head;        /* held at the router, in arrival order */
     uint32_t pend_head, pend_tail; /* routed here, in commit order; settled ones leave the head */
+    sim_step_t eng;            /* --engine step: the pod's engine */
+    int eng_ready;             /* eng was initialised (teardown disposes it) */
 } opod_t;
 
 typedef struct {
@@ -99,6 +108,11 @@ typedef struct {
     size_t nttft, finished;
     uint64_t rng;              /* the jitter's, seeded: same run, same draws */
     off_result_t *out;
+    /* --engine step: the figures a load generator reports, and the step being ended. */
+    double *itl, *tpot, *e2e, *outtok;
+    size_t nitl, citl, ntpot, ndone;
+    double step_now;
+    int step_err;
 } sim_t;
 
 static uint64_t next_random(uint64_t *s)
@@ -156,9 +170,21 @@ static ev_t pop(heap_t *h)
 
 /* ---- the pods ---------------------------------------------------------------------------- */
 
+/* --engine step: pod b composes its next step unless one is under way. */
+static int kick(sim_t *S, size_t b, double now)
+{
+    opod_t *pod = &S->pods[b];
+    if (pod->eng.in_step)
+        return 0;
+    double d = sim_step_begin(&pod->eng);
+    return d > 0 ? push(&S->h, now + d, EV_STEP, (uint32_t)b) : 0;
+}
+
 static int admit_waiting(sim_t *S, size_t b, double now)
 {
     opod_t *pod = &S->pods[b];
+    if (S->s->step)
+        return kick(S, b, now);
     while (pod->wait_head != NIL && pod->running < pod->m.max_num_seqs) {
         uint32_t i = pod->wait_head;
         const off_req_t *r = &S->w->reqs[i];
@@ -186,6 +212,15 @@ static int admit_waiting(sim_t *S, size_t b, double now)
 static void enqueue(sim_t *S, size_t b, uint32_t i)
 {
     opod_t *pod = &S->pods[b];
+    if (S->s->step) {
+        const off_req_t *r = &S->w->reqs[i];
+        sim_step_seq_t *q = &S->st[i].seq;
+        *q = (sim_step_seq_t){.hashes = r->kv, .nblocks = r->nkv,
+                              .prompt_tokens = r->prompt_tokens, .max_tokens = r->max_tokens,
+                              .owner = &S->st[i]};
+        sim_step_add(&pod->eng, q);
+        return;
+    }
     S->st[i].next = NIL;
     if (pod->wait_tail != NIL)
         S->st[pod->wait_tail].next = i;
@@ -385,12 +420,12 @@ static int on_seen(sim_t *S, uint32_t i, double now)
     return 0;
 }
 
-static int on_first(sim_t *S, uint32_t i, double now)
+/* Request i's first token, at `now`: its TTFT, and what the router sees of it. */
+static int first_token(sim_t *S, uint32_t i, double now)
 {
     rstate_t *st = &S->st[i];
     const off_req_t *r = &S->w->reqs[i];
     st->first_us = now;
-    st->sent = 1;
     if (st->unstreamed) {
         /* Nothing reaches the router before the whole answer; how good its estimate was. */
         if (st->due_us > 0) {
@@ -411,6 +446,16 @@ static int on_first(sim_t *S, uint32_t i, double now)
             return -1;
         }
     }
+    return 0;
+}
+
+static int on_first(sim_t *S, uint32_t i, double now)
+{
+    rstate_t *st = &S->st[i];
+    const off_req_t *r = &S->w->reqs[i];
+    st->sent = 1;
+    if (first_token(S, i, now) != 0)
+        return -1;
     if (st->sent >= r->max_tokens)
         return push(&S->h, now, EV_TOKENS, i);
     return next_tokens(S, i, now);
@@ -446,16 +491,13 @@ static int write_request(sim_t *S, uint32_t i, double now)
     return rc;
 }
 
-static int on_tokens(sim_t *S, uint32_t i, double now)
+/* Request i's last token, at `now`: the router's account of it, its feedback, its figures. */
+static int finish(sim_t *S, uint32_t i, double now)
 {
     const off_req_t *r = &S->w->reqs[i];
     rstate_t *st = &S->st[i];
-    if (st->sent < r->max_tokens)
-        return next_tokens(S, i, now);
     size_t b = (size_t)st->pod;
     opod_t *pod = &S->pods[b];
-    pcr_kvcache_release(pod->kv, r->kv, r->nkv, r->private_blocks);
-    pod->running--;
     pod->success++;
     S->loads[b].inflight--;
     S->out->completed++;
@@ -482,16 +524,97 @@ static int on_tokens(sim_t *S, uint32_t i, double now)
         return -1;
     if (now / 1e6 > S->out->makespan_s)
         S->out->makespan_s = now / 1e6;
+    if (S->s->step) {
+        S->e2e[S->ndone] = (now - r->arrival_us) / 1000.0;
+        S->outtok[S->ndone++] = (double)r->max_tokens;
+        if (!st->unstreamed && r->max_tokens > 1)
+            S->tpot[S->ntpot++] = (now - st->first_us) / 1000.0 / (double)(r->max_tokens - 1);
+    }
+    return 0;
+}
+
+static int on_tokens(sim_t *S, uint32_t i, double now)
+{
+    const off_req_t *r = &S->w->reqs[i];
+    rstate_t *st = &S->st[i];
+    if (st->sent < r->max_tokens)
+        return next_tokens(S, i, now);
+    size_t b = (size_t)st->pod;
+    opod_t *pod = &S->pods[b];
+    pcr_kvcache_release(pod->kv, r->kv, r->nkv, r->private_blocks);
+    pod->running--;
+    if (finish(S, i, now) != 0)
+        return -1;
     return admit_waiting(S, b, now);
+}
+
+/* --engine step: a token of request i, at the end of its pod's step. */
+static void on_emit(void *arg, sim_step_seq_t *q)
+{
+    sim_t *S = arg;
+    uint32_t i = (uint32_t)((rstate_t *)q->owner - S->st);
+    const off_req_t *r = &S->w->reqs[i];
+    rstate_t *st = &S->st[i];
+    double now = S->step_now;
+    if (S->step_err)
+        return;
+    if (q->generated == 1) {
+        opod_t *pod = &S->pods[st->pod];
+        st->hit_tokens = q->hit_tokens;
+        S->out->delivered_tokens += (double)q->hit_tokens;
+        S->out->prompt_tokens += (double)r->prompt_tokens;
+        if (r->prompt_tokens > q->hit_tokens)
+            pod->prefilled += (double)(r->prompt_tokens - q->hit_tokens);
+        if (first_token(S, i, now) != 0)
+            S->step_err = 1;
+    } else if (!st->unstreamed) {
+        if (S->nitl == S->citl) {
+            size_t nc = S->citl ? S->citl * 2 : 65536;
+            double *nv = realloc(S->itl, nc * sizeof(*nv));
+            if (!nv) {
+                S->step_err = 1;
+                return;
+            }
+            S->itl = nv;
+            S->citl = nc;
+        }
+        S->itl[S->nitl++] = (now - st->last_tok_us) / 1000.0;
+    }
+    st->last_tok_us = now;
+    if (q->state == SIM_SEQ_FINISHED && !S->step_err && finish(S, i, now) != 0)
+        S->step_err = 1;
+}
+
+/* --engine step: pod b's step ends at `now`; its tokens go out, the next step is composed. */
+static int on_step(sim_t *S, size_t b, double now)
+{
+    S->step_now = now;
+    sim_step_end(&S->pods[b].eng, on_emit, S);
+    if (S->step_err)
+        return -1;
+    return kick(S, b, now);
 }
 
 static int on_scrape(sim_t *S, double now)
 {
     for (size_t b = 0; b < S->s->npods; b++)
-        S->loads[b].pod_waiting = S->pods[b].nwait;
+        S->loads[b].pod_waiting = S->s->step ? S->pods[b].eng.waiting.n : S->pods[b].nwait;
     if (S->finished < S->w->n)
         return push(&S->h, now + S->s->scrape_us, EV_SCRAPE, 0);
     return 0;
+}
+
+/* p50, p90, p99 and mean of v[0..n) (sorted here), NAN when empty. */
+static void stats(double *v, size_t n, double out[4])
+{
+    double sum = 0;
+    rt_sort(v, n);
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    out[0] = rt_percentile(v, n, 50);
+    out[1] = rt_percentile(v, n, 90);
+    out[2] = rt_percentile(v, n, 99);
+    out[3] = n ? sum / (double)n : NAN;
 }
 
 /* ---- one run ----------------------------------------------------------------------------- */
@@ -517,6 +640,14 @@ static int setup(sim_t *S)
     S->ttft = malloc((S->w->n ? S->w->n : 1) * sizeof(*S->ttft));
     if (!S->pods || !S->loads || !S->ring_load || !S->st || !S->ttft)
         return -1;
+    if (S->s->step) {
+        size_t m = S->w->n ? S->w->n : 1;
+        S->tpot = malloc(m * sizeof(double));
+        S->e2e = malloc(m * sizeof(double));
+        S->outtok = malloc(m * sizeof(double));
+        if (!S->tpot || !S->e2e || !S->outtok)
+            return -1;
+    }
     for (size_t b = 0; b < n; b++) {
         S->pods[b].kv = pcr_kvcache_new((size_t)(S->s->capacity_tokens / PCR_KV_BLOCK_TOKENS));
         if (!S->pods[b].kv)
@@ -530,6 +661,17 @@ static int setup(sim_t *S)
             S->pods[b].m.prefill_us_per_token *= f;
             S->pods[b].m.itl_ms *= f;
             S->pods[b].m.itl_per_seq_us *= f;
+        }
+        if (S->s->step) {
+            sim_step_conf_t c = S->s->sc;
+            double f = S->s->slowdown ? S->s->slowdown[b] : 1;
+            c.base_us *= f;
+            c.prefill_us_per_token *= f;
+            c.decode_us_per_seq *= f;
+            c.ctx_us_per_token *= f;
+            if (sim_step_init(&S->pods[b].eng, &c, S->pods[b].kv) != 0)
+                return -1;
+            S->pods[b].eng_ready = 1;
         }
         S->loads[b].usable = 1;
     }
@@ -547,8 +689,15 @@ static int setup(sim_t *S)
 
 static void teardown(sim_t *S)
 {
-    for (size_t b = 0; S->pods && b < S->s->npods; b++)
+    for (size_t b = 0; S->pods && b < S->s->npods; b++) {
+        if (S->pods[b].eng_ready)
+            sim_step_dispose(&S->pods[b].eng);
         pcr_kvcache_free(S->pods[b].kv);
+    }
+    free(S->itl);
+    free(S->tpot);
+    free(S->e2e);
+    free(S->outtok);
     free(S->pods);
     free(S->loads);
     free(S->ring_load);
@@ -584,6 +733,7 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
         case EV_TOKENS: r = on_tokens(&S, e.req, e.t); break;
         case EV_SCRAPE: r = on_scrape(&S, e.t); break;
         case EV_DUE: r = S.st[e.req].settled ? 0 : settle(&S, e.req, e.t); break;
+        case EV_STEP: r = on_step(&S, e.req, e.t); break;
         }
         if (r != 0)
             goto done;
@@ -607,6 +757,21 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
     out->share = ssum > 0 ? smax / (ssum / (double)s->npods) : NAN;
     out->work_share = wsum > 0 ? wmax / (wsum / (double)s->npods) : NAN;
     out->hit_rate = out->prompt_tokens > 0 ? out->delivered_tokens / out->prompt_tokens : NAN;
+    if (s->step) {
+        stats(S.itl, S.nitl, out->itl_ms);
+        stats(S.tpot, S.ntpot, out->tpot_ms);
+        stats(S.e2e, S.ndone, out->e2e_ms);
+        for (size_t i = 0; i < S.ndone; i++)
+            out->output_tokens_total += S.outtok[i];
+        stats(S.outtok, S.ndone, out->output_tokens);
+        double span = out->makespan_s;
+        out->output_tokens_per_s = span > 0 ? out->output_tokens_total / span : NAN;
+        out->requests_per_s = span > 0 ? (double)out->completed / span : NAN;
+        for (size_t b = 0; b < s->npods; b++) {
+            out->steps += S.pods[b].eng.steps;
+            out->preemptions += S.pods[b].eng.preemptions;
+        }
+    }
     rc = 0;
 done:
     if (rc != 0)

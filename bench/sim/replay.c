@@ -3,7 +3,10 @@
  * Each row becomes a streaming /v1/completions request (prompt synthesised from its hash_ids,
  * max_tokens = min(output_length, --max-tokens-cap)) sent at timestamp / time_scale, over
  * HTTP/1.1 keep-alive connections (replay_client.c) or h2c streams (--h2c, replay_h2.c). Per
- * request it measures time to first token (first SSE data event) and end to end. With
+ * request it measures time to first token (first SSE data event), the gaps between the events
+ * that carry tokens (inter-token latency, as vLLM's benchmark counts it), time per output
+ * token (last token less first, over the tokens after the first), output tokens and end to
+ * end; per run, output tokens and requests per second, each with p50, p90, p99 and mean. With
  * --unstreamed F, that fraction of the rows (drawn from the row's index, so every run and
  * router gets the same ones) asks for a whole answer instead ("stream": false), as batch
  * clients do: those count in the hit rate, the shares and end to end, not in TTFT, which a
@@ -12,6 +15,9 @@
  * vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total, each pod's share comes
  * from vllm:request_success_total. The ceiling is one LRU cache with all pods' capacity
  * (replay_trace.c). Prints a table; --json writes the same figures for scripts.
+ *
+ * With --far-pods it also counts the requests, and the bytes (request and response bodies),
+ * that crossed zones: those answered by a pod (x-sim-pod) of that list.
  *
  * Times are measured on the wall clock; the "model" figures multiply them by the time scale
  * to read as a real pod's seconds (router and network overhead are scaled up too). */
@@ -49,6 +55,8 @@ typedef struct {
 typedef struct {
     size_t idx;
     double sent_us, ttft_us, e2e_us;
+    double first_tok_us, last_tok_us;   /* the first and last events carrying tokens */
+    size_t bytes_out, bytes_in;         /* request body sent, response body received */
     int status, err, got_done, first_seen, stream;
     size_t cached_tokens, completion_tokens;
     char pod[32];
@@ -74,6 +82,8 @@ static struct {
     int progress_tty, progress;
     pod_t pods[MAX_PODS];
     size_t npods, scrapes_left;
+    double *itl;              /* every gap between two token events of a stream, wall us */
+    size_t nitl, citl;
 } g;
 
 static double now_us(void)
@@ -200,6 +210,25 @@ static void sse_event(req_t *r, const char *ev, size_t n)
         r->got_done = 1;
         return;
     }
+    /* An event with choices carries tokens; the usage event's choices are empty. */
+    if (!memmem(d, dn, "\"choices\":[]", 12)) {
+        double now = now_us();
+        if (r->first_tok_us == 0) {
+            r->first_tok_us = now;
+        } else {
+            if (g.nitl == g.citl) {
+                size_t nc = g.citl ? g.citl * 2 : 65536;
+                double *nv = realloc(g.itl, nc * sizeof(*nv));
+                if (nv) {
+                    g.itl = nv;
+                    g.citl = nc;
+                }
+            }
+            if (g.nitl < g.citl)
+                g.itl[g.nitl++] = now - r->last_tok_us;
+        }
+        r->last_tok_us = now;
+    }
     if (memmem(d, dn, "\"usage\"", 7)) {
         cJSON *o = cJSON_ParseWithLength(d, dn);
         take_usage(r, o);
@@ -223,6 +252,7 @@ static int whole_answer(req_t *r)
 static void on_req_body(void *arg, const char *d, size_t n)
 {
     req_t *r = arg;
+    r->bytes_in += n;
     if (r->status != 200)
         return;
     if (!r->stream) {
@@ -304,6 +334,7 @@ static void send_one(size_t i)
                             "\"stream_options\":{\"include_usage\":true}}", mt);
     else
         evbuffer_add_printf(body, "\",\"max_tokens\":%zu,\"stream\":false}", mt);
+    r->bytes_out = evbuffer_get_length(body);
     size_t t = i % g.ntargets;   /* row i to target i mod n: the replicas behind a Service */
     if (g.target_h2[t])
         rh2_send(g.target_h2[t], g.target_path, body, g.timeout_s, &req_cb, r);
@@ -350,6 +381,44 @@ static void on_progress(evutil_socket_t fd, short what, void *arg)
 
 /* ---- the report ---- */
 
+/* Is `name` one of the comma-separated names of `list`? */
+static int in_list(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == n && strncmp(p, name, n) == 0)
+            return 1;
+        p += k;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
+/* {p50, p90, p99, mean} of v[0..n) (sorted), each times f, as object `name` of j. */
+static void add_stats(cJSON *j, const char *name, const double *v, size_t n, double f)
+{
+    cJSON *s = cJSON_AddObjectToObject(j, name);
+    if (!n)
+        return;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    cJSON_AddNumberToObject(s, "p50", rt_percentile(v, n, 50) * f);
+    cJSON_AddNumberToObject(s, "p90", rt_percentile(v, n, 90) * f);
+    cJSON_AddNumberToObject(s, "p99", rt_percentile(v, n, 99) * f);
+    cJSON_AddNumberToObject(s, "mean", sum / (double)n * f);
+}
+
+static double mean(const double *v, size_t n)
+{
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    return n ? sum / (double)n : NAN;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -371,6 +440,8 @@ static void usage(FILE *f)
 "  --h2c-conns N         h2c connections, requests spread over them (default 1)\n"
 "  --unstreamed F        this fraction of the rows asks for a whole answer, not a stream\n"
 "                        (the same rows every run; not in TTFT) (default 0)\n"
+"  --far-pods NAME,...   pods in another zone than the target (by their x-sim-pod name): the\n"
+"                        share of requests and of bytes that crossed zones is reported\n"
 "  --json FILE           write the summary as JSON\n"
 "  --label NAME          name of this run in the table and JSON (default: the target)\n"
 "  --no-progress         no progress bar\n");
@@ -379,6 +450,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     const char *trace = NULL, *target = NULL, *pods = NULL, *json = NULL, *label = NULL;
+    const char *far = NULL;
     const char *targets[MAX_TARGETS];
     size_t limit = 0, skip = 0, max_input = 0;
     double ceiling_tokens = 0;
@@ -390,7 +462,7 @@ int main(int argc, char **argv)
     g.progress = 1;
     enum { O_TRACE = 256, O_TARGET, O_SCALE, O_LIMIT, O_SKIP, O_CAP, O_MODEL, O_PODS, O_CEIL,
            O_TIMEOUT, O_CONNS, O_JSON, O_LABEL, O_NOPROG, O_HELP, O_MAXIN, O_H2C, O_H2CONNS,
-           O_UNSTREAMED };
+           O_UNSTREAMED, O_FAR };
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"target", 1, 0, O_TARGET}, {"time-scale", 1, 0, O_SCALE},
         {"limit", 1, 0, O_LIMIT}, {"skip", 1, 0, O_SKIP}, {"max-tokens-cap", 1, 0, O_CAP},
@@ -398,7 +470,8 @@ int main(int argc, char **argv)
         {"timeout-s", 1, 0, O_TIMEOUT}, {"max-conns", 1, 0, O_CONNS}, {"json", 1, 0, O_JSON},
         {"label", 1, 0, O_LABEL}, {"no-progress", 0, 0, O_NOPROG}, {"help", 0, 0, O_HELP},
         {"max-input-tokens", 1, 0, O_MAXIN}, {"h2c", 0, 0, O_H2C},
-        {"h2c-conns", 1, 0, O_H2CONNS}, {"unstreamed", 1, 0, O_UNSTREAMED}, {0, 0, 0, 0},
+        {"h2c-conns", 1, 0, O_H2CONNS}, {"unstreamed", 1, 0, O_UNSTREAMED},
+        {"far-pods", 1, 0, O_FAR}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -416,6 +489,7 @@ int main(int argc, char **argv)
             g.model = optarg;
             continue;
         case O_PODS: pods = optarg; continue;
+        case O_FAR: far = optarg; continue;
         case O_JSON: json = optarg; continue;
         case O_LABEL: label = optarg; continue;
         case O_NOPROG: g.progress = 0; continue;
@@ -542,7 +616,10 @@ int main(int argc, char **argv)
     /* Figures. */
     size_t n = g.trace.n, ok = 0, nt = 0;
     double *ttft = malloc(n * sizeof(double)), *e2e = malloc(n * sizeof(double));
-    double cached = 0, prompt = 0;
+    double *tpot = malloc(n * sizeof(double)), *outtok = malloc(n * sizeof(double));
+    size_t ntpot = 0, far_n = 0;
+    double bytes_all = 0, bytes_far = 0;
+    double cached = 0, prompt = 0, out_tokens = 0;
     size_t e_timeout = 0, e_io = 0, e_http = 0, e_stream = 0;
     for (size_t i = 0; i < n; i++) {
         req_t *r = &g.reqs[i];
@@ -555,13 +632,26 @@ int main(int argc, char **argv)
         }
         if (r->stream)
             ttft[nt++] = r->ttft_us / 1000.0;
+        if (r->stream && r->completion_tokens > 1 && r->last_tok_us > r->first_tok_us)
+            tpot[ntpot++] = (r->last_tok_us - r->first_tok_us) / 1000.0 /
+                            (double)(r->completion_tokens - 1);
+        outtok[ok] = (double)r->completion_tokens;
+        out_tokens += (double)r->completion_tokens;
         e2e[ok] = r->e2e_us / 1000.0;
         ok++;
+        bytes_all += (double)(r->bytes_out + r->bytes_in);
+        if (far && r->pod[0] && in_list(far, r->pod)) {
+            far_n++;
+            bytes_far += (double)(r->bytes_out + r->bytes_in);
+        }
         cached += r->cached_tokens;
         prompt += g.trace.rows[i].input_length;
     }
     rt_sort(ttft, nt);
     rt_sort(e2e, ok);
+    rt_sort(tpot, ntpot);
+    rt_sort(outtok, ok);
+    rt_sort(g.itl, g.nitl);
     double dq = 0, dh = 0, ds = 0, smax = 0;
     size_t share_pods = 0;
     for (size_t i = 0; i < g.npods; i++) {
@@ -601,6 +691,7 @@ int main(int argc, char **argv)
     size_t npods_share = g.npods ? g.npods : share_pods;
     double share = npods_share && ds > 0 ? smax / (ds / npods_share) : NAN;
     double rps = wall_s > 0 ? ok / wall_s : 0;
+    double tps = wall_s > 0 ? out_tokens / wall_s : 0;
     double sc = g.time_scale;
 
     printf("replay %s: %zu requests, %zu ok, %zu errors (timeout %zu, http %zu, dropped %zu, "
@@ -616,6 +707,14 @@ int main(int argc, char **argv)
     printf("  e2e model s p50 %.2f  p99 %.2f   max/mean share %.3f   %.1f req/s wall "
            "(%.2f req/s model)   peak in flight %zu\n", rt_percentile(e2e, ok, 50) * sc / 1000,
            rt_percentile(e2e, ok, 99) * sc / 1000, share, rps, rps / sc, g.max_inflight);
+    if (far)
+        printf("  crossed zones: %.3f of requests, %.3f of bytes\n",
+               ok ? (double)far_n / (double)ok : NAN, bytes_all > 0 ? bytes_far / bytes_all : NAN);
+    printf("  ITL model ms p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f   TPOT mean %.1f   TTFT mean "
+           "%.0f   output %.0f tokens/s model\n", rt_percentile(g.itl, g.nitl, 50) / 1000 * sc,
+           rt_percentile(g.itl, g.nitl, 90) / 1000 * sc,
+           rt_percentile(g.itl, g.nitl, 99) / 1000 * sc, mean(g.itl, g.nitl) / 1000 * sc,
+           mean(tpot, ntpot) * sc, mean(ttft, nt) * sc, tps / sc);
 
     if (json) {
         cJSON *j = cJSON_CreateObject();
@@ -659,17 +758,23 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(po, "hits", g.pods[i].hits - g.pods[i].h0);
             cJSON_AddItemToArray(pa, po);
         }
-        const char *which[] = { "ttft_ms_wall", "ttft_ms_model", "e2e_ms_model" };
-        for (int k = 0; k < 3; k++) {
-            const double *v = k < 2 ? ttft : e2e;
-            size_t m = k < 2 ? nt : ok;
-            double f = k == 0 ? 1 : sc;
-            cJSON *s = cJSON_AddObjectToObject(j, which[k]);
-            if (m) {
-                cJSON_AddNumberToObject(s, "p50", rt_percentile(v, m, 50) * f);
-                cJSON_AddNumberToObject(s, "p90", rt_percentile(v, m, 90) * f);
-                cJSON_AddNumberToObject(s, "p99", rt_percentile(v, m, 99) * f);
-            }
+        add_stats(j, "ttft_ms_wall", ttft, nt, 1);
+        add_stats(j, "ttft_ms_model", ttft, nt, sc);
+        add_stats(j, "e2e_ms_model", e2e, ok, sc);
+        add_stats(j, "itl_ms_model", g.itl, g.nitl, sc / 1000);
+        cJSON_AddNumberToObject(j, "itl_gaps", (double)g.nitl);
+        add_stats(j, "tpot_ms_model", tpot, ntpot, sc);
+        add_stats(j, "output_tokens", outtok, ok, 1);
+        cJSON_AddNumberToObject(j, "output_tokens_total", out_tokens);
+        cJSON_AddNumberToObject(j, "output_tokens_per_s_model", tps / sc);
+        cJSON_AddNumberToObject(j, "requests_per_s_model", rps / sc);
+        cJSON_AddNumberToObject(j, "body_bytes", bytes_all);
+        if (far) {
+            cJSON_AddNumberToObject(j, "cross_zone_requests", (double)far_n);
+            cJSON_AddNumberToObject(j, "cross_zone_request_share",
+                                    ok ? (double)far_n / (double)ok : 0);
+            cJSON_AddNumberToObject(j, "cross_zone_byte_share",
+                                    bytes_all > 0 ? bytes_far / bytes_all : 0);
         }
         cJSON *all = cJSON_AddArrayToObject(j, "ttft_ms_model_sorted");
         for (size_t i = 0; i < nt; i++)
@@ -684,6 +789,9 @@ int main(int argc, char **argv)
     }
     free(ttft);
     free(e2e);
+    free(tpot);
+    free(outtok);
+    free(g.itl);
     rc = scrape_failed || ok == 0 ? 1 : 0;   /* a run where nothing completed is a failure */
 out:
     for (size_t t = 0; t < g.ntargets; t++) {

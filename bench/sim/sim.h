@@ -3,9 +3,11 @@
  *   vllm_sim.c    flags, pods, listeners, signals, main
  *   sim_http.c    HTTP/1.1 connections (http-parser), routing of paths, writing responses
  *   sim_api.c     OpenAI bodies in (cJSON) and out, /metrics text, /v1/models
- *   sim_engine.c  the pod's scheduler: FIFO admission, KV cache, latency model, token emission
+ *   sim_engine.c  the pod's scheduler: FIFO admission, KV cache, latency model, token emission;
+ *                 with --engine step, engine steps on a timer instead (step_engine.c)
  *   kvcache.c     the prefix cache (shared with the replayer's ceiling)
  *   sim_model.c   the latency model and admission rule (shared with routing_offline)
+ *   step_engine.c the step engine after vLLM's scheduler (shared with routing_offline)
  *
  * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
  * by time_scale to get wall-clock time. */
@@ -21,12 +23,17 @@
 
 #include "kvcache.h"
 #include "sim_model.h"
+#include "step_engine.h"
 
 typedef struct {
     const char *model;            /* --model, served model name */
     double time_scale;            /* --time-scale: 60 = everything 60x faster */
     sim_model_t m;                /* --prefill-us-per-token, --prefill-batch-slowdown,
                                      --overhead-ms, --itl-ms, --itl-per-seq-us, --max-num-seqs */
+    int step;                     /* --engine step: pods run in engine steps (step_engine.c) */
+    sim_step_conf_t sc;           /* --max-num-batched-tokens, --step-base-ms, --step-seq-us,
+                                     --step-kv-ns-per-token, and the two flags shared with m */
+    double rtt_us;                /* --rtt-ms: a round trip to another zone, model time */
     uint64_t capacity_tokens;     /* --capacity-tokens: KV cache size */
     uint64_t max_model_len;       /* --max-model-len: prompt + max_tokens limit */
     double fail_rate, drop_rate, stall_rate;
@@ -41,7 +48,7 @@ typedef struct sim_pod sim_pod_t;
 typedef struct sim_conn sim_conn_t;
 typedef struct sim_req sim_req_t;
 
-enum { SIM_REQ_WAITING, SIM_REQ_RUNNING };
+enum { SIM_REQ_WAITING, SIM_REQ_RUNNING, SIM_REQ_IN_FLIGHT /* crossing zones (--rtt-ms) */ };
 
 struct sim_req {
     sim_pod_t *pod;
@@ -60,7 +67,9 @@ struct sim_req {
     double first_token_us;      /* wall clock at which the first token is due */
     double next_token_us;
     struct event *timer;
+    struct event *rtt_timer;    /* --rtt-ms: the request reaches the engine when it fires */
     struct evbuffer *text;      /* non-streaming: the generated text so far */
+    sim_step_seq_t step;        /* --engine step: its sequence in the pod's engine */
 };
 
 typedef struct {
@@ -79,6 +88,9 @@ struct sim_pod {
     pcr_kvcache_t *kv;
     sim_list_t waiting, running;
     double prefill_busy_until_us;
+    sim_step_t eng;             /* --engine step: the engine, its step timer, when the step */
+    struct event *step_timer;   /* under way ends (wall clock) */
+    double step_due_us;
     uint64_t next_seq;
     uint64_t prefix_queries, prefix_hits;   /* tokens */
     uint64_t prompt_tokens, generation_tokens;
@@ -143,5 +155,7 @@ double sim_rand(void);           /* uniform in [0, 1), seeded by --seed */
 void sim_rand_seed(uint64_t seed);
 void sim_engine_submit(sim_req_t *r);  /* queues it; answers when its time comes */
 void sim_engine_cancel(sim_req_t *r);  /* the client left: frees the slot and the request */
+/* --engine step: the pod's step timer (arg: the pod): the step ends, the next begins. */
+void sim_engine_on_step(evutil_socket_t fd, short what, void *arg);
 
 #endif

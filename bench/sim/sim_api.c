@@ -168,6 +168,8 @@ void sim_req_free(sim_req_t *r)
         return;
     if (r->timer)
         event_free(r->timer);
+    if (r->rtt_timer)
+        event_free(r->rtt_timer);
     if (r->text)
         evbuffer_free(r->text);
     free(r->hashes);
@@ -289,9 +291,11 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
     size_t cap = pcr_kvcache_capacity(pod->kv);
     double usage = (double)(pcr_kvcache_pinned(pod->kv) + pcr_kvcache_reserved(pod->kv)) / cap;
     metric(out, "vllm:num_requests_running", "gauge",
-           "Number of requests in model execution batches.", m, pod->running.n);
+           "Number of requests in model execution batches.", m,
+           pod->conf->step ? pod->eng.running.n : pod->running.n);
     metric(out, "vllm:num_requests_waiting", "gauge",
-           "Number of requests waiting to be processed.", m, pod->waiting.n);
+           "Number of requests waiting to be processed.", m,
+           pod->conf->step ? pod->eng.waiting.n : pod->waiting.n);
     metric(out, "vllm:kv_cache_usage_perc", "gauge",
            "KV-cache usage. 1 means 100 percent usage.", m, usage);
     metric(out, "vllm:prefix_cache_queries_total", "counter",

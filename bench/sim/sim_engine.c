@@ -15,7 +15,16 @@
  *
  * Emission: one timer per running request; when it fires, every token already due is sent in
  * one SSE event (one write), and the next firing is at least tick_us later, so a time-scaled
- * pod stays cheap however fast its virtual clock runs. */
+ * pod stays cheap however fast its virtual clock runs.
+ *
+ * With --rtt-ms a request reaches the engine one round trip late: its way in and its answer's
+ * way out, taken together before the first byte. Every later write is then that much later
+ * than from a pod in the router's zone, and the gaps between them are the same.
+ *
+ * With --engine step the pod runs step_engine.c instead: one timer per pod fires at the end of
+ * each engine step (its model time over time_scale after the step before ended, so a late
+ * timer is caught up), every sequence that sampled a token writes it (one SSE event per token
+ * and step), and the next step is composed at once; an idle pod's first request starts one. */
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
@@ -112,12 +121,50 @@ static void schedule(sim_pod_t *pod)
     }
 }
 
+/* --engine step: composes the pod's next step, ending `from_us` plus its time; nothing when
+ * a step is under way or nothing can run. */
+static void step_next(sim_pod_t *pod, double from_us)
+{
+    if (pod->eng.in_step)
+        return;
+    double d = sim_step_begin(&pod->eng);
+    if (d <= 0)
+        return;
+    double now = sim_now_us();
+    pod->step_due_us = from_us + d / pod->conf->time_scale;
+    double wait = pod->step_due_us - now;
+    if (wait < 0)
+        wait = 0;
+    struct timeval tv = { (time_t)(wait / 1e6), (suseconds_t)fmod(wait, 1e6) };
+    evtimer_add(pod->step_timer, &tv);
+}
+
+static void step_kick(sim_pod_t *pod)
+{
+    step_next(pod, sim_now_us());
+}
+
+static void on_rtt(evutil_socket_t fd, short what, void *arg)
+{
+    sim_engine_submit(arg);   /* rtt_timer is set: this time it goes in */
+}
+
 void sim_engine_submit(sim_req_t *r)
 {
     sim_pod_t *pod = r->pod;
+    if (pod->conf->rtt_us > 0 && !r->rtt_timer) {
+        r->rtt_timer = evtimer_new(pod->base, on_rtt, r);
+        if (r->rtt_timer) {
+            double d = pod->conf->rtt_us / pod->conf->time_scale;
+            struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
+            r->state = SIM_REQ_IN_FLIGHT;
+            evtimer_add(r->rtt_timer, &tv);
+            return;
+        }   /* out of memory: no delay rather than no answer */
+    }
     r->arrival_us = sim_now_us();
-    r->timer = evtimer_new(pod->base, on_token_timer, r);
-    if (!r->timer) {
+    r->timer = pod->conf->step ? NULL : evtimer_new(pod->base, on_token_timer, r);
+    if (!r->timer && !pod->conf->step) {
         sim_conn_t *c = r->conn;
         c->req = NULL;
         sim_req_free(r);
@@ -129,6 +176,14 @@ void sim_engine_submit(sim_req_t *r)
     if (r->stream)
         sim_conn_start_stream(r->conn);
     r->state = SIM_REQ_WAITING;
+    if (pod->conf->step) {
+        r->step = (sim_step_seq_t){.hashes = r->hashes, .nblocks = r->nblocks,
+                                  .prompt_tokens = r->prompt_tokens,
+                                  .max_tokens = r->max_tokens, .owner = r};
+        sim_step_add(&pod->eng, &r->step);
+        step_kick(pod);
+        return;
+    }
     list_push(&pod->waiting, r);
     schedule(pod);
 }
@@ -137,6 +192,12 @@ void sim_engine_submit(sim_req_t *r)
 static void retire(sim_req_t *r)
 {
     sim_pod_t *pod = r->pod;
+    if (pod->conf->step) {
+        sim_step_abort(&pod->eng, &r->step);   /* a finished sequence is already out */
+        sim_req_free(r);
+        step_kick(pod);
+        return;
+    }
     if (r->state == SIM_REQ_RUNNING) {
         list_remove(&pod->running, r);
         pcr_kvcache_release(pod->kv, r->hashes, r->nblocks, r->private_blocks);
@@ -150,14 +211,19 @@ static void retire(sim_req_t *r)
 void sim_engine_cancel(sim_req_t *r)
 {
     r->pod->cancelled++;
+    if (r->state == SIM_REQ_IN_FLIGHT) {   /* not in the engine yet */
+        sim_req_free(r);
+        return;
+    }
     retire(r);
 }
+
+static int deliver(sim_req_t *r, size_t first, int done);
 
 static void on_token_timer(evutil_socket_t fd, short what, void *arg)
 {
     sim_req_t *r = arg;
     sim_pod_t *pod = r->pod;
-    sim_conn_t *c = r->conn;
     double now = sim_now_us();
     size_t first = r->sent;
     while (r->sent < r->max_tokens && r->next_token_us <= now) {
@@ -166,9 +232,19 @@ static void on_token_timer(evutil_socket_t fd, short what, void *arg)
         r->sent++;
         r->next_token_us += itl_us(pod);
     }
+    if (deliver(r, first, r->sent == r->max_tokens))
+        arm(r, r->next_token_us, now);
+}
+
+/* Sends r's tokens from `first` to r->sent: one SSE event, or the whole answer's text; closes
+ * the connection mid-stream where --drop-rate says so; answers and frees r when `done`.
+ * Returns whether r goes on (not done, not dropped). */
+static int deliver(sim_req_t *r, size_t first, int done)
+{
+    sim_pod_t *pod = r->pod;
+    sim_conn_t *c = r->conn;
     size_t n = r->sent - first;
     pod->generation_tokens += n;
-    int done = r->sent == r->max_tokens;
     if (r->drop_at && r->sent >= r->drop_at && !done) {
         /* Close mid-stream: detach first so the close path does not free r under us. */
         pod->dropped++;
@@ -176,23 +252,23 @@ static void on_token_timer(evutil_socket_t fd, short what, void *arg)
         r->conn = NULL;
         retire(r);
         sim_conn_close(c);
-        return;
+        return 0;
     }
     if (r->stream) {
         if (n > 0) {
             struct evbuffer *ev = evbuffer_new();
-            sim_api_stream_event(r, first, n, done, ev);
-            sim_conn_chunk(c, ev);
-            evbuffer_free(ev);
+            if (ev) {
+                sim_api_stream_event(r, first, n, done, ev);
+                sim_conn_chunk(c, ev);
+                evbuffer_free(ev);
+            }
         }
     } else {
         for (size_t i = first; i < r->sent; i++)
             sim_api_token_text(i, r->text);
     }
-    if (!done) {
-        arm(r, r->next_token_us, now);
-        return;
-    }
+    if (!done)
+        return 1;
     pod->success++;
     c->req = NULL;
     r->conn = NULL;
@@ -207,4 +283,35 @@ static void on_token_timer(evutil_socket_t fd, short what, void *arg)
         sim_conn_respond(c, 200, "application/json", (char *)evbuffer_pullup(body, -1), len);
         evbuffer_free(body);
     }
+    return 0;
+}
+
+/* --engine step: sequence q sampled a token at the end of its pod's step; it goes out now. */
+static void on_step_token(void *arg, sim_step_seq_t *q)
+{
+    sim_req_t *r = q->owner;
+    sim_pod_t *pod = r->pod;
+    size_t first = r->sent;
+    if (first == 0) {   /* its hit is known from its admission, counted as vLLM counts it */
+        r->hit_tokens = q->hit_tokens;
+        pod->prefix_queries += r->prompt_tokens;
+        pod->prefix_hits += r->hit_tokens;
+        pod->prompt_tokens += r->prompt_tokens;
+        record_ttft(pod, (sim_now_us() - r->arrival_us) * pod->conf->time_scale / 1e6);
+    }
+    r->sent = q->generated;
+    deliver(r, first, q->state == SIM_SEQ_FINISHED);
+}
+
+void sim_engine_on_step(evutil_socket_t fd, short what, void *arg)
+{
+    sim_pod_t *pod = arg;
+    sim_step_end(&pod->eng, on_step_token, pod);
+    double now = sim_now_us();
+    /* More than 100 ms of wall clock late (a stall of this machine): the next step starts
+     * now, rather than steps running back to back to catch up. */
+    double from = pod->step_due_us;
+    if (now - from > 1e5)
+        from = now;
+    step_next(pod, from);
 }

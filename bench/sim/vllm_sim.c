@@ -7,7 +7,9 @@
  * Defaults are close to vLLM serving Llama-3-8B in BF16 on one H100 80GB:
  *   KV cache 400k tokens (128 KiB per token; ~52 GB left after weights and activations),
  *   prefill ~14k tokens/s (70 us/token), decode step 12 ms at batch 1 growing 60 us per
- *   running sequence, 15 ms fixed overhead, max_num_seqs 256, max_model_len 131072. */
+ *   running sequence, 15 ms fixed overhead, max_num_seqs 256, max_model_len 131072.
+ * With --engine step the pods run in engine steps after vLLM's scheduler instead
+ * (step_engine.h; its defaults and their sources are in docs/BENCH_ENGINE.md). */
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,9 +39,22 @@ static void usage(FILE *f)
 "  --max-model-len N            prompt + max_tokens at most (default 131072)\n"
 "  --prefill-us-per-token F     prefill time per uncached token, us (default 70)\n"
 "  --prefill-batch-slowdown F   prefill slower by F per running request (default 0.005)\n"
+"  --engine KIND                latency (default: the latency model above) or step: engine\n"
+"                               steps after vLLM's scheduler, each carrying every running\n"
+"                               stream's next token and prefill chunks up to a budget;\n"
+"                               uses --max-num-seqs, --prefill-us-per-token and:\n"
+"  --max-num-batched-tokens N   step: tokens per engine step (default 8192)\n"
+"  --step-base-ms F             step: a step's fixed time, ms (default 7.4)\n"
+"  --step-seq-us F              step: time per decoding sequence, us (default 30)\n"
+"  --step-kv-ns-per-token F     step: time per context token a sequence reads, ns\n"
+"                               (default 39)\n"
 "  --overhead-ms F              fixed time to first token, ms (default 15)\n"
 "  --itl-ms F                   inter-token latency at batch 1, ms (default 12)\n"
 "  --itl-per-seq-us F           inter-token latency added per running request, us (default 60)\n"
+"  --rtt-ms F                   a round trip to another zone, ms of model time: every\n"
+"                               request reaches the engine this much later, so its first\n"
+"                               byte and every write after it come this much later\n"
+"                               (default 0)\n"
 "  --tick-us N                  shortest wall-clock gap between writes of a stream (default 1000)\n"
 "  --fail-rate F                answer this fraction with 500 (default 0)\n"
 "  --drop-rate F                close this fraction mid-stream (default 0)\n"
@@ -88,7 +103,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
     sim_conf_t conf = {
-        .model = "sim-8b", .time_scale = 1, .m = SIM_MODEL_DEFAULTS,
+        .model = "sim-8b", .time_scale = 1, .m = SIM_MODEL_DEFAULTS, .sc = SIM_STEP_DEFAULTS,
         .capacity_tokens = 400000, .max_model_len = 131072,
         .tick_us = 1000, .max_body_bytes = 64u << 20,
     };
@@ -98,7 +113,7 @@ int main(int argc, char **argv)
     uint64_t seed = 1;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
-           O_HIDE, O_HELP };
+           O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -109,6 +124,9 @@ int main(int argc, char **argv)
         {"fail-rate", 1, 0, O_FAIL}, {"drop-rate", 1, 0, O_DROP}, {"stall-rate", 1, 0, O_STALL},
         {"seed", 1, 0, O_SEED}, {"metrics-pad-bytes", 1, 0, O_PAD},
         {"hide-cache-config", 0, 0, O_HIDE}, {"help", 0, 0, O_HELP},
+        {"engine", 1, 0, O_ENGINE}, {"max-num-batched-tokens", 1, 0, O_MNBT},
+        {"step-base-ms", 1, 0, O_SBASE}, {"step-seq-us", 1, 0, O_SSEQ},
+        {"step-kv-ns-per-token", 1, 0, O_SKV}, {"rtt-ms", 1, 0, O_RTT},
         {0, 0, 0, 0},
     };
     int o;
@@ -130,9 +148,30 @@ int main(int argc, char **argv)
             bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1e10, &v);
             conf.capacity_tokens = (uint64_t)v;
             break;
-        case O_SEQS: bad = parse_double(optarg, 1, 1e6, &v); conf.m.max_num_seqs = (unsigned)v; break;
+        case O_SEQS:
+            bad = parse_double(optarg, 1, 1e6, &v);
+            conf.m.max_num_seqs = conf.sc.max_num_seqs = (unsigned)v;
+            break;
         case O_MML: bad = parse_double(optarg, 1, 1e9, &v); conf.max_model_len = (uint64_t)v; break;
-        case O_PREFILL: bad = parse_double(optarg, 0, 1e7, &conf.m.prefill_us_per_token); break;
+        case O_PREFILL:
+            bad = parse_double(optarg, 0, 1e7, &conf.m.prefill_us_per_token);
+            conf.sc.prefill_us_per_token = conf.m.prefill_us_per_token;
+            break;
+        case O_ENGINE:
+            bad = strcmp(optarg, "step") != 0 && strcmp(optarg, "latency") != 0;
+            conf.step = strcmp(optarg, "step") == 0;
+            break;
+        case O_MNBT:
+            bad = parse_double(optarg, 1, 1e7, &v);
+            conf.sc.max_batched_tokens = (unsigned)v;
+            break;
+        case O_SBASE: bad = parse_double(optarg, 0, 1e6, &v); conf.sc.base_us = v * 1000; break;
+        case O_SSEQ: bad = parse_double(optarg, 0, 1e7, &conf.sc.decode_us_per_seq); break;
+        case O_RTT: bad = parse_double(optarg, 0, 1e6, &v); conf.rtt_us = v * 1000; break;
+        case O_SKV:
+            bad = parse_double(optarg, 0, 1e7, &v);
+            conf.sc.ctx_us_per_token = v / 1000;
+            break;
         case O_SLOW: bad = parse_double(optarg, 0, 1e3, &conf.m.prefill_batch_slowdown); break;
         case O_OVER: bad = parse_double(optarg, 0, 1e7, &conf.m.overhead_ms); break;
         case O_ITL: bad = parse_double(optarg, 0, 1e7, &conf.m.itl_ms); break;
@@ -195,6 +234,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "vllm-sim: cannot allocate a cache of %zu blocks\n", blocks);
             goto out;
         }
+        if (conf.step) {
+            pod->step_timer = evtimer_new(base, sim_engine_on_step, pod);
+            if (!pod->step_timer || sim_step_init(&pod->eng, &conf.sc, pod->kv) != 0) {
+                fprintf(stderr, "vllm-sim: out of memory\n");
+                goto out;
+            }
+        }
         struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(ports[i]) };
         if (inet_pton(AF_INET, host, &sin.sin_addr) != 1) {
             fprintf(stderr, "vllm-sim: --host must be an IPv4 address: %s\n", host);
@@ -213,9 +259,10 @@ int main(int argc, char **argv)
         pod->port = ntohs(sin.sin_port);
         fprintf(stderr, "vllm-sim: pod %s listening on %s:%d\n", pod->name, host, pod->port);
     }
-    fprintf(stderr, "vllm-sim: ready (model %s, %d pod%s, capacity %llu tokens, time scale %g)\n",
-            conf.model, nports, nports > 1 ? "s" : "", (unsigned long long)conf.capacity_tokens,
-            conf.time_scale);
+    fprintf(stderr, "vllm-sim: ready (model %s, %d pod%s, capacity %llu tokens, time scale %g, "
+            "%s engine)\n", conf.model, nports, nports > 1 ? "s" : "",
+            (unsigned long long)conf.capacity_tokens, conf.time_scale,
+            conf.step ? "step" : "latency");
     event_base_dispatch(base);
     rc = 0;
 out:
@@ -225,6 +272,9 @@ out:
             sim_conn_close(pod->conns);
         if (pod->listener)
             evconnlistener_free(pod->listener);
+        if (pod->step_timer)
+            event_free(pod->step_timer);
+        sim_step_dispose(&pod->eng);
         pcr_kvcache_free(pod->kv);
         free(pod->name);
     }

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 /* routing.hold_tokens' default: at the simulator's 70 us a token, 1.4 s of prefill queued on a
- * pod (bench/sweep.py chose it; see the README). 0 turns holding off. */
+ * pod (bench/sweep.py chose it; docs/TUNING.md says why). 0 turns holding off. */
 #define PCR_HOLD_TOKENS_DEFAULT 20480
 
 /* Tokens added to every prefill in the ratio, for the fixed part of a first token (the default

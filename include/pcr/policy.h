@@ -14,15 +14,18 @@
 #include <stdint.h>
 
 #include "pcr/common.h"
+#include "pcr/kvtable.h"
 
 typedef enum {
     PCR_POLICY_ROUND_ROBIN = 0,
     PCR_POLICY_LEAST_LOADED,
     PCR_POLICY_CONSISTENT_HASH,
     PCR_POLICY_CACHE_AWARE,
+    PCR_POLICY_RANDOM,          /* a Kubernetes Service: kube-proxy's iptables mode */
 } pcr_policy_kind_t;
 
-/* "round_robin" | "least_loaded" | "consistent_hash" | "cache_aware" -> kind; 0 or PCR_ERR_INVAL. */
+/* "round_robin" | "least_loaded" | "consistent_hash" | "cache_aware" | "random" -> kind; 0 or
+ * PCR_ERR_INVAL. */
 int pcr_policy_kind_parse(const char *name, pcr_policy_kind_t *out);
 const char *pcr_policy_kind_name(pcr_policy_kind_t kind);
 
@@ -35,6 +38,7 @@ typedef enum {
     PCR_REASON_LEAST_LOADED,
     PCR_REASON_HASH,            /* consistent_hash placement */
     PCR_REASON_NO_BACKEND,      /* no usable backend: the decision's backend is -1 */
+    PCR_REASON_RANDOM,          /* random: drawn uniformly among the usable backends */
     PCR_REASON__COUNT
 } pcr_reason_t;
 
@@ -56,7 +60,7 @@ typedef struct {
                                 * cache_aware places a prefix nobody holds), default 1.25 */
     double inflight_factor;    /* cache_aware: a backend with more than this times its fair
                                 * share of the requests in flight (4 at least) is passed over
-                                * while another is under, default 2 */
+                                * while another is under, default 3 */
     double load_weight;        /* the weight of a backend's queued work against a request's
                                 * uncached prefill on an idle pool, default 1 (the honest time
                                 * to first token) */
@@ -101,9 +105,22 @@ typedef struct {
      * router passes microseconds): default 300 s. A pod unreachable for a while still holds
      * its KV cache; only a restart empties it (PCR_BACKEND_RESTARTED). */
     uint64_t unavailable_keep;
+    /* Precise mode (routing.index "events"): cache_aware also keeps what each pod says it
+     * holds (pcr/kvtable.h, fed by pcr_policy_kv_*), and a key that carries the prompt's
+     * token chains (pcr_policy_key_tokens) is matched there, exactly. A key without them
+     * (the pod's tokenizer did not answer in time) is matched in the approximate index, which
+     * goes on learning from every commit. The index_max_bytes bound is shared: a quarter for
+     * the approximate index, the rest for the pods' table. */
+    int index_events;          /* 0: the approximate index only (default) */
+    uint32_t kv_block_tokens;  /* tokens per block of the pods' caches (vLLM's --block-size),
+                                * default 16 */
+    uint64_t kv_speculative_ttl; /* how long a block counts as held after a request was sent
+                                  * with it, until the pod's event confirms it, in `now` units;
+                                  * default 2 s (2000000 us) */
     /* What cache_aware assumes of a pod before pcr_policy_observe has taught it better
      * (include/pcr/ttft.h): time to first token = overhead + per_token * prefill tokens.
-     * Fair shares (both bounds) are weighted by weight and by the speed learned. */
+     * The in-flight bound's fair shares are weighted by weight and by the speed learned; the
+     * share bound's by configured weight alone (hashring/lb_cache.c says why). */
     double prefill_us_per_token; /* default 70 (about 14k tokens/s) */
     double ttft_overhead_us;   /* default 20000 */
 } pcr_policy_opts_t;
@@ -132,7 +149,12 @@ void pcr_policy_free(pcr_policy_t *p);  /* NULL is a no-op */
 typedef struct {
     uint64_t *blocks;          /* chained block hashes; blocks[i] names the prefix 0..i */
     size_t nblocks;
-    size_t prompt_tokens;      /* canonical prompt bytes / 4, rounded up (all of it, not only hashed) */
+    size_t prompt_tokens;      /* canonical prompt bytes / 4, rounded up (all of it, not only
+                                * hashed); the exact count when tblocks are there */
+    /* Precise mode: the chains of the prompt's whole token blocks, when the router has its
+     * tokens (pcr_policy_key_tokens); NULL and 0 otherwise. */
+    uint64_t *tblocks;
+    size_t ntblocks;
 } pcr_key_t;
 
 /* Hashes the canonical prompt `bytes` with `model` mixed in (pcr/prefix.h) into `key->blocks`,
@@ -143,6 +165,23 @@ int pcr_policy_key(const pcr_policy_t *p, const char *model, size_t model_len, c
                    size_t len, pcr_key_t *key);
 size_t pcr_policy_max_blocks(const pcr_policy_t *p);
 
+/* Precise mode: the chains of `tokens` (pcr_kvtable_key, with `seed`: 0 for the base model)
+ * into key->tblocks, which has room for pcr_policy_max_tblocks(p), and their exact count into
+ * key->prompt_tokens. Tokens past max_prefix_bytes / 4 are not chained. Returns 0, or
+ * PCR_ERR_INVAL when the policy is not in precise mode. */
+int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,
+                          size_t ntokens, pcr_key_t *key);
+size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
+
+/* Precise mode: what a pod said, applied to this replica (as pcr_kvtable_stored, _removed,
+ * _clear; PCR_ERR_INVAL, or nothing, when the policy keeps no pods' table). */
+int pcr_policy_kv_stored(pcr_policy_t *p, int backend, const pcr_kvt_stored_t *ev, uint64_t now);
+size_t pcr_policy_kv_removed(pcr_policy_t *p, int backend, const uint64_t *hashes, size_t n,
+                             pcr_kvt_medium_t medium);
+void pcr_policy_kv_clear(pcr_policy_t *p, int backend);
+/* The pods' table, for its counts (NULL when not in precise mode). */
+const pcr_kvtable_t *pcr_policy_kvtable(const pcr_policy_t *p);
+
 typedef struct {
     int backend;               /* 0..n-1, or -1 when no backend is usable */
     pcr_reason_t reason;
@@ -151,6 +190,8 @@ typedef struct {
     uint64_t uncached_prefill; /* tokens the chosen backend will have to prefill */
     uint64_t matched_time;     /* when the index saw the chosen backend last use its deepest
                                 * matched block (a `now` passed in before); 0 when none */
+    int precise;               /* matched on the key's token chains, in the pods' table:
+                                * matched_blocks and total_blocks count token blocks */
     /* With a clock (pcr_policy_set_clock), the decision's time in its two phases, ns: the
      * index match (cache_aware only), and the rest (costs, bounded loads, the ring). 0 without. */
     uint64_t match_ns, cost_ns;
@@ -189,10 +230,10 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *de
 int pcr_policy_backend_remove(pcr_policy_t *p, int id);
 size_t pcr_policy_backend_slots(const pcr_policy_t *p);
 
-/* A reload: applies what can change in place (load_factor, load_weight, zone_penalty, zone,
- * vnodes, index_max_bytes, unavailable_keep). PCR_ERR_INVAL when `opts` is invalid or changes the kind,
- * block_bytes or max_prefix_bytes: the keys and the index would mean something else, so the
- * caller makes a new policy. */
+/* A reload: applies every option in place but the kind, block_bytes and max_prefix_bytes;
+ * PCR_ERR_INVAL when `opts` is invalid or changes one of those three (the keys and the index
+ * would mean something else, so the caller makes a new policy). A new prefill prior keeps what
+ * was observed. */
 int pcr_policy_tune(pcr_policy_t *p, const pcr_policy_opts_t *opts);
 
 /* Drops every entry of a backend. */

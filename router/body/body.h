@@ -47,7 +47,7 @@ typedef struct {
 /* The key to route on, a view into `b` (valid while b is). */
 static inline pcr_key_t pcr_body_key(const pcr_body_t *b)
 {
-    pcr_key_t k = {b->blocks, b->nblocks, b->prompt_tokens};
+    pcr_key_t k = {.blocks = b->blocks, .nblocks = b->nblocks, .prompt_tokens = b->prompt_tokens};
     return k;
 }
 

@@ -166,7 +166,8 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
         if (off + bytes > len)
             break;
         /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
-        pcr_key_t key = {(uint64_t *)(void *)(buf + off), m.nblocks, m.prompt_tokens};
+        pcr_key_t key = {.blocks = (uint64_t *)(void *)(buf + off), .nblocks = m.nblocks,
+                         .prompt_tokens = m.prompt_tokens};
         pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL, 0, 0, {0}, 0};
         if (m.op == OP_OBSERVE && m.nblocks == 1) {
             bm.uncached = m.prompt_tokens;

@@ -1,90 +1,149 @@
-/* router/dns.c: asynchronous name resolution (dns.h) over libevent's evdns.
+/* router/dns.c: asynchronous name resolution (dns.h) over c-ares, driven by the control loop.
  *
- * evdns may answer inside evdns_getaddrinfo() (a numeric host, a cached answer, an error); the
- * query then keeps the answer and a zero-delay event reports it from the loop, so a caller never
- * sees its callback run inside its own call. Cancelling a query still in evdns asks evdns to
- * cancel it; evdns then calls back with EVUTIL_EAI_CANCEL from a later loop turn (a deferred
- * callback), and that callback only frees the query.
+ * Why c-ares and not libevent's evdns: evdns sends no EDNS0 and has no TCP fallback, so an
+ * answer larger than 512 bytes (about 28 A records, a headless Service of 40 pods) came back
+ * truncated and every lookup failed. c-ares asks with EDNS0 (a 1232-byte UDP payload, as the
+ * DNS flag day of 2020 advises) and repeats a truncated query over TCP by itself.
  *
- * Those deferred callbacks read the query and the evdns base, so neither may be freed before
- * they ran: pcr_dns_free cancels what is in flight and leaves the resolver "retiring"; the last
- * cancelled query's callback arms a zero-delay event, which frees the evdns base one loop turn
- * later (after any callback evdns deferred meanwhile, such as the internal cancel of a
- * getaddrinfo timeout). pcr_dns_retiring() says how many resolvers are still on their way out,
- * so that the process can run its loop until they are gone before it exits. */
+ * c-ares tells which sockets it wants watched (sock_state_cb); each gets a libevent event that
+ * calls ares_process_fd(), and one timer follows ares_timeout(). An answer is never reported
+ * from inside c-ares: its callback keeps the result and activates the query's own event, so a
+ * caller's callback runs from the loop, never inside pcr_dns_resolve() nor inside c-ares
+ * (where freeing the resolver would pull the channel from under it).
+ *
+ * c-ares cannot cancel one query. A cancelled query stays in c-ares, marked, until its answer
+ * or its timeout comes; then it is freed and nothing is reported. pcr_dns_free() destroys the
+ * channel, which calls back every query still in it (ARES_EDESTRUCTION) at once, so a resolver
+ * is gone when pcr_dns_free() returns. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
 #include <sys/queue.h>
 
-#include <event2/dns.h>
+#include <ares.h>
 #include <event2/event.h>
-#include <event2/util.h>
 
 #include "dns.h"
+#include "log.h"
 #include "pcr/common.h"
+
+#define EDNS_PAYLOAD 1232
 
 struct pcr_dns_query {
     pcr_dns_t *dns;
     LIST_ENTRY(pcr_dns_query) link;
-    struct evdns_getaddrinfo_request *req;
-    struct event *later;           /* reports an answer that came at once */
+    struct event *later;           /* reports the answer from the loop */
     pcr_dns_cb cb;
     void *arg;
+    int in_ares;                   /* c-ares still holds it: its callback will come */
     int cancelled;
-    int in_evdns;
     int err;
     char errmsg[96];
     pcr_dns_addr_t *addrs;
     size_t naddrs;
+    char host[64];                 /* for the log line when an answer is cut */
 };
+
+typedef struct {
+    ares_socket_t fd;
+    short what;                    /* EV_READ, EV_WRITE or both */
+    struct event *ev;
+} dns_sock_t;
 
 struct pcr_dns {
     struct event_base *base;
-    struct evdns_base *evdns;
+    ares_channel ch;
+    struct event *timer;           /* ares_timeout(): retries and query deadlines */
     LIST_HEAD(, pcr_dns_query) queries;
-    int used;                      /* a query ever went into evdns */
-    int retiring;                  /* pcr_dns_free was called: gone once evdns is done */
-    struct event *bury;            /* frees it, a loop turn after its last callback */
+    dns_sock_t *socks;
+    size_t nsocks, capsocks;
 };
 
-static unsigned retiring_count;    /* control thread only */
-
-static void dns_destroy(pcr_dns_t *dns)
+static void update_timer(pcr_dns_t *dns)
 {
-    if (dns->evdns)
-        evdns_base_free(dns->evdns, 0); /* nothing of ours is in it any more */
-    if (dns->bury)
-        event_free(dns->bury);
-    free(dns);
+    struct timeval tv, *t = ares_timeout(dns->ch, NULL, &tv);
+    if (t != NULL)
+        evtimer_add(dns->timer, t);
+    else
+        evtimer_del(dns->timer);
 }
 
-static void on_bury(evutil_socket_t fd, short what, void *arg)
+static void on_sock(evutil_socket_t fd, short what, void *arg)
 {
-    retiring_count--;
-    dns_destroy(arg);
+    pcr_dns_t *dns = arg;
+    ares_process_fd(dns->ch, (what & EV_READ) ? fd : ARES_SOCKET_BAD,
+                    (what & EV_WRITE) ? fd : ARES_SOCKET_BAD);
+    update_timer(dns);
 }
 
-/* A retiring resolver whose last query called back: freed at the next loop turn. */
-static void bury_later(pcr_dns_t *dns)
+static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
-    if (dns->bury == NULL)
-        dns->bury = evtimer_new(dns->base, on_bury, dns);
-    if (dns->bury == NULL) {
-        /* Out of memory: leak it rather than free what a deferred callback may still read. */
-        retiring_count--;
+    pcr_dns_t *dns = arg;
+    ares_process_fd(dns->ch, ARES_SOCKET_BAD, ARES_SOCKET_BAD);
+    update_timer(dns);
+}
+
+/* c-ares opens, closes and changes interest in its sockets through this. An event freed here
+ * may be the one whose callback is running: libevent allows that on the loop's own thread. */
+static void on_sock_state(void *data, ares_socket_t fd, int readable, int writable)
+{
+    pcr_dns_t *dns = data;
+    short what = (short)((readable ? EV_READ : 0) | (writable ? EV_WRITE : 0));
+    size_t i = 0;
+    while (i < dns->nsocks && dns->socks[i].fd != fd)
+        i++;
+    if (i < dns->nsocks) {
+        if (dns->socks[i].what == what)
+            return;
+        event_free(dns->socks[i].ev);
+        dns->socks[i] = dns->socks[--dns->nsocks];
+    }
+    if (what == 0)
+        return;
+    if (dns->nsocks == dns->capsocks) {
+        size_t cap = dns->capsocks ? dns->capsocks * 2 : 4;
+        dns_sock_t *s = realloc(dns->socks, cap * sizeof(*s));
+        if (s == NULL)
+            return; /* unwatched: the query times out through the timer */
+        dns->socks = s;
+        dns->capsocks = cap;
+    }
+    struct event *ev = event_new(dns->base, fd, (short)(what | EV_PERSIST), on_sock, dns);
+    if (ev == NULL || event_add(ev, NULL) != 0) {
+        if (ev != NULL)
+            event_free(ev);
         return;
     }
-    struct timeval now = {0, 0};
-    evtimer_add(dns->bury, &now);
+    dns->socks[dns->nsocks++] = (dns_sock_t){fd, what, ev};
 }
 
-unsigned pcr_dns_retiring(void) { return retiring_count; }
+/* One "IP" or "IP:PORT" list for c-ares ("IP:PORT,IP:PORT"). */
+static char *servers_csv(char *const *ns, size_t n)
+{
+    size_t len = 1;
+    for (size_t i = 0; i < n; i++)
+        len += strlen(ns[i]) + 1;
+    char *s = malloc(len), *p = s;
+    if (s == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%s", i ? "," : "", ns[i]);
+    *p = '\0';
+    return s;
+}
 
 pcr_dns_t *pcr_dns_new(struct event_base *base, char *const *nameservers, size_t n,
                        unsigned timeout_ms, char *err, size_t errlen)
 {
+    static int lib_ready;
+    if (!lib_ready) {
+        if (ares_library_init(ARES_LIB_INIT_ALL) != ARES_SUCCESS) {
+            snprintf(err, errlen, "cannot set up the resolver library");
+            return NULL;
+        }
+        lib_ready = 1;
+    }
     pcr_dns_t *dns = calloc(1, sizeof(*dns));
     if (dns == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -92,44 +151,65 @@ pcr_dns_t *pcr_dns_new(struct event_base *base, char *const *nameservers, size_t
     }
     dns->base = base;
     LIST_INIT(&dns->queries);
-    /* With nameservers of its own, pcrouter asks only them (a test's resolver, a cluster's),
-     * without the machine's /etc/hosts either. */
-    dns->evdns = evdns_base_new(base, n == 0 ? EVDNS_BASE_INITIALIZE_NAMESERVERS : 0);
-    if (dns->evdns == NULL) {
-        snprintf(err, errlen, "cannot set up the resolver (no nameserver in /etc/resolv.conf?)");
+    dns->timer = evtimer_new(base, on_timer, dns);
+    if (dns->timer == NULL) {
+        snprintf(err, errlen, "out of memory");
         free(dns);
         return NULL;
     }
-    for (size_t i = 0; i < n; i++) {
-        if (evdns_base_nameserver_ip_add(dns->evdns, nameservers[i]) != 0) {
-            snprintf(err, errlen, "dns.nameservers[%zu]: cannot use %s", i, nameservers[i]);
+    struct ares_options o;
+    memset(&o, 0, sizeof(o));
+    o.flags = ARES_FLAG_EDNS;
+    o.ednspsz = EDNS_PAYLOAD;
+    o.timeout = (int)timeout_ms;
+    o.tries = 2;
+    o.sock_state_cb = on_sock_state;
+    o.sock_state_cb_data = dns;
+    int mask = ARES_OPT_FLAGS | ARES_OPT_EDNSPSZ | ARES_OPT_TIMEOUTMS | ARES_OPT_TRIES |
+               ARES_OPT_SOCK_STATE_CB;
+    /* With nameservers of its own, pcrouter asks only them (a test's resolver, a cluster's):
+     * no /etc/hosts, no search domains from the machine's resolv.conf. */
+    char lookups[] = "b";
+    if (n > 0) {
+        o.lookups = lookups;
+        o.ndomains = 0;
+        o.ndots = 1;
+        mask |= ARES_OPT_LOOKUPS | ARES_OPT_DOMAINS | ARES_OPT_NDOTS;
+    }
+    int rc = ares_init_options(&dns->ch, &o, mask);
+    if (rc != ARES_SUCCESS) {
+        snprintf(err, errlen, "cannot set up the resolver: %s", ares_strerror(rc));
+        event_free(dns->timer);
+        free(dns);
+        return NULL;
+    }
+    if (n > 0) {
+        char *csv = servers_csv(nameservers, n);
+        rc = csv != NULL ? ares_set_servers_ports_csv(dns->ch, csv) : ARES_ENOMEM;
+        free(csv);
+        if (rc != ARES_SUCCESS) {
+            snprintf(err, errlen, "dns.nameservers: cannot use them (%s)", ares_strerror(rc));
             pcr_dns_free(dns);
             return NULL;
         }
     }
-    char secs[32];
-    snprintf(secs, sizeof(secs), "%.3f", timeout_ms / 1000.0);
-    evdns_base_set_option(dns->evdns, "timeout:", secs);
-    evdns_base_set_option(dns->evdns, "attempts:", "2");
     return dns;
 }
 
 static void query_free(pcr_dns_query_t *q)
 {
-    pcr_dns_t *dns = q->dns;
     LIST_REMOVE(q, link);
     if (q->later)
         event_free(q->later);
     free(q->addrs);
     free(q);
-    if (dns->retiring && LIST_EMPTY(&dns->queries))
-        bury_later(dns);
 }
 
-static void report(pcr_dns_query_t *q)
+static void on_later(evutil_socket_t fd, short what, void *arg)
 {
+    pcr_dns_query_t *q = arg;
     pcr_dns_cb cb = q->cb;
-    void *arg = q->arg;
+    void *cbarg = q->arg;
     pcr_dns_addr_t *addrs = q->addrs;
     size_t n = q->naddrs;
     int err = q->err;
@@ -137,51 +217,74 @@ static void report(pcr_dns_query_t *q)
     memcpy(msg, q->errmsg, sizeof(msg));
     q->addrs = NULL;
     query_free(q);
-    cb(addrs, n, err, msg, arg);
+    cb(addrs, n, err, msg, cbarg);
     free(addrs);
 }
 
-static void on_later(evutil_socket_t fd, short what, void *arg) { report(arg); }
+/* Address order, so that an answer cut at PCR_DNS_MAX_ADDRS keeps the same addresses whatever
+ * order the server rotates them in. */
+static int addr_cmp(const void *a, const void *b)
+{
+    const pcr_dns_addr_t *x = a, *y = b;
+    if (x->addr.ss_family != y->addr.ss_family)
+        return x->addr.ss_family < y->addr.ss_family ? -1 : 1;
+    if (x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    return memcmp(&x->addr, &y->addr, x->len);
+}
 
-static void on_answer(int result, struct evutil_addrinfo *res, void *arg)
+static void take_answer(pcr_dns_query_t *q, const struct ares_addrinfo *res)
+{
+    size_t n = 0, total = 0;
+    for (const struct ares_addrinfo_node *ai = res ? res->nodes : NULL; ai; ai = ai->ai_next)
+        total += ai->ai_addrlen <= sizeof(struct sockaddr_storage);
+    q->addrs = calloc(total ? total : 1, sizeof(*q->addrs));
+    if (q->addrs == NULL) {
+        q->err = PCR_DNS_FAIL;
+        snprintf(q->errmsg, sizeof(q->errmsg), "out of memory");
+        return;
+    }
+    for (const struct ares_addrinfo_node *ai = res ? res->nodes : NULL; ai; ai = ai->ai_next) {
+        if (ai->ai_addrlen > sizeof(struct sockaddr_storage))
+            continue;
+        pcr_dns_addr_t *a = &q->addrs[n];
+        memset(a, 0, sizeof(*a));
+        memcpy(&a->addr, ai->ai_addr, ai->ai_addrlen);
+        a->len = (socklen_t)ai->ai_addrlen;
+        n++;
+    }
+    qsort(q->addrs, n, sizeof(*q->addrs), addr_cmp);
+    size_t k = 0; /* an address listed twice counts once */
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || addr_cmp(&q->addrs[k - 1], &q->addrs[i]) != 0)
+            q->addrs[k++] = q->addrs[i];
+    if (k > PCR_DNS_MAX_ADDRS) {
+        pcr_log_warn("dns: %s has %zu addresses; the first %u in address order are used", q->host,
+                     k, PCR_DNS_MAX_ADDRS);
+        k = PCR_DNS_MAX_ADDRS;
+    }
+    q->naddrs = k;
+}
+
+static void on_answer(void *arg, int status, int timeouts, struct ares_addrinfo *res)
 {
     pcr_dns_query_t *q = arg;
-    q->in_evdns = 0;
-    q->req = NULL;
-    if (q->cancelled || result == EVUTIL_EAI_CANCEL) {
+    q->in_ares = 0;
+    if (q->cancelled || status == ARES_EDESTRUCTION || status == ARES_ECANCELLED) {
         if (res)
-            evutil_freeaddrinfo(res);
+            ares_freeaddrinfo(res);
         query_free(q);
         return;
     }
-    q->err = result;
-    if (result != 0) {
-        snprintf(q->errmsg, sizeof(q->errmsg), "%s", evutil_gai_strerror(result));
+    if (status == ARES_SUCCESS) {
+        take_answer(q, res);
     } else {
-        size_t n = 0;
-        for (struct evutil_addrinfo *ai = res; ai != NULL; ai = ai->ai_next)
-            n += ai->ai_addrlen <= sizeof(struct sockaddr_storage);
-        if (n > PCR_DNS_MAX_ADDRS)
-            n = PCR_DNS_MAX_ADDRS;
-        q->addrs = calloc(n ? n : 1, sizeof(*q->addrs));
-        for (struct evutil_addrinfo *ai = res; ai != NULL && q->addrs && q->naddrs < n; ai = ai->ai_next) {
-            if (ai->ai_addrlen > sizeof(struct sockaddr_storage))
-                continue;
-            memcpy(&q->addrs[q->naddrs].addr, ai->ai_addr, ai->ai_addrlen);
-            q->addrs[q->naddrs].len = (socklen_t)ai->ai_addrlen;
-            q->naddrs++;
-        }
-        if (q->addrs == NULL) {
-            q->err = EVUTIL_EAI_MEMORY;
-            snprintf(q->errmsg, sizeof(q->errmsg), "out of memory");
-        }
+        q->err = status == ARES_ENOTFOUND || status == ARES_ENODATA ? PCR_DNS_NONAME : PCR_DNS_FAIL;
+        snprintf(q->errmsg, sizeof(q->errmsg), "%s", ares_strerror(status));
     }
     if (res)
-        evutil_freeaddrinfo(res);
-    if (q->later != NULL)
-        event_active(q->later, 0, 0); /* answered inside pcr_dns_resolve: report from the loop */
-    else
-        report(q);
+        ares_freeaddrinfo(res);
+    event_active(q->later, 0, 0);
 }
 
 pcr_dns_query_t *pcr_dns_resolve(pcr_dns_t *dns, const char *host, unsigned port, pcr_dns_cb cb,
@@ -193,67 +296,58 @@ pcr_dns_query_t *pcr_dns_resolve(pcr_dns_t *dns, const char *host, unsigned port
     q->dns = dns;
     q->cb = cb;
     q->arg = arg;
+    snprintf(q->host, sizeof(q->host), "%s", host);
     q->later = event_new(dns->base, -1, 0, on_later, q);
     if (q->later == NULL) {
         free(q);
         return NULL;
     }
     LIST_INSERT_HEAD(&dns->queries, q, link);
-    dns->used = 1;
     char service[8];
     snprintf(service, sizeof(service), "%u", port);
-    struct evutil_addrinfo hints;
+    struct ares_addrinfo_hints hints;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_protocol = IPPROTO_TCP;
-    q->in_evdns = 1;
-    q->req = evdns_getaddrinfo(dns->evdns, host, service, &hints, on_answer, q);
-    if (!q->in_evdns)
-        return q; /* answered already; on_later reports it */
-    /* Pending: the answer comes later, straight to on_answer. */
-    event_free(q->later);
-    q->later = NULL;
+    /* No RFC 6724 sorting: it connects a UDP socket to every address to find its source, and
+     * the order is ours (addr_cmp) anyway. */
+    hints.ai_flags = ARES_AI_NUMERICSERV | ARES_AI_NOSORT;
+    q->in_ares = 1;
+    ares_getaddrinfo(dns->ch, host, service, &hints, on_answer, q);
+    update_timer(dns);
     return q;
 }
 
 void pcr_dns_cancel(pcr_dns_query_t *q)
 {
     if (q == NULL || q->cancelled)
-        return; /* a cancelled query waits for its callback from evdns: once is enough */
-    if (q->in_evdns && q->req != NULL) {
-        q->cancelled = 1;
-        evdns_getaddrinfo_cancel(q->req); /* on_answer frees it */
+        return;
+    if (q->in_ares) {
+        q->cancelled = 1; /* on_answer frees it when c-ares is done with it */
         return;
     }
-    query_free(q);
+    query_free(q); /* answered: its report has not run, and now never will */
 }
 
 void pcr_dns_free(pcr_dns_t *dns)
 {
-    if (dns == NULL || dns->retiring)
+    if (dns == NULL)
         return;
-    if (!dns->used) {
-        dns_destroy(dns); /* evdns never had a query: nothing can call back */
-        return;
-    }
-    dns->retiring = 1;
-    retiring_count++;
-    pcr_dns_query_t *q = LIST_FIRST(&dns->queries), *next;
-    if (q == NULL) {
-        bury_later(dns);
-        return;
-    }
-    /* The last query out buries the resolver (query_free). */
-    for (; q != NULL; q = next) {
+    pcr_dns_query_t *q, *next;
+    for (q = LIST_FIRST(&dns->queries); q != NULL; q = next) {
         next = LIST_NEXT(q, link);
-        if (q->in_evdns && q->req != NULL) {
-            if (!q->cancelled) {
-                q->cancelled = 1;
-                evdns_getaddrinfo_cancel(q->req); /* on_answer frees it, later */
-            }
-        } else {
-            query_free(q); /* answered at once; its report is not sent */
-        }
+        if (q->in_ares)
+            q->cancelled = 1;
+        else
+            query_free(q);
     }
+    /* Calls back every query still in it (freed there), and closes its sockets through
+     * on_sock_state. */
+    ares_destroy(dns->ch);
+    for (size_t i = 0; i < dns->nsocks; i++)
+        event_free(dns->socks[i].ev);
+    free(dns->socks);
+    event_free(dns->timer);
+    free(dns);
 }

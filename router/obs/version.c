@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 #include <event2/event.h>
+#include <ares.h>
 #include <hiredis/hiredis.h>
 #include <http_parser.h>
 #include <jansson.h>
@@ -66,6 +67,7 @@ void pcr_version_print(FILE *f)
     lib_line(f, "jansson:", jansson_version_str(), JANSSON_VERSION);
     lib_line(f, "cJSON:", cJSON_Version(),
              PCR_STR(CJSON_VERSION_MAJOR) "." PCR_STR(CJSON_VERSION_MINOR) "." PCR_STR(CJSON_VERSION_PATCH));
+    lib_line(f, "c-ares:", ares_version(NULL), ARES_VERSION_STR);
     lib_line(f, "hiredis:",
              PCR_STR(HIREDIS_MAJOR) "." PCR_STR(HIREDIS_MINOR) "." PCR_STR(HIREDIS_PATCH)
              " (headers; the library does not report its version)", NULL);

@@ -442,8 +442,7 @@ void pcr_share_free(pcr_share_t *s)
     free(s->k_stream);
     free(s->k_index);
     free(s->k_self);
-    /* After the link: its lookup, if any, is cancelled; the resolver goes once evdns is done
-     * with it (dns.c). */
+    /* After the link, whose lookup, if any, it cancelled. */
     pcr_dns_free(s->dns);
     pcr_redis_conf_dispose(&s->conf);
     free(s);

@@ -77,7 +77,7 @@ static uint64_t apply(pcr_share_t *s, pcr_share_batch_t *b, int snapshot)
             PCR_INC(s->m.ignored);
             continue;
         }
-        pcr_key_t key = {(uint64_t *)op.blocks, op.nblocks, 0};
+        pcr_key_t key = {.blocks = (uint64_t *)op.blocks, .nblocks = op.nblocks};
         if (op.op == PCR_SHARE_FORGET) {
             pcr_share_table_forget(s->table, (unsigned)be, op.blocks, op.nblocks, (size_t)op.arg);
             pcr_bus_forget(s->srv->bus, PCR_BUS_CONTROL, be, &key, (uint32_t)op.arg);

@@ -432,7 +432,7 @@ static void on_startup_answer(const pcr_dns_addr_t *addrs, size_t n, int err, co
 }
 
 /* Resolves a backend's host at start-up, before the workers run. With dns.nameservers, through
- * them, as a reload would (the control loop runs only this lookup until evdns answers, within
+ * them, as a reload would (the control loop runs only this lookup until c-ares answers, within
  * dns.timeout_ms per attempt); without, with the system's resolver (getaddrinfo). */
 static int resolve_now(pcr_server_t *srv, const pcr_backend_conf_t *bc,
                        struct sockaddr_storage *ss, socklen_t *len, char *err, size_t errlen)

@@ -90,7 +90,7 @@ static void on_answer(const pcr_dns_addr_t *addrs, size_t n, int err, const char
     wt->query = NULL;
     wt->lookups++;
     PCR_ADD(srv->discovery_lookups, 1);
-    int no_such_name = err == EVUTIL_EAI_NONAME;
+    int no_such_name = err == PCR_DNS_NONAME;
     if (err != 0 && !no_such_name) {
         /* Not an answer: keep what we have. */
         wt->failures++;

@@ -34,7 +34,7 @@ def test_version():
     assert p.returncode == 0, p
     assert re.match(r"pcrouter 0\.1\.0\n", p.stdout), p
     f = version_fields(p.stdout)
-    assert set(f) == {"commit", "libevent", "nghttp2", "OpenSSL", "jansson", "cJSON", "hiredis",
+    assert set(f) == {"commit", "libevent", "nghttp2", "OpenSSL", "jansson", "cJSON", "c-ares", "hiredis",
                       "http-parser", "xxHash", "yajl", "simdjson"}, f
     assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", f["commit"]), f
     no_sanitizer(p)

@@ -286,3 +286,48 @@ def test_backend_host_names_resolved_through_dns_nameservers(stub_factory, route
               "error")
     assert 'cannot resolve host "nothere.test"' in r.stderr_text()
     assert backends(r) == {"pod-2", "pod-3"}
+
+
+def test_lookups_carry_edns0(router_factory):
+    """Every query offers a 1232-byte UDP payload (an OPT record, RFC 6891), so a server can
+    answer dozens of pods in one datagram; evdns sent none and answers past 512 bytes were cut."""
+    silent = SilentResolver()
+    try:
+        silent.sock.settimeout(10)
+        router_factory(discovery_config(silent.port, 9))
+        query = silent.sock.recv(4096)
+    finally:
+        silent.close()
+    arcount = int.from_bytes(query[10:12], "big")
+    assert arcount == 1, query
+    # The OPT pseudo-record closes the query: root name, type 41, then the payload size.
+    assert query[-11:-8] == b"\x00\x00\x29", query[-11:]
+    assert int.from_bytes(query[-8:-6], "big") == 1232
+
+
+def test_discovery_follows_256_pods_behind_one_name(stub_factory, router_factory, dns):
+    """A headless Service of 256 pods: the answer is far past one UDP datagram, so the server
+    truncates it and the lookup goes again over TCP. Every pod joins, the pool stays the same
+    lookup after lookup, and it follows the name when pods leave."""
+    from conftest import metric
+    pods, port = start_pods(stub_factory, ["127.0.0.2"])
+    # 255 addresses where nothing listens (they go down at their health checks), and one pod.
+    idle = ["127.0.%d.%d" % (1 + i // 200, 1 + i % 200) for i in range(255)]
+    d = dns(["127.0.0.2"] + idle)
+    cfg = discovery_config(d.port, port, health={"interval_ms": 1000, "fall": 1, "rise": 1})
+    r = router_factory(cfg)
+    want = {"%s:%d" % (a, port) for a in ["127.0.0.2"] + idle}
+    wait_for(lambda: backends(r) == want, 20, 0.1, "the 256 pods the name gives")
+
+    def lookups():
+        return metric(get_metrics(r), "pcrouter_discovery_lookups_total")
+    n = lookups()
+    wait_for(lambda: lookups() >= n + 5, 15, 0.1, "five more lookups")
+    assert backends(r) == want, "the pool changed between lookups of the same answer"
+    assert metric(get_metrics(r), "pcrouter_discovery_failures_total") == 0
+    wait_for(lambda: curl(r.url("/v1/completions"), completion("k")).status == 200, 15, 0.1,
+             "a completion answered by the one pod that listens")
+    # 40 pods leave: the pool follows.
+    d.answer(["127.0.0.2"] + idle[40:])
+    want = {"%s:%d" % (a, port) for a in ["127.0.0.2"] + idle[40:]}
+    wait_for(lambda: backends(r) == want, 20, 0.1, "the 216 pods left")

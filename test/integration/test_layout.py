@@ -14,7 +14,7 @@ from conftest import BUILD, ROOT
 
 ROUTER = os.path.join(ROOT, "router")
 # Lowest first; "" is router/ itself: the process (main, control, worker, reload).
-LADDER = ["config", "core", "net", "body", "upstream", "share", "obs", "http", ""]
+LADDER = ["config", "core", "net", "body", "kv", "upstream", "share", "obs", "http", ""]
 TOP_FILES = {"main.c", "control.c", "control.h", "worker.c", "worker.h", "reload.c", "reload.h",
              "meson.build"}
 # (file, what it uses) -> why this dependency runs back up. Keep it short; docs/ARCHITECTURE.md

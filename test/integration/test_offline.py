@@ -5,7 +5,8 @@ Workloads: the same seed gives the same rows, rows are well formed, and each wor
 shape it claims (groups sharing a system prompt, chats whose turns extend their history).
 routing_offline: two runs of the same trace give the same figures, the pods' names are their
 placement on the rings, cache_aware keeps more of the ceiling than round robin, unstreamed rows
-free the hold budget at their expected first token, and bad input is refused with a message. Binaries come from $PCR_BUILD (default build/); every run is bounded in
+free the hold budget at their expected first token, the step engine's prefill slows the streams
+beside it, and bad input is refused with a message. Binaries come from $PCR_BUILD (default build/); every run is bounded in
 time."""
 import json
 import math
@@ -229,3 +230,50 @@ def test_offline_requests_file_has_each_request_as_the_access_log_would(tmp_path
                         str(tmp_path / "no" / "such" / "dir")],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and "cannot write" in p.stderr, p.stderr
+
+
+def stream_beside_prefills(path, prefills):
+    """One stream (512-token prompt, 400 tokens out) at 0, then `prefills` prompts of 16k
+    tokens that want one token each, one every 50 ms from 1 s: what they prefill is computed in
+    the steps that carry the stream's tokens."""
+    rows = [{"timestamp": 0, "input_length": 512, "output_length": 400, "hash_ids": [1]}]
+    for k in range(prefills):
+        rows.append({"timestamp": 1000 + 50 * k, "input_length": 16384, "output_length": 1,
+                     "hash_ids": list(range(100 + 32 * k, 132 + 32 * k))})
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def test_offline_step_engine_prefill_slows_the_streams_beside_it(tmp_path):
+    """--engine step: prefill and decode share each engine step, so a stream's inter-token
+    latency grows with the prefill beside it on its pod (the latency model decodes apart and
+    reports no ITL); the figures a load generator reports are there, and the same run gives
+    the same figures."""
+    alone = stream_beside_prefills(tmp_path / "alone.jsonl", 0)
+    busy = stream_beside_prefills(tmp_path / "busy.jsonl", 8)
+    step = ["--pods", "1", "--policies", "round_robin", "--engine", "step"]
+    a = run_offline(tmp_path, alone, *step)["round_robin"]
+    b = run_offline(tmp_path, busy, *step)["round_robin"]
+    assert b == run_offline(tmp_path, busy, *step)["round_robin"]
+    for r in (a, b):
+        assert r["errors"] == 0, r
+        for k in ("itl_ms_model", "tpot_ms_model", "e2e_ms_model", "output_tokens"):
+            assert set(r[k]) == {"p50", "p90", "p99", "mean"}, (k, r[k])
+        assert 0 < r["itl_ms_model"]["p50"] <= r["itl_ms_model"]["p99"], r
+        assert r["output_tokens_per_s"] > 0 and r["requests_per_s"] > 0, r
+        assert r["itl_mean_ms"] == r["itl_ms_model"]["mean"], r
+    # Alone, a decode step of one short sequence: a few ms (7.4 ms base by default).
+    assert 5 < a["itl_ms_model"]["p99"] < 20, a["itl_ms_model"]
+    assert a["output_tokens_total"] == 400
+    assert a["itl_ms_model"]["p99"] < 1.01 * a["itl_ms_model"]["p50"], a   # only its context grows
+    # Beside 8 x 16k tokens of prefill in 8192-token chunks: steps of half a second.
+    assert b["itl_ms_model"]["p99"] > 10 * a["itl_ms_model"]["p99"], (a, b)
+    assert b["itl_ms_model"]["mean"] > a["itl_ms_model"]["mean"], (a, b)
+    assert b["tpot_ms_model"]["mean"] > a["tpot_ms_model"]["mean"], (a, b)
+    old = run_offline(tmp_path, busy, "--pods", "1", "--policies", "round_robin")["round_robin"]
+    assert "itl_ms_model" not in old   # the latency model's report is unchanged
+    p = subprocess.run([OFFLINE, "--trace", str(busy), "--engine", "steps"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "bad value for --engine" in p.stderr, p.stderr

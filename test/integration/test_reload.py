@@ -224,11 +224,11 @@ def test_config_with_errors_is_refused_and_old_one_kept(cluster):
     c = cluster(2, policy="round_robin")
     good = c.router.config
     text = json.dumps(good, indent=2)
-    bad = text.replace('"round_robin"', '"random"').replace('"health": {', '"helth": 1, "health": {')
+    bad = text.replace('"round_robin"', '"fastest"').replace('"health": {', '"helth": 1, "health": {')
     assert bad != text
     start = reload(c.router, bad, expect="error")
     errors = since(c.router, start, r"error reload: .*:\d+:\d+: ")
-    assert any("routing.policy" in l and "random" in l for l in errors), errors
+    assert any("routing.policy" in l and "fastest" in l for l in errors), errors
     assert any('unknown key "helth"' in l for l in errors), errors
     assert since(c.router, start, r"reload refused, still running the previous config")
     # Still the old config: round robin over both pods.

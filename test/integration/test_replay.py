@@ -11,7 +11,10 @@ Ports come from the OS; readiness is read from the processes' stderr; every proc
 stopped in teardown; every wait has a deadline.
 """
 import os
+import re
+import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -100,3 +103,90 @@ def test_unstreamed_rows_ask_for_whole_answers_and_count_everywhere_but_ttft(tmp
         assert len(r["ttft_ms_model_sorted"]) == r["completed_streams"]
     assert runs[0]["completed_streams"] == runs[1]["completed_streams"]
     assert sum(p["requests"] for p in runs[0]["pods"]) == 100
+
+
+def test_step_engine_streams_every_token_and_replay_reports_itl(tmp_path):
+    """vllm_sim --engine step writes each stream's token at the end of every engine step, one
+    event per token, and replay reports inter-token latency, time per output token, output
+    tokens and throughput; pcrouter takes routing.policy "random" and spreads the requests over
+    both pods. The checks are counts and orderings, not times."""
+    trace = tmp_path / "short.jsonl"
+    with open(trace, "w") as f:
+        for k in range(40):
+            f.write('{"timestamp": %d, "input_length": 1024, "output_length": 24, '
+                    '"hash_ids": [%d, %d]}\n' % (100 * k, 1 + k % 4, 100 + k))
+    sims = router = None
+    try:
+        sims = routing.Sims(BUILD, PODS[:2], 10, CAPACITY, extra=["--engine", "step"])
+        assert any("step engine" in line for line in sims.proc.lines), sims.proc.lines
+        router = routing.Router(BUILD, routing.router_config(sims.urls, "random", CAPACITY),
+                                str(tmp_path))
+        r = routing.run_replay(BUILD, str(trace), router.url, list(sims.urls.values()), 10, 0,
+                               str(tmp_path / "step.json"), "random", timeout=120,
+                               progress=False, extra=["--timeout-s", "30"])
+    finally:
+        if router:
+            router.stop()
+        if sims:
+            sims.stop()
+    assert r["completed"] == 40 and r["errors"] == 0, r
+    # One event per token: 23 gaps per stream of 24 tokens.
+    assert r["itl_gaps"] == 40 * 23, r["itl_gaps"]
+    assert r["output_tokens_total"] == 40 * 24, r
+    assert r["output_tokens"]["mean"] == 24 and r["output_tokens"]["p99"] == 24, r
+    for k in ("itl_ms_model", "tpot_ms_model", "ttft_ms_model", "e2e_ms_model"):
+        s = r[k]
+        assert 0 < s["p50"] <= s["p90"] <= s["p99"], (k, s)
+        assert s["mean"] > 0, (k, s)
+    assert r["output_tokens_per_s_model"] > 0 and r["requests_per_s_model"] > 0, r
+    flat = routing.flat_figures(r)
+    assert flat["itl_mean_ms"] == r["itl_ms_model"]["mean"], flat
+    assert flat["ttft_p99_ms"] == r["ttft_ms_model"]["p99"], flat
+    assert flat["output_tokens_per_s"] == r["output_tokens_per_s_model"], flat
+    assert all(p["requests"] > 0 for p in r["pods"]), r["pods"]   # random used both pods
+
+
+def test_pods_in_another_zone_answer_a_round_trip_later(tmp_path):
+    """vllm_sim --rtt-ms: each request reaches the pod's engine one round trip (model time)
+    later, so no first token comes sooner than that; replay --far-pods counts the requests and
+    bytes that went to those pods; a client that leaves while its request crosses zones costs
+    the pod nothing. Lower bounds and counts, not times."""
+    trace = tmp_path / "few.jsonl"
+    with open(trace, "w") as f:
+        for k in range(12):
+            f.write('{"timestamp": %d, "input_length": 512, "output_length": 8, '
+                    '"hash_ids": [%d]}\n' % (50 * k, 1 + k))
+    sims = None
+    try:
+        sims = routing.Sims(BUILD, ["far-0"], 10, CAPACITY,
+                            extra=["--engine", "step", "--rtt-ms", "2000"])
+        url = sims.urls["far-0"]
+        r = routing.run_replay(BUILD, str(trace), url, [url], 10, 0,
+                               str(tmp_path / "far.json"), "far", timeout=60, progress=False,
+                               extra=["--far-pods", "near-0,far-0"])
+        assert r["completed"] == 12 and r["errors"] == 0, r
+        assert r["ttft_ms_model"]["p50"] >= 2000, r["ttft_ms_model"]
+        assert r["cross_zone_requests"] == 12 and r["cross_zone_request_share"] == 1, r
+        assert r["cross_zone_byte_share"] == 1 and r["body_bytes"] > 12 * 2048, r
+        near = routing.run_replay(BUILD, str(trace), url, [url], 10, 0,
+                                  str(tmp_path / "near.json"), "near", timeout=60,
+                                  progress=False, extra=["--far-pods", "near-0"])
+        assert near["cross_zone_request_share"] == 0 and near["cross_zone_byte_share"] == 0
+        # Clients that give up after 50 ms of wall clock, inside the 200 ms crossing.
+        gone = tmp_path / "gone.json"
+        exe = os.path.join(BUILD, "bench", "sim", "replay")
+        subprocess.run([exe, "--trace", str(trace), "--target", url, "--time-scale", "10",
+                        "--timeout-s", "0.05", "--no-progress", "--json", str(gone)],
+                       capture_output=True, timeout=60)
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as m:
+            text = m.read().decode()
+        cancelled = re.search(r'kind="cancelled",pod="far-0"\} (\d+)', text)
+        assert cancelled and int(cancelled.group(1)) == 12, text[-600:]
+        after = routing.run_replay(BUILD, str(trace), url, [url], 10, 0,
+                                   str(tmp_path / "after.json"), "after", timeout=60,
+                                   progress=False)
+        assert after["completed"] == 12 and after["errors"] == 0, after
+        assert sims.proc.p.poll() is None   # still up
+    finally:
+        if sims:
+            sims.stop()

@@ -384,7 +384,7 @@ def test_garbage_in_stream_and_keys_is_rejected(stub_factory, router_factory, re
 
 
 def test_password_and_host_name(stub_factory, router_factory, redis_server, tmp_path):
-    """AUTH with the url's password, a host name resolved without blocking (evdns), and a
+    """AUTH with the url's password, a host name resolved without blocking (c-ares), and a
     wrong password refused and reported, not retried in a tight loop."""
     stubs = [stub_factory("pod-a")]
     rs = redis_server()

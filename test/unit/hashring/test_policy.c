@@ -76,7 +76,11 @@ static void test_defaults_and_arguments(void)
     PCR_CHECK_EQ_INT(o.vnodes, 160);
     PCR_CHECK_EQ_INT(pcr_policy_kind_parse("consistent_hash", &k), 0);
     PCR_CHECK_EQ_INT(k, PCR_POLICY_CONSISTENT_HASH);
-    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("random", &k), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("random", &k), 0);
+    PCR_CHECK_EQ_INT(k, PCR_POLICY_RANDOM);
+    PCR_CHECK_STR(pcr_policy_kind_name(PCR_POLICY_RANDOM), "random");
+    PCR_CHECK_EQ_INT(pcr_policy_kind_parse("fastest", &k), PCR_ERR_INVAL);
+    PCR_CHECK_STR(pcr_reason_name(PCR_REASON_RANDOM), "random");
     PCR_CHECK_STR(pcr_reason_name(PCR_REASON_OVERLOAD_SPILL), "overload_spill");
     /* No backend yet is a policy that answers "none usable" until some join. */
     pcr_policy_t *empty = pcr_policy_new(&o, NULL, 0);
@@ -111,6 +115,37 @@ static void test_defaults_and_arguments(void)
     PCR_CHECK_EQ_INT(d.reason, PCR_REASON_NO_BACKEND);
     PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, NULL, 1, &d), PCR_ERR_INVAL);
     pcr_policy_free(p);
+}
+
+/* random (kube-proxy's iptables mode): every usable backend about equally often, never an
+ * unusable one, in no fixed order, and the same draws from every policy made alike. */
+static void test_random_is_uniform_over_usable_and_repeatable(void)
+{
+    pcr_policy_t *p = make(PCR_POLICY_RANDOM, four, NB, NULL);
+    pcr_policy_t *q = make(PCR_POLICY_RANDOM, four, NB, NULL);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d, e;
+    int counts[NB] = {0}, repeats = 0, prev = -1;
+    all_usable(l, NB);
+    l[2].usable = 0;
+    for (int i = 0; i < 3000; i++) {
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, NULL, l, 1, &d), 0);
+        PCR_CHECK_EQ_INT(pcr_policy_decide(q, NULL, l, 1, &e), 0);
+        PCR_CHECK_EQ_INT(d.backend, e.backend);
+        PCR_CHECK_EQ_INT(d.reason, PCR_REASON_RANDOM);
+        counts[d.backend]++;
+        repeats += d.backend == prev;
+        prev = d.backend;
+    }
+    PCR_CHECK_EQ_INT(counts[2], 0);
+    for (int b = 0; b < NB; b++)
+        if (b != 2)
+            PCR_CHECK(counts[b] > 900 && counts[b] < 1100);   /* 1000 expected, sd 26 */
+    PCR_CHECK(repeats > 800 && repeats < 1200);   /* 1 in 3 follows itself: not a rotation */
+    l[0].usable = l[1].usable = l[3].usable = 0;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, NULL, l, 1, &d), PCR_ERR_UNAVAIL);
+    pcr_policy_free(p);
+    pcr_policy_free(q);
 }
 
 static void test_round_robin_skips_unusable(void)
@@ -1142,6 +1177,81 @@ static void test_fresh_policy_refilled_past_a_hole(void)
     }
 }
 
+/* Precise mode: a key with the prompt's token chains is matched on what the pods said they
+ * hold; one without them on the approximate index; a request sent counts for its pod until
+ * the TTL; a restarted pod loses its entries. */
+static void test_precise_mode(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.index_events = 1;
+    o.kv_block_tokens = 4;
+    o.kv_speculative_ttl = 1000;
+    pcr_policy_t *p = pcr_policy_new(&o, four, 3);
+    PCR_CHECK(p != NULL && pcr_policy_kvtable(p) != NULL);
+    PCR_CHECK_EQ_INT(pcr_policy_max_tblocks(p), 131072 / 4 / 4);
+    uint32_t tok[34];
+    for (int i = 0; i < 34; i++)
+        tok[i] = (uint32_t)(i * 7 + 1);
+    /* Pod 2 says it stored the first 8 blocks (32 tokens). */
+    uint64_t hashes[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+    pcr_kvt_stored_t ev = {hashes, 8, 0, 0, tok, 4, PCR_KVT_GPU, 0};
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &ev, 1), 0);
+    keybuf_t kb;
+    uint64_t tb[8192];
+    pcr_key_t *key = key_of(p, &kb, "unrelated bytes", 15);
+    key->tblocks = tb;
+    PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, tok, 34, key), 0);
+    PCR_CHECK_EQ_INT(key->ntblocks, 8);
+    PCR_CHECK_EQ_INT(key->prompt_tokens, 34);
+    pcr_backend_load_t l[NB];
+    all_usable(l, 3);
+    pcr_decision_t d;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 10, &d), 0);
+    PCR_CHECK_EQ_INT(d.backend, 2);
+    PCR_CHECK_EQ_INT(d.precise, 1);
+    PCR_CHECK_EQ_INT(d.matched_blocks, 8);
+    PCR_CHECK_EQ_INT(d.total_blocks, 8);
+    PCR_CHECK_EQ_INT(d.uncached_prefill, 2);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_WARM);
+    /* Without its tokens the same request is matched on the approximate index: cold. */
+    pcr_key_t bytes_only = *key;
+    bytes_only.ntblocks = 0;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, &bytes_only, l, 10, &d), 0);
+    PCR_CHECK_EQ_INT(d.precise, 0);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+    /* A request sent to pod 0 with this key makes pod 0 hold it too, until the TTL. */
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key, 20, NULL), 0);
+    PCR_CHECK_EQ_INT(pcr_kvtable_speculative(pcr_policy_kvtable(p), 0), 8);
+    pcr_policy_kv_clear(p, 2); /* AllBlocksCleared */
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 30, &d), 0);
+    PCR_CHECK(d.backend == 0 && d.precise && d.matched_blocks == 8);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1021, &d), 0); /* past the TTL */
+    PCR_CHECK(d.precise && d.matched_blocks == 0 && d.reason == PCR_REASON_COLD);
+    /* Pod 1 evicts what it stored: gone from its match. */
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &ev, 40), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_removed(p, 1, hashes + 4, 4, PCR_KVT_GPU), 4);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1030, &d), 0);
+    PCR_CHECK(d.backend == 1 && d.matched_blocks == 4 && d.uncached_prefill == 18);
+    /* A restart the scrape saw drops its entries too. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 1, PCR_BACKEND_RESTARTED, 1040), 0);
+    PCR_CHECK_EQ_INT(pcr_kvtable_entries(pcr_policy_kvtable(p), 1, PCR_KVT_GPU), 0);
+    /* Turning precise mode off (or on) is a new policy: the keys mean something else. */
+    pcr_policy_opts_t off = o;
+    off.index_events = 0;
+    PCR_CHECK_EQ_INT(pcr_policy_tune(p, &off), PCR_ERR_INVAL);
+    o.kv_speculative_ttl = 5;
+    PCR_CHECK_EQ_INT(pcr_policy_tune(p, &o), 0);
+    pcr_policy_free(p);
+    /* Not in precise mode: the calls refuse or do nothing. */
+    pcr_policy_t *q = make(PCR_POLICY_CACHE_AWARE, four, 3, NULL);
+    key->tblocks = tb;
+    PCR_CHECK_EQ_INT(pcr_policy_key_tokens(q, 0, tok, 34, key), PCR_ERR_INVAL);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(q, 0, &ev, 1), PCR_ERR_INVAL);
+    PCR_CHECK(pcr_policy_kvtable(q) == NULL);
+    pcr_policy_free(q);
+}
+
 static void test_backend_states(void)
 {
     pcr_policy_opts_t o;
@@ -1226,6 +1336,7 @@ int main(void)
 {
     PCR_RUN(test_defaults_and_arguments);
     PCR_RUN(test_round_robin_skips_unusable);
+    PCR_RUN(test_random_is_uniform_over_usable_and_repeatable);
     PCR_RUN(test_least_loaded);
     PCR_RUN(test_consistent_hash_keys_past_first_block);
     PCR_RUN(test_cold_then_warm);
@@ -1250,6 +1361,7 @@ int main(void)
     PCR_RUN(test_cold_avoids_long_prefill_queue);
     PCR_RUN(test_membership);
     PCR_RUN(test_fresh_policy_refilled_past_a_hole);
+    PCR_RUN(test_precise_mode);
     PCR_RUN(test_backend_states);
     PCR_RUN(test_decision_timing_reads_the_clock_three_times);
     return pcr_test_done();

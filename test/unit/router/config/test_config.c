@@ -793,9 +793,9 @@ static void test_error_duplicate_backend_name(void)
 
 static void test_error_unknown_policy_and_level(void)
 {
-    CHECK_ERROR(HEAD "'routing': {'policy': 'random'}}",
-                "t.json:3:23: routing.policy: unknown policy \"random\"; expected one of "
-                "round_robin, least_loaded, consistent_hash, cache_aware");
+    CHECK_ERROR(HEAD "'routing': {'policy': 'fastest'}}",
+                "t.json:3:23: routing.policy: unknown policy \"fastest\"; expected one of "
+                "round_robin, least_loaded, consistent_hash, cache_aware, random");
     CHECK_ERROR(HEAD "'log': {'level': 'trace'}}",
                 "t.json:3:18: log.level: unknown log level \"trace\"; expected one of error, warn, info, debug");
     CHECK_ERROR(HEAD "'log': {'access_log_format': 'xml'}}",
@@ -849,7 +849,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "t.json:3:23: backends[1].name: duplicate backend name \"a\" (also backends[0].name)\n"
         "t.json:3:57: backends[1].weight: must be between 1 and 1000, got 0\n"
         "t.json:4:23: routing.policy: unknown policy \"x\"; expected one of round_robin, least_loaded, "
-        "consistent_hash, cache_aware\n"
+        "consistent_hash, cache_aware, random\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
         "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
         "upstream, health, scrape, outlier, log, admin, redis)\n";

@@ -272,7 +272,7 @@ static void test_undrained_inbox_is_bounded(void)
     pcr_bus_t *bus = pcr_bus_new(2);
     uint64_t blocks[512];
     memset(blocks, 7, sizeof(blocks));
-    pcr_key_t key = {blocks, 512, 1};
+    pcr_key_t key = {.blocks = blocks, .nblocks = 512, .prompt_tokens = 1};
     /* 4 KiB a message: past PCR_BUS_MAX_BYTES the rest is dropped and counted. */
     size_t n = PCR_BUS_MAX_BYTES / (512 * 8) + 100;
     for (size_t i = 0; i < n; i++)

@@ -1,0 +1,220 @@
+/* bench/sim/step_engine.c: the step engine of step_engine.h.
+ *
+ * The scheduling follows vLLM v1's Scheduler.schedule() with chunked prefill, FCFS and no
+ * long_prefill_token_threshold: running sequences first, in the order they were admitted,
+ * then the waiting queue while the budget, max_num_seqs and the cache allow. */
+#include <stdlib.h>
+
+#include "step_engine.h"
+
+static void list_push_tail(sim_step_list_t *l, sim_step_seq_t *s)
+{
+    s->next = NULL;
+    s->prev = l->tail;
+    if (l->tail) l->tail->next = s; else l->head = s;
+    l->tail = s;
+    l->n++;
+}
+
+static void list_push_head(sim_step_list_t *l, sim_step_seq_t *s)
+{
+    s->prev = NULL;
+    s->next = l->head;
+    if (l->head) l->head->prev = s; else l->tail = s;
+    l->head = s;
+    l->n++;
+}
+
+static void list_remove(sim_step_list_t *l, sim_step_seq_t *s)
+{
+    if (s->prev) s->prev->next = s->next; else l->head = s->next;
+    if (s->next) s->next->prev = s->prev; else l->tail = s->prev;
+    s->prev = s->next = NULL;
+    l->n--;
+}
+
+int sim_step_init(sim_step_t *e, const sim_step_conf_t *c, pcr_kvcache_t *kv)
+{
+    *e = (sim_step_t){.c = *c, .kv = kv};
+    e->batch = calloc(c->max_num_seqs ? c->max_num_seqs : 1, sizeof(*e->batch));
+    return e->batch ? 0 : -1;
+}
+
+void sim_step_dispose(sim_step_t *e)
+{
+    free(e->batch);
+    e->batch = NULL;
+}
+
+/* Private blocks that hold a sequence's first `tokens` tokens beyond its named blocks. */
+static size_t private_for(const sim_step_seq_t *s, size_t tokens)
+{
+    size_t named = s->nblocks * PCR_KV_BLOCK_TOKENS;
+    return tokens > named ? (tokens - named + PCR_KV_BLOCK_TOKENS - 1) / PCR_KV_BLOCK_TOKENS : 0;
+}
+
+int sim_step_fits(const sim_step_t *e, size_t nblocks, size_t prompt_tokens, size_t max_tokens)
+{
+    sim_step_seq_t s = {.nblocks = nblocks};
+    return nblocks + private_for(&s, prompt_tokens + max_tokens) <= pcr_kvcache_capacity(e->kv);
+}
+
+void sim_step_add(sim_step_t *e, sim_step_seq_t *s)
+{
+    s->state = SIM_SEQ_WAITING;
+    s->computed = s->generated = s->hit_tokens = s->private_blocks = s->scheduled = 0;
+    s->preemptions = 0;
+    s->admitted = 0;
+    list_push_tail(&e->waiting, s);
+}
+
+/* Gives back every block s holds. */
+static void release(sim_step_t *e, sim_step_seq_t *s)
+{
+    pcr_kvcache_release(e->kv, s->hashes, s->nblocks, s->private_blocks);
+    s->private_blocks = 0;
+}
+
+void sim_step_abort(sim_step_t *e, sim_step_seq_t *s)
+{
+    for (unsigned k = 0; k < e->nbatch; k++)
+        if (e->batch[k] == s)
+            e->batch[k] = NULL;
+    if (s->state == SIM_SEQ_RUNNING) {
+        list_remove(&e->running, s);
+        release(e, s);
+    } else if (s->state == SIM_SEQ_WAITING) {
+        list_remove(&e->waiting, s);
+    }
+    s->state = SIM_SEQ_FINISHED;
+}
+
+/* The newest running sequence goes back to the waiting head with nothing computed. */
+static sim_step_seq_t *preempt_newest(sim_step_t *e)
+{
+    sim_step_seq_t *v = e->running.tail;
+    list_remove(&e->running, v);
+    release(e, v);
+    v->computed = 0;
+    v->scheduled = 0;
+    v->state = SIM_SEQ_WAITING;
+    v->preemptions++;
+    e->preemptions++;
+    list_push_head(&e->waiting, v);
+    return v;
+}
+
+/* Makes room for s to compute n more tokens: 0, or nonzero when the cache is full. */
+static int grow(sim_step_t *e, sim_step_seq_t *s, size_t n)
+{
+    size_t want = private_for(s, s->computed + n);
+    if (want <= s->private_blocks)
+        return 0;
+    size_t hit;
+    if (pcr_kvcache_acquire(e->kv, NULL, 0, want - s->private_blocks, &hit) != 0)
+        return -1;
+    s->private_blocks = want;
+    return 0;
+}
+
+/* Puts s in the step with n tokens, and adds what it costs. */
+static void schedule(sim_step_t *e, sim_step_seq_t *s, size_t n, double *ctx)
+{
+    size_t total = s->prompt_tokens + s->generated;
+    s->scheduled = n;
+    if (s->generated > 0 && s->computed + 1 == total)
+        e->step_decodes++;
+    else
+        e->step_prefill_tokens += n;
+    *ctx += (double)(s->computed + n);
+    e->batch[e->nbatch++] = s;
+}
+
+double sim_step_begin(sim_step_t *e)
+{
+    size_t budget = e->c.max_batched_tokens;
+    double ctx = 0;
+    int preempted = 0;
+    e->nbatch = 0;
+    e->step_prefill_tokens = 0;
+    e->step_decodes = 0;
+    for (sim_step_seq_t *s = e->running.head; s && budget > 0; s = s->next) {
+        size_t left = s->prompt_tokens + s->generated - s->computed;
+        size_t n = left < budget ? left : budget;
+        int lost = 0;
+        while (grow(e, s, n) != 0) {
+            preempted = 1;
+            if (preempt_newest(e) == s) {
+                lost = 1;
+                break;
+            }
+        }
+        if (lost)
+            break;
+        schedule(e, s, n, &ctx);
+        budget -= n;
+    }
+    while (!preempted && budget > 0 && e->waiting.head && e->running.n < e->c.max_num_seqs) {
+        sim_step_seq_t *s = e->waiting.head;
+        size_t total = s->prompt_tokens + s->generated;
+        size_t hit = pcr_kvcache_hit_tokens(pcr_kvcache_match(e->kv, s->hashes, s->nblocks),
+                                            s->prompt_tokens);
+        size_t n = total - hit < budget ? total - hit : budget;
+        size_t priv = private_for(s, hit + n), hit_blocks;
+        if (pcr_kvcache_acquire(e->kv, s->hashes, s->nblocks, priv, &hit_blocks) != 0)
+            break;   /* FIFO: the head waits for blocks to be given back */
+        list_remove(&e->waiting, s);
+        s->computed = hit;
+        s->private_blocks = priv;
+        if (!s->admitted) {
+            s->admitted = 1;
+            s->hit_tokens = hit;
+            e->prefix_queries += s->prompt_tokens;
+            e->prefix_hits += hit;
+        }
+        s->state = SIM_SEQ_RUNNING;
+        list_push_tail(&e->running, s);
+        schedule(e, s, n, &ctx);
+        budget -= n;
+    }
+    if (e->nbatch == 0)
+        return 0;
+    e->in_step = 1;
+    e->steps++;
+    double t = e->c.base_us + (double)e->step_prefill_tokens * e->c.prefill_us_per_token +
+               (double)e->step_decodes * e->c.decode_us_per_seq + ctx * e->c.ctx_us_per_token;
+    return t > 0 ? t : 1e-3;   /* a step always takes some time: 0 means idle */
+}
+
+void sim_step_end(sim_step_t *e, void (*emit)(void *arg, sim_step_seq_t *s), void *arg)
+{
+    unsigned n = e->nbatch;
+    for (unsigned k = 0; k < n; k++) {
+        sim_step_seq_t *s = e->batch[k];
+        if (!s)
+            continue;   /* aborted during the step */
+        s->computed += s->scheduled;
+        s->scheduled = 0;
+        if (s->computed < s->prompt_tokens + s->generated) {
+            e->batch[k] = NULL;   /* a prefill chunk that is not the last samples nothing */
+            continue;
+        }
+        s->generated++;
+        if (s->generated >= s->max_tokens) {
+            list_remove(&e->running, s);
+            release(e, s);
+            s->state = SIM_SEQ_FINISHED;
+        }
+    }
+    /* Still in the step while the tokens go out, so that a sequence added by emit waits for
+     * the caller's next sim_step_begin. */
+    for (unsigned k = 0; k < n; k++) {
+        sim_step_seq_t *s = e->batch[k];
+        if (!s)
+            continue;
+        e->batch[k] = NULL;
+        emit(arg, s);
+    }
+    e->nbatch = 0;
+    e->in_step = 0;
+}

@@ -42,6 +42,7 @@ typedef struct {
     double start_time;            /* wall clock at start, s: process_start_time_seconds */
     size_t metrics_pad_bytes;     /* --metrics-pad-bytes: /metrics grown to about this size */
     int hide_cache_config;        /* --hide-cache-config: no vllm:cache_config_info in /metrics */
+    double tokenize_delay_us;     /* --tokenize-delay-ms: /tokenize and render answer this late */
 } sim_conf_t;
 
 typedef struct sim_pod sim_pod_t;
@@ -92,6 +93,7 @@ struct sim_pod {
     struct event *step_timer;   /* under way ends (wall clock) */
     double step_due_us;
     uint64_t next_seq;
+    uint64_t next_render;       /* render answers' request ids */
     uint64_t prefix_queries, prefix_hits;   /* tokens */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t success, failed_injected, dropped, stalled, cancelled, rejected;
@@ -118,6 +120,8 @@ struct sim_conn {
     int too_large;
     int in_parse;               /* parse_input is on the stack */
     sim_req_t *req;             /* the generation in progress, if any */
+    struct event *delay;        /* --tokenize-delay-ms: fires to send `delayed` */
+    struct evbuffer *delayed;   /* a tokenize answer's body, held back */
 };
 
 extern const double sim_ttft_bounds[SIM_TTFT_BUCKETS];
@@ -145,6 +149,12 @@ void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int
 /* The whole non-streaming response body. */
 void sim_api_full_response(const sim_req_t *r, struct evbuffer *out);
 void sim_api_token_text(size_t i, struct evbuffer *out);
+/* The toy tokenizer's endpoints: POST /tokenize, /v1/completions/render and
+ * /v1/chat/completions/render (sim_api.c says what a token is). Writes the answer's body to
+ * out and returns 0, or answers the error itself (400, 404) and returns -1. */
+enum { SIM_TOK_TOKENIZE, SIM_TOK_RENDER_COMPLETION, SIM_TOK_RENDER_CHAT };
+int sim_api_tokenize(sim_conn_t *c, int kind, const char *body, size_t len,
+                     struct evbuffer *out);
 void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out);
 void sim_api_models(const sim_pod_t *pod, struct evbuffer *out);
 void sim_req_free(sim_req_t *r);

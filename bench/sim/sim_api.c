@@ -4,7 +4,12 @@
  * Canonical prompt (what the cache hashes): for /v1/completions the `prompt` string, or the
  * JSON text of a non-string prompt (token ids); for /v1/chat/completions each message as
  * "<|role|>" then its content (a string, or the "text" of its parts), in order. A token is 4
- * bytes of it, rounded up. */
+ * bytes of it, rounded up.
+ *
+ * The toy tokenizer (/tokenize and the two render endpoints) says so exactly: token i is bytes
+ * 4i..4i+3 of the canonical prompt as a little-endian u32, a last partial group zero-padded.
+ * So a pod's block of 16 tokens is exactly one 64-byte block of its cache, and the token ids
+ * of its KV events are the ones /tokenize gives. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +76,94 @@ static int canonical_prompt(const cJSON *root, int chat, struct evbuffer *b, con
         add_content(b, cJSON_GetObjectItemCaseSensitive(m, "content"));
     }
     return 0;
+}
+
+/* Appends the toy tokenizer's ids of `len` bytes as a JSON array. */
+static void add_token_ids(struct evbuffer *out, const unsigned char *p, size_t len)
+{
+    evbuffer_add(out, "[", 1);
+    for (size_t i = 0; i < len; i += PCR_KV_TOKEN_BYTES) {
+        unsigned char t[PCR_KV_TOKEN_BYTES] = {0};
+        memcpy(t, p + i, len - i < PCR_KV_TOKEN_BYTES ? len - i : PCR_KV_TOKEN_BYTES);
+        uint32_t id = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 |
+                      (uint32_t)t[3] << 24;
+        evbuffer_add_printf(out, i ? ",%u" : "%u", (unsigned)id);
+    }
+    evbuffer_add(out, "]", 1);
+}
+
+static long get_int(const cJSON *root, const char *key, long dflt);
+
+int sim_api_tokenize(sim_conn_t *c, int kind, const char *body, size_t len,
+                     struct evbuffer *out)
+{
+    const sim_conf_t *conf = c->pod->conf;
+    const char *why = NULL;
+    struct evbuffer *prompt = evbuffer_new();
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!prompt) {
+        why = "out of memory";
+        goto bad;
+    }
+    if (!cJSON_IsObject(root)) {
+        why = "body is not a JSON object";
+        goto bad;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsNull(model) &&
+        (!cJSON_IsString(model) || strcmp(model->valuestring, conf->model) != 0)) {
+        cJSON_Delete(root);
+        evbuffer_free(prompt);
+        sim_conn_error(c, 404, "NotFoundError", "The model does not exist.");
+        return -1;
+    }
+    /* /tokenize takes messages (a chat) or a prompt, which vLLM wants a string. */
+    int chat = kind == SIM_TOK_RENDER_CHAT ||
+               (kind == SIM_TOK_TOKENIZE && cJSON_GetObjectItemCaseSensitive(root, "messages"));
+    if (kind == SIM_TOK_TOKENIZE && !chat &&
+        !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "prompt"))) {
+        why = "prompt must be a string (or give messages)";
+        goto bad;
+    }
+    if (canonical_prompt(root, chat, prompt, &why) != 0)
+        goto bad;
+    size_t plen = evbuffer_get_length(prompt);
+    const unsigned char *p = evbuffer_pullup(prompt, -1);
+    size_t ntok = (plen + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
+    if (kind == SIM_TOK_TOKENIZE) {
+        /* vLLM's TokenizeResponse: count, max_model_len, tokens, token_strs (null unless
+         * return_token_strs, which the toy tokenizer does not do). */
+        evbuffer_add_printf(out, "{\"count\":%zu,\"max_model_len\":%llu,\"tokens\":", ntok,
+                            (unsigned long long)conf->max_model_len);
+        add_token_ids(out, p, plen);
+        evbuffer_add(out, ",\"token_strs\":null}", 19);
+    } else {
+        /* vLLM's GenerateRequest: the chat render answers one, the completion render a list
+         * of them (one per prompt; the sim takes one prompt). sampling_params carries only
+         * max_tokens here. */
+        long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
+        if (mt < 0 && chat)
+            mt = get_int(root, "max_tokens", -1);
+        if (mt < 0)
+            mt = chat ? 256 : 16;
+        evbuffer_add_printf(out, "%s{\"request_id\":\"render-%s-%llu\",\"token_ids\":",
+                            chat ? "" : "[", c->pod->name,
+                            (unsigned long long)++c->pod->next_render);
+        add_token_ids(out, p, plen);
+        evbuffer_add_printf(out, ",\"features\":null,\"sampling_params\":{\"max_tokens\":%ld},"
+                            "\"model\":\"%s\",\"stream\":false,\"stream_options\":null,"
+                            "\"cache_salt\":null,\"priority\":0,\"kv_transfer_params\":null}%s",
+                            mt, conf->model, chat ? "" : "]");
+    }
+    evbuffer_free(prompt);
+    cJSON_Delete(root);
+    return 0;
+bad:
+    if (prompt)
+        evbuffer_free(prompt);
+    cJSON_Delete(root);
+    sim_conn_error(c, 400, "BadRequestError", why);
+    return -1;
 }
 
 static long get_int(const cJSON *root, const char *key, long dflt)

@@ -63,7 +63,9 @@ static void usage(FILE *f)
 "  --metrics-pad-bytes N        grow /metrics to about N bytes with latency histograms nobody\n"
 "                               reads, as a real vLLM page is tens of KiB (default 0: no)\n"
 "  --hide-cache-config          leave vllm:cache_config_info out of /metrics, as a pod that\n"
-"                               hides its KV capacity (the router then trusts its config)\n");
+"                               hides its KV capacity (the router then trusts its config)\n"
+"  --tokenize-delay-ms F        /tokenize and the render endpoints answer F ms (model time)\n"
+"                               late (default 0)\n");
 }
 
 static int valid_name(const char *s)
@@ -113,7 +115,7 @@ int main(int argc, char **argv)
     uint64_t seed = 1;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
-           O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT };
+           O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT, O_TOKDELAY };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -127,6 +129,7 @@ int main(int argc, char **argv)
         {"engine", 1, 0, O_ENGINE}, {"max-num-batched-tokens", 1, 0, O_MNBT},
         {"step-base-ms", 1, 0, O_SBASE}, {"step-seq-us", 1, 0, O_SSEQ},
         {"step-kv-ns-per-token", 1, 0, O_SKV}, {"rtt-ms", 1, 0, O_RTT},
+        {"tokenize-delay-ms", 1, 0, O_TOKDELAY},
         {0, 0, 0, 0},
     };
     int o;
@@ -186,6 +189,10 @@ int main(int argc, char **argv)
             conf.metrics_pad_bytes = (size_t)v;
             break;
         case O_HIDE: conf.hide_cache_config = 1; break;
+        case O_TOKDELAY:
+            bad = parse_double(optarg, 0, 1e7, &v);
+            conf.tokenize_delay_us = v * 1000;
+            break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

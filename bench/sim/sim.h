@@ -43,10 +43,18 @@ typedef struct {
     size_t metrics_pad_bytes;     /* --metrics-pad-bytes: /metrics grown to about this size */
     int hide_cache_config;        /* --hide-cache-config: no vllm:cache_config_info in /metrics */
     double tokenize_delay_us;     /* --tokenize-delay-ms: /tokenize and render answer this late */
+    int kv_events;                /* --kv-events PORT given: pods publish KV events (sim_kvev.h) */
+    int kv_events_port;           /* pod i on PORT+2i, its replay on PORT+2i+1; 0: any */
+    int kv_events_map;            /* --kv-events-encoding map (vLLM 0.26) rather than array */
+    double kv_events_drop;        /* --kv-events-drop: batches left unpublished (but buffered) */
+    double foreign_rate;          /* --foreign-load: requests per second (model time) the
+                                     router never sent, made inside the pod */
+    size_t foreign_tokens;        /* --foreign-tokens: their prompt length */
 } sim_conf_t;
 
 typedef struct sim_pod sim_pod_t;
 typedef struct sim_conn sim_conn_t;
+typedef struct sim_kvev sim_kvev_t;
 typedef struct sim_req sim_req_t;
 
 enum { SIM_REQ_WAITING, SIM_REQ_RUNNING, SIM_REQ_IN_FLIGHT /* crossing zones (--rtt-ms) */ };
@@ -60,6 +68,7 @@ struct sim_req {
     uint64_t seq;               /* id number, per pod */
     size_t prompt_tokens, max_tokens;
     uint64_t *hashes;           /* full prompt blocks, chained */
+    unsigned char *prompt;      /* --kv-events: the full blocks' bytes, for their token ids */
     size_t nblocks, private_blocks;
     size_t hit_tokens;
     size_t sent;                /* tokens emitted */
@@ -101,6 +110,15 @@ struct sim_pod {
     double ttft_sum;
     uint64_t ttft_count;
     sim_conn_t *conns;          /* every open connection, for shutdown */
+    sim_kvev_t *kvev;           /* --kv-events: the publisher, or NULL */
+    struct event *foreign_timer;/* --foreign-load: the next foreign request's arrival */
+    double foreign_due_us;
+    uint64_t foreign_rng;
+    unsigned char *foreign_bytes;   /* the foreign request being admitted: its prompt and */
+    uint64_t *foreign_hashes;       /* block names (foreign_hashes != NULL only meanwhile) */
+    uint64_t *foreign_buf;
+    uint64_t foreign, foreign_refused;
+    uint64_t restarts;
 };
 
 struct sim_conn {
@@ -167,5 +185,15 @@ void sim_engine_submit(sim_req_t *r);  /* queues it; answers when its time comes
 void sim_engine_cancel(sim_req_t *r);  /* the client left: frees the slot and the request */
 /* --engine step: the pod's step timer (arg: the pod): the step ends, the next begins. */
 void sim_engine_on_step(evutil_socket_t fd, short what, void *arg);
+/* The bytes of the prompt being admitted whose block names are `hashes` (block i at
+ * i * PCR_KV_BLOCK_BYTES), or NULL: how the KV-event publisher finds a stored block's tokens. */
+const unsigned char *sim_engine_block_bytes(const sim_pod_t *pod, const uint64_t *hashes);
+/* --foreign-load: starts the pod's foreign requests (0, or -1 when out of memory). */
+int sim_engine_foreign_start(sim_pod_t *pod, uint64_t seed);
+void sim_engine_foreign_stop(sim_pod_t *pod);
+/* POST /sim/restart: the pod dies and comes back empty. Every connection but `keep` is cut
+ * (their requests die with the pod), the cache is emptied and the KV events start a new life
+ * at sequence 0 with AllBlocksCleared. */
+void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep);
 
 #endif

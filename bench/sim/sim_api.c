@@ -18,6 +18,7 @@
 
 #include "pcr/common.h"
 #include "sim.h"
+#include "sim_kvev.h"
 
 const double sim_ttft_bounds[SIM_TTFT_BUCKETS] = {
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -229,6 +230,14 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
         goto bad;
     }
     r->nblocks = pcr_kvcache_hash_prompt(evbuffer_pullup(prompt, -1), plen, 0, r->hashes, nb);
+    if (conf->kv_events && nb > 0) {
+        r->prompt = malloc(nb * PCR_KV_BLOCK_BYTES);
+        if (!r->prompt) {
+            why = "out of memory";
+            goto bad;
+        }
+        evbuffer_copyout(prompt, r->prompt, nb * PCR_KV_BLOCK_BYTES);
+    }
     r->private_blocks = sim_model_private_blocks(r->prompt_tokens, r->nblocks, r->max_tokens);
     if (r->nblocks + r->private_blocks > pcr_kvcache_capacity(pod->kv)) {
         why = "the request needs more KV cache blocks than the pod has";
@@ -266,6 +275,7 @@ void sim_req_free(sim_req_t *r)
     if (r->text)
         evbuffer_free(r->text);
     free(r->hashes);
+    free(r->prompt);
     free(r);
 }
 
@@ -440,6 +450,30 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                         pod->name, (unsigned long long)pod->stalled,
                         pod->name, (unsigned long long)pod->cancelled,
                         pod->name, (unsigned long long)pod->rejected);
+    if (pod->kvev) {
+        sim_kvev_stats_t st;
+        sim_kvev_stats(pod->kvev, &st);
+        evbuffer_add_printf(out, "# HELP vllm_sim:kv_event_batches_total KV-event batches made, "
+                            "and those --kv-events-drop kept from the wire.\n"
+                            "# TYPE vllm_sim:kv_event_batches_total counter\n"
+                            "vllm_sim:kv_event_batches_total{kind=\"made\",pod=\"%s\"} %llu\n"
+                            "vllm_sim:kv_event_batches_total{kind=\"dropped\",pod=\"%s\"} %llu\n"
+                            "# HELP vllm_sim:kv_event_replays_total Replay requests answered.\n"
+                            "# TYPE vllm_sim:kv_event_replays_total counter\n"
+                            "vllm_sim:kv_event_replays_total{pod=\"%s\"} %llu\n",
+                            pod->name, (unsigned long long)st.batches,
+                            pod->name, (unsigned long long)st.dropped,
+                            pod->name, (unsigned long long)st.replays);
+    }
+    if (pod->conf->foreign_rate > 0)
+        evbuffer_add_printf(out, "# HELP vllm_sim:foreign_requests_total Requests made inside "
+                            "the pod (--foreign-load), admitted to the cache or refused.\n"
+                            "# TYPE vllm_sim:foreign_requests_total counter\n"
+                            "vllm_sim:foreign_requests_total{outcome=\"admitted\",pod=\"%s\"} "
+                            "%llu\nvllm_sim:foreign_requests_total{outcome=\"refused\",pod=\"%s\"} "
+                            "%llu\n", pod->name,
+                            (unsigned long long)(pod->foreign - pod->foreign_refused), pod->name,
+                            (unsigned long long)pod->foreign_refused);
     if (pod->conf->metrics_pad_bytes > 0)
         metrics_pad(pod, out, start);
 }

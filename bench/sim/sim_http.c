@@ -200,6 +200,13 @@ static void dispatch(sim_conn_t *c)
         }
         c->req = r;
         sim_engine_submit(r);
+    } else if (path_is(c, "/sim/restart")) {
+        if (method != HTTP_POST) {
+            sim_conn_error(c, 405, "BadRequestError", "use POST");
+            return;
+        }
+        sim_engine_restart(pod, c);
+        sim_conn_respond(c, 200, "application/json", "{\"restarted\":true}", 18);
     } else {
         sim_conn_error(c, 404, "NotFoundError", "no such path");
     }

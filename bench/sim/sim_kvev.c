@@ -35,7 +35,7 @@ typedef struct {
 struct sim_kvev {
     sim_pod_t *pod;
     void *pub, *replay;
-    struct event *replay_ev, *flush_ev;
+    struct event *replay_ev, *flush_ev, *pub_ev;
     char topic[160];
     size_t topic_len;
     int map;
@@ -312,6 +312,17 @@ static void on_replay(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The PUB socket's ZMQ_FD fired: a subscriber came, went or subscribed. Asking ZMQ_EVENTS
+ * makes ZMQ take it in now rather than at the next send, so a new subscription is in place
+ * as soon as it arrives. */
+static void on_pub(evutil_socket_t fd, short what, void *arg)
+{
+    sim_kvev_t *k = arg;
+    int ev;
+    size_t sz = sizeof ev;
+    zmq_getsockopt(k->pub, ZMQ_EVENTS, &ev, &sz);
+}
+
 static void *bind_socket(void *zctx, int type, const char *host, int port, char *ep, size_t eplen)
 {
     void *s = zmq_socket(zctx, type);
@@ -351,11 +362,14 @@ sim_kvev_t *sim_kvev_new(sim_pod_t *pod, void *zctx, const char *host, int pub_p
     k->rng = seed * 0x9E3779B97F4A7C15ULL + 1;
     k->topic_len = (size_t)snprintf(k->topic, sizeof k->topic, "kv@%s", pod->name);
     char pub_ep[256], rep_ep[256];
-    int fd = -1;
-    size_t fdsz = sizeof fd;
+    int fd = -1, pfd = -1;
+    size_t fdsz = sizeof fd, pfdsz = sizeof pfd;
     if (!(k->pub = bind_socket(zctx, ZMQ_PUB, host, pub_port, pub_ep, sizeof pub_ep)) ||
         !(k->replay = bind_socket(zctx, ZMQ_ROUTER, host, replay_port, rep_ep, sizeof rep_ep)) ||
         zmq_getsockopt(k->replay, ZMQ_FD, &fd, &fdsz) != 0 ||
+        zmq_getsockopt(k->pub, ZMQ_FD, &pfd, &pfdsz) != 0 ||
+        !(k->pub_ev = event_new(pod->base, pfd, EV_READ | EV_PERSIST, on_pub, k)) ||
+        event_add(k->pub_ev, NULL) != 0 ||
         !(k->replay_ev = event_new(pod->base, fd, EV_READ | EV_PERSIST, on_replay, k)) ||
         !(k->flush_ev = event_new(pod->base, -1, 0, on_flush, k)) ||
         event_add(k->replay_ev, NULL) != 0) {
@@ -385,6 +399,7 @@ void sim_kvev_free(sim_kvev_t *k)
         pcr_kvcache_observe(k->pod->kv, NULL);
     if (k->replay_ev) event_free(k->replay_ev);
     if (k->flush_ev) event_free(k->flush_ev);
+    if (k->pub_ev) event_free(k->pub_ev);
     if (k->pub) zmq_close(k->pub);
     if (k->replay) zmq_close(k->replay);
     forget(k);

@@ -19,7 +19,8 @@
  *
  * ZMQ runs on the pod's libevent loop through ZMQ_FD, which signals edges: the replay callback
  * reads while ZMQ_EVENTS says POLLIN (so the check after its own sends is part of the loop),
- * a bounded number of requests per turn. */
+ * a bounded number of requests per turn; the PUB socket's ZMQ_FD makes ZMQ take in new
+ * subscriptions as they come. */
 #ifndef PCR_BENCH_SIM_KVEV_H
 #define PCR_BENCH_SIM_KVEV_H
 

@@ -48,7 +48,9 @@ struct sim_kvev {
     uint32_t *toks;
     size_t ntoks, tcap;
     batch_t ring[SIM_KVEV_RING];  /* batch seq lives at ring[seq % SIM_KVEV_RING] */
-    uint64_t next_seq;            /* the next batch's sequence; ring holds the ones before */
+    uint64_t first_seq;           /* the oldest batch the ring holds ... */
+    uint64_t next_seq;            /* ... up to the one before the next batch's sequence */
+    size_t ring_bytes;
     sim_kvev_stats_t st;
 };
 
@@ -181,6 +183,17 @@ static void pack_event(sim_kvev_t *k, msgpack_packer *pk, const ev_t *e)
     pack_str(pk, "GPU");
 }
 
+static void on_pub(evutil_socket_t fd, short what, void *arg);
+
+static void drop_oldest(sim_kvev_t *k)
+{
+    batch_t *b = &k->ring[k->first_seq % SIM_KVEV_RING];
+    k->ring_bytes -= b->len;
+    free(b->data);
+    *b = (batch_t){0};
+    k->first_seq++;
+}
+
 static void put_seq(unsigned char out[8], uint64_t seq)
 {
     for (int i = 7; i >= 0; i--, seq >>= 8)
@@ -215,14 +228,21 @@ static void flush(sim_kvev_t *k)
     put_seq(sq, seq);
     if (k->drop > 0 && kv_rand(k) < k->drop) {
         k->st.dropped++;
-    } else if (zmq_send(k->pub, k->topic, k->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-               zmq_send(k->pub, sq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
-        zmq_send(k->pub, data, len, ZMQ_DONTWAIT);   /* PUB never blocks: a full queue drops */
+    } else {
+        if (zmq_send(k->pub, k->topic, k->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+            zmq_send(k->pub, sq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+            zmq_send(k->pub, data, len, ZMQ_DONTWAIT);   /* PUB never blocks: a full queue drops */
+        on_pub(-1, 0, k);   /* the sends may have taken the FD's edge: look again */
     }
     k->st.batches++;
-    batch_t *b = &k->ring[seq % SIM_KVEV_RING];
-    free(b->data);
-    *b = (batch_t){seq, data, len};
+    /* The ring keeps the last SIM_KVEV_RING batches, fewer when they pass
+     * SIM_KVEV_RING_BYTES: the oldest go first. */
+    if (seq - k->first_seq >= SIM_KVEV_RING)
+        drop_oldest(k);
+    while (k->first_seq < seq && k->ring_bytes + len > SIM_KVEV_RING_BYTES)
+        drop_oldest(k);
+    k->ring[seq % SIM_KVEV_RING] = (batch_t){seq, data, len};
+    k->ring_bytes += len;
 }
 
 static void on_flush(evutil_socket_t fd, short what, void *arg)
@@ -233,9 +253,8 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 /* Answers one replay request: every buffered batch from `start`, then the end marker. */
 static void answer_replay(sim_kvev_t *k, zmq_msg_t *id, uint64_t start)
 {
-    uint64_t first = k->next_seq > SIM_KVEV_RING ? k->next_seq - SIM_KVEV_RING : 0;
-    if (start < first)
-        start = first;
+    if (start < k->first_seq)
+        start = k->first_seq;
     k->st.replays++;
     const void *idp = zmq_msg_data(id);
     size_t idn = zmq_msg_size(id);
@@ -384,10 +403,8 @@ sim_kvev_t *sim_kvev_new(sim_pod_t *pod, void *zctx, const char *host, int pub_p
 
 static void forget(sim_kvev_t *k)
 {
-    for (size_t i = 0; i < SIM_KVEV_RING; i++) {
-        free(k->ring[i].data);
-        k->ring[i].data = NULL;
-    }
+    while (k->first_seq < k->next_seq)
+        drop_oldest(k);
     k->nevs = k->nhs = k->ntoks = 0;
 }
 
@@ -412,7 +429,7 @@ void sim_kvev_free(sim_kvev_t *k)
 void sim_kvev_restart(sim_kvev_t *k)
 {
     forget(k);
-    k->next_seq = 0;
+    k->first_seq = k->next_seq = 0;
     new_event(k, EV_CLEARED);
     flush(k);
 }

@@ -10,7 +10,8 @@
  * msgpack payload [ts, events, nil] (msgpack-c's packer). Events are positional arrays (vLLM
  * <= 0.23) or, with map encoding, maps keyed by "type" (vLLM 0.26 on).
  *
- * The last SIM_KVEV_RING batches stay in a replay buffer. A request [id, "", start (8 bytes
+ * The last SIM_KVEV_RING batches (fewer if they pass SIM_KVEV_RING_BYTES) stay in a replay
+ * buffer. A request [id, "", start (8 bytes
  * big-endian)] on the ROUTER gets [id, "", seq, payload] for each buffered batch from start on
  * ([id, "", topic, seq, payload] with map encoding, as vLLM 0.26), then [id, "", -1, ""].
  * --kv-events-drop F leaves that fraction of batches unpublished but buffered, so a subscriber
@@ -27,6 +28,7 @@
 #include <stdint.h>
 
 #define SIM_KVEV_RING 1024
+#define SIM_KVEV_RING_BYTES ((size_t)64 << 20)   /* and at most this many payload bytes */
 
 typedef struct sim_pod sim_pod_t;
 typedef struct sim_kvev sim_kvev_t;

@@ -365,6 +365,11 @@ def test_replay_from_a_start_and_the_end_marker(sims):
     f = d.recv_multipart()
     assert f[:3] == [b"", b"kv@p0", (5).to_bytes(8, "big")], f
     assert 'vllm_sim:kv_event_replays_total{pod="p0"} 4' in sim.metrics()
+    # A peer that sends a frame over the replay socket's size limit is cut; others go on.
+    bad = sim.socket(zmq.DEALER)
+    bad.connect(sim.replay_ep)
+    bad.send_multipart([b"", b"\0" * 4096])
+    assert [s for s, _, _ in sim.replay(4)] == list(range(4, len(allb)))
 
 
 def test_restart_clears_and_starts_again_at_zero(sims):

@@ -4,10 +4,12 @@
  *   sim_http.c    HTTP/1.1 connections (http-parser), routing of paths, writing responses
  *   sim_api.c     OpenAI bodies in (cJSON) and out, /metrics text, /v1/models
  *   sim_engine.c  the pod's scheduler: FIFO admission, KV cache, latency model, token emission;
- *                 with --engine step, engine steps on a timer instead (step_engine.c)
+ *                 with --engine step, engine steps on a timer instead (step_engine.c); the
+ *                 pod's restart, --foreign-load and --capacity-schedule
  *   kvcache.c     the prefix cache (shared with the replayer's ceiling)
  *   sim_model.c   the latency model and admission rule (shared with routing_offline)
  *   step_engine.c the step engine after vLLM's scheduler (shared with routing_offline)
+ *   sim_kvev.c    --kv-events: the pod's KV-cache events on ZMQ, as vLLM publishes them
  *
  * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
  * by time_scale to get wall-clock time. */
@@ -24,6 +26,11 @@
 #include "kvcache.h"
 #include "sim_model.h"
 #include "step_engine.h"
+
+typedef struct {
+    double seconds;               /* model time */
+    double fraction;              /* of --capacity-tokens, in (0, 1] */
+} sim_cap_phase_t;
 
 typedef struct {
     const char *model;            /* --model, served model name */
@@ -50,6 +57,8 @@ typedef struct {
     double foreign_rate;          /* --foreign-load: requests per second (model time) the
                                      router never sent, made inside the pod */
     size_t foreign_tokens;        /* --foreign-tokens: their prompt length */
+    const sim_cap_phase_t *cap_sched;   /* --capacity-schedule S:F,...: the usable cache is F */
+    size_t ncap_sched;                  /* of the capacity for S s (model time), in a cycle */
 } sim_conf_t;
 
 typedef struct sim_pod sim_pod_t;
@@ -119,6 +128,10 @@ struct sim_pod {
     uint64_t *foreign_buf;
     uint64_t foreign, foreign_refused;
     uint64_t restarts;
+    struct event *cap_timer;    /* --capacity-schedule: the next phase, or a retry */
+    size_t cap_phase;
+    double cap_phase_end_us;
+    size_t withheld;            /* blocks the schedule holds as a reservation */
 };
 
 struct sim_conn {
@@ -191,6 +204,9 @@ const unsigned char *sim_engine_block_bytes(const sim_pod_t *pod, const uint64_t
 /* --foreign-load: starts the pod's foreign requests (0, or -1 when out of memory). */
 int sim_engine_foreign_start(sim_pod_t *pod, uint64_t seed);
 void sim_engine_foreign_stop(sim_pod_t *pod);
+/* --capacity-schedule: starts the pod's cycle (0, or -1 when out of memory). */
+int sim_engine_capacity_start(sim_pod_t *pod);
+void sim_engine_capacity_stop(sim_pod_t *pod);
 /* POST /sim/restart: the pod dies and comes back empty. Every connection but `keep` is cut
  * (their requests die with the pod), the cache is emptied and the KV events start a new life
  * at sequence 0 with AllBlocksCleared. */

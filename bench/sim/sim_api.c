@@ -474,6 +474,12 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                             "%llu\n", pod->name,
                             (unsigned long long)(pod->foreign - pod->foreign_refused), pod->name,
                             (unsigned long long)pod->foreign_refused);
+    if (pod->conf->ncap_sched > 0)
+        evbuffer_add_printf(out, "# HELP vllm_sim:kv_blocks_withheld KV blocks the capacity "
+                            "schedule takes from the pod now.\n"
+                            "# TYPE vllm_sim:kv_blocks_withheld gauge\n"
+                            "vllm_sim:kv_blocks_withheld{pod=\"%s\"} %zu\n", pod->name,
+                            pod->withheld);
     if (pod->conf->metrics_pad_bytes > 0)
         metrics_pad(pod, out, start);
 }

@@ -421,3 +421,74 @@ void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep)
     if (pod->kvev)
         sim_kvev_restart(pod->kvev);
 }
+
+/* --capacity-schedule: the pod's usable cache follows a cycle of phases (S seconds of model
+ * time at fraction F of --capacity-tokens). What is taken away is held as a reservation in
+ * the cache, so taking it evicts unpinned blocks in LRU order (BlockRemoved, as any eviction)
+ * and giving it back lets waiting requests in. Blocks pinned by running requests cannot be
+ * taken: the pod takes what it can and tries again every 10 ms of wall clock until it holds
+ * its target. Withheld blocks count as used in vllm:kv_cache_usage_perc, as memory something
+ * else took would. */
+static void cap_adjust(sim_pod_t *pod)
+{
+    const sim_conf_t *c = pod->conf;
+    size_t cap = pcr_kvcache_capacity(pod->kv);
+    double f = c->cap_sched[pod->cap_phase].fraction;
+    size_t keep = (size_t)(f * (double)cap + 0.5);
+    size_t target = cap - (keep < 1 ? 1 : keep);
+    if (pod->withheld > target) {
+        pcr_kvcache_release(pod->kv, NULL, 0, pod->withheld - target);
+        pod->withheld = target;
+        if (c->step) step_kick(pod); else schedule(pod);
+    } else if (pod->withheld < target) {
+        size_t used = pcr_kvcache_pinned(pod->kv) + pcr_kvcache_reserved(pod->kv);
+        size_t room = cap > used ? cap - used : 0;
+        size_t k = target - pod->withheld < room ? target - pod->withheld : room, hit;
+        if (k > 0 && pcr_kvcache_acquire(pod->kv, NULL, 0, k, &hit) == 0)
+            pod->withheld += k;
+    }
+}
+
+static void on_capacity(evutil_socket_t fd, short what, void *arg)
+{
+    sim_pod_t *pod = arg;
+    const sim_conf_t *c = pod->conf;
+    double now = sim_now_us();
+    for (int k = 0; now >= pod->cap_phase_end_us; k++) {
+        if (k == 1000) {   /* far behind (a stalled machine): start the phase now */
+            pod->cap_phase_end_us = now;
+            k = 0;
+        }
+        pod->cap_phase = (pod->cap_phase + 1) % c->ncap_sched;
+        pod->cap_phase_end_us += c->cap_sched[pod->cap_phase].seconds * 1e6 / c->time_scale;
+    }
+    cap_adjust(pod);
+    double d = pod->cap_phase_end_us - now;
+    size_t cap = pcr_kvcache_capacity(pod->kv);
+    size_t keep = (size_t)(c->cap_sched[pod->cap_phase].fraction * (double)cap + 0.5);
+    if (pod->withheld != cap - (keep < 1 ? 1 : keep) && d > 1e4)
+        d = 1e4;
+    struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
+    evtimer_add(pod->cap_timer, &tv);
+}
+
+int sim_engine_capacity_start(sim_pod_t *pod)
+{
+    const sim_conf_t *c = pod->conf;
+    pod->cap_timer = evtimer_new(pod->base, on_capacity, pod);
+    if (!pod->cap_timer)
+        return -1;
+    /* Phase 0 starts now: the first firing ends the phase before it, which is the last. */
+    pod->cap_phase = c->ncap_sched - 1;
+    pod->cap_phase_end_us = sim_now_us();
+    struct timeval tv = {0, 0};
+    evtimer_add(pod->cap_timer, &tv);
+    return 0;
+}
+
+void sim_engine_capacity_stop(sim_pod_t *pod)
+{
+    if (pod->cap_timer)
+        event_free(pod->cap_timer);
+    pod->cap_timer = NULL;
+}

@@ -27,6 +27,7 @@
 #include "sim_kvev.h"
 
 #define MAX_PODS 64
+#define MAX_PHASES 64
 
 static void usage(FILE *f)
 {
@@ -79,6 +80,9 @@ static void usage(FILE *f)
 "                               sent, random prompts through the cache: it evicts in an\n"
 "                               order the router cannot guess (default 0)\n"
 "  --foreign-tokens N           their prompt length in tokens (default 1024)\n"
+"  --capacity-schedule S:F,...  the usable KV cache is F (0 < F <= 1) of the capacity for S\n"
+"                               seconds (model time), then the next phase, in a cycle;\n"
+"                               shrinking evicts in LRU order (default: no schedule)\n"
 "  POST /sim/restart            (endpoint) the pod dies and comes back empty: connections\n"
 "                               cut, cache cleared, KV events restart at 0 with\n"
 "                               AllBlocksCleared\n");
@@ -105,6 +109,28 @@ static int parse_double(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
+/* "S:F,S:F,...": at most MAX_PHASES phases, S in (0, 1e6] seconds, F in (0, 1]. */
+static int parse_schedule(const char *s, sim_cap_phase_t *out, size_t *n)
+{
+    *n = 0;
+    for (;;) {
+        char *end;
+        double sec = strtod(s, &end);
+        if (end == s || *end != ':' || !(sec > 0 && sec <= 1e6) || *n == MAX_PHASES)
+            return -1;
+        s = end + 1;
+        double f = strtod(s, &end);
+        if (end == s || !(f > 0 && f <= 1))
+            return -1;
+        out[(*n)++] = (sim_cap_phase_t){sec, f};
+        if (*end == 0)
+            return 0;
+        if (*end != ',')
+            return -1;
+        s = end + 1;
+    }
+}
+
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                       int salen, void *arg)
 {
@@ -129,10 +155,12 @@ int main(int argc, char **argv)
     int ports[MAX_PODS], nports = 0, nnames = 0;
     const char *names[MAX_PODS];
     uint64_t seed = 1;
+    static sim_cap_phase_t cap_sched[MAX_PHASES];
+    conf.cap_sched = cap_sched;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
            O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT, O_TOKDELAY,
-           O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK };
+           O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK, O_CAPSCHED };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -149,6 +177,7 @@ int main(int argc, char **argv)
         {"tokenize-delay-ms", 1, 0, O_TOKDELAY}, {"kv-events", 1, 0, O_KVEV},
         {"kv-events-encoding", 1, 0, O_KVENC}, {"kv-events-drop", 1, 0, O_KVDROP},
         {"foreign-load", 1, 0, O_FOREIGN}, {"foreign-tokens", 1, 0, O_FTOK},
+        {"capacity-schedule", 1, 0, O_CAPSCHED},
         {0, 0, 0, 0},
     };
     int o;
@@ -223,6 +252,7 @@ int main(int argc, char **argv)
             break;
         case O_KVDROP: bad = parse_double(optarg, 0, 1, &conf.kv_events_drop); break;
         case O_FOREIGN: bad = parse_double(optarg, 0, 1e6, &conf.foreign_rate); break;
+        case O_CAPSCHED: bad = parse_schedule(optarg, cap_sched, &conf.ncap_sched); break;
         case O_FTOK:
             bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1 << 24, &v);
             conf.foreign_tokens = (size_t)v;
@@ -312,7 +342,8 @@ int main(int argc, char **argv)
             if (!pod->kvev)
                 goto out;
         }
-        if (conf.foreign_rate > 0 && sim_engine_foreign_start(pod, seed + (uint64_t)i) != 0) {
+        if ((conf.foreign_rate > 0 && sim_engine_foreign_start(pod, seed + (uint64_t)i) != 0) ||
+            (conf.ncap_sched > 0 && sim_engine_capacity_start(pod) != 0)) {
             fprintf(stderr, "vllm-sim: out of memory\n");
             goto out;
         }
@@ -333,6 +364,7 @@ out:
         if (pod->step_timer)
             event_free(pod->step_timer);
         sim_engine_foreign_stop(pod);
+        sim_engine_capacity_stop(pod);
         sim_kvev_free(pod->kvev);
         sim_step_dispose(&pod->eng);
         pcr_kvcache_free(pod->kv);

@@ -468,3 +468,48 @@ def test_defaults_publish_nothing(sims):
     text = sim.metrics()
     assert "kv_event" not in text and "foreign" not in text
     assert "kv-events" not in sim.err.text()
+
+
+def withheld(sim):
+    m = re.search(r'vllm_sim:kv_blocks_withheld\{pod="p0"\} (\d+)', sim.metrics())
+    assert m, sim.metrics()[-800:]
+    return int(m.group(1))
+
+
+def wait_until(pred, timeout, what):
+    """Polls the pod's state until pred() holds, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.05)
+
+
+def test_capacity_schedule_evicts_on_its_own_and_gives_back(sims):
+    """--capacity-schedule 2:1,2:0.25 on 64 blocks: 12 prompts of 4 blocks fit while the whole
+    cache is there; when a quarter is left the pod evicts down to 16 blocks with no request
+    from anyone, oldest prompt first and tail first; then the blocks come back."""
+    sim = sims("--capacity-tokens", "1024", "--capacity-schedule", "2:1,2:0.25",
+               "--time-scale", "1")
+    prompts = [chr(ord("a") + k) * 256 for k in range(12)]
+    for p in prompts:
+        sim.complete(p, max_tokens=1)
+    wait_until(lambda: withheld(sim) == 48, 20, "the pod to withhold 48 blocks")
+    evs = all_events(sim)
+    live, order = set(), []
+    for _, e in evs:
+        if e["type"] == "BlockStored":
+            live |= set(e["block_hashes"])
+        elif e["type"] == "BlockRemoved":
+            assert set(e["block_hashes"]) <= live, e
+            live -= set(e["block_hashes"])
+            order += e["block_hashes"]
+    assert len(live) == 16 and len(order) == 48 - 16, (len(live), len(order))
+    chains = {}
+    for h, _, t in stored_chain(evs):
+        chains.setdefault(t[0], []).append(h)
+    lru = [h for p in prompts for h in chains[int.from_bytes(p[:4].encode(), "little")][::-1]]
+    assert order == lru[:len(order)]
+    wait_until(lambda: withheld(sim) == 0, 20, "the blocks to come back")
+    # The last 4 prompts are still there; the first is not.
+    assert sim.complete(prompts[-1])["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert sim.complete(prompts[0])["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

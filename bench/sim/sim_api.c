@@ -460,10 +460,15 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                             "vllm_sim:kv_event_batches_total{kind=\"dropped\",pod=\"%s\"} %llu\n"
                             "# HELP vllm_sim:kv_event_replays_total Replay requests answered.\n"
                             "# TYPE vllm_sim:kv_event_replays_total counter\n"
-                            "vllm_sim:kv_event_replays_total{pod=\"%s\"} %llu\n",
+                            "vllm_sim:kv_event_replays_total{pod=\"%s\"} %llu\n"
+                            "# HELP vllm_sim:kv_event_orphan_blocks_total Stored blocks whose "
+                            "prompt the publisher could not find (a bug if not 0).\n"
+                            "# TYPE vllm_sim:kv_event_orphan_blocks_total counter\n"
+                            "vllm_sim:kv_event_orphan_blocks_total{pod=\"%s\"} %llu\n",
                             pod->name, (unsigned long long)st.batches,
                             pod->name, (unsigned long long)st.dropped,
-                            pod->name, (unsigned long long)st.replays);
+                            pod->name, (unsigned long long)st.replays,
+                            pod->name, (unsigned long long)st.unknown_owner);
     }
     if (pod->conf->foreign_rate > 0)
         evbuffer_add_printf(out, "# HELP vllm_sim:foreign_requests_total Requests made inside "

@@ -252,6 +252,7 @@ def test_stored_blocks_carry_the_tokens_tokenize_gives_and_chain(sims, encoding,
     n = body["usage"]["prompt_tokens"] // 16
     assert n >= 2 and [t for _, _, t in chat] == [tok["tokens"][16 * i:16 * i + 16]
                                                   for i in range(n)]
+    assert 'vllm_sim:kv_event_orphan_blocks_total{pod="p0"} 0' in sim.metrics()
 
 
 def test_tokenize_and_render_answers(sims):
@@ -460,6 +461,7 @@ def test_foreign_load_evicts_what_the_router_sent(sims):
     assert sim.complete(prompt)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     m = re.search(r'foreign_requests_total\{outcome="admitted",pod="p0"\} (\d+)', sim.metrics())
     assert m and int(m.group(1)) > 0
+    assert 'vllm_sim:kv_event_orphan_blocks_total{pod="p0"} 0' in sim.metrics()
 
 
 def test_defaults_publish_nothing(sims):

@@ -429,13 +429,18 @@ void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep)
  * taken: the pod takes what it can and tries again every 10 ms of wall clock until it holds
  * its target. Withheld blocks count as used in vllm:kv_cache_usage_perc, as memory something
  * else took would. */
+static size_t cap_target(const sim_pod_t *pod)   /* blocks to withhold in this phase */
+{
+    size_t cap = pcr_kvcache_capacity(pod->kv);
+    size_t keep = (size_t)(pod->conf->cap_sched[pod->cap_phase].fraction * (double)cap + 0.5);
+    return cap - (keep < 1 ? 1 : keep);
+}
+
 static void cap_adjust(sim_pod_t *pod)
 {
     const sim_conf_t *c = pod->conf;
     size_t cap = pcr_kvcache_capacity(pod->kv);
-    double f = c->cap_sched[pod->cap_phase].fraction;
-    size_t keep = (size_t)(f * (double)cap + 0.5);
-    size_t target = cap - (keep < 1 ? 1 : keep);
+    size_t target = cap_target(pod);
     if (pod->withheld > target) {
         pcr_kvcache_release(pod->kv, NULL, 0, pod->withheld - target);
         pod->withheld = target;
@@ -464,10 +469,8 @@ static void on_capacity(evutil_socket_t fd, short what, void *arg)
     }
     cap_adjust(pod);
     double d = pod->cap_phase_end_us - now;
-    size_t cap = pcr_kvcache_capacity(pod->kv);
-    size_t keep = (size_t)(c->cap_sched[pod->cap_phase].fraction * (double)cap + 0.5);
-    if (pod->withheld != cap - (keep < 1 ? 1 : keep) && d > 1e4)
-        d = 1e4;
+    if (pod->withheld != cap_target(pod) && d > 1e4)
+        d = 1e4;   /* pinned blocks kept the target out of reach: try again soon */
     struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
     evtimer_add(pod->cap_timer, &tv);
 }

@@ -127,7 +127,8 @@ struct sim_pod {
     uint64_t *foreign_hashes;       /* block names (foreign_hashes != NULL only meanwhile) */
     uint64_t *foreign_buf;
     uint64_t foreign, foreign_refused;
-    uint64_t restarts;
+    double start_time;          /* process_start_time_seconds: conf->start_time, or the last
+                                   POST /sim/restart */
     struct event *cap_timer;    /* --capacity-schedule: the next phase, or a retry */
     size_t cap_phase;
     double cap_phase_end_us;
@@ -208,8 +209,9 @@ void sim_engine_foreign_stop(sim_pod_t *pod);
 int sim_engine_capacity_start(sim_pod_t *pod);
 void sim_engine_capacity_stop(sim_pod_t *pod);
 /* POST /sim/restart: the pod dies and comes back empty. Every connection but `keep` is cut
- * (their requests die with the pod), the cache is emptied and the KV events start a new life
- * at sequence 0 with AllBlocksCleared. */
+ * (their requests die with the pod), the cache is emptied, /metrics starts again from zero
+ * with a new process_start_time_seconds, and the KV events start a new life at sequence 0
+ * with AllBlocksCleared. */
 void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep);
 
 #endif

@@ -437,7 +437,7 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                         m, (unsigned long long)pod->ttft_count, m, pod->ttft_sum);
     evbuffer_add_printf(out, "# HELP process_start_time_seconds Start time of the process since "
                         "unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\n"
-                        "process_start_time_seconds %.17g\n", pod->conf->start_time);
+                        "process_start_time_seconds %.17g\n", pod->start_time);
     evbuffer_add_printf(out, "# HELP vllm_sim:faults_total Faults injected or seen by the "
                         "simulator.\n# TYPE vllm_sim:faults_total counter\n"
                         "vllm_sim:faults_total{kind=\"fail\",pod=\"%s\"} %llu\n"

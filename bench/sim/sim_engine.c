@@ -27,6 +27,8 @@
  * and step), and the next step is composed at once; an idle pod's first request starts one. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
 #include "sim.h"
@@ -417,7 +419,17 @@ void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep)
     }
     pcr_kvcache_clear(pod->kv);
     pod->prefill_busy_until_us = 0;
-    pod->restarts++;
+    /* A new process: its counters start from zero, its start time is now. */
+    pod->prefix_queries = pod->prefix_hits = pod->prompt_tokens = pod->generation_tokens = 0;
+    pod->success = pod->failed_injected = pod->dropped = pod->stalled = 0;
+    pod->cancelled = pod->rejected = 0;
+    memset(pod->ttft_buckets, 0, sizeof pod->ttft_buckets);
+    pod->ttft_sum = 0;
+    pod->ttft_count = 0;
+    pod->foreign = pod->foreign_refused = 0;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    pod->start_time = (double)tv.tv_sec + tv.tv_usec / 1e6;
     if (pod->kvev)
         sim_kvev_restart(pod->kvev);
 }

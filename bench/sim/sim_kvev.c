@@ -430,6 +430,7 @@ void sim_kvev_restart(sim_kvev_t *k)
 {
     forget(k);
     k->first_seq = k->next_seq = 0;
+    k->st = (sim_kvev_stats_t){0};
     new_event(k, EV_CLEARED);
     flush(k);
 }

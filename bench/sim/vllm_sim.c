@@ -305,6 +305,7 @@ int main(int argc, char **argv)
         pod->conf = &conf;
         pod->base = base;
         pod->name = strdup(i < nnames ? names[i] : dflt);
+        pod->start_time = conf.start_time;
         size_t blocks = (size_t)(conf.capacity_tokens / PCR_KV_BLOCK_TOKENS);
         pod->kv = pcr_kvcache_new(blocks);
         if (!pod->name || !pod->kv) {

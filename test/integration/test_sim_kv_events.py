@@ -380,8 +380,16 @@ def test_restart_clears_and_starts_again_at_zero(sims):
     prompt = "remember me " * 20
     sim.complete(prompt)
     assert sim.complete(prompt)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    before = sim.metrics()
     st, body = sim.post("/sim/restart", {})
     assert st == 200 and body == {"restarted": True}, body
+    # /metrics looks like a new process: a later start time, counters from zero.
+    after = sim.metrics()
+    start = re.compile(r"^process_start_time_seconds (\S+)$", re.M)
+    assert float(start.search(after).group(1)) > float(start.search(before).group(1))
+    queries = r'vllm:prefix_cache_queries_total\{model_name="sim-8b"\} (\S+)'
+    assert float(re.search(queries, before).group(1)) > 0
+    assert float(re.search(queries, after).group(1)) == 0
     b = sim.replay()
     assert len(b) == 1 and b[0][0] == 0, b
     assert events_of(b[0][2]) == [{"type": "AllBlocksCleared"}]

@@ -523,3 +523,30 @@ def test_capacity_schedule_evicts_on_its_own_and_gives_back(sims):
     # The last 4 prompts are still there; the first is not.
     assert sim.complete(prompts[-1])["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert sim.complete(prompts[0])["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_each_pod_publishes_its_own_events(sims):
+    """Two pods in one process: each has its own sockets, topic and sequence."""
+    sim = sims("--port", "0", "--name", "p1")
+    m = sim.err.wait_line(r"pod p1 listening on ([\d.]+):(\d+)", 10)
+    k = sim.err.wait_line(r"pod p1 kv-events (tcp://\S+) replay (tcp://\S+)", 10)
+    assert m and k, sim.err.text()
+    assert {k[1].group(1), k[1].group(2)}.isdisjoint({sim.pub, sim.replay_ep})
+    other = Sim.__new__(Sim)            # the same helpers, aimed at pod p1
+    other.url = "http://%s:%s" % (m[1].group(1), m[1].group(2))
+    other.replay_ep = k[1].group(2)
+    other.ctx, other.socks = sim.ctx, sim.socks
+    other.complete("for p1 only " * 10)
+    mine = other.replay()
+    assert len(mine) == 1 and mine[0][0] == 0
+    assert stored_chain([(0, e) for e in events_of(mine[0][2])])
+    assert sim.replay() == []          # p0 saw nothing
+    sub = sim.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@p1")
+    sub.connect(k[1].group(1))
+    # Live too, on p1's topic: requests until one is seen (each wait bounded).
+    deadline = time.monotonic() + 20
+    while not sub.poll(300):
+        assert time.monotonic() < deadline, "nothing live from p1"
+        other.complete("again %f " % time.monotonic() + "z" * 64)
+    assert sub.recv_multipart()[0] == b"kv@p1"

@@ -93,7 +93,7 @@ static void add_token_ids(struct evbuffer *out, const unsigned char *p, size_t l
     evbuffer_add(out, "]", 1);
 }
 
-static long get_int(const cJSON *root, const char *key, long dflt);
+static long max_tokens_of(const cJSON *root, int chat);
 
 int sim_api_tokenize(sim_conn_t *c, int kind, const char *body, size_t len,
                      struct evbuffer *out)
@@ -142,11 +142,7 @@ int sim_api_tokenize(sim_conn_t *c, int kind, const char *body, size_t len,
         /* vLLM's GenerateRequest: the chat render answers one, the completion render a list
          * of them (one per prompt; the sim takes one prompt). sampling_params carries only
          * max_tokens here. */
-        long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
-        if (mt < 0 && chat)
-            mt = get_int(root, "max_tokens", -1);
-        if (mt < 0)
-            mt = chat ? 256 : 16;
+        long mt = max_tokens_of(root, chat);
         evbuffer_add_printf(out, "%s{\"request_id\":\"render-%s-%llu\",\"token_ids\":",
                             chat ? "" : "[", c->pod->name,
                             (unsigned long long)++c->pod->next_render);
@@ -171,6 +167,16 @@ static long get_int(const cJSON *root, const char *key, long dflt)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     return cJSON_IsNumber(v) ? (long)v->valuedouble : dflt;
+}
+
+/* The request's output limit: max_completion_tokens (chat) or max_tokens, else the sim's
+ * defaults, 256 for a chat and 16 for a completion. */
+static long max_tokens_of(const cJSON *root, int chat)
+{
+    long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
+    if (mt < 0 && chat)
+        mt = get_int(root, "max_tokens", -1);
+    return mt < 0 ? (chat ? 256 : 16) : mt;
 }
 
 sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
@@ -209,11 +215,7 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     r->include_usage = !r->stream || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     r->prompt_tokens = (plen + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
-    long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
-    if (mt < 0 && chat)
-        mt = get_int(root, "max_tokens", -1);
-    if (mt < 0)
-        mt = chat ? 256 : 16;
+    long mt = max_tokens_of(root, chat);
     r->max_tokens = mt < 1 ? 1 : (size_t)mt;
     if (r->prompt_tokens == 0) {
         why = "the prompt is empty";

@@ -52,7 +52,7 @@ typedef struct {
     double tokenize_delay_us;     /* --tokenize-delay-ms: /tokenize and render answer this late */
     int kv_events;                /* --kv-events PORT given: pods publish KV events (sim_kvev.h) */
     int kv_events_port;           /* pod i on PORT+2i, its replay on PORT+2i+1; 0: any */
-    int kv_events_map;            /* --kv-events-encoding map (vLLM 0.26) rather than array */
+    int kv_events_encoding;       /* --kv-events-encoding: SIM_KVEV_ARRAY, _MAP, _MAP_BATCH */
     double kv_events_drop;        /* --kv-events-drop: batches left unpublished (but buffered) */
     double foreign_rate;          /* --foreign-load: requests per second (model time) the
                                      router never sent, made inside the pod */

@@ -38,7 +38,8 @@ struct sim_kvev {
     struct event *replay_ev, *flush_ev, *pub_ev;
     char topic[160];
     size_t topic_len;
-    int map;
+    int map;                    /* events are maps (SIM_KVEV_MAP or _MAP_BATCH) */
+    int map_batch;              /* the batch too, with no topic in replay answers */
     double drop;
     uint64_t rng;
     ev_t *evs;
@@ -154,7 +155,7 @@ static void pack_hashes(sim_kvev_t *k, msgpack_packer *pk, const ev_t *e)
 static void pack_event(sim_kvev_t *k, msgpack_packer *pk, const ev_t *e)
 {
     static const char *const names[] = {NULL, "BlockStored", "BlockRemoved", "AllBlocksCleared"};
-    size_t nfields = e->kind == EV_STORED ? 7 : e->kind == EV_REMOVED ? 3 : 1;
+    size_t nfields = e->kind == EV_STORED ? 7 + k->map_batch : e->kind == EV_REMOVED ? 3 : 1;
     if (k->map) {
         msgpack_pack_map(pk, nfields);
         pack_str(pk, "type");
@@ -181,6 +182,10 @@ static void pack_event(sim_kvev_t *k, msgpack_packer *pk, const ev_t *e)
     }
     if (k->map) pack_str(pk, "medium");
     pack_str(pk, "GPU");
+    if (e->kind == EV_STORED && k->map_batch) {
+        pack_str(pk, "lora_name");
+        msgpack_pack_nil(pk);
+    }
 }
 
 static void on_pub(evutil_socket_t fd, short what, void *arg);
@@ -212,12 +217,25 @@ static void flush(sim_kvev_t *k)
     msgpack_packer pk;
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 3);
-    msgpack_pack_double(&pk, (double)tv.tv_sec + tv.tv_usec / 1e6);
+    double ts = (double)tv.tv_sec + tv.tv_usec / 1e6;
+    if (k->map_batch) {
+        msgpack_pack_map(&pk, 3);
+        pack_str(&pk, "ts");
+        msgpack_pack_double(&pk, ts);
+        pack_str(&pk, "events");
+    } else {
+        msgpack_pack_array(&pk, 3);
+        msgpack_pack_double(&pk, ts);
+    }
     msgpack_pack_array(&pk, k->nevs);
     for (size_t i = 0; i < k->nevs; i++)
         pack_event(k, &pk, &k->evs[i]);
-    msgpack_pack_nil(&pk);   /* data_parallel_rank: one engine, no data parallelism */
+    if (k->map_batch) {
+        pack_str(&pk, "data_parallel_rank");
+        msgpack_pack_int(&pk, 0);   /* vLLM's publisher fills in its rank, 0 without DP */
+    } else {
+        msgpack_pack_nil(&pk);      /* data_parallel_rank: one engine, no data parallelism */
+    }
     k->nevs = k->nhs = k->ntoks = 0;
     size_t len = sb.size;
     char *data = msgpack_sbuffer_release(&sb);
@@ -265,7 +283,7 @@ static void answer_replay(sim_kvev_t *k, zmq_msg_t *id, uint64_t start)
         /* A ROUTER drops what it cannot queue (ZMQ_SNDHWM), so this never blocks. */
         zmq_send(k->replay, idp, idn, ZMQ_SNDMORE | ZMQ_DONTWAIT);
         zmq_send(k->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-        if (k->map)
+        if (k->map && !k->map_batch)
             zmq_send(k->replay, k->topic, k->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
         zmq_send(k->replay, sq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
         zmq_send(k->replay, b->data, b->len, ZMQ_DONTWAIT);
@@ -370,13 +388,14 @@ static void *bind_socket(void *zctx, int type, const char *host, int port, char 
 }
 
 sim_kvev_t *sim_kvev_new(sim_pod_t *pod, void *zctx, const char *host, int pub_port,
-                         int replay_port, int map_encoding, double drop, uint64_t seed)
+                         int replay_port, int encoding, double drop, uint64_t seed)
 {
     sim_kvev_t *k = calloc(1, sizeof *k);
     if (!k)
         return NULL;
     k->pod = pod;
-    k->map = map_encoding;
+    k->map = encoding != SIM_KVEV_ARRAY;
+    k->map_batch = encoding == SIM_KVEV_MAP_BATCH;
     k->drop = drop;
     k->rng = seed * 0x9E3779B97F4A7C15ULL + 1;
     k->topic_len = (size_t)snprintf(k->topic, sizeof k->topic, "kv@%s", pod->name);

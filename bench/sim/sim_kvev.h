@@ -8,7 +8,11 @@
  * order. Events gathered during one turn of the event loop go out as one batch: three frames,
  * topic "kv@NAME", an 8-byte big-endian sequence number from 0 for each life of the pod, and a
  * msgpack payload [ts, events, nil] (msgpack-c's packer). Events are positional arrays (vLLM
- * <= 0.23) or, with map encoding, maps keyed by "type" (vLLM 0.26 on).
+ * <= 0.23) or, with map encoding, maps keyed by "type" (vLLM 0.26 on). A third encoding,
+ * map-batch, follows vllm/distributed/kv_events.py as read at commit 0181ea31, where neither
+ * the batch nor its events are msgspec array_like: the payload is the map {"ts", "events",
+ * "data_parallel_rank": 0}, each BlockStored also carries "lora_name", and replay answers
+ * carry no topic frame.
  *
  * The last SIM_KVEV_RING batches (fewer if they pass SIM_KVEV_RING_BYTES) stay in a replay
  * buffer. A request [id, "", start (8 bytes
@@ -27,6 +31,8 @@
 
 #include <stdint.h>
 
+enum { SIM_KVEV_ARRAY, SIM_KVEV_MAP, SIM_KVEV_MAP_BATCH };   /* --kv-events-encoding */
+
 #define SIM_KVEV_RING 1024
 #define SIM_KVEV_RING_BYTES ((size_t)64 << 20)   /* and at most this many payload bytes */
 
@@ -37,7 +43,7 @@ typedef struct sim_kvev sim_kvev_t;
  * "vllm-sim: pod NAME kv-events tcp://HOST:PORT replay tcp://HOST:PORT" and observes the
  * pod's cache. NULL (and a message on stderr) on failure. */
 sim_kvev_t *sim_kvev_new(sim_pod_t *pod, void *zctx, const char *host, int pub_port,
-                         int replay_port, int map_encoding, double drop, uint64_t seed);
+                         int replay_port, int encoding, double drop, uint64_t seed);
 /* Stops observing, closes the sockets, frees the buffer. NULL is a no-op. */
 void sim_kvev_free(sim_kvev_t *k);
 /* A new life: what was pending and buffered is forgotten, AllBlocksCleared goes out as 0. */

@@ -73,7 +73,9 @@ static void usage(FILE *f)
 "                               late (default 0)\n"
 "  --kv-events PORT             publish vLLM's KV events: pod i on ZMQ PUB tcp://HOST:PORT+2i,\n"
 "                               its replay ROUTER on PORT+2i+1 (0: ports the OS picks)\n"
-"  --kv-events-encoding E       array (vLLM <= 0.23, default) or map (vLLM 0.26 on)\n"
+"  --kv-events-encoding E       array (vLLM <= 0.23, default), map (vLLM 0.26 on: events\n"
+"                               as maps) or map-batch (the batch a map too, and no topic\n"
+"                               in replay answers, as vLLM's kv_events.py at 0181ea31)\n"
 "  --kv-events-drop F           leave this fraction of batches unpublished, still in the\n"
 "                               replay buffer, so subscribers see gaps (default 0)\n"
 "  --foreign-load F             F requests per second (model time) per pod that no router\n"
@@ -247,8 +249,11 @@ int main(int argc, char **argv)
             conf.kv_events_port = (int)v;
             break;
         case O_KVENC:
-            bad = strcmp(optarg, "array") != 0 && strcmp(optarg, "map") != 0;
-            conf.kv_events_map = strcmp(optarg, "map") == 0;
+            bad = strcmp(optarg, "array") != 0 && strcmp(optarg, "map") != 0 &&
+                  strcmp(optarg, "map-batch") != 0;
+            conf.kv_events_encoding = strcmp(optarg, "map") == 0         ? SIM_KVEV_MAP
+                                      : strcmp(optarg, "map-batch") == 0 ? SIM_KVEV_MAP_BATCH
+                                                                         : SIM_KVEV_ARRAY;
             break;
         case O_KVDROP: bad = parse_double(optarg, 0, 1, &conf.kv_events_drop); break;
         case O_FOREIGN: bad = parse_double(optarg, 0, 1e6, &conf.foreign_rate); break;
@@ -338,7 +343,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "vllm-sim: pod %s listening on %s:%d\n", pod->name, host, pod->port);
         if (conf.kv_events) {
             int p = conf.kv_events_port ? conf.kv_events_port + 2 * i : 0;
-            pod->kvev = sim_kvev_new(pod, zctx, host, p, p ? p + 1 : 0, conf.kv_events_map,
+            pod->kvev = sim_kvev_new(pod, zctx, host, p, p ? p + 1 : 0, conf.kv_events_encoding,
                                      conf.kv_events_drop, seed + (uint64_t)i);
             if (!pod->kvev)
                 goto out;

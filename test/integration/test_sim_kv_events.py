@@ -139,16 +139,25 @@ def sims():
 def events_of(payload, encoding="array"):
     """The payload's events as dicts, after checking the exact shape of each encoding."""
     batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    assert isinstance(batch, list) and len(batch) == 3, batch
-    ts, events, rank = batch
-    assert isinstance(ts, float) and ts > 0 and rank is None, batch
+    if encoding == "map-batch":     # the batch a map too, its rank filled in
+        assert isinstance(batch, dict), batch
+        assert list(batch) == ["ts", "events", "data_parallel_rank"], batch
+        ts, events, rank = batch["ts"], batch["events"], batch["data_parallel_rank"]
+        assert rank == 0, batch
+    else:
+        assert isinstance(batch, list) and len(batch) == 3, batch
+        ts, events, rank = batch
+        assert rank is None, batch
+    assert isinstance(ts, float) and ts > 0, batch
     out = []
     for e in events:
-        if encoding == "map":
+        if encoding in ("map", "map-batch"):
             assert isinstance(e, dict), e
-            keys = {"BlockStored": STORED_KEYS, "BlockRemoved": ["type", "block_hashes", "medium"],
+            stored = STORED_KEYS + (["lora_name"] if encoding == "map-batch" else [])
+            keys = {"BlockStored": stored, "BlockRemoved": ["type", "block_hashes", "medium"],
                     "AllBlocksCleared": ["type"]}[e["type"]]
             assert list(e) == keys, e
+            assert e.get("lora_name") is None, e
             d = dict(e)
         else:
             assert isinstance(e, list), e
@@ -211,7 +220,7 @@ def join_live(sim, sub, timeout=20):
 
 
 @pytest.mark.parametrize("encoding,engine", [("array", "latency"), ("map", "latency"),
-                                             ("array", "step")])
+                                             ("map-batch", "latency"), ("array", "step")])
 def test_stored_blocks_carry_the_tokens_tokenize_gives_and_chain(sims, encoding, engine):
     sim = sims("--kv-events-encoding", encoding, "--engine", engine)
     prompt = "The system prompt of a shared agent. " * 9          # 333 bytes: 5 full blocks
@@ -346,13 +355,17 @@ def test_live_batches_equal_the_replayed_ones(sims):
         assert frames == [] and got[s] == p, s            # array encoding: [seq, payload]
 
 
-def test_replay_from_a_start_and_the_end_marker(sims):
-    sim = sims("--kv-events-encoding", "map")
+@pytest.mark.parametrize("encoding", ["map", "map-batch"])
+def test_replay_from_a_start_and_the_end_marker(sims, encoding):
+    sim = sims("--kv-events-encoding", encoding)
     for k in range(6):
         sim.complete("replay %d " % k + "r" * 80)
     allb = sim.replay(0)
     assert [s for s, _, _ in allb] == list(range(len(allb))) and len(allb) >= 6
-    assert all(f == [b"kv@p0"] for _, f, _ in allb)       # map encoding: topic, seq, payload
+    # map: [topic, seq, payload] as the issue says of vLLM 0.26; map-batch: [seq, payload]
+    topic = [b"kv@p0"] if encoding == "map" else []
+    assert all(f == topic for _, f, _ in allb)
+    assert all(events_of(p, encoding) for _, _, p in allb)
     part = sim.replay(3)
     assert [s for s, _, _ in part] == list(range(3, len(allb)))
     assert [p for _, _, p in part] == [p for _, _, p in allb[3:]]
@@ -364,7 +377,7 @@ def test_replay_from_a_start_and_the_end_marker(sims):
     d.send_multipart([b"", (5).to_bytes(8, "big")])
     assert d.poll(10000)
     f = d.recv_multipart()
-    assert f[:3] == [b"", b"kv@p0", (5).to_bytes(8, "big")], f
+    assert f[:2 + len(topic)] == [b""] + topic + [(5).to_bytes(8, "big")], f
     assert 'vllm_sim:kv_event_replays_total{pod="p0"} 4' in sim.metrics()
     # A peer that sends a frame over the replay socket's size limit is cut; others go on.
     bad = sim.socket(zmq.DEALER)

@@ -2,8 +2,9 @@
  *
  * Pending events are kept as small records over two growing arrays (block names, token ids)
  * until the flush, which the first event of a batch schedules on the loop (event_active), so
- * one loop turn makes one batch. Consecutive stores of one admission extend one BlockStored,
- * consecutive evictions one BlockRemoved, as vLLM groups a request's blocks. */
+ * one loop turn makes one batch. A stored block whose parent is the last block of the last
+ * BlockStored extends it, consecutive evictions share one BlockRemoved, as vLLM groups a
+ * request's blocks. */
 #include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +23,6 @@ typedef struct {
     uint64_t parent;
     size_t h0, nh;              /* block names: hs[h0 .. h0+nh) */
     size_t t0;                  /* STORED: token ids toks[t0 .. t0 + nh * 16) */
-    const uint64_t *src;        /* STORED: the admission's hashes, and the index of its last */
-    size_t last_i;              /* block, to extend the event with the next one */
 } ev_t;
 
 typedef struct {
@@ -105,15 +104,14 @@ static void on_stored(void *arg, const uint64_t *hashes, size_t i)
     if (grow((void **)&k->hs, &k->hcap, k->nhs, 1, sizeof(uint64_t)) != 0 ||
         grow((void **)&k->toks, &k->tcap, k->ntoks, PCR_KV_BLOCK_TOKENS, sizeof(uint32_t)) != 0)
         return;
+    /* The block extends the last BlockStored when its parent is that event's last block. */
     ev_t *e = k->nevs ? &k->evs[k->nevs - 1] : NULL;
-    if (!e || e->kind != EV_STORED || e->src != hashes || e->last_i + 1 != i) {
+    if (!e || e->kind != EV_STORED || i == 0 || k->hs[k->nhs - 1] != hashes[i - 1]) {
         if (!(e = new_event(k, EV_STORED)))
             return;
-        e->src = hashes;
         e->has_parent = i > 0;
         e->parent = i > 0 ? hashes[i - 1] : 0;
     }
-    e->last_i = i;
     e->nh++;
     k->hs[k->nhs++] = hashes[i];
     const unsigned char *b = bytes + i * PCR_KV_BLOCK_BYTES;
@@ -151,7 +149,7 @@ static void pack_hashes(sim_kvev_t *k, msgpack_packer *pk, const ev_t *e)
 
 /* One event: ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
  * medium], ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"], or the same fields
- * in a map with "type". */
+ * in a map with "type" (with map-batch, a BlockStored has lora_name too). */
 static void pack_event(sim_kvev_t *k, msgpack_packer *pk, const ev_t *e)
 {
     static const char *const names[] = {NULL, "BlockStored", "BlockRemoved", "AllBlocksCleared"};

@@ -20,10 +20,12 @@ BUILD_PKGS := gcc g++ pkg-config meson ninja-build libevent-dev libnghttp2-dev l
 # without a system service), groff for the manual page, YAML and the Kubernetes object models
 # for the manifests' offline check, promtool (prometheus) for the metrics, the alert rules and
 # their unit tests, libseccomp's Python binding to refuse pcrouter the io_uring system calls
-# as a container runtime's profile does, binutils' nm for the calls between router/'s folders.
+# as a container runtime's profile does, binutils' nm for the calls between router/'s folders,
+# ZMQ and msgpack for Python to read the simulator's KV events as a router would.
 TEST_PKGS  := curl openssl nghttp2-client redis-server python3 python3-pytest python3-h2 \
               python3-hpack python3-hyperframe python3-redis dnsmasq-base \
-              groff-base python3-yaml python3-kubernetes prometheus python3-seccomp binutils
+              groff-base python3-yaml python3-kubernetes prometheus python3-seccomp binutils \
+              python3-zmq python3-msgpack
 # Benchmarks: the proxies we compare with, the load generators, the plots.
 BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 # Fuzzing: clang with libFuzzer and the sanitizer runtimes; llvm for llvm-symbolizer, so crash

@@ -33,6 +33,7 @@ struct pcr_kvcache {
     uint32_t lru_head, lru_tail;
     uint32_t *table;       /* slot index + 1 */
     size_t mask;
+    pcr_kvcache_observer_t obs;   /* all NULL: nobody listens */
 };
 
 pcr_kvcache_t *pcr_kvcache_new(size_t capacity_blocks)
@@ -137,7 +138,7 @@ static void lru_push_tail(pcr_kvcache_t *kv, uint32_t s)
     kv->lru_tail = s;
 }
 
-static void evict_one(pcr_kvcache_t *kv)
+static void drop_head(pcr_kvcache_t *kv)
 {
     uint32_t s = kv->lru_head;
     lru_unlink(kv, s);
@@ -145,6 +146,27 @@ static void evict_one(pcr_kvcache_t *kv)
     kv->slots[s].next = kv->free_head;
     kv->free_head = s;
     kv->cached--;
+}
+
+static void evict_one(pcr_kvcache_t *kv)
+{
+    uint64_t h = kv->slots[kv->lru_head].hash;
+    drop_head(kv);
+    if (kv->obs.removed)
+        kv->obs.removed(kv->obs.arg, h);
+}
+
+void pcr_kvcache_observe(pcr_kvcache_t *kv, const pcr_kvcache_observer_t *obs)
+{
+    kv->obs = obs ? *obs : (pcr_kvcache_observer_t){0};
+}
+
+size_t pcr_kvcache_clear(pcr_kvcache_t *kv)
+{
+    size_t n = 0;
+    for (; kv->lru_head != NIL; n++)
+        drop_head(kv);
+    return n;
 }
 
 size_t pcr_kvcache_match(const pcr_kvcache_t *kv, const uint64_t *hashes, size_t n)
@@ -210,6 +232,8 @@ int pcr_kvcache_acquire(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
         kv->table[pos] = s + 1;
         kv->cached++;
         kv->pinned++;
+        if (kv->obs.stored)
+            kv->obs.stored(kv->obs.arg, hashes, i);
     }
     while (kv->cached + kv->reserved > kv->capacity)
         evict_one(kv);

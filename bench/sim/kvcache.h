@@ -11,6 +11,10 @@
  * A request's hit is its leading run of cached blocks. The replayer links this same file to
  * compute the LRU ceiling, so both count hits the same way.
  *
+ * An observer, when set, hears each block an acquire names anew and each block evicted, in
+ * the cache's own order (vllm_sim publishes them as vLLM's KV events). It changes nothing:
+ * without one, or with one, the cache makes the same choices.
+ *
  * Ownership: pcr_kvcache_new / pcr_kvcache_free (NULL is a no-op). No I/O, no clock. */
 #ifndef PCR_BENCH_KVCACHE_H
 #define PCR_BENCH_KVCACHE_H
@@ -59,6 +63,22 @@ static inline size_t pcr_kvcache_hit_tokens(size_t hit_blocks, size_t prompt_tok
     size_t max_blocks = prompt_tokens ? (prompt_tokens - 1) / PCR_KV_BLOCK_TOKENS : 0;
     return (hit_blocks < max_blocks ? hit_blocks : max_blocks) * PCR_KV_BLOCK_TOKENS;
 }
+
+/* What an observer hears. stored: hashes[i] of the acquire under way entered the cache (the
+ * blocks before it are cached and pinned). removed: `hash` was evicted. Callbacks must not
+ * call back into the cache. */
+typedef struct {
+    void (*stored)(void *arg, const uint64_t *hashes, size_t i);
+    void (*removed)(void *arg, uint64_t hash);
+    void *arg;
+} pcr_kvcache_observer_t;
+
+/* Sets the observer (copied; NULL: none, the default). */
+void pcr_kvcache_observe(pcr_kvcache_t *kv, const pcr_kvcache_observer_t *obs);
+
+/* Drops every unpinned block at once, without telling the observer (a pod that restarts says
+ * so in one event instead). Pinned blocks and reservations stay. Returns how many went. */
+size_t pcr_kvcache_clear(pcr_kvcache_t *kv);
 
 size_t pcr_kvcache_capacity(const pcr_kvcache_t *kv);
 size_t pcr_kvcache_cached(const pcr_kvcache_t *kv);   /* named blocks held, pinned or not */

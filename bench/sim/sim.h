@@ -4,10 +4,12 @@
  *   sim_http.c    HTTP/1.1 connections (http-parser), routing of paths, writing responses
  *   sim_api.c     OpenAI bodies in (cJSON) and out, /metrics text, /v1/models
  *   sim_engine.c  the pod's scheduler: FIFO admission, KV cache, latency model, token emission;
- *                 with --engine step, engine steps on a timer instead (step_engine.c)
+ *                 with --engine step, engine steps on a timer instead (step_engine.c); the
+ *                 pod's restart, --foreign-load and --capacity-schedule
  *   kvcache.c     the prefix cache (shared with the replayer's ceiling)
  *   sim_model.c   the latency model and admission rule (shared with routing_offline)
  *   step_engine.c the step engine after vLLM's scheduler (shared with routing_offline)
+ *   sim_kvev.c    --kv-events: the pod's KV-cache events on ZMQ, as vLLM publishes them
  *
  * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
  * by time_scale to get wall-clock time. */
@@ -26,6 +28,11 @@
 #include "step_engine.h"
 
 typedef struct {
+    double seconds;               /* model time */
+    double fraction;              /* of --capacity-tokens, in (0, 1] */
+} sim_cap_phase_t;
+
+typedef struct {
     const char *model;            /* --model, served model name */
     double time_scale;            /* --time-scale: 60 = everything 60x faster */
     sim_model_t m;                /* --prefill-us-per-token, --prefill-batch-slowdown,
@@ -42,10 +49,21 @@ typedef struct {
     double start_time;            /* wall clock at start, s: process_start_time_seconds */
     size_t metrics_pad_bytes;     /* --metrics-pad-bytes: /metrics grown to about this size */
     int hide_cache_config;        /* --hide-cache-config: no vllm:cache_config_info in /metrics */
+    double tokenize_delay_us;     /* --tokenize-delay-ms: /tokenize and render answer this late */
+    int kv_events;                /* --kv-events PORT given: pods publish KV events (sim_kvev.h) */
+    int kv_events_port;           /* pod i on PORT+2i, its replay on PORT+2i+1; 0: any */
+    int kv_events_encoding;       /* --kv-events-encoding: SIM_KVEV_ARRAY, _MAP, _MAP_BATCH */
+    double kv_events_drop;        /* --kv-events-drop: batches left unpublished (but buffered) */
+    double foreign_rate;          /* --foreign-load: requests per second (model time) the
+                                     router never sent, made inside the pod */
+    size_t foreign_tokens;        /* --foreign-tokens: their prompt length */
+    const sim_cap_phase_t *cap_sched;   /* --capacity-schedule S:F,...: the usable cache is F */
+    size_t ncap_sched;                  /* of the capacity for S s (model time), in a cycle */
 } sim_conf_t;
 
 typedef struct sim_pod sim_pod_t;
 typedef struct sim_conn sim_conn_t;
+typedef struct sim_kvev sim_kvev_t;
 typedef struct sim_req sim_req_t;
 
 enum { SIM_REQ_WAITING, SIM_REQ_RUNNING, SIM_REQ_IN_FLIGHT /* crossing zones (--rtt-ms) */ };
@@ -59,6 +77,7 @@ struct sim_req {
     uint64_t seq;               /* id number, per pod */
     size_t prompt_tokens, max_tokens;
     uint64_t *hashes;           /* full prompt blocks, chained */
+    unsigned char *prompt;      /* --kv-events: the full blocks' bytes, for their token ids */
     size_t nblocks, private_blocks;
     size_t hit_tokens;
     size_t sent;                /* tokens emitted */
@@ -92,6 +111,7 @@ struct sim_pod {
     struct event *step_timer;   /* under way ends (wall clock) */
     double step_due_us;
     uint64_t next_seq;
+    uint64_t next_render;       /* render answers' request ids */
     uint64_t prefix_queries, prefix_hits;   /* tokens */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t success, failed_injected, dropped, stalled, cancelled, rejected;
@@ -99,6 +119,20 @@ struct sim_pod {
     double ttft_sum;
     uint64_t ttft_count;
     sim_conn_t *conns;          /* every open connection, for shutdown */
+    sim_kvev_t *kvev;           /* --kv-events: the publisher, or NULL */
+    struct event *foreign_timer;/* --foreign-load: the next foreign request's arrival */
+    double foreign_due_us;
+    uint64_t foreign_rng;
+    unsigned char *foreign_bytes;   /* the foreign request being admitted: its prompt and */
+    uint64_t *foreign_hashes;       /* block names (foreign_hashes != NULL only meanwhile) */
+    uint64_t *foreign_buf;
+    uint64_t foreign, foreign_refused;
+    double start_time;          /* process_start_time_seconds: conf->start_time, or the last
+                                   POST /sim/restart */
+    struct event *cap_timer;    /* --capacity-schedule: the next phase, or a retry */
+    size_t cap_phase;
+    double cap_phase_end_us;
+    size_t withheld;            /* blocks the schedule holds as a reservation */
 };
 
 struct sim_conn {
@@ -118,6 +152,8 @@ struct sim_conn {
     int too_large;
     int in_parse;               /* parse_input is on the stack */
     sim_req_t *req;             /* the generation in progress, if any */
+    struct event *delay;        /* --tokenize-delay-ms: fires to send `delayed` */
+    struct evbuffer *delayed;   /* a tokenize answer's body, held back */
 };
 
 extern const double sim_ttft_bounds[SIM_TTFT_BUCKETS];
@@ -145,6 +181,12 @@ void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int
 /* The whole non-streaming response body. */
 void sim_api_full_response(const sim_req_t *r, struct evbuffer *out);
 void sim_api_token_text(size_t i, struct evbuffer *out);
+/* The toy tokenizer's endpoints: POST /tokenize, /v1/completions/render and
+ * /v1/chat/completions/render (sim_api.c says what a token is). Writes the answer's body to
+ * out and returns 0, or answers the error itself (400, 404) and returns -1. */
+enum { SIM_TOK_TOKENIZE, SIM_TOK_RENDER_COMPLETION, SIM_TOK_RENDER_CHAT };
+int sim_api_tokenize(sim_conn_t *c, int kind, const char *body, size_t len,
+                     struct evbuffer *out);
 void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out);
 void sim_api_models(const sim_pod_t *pod, struct evbuffer *out);
 void sim_req_free(sim_req_t *r);
@@ -157,5 +199,19 @@ void sim_engine_submit(sim_req_t *r);  /* queues it; answers when its time comes
 void sim_engine_cancel(sim_req_t *r);  /* the client left: frees the slot and the request */
 /* --engine step: the pod's step timer (arg: the pod): the step ends, the next begins. */
 void sim_engine_on_step(evutil_socket_t fd, short what, void *arg);
+/* The bytes of the prompt being admitted whose block names are `hashes` (block i at
+ * i * PCR_KV_BLOCK_BYTES), or NULL: how the KV-event publisher finds a stored block's tokens. */
+const unsigned char *sim_engine_block_bytes(const sim_pod_t *pod, const uint64_t *hashes);
+/* --foreign-load: starts the pod's foreign requests (0, or -1 when out of memory). */
+int sim_engine_foreign_start(sim_pod_t *pod, uint64_t seed);
+void sim_engine_foreign_stop(sim_pod_t *pod);
+/* --capacity-schedule: starts the pod's cycle (0, or -1 when out of memory). */
+int sim_engine_capacity_start(sim_pod_t *pod);
+void sim_engine_capacity_stop(sim_pod_t *pod);
+/* POST /sim/restart: the pod dies and comes back empty. Every connection but `keep` is cut
+ * (their requests die with the pod), the cache is emptied, /metrics starts again from zero
+ * with a new process_start_time_seconds, and the KV events start a new life at sequence 0
+ * with AllBlocksCleared. */
+void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep);
 
 #endif

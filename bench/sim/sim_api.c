@@ -4,7 +4,12 @@
  * Canonical prompt (what the cache hashes): for /v1/completions the `prompt` string, or the
  * JSON text of a non-string prompt (token ids); for /v1/chat/completions each message as
  * "<|role|>" then its content (a string, or the "text" of its parts), in order. A token is 4
- * bytes of it, rounded up. */
+ * bytes of it, rounded up.
+ *
+ * The toy tokenizer (/tokenize and the two render endpoints) says so exactly: token i is bytes
+ * 4i..4i+3 of the canonical prompt as a little-endian u32, a last partial group zero-padded.
+ * So a pod's block of 16 tokens is exactly one 64-byte block of its cache, and the token ids
+ * of its KV events are the ones /tokenize gives. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +18,7 @@
 
 #include "pcr/common.h"
 #include "sim.h"
+#include "sim_kvev.h"
 
 const double sim_ttft_bounds[SIM_TTFT_BUCKETS] = {
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -73,10 +79,104 @@ static int canonical_prompt(const cJSON *root, int chat, struct evbuffer *b, con
     return 0;
 }
 
+/* Appends the toy tokenizer's ids of `len` bytes as a JSON array. */
+static void add_token_ids(struct evbuffer *out, const unsigned char *p, size_t len)
+{
+    evbuffer_add(out, "[", 1);
+    for (size_t i = 0; i < len; i += PCR_KV_TOKEN_BYTES) {
+        unsigned char t[PCR_KV_TOKEN_BYTES] = {0};
+        memcpy(t, p + i, len - i < PCR_KV_TOKEN_BYTES ? len - i : PCR_KV_TOKEN_BYTES);
+        uint32_t id = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 |
+                      (uint32_t)t[3] << 24;
+        evbuffer_add_printf(out, i ? ",%u" : "%u", (unsigned)id);
+    }
+    evbuffer_add(out, "]", 1);
+}
+
+static long max_tokens_of(const cJSON *root, int chat);
+
+int sim_api_tokenize(sim_conn_t *c, int kind, const char *body, size_t len,
+                     struct evbuffer *out)
+{
+    const sim_conf_t *conf = c->pod->conf;
+    const char *why = NULL;
+    struct evbuffer *prompt = evbuffer_new();
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!prompt) {
+        why = "out of memory";
+        goto bad;
+    }
+    if (!cJSON_IsObject(root)) {
+        why = "body is not a JSON object";
+        goto bad;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsNull(model) &&
+        (!cJSON_IsString(model) || strcmp(model->valuestring, conf->model) != 0)) {
+        cJSON_Delete(root);
+        evbuffer_free(prompt);
+        sim_conn_error(c, 404, "NotFoundError", "The model does not exist.");
+        return -1;
+    }
+    /* /tokenize takes messages (a chat) or a prompt, which vLLM wants a string. */
+    int chat = kind == SIM_TOK_RENDER_CHAT ||
+               (kind == SIM_TOK_TOKENIZE && cJSON_GetObjectItemCaseSensitive(root, "messages"));
+    if (kind == SIM_TOK_TOKENIZE && !chat &&
+        !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "prompt"))) {
+        why = "prompt must be a string (or give messages)";
+        goto bad;
+    }
+    if (canonical_prompt(root, chat, prompt, &why) != 0)
+        goto bad;
+    size_t plen = evbuffer_get_length(prompt);
+    const unsigned char *p = evbuffer_pullup(prompt, -1);
+    size_t ntok = (plen + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
+    if (kind == SIM_TOK_TOKENIZE) {
+        /* vLLM's TokenizeResponse: count, max_model_len, tokens, token_strs (null unless
+         * return_token_strs, which the toy tokenizer does not do). */
+        evbuffer_add_printf(out, "{\"count\":%zu,\"max_model_len\":%llu,\"tokens\":", ntok,
+                            (unsigned long long)conf->max_model_len);
+        add_token_ids(out, p, plen);
+        evbuffer_add(out, ",\"token_strs\":null}", 19);
+    } else {
+        /* vLLM's GenerateRequest: the chat render answers one, the completion render a list
+         * of them (one per prompt; the sim takes one prompt). sampling_params carries only
+         * max_tokens here. */
+        long mt = max_tokens_of(root, chat);
+        evbuffer_add_printf(out, "%s{\"request_id\":\"render-%s-%llu\",\"token_ids\":",
+                            chat ? "" : "[", c->pod->name,
+                            (unsigned long long)++c->pod->next_render);
+        add_token_ids(out, p, plen);
+        evbuffer_add_printf(out, ",\"features\":null,\"sampling_params\":{\"max_tokens\":%ld},"
+                            "\"model\":\"%s\",\"stream\":false,\"stream_options\":null,"
+                            "\"cache_salt\":null,\"priority\":0,\"kv_transfer_params\":null}%s",
+                            mt, conf->model, chat ? "" : "]");
+    }
+    evbuffer_free(prompt);
+    cJSON_Delete(root);
+    return 0;
+bad:
+    if (prompt)
+        evbuffer_free(prompt);
+    cJSON_Delete(root);
+    sim_conn_error(c, 400, "BadRequestError", why);
+    return -1;
+}
+
 static long get_int(const cJSON *root, const char *key, long dflt)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     return cJSON_IsNumber(v) ? (long)v->valuedouble : dflt;
+}
+
+/* The request's output limit: max_completion_tokens (chat) or max_tokens, else the sim's
+ * defaults, 256 for a chat and 16 for a completion. */
+static long max_tokens_of(const cJSON *root, int chat)
+{
+    long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
+    if (mt < 0 && chat)
+        mt = get_int(root, "max_tokens", -1);
+    return mt < 0 ? (chat ? 256 : 16) : mt;
 }
 
 sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
@@ -115,11 +215,7 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     r->include_usage = !r->stream || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     r->prompt_tokens = (plen + PCR_KV_TOKEN_BYTES - 1) / PCR_KV_TOKEN_BYTES;
-    long mt = get_int(root, chat ? "max_completion_tokens" : "max_tokens", -1);
-    if (mt < 0 && chat)
-        mt = get_int(root, "max_tokens", -1);
-    if (mt < 0)
-        mt = chat ? 256 : 16;
+    long mt = max_tokens_of(root, chat);
     r->max_tokens = mt < 1 ? 1 : (size_t)mt;
     if (r->prompt_tokens == 0) {
         why = "the prompt is empty";
@@ -136,6 +232,14 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
         goto bad;
     }
     r->nblocks = pcr_kvcache_hash_prompt(evbuffer_pullup(prompt, -1), plen, 0, r->hashes, nb);
+    if (conf->kv_events && nb > 0) {
+        r->prompt = malloc(nb * PCR_KV_BLOCK_BYTES);
+        if (!r->prompt) {
+            why = "out of memory";
+            goto bad;
+        }
+        evbuffer_copyout(prompt, r->prompt, nb * PCR_KV_BLOCK_BYTES);
+    }
     r->private_blocks = sim_model_private_blocks(r->prompt_tokens, r->nblocks, r->max_tokens);
     if (r->nblocks + r->private_blocks > pcr_kvcache_capacity(pod->kv)) {
         why = "the request needs more KV cache blocks than the pod has";
@@ -173,6 +277,7 @@ void sim_req_free(sim_req_t *r)
     if (r->text)
         evbuffer_free(r->text);
     free(r->hashes);
+    free(r->prompt);
     free(r);
 }
 
@@ -334,7 +439,7 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                         m, (unsigned long long)pod->ttft_count, m, pod->ttft_sum);
     evbuffer_add_printf(out, "# HELP process_start_time_seconds Start time of the process since "
                         "unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\n"
-                        "process_start_time_seconds %.17g\n", pod->conf->start_time);
+                        "process_start_time_seconds %.17g\n", pod->start_time);
     evbuffer_add_printf(out, "# HELP vllm_sim:faults_total Faults injected or seen by the "
                         "simulator.\n# TYPE vllm_sim:faults_total counter\n"
                         "vllm_sim:faults_total{kind=\"fail\",pod=\"%s\"} %llu\n"
@@ -347,6 +452,41 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
                         pod->name, (unsigned long long)pod->stalled,
                         pod->name, (unsigned long long)pod->cancelled,
                         pod->name, (unsigned long long)pod->rejected);
+    if (pod->kvev) {
+        sim_kvev_stats_t st;
+        sim_kvev_stats(pod->kvev, &st);
+        evbuffer_add_printf(out, "# HELP vllm_sim:kv_event_batches_total KV-event batches made, "
+                            "and those --kv-events-drop kept from the wire.\n"
+                            "# TYPE vllm_sim:kv_event_batches_total counter\n"
+                            "vllm_sim:kv_event_batches_total{kind=\"made\",pod=\"%s\"} %llu\n"
+                            "vllm_sim:kv_event_batches_total{kind=\"dropped\",pod=\"%s\"} %llu\n"
+                            "# HELP vllm_sim:kv_event_replays_total Replay requests answered.\n"
+                            "# TYPE vllm_sim:kv_event_replays_total counter\n"
+                            "vllm_sim:kv_event_replays_total{pod=\"%s\"} %llu\n"
+                            "# HELP vllm_sim:kv_event_orphan_blocks_total Stored blocks whose "
+                            "prompt the publisher could not find (a bug if not 0).\n"
+                            "# TYPE vllm_sim:kv_event_orphan_blocks_total counter\n"
+                            "vllm_sim:kv_event_orphan_blocks_total{pod=\"%s\"} %llu\n",
+                            pod->name, (unsigned long long)st.batches,
+                            pod->name, (unsigned long long)st.dropped,
+                            pod->name, (unsigned long long)st.replays,
+                            pod->name, (unsigned long long)st.unknown_owner);
+    }
+    if (pod->conf->foreign_rate > 0)
+        evbuffer_add_printf(out, "# HELP vllm_sim:foreign_requests_total Requests made inside "
+                            "the pod (--foreign-load), admitted to the cache or refused.\n"
+                            "# TYPE vllm_sim:foreign_requests_total counter\n"
+                            "vllm_sim:foreign_requests_total{outcome=\"admitted\",pod=\"%s\"} "
+                            "%llu\nvllm_sim:foreign_requests_total{outcome=\"refused\",pod=\"%s\"} "
+                            "%llu\n", pod->name,
+                            (unsigned long long)(pod->foreign - pod->foreign_refused), pod->name,
+                            (unsigned long long)pod->foreign_refused);
+    if (pod->conf->ncap_sched > 0)
+        evbuffer_add_printf(out, "# HELP vllm_sim:kv_blocks_withheld KV blocks the capacity "
+                            "schedule takes from the pod now.\n"
+                            "# TYPE vllm_sim:kv_blocks_withheld gauge\n"
+                            "vllm_sim:kv_blocks_withheld{pod=\"%s\"} %zu\n", pod->name,
+                            pod->withheld);
     if (pod->conf->metrics_pad_bytes > 0)
         metrics_pad(pod, out, start);
 }

@@ -27,9 +27,12 @@
  * and step), and the next step is composed at once; an idle pod's first request starts one. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
 #include "sim.h"
+#include "sim_kvev.h"
 
 static uint64_t rng_state = 1;
 
@@ -314,4 +317,193 @@ void sim_engine_on_step(evutil_socket_t fd, short what, void *arg)
     if (now - from > 1e5)
         from = now;
     step_next(pod, from);
+}
+
+const unsigned char *sim_engine_block_bytes(const sim_pod_t *pod, const uint64_t *hashes)
+{
+    if (pod->foreign_hashes && hashes == pod->foreign_hashes)
+        return pod->foreign_bytes;
+    /* Both engines admit the head of their waiting queue, and take it off after the cache
+     * has pinned its blocks. */
+    const sim_req_t *r = pod->conf->step
+                             ? (pod->eng.waiting.head ? pod->eng.waiting.head->owner : NULL)
+                             : pod->waiting.head;
+    return r && r->hashes == hashes ? r->prompt : NULL;
+}
+
+/* --foreign-load: requests the router never sent (another router's, a batch job's), with
+ * prompts of random letters. Each one goes through the cache as an instant request: its
+ * blocks are named and pinned (evicting what the LRU order says), then released, so they sit
+ * in the cache as the most recent. They take no GPU time and no slot: they only move the
+ * pod's cache where the router cannot see it. One that does not fit is refused and counted. */
+static uint64_t foreign_next(sim_pod_t *pod)
+{
+    uint64_t x = pod->foreign_rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    pod->foreign_rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static void foreign_one(sim_pod_t *pod)
+{
+    size_t len = pod->conf->foreign_tokens * PCR_KV_TOKEN_BYTES;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t x = foreign_next(pod);
+        for (size_t j = 0; j < 8 && i + j < len; j++, x >>= 8)
+            pod->foreign_bytes[i + j] = (unsigned char)('a' + (x & 0xff) % 26);
+    }
+    size_t n = len / PCR_KV_BLOCK_BYTES, hit;
+    pcr_kvcache_hash_prompt(pod->foreign_bytes, len, 0, pod->foreign_buf, n);
+    pod->foreign_hashes = pod->foreign_buf;
+    if (pcr_kvcache_acquire(pod->kv, pod->foreign_buf, n, 0, &hit) == 0)
+        pcr_kvcache_release(pod->kv, pod->foreign_buf, n, 0);
+    else
+        pod->foreign_refused++;
+    pod->foreign_hashes = NULL;
+    pod->foreign++;
+}
+
+static void on_foreign(evutil_socket_t fd, short what, void *arg)
+{
+    sim_pod_t *pod = arg;
+    const sim_conf_t *c = pod->conf;
+    double now = sim_now_us();
+    /* Poisson arrivals at foreign_rate per second of model time; a few hundred at most per
+     * turn, and a machine stalled for over a second skips what it missed. */
+    for (int k = 0; k < 256 && pod->foreign_due_us <= now; k++) {
+        foreign_one(pod);
+        double u = (double)(foreign_next(pod) >> 11) / 9007199254740992.0;
+        pod->foreign_due_us += -log(1 - u) / (c->foreign_rate * c->time_scale) * 1e6;
+    }
+    if (pod->foreign_due_us < now - 1e6)
+        pod->foreign_due_us = now;
+    double d = pod->foreign_due_us > now ? pod->foreign_due_us - now : 0;
+    struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
+    evtimer_add(pod->foreign_timer, &tv);
+}
+
+int sim_engine_foreign_start(sim_pod_t *pod, uint64_t seed)
+{
+    size_t len = pod->conf->foreign_tokens * PCR_KV_TOKEN_BYTES;
+    pod->foreign_rng = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+    pod->foreign_bytes = malloc(len);
+    pod->foreign_buf = malloc((len / PCR_KV_BLOCK_BYTES + 1) * sizeof(uint64_t));
+    pod->foreign_timer = evtimer_new(pod->base, on_foreign, pod);
+    if (!pod->foreign_bytes || !pod->foreign_buf || !pod->foreign_timer)
+        return -1;
+    pod->foreign_due_us = sim_now_us();
+    struct timeval tv = {0, 0};
+    evtimer_add(pod->foreign_timer, &tv);
+    return 0;
+}
+
+void sim_engine_foreign_stop(sim_pod_t *pod)
+{
+    if (pod->foreign_timer)
+        event_free(pod->foreign_timer);
+    pod->foreign_timer = NULL;
+    free(pod->foreign_bytes);
+    free(pod->foreign_buf);
+    pod->foreign_bytes = NULL;
+    pod->foreign_buf = NULL;
+}
+
+void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep)
+{
+    for (sim_conn_t *c = pod->conns, *next; c; c = next) {
+        next = c->next;
+        if (c != keep)
+            sim_conn_close(c);   /* its request dies with the pod, its blocks unpinned */
+    }
+    pcr_kvcache_clear(pod->kv);
+    pod->prefill_busy_until_us = 0;
+    /* A new process: its counters start from zero, its start time is now. */
+    pod->prefix_queries = pod->prefix_hits = pod->prompt_tokens = pod->generation_tokens = 0;
+    pod->success = pod->failed_injected = pod->dropped = pod->stalled = 0;
+    pod->cancelled = pod->rejected = 0;
+    memset(pod->ttft_buckets, 0, sizeof pod->ttft_buckets);
+    pod->ttft_sum = 0;
+    pod->ttft_count = 0;
+    pod->foreign = pod->foreign_refused = 0;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    pod->start_time = (double)tv.tv_sec + tv.tv_usec / 1e6;
+    if (pod->kvev)
+        sim_kvev_restart(pod->kvev);
+}
+
+/* --capacity-schedule: the pod's usable cache follows a cycle of phases (S seconds of model
+ * time at fraction F of --capacity-tokens). What is taken away is held as a reservation in
+ * the cache, so taking it evicts unpinned blocks in LRU order (BlockRemoved, as any eviction)
+ * and giving it back lets waiting requests in. Blocks pinned by running requests cannot be
+ * taken: the pod takes what it can and tries again every 10 ms of wall clock until it holds
+ * its target. Withheld blocks count as used in vllm:kv_cache_usage_perc, as memory something
+ * else took would. */
+static size_t cap_target(const sim_pod_t *pod)   /* blocks to withhold in this phase */
+{
+    size_t cap = pcr_kvcache_capacity(pod->kv);
+    size_t keep = (size_t)(pod->conf->cap_sched[pod->cap_phase].fraction * (double)cap + 0.5);
+    return cap - (keep < 1 ? 1 : keep);
+}
+
+static void cap_adjust(sim_pod_t *pod)
+{
+    const sim_conf_t *c = pod->conf;
+    size_t cap = pcr_kvcache_capacity(pod->kv);
+    size_t target = cap_target(pod);
+    if (pod->withheld > target) {
+        pcr_kvcache_release(pod->kv, NULL, 0, pod->withheld - target);
+        pod->withheld = target;
+        if (c->step) step_kick(pod); else schedule(pod);
+    } else if (pod->withheld < target) {
+        size_t used = pcr_kvcache_pinned(pod->kv) + pcr_kvcache_reserved(pod->kv);
+        size_t room = cap > used ? cap - used : 0;
+        size_t k = target - pod->withheld < room ? target - pod->withheld : room, hit;
+        if (k > 0 && pcr_kvcache_acquire(pod->kv, NULL, 0, k, &hit) == 0)
+            pod->withheld += k;
+    }
+}
+
+static void on_capacity(evutil_socket_t fd, short what, void *arg)
+{
+    sim_pod_t *pod = arg;
+    const sim_conf_t *c = pod->conf;
+    double now = sim_now_us();
+    for (int k = 0; now >= pod->cap_phase_end_us; k++) {
+        if (k == 1000) {   /* far behind (a stalled machine): start the phase now */
+            pod->cap_phase_end_us = now;
+            k = 0;
+        }
+        pod->cap_phase = (pod->cap_phase + 1) % c->ncap_sched;
+        pod->cap_phase_end_us += c->cap_sched[pod->cap_phase].seconds * 1e6 / c->time_scale;
+    }
+    cap_adjust(pod);
+    double d = pod->cap_phase_end_us - now;
+    if (pod->withheld != cap_target(pod) && d > 1e4)
+        d = 1e4;   /* pinned blocks kept the target out of reach: try again soon */
+    struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
+    evtimer_add(pod->cap_timer, &tv);
+}
+
+int sim_engine_capacity_start(sim_pod_t *pod)
+{
+    const sim_conf_t *c = pod->conf;
+    pod->cap_timer = evtimer_new(pod->base, on_capacity, pod);
+    if (!pod->cap_timer)
+        return -1;
+    /* Phase 0 starts now: the first firing ends the phase before it, which is the last. */
+    pod->cap_phase = c->ncap_sched - 1;
+    pod->cap_phase_end_us = sim_now_us();
+    struct timeval tv = {0, 0};
+    evtimer_add(pod->cap_timer, &tv);
+    return 0;
+}
+
+void sim_engine_capacity_stop(sim_pod_t *pod)
+{
+    if (pod->cap_timer)
+        event_free(pod->cap_timer);
+    pod->cap_timer = NULL;
 }

@@ -105,6 +105,46 @@ static int path_is(const sim_conn_t *c, const char *path)
            (c->url[n] == 0 || c->url[n] == '?');
 }
 
+static void send_delayed(evutil_socket_t fd, short what, void *arg)
+{
+    sim_conn_t *c = arg;
+    struct evbuffer *b = c->delayed;
+    c->delayed = NULL;
+    size_t n = evbuffer_get_length(b);
+    sim_conn_respond(c, 200, "application/json", (char *)evbuffer_pullup(b, -1), n);
+    evbuffer_free(b);
+}
+
+/* The toy tokenizer, answered at once or --tokenize-delay-ms (model time) later. */
+static void tokenize(sim_conn_t *c, int kind)
+{
+    const sim_conf_t *conf = c->pod->conf;
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        sim_conn_error(c, 500, "InternalServerError", "out of memory");
+        return;
+    }
+    size_t n = evbuffer_get_length(c->body);
+    if (sim_api_tokenize(c, kind, (const char *)evbuffer_pullup(c->body, -1), n, b) != 0) {
+        evbuffer_free(b);
+        return;   /* answered */
+    }
+    if (conf->tokenize_delay_us > 0) {
+        if (!c->delay)
+            c->delay = evtimer_new(c->pod->base, send_delayed, c);
+        if (c->delay) {
+            double d = conf->tokenize_delay_us / conf->time_scale;
+            struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)((long long)d % 1000000) };
+            c->delayed = b;
+            evtimer_add(c->delay, &tv);
+            return;
+        }   /* out of memory: at once rather than never */
+    }
+    n = evbuffer_get_length(b);
+    sim_conn_respond(c, 200, "application/json", (char *)evbuffer_pullup(b, -1), n);
+    evbuffer_free(b);
+}
+
 static void dispatch(sim_conn_t *c)
 {
     sim_pod_t *pod = c->pod;
@@ -128,6 +168,15 @@ static void dispatch(sim_conn_t *c)
         size_t n = evbuffer_get_length(b);
         sim_conn_respond(c, 200, "application/json", (char *)evbuffer_pullup(b, -1), n);
         evbuffer_free(b);
+    } else if (path_is(c, "/tokenize") || path_is(c, "/v1/completions/render") ||
+               path_is(c, "/v1/chat/completions/render")) {
+        if (method != HTTP_POST) {
+            sim_conn_error(c, 405, "BadRequestError", "use POST");
+            return;
+        }
+        tokenize(c, path_is(c, "/tokenize") ? SIM_TOK_TOKENIZE :
+                    path_is(c, "/v1/completions/render") ? SIM_TOK_RENDER_COMPLETION :
+                    SIM_TOK_RENDER_CHAT);
     } else if (path_is(c, "/v1/completions") || path_is(c, "/v1/chat/completions")) {
         if (method != HTTP_POST) {
             sim_conn_error(c, 405, "BadRequestError", "use POST");
@@ -151,6 +200,13 @@ static void dispatch(sim_conn_t *c)
         }
         c->req = r;
         sim_engine_submit(r);
+    } else if (path_is(c, "/sim/restart")) {
+        if (method != HTTP_POST) {
+            sim_conn_error(c, 405, "BadRequestError", "use POST");
+            return;
+        }
+        sim_engine_restart(pod, c);
+        sim_conn_respond(c, 200, "application/json", "{\"restarted\":true}", 18);
     } else {
         sim_conn_error(c, 404, "NotFoundError", "no such path");
     }
@@ -250,6 +306,10 @@ void sim_conn_close(sim_conn_t *c)
     if (c->next) c->next->prev = c->prev;
     bufferevent_free(c->bev);
     evbuffer_free(c->body);
+    if (c->delay)
+        event_free(c->delay);
+    if (c->delayed)
+        evbuffer_free(c->delayed);
     free(c->url);
     free(c);
 }

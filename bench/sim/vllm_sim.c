@@ -2,7 +2,8 @@
  *
  * One process, one event loop, one pod per --port (each with its own name, cache, queue and
  * metrics). Prints "vllm-sim: pod NAME listening on HOST:PORT" per pod (the real port when
- * asked for 0), then "vllm-sim: ready". SIGINT/SIGTERM stop it cleanly.
+ * asked for 0), with --kv-events "vllm-sim: pod NAME kv-events tcp://HOST:PORT replay
+ * tcp://HOST:PORT" after it, then "vllm-sim: ready". SIGINT/SIGTERM stop it cleanly.
  *
  * Defaults are close to vLLM serving Llama-3-8B in BF16 on one H100 80GB:
  *   KV cache 400k tokens (128 KiB per token; ~52 GB left after weights and activations),
@@ -20,9 +21,13 @@
 #include <sys/time.h>
 #include <arpa/inet.h>
 
+#include <zmq.h>
+
 #include "sim.h"
+#include "sim_kvev.h"
 
 #define MAX_PODS 64
+#define MAX_PHASES 64
 
 static void usage(FILE *f)
 {
@@ -63,7 +68,26 @@ static void usage(FILE *f)
 "  --metrics-pad-bytes N        grow /metrics to about N bytes with latency histograms nobody\n"
 "                               reads, as a real vLLM page is tens of KiB (default 0: no)\n"
 "  --hide-cache-config          leave vllm:cache_config_info out of /metrics, as a pod that\n"
-"                               hides its KV capacity (the router then trusts its config)\n");
+"                               hides its KV capacity (the router then trusts its config)\n"
+"  --tokenize-delay-ms F        /tokenize and the render endpoints answer F ms (model time)\n"
+"                               late (default 0)\n"
+"  --kv-events PORT             publish vLLM's KV events: pod i on ZMQ PUB tcp://HOST:PORT+2i,\n"
+"                               its replay ROUTER on PORT+2i+1 (0: ports the OS picks)\n"
+"  --kv-events-encoding E       array (vLLM <= 0.23, default), map (vLLM 0.26 on: events\n"
+"                               as maps) or map-batch (the batch a map too, and no topic\n"
+"                               in replay answers, as vLLM's kv_events.py at 0181ea31)\n"
+"  --kv-events-drop F           leave this fraction of batches unpublished, still in the\n"
+"                               replay buffer, so subscribers see gaps (default 0)\n"
+"  --foreign-load F             F requests per second (model time) per pod that no router\n"
+"                               sent, random prompts through the cache: it evicts in an\n"
+"                               order the router cannot guess (default 0)\n"
+"  --foreign-tokens N           their prompt length in tokens (default 1024)\n"
+"  --capacity-schedule S:F,...  the usable KV cache is F (0 < F <= 1) of the capacity for S\n"
+"                               seconds (model time), then the next phase, in a cycle;\n"
+"                               shrinking evicts in LRU order (default: no schedule)\n"
+"  POST /sim/restart            (endpoint) the pod dies and comes back empty: connections\n"
+"                               cut, cache cleared, KV events restart at 0 with\n"
+"                               AllBlocksCleared\n");
 }
 
 static int valid_name(const char *s)
@@ -87,6 +111,28 @@ static int parse_double(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
+/* "S:F,S:F,...": at most MAX_PHASES phases, S in (0, 1e6] seconds, F in (0, 1]. */
+static int parse_schedule(const char *s, sim_cap_phase_t *out, size_t *n)
+{
+    *n = 0;
+    for (;;) {
+        char *end;
+        double sec = strtod(s, &end);
+        if (end == s || *end != ':' || !(sec > 0 && sec <= 1e6) || *n == MAX_PHASES)
+            return -1;
+        s = end + 1;
+        double f = strtod(s, &end);
+        if (end == s || !(f > 0 && f <= 1))
+            return -1;
+        out[(*n)++] = (sim_cap_phase_t){sec, f};
+        if (*end == 0)
+            return 0;
+        if (*end != ',')
+            return -1;
+        s = end + 1;
+    }
+}
+
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                       int salen, void *arg)
 {
@@ -105,15 +151,18 @@ int main(int argc, char **argv)
     sim_conf_t conf = {
         .model = "sim-8b", .time_scale = 1, .m = SIM_MODEL_DEFAULTS, .sc = SIM_STEP_DEFAULTS,
         .capacity_tokens = 400000, .max_model_len = 131072,
-        .tick_us = 1000, .max_body_bytes = 64u << 20,
+        .tick_us = 1000, .max_body_bytes = 64u << 20, .foreign_tokens = 1024,
     };
     const char *host = "127.0.0.1";
     int ports[MAX_PODS], nports = 0, nnames = 0;
     const char *names[MAX_PODS];
     uint64_t seed = 1;
+    static sim_cap_phase_t cap_sched[MAX_PHASES];
+    conf.cap_sched = cap_sched;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
-           O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT };
+           O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT, O_TOKDELAY,
+           O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK, O_CAPSCHED };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -127,6 +176,10 @@ int main(int argc, char **argv)
         {"engine", 1, 0, O_ENGINE}, {"max-num-batched-tokens", 1, 0, O_MNBT},
         {"step-base-ms", 1, 0, O_SBASE}, {"step-seq-us", 1, 0, O_SSEQ},
         {"step-kv-ns-per-token", 1, 0, O_SKV}, {"rtt-ms", 1, 0, O_RTT},
+        {"tokenize-delay-ms", 1, 0, O_TOKDELAY}, {"kv-events", 1, 0, O_KVEV},
+        {"kv-events-encoding", 1, 0, O_KVENC}, {"kv-events-drop", 1, 0, O_KVDROP},
+        {"foreign-load", 1, 0, O_FOREIGN}, {"foreign-tokens", 1, 0, O_FTOK},
+        {"capacity-schedule", 1, 0, O_CAPSCHED},
         {0, 0, 0, 0},
     };
     int o;
@@ -186,6 +239,29 @@ int main(int argc, char **argv)
             conf.metrics_pad_bytes = (size_t)v;
             break;
         case O_HIDE: conf.hide_cache_config = 1; break;
+        case O_TOKDELAY:
+            bad = parse_double(optarg, 0, 1e7, &v);
+            conf.tokenize_delay_us = v * 1000;
+            break;
+        case O_KVEV:
+            bad = parse_double(optarg, 0, 65535, &v);
+            conf.kv_events = 1;
+            conf.kv_events_port = (int)v;
+            break;
+        case O_KVENC:
+            bad = strcmp(optarg, "array") != 0 && strcmp(optarg, "map") != 0 &&
+                  strcmp(optarg, "map-batch") != 0;
+            conf.kv_events_encoding = strcmp(optarg, "map") == 0         ? SIM_KVEV_MAP
+                                      : strcmp(optarg, "map-batch") == 0 ? SIM_KVEV_MAP_BATCH
+                                                                         : SIM_KVEV_ARRAY;
+            break;
+        case O_KVDROP: bad = parse_double(optarg, 0, 1, &conf.kv_events_drop); break;
+        case O_FOREIGN: bad = parse_double(optarg, 0, 1e6, &conf.foreign_rate); break;
+        case O_CAPSCHED: bad = parse_schedule(optarg, cap_sched, &conf.ncap_sched); break;
+        case O_FTOK:
+            bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1 << 24, &v);
+            conf.foreign_tokens = (size_t)v;
+            break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -204,6 +280,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "vllm-sim: more --name than --port\n");
         return 2;
     }
+    if (conf.kv_events && conf.kv_events_port && conf.kv_events_port + 2 * nports - 1 > 65535) {
+        fprintf(stderr, "vllm-sim: --kv-events %d leaves no ports for %d pods\n",
+                conf.kv_events_port, nports);
+        return 2;
+    }
     sim_rand_seed(seed);
     signal(SIGPIPE, SIG_IGN);
     /* What vLLM's /metrics says of its process: a restart shows as a new start time. */
@@ -217,7 +298,8 @@ int main(int argc, char **argv)
     memset(pods, 0, sizeof pods);
     struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
     struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
-    if (!base || !sigint || !sigterm)
+    void *zctx = conf.kv_events ? zmq_ctx_new() : NULL;
+    if (!base || !sigint || !sigterm || (conf.kv_events && !zctx))
         goto out;
     event_add(sigint, NULL);
     event_add(sigterm, NULL);
@@ -228,6 +310,7 @@ int main(int argc, char **argv)
         pod->conf = &conf;
         pod->base = base;
         pod->name = strdup(i < nnames ? names[i] : dflt);
+        pod->start_time = conf.start_time;
         size_t blocks = (size_t)(conf.capacity_tokens / PCR_KV_BLOCK_TOKENS);
         pod->kv = pcr_kvcache_new(blocks);
         if (!pod->name || !pod->kv) {
@@ -258,6 +341,18 @@ int main(int argc, char **argv)
         getsockname(evconnlistener_get_fd(pod->listener), (struct sockaddr *)&sin, &sl);
         pod->port = ntohs(sin.sin_port);
         fprintf(stderr, "vllm-sim: pod %s listening on %s:%d\n", pod->name, host, pod->port);
+        if (conf.kv_events) {
+            int p = conf.kv_events_port ? conf.kv_events_port + 2 * i : 0;
+            pod->kvev = sim_kvev_new(pod, zctx, host, p, p ? p + 1 : 0, conf.kv_events_encoding,
+                                     conf.kv_events_drop, seed + (uint64_t)i);
+            if (!pod->kvev)
+                goto out;
+        }
+        if ((conf.foreign_rate > 0 && sim_engine_foreign_start(pod, seed + (uint64_t)i) != 0) ||
+            (conf.ncap_sched > 0 && sim_engine_capacity_start(pod) != 0)) {
+            fprintf(stderr, "vllm-sim: out of memory\n");
+            goto out;
+        }
     }
     fprintf(stderr, "vllm-sim: ready (model %s, %d pod%s, capacity %llu tokens, time scale %g, "
             "%s engine)\n", conf.model, nports, nports > 1 ? "s" : "",
@@ -274,6 +369,9 @@ out:
             evconnlistener_free(pod->listener);
         if (pod->step_timer)
             event_free(pod->step_timer);
+        sim_engine_foreign_stop(pod);
+        sim_engine_capacity_stop(pod);
+        sim_kvev_free(pod->kvev);
         sim_step_dispose(&pod->eng);
         pcr_kvcache_free(pod->kv);
         free(pod->name);
@@ -281,5 +379,6 @@ out:
     if (sigint) event_free(sigint);
     if (sigterm) event_free(sigterm);
     if (base) event_base_free(base);
+    if (zctx) zmq_ctx_term(zctx);
     return rc;
 }

@@ -316,6 +316,69 @@ static void random_run(int shape)
     pcr_kvcache_free(kv);
 }
 
+/* What an observer heard: stores as (hash), removals as (hash | flag in a parallel array). */
+typedef struct {
+    uint64_t h[64];
+    int removed[64];
+    size_t n;
+} heard_t;
+
+static void on_stored(void *arg, const uint64_t *hashes, size_t i)
+{
+    heard_t *w = arg;
+    if (w->n < 64) { w->h[w->n] = hashes[i]; w->removed[w->n++] = 0; }
+}
+
+static void on_removed(void *arg, uint64_t hash)
+{
+    heard_t *w = arg;
+    if (w->n < 64) { w->h[w->n] = hash; w->removed[w->n++] = 1; }
+}
+
+static void test_observer_hears_stores_and_lru_evictions(void)
+{
+    pcr_kvcache_t *kv = pcr_kvcache_new(6);
+    heard_t w = {0};
+    pcr_kvcache_observer_t obs = {on_stored, on_removed, &w};
+    pcr_kvcache_observe(kv, &obs);
+    uint64_t a[4], b[4];
+    size_t hit;
+    seq(a, 4, 100);
+    seq(b, 4, 200);
+    b[0] = a[0];                          /* b shares a's first block: not stored again */
+    pcr_kvcache_acquire(kv, a, 4, 0, &hit);
+    pcr_kvcache_release(kv, a, 4, 0);
+    PCR_CHECK_EQ_INT(w.n, 4);
+    for (size_t i = 0; i < 4; i++) {
+        PCR_CHECK_EQ_U64(w.h[i], a[i]);
+        PCR_CHECK_EQ_INT(w.removed[i], 0);
+    }
+    w.n = 0;
+    /* b needs 3 new blocks, 2 are free: a loses its tail, a[3], just before b's last. */
+    pcr_kvcache_acquire(kv, b, 4, 0, &hit);
+    PCR_CHECK_EQ_INT(hit, 1);
+    PCR_CHECK_EQ_INT(w.n, 4);
+    PCR_CHECK(!w.removed[0] && w.h[0] == b[1]);
+    PCR_CHECK(!w.removed[1] && w.h[1] == b[2]);
+    PCR_CHECK(w.removed[2] && w.h[2] == a[3]);
+    PCR_CHECK(!w.removed[3] && w.h[3] == b[3]);
+    pcr_kvcache_release(kv, b, 4, 0);
+    /* clear drops what is unpinned and says nothing. */
+    w.n = 0;
+    PCR_CHECK_EQ_INT(pcr_kvcache_acquire(kv, a, 2, 0, &hit), 0);
+    PCR_CHECK_EQ_INT(pcr_kvcache_clear(kv), 4);   /* a[2], b[1..3]: a[0..1] are pinned */
+    PCR_CHECK_EQ_INT(w.n, 0);
+    PCR_CHECK_EQ_INT(pcr_kvcache_cached(kv), 2);
+    PCR_CHECK_EQ_INT(pcr_kvcache_match(kv, b, 4), 1);
+    pcr_kvcache_release(kv, a, 2, 0);
+    PCR_CHECK_EQ_INT(pcr_kvcache_clear(kv), 2);
+    PCR_CHECK_EQ_INT(pcr_kvcache_cached(kv), 0);
+    pcr_kvcache_observe(kv, NULL);
+    pcr_kvcache_acquire(kv, a, 4, 0, &hit);      /* nobody listens: nothing heard */
+    PCR_CHECK_EQ_INT(w.n, 0);
+    pcr_kvcache_free(kv);
+}
+
 static void test_random_against_reference(void)
 {
     for (int shape = 0; shape < 3; shape++)
@@ -333,5 +396,6 @@ int main(void)
     PCR_RUN(test_pinned_blocks_stay);
     PCR_RUN(test_bad_sizes);
     PCR_RUN(test_random_against_reference);
+    PCR_RUN(test_observer_hears_stores_and_lru_evictions);
     return pcr_test_done();
 }

@@ -7,8 +7,9 @@
  * The pods are vllm_sim's (kvcache.c and sim_model.c: same cache, same admission, same
  * latency model; with --engine step, step_engine.c, as vllm_sim --engine step); the router is libpcrhash itself, fed the loads pcrouter would count
  * (in-flight requests, their uncached prefill until the first byte, the pods' waiting queues
- * as a scrape last saw them). What it leaves out: network and proxy time, and the wall-clock
- * jitter a time-scaled real run adds. Same inputs, same figures, on any machine. */
+ * as a scrape last saw them). What it leaves out: network and proxy time (but the round trip
+ * to a second zone with --zones), and the wall-clock jitter a time-scaled real run adds. Same
+ * inputs, same figures, on any machine. */
 #ifndef PCR_BENCH_OFFLINE_H
 #define PCR_BENCH_OFFLINE_H
 

@@ -56,6 +56,13 @@
  * pool's knee, and a bound that followed it gave identical pods that looked faster more than
  * their share. A pod really slower is given less by its cost and its in-flight bound.
  *
+ * Zones: when the router has one, its zone's backends are a tier. The share bound counts a
+ * home backend's fair share among the zone's, not the pool's (which put half the requests
+ * over the bound at light load and sent them across). Each tier's best is chosen by the cost
+ * above; the other zone's wins only when its expected first token, behind its queued prefill
+ * at full weight and with zone_penalty added, is earlier than the home one's (zone_better):
+ * a saturated zone spills, an idle one keeps its traffic. Cold prompts likewise (place_cold).
+ *
  * The figures behind each choice, and the defaults', are in docs/TUNING.md.
  *
  * When no backend holds a block of the prompt, the ring places it (see place_cold). Ties go to
@@ -158,6 +165,7 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
 {
     uint64_t total = 0;
     double served = 0, unit = p->served_unit, work = 0, weight = 0, conf_weight = 0;
+    double zserved = 0, zweight = 0;   /* the same over the usable backends in the zone */
     size_t nusable = 0;
     int any_under = 0;
     *any_in_zone = 0;
@@ -170,6 +178,10 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
             work += load_tokens(&loads[b]);
             nusable++;
             *any_in_zone |= p->be[b].in_zone;
+            if (p->be[b].in_zone) {
+                zserved += p->served[b];
+                zweight += p->be[b].weight;
+            }
         }
     }
     p->pool_work = work;
@@ -190,6 +202,11 @@ static int mark_bounds(pcr_policy_t *p, const pcr_backend_load_t *loads, int *an
          * always be SHARE_SLACK requests ahead of its fair share, so that a conversation's
          * next turn is not turned away early in a run for lack of requests to compare. */
         double fair = (served + unit) * p->be[b].weight / conf_weight;
+        /* In the router's zone the fair share is the zone's: the zone cost keeps traffic
+         * home, so a share of the whole pool would put half the requests over the bound at
+         * light load and send them across (out of the zone, the pool's share stands). */
+        if (*any_in_zone && p->be[b].in_zone)
+            fair = (zserved + unit) * p->be[b].weight / zweight;
         /* share_margin: room for what other replicas send it at this moment, unseen here. The
          * slack is not cut by it: a conversation's early turns stay where they are warm. */
         double cap = p->o.share_factor * fair - p->o.share_margin * unit;
@@ -272,6 +289,29 @@ static double time_cost(const pcr_policy_t *p, const pcr_backend_load_t *loads, 
     return ttft_us(p, b, w * load + tokens + zone_cost(p, b) + share);
 }
 
+/* b's expected time to first token for `tokens` of its own behind the prefill queued there,
+ * us, as include/pcr/ttft.h models it: the prefill sent and not yet at its first token, and
+ * the pod's own queue, at full weight (no discount for what its prefill costs others, no
+ * charge for decode slots, which delay a first token little). The zone decision compares
+ * these (zone_better). */
+static double honest_us(const pcr_policy_t *p, const pcr_backend_load_t *loads, size_t b,
+                        double tokens)
+{
+    return ttft_us(p, b, (double)loads[b].queued_prefill +
+                             WAITING_TOKENS * loads[b].pod_waiting + tokens);
+}
+
+/* Whether far backend f, for `f_tokens` of its own, beats home backend h, for `h_tokens`: its
+ * expected first token, and the zone cost (zone_penalty at f's rate), come before h's. The
+ * home tier is chosen by the discounted cost, which weighs a queue less the busier the pool
+ * is; across zones that discount would keep a saturated zone's traffic home while the other
+ * zone idles, so here each queue counts in full. */
+static int zone_better(const pcr_policy_t *p, const pcr_backend_load_t *loads, size_t f,
+                       double f_tokens, size_t h, double h_tokens)
+{
+    return honest_us(p, loads, f, f_tokens + zone_cost(p, f)) < honest_us(p, loads, h, h_tokens);
+}
+
 /* A cold prompt pays its whole prefill wherever it goes, so the one thing that makes its first
  * token late is the prefill queued ahead of it: one 100k-token prompt holds a pod for seconds.
  * Among the candidates in p->usable, pass over those whose expected first token (their queue,
@@ -300,14 +340,26 @@ static void pass_over_long_queues(pcr_policy_t *p, const pcr_key_t *key,
 /* A prefix nobody holds: the ring places it among the in-zone backends (all, when none is
  * usable in the zone) under the bounds mark_bounds set (all, when none is), with bounded loads
  * on in-flight requests and on blocks held, so new prefixes also spread the cache itself
- * evenly. The next request with the prefix is warm. */
+ * evenly; unless the other zone's least queued backend would give it an earlier first token,
+ * crossing included (zone_better). The next request with the prefix is warm. */
 static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
-                      int any_in_zone)
+                      int any_in_zone, int any_under)
 {
     uint64_t held = 0, weight = 0;
     size_t left = 0, under = 0;
-    for (size_t b = 0; b < p->n; b++)
+    int far = -1;   /* the other zone's earliest first token, under the bounds if any is */
+    double far_us = 0;
+    for (size_t b = 0; b < p->n; b++) {
         under += p->usable[b] == UNDER_BOUND && (!any_in_zone || p->be[b].in_zone);
+        if (any_in_zone && !p->be[b].in_zone && p->usable[b] != NOT_USABLE &&
+            (!any_under || p->usable[b] == UNDER_BOUND)) {
+            double t = honest_us(p, loads, b, (double)key->prompt_tokens);
+            if (far < 0 || t < far_us) {
+                far = (int)b;
+                far_us = t;
+            }
+        }
+    }
     for (size_t b = 0; b < p->n; b++) {
         p->usable[b] = loads[b].usable && (!any_in_zone || p->be[b].in_zone) &&
                        (under == 0 || p->usable[b] == UNDER_BOUND);
@@ -330,7 +382,13 @@ static int place_cold(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     for (size_t b = 0; b < p->n; b++)
         p->usable[b] = left > 0 ? p->usable[b] == 2 : p->usable[b] != 0;
     pass_over_long_queues(p, key, loads);
-    return pcr_policy_ring_place(p, pcr_policy_ring_key(p, key), loads, 0);
+    int home = pcr_policy_ring_place(p, pcr_policy_ring_key(p, key), loads, 0);
+    /* The zone saturated: the prompt waits less in the other zone, crossing included. */
+    if (far >= 0 && home >= 0 &&
+        zone_better(p, loads, (size_t)far, (double)key->prompt_tokens, (size_t)home,
+                    (double)key->prompt_tokens))
+        return far;
+    return home;
 }
 
 /* No prompt: the least loaded (in tokens, zone included) under the limit, ties by rotation. */
@@ -389,15 +447,18 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
     if (any_under && !exempt)
         keep_reserve(p, key, top, second);
     if (top == 0) {
-        out->backend = place_cold(p, key, loads, any_in_zone);
-        out->reason = PCR_REASON_COLD;
+        out->backend = place_cold(p, key, loads, any_in_zone, any_under);
+        out->reason = out->backend >= 0 && any_in_zone && !p->be[out->backend].in_zone
+                          ? PCR_REASON_ZONE_SPILL : PCR_REASON_COLD;
         return;
     }
 
     uint64_t rk = pcr_policy_ring_key(p, key);
-    int best = -1, warmest = -1, warmest_skipped = 0;
-    double best_cost = 0, warm_base = 0;
-    uint64_t best_tie = 0;
+    /* Each zone's best by cost, [0] the router's (every backend's when it has none), [1] the
+     * other's; then zone_better decides between them. */
+    int tier_best[2] = {-1, -1}, warmest = -1, warmest_skipped = 0;
+    double tier_cost[2] = {0, 0}, warm_base = 0;
+    uint64_t tier_tie[2] = {0, 0};
     for (size_t b = 0; b < p->n; b++) {
         if (p->usable[b] == NOT_USABLE)
             continue;
@@ -412,12 +473,21 @@ static void ca_decide(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_l
         double cost = time_cost(p, loads, b, (double)uncached_tokens(p, key, p->matched[b]),
                                 SHARE_CAP * (double)key->prompt_tokens);
         uint64_t tie = mix64(rk ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull));
-        if (best < 0 || cost < best_cost || (cost == best_cost && tie < best_tie)) {
-            best = (int)b;
-            best_cost = cost;
-            best_tie = tie;
+        int t = any_in_zone && !p->be[b].in_zone;
+        if (tier_best[t] < 0 || cost < tier_cost[t] ||
+            (cost == tier_cost[t] && tie < tier_tie[t])) {
+            tier_best[t] = (int)b;
+            tier_cost[t] = cost;
+            tier_tie[t] = tie;
         }
     }
+    int best = tier_best[0];
+    if (best < 0 ||
+        (tier_best[1] >= 0 &&
+         zone_better(p, loads, (size_t)tier_best[1],
+                     (double)uncached_tokens(p, key, p->matched[tier_best[1]]), (size_t)best,
+                     (double)uncached_tokens(p, key, p->matched[best]))))
+        best = tier_best[1];
     out->backend = best;
     out->matched_blocks = p->matched[best];
     out->matched_time = out->precise ? 0

@@ -55,6 +55,12 @@ static void usage(FILE *f)
 "                        leaves the hold budget at the policy's expected first token (as\n"
 "                        pcrouter's prefill timer), or at its answer if that is earlier;\n"
 "                        TTFT counts streams only (default 0)\n"
+"  --zones RTT_MS        pods in two zones, as bench/routing.py --zones: the router and the\n"
+"                        first pods in zone a, the last --far-pods in zone b, which a request\n"
+"                        reaches RTT_MS later (its round trip, as vllm_sim --rtt-ms), so its\n"
+"                        first token and its end are that much later; the report adds the\n"
+"                        share of requests and bytes that crossed zones (default 0: no zones)\n"
+"  --far-pods N          pods in zone b with --zones (default half, rounded down)\n"
 "  --scrape-ms F         model time between two reads of the pods' queues (default 20000:\n"
 "                        pcrouter's 1 s health interval in a real run at time scale 20)\n"
 "  --policies LIST       of round_robin,least_loaded,consistent_hash,cache_aware,haproxy_hash\n"
@@ -69,6 +75,8 @@ static void usage(FILE *f)
 "                        counts on the blocks it brings, as pcrouter does) and\n"
 "                        \"hold_unstreamed\" (boolean, default true, as pcrouter; false: an\n"
 "                        unstreamed completion goes at once, counted as it is when held)\n"
+"                        and \"zone_aware\" (boolean, default true; with --zones, false leaves\n"
+"                        the router's zone unset: zone-blind)\n"
 "  --variant LABEL={...} also run cache_aware with these keys over --routing (repeatable)\n"
 "  --json FILE           write every result as JSON\n"
 "  --requests FILE       write one JSON line per finished request (every policy's, labelled):\n"
@@ -139,13 +147,15 @@ static void variant_defaults(off_variant_t *v)
     v->hold_tokens = PCR_HOLD_TOKENS_DEFAULT;
     v->hold_deps = 1;
     v->hold_unstreamed = 1;
+    v->zone_aware = 1;
 }
 
 /* Applies the keys of `json` to `v`. 0, or -1 with a message. */
 static int apply_routing(off_variant_t *v, const char *json)
 {
     static const char *const other[] = {"vnodes", "observe", "feedback", "index_capacity",
-                                        "hold_tokens", "hold_deps", "hold_unstreamed"};
+                                        "hold_tokens", "hold_deps", "hold_unstreamed",
+                                        "zone_aware"};
     cJSON *o = cJSON_Parse(json);
     int rc = -1;
     if (!cJSON_IsObject(o)) {
@@ -173,7 +183,8 @@ static int apply_routing(off_variant_t *v, const char *json)
         num_key(o, "hold_tokens", 0, 4294967295.0, &v->hold_tokens) ||
         bool_key(o, "observe", &v->observe) || bool_key(o, "feedback", &v->feedback) ||
         bool_key(o, "hold_deps", &v->hold_deps) ||
-        bool_key(o, "hold_unstreamed", &v->hold_unstreamed))
+        bool_key(o, "hold_unstreamed", &v->hold_unstreamed) ||
+        bool_key(o, "zone_aware", &v->zone_aware))
         goto out;
     v->opts.vnodes = (unsigned)vnodes;
     rc = 0;
@@ -249,6 +260,15 @@ static void print_step_row(const off_variant_t *v, const off_result_t *r, double
     fflush(stdout);
 }
 
+/* --zones: under the row, what crossed to zone b. */
+static void print_zones(const off_result_t *r)
+{
+    printf("  crossed zones: %.3f of requests, %.3f of bytes\n",
+           r->completed ? (double)r->cross_zone_requests / (double)r->completed : NAN,
+           r->bytes_all > 0 ? r->bytes_cross / r->bytes_all : NAN);
+    fflush(stdout);
+}
+
 static void print_row(const off_variant_t *v, const off_result_t *r, double ceiling)
 {
     printf("%-22s %8.4f %7.3f %9.0fms %9.0fms %8.2f %8.3f %8.3f %6zu\n", v->label,
@@ -259,7 +279,7 @@ static void print_row(const off_variant_t *v, const off_result_t *r, double ceil
 }
 
 static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double ceiling,
-                          int step)
+                          int step, int zones)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "label", v->label);
@@ -311,6 +331,14 @@ static cJSON *result_json(const off_variant_t *v, const off_result_t *r, double 
         cJSON_AddNumberToObject(j, "steps", (double)r->steps);
         cJSON_AddNumberToObject(j, "preemptions", (double)r->preemptions);
     }
+    if (zones) {   /* as replay --far-pods names them */
+        cJSON_AddNumberToObject(j, "cross_zone_requests", (double)r->cross_zone_requests);
+        cJSON_AddNumberToObject(j, "cross_zone_request_share",
+                                r->completed ? (double)r->cross_zone_requests /
+                                                   (double)r->completed : 0);
+        cJSON_AddNumberToObject(j, "cross_zone_byte_share",
+                                r->bytes_all > 0 ? r->bytes_cross / r->bytes_all : 0);
+    }
     cJSON *rs = cJSON_AddObjectToObject(j, "reasons");
     for (int k = 0; k < PCR_REASON__COUNT; k++)
         if (r->reasons[k])
@@ -340,8 +368,9 @@ int main(int argc, char **argv)
                      .sc = SIM_STEP_DEFAULTS, .scrape_us = 20e6, .names = "pod-"};
     enum { O_TRACE = 256, O_LIMIT, O_PODS, O_CAP, O_MTC, O_SCRAPE, O_POL, O_ROUT, O_VAR,
            O_JSON, O_QUIET, O_HELP, O_SLOW, O_JITTER, O_NAMES, O_UNSTREAMED, O_REQS, O_ENGINE,
-           O_MNBT, O_MNS, O_PREFILL, O_SBASE, O_SSEQ, O_SKV };
+           O_MNBT, O_MNS, O_PREFILL, O_SBASE, O_SSEQ, O_SKV, O_ZONES, O_FAR };
     const char *slowdown = NULL;
+    double rtt_ms = 0, far = -1;
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"limit", 1, 0, O_LIMIT}, {"pods", 1, 0, O_PODS},
         {"capacity-tokens", 1, 0, O_CAP}, {"max-tokens-cap", 1, 0, O_MTC},
@@ -352,7 +381,8 @@ int main(int argc, char **argv)
         {"requests", 1, 0, O_REQS}, {"engine", 1, 0, O_ENGINE},
         {"max-num-batched-tokens", 1, 0, O_MNBT}, {"max-num-seqs", 1, 0, O_MNS},
         {"prefill-us-per-token", 1, 0, O_PREFILL}, {"step-base-ms", 1, 0, O_SBASE},
-        {"step-seq-us", 1, 0, O_SSEQ}, {"step-kv-ns-per-token", 1, 0, O_SKV}, {0, 0, 0, 0},
+        {"step-seq-us", 1, 0, O_SSEQ}, {"step-kv-ns-per-token", 1, 0, O_SKV},
+        {"zones", 1, 0, O_ZONES}, {"far-pods", 1, 0, O_FAR}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -402,6 +432,8 @@ int main(int argc, char **argv)
         case O_SBASE: bad = parse_count(optarg, 0, 1e6, &v); s.sc.base_us = v * 1000; break;
         case O_SSEQ: bad = parse_count(optarg, 0, 1e7, &s.sc.decode_us_per_seq); break;
         case O_SKV: bad = parse_count(optarg, 0, 1e7, &v); s.sc.ctx_us_per_token = v / 1000; break;
+        case O_ZONES: bad = parse_count(optarg, 0, 1e6, &rtt_ms); break;
+        case O_FAR: bad = parse_count(optarg, 1, 4096, &far); break;
         case O_QUIET: quiet = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -414,6 +446,19 @@ int main(int argc, char **argv)
     }
     if (!trace || optind < argc) {
         usage(stderr);
+        return 2;
+    }
+
+    if (rtt_ms > 0) {
+        s.far_pods = far >= 0 ? (size_t)far : s.npods / 2;
+        s.rtt_us = rtt_ms * 1000;
+        if (s.far_pods == 0 || s.far_pods >= s.npods) {
+            fprintf(stderr, "routing_offline: --zones needs pods in both zones (--pods, "
+                            "--far-pods)\n");
+            return 2;
+        }
+    } else if (far >= 0) {
+        fprintf(stderr, "routing_offline: --far-pods goes with --zones\n");
         return 2;
     }
 
@@ -502,6 +547,10 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(all, "ceiling", ceiling);
     if (s.step)
         cJSON_AddStringToObject(all, "engine", "step");
+    if (s.far_pods > 0) {
+        cJSON_AddNumberToObject(all, "far_pods", (double)s.far_pods);
+        cJSON_AddNumberToObject(all, "rtt_ms", rtt_ms);
+    }
     cJSON *arr = cJSON_AddArrayToObject(all, "results");
     rc = 0;
     if (requests != NULL && (s.requests = fopen(requests, "w")) == NULL) {
@@ -519,7 +568,9 @@ int main(int argc, char **argv)
             print_step_row(&runs[k], &res, ceiling);
         else if (!quiet)
             print_row(&runs[k], &res, ceiling);
-        cJSON_AddItemToArray(arr, result_json(&runs[k], &res, ceiling, s.step));
+        if (!quiet && s.far_pods > 0)
+            print_zones(&res);
+        cJSON_AddItemToArray(arr, result_json(&runs[k], &res, ceiling, s.step, s.far_pods > 0));
     }
     if (s.requests != NULL && (ferror(s.requests) | fclose(s.requests)) != 0) {
         fprintf(stderr, "routing_offline: cannot write %s\n", requests);

@@ -7,8 +7,9 @@
  * The pods are vllm_sim's (kvcache.c and sim_model.c: same cache, same admission, same
  * latency model; with --engine step, step_engine.c, as vllm_sim --engine step); the router is libpcrhash itself, fed the loads pcrouter would count
  * (in-flight requests, their uncached prefill until the first byte, the pods' waiting queues
- * as a scrape last saw them). What it leaves out: network and proxy time, and the wall-clock
- * jitter a time-scaled real run adds. Same inputs, same figures, on any machine. */
+ * as a scrape last saw them). What it leaves out: network and proxy time (but the round trip
+ * to a second zone with --zones), and the wall-clock jitter a time-scaled real run adds. Same
+ * inputs, same figures, on any machine. */
 #ifndef PCR_BENCH_OFFLINE_H
 #define PCR_BENCH_OFFLINE_H
 
@@ -55,6 +56,10 @@ typedef struct {
                                 * pcrouter's prefill timer does; no TTFT, no rate observation */
     FILE *requests;            /* NULL, or one JSON line per finished request is written here
                                 * (--requests): the decision, the hold and the first token */
+    size_t far_pods;           /* --zones: the last far_pods pods are in zone "b", the router
+                                * and the others in zone "a"; 0: no zones (nobody has one) */
+    double rtt_us;             /* ... and a request to zone b reaches its pod this late: the
+                                * round trip, both ways at once, as vllm_sim --rtt-ms */
 } off_setup_t;
 
 /* One routing configuration to simulate. */
@@ -73,6 +78,8 @@ typedef struct {
                                 * brings (pcr_hold_depends; the router's rule, default on) */
     int hold_unstreamed;       /* unstreamed completions are held as streams are (pcrouter's
                                 * rule, default on); off: they go at once, counted the same */
+    int zone_aware;            /* with zones: the router knows its zone, "a" (default on); off:
+                                * routing.zone unset, every pod alike to the policy */
 } off_variant_t;
 
 typedef struct {
@@ -97,7 +104,15 @@ typedef struct {
     double itl_ms[4], tpot_ms[4], e2e_ms[4], output_tokens[4];
     double output_tokens_total, output_tokens_per_s, requests_per_s; /* over the makespan */
     uint64_t steps, preemptions;
+    /* With zones: completed requests answered from zone b, and bytes both ways (the prompt's
+     * 4 bytes per token out, SSE_EVENT_BYTES per output token back) over all and over those. */
+    size_t cross_zone_requests;
+    double bytes_all, bytes_cross;
 } off_result_t;
+
+/* What one streamed token costs on the wire, bytes: a chat.completion.chunk event of
+ * vllm_sim's (sim_api.c), about what vLLM writes. Only the byte share uses it. */
+#define SSE_EVENT_BYTES 200.0
 
 /* Simulates `w` through `v` on `s`. 0, or -1 when out of memory or when the policy cannot be
  * built (a message on stderr). */

@@ -15,6 +15,9 @@
  *   TOKENS  decoding goes on in chunks of CHUNK tokens at the pod's current inter-token time;
  *           after the last one the pod releases the cache blocks and admits who can go
  *   SCRAPE  the router reads every pod's waiting queue, as its health scrape does
+ *   REACH   with --zones, a request sent to a pod in the other zone reaches it, the round
+ *           trip after its send (vllm_sim --rtt-ms: the way in and the way out at once), so
+ *           its first token, and every token after it, come that much later
  *   DUE     an unstreamed completion (--unstreamed) shows no first token: its prefill leaves
  *           the queue and the budget at the policy's expected first token from its send
  *           (pcr_policy_estimate_ttft, behind what the pod had been sent), as pcrouter's
@@ -41,7 +44,7 @@
 #define CHUNK 8         /* tokens per TOKENS event: the batch changes little within 8 steps */
 #define NIL UINT32_MAX
 
-enum { EV_ARRIVE, EV_FIRST, EV_SEEN, EV_TOKENS, EV_SCRAPE, EV_DUE, EV_STEP };
+enum { EV_ARRIVE, EV_FIRST, EV_SEEN, EV_TOKENS, EV_SCRAPE, EV_DUE, EV_STEP, EV_REACH };
 
 typedef struct {
     double t;
@@ -253,15 +256,27 @@ static uint32_t *held_bringer(sim_t *S, size_t b, uint32_t i)
     return NULL;
 }
 
+/* --zones: pod b is in zone b, away from the router. */
+static int far_pod(const sim_t *S, size_t b)
+{
+    return S->s->far_pods > 0 && b >= S->s->npods - S->s->far_pods;
+}
+
 /* Request i goes to pod b now: its send time and what the pod had been sent then are what its
- * first token teaches the policy (on_seen), held or not. */
+ * first token teaches the policy (on_seen), held or not. A pod of the other zone has it a
+ * round trip later (EV_REACH). */
 static int send_to_pod(sim_t *S, size_t b, uint32_t i, double now)
 {
     opod_t *pod = &S->pods[b];
     S->st[i].sent_us = now;
     S->st[i].ahead_at_send = pod->sent_prefill;
     pod->sent_prefill += S->st[i].charged;
-    enqueue(S, b, i);
+    if (far_pod(S, b) && S->s->rtt_us > 0) {
+        if (push(&S->h, now + S->s->rtt_us, EV_REACH, i) != 0)
+            return -1;
+    } else {
+        enqueue(S, b, i);
+    }
     if (S->st[i].unstreamed && S->policy != NULL) {
         double us = pcr_policy_estimate_ttft(S->policy, (int)b,
                                              S->st[i].ahead_at_send + S->st[i].charged);
@@ -522,6 +537,14 @@ static int finish(sim_t *S, uint32_t i, double now)
         pcr_policy_feedback(S->policy, &r->key, &st->d, st->hit_tokens, st->settled_before);
     if (S->s->requests != NULL && write_request(S, i, now) != 0)
         return -1;
+    if (S->s->far_pods > 0) {
+        double bytes = 4.0 * (double)r->prompt_tokens + SSE_EVENT_BYTES * (double)r->max_tokens;
+        S->out->bytes_all += bytes;
+        if (far_pod(S, b)) {
+            S->out->cross_zone_requests++;
+            S->out->bytes_cross += bytes;
+        }
+    }
     if (now / 1e6 > S->out->makespan_s)
         S->out->makespan_s = now / 1e6;
     if (S->s->step) {
@@ -595,6 +618,14 @@ static int on_step(sim_t *S, size_t b, double now)
     return kick(S, b, now);
 }
 
+/* --zones: request i reaches its pod in the other zone. */
+static int on_reach(sim_t *S, uint32_t i, double now)
+{
+    size_t b = (size_t)S->st[i].pod;
+    enqueue(S, b, i);
+    return admit_waiting(S, b, now);
+}
+
 static int on_scrape(sim_t *S, double now)
 {
     for (size_t b = 0; b < S->s->npods; b++)
@@ -631,7 +662,8 @@ static int setup(sim_t *S)
         /* As the router converts capacity_tokens (router/upstream/backend.c). */
         double tokens = (double)S->s->capacity_tokens * S->v->index_capacity;
         uint64_t blocks = (uint64_t)(tokens * PCR_BYTES_PER_TOKEN / (double)S->v->opts.block_bytes);
-        descs[b] = (pcr_backend_desc_t){names[b], "", 1, blocks ? blocks : 1};
+        const char *zone = S->s->far_pods == 0 ? "" : far_pod(S, b) ? "b" : "a";
+        descs[b] = (pcr_backend_desc_t){names[b], zone, 1, blocks ? blocks : 1};
     }
     S->pods = calloc(n, sizeof(*S->pods));
     S->loads = calloc(n, sizeof(*S->loads));
@@ -679,7 +711,10 @@ static int setup(sim_t *S)
         S->ring = pcr_ring_new(np, NULL, n, 160);
         return S->ring ? 0 : -1;
     }
-    S->policy = pcr_policy_new(&S->v->opts, descs, n);
+    pcr_policy_opts_t opts = S->v->opts;
+    if (S->s->far_pods > 0 && S->v->zone_aware)
+        opts.zone = "a";   /* the router's own */
+    S->policy = pcr_policy_new(&opts, descs, n);
     if (!S->policy) {
         fprintf(stderr, "routing_offline: %s: invalid routing options\n", S->v->label);
         return -1;
@@ -734,6 +769,7 @@ int off_run(const off_work_t *w, const off_setup_t *s, const off_variant_t *v,
         case EV_SCRAPE: r = on_scrape(&S, e.t); break;
         case EV_DUE: r = S.st[e.req].settled ? 0 : settle(&S, e.req, e.t); break;
         case EV_STEP: r = on_step(&S, e.req, e.t); break;
+        case EV_REACH: r = on_reach(&S, e.req, e.t); break;
         }
         if (r != 0)
             goto done;

@@ -6,7 +6,8 @@ shape it claims (groups sharing a system prompt, chats whose turns extend their 
 routing_offline: two runs of the same trace give the same figures, the pods' names are their
 placement on the rings, cache_aware keeps more of the ceiling than round robin, unstreamed rows
 free the hold budget at their expected first token, the step engine's prefill slows the streams
-beside it, and bad input is refused with a message. Binaries come from $PCR_BUILD (default build/); every run is bounded in
+beside it, zones add the round trip and count what crossed, and bad input is refused with a
+message. Binaries come from $PCR_BUILD (default build/); every run is bounded in
 time."""
 import json
 import math
@@ -277,3 +278,28 @@ def test_offline_step_engine_prefill_slows_the_streams_beside_it(tmp_path):
     p = subprocess.run([OFFLINE, "--trace", str(busy), "--engine", "steps"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "bad value for --engine" in p.stderr, p.stderr
+
+
+def test_offline_zones_count_what_crossed_and_add_the_round_trip(tmp_path):
+    """--zones: requests to the far half of the pods reach them a round trip later, and the
+    report counts the requests and bytes that crossed. Round robin sends half across whatever
+    the zones; its TTFT grows by the round trip for those. cache_aware with the router's zone
+    keeps light traffic home; zone-blind, it crosses as much as round robin."""
+    trace = tmp_path / "chat.jsonl"
+    with open(trace, "w") as f:
+        for r in workloads.generate("chat", "light")[:600]:
+            f.write(json.dumps(r) + "\n")
+    common = ["--pods", "4", "--capacity-tokens", "300000", "--policies",
+              "round_robin,cache_aware", "--variant", 'blind={"zone_aware": false}']
+    one = run_offline(tmp_path, trace, *common)
+    two = run_offline(tmp_path, trace, *common, "--zones", "500")
+    assert "cross_zone_request_share" not in one["round_robin"]
+    rr = two["round_robin"]
+    assert rr["cross_zone_request_share"] == 0.5, rr
+    assert 0.3 < rr["cross_zone_byte_share"] < 0.7, rr
+    assert rr["ttft_ms_model"]["mean"] > one["round_robin"]["ttft_ms_model"]["mean"] + 200
+    assert two["cache_aware"]["cross_zone_request_share"] < 0.1, two["cache_aware"]
+    assert two["blind"]["cross_zone_request_share"] > 0.3, two["blind"]
+    far = subprocess.run([OFFLINE, "--trace", str(trace), "--pods", "4", "--zones", "20",
+                          "--far-pods", "4"], capture_output=True, text=True, timeout=30)
+    assert far.returncode == 2 and "needs pods in both zones" in far.stderr, far.stderr

@@ -1011,6 +1011,52 @@ static void test_zone(void)
     pcr_policy_free(p);
 }
 
+/* Two pods in the router's zone, two in another: at light load conversations stay home, although
+ * the home pods take twice a fair share of the whole pool (the share bound counts the zone's);
+ * with the home pods' queues long, requests cross, cold and warm alike. */
+static void test_zone_share_and_spill(void)
+{
+    const pcr_backend_desc_t be[4] = {{"pod-a", "z1", 1, 0}, {"pod-b", "z1", 1, 0},
+                                      {"pod-c", "z2", 1, 0}, {"pod-d", "z2", 1, 0}};
+    pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, be, 4, "z1");
+    pcr_backend_load_t l[4];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    int far = 0;
+    all_usable(l, 4);
+    for (int i = 0; i < 400; i++) {
+        size_t len;
+        char *s = prompt(i % 100, 2000 + (size_t)(i / 100) * 400, &len);
+        pcr_key_t *key = key_of(p, &kb, s, len);
+        pcr_policy_decide(p, key, l, (uint64_t)i + 1, &d);
+        far += d.backend >= 2;
+        pcr_policy_commit(p, d.backend, key, (uint64_t)i + 1, &from);
+        free(s);
+    }
+    PCR_CHECK_EQ_INT(far, 0);
+    /* The zone saturated: seconds of prefill queued on each home pod, none away. */
+    l[0].queued_prefill = l[1].queued_prefill = 200000;
+    l[0].inflight = l[1].inflight = 4;
+    size_t len;
+    char *s = prompt(7, 2400, &len);   /* warm at home */
+    pcr_policy_decide(p, key_of(p, &kb, s, len), l, 1000, &d);
+    PCR_CHECK(d.backend >= 2);
+    PCR_CHECK_EQ_INT(d.reason, PCR_REASON_OVERLOAD_SPILL);  /* the warmest, passed over */
+    free(s);
+    s = prompt(5000, 3000, &len);     /* only the system prompt is warm, at home */
+    pcr_policy_decide(p, key_of(p, &kb, s, len), l, 1001, &d);
+    PCR_CHECK(d.backend >= 2);
+    free(s);
+    /* A short queue at home is not worth the zone cost: the warm request stays. */
+    l[0].queued_prefill = l[1].queued_prefill = 500;
+    s = prompt(7, 2400, &len);
+    pcr_policy_decide(p, key_of(p, &kb, s, len), l, 1002, &d);
+    PCR_CHECK(d.backend < 2);
+    free(s);
+    pcr_policy_free(p);
+}
+
 static void test_keyless_balances_load(void)
 {
     pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
@@ -1357,6 +1403,7 @@ int main(void)
     PCR_RUN(test_the_overhead_is_learned_for_the_pool);
     PCR_RUN(test_deterministic);
     PCR_RUN(test_zone);
+    PCR_RUN(test_zone_share_and_spill);
     PCR_RUN(test_keyless_balances_load);
     PCR_RUN(test_cold_avoids_long_prefill_queue);
     PCR_RUN(test_membership);

@@ -1,4 +1,4 @@
-"""test_sim_kv_events.py: vllm_sim's side of precise mode (issue 42).
+"""test_sim_kv_events.py: vllm_sim's side of precise mode.
 
 vllm_sim --kv-events 0 publishes each pod's KV events as vLLM does: ZMQ PUB frames [topic,
 8-byte big-endian seq, msgpack [ts, events, dp_rank]], a replay ROUTER, events as positional

@@ -410,6 +410,22 @@ static int hold(pcr_kvtable_t *t, uint32_t h, uint32_t backend, uint64_t pod_has
     return 0;
 }
 
+/* A new speculative holder of node `n` for `backend`, counted; NIL with *rc set (and a node
+ * left empty dropped, a refusal counted) when it cannot be made. */
+static uint32_t spec_new(pcr_kvtable_t *t, uint32_t n, uint32_t backend, int *rc)
+{
+    uint32_t h = holder_new(t, n, rc);
+    if (h == NIL) {
+        t->refused += *rc == PCR_ERR_FULL;
+        node_drop_if_empty(t, n);
+        return NIL;
+    }
+    t->holders[h].state = H_SPEC;
+    t->holders[h].backend = backend;
+    (*count(t, backend, 2))++;
+    return h;
+}
+
 int pcr_kvtable_stored(pcr_kvtable_t *t, unsigned backend, const pcr_kvt_stored_t *ev,
                        uint64_t now)
 {
@@ -449,17 +465,8 @@ int pcr_kvtable_stored(pcr_kvtable_t *t, unsigned backend, const pcr_kvt_stored_
         }
         h = holder_of(t, n, backend, -1); /* speculative: now confirmed */
         int fresh = h == NIL;
-        if (fresh) {
-            h = holder_new(t, n, &rc);
-            if (h == NIL) {
-                t->refused += rc == PCR_ERR_FULL;
-                node_drop_if_empty(t, n);
-                return rc;
-            }
-            t->holders[h].backend = backend;
-            t->holders[h].state = H_SPEC; /* counted as such until hold() */
-            (*count(t, backend, 2))++;
-        }
+        if (fresh && (h = spec_new(t, n, backend, &rc)) == NIL)
+            return rc; /* a new one is speculative until hold() below */
         if ((rc = hold(t, h, backend, ev->hashes[i], ev->medium)) != 0) {
             if (fresh)
                 holder_drop(t, h);
@@ -545,16 +552,8 @@ int pcr_kvtable_speculate(pcr_kvtable_t *t, unsigned backend, const uint64_t *ch
             node_drop_if_empty(t, node);
             return rc;
         }
-        if (h == NIL) {
-            if ((h = holder_new(t, node, &rc)) == NIL) {
-                t->refused += rc == PCR_ERR_FULL;
-                node_drop_if_empty(t, node);
-                return rc;
-            }
-            t->holders[h].state = H_SPEC;
-            t->holders[h].backend = backend;
-            (*count(t, backend, 2))++;
-        }
+        if (h == NIL && (h = spec_new(t, node, backend, &rc)) == NIL)
+            return rc;
         t->holders[h].expires = expires;
         t->queue[(t->q_head + t->q_len) % t->q_cap] = (expiry_t){h, t->holders[h].gen, expires};
         t->q_len++;

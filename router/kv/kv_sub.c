@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
 
+#include "clock.h"
 #include "kv_sub.h"
 #include "log.h"
 #include "pcr/common.h"
@@ -58,12 +58,7 @@ struct pcr_kv_sub {
 
 #define BUMP(s, field, n) __atomic_fetch_add(&(s)->st.field, (n), __ATOMIC_RELAXED)
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t now_ms(void) { return pcr_now_us() / 1000u; } /* the router's one clock */
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 

@@ -166,16 +166,24 @@ static int check_config(const char *path)
     return 0;
 }
 
-/* workers: 0 means one per CPU the process may run on. */
-static unsigned worker_count(const pcr_config_t *cfg)
+/* workers: 0 means one per CPU the process may use: the affinity mask, or the cgroup CPU quota
+ * when it is smaller (cpus.h). The choice and its reason are logged and exported. */
+static unsigned worker_count(pcr_server_t *srv)
 {
-    if (cfg->workers > 0)
-        return cfg->workers;
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-        return (unsigned)CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (unsigned)n : 1;
+    pcr_cpus_detect(&srv->cpus, "", 0);
+    if (srv->cfg->workers > 0) {
+        srv->workers_source = "config";
+        return srv->cfg->workers;
+    }
+    srv->workers_source = pcr_cpus_source_name(srv->cpus.source);
+    if (srv->cpus.source == PCR_CPUS_CGROUP)
+        pcr_log_info("workers: %u, the cgroup CPU quota (%.2f CPUs in %s) under the %u CPU(s) of "
+                     "the affinity mask", srv->cpus.count, srv->cpus.quota, srv->cpus.quota_path,
+                     srv->cpus.affinity);
+    else
+        pcr_log_info("workers: %u, the CPUs in the affinity mask%s", srv->cpus.count,
+                     srv->cpus.quota > 0 ? " (the cgroup CPU quota is not smaller)" : "");
+    return srv->cpus.count;
 }
 
 static int run(const char *path)
@@ -202,7 +210,7 @@ static int run(const char *path)
         pcr_log_error("cannot start: signalfd: %s", strerror(errno));
         goto out;
     }
-    srv.nworkers = worker_count(srv.cfg);
+    srv.nworkers = worker_count(&srv);
     /* The control loop gets no epoll changelist (pcr_sock_base_new's hot-path shortcut; it
      * runs checks, scrapes, lookups and the Redis link, no hot path): hiredis closes a socket
      * right after deleting its events, and with the changelist the epoll_ctl would come after

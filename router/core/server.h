@@ -33,6 +33,7 @@
 #include "clock.h"
 #include "config.h"
 #include "counters.h"
+#include "cpus.h"
 #include "pcr/policy.h"
 
 typedef struct pcr_backend pcr_backend_t;
@@ -79,6 +80,8 @@ typedef struct pcr_server {
     const struct pcr_backend_hooks *backend_hooks;  /* the checks of each backend (control.c) */
     pcr_worker_t *workers;
     unsigned nworkers;
+    const char *workers_source;   /* why nworkers: "config", "affinity" or "cgroup_quota" */
+    pcr_cpus_t cpus;              /* the CPUs the process may use (cpus.h) */
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
     pcr_accesslog_t *access_log;  /* the access log's writer (accesslog.h) */
     pcr_share_t *share;           /* the index shared with other replicas (share.c), or NULL */

@@ -243,6 +243,15 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     HEADER(out, "pcrouter_build_info", "gauge", "Always 1: the version and git commit this pcrouter was built from.");
     evbuffer_add_printf(out, "pcrouter_build_info{version=\"%s\",commit=\"%s\"} 1\n",
                         pcr_version_string(), pcr_version_commit());
+    HEADER(out, "pcrouter_workers", "gauge",
+           "Worker threads, and why that many: config, affinity (the CPUs the process may run on) or cgroup_quota (its CPU limit).");
+    evbuffer_add_printf(out, "pcrouter_workers{source=\"%s\"} %u\n",
+                        srv->workers_source ? srv->workers_source : "config", srv->nworkers);
+    HEADER(out, "pcrouter_cpu_affinity", "gauge", "CPUs in the process's affinity mask.");
+    evbuffer_add_printf(out, "pcrouter_cpu_affinity %u\n", srv->cpus.affinity);
+    HEADER(out, "pcrouter_cpu_quota", "gauge",
+           "The cgroup CPU quota in CPUs (cpu.max or cpu.cfs_quota_us over its period); 0 when none is set.");
+    evbuffer_add_printf(out, "pcrouter_cpu_quota %.3f\n", srv->cpus.quota);
 
     counter(out, "pcrouter_prefix_blocks_total",
             "Prefix blocks of routed prompts (the denominator of the predicted hit rate).", blocks);
@@ -337,8 +346,6 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     HEADER(out, "pcrouter_backends", "gauge",
            "Backends in the pool, configured or discovered (one that left and drains is not).");
     evbuffer_add_printf(out, "pcrouter_backends %zu\n", pcr_backends_count(srv));
-    HEADER(out, "pcrouter_workers", "gauge", "Event-loop threads.");
-    evbuffer_add_printf(out, "pcrouter_workers %u\n", srv->nworkers);
     counter(out, "pcrouter_access_log_dropped_total",
             "Access log lines lost: the writer's queue was full (a disk slower than the requests), or a write failed.",
             pcr_accesslog_dropped(srv->access_log));

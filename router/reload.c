@@ -28,6 +28,7 @@
 #include "log.h"
 #include "reload.h"
 #include "session.h"
+#include "tls.h"
 #include "worker.h"
 
 struct pcr_reload {
@@ -72,9 +73,59 @@ static void refuse(pcr_reload_t *r, const char *why)
     }
 }
 
+/* The same pod, reached the same way: its url, and with TLS the name it must prove and whether
+ * that is checked (certificate files may change in place: they are read again). */
 static int same_place(const pcr_backend_conf_t *a, const pcr_backend_conf_t *b)
 {
-    return strcmp(a->url, b->url) == 0;
+    const char *an = a->tls.server_name ? a->tls.server_name : "";
+    const char *bn = b->tls.server_name ? b->tls.server_name : "";
+    return strcmp(a->url, b->url) == 0 && strcmp(an, bn) == 0 && a->tls.verify == b->tls.verify;
+}
+
+/* Every TLS setting of the new config can be used (the files parse, the key fits its
+ * certificate), or why not: checked before anything is applied. */
+static int tls_usable(const pcr_config_t *cfg, char *why, size_t len)
+{
+    char err[256];
+    for (size_t i = 0; i < cfg->nbackends + cfg->ndiscovery; i++) {
+        int disc = i >= cfg->nbackends;
+        size_t k = disc ? i - cfg->nbackends : i;
+        const pcr_upstream_tls_conf_t *t = disc ? &cfg->discovery[k].tmpl.tls : &cfg->backends[k].tls;
+        if (!t->enabled)
+            continue;
+        pcr_tls_client_opts_t o = {t->ca_file, t->cert, t->key, t->verify};
+        SSL_CTX *ctx = pcr_tls_client_ctx_new(&o, err, sizeof(err));
+        if (ctx == NULL) {
+            snprintf(why, len, "%s[%zu].tls: %s", disc ? "discovery" : "backends", k, err);
+            return 0;
+        }
+        SSL_CTX_free(ctx);
+    }
+    return 1;
+}
+
+/* Certificates, keys and CAs read again for every backend that speaks TLS. */
+static void renew_tls(pcr_server_t *srv, const pcr_config_t *cfg)
+{
+    char err[256];
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be == NULL || be->tls_ctx == NULL)
+            continue;
+        const pcr_upstream_tls_conf_t *t = NULL;
+        if (!be->discovered) {
+            for (size_t j = 0; j < cfg->nbackends && t == NULL; j++)
+                if (strcmp(cfg->backends[j].name, be->conf.name) == 0)
+                    t = &cfg->backends[j].tls;
+        } else {
+            for (size_t j = 0; j < cfg->ndiscovery && t == NULL; j++)
+                if (strcmp(cfg->discovery[j].dns, be->disc_dns) == 0 &&
+                    cfg->discovery[j].port == be->disc_port)
+                    t = &cfg->discovery[j].tmpl.tls;
+        }
+        if (t != NULL && pcr_backend_tls_set(be, t, err, sizeof(err)) < 0)
+            pcr_log_error("reload: backend %s keeps its TLS context: %s", be->conf.name, err);
+    }
 }
 
 static int same_models(const pcr_backend_conf_t *a, const pcr_backend_conf_t *b)
@@ -174,6 +225,11 @@ static void apply(pcr_reload_t *r)
         pcr_log_warn("reload: workers stays %u until a restart", srv->nworkers);
     if (cfg->io_uring != old->io_uring)
         pcr_log_warn("reload: io_uring stays %s until a restart", old->io_uring ? "on" : "off");
+    char tls_why[320];
+    if (!tls_usable(cfg, tls_why, sizeof(tls_why))) {
+        refuse(r, tls_why);
+        return;
+    }
     pcr_listen_plan_t *plan = pcr_listen_plan_new(srv, cfg, old);
     if (plan == NULL) {
         refuse(r, "the listeners could not be set up (see above)");
@@ -218,6 +274,7 @@ static void apply(pcr_reload_t *r)
     pcr_config_policy_opts(cfg, srv->nworkers, &o);
     pcr_bus_tune(srv->bus, &o);
     size_t added = 0, removed = 0, changed = 0;
+    renew_tls(srv, cfg);
     apply_backends(r, &added, &removed, &changed);
     /* After a tune, every slot again: a replica that had to start afresh (new keys) learns
      * its backends, one that tuned in place keeps its entries (same names). */

@@ -58,7 +58,8 @@ typedef enum {
     FT_HTTP_PATH,   /* "/..." request path into char * */
     FT_ADDRESS,     /* listen address: fills pcr_listen_conf_t's address, addr, addrlen */
     FT_TLS,         /* tls object: fills pcr_listen_conf_t's tls, cert, key */
-    FT_URL,         /* backend url: fills pcr_backend_conf_t's url, host, port */
+    FT_URL,         /* backend url: fills pcr_backend_conf_t's url, host, port, tls.enabled */
+    FT_UPSTREAM_TLS,/* a backend's "tls" object: pcr_upstream_tls_conf_t at `offset` */
     FT_MODELS,      /* array of model names: fills pcr_backend_conf_t's models, nmodels */
     FT_SECTION,     /* object read with `sub` into the struct at `offset` */
     FT_LISTENERS,   /* the listen array of pcr_config_t */
@@ -110,6 +111,15 @@ static const field_t backend_fields[] = {
     F_INT(pcr_backend_conf_t, capacity_tokens, FT_U64, 1, LLONG_MAX),
     F_INT(pcr_backend_conf_t, max_connections, FT_UINT, 1, 65535),
     F_OF(pcr_backend_conf_t, models, FT_MODELS, 0),
+    F_OF(pcr_backend_conf_t, tls, FT_UPSTREAM_TLS, 0),
+};
+
+static const field_t upstream_tls_fields[] = {
+    F_OF(pcr_upstream_tls_conf_t, ca_file, FT_FILE, F_NONEMPTY),
+    F_OF(pcr_upstream_tls_conf_t, cert, FT_FILE, F_NONEMPTY),
+    F_OF(pcr_upstream_tls_conf_t, key, FT_FILE, F_NONEMPTY),
+    F_OF(pcr_upstream_tls_conf_t, verify, FT_BOOL, 0),
+    F_OF(pcr_upstream_tls_conf_t, server_name, FT_HOSTNAME, F_NONEMPTY),
 };
 
 /* The key differs from the member: the backend settings of a discovery entry. */
@@ -125,6 +135,7 @@ static const field_t discovery_fields[] = {
     F_TMPL(capacity_tokens, FT_U64, 1, LLONG_MAX),
     F_TMPL(max_connections, FT_UINT, 1, 65535),
     F_TMPL(models, FT_MODELS, 0, 0),
+    F_TMPL(tls, FT_UPSTREAM_TLS, 0, 0),
 };
 
 static const field_t dns_fields[] = {
@@ -452,6 +463,7 @@ static void backend_init(pcr_cfg_ctx_t *c, void *el)
     b->weight = 1;
     b->capacity_tokens = 1048576;
     b->max_connections = 0;  /* filled from upstream.max_connections once that is read */
+    b->tls.verify = 1;
     set_string(c, &b->zone, "");
 }
 
@@ -468,6 +480,9 @@ static void read_discovery(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
     cfg->discovery = read_object_array(c, v, "discovery entry", sizeof *cfg->discovery,
                                        discovery_fields, PCR_ARRAY_SIZE(discovery_fields),
                                        discovery_init, &cfg->ndiscovery);
+    /* Discovered pods have no url: the "tls" object is what turns TLS on. */
+    for (size_t i = 0; i < cfg->ndiscovery; i++)
+        cfg->discovery[i].tmpl.tls.enabled = cfg->discovery[i].tmpl.tls.given;
 }
 
 /* A DNS name: letters, digits, '-', '.', '_' (as in SRV-style labels), at most 253 bytes. */
@@ -533,6 +548,16 @@ static void read_backends(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
                 pcr_cfg_path_pop(&c->path, mark);
                 break;
             }
+        }
+    }
+    /* A "tls" object says how to speak TLS; the url's scheme says whether to. */
+    for (size_t i = 0; i < cfg->nbackends; i++) {
+        const pcr_backend_conf_t *b = &cfg->backends[i];
+        if (b->tls.given && !b->tls.enabled && b->url != NULL) {
+            size_t mark = pcr_cfg_path_push_index(&c->path, i);
+            pcr_cfg_path_push_key(&c->path, "tls");
+            pcr_cfg_err(c, "a \"tls\" object needs an https:// url (the url is %s)", b->url);
+            pcr_cfg_path_pop(&c->path, mark);
         }
     }
 }
@@ -663,9 +688,9 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
         s = json_string_value(v);
         free(b->host);
         b->host = NULL;
-        why = pcr_cfg_parse_url(s, &b->host, &b->port);
+        why = pcr_cfg_parse_url(s, &b->host, &b->port, &b->tls.enabled);
         if (why != NULL)
-            pcr_cfg_err(c, "expected \"http://host:port\", got %s%s%s",
+            pcr_cfg_err(c, "expected \"http://host:port\" or \"https://host:port\", got %s%s%s",
                         pcr_cfg_quote(q, sizeof q, s), why[0] ? ": " : "", why);
         set_string(c, &b->url, s);
         break;
@@ -723,6 +748,18 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
     case FT_DISCOVERY:
         read_discovery(c, base, v);
         break;
+    case FT_UPSTREAM_TLS: {
+        pcr_upstream_tls_conf_t *t = slot;
+        if (!json_is_object(v)) {
+            pcr_cfg_err_type(c, "object", v);
+            break;
+        }
+        t->given = 1;
+        read_fields(c, v, t, upstream_tls_fields, PCR_ARRAY_SIZE(upstream_tls_fields));
+        if ((t->cert == NULL) != (t->key == NULL))
+            pcr_cfg_err(c, "\"cert\" and \"key\" go together: a client certificate needs its key");
+        break;
+    }
     case FT_SECTION:
         if (!json_is_object(v))
             pcr_cfg_err_type(c, "object", v);
@@ -978,6 +1015,10 @@ void pcr_backend_conf_dispose(pcr_backend_conf_t *b)
     free(b->url);
     free(b->host);
     free(b->zone);
+    free(b->tls.ca_file);
+    free(b->tls.cert);
+    free(b->tls.key);
+    free(b->tls.server_name);
     for (size_t j = 0; j < b->nmodels; j++)
         free(b->models[j]);
     free(b->models);
@@ -997,10 +1038,14 @@ int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src
 {
     *dst = *src;
     dst->name = dst->url = dst->host = dst->zone = NULL;
+    dst->tls.ca_file = dst->tls.cert = dst->tls.key = dst->tls.server_name = NULL;
     dst->models = NULL;
     dst->nmodels = 0;
     int rc = copy_str(&dst->name, src->name) | copy_str(&dst->url, src->url) |
-             copy_str(&dst->host, src->host) | copy_str(&dst->zone, src->zone);
+             copy_str(&dst->host, src->host) | copy_str(&dst->zone, src->zone) |
+             copy_str(&dst->tls.ca_file, src->tls.ca_file) | copy_str(&dst->tls.cert, src->tls.cert) |
+             copy_str(&dst->tls.key, src->tls.key) |
+             copy_str(&dst->tls.server_name, src->tls.server_name);
     if (rc == 0 && src->nmodels > 0) {
         dst->models = calloc(src->nmodels, sizeof(char *));
         rc = dst->models != NULL ? 0 : PCR_ERR_NOMEM;

@@ -26,11 +26,24 @@ typedef struct {
     char *key;                     /* PEM private key file (tls only) */
 } pcr_listen_conf_t;
 
+/* TLS to a pod: a backend whose url is https://, or a discovery entry with a "tls" object. */
+typedef struct {
+    int enabled;
+    int given;                     /* the "tls" object is present */
+    char *ca_file;                 /* PEM CA certificates; NULL: the system's */
+    char *cert;                    /* PEM client certificate chain (mutual TLS), with key */
+    char *key;
+    int verify;                    /* check the pod's certificate, default true */
+    char *server_name;             /* SNI and the name verified; NULL: the url's host (or the
+                                    * discovered address, checked against the IP SANs) */
+} pcr_upstream_tls_conf_t;
+
 typedef struct {
     char *name;                    /* unique, stable: it places the backend on the hash ring */
-    char *url;                     /* "http://host:port" as written (http only, no path) */
+    char *url;                     /* "http://host:port" or "https://host:port" as written */
     char *host;                    /* host part of url, without brackets */
-    uint16_t port;                 /* port of url (default 80) */
+    uint16_t port;                 /* port of url (default 80, 443 for https) */
+    pcr_upstream_tls_conf_t tls;   /* "tls" (with an https:// url) */
     char *zone;                    /* "" when absent */
     unsigned weight;               /* ring weight, default 1, 1..1000 */
     uint64_t capacity_tokens;      /* KV cache capacity the index assumes; default 1048576 */

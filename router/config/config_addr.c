@@ -110,17 +110,22 @@ static const char *parse_host(const char *h, const char **start, const char **en
     return NULL;
 }
 
-const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port)
+const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port, int *tls)
 {
     const char *h, *end;   /* the host as written, brackets of an IPv6 address excluded */
     const char *rest;      /* what follows the host */
     const char *why;
     long p = 80;
-    if (strncasecmp(url, "https://", 8) == 0)
-        return "TLS to backends is not supported yet; use http://";
-    if (strncasecmp(url, "http://", 7) != 0)
+    size_t skip = 7;
+    *tls = 0;
+    if (strncasecmp(url, "https://", 8) == 0) {
+        *tls = 1;
+        p = 443;
+        skip = 8;
+    } else if (strncasecmp(url, "http://", 7) != 0) {
         return "";
-    if ((why = parse_host(url + 7, &h, &end, &rest)) != NULL)
+    }
+    if ((why = parse_host(url + skip, &h, &end, &rest)) != NULL)
         return why;
     if (*rest == ':') {
         size_t plen = strcspn(rest + 1, "/?#");

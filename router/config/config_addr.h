@@ -13,10 +13,11 @@
 const char *pcr_cfg_parse_listen_address(const char *s, struct sockaddr_storage *ss,
                                          socklen_t *len);
 
-/* "http://HOST[:PORT][/]", HOST a name, an IPv4 address or a bracketed IPv6 address. On
- * success sets *host (heap, without brackets) and *port and returns NULL; otherwise returns
+/* "http://HOST[:PORT][/]" or "https://...", HOST a name, an IPv4 address or a bracketed IPv6
+ * address. On success sets *host (heap, without brackets), *port (80 or 443 by default) and
+ * *tls (1 for https) and returns NULL; otherwise returns
  * why, or "" when the scheme is wrong (the generic message says it all). */
-const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port);
+const char *pcr_cfg_parse_url(const char *url, char **host, uint16_t *port, int *tls);
 
 /* "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]" (HOST as in a backend URL, PORT default 6379,
  * DB default 0; USER and PASSWORD percent-decoded). On success sets *host, *user (NULL when

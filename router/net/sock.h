@@ -14,7 +14,7 @@
  * write events on a non-blocking fd: one recv(msg) per read and one send(msg) per flush, no
  * FIONREAD, no epoll_ctl per request; or a loop turn's reads and writes in two io_uring
  * submits, below) and sock_tls.c (OpenSSL through libevent's
- * bufferevent_openssl).
+ * bufferevent_openssl, for TLS listeners and pods with https:// urls).
  *
  * Callbacks never run inside a pcr_sock_* call: a failure found while flushing is reported
  * from the event loop. After pcr_sock_free() no callback runs. */
@@ -60,6 +60,14 @@ pcr_sock_t *pcr_sock_tls_new(struct event_base *base, int fd, SSL *ssl);
  * NULL when no socket could be made (errno set). */
 pcr_sock_t *pcr_sock_connect(struct event_base *base, const struct sockaddr *sa, socklen_t len,
                              unsigned timeout_ms);
+
+/* The same, then a TLS handshake with `ssl` (taken; pcr_tls_client_ssl_new()); on_ready
+ * reports both together within `timeout_ms`: err 0 once the handshake is over, EPROTO when it
+ * failed (pcr_sock_failure() says why: a certificate that does not verify, ...). */
+pcr_sock_t *pcr_sock_tls_connect(struct event_base *base, const struct sockaddr *sa, socklen_t len,
+                                 unsigned timeout_ms, SSL *ssl);
+/* Why a TLS connect failed, in words ("" for other sockets or before a failure). */
+const char *pcr_sock_failure(const pcr_sock_t *s);
 
 void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg);
 /* Batched I/O on this thread (io_uring; the worker loops only). While it is on, a plain socket's

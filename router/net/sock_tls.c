@@ -1,25 +1,33 @@
-/* router/net/sock_tls.c: the TLS transport (sock.h), a server-side connection through libevent's
- * bufferevent_openssl (OpenSSL 3 does the record layer; libevent drives it from the loop).
+/* router/net/sock_tls.c: the TLS transport (sock.h) through libevent's bufferevent_openssl
+ * (OpenSSL 3 does the record layer; libevent drives it from the loop): server connections
+ * (accepted on a TLS listener) and client ones (to a pod with an https:// url).
  *
  * The handshake reads and writes whatever the owner asked, so reading is forced on until it
  * completes; on_ready then reports it and the ALPN choice. The bufferevent's write callback,
  * with its low watermark set to the owner's drain mark, is the drain notification. */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
+#include <openssl/err.h>
 #include <openssl/ssl.h>
 
 #include "clock.h"
 #include "sock.h"
+#include "tls.h"
 
 typedef struct {
     pcr_sock_t base;
     struct bufferevent *bev;
     int handshaking;
+    int client;                 /* connects to a pod: a failed handshake is a failed connect */
+    char why[192];              /* client: why the connect or the handshake failed */
 } tls_t;
 
 static void on_bev_read(struct bufferevent *bev, void *arg)
@@ -43,6 +51,11 @@ static void on_bev_event(struct bufferevent *bev, short what, void *arg)
     tls_t *t = arg;
     if (what & BEV_EVENT_CONNECTED) {
         t->handshaking = 0;
+        if (t->client) {
+            /* The connect's deadline is over; the owner's write timeout is the only one now. */
+            struct timeval tv = pcr_ms_to_tv(t->base.write_timeout_ms);
+            bufferevent_set_timeouts(bev, NULL, t->base.write_timeout_ms ? &tv : NULL);
+        }
         const unsigned char *alpn = NULL;
         unsigned alen = 0;
         SSL_get0_alpn_selected(bufferevent_openssl_get_ssl(bev), &alpn, &alen);
@@ -52,13 +65,42 @@ static void on_bev_event(struct bufferevent *bev, short what, void *arg)
         t->base.cbs->on_ready(&t->base, 0, t->base.arg);
         return;
     }
+    if (t->client && t->handshaking) {
+        /* Not connected: the owner hears it as a failed connect, with the reason kept. */
+        int err = EVUTIL_SOCKET_ERROR();
+        unsigned long ossl = bufferevent_get_openssl_error(bev);
+        SSL *ssl = bufferevent_openssl_get_ssl(bev);
+        if (what & BEV_EVENT_TIMEOUT) {
+            err = ETIMEDOUT;
+            snprintf(t->why, sizeof(t->why), "connect or handshake timed out");
+        } else if (ossl != 0 || (ssl != NULL && SSL_get_verify_result(ssl) != X509_V_OK)) {
+            err = EPROTO;
+            pcr_tls_failure(ssl, ossl, t->why, sizeof(t->why));
+        } else if (err == 0 || (what & BEV_EVENT_EOF)) {
+            err = ECONNRESET;
+            pcr_tls_failure(NULL, 0, t->why, sizeof(t->why));
+        } else {
+            snprintf(t->why, sizeof(t->why), "%s", strerror(err));
+        }
+        ERR_clear_error();
+        t->handshaking = 0;
+        bufferevent_disable(bev, EV_READ | EV_WRITE);
+        t->base.cbs->on_ready(&t->base, err, t->base.arg);
+        return;
+    }
     pcr_sock_end_t why = PCR_SOCK_ERROR;
+    unsigned long ossl = 0;
     if (what & BEV_EVENT_TIMEOUT)
         why = PCR_SOCK_WRITE_TIMEOUT;
     else if (what & BEV_EVENT_EOF)
         why = PCR_SOCK_EOF;
-    else if (t->handshaking || bufferevent_get_openssl_error(bev) != 0)
+    else if (t->handshaking || (ossl = bufferevent_get_openssl_error(bev)) != 0)
         why = PCR_SOCK_TLS_ERROR;
+    /* With TLS 1.3 a pod that refuses the client's certificate says so after the handshake,
+     * at the first read: keep its reason too. */
+    if (why == PCR_SOCK_TLS_ERROR && t->client)
+        pcr_tls_failure(bufferevent_openssl_get_ssl(bev), ossl, t->why, sizeof(t->why));
+    ERR_clear_error();
     bufferevent_disable(bev, EV_READ | EV_WRITE);
     t->base.cbs->on_end(&t->base, why, t->base.arg);
 }
@@ -98,6 +140,8 @@ static void tls_want_drain(pcr_sock_t *s)
 static void tls_set_write_timeout(pcr_sock_t *s)
 {
     tls_t *t = (tls_t *)s;
+    if (t->client && t->handshaking)
+        return; /* the connect's deadline holds until the handshake ends */
     unsigned ms = s->write_timeout_ms;
     struct timeval tv = pcr_ms_to_tv(ms);
     bufferevent_set_timeouts(t->bev, NULL, ms ? &tv : NULL);
@@ -128,4 +172,44 @@ pcr_sock_t *pcr_sock_tls_new(struct event_base *base, int fd, SSL *ssl)
     bufferevent_setcb(t->bev, on_bev_read, on_bev_write, on_bev_event, t);
     bufferevent_enable(t->bev, EV_READ | EV_WRITE);
     return &t->base;
+}
+
+pcr_sock_t *pcr_sock_tls_connect(struct event_base *base, const struct sockaddr *sa, socklen_t len,
+                                 unsigned timeout_ms, SSL *ssl)
+{
+    tls_t *t = calloc(1, sizeof(*t));
+    if (t != NULL)
+        t->bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                BEV_OPT_CLOSE_ON_FREE);
+    if (t == NULL || t->bev == NULL) {
+        free(t);
+        SSL_free(ssl);
+        errno = ENOMEM;
+        return NULL;
+    }
+    t->base.ops = &tls_ops;
+    t->base.tls = 1;
+    t->client = 1;
+    t->handshaking = 1;
+    t->base.reading = 0;
+    bufferevent_openssl_set_allow_dirty_shutdown(t->bev, 1);
+    bufferevent_setcb(t->bev, on_bev_read, on_bev_write, on_bev_event, t);
+    /* One deadline for the TCP connect and the handshake together. */
+    struct timeval tv = pcr_ms_to_tv(timeout_ms);
+    bufferevent_set_timeouts(t->bev, timeout_ms ? &tv : NULL, timeout_ms ? &tv : NULL);
+    if (bufferevent_socket_connect(t->bev, (struct sockaddr *)sa, (int)len) != 0) {
+        int err = EVUTIL_SOCKET_ERROR();
+        bufferevent_free(t->bev);
+        free(t);
+        errno = err ? err : ECONNREFUSED;
+        return NULL;
+    }
+    t->base.fd = bufferevent_getfd(t->bev);
+    bufferevent_enable(t->bev, EV_READ | EV_WRITE);
+    return &t->base;
+}
+
+const char *pcr_sock_failure(const pcr_sock_t *s)
+{
+    return s->tls && ((const tls_t *)s)->client ? ((const tls_t *)s)->why : "";
 }

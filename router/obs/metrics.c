@@ -84,6 +84,7 @@ static uint64_t v_held_total(const pcr_worker_t *w, const pcr_backend_t *be) { r
 static uint64_t v_hits(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_hits); }
 static uint64_t v_queries(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_queries); }
 static uint64_t v_connect_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->connect_errors); }
+static uint64_t v_tls_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(((pcr_backend_t *)be)->tls_errors); }
 static uint64_t v_upstream_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->upstream_errors); }
 static uint64_t v_ejections(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->ejections_total); }
 static uint64_t v_restarts(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->restarts); }
@@ -147,6 +148,9 @@ static const struct {
      "Prefix blocks the index believes each backend holds (one worker's replica).", v_index_blocks},
     {"pcrouter_upstream_connect_errors_total", "counter", "Failed connects to each backend.",
      v_connect_errors},
+    {"pcrouter_upstream_tls_errors_total", "counter",
+     "TLS handshakes with each backend that failed (a certificate that does not verify, a pod that speaks no TLS); each is also a failed connect.",
+     v_tls_errors},
     {"pcrouter_upstream_errors_total", "counter",
      "Backend responses lost to a reset, a timeout or malformed HTTP.", v_upstream_errors},
     {"pcrouter_upstream_connections", "gauge",

@@ -26,6 +26,7 @@
 #include "bus.h"
 #include "dns.h"
 #include "log.h"
+#include "tls.h"
 
 /* ---- slots and lifetime -------------------------------------------------------------- */
 
@@ -150,6 +151,12 @@ static pcr_backend_t *backend_add(pcr_server_t *srv, const pcr_backend_conf_t *b
         backend_free(be);
         return NULL;
     }
+    char terr[256];
+    if (bc->tls.enabled && pcr_backend_tls_set(be, &bc->tls, terr, sizeof(terr)) < 0) {
+        pcr_log_error("backend %s: TLS: %s", bc->name, terr);
+        backend_free(be);
+        return NULL;
+    }
     pcr_backend_config_models(be, bc);
     srv->slot_taken[id] = 1;
     /* The policy replicas learn the slot before any worker can see the backend in it. */
@@ -178,6 +185,73 @@ void pcr_backend_remove(pcr_backend_t *be)
     LIST_INSERT_HEAD(&srv->retired, be, retired_link);
 }
 
+/* A TLS context swapped out by a reload: workers that read the old pointer during a callback
+ * may still make an SSL from it until they pass the epoch (the SSL then holds its own
+ * reference). */
+struct pcr_tls_retired {
+    SSL_CTX *ctx;
+    uint64_t epoch;
+    struct pcr_tls_retired *next;
+};
+
+static void tls_collect(pcr_backend_t *be, uint64_t seen)
+{
+    struct pcr_tls_retired **pp = &be->tls_retired;
+    while (*pp != NULL) {
+        struct pcr_tls_retired *r = *pp;
+        if (r->epoch > seen) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        SSL_CTX_free(r->ctx);
+        free(r);
+    }
+}
+
+int pcr_backend_tls_set(pcr_backend_t *be, const pcr_upstream_tls_conf_t *t, char *err,
+                        size_t errlen)
+{
+    if (t == NULL || !t->enabled)
+        return 0;
+    pcr_tls_client_opts_t o = {t->ca_file, t->cert, t->key, t->verify};
+    SSL_CTX *ctx = pcr_tls_client_ctx_new(&o, err, errlen);
+    char *name = strdup(t->server_name ? t->server_name : be->conf.host);
+    struct pcr_tls_retired *r = calloc(1, sizeof(*r));
+    if (ctx == NULL || name == NULL || r == NULL) {
+        if (ctx != NULL)
+            snprintf(err, errlen, "out of memory");
+        SSL_CTX_free(ctx);
+        free(name);
+        free(r);
+        return PCR_ERR_INVAL;
+    }
+    SSL_CTX *old = __atomic_exchange_n(&be->tls_ctx, ctx, __ATOMIC_ACQ_REL);
+    /* The name and the verify flag are read with the context by workers: they change only
+     * with a backend's first context (a server_name change comes as a replacement). */
+    if (be->tls_name == NULL) {
+        be->tls_name = name;
+        be->tls_verify = t->verify;
+    } else {
+        free(name);
+    }
+    if (old == NULL) {
+        free(r);
+        return 0;
+    }
+    r->ctx = old;
+    r->epoch = __atomic_fetch_add(&be->srv->epoch, 1, __ATOMIC_RELEASE) + 1;
+    r->next = be->tls_retired;
+    be->tls_retired = r;
+    return 0;
+}
+
+SSL *pcr_backend_tls_ssl(pcr_backend_t *be)
+{
+    SSL_CTX *ctx = __atomic_load_n(&be->tls_ctx, __ATOMIC_ACQUIRE);
+    return ctx != NULL ? pcr_tls_client_ssl_new(ctx, be->tls_name, be->tls_verify) : NULL;
+}
+
 void pcr_backends_collect(pcr_server_t *srv)
 {
     uint64_t seen = UINT64_MAX;
@@ -190,6 +264,11 @@ void pcr_backends_collect(pcr_server_t *srv)
                          : __atomic_load_n(&w->epoch_seen, __ATOMIC_ACQUIRE);
         if (e < seen)
             seen = e;
+    }
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *live = pcr_backend_at(srv, i);
+        if (live != NULL)
+            tls_collect(live, seen);
     }
     pcr_backend_t *be = LIST_FIRST(&srv->retired), *next;
     for (; be != NULL; be = next) {
@@ -500,6 +579,9 @@ static void backend_free(pcr_backend_t *be)
     if (be->srv->backend_hooks != NULL)
         be->srv->backend_hooks->dispose(be);
     pcr_backend_conf_dispose(&be->conf);
+    tls_collect(be, UINT64_MAX);
+    SSL_CTX_free(be->tls_ctx);
+    free(be->tls_name);
     free(be->pending);
     free(be->host_header);
     free(be->disc_dns);

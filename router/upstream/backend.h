@@ -121,6 +121,16 @@ struct pcr_backend {
     int health_status;                       /* its answer's status, 0 before the head */
     pcr_pool_t *check_pool;                  /* the control thread's one connection (control.c) */
 
+    /* TLS to the pod (an https:// url, or a discovery entry's "tls"): the context every
+     * connection to it is made with (atomic: a reload swaps it, re-reading the certificates;
+     * the old one is freed once every worker has passed its tick, as a backend is), and the
+     * name sent as SNI and verified. NULL: plain HTTP. */
+    struct ssl_ctx_st *tls_ctx;
+    struct pcr_tls_retired *tls_retired;     /* control thread: swapped out, not freed yet */
+    char *tls_name;
+    int tls_verify;
+    uint64_t tls_errors;                     /* handshakes that failed, verification included (atomic) */
+
     /* Counters for /metrics (atomic). */
     uint64_t requests_by_code[600];
     /* Cached prompt tokens, over the requests whose pod reported its usage (proxy.c): what
@@ -172,6 +182,14 @@ pcr_backend_t *pcr_backend_add_discovered(pcr_server_t *srv, const pcr_backend_c
                                           const struct sockaddr *sa, socklen_t salen,
                                           const char *dns, unsigned port);
 void pcr_backends_collect(pcr_server_t *srv);
+/* TLS to the pod from `t` (control thread): a fresh context (the files read again), swapped in;
+ * the old one is retired. With `t` NULL or not enabled, the backend speaks plain HTTP (a
+ * backend's scheme never changes while it lives). < 0 with `err` filled when a certificate,
+ * key or CA file cannot be used: the backend keeps what it had. */
+int pcr_backend_tls_set(pcr_backend_t *be, const pcr_upstream_tls_conf_t *t, char *err,
+                        size_t errlen);
+/* A connection's SSL for the pod (any thread), NULL when out of memory. */
+struct ssl_st *pcr_backend_tls_ssl(pcr_backend_t *be);
 /* Finds the backend named `name` (control thread), NULL when none. */
 pcr_backend_t *pcr_backend_find(pcr_server_t *srv, const char *name);
 /* What the policy is told of a backend. */

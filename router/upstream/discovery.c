@@ -63,7 +63,7 @@ static void add_found(pcr_server_t *srv, const pcr_discovery_conf_t *d, const pc
     pcr_backend_t *be = pcr_backend_find(srv, name);
     if (be != NULL)
         return; /* known already (found by this entry, or configured by hand) */
-    snprintf(url, sizeof(url), "http://%s", name);
+    snprintf(url, sizeof(url), "%s://%s", d->tmpl.tls.enabled ? "https" : "http", name);
     pcr_backend_conf_t bc = d->tmpl;
     bc.name = name;
     bc.url = url;

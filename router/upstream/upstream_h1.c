@@ -324,6 +324,10 @@ static void on_sock_read(pcr_sock_t *sock, void *arg)
 static void on_sock_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
 {
     pcr_upconn_t *c = arg;
+    if (why == PCR_SOCK_TLS_ERROR && pcr_sock_failure(sock)[0] != '\0') {
+        PCR_ADD(c->be->tls_errors, 1);
+        pcr_log_warn("backend %s: TLS to the pod failed: %s", c->be->conf.name, pcr_sock_failure(sock));
+    }
     if (c->req == NULL) {
         pcr_uph1_close(c); /* an idle connection the backend closed */
         return;
@@ -348,7 +352,14 @@ static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
             pcr_uph1_close(c);
             return;
         }
-        pcr_log_warn("backend %s: connect failed: %s", c->be->conf.name, strerror(err));
+        const char *tls_why = pcr_sock_failure(sock);
+        if (tls_why[0] != '\0') {
+            /* Never a fallback to plain text: the pod is failing, and says why. */
+            PCR_ADD(c->be->tls_errors, 1);
+            pcr_log_warn("backend %s: TLS to the pod failed: %s", c->be->conf.name, tls_why);
+        } else {
+            pcr_log_warn("backend %s: connect failed: %s", c->be->conf.name, strerror(err));
+        }
         conn_fail(c, PCR_UP_CONNECT);
         return;
     }
@@ -429,8 +440,15 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
     c->pool = pool;
     c->be = be;
     c->timer = evtimer_new(pool->base, on_timer, c);
-    c->sock = pcr_sock_connect(pool->base, (struct sockaddr *)&be->addr, be->addrlen,
-                               tmo(pool)->connect_ms);
+    if (__atomic_load_n(&be->tls_ctx, __ATOMIC_ACQUIRE) != NULL) {
+        SSL *ssl = pcr_backend_tls_ssl(be);
+        c->sock = ssl == NULL ? NULL
+                              : pcr_sock_tls_connect(pool->base, (struct sockaddr *)&be->addr,
+                                                     be->addrlen, tmo(pool)->connect_ms, ssl);
+    } else {
+        c->sock = pcr_sock_connect(pool->base, (struct sockaddr *)&be->addr, be->addrlen,
+                                   tmo(pool)->connect_ms);
+    }
     if (c->timer == NULL || c->sock == NULL) {
         if (c->timer)
             event_free(c->timer);

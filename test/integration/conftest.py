@@ -121,11 +121,18 @@ class LineReader:
 # stub backends
 
 class Stub:
-    def __init__(self, name, models, tmpdir, port=0, host="127.0.0.1"):
+    def __init__(self, name, models, tmpdir, port=0, host="127.0.0.1", tls=None):
+        """tls: {"cert", "key"[, "ca"][, "client_ca"]}: the stub serves HTTPS; its own calls
+        trust "ca" (else the certificate itself)."""
         self.name = name
+        self.tls = tls
         args = [PY, STUB, "--name", name, "--port", str(port), "--host", host]
         if models:
             args += ["--models", ",".join(models)]
+        if tls:
+            args += ["--tls-cert", tls["cert"], "--tls-key", tls["key"]]
+            if tls.get("client_ca"):
+                args += ["--tls-client-ca", tls["client_ca"]]
         self.errpath = os.path.join(str(tmpdir), "stub-%s-%s-%d.err" % (name, host, port))
         self.errf = open(self.errpath, "ab")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.errf)
@@ -135,12 +142,20 @@ class Stub:
             self.close()
             raise AssertionError("stub %s did not start: %s" % (name, open(self.errpath).read()))
         self.host, self.port = got[1].group(1), int(got[1].group(2))
-        self.url = "http://%s:%d" % (self.host, self.port)
+        self.url = "%s://%s:%d" % ("https" if tls else "http", self.host, self.port)
+        self._opener = _direct
+        if tls:
+            import ssl
+            ctx = ssl.create_default_context(cafile=tls.get("ca", tls["cert"]))
+            if tls.get("client_ca"):
+                ctx.load_cert_chain(tls["client_cert"], tls["client_key"])
+            self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                       urllib.request.HTTPSHandler(context=ctx))
 
     def _call(self, method, path, obj=None, timeout=10):
         data = json.dumps(obj).encode() if obj is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
-        with _direct.open(req, timeout=timeout) as r:
+        with self._opener.open(req, timeout=timeout) as r:
             return json.loads(r.read())
 
     def stats(self):
@@ -170,8 +185,8 @@ class Stub:
 def stub_factory(tmp_path):
     stubs = []
 
-    def make(name, models=None, port=0, host="127.0.0.1"):
-        s = Stub(name, models, tmp_path, port, host)
+    def make(name, models=None, port=0, host="127.0.0.1", tls=None):
+        s = Stub(name, models, tmp_path, port, host, tls)
         stubs.append(s)
         return s
 

@@ -54,6 +54,7 @@ Control endpoints (never counted in stats)
                        "kv_usage": 0.25, "metrics_stall": true (GET /metrics never answers)}
 """
 import argparse
+import ssl
 import hashlib
 import http.server
 import json
@@ -86,6 +87,8 @@ class State:
             self.active = 0
             self.max_active = 0
             self.connections = 0
+            self.tls_handshakes = 0
+            self.tls_resumed = 0
             self.request_conns = set()
             self.last = None
             self.log = []
@@ -157,6 +160,8 @@ class State:
                 "active": self.active,                # /v1 requests being answered now
                 "max_active": self.max_active,
                 "connections": self.connections,      # TCP connections accepted
+                "tls_handshakes": self.tls_handshakes,  # --tls-cert: handshakes completed
+                "tls_resumed": self.tls_resumed,      # ... of which resumed a session
                 "request_connections": len(self.request_conns),  # ones that carried /v1 requests
                 "last": self.last,
                 "log": [{k: v for k, v in e.items() if k != "headers"} for e in self.log],
@@ -169,6 +174,13 @@ def make_handler(state):
         server_version = "stub-vllm/1"
 
         def setup(self):
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.settimeout(10)
+                self.request.do_handshake()  # a failure ends this connection only
+                self.request.settimeout(None)
+                with state.lock:
+                    state.tls_handshakes += 1
+                    state.tls_resumed += 1 if self.request.session_reused else 0
             super().setup()
             with state.lock:
                 state.connections += 1
@@ -474,9 +486,20 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--models", default="stub-model", help="comma-separated model ids")
+    ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key)")
+    ap.add_argument("--tls-key")
+    ap.add_argument("--tls-client-ca", help="require a client certificate signed by this CA")
     args = ap.parse_args()
     state = State(args.name, [m for m in args.models.split(",") if m])
     srv = Server((args.host, args.port), make_handler(state))
+    if args.tls_cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        if args.tls_client_ca:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(args.tls_client_ca)
+        # The handshake runs in the connection's own thread, on its first read.
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
     print("listening on %s:%d" % srv.server_address[:2], flush=True)
     try:
         srv.serve_forever(poll_interval=0.1)

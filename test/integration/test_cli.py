@@ -191,7 +191,9 @@ CONFIG_OBJECTS = {
     "listen[].": 'listen[0]',
     "listen[].tls.": 'listen[0].tls',
     "backends[].": 'backends[0]',
+    "backends[].tls.": 'backends[0].tls',
     "discovery[].": 'discovery[0]',
+    "discovery[].tls.": 'discovery[0].tls',
     **{s + ".": s for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape",
                             "outlier", "log", "admin", "redis")},
 }
@@ -202,8 +204,8 @@ def loader_keys(tmp_path):
     own "unknown key" errors: one stray key in each object of a config that has them all."""
     cfg = {"listen": [{"address": "127.0.0.1:0", "tls": {"cert": "/dev/null", "key": "/dev/null",
                                                           "zzz": 1}, "zzz": 1}],
-           "backends": [{"name": "a", "url": "http://127.0.0.1:1", "zzz": 1}],
-           "discovery": [{"dns": "pods.example", "zzz": 1}],
+           "backends": [{"name": "a", "url": "https://127.0.0.1:1", "tls": {"zzz": 1}, "zzz": 1}],
+           "discovery": [{"dns": "pods.example", "tls": {"zzz": 1}, "zzz": 1}],
            "admin": {"address": "127.0.0.1:0", "zzz": 1},
            "redis": {"url": "redis://127.0.0.1", "zzz": 1}, "zzz": 1}
     for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape", "outlier", "log"):

@@ -645,7 +645,7 @@ static void test_error_unknown_keys(void)
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a'},\n"
                 "{'name': 'b', 'url': 'http://b', 'wieght': 2}]}",
                 "t.json:3:34: backends[1].wieght: unknown key \"wieght\"; did you mean \"weight\"? "
-                "(allowed: name, url, zone, weight, capacity_tokens, max_connections, models)");
+                "(allowed: name, url, zone, weight, capacity_tokens, max_connections, models, tls)");
     CHECK_ERROR("{'listen': [{'address': '127.0.0.1:0', 'tls': {'cert': '/', 'key': '/', 'ca': 'x'}}],\n"
                 BACKENDS_OK "}",
                 "t.json:1:73: listen[0].tls.ca: unknown key \"ca\" (allowed: cert, key)");
@@ -756,31 +756,69 @@ static void test_error_duplicate_listen_address(void)
 static void test_error_backend_url(void)
 {
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'ftp://a'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"ftp://a\"");
-    CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'https://a:443'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"https://a:443\": "
-                "TLS to backends is not supported yet; use http://");
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"ftp://a\"");
+    CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'https://a/v1'}]}",
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"https://a/v1\": "
+                "a path or query is not allowed");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'http://a:8000/v1'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"http://a:8000/v1\": "
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"http://a:8000/v1\": "
                 "a path or query is not allowed");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'http://a/?x'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"http://a/?x\": "
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"http://a/?x\": "
                 "a path or query is not allowed");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'http://a:0'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"http://a:0\": "
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"http://a:0\": "
                 "the port must be a number from 1 to 65535");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'http://a:'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"http://a:\": "
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"http://a:\": "
                 "the port must be a number from 1 to 65535");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'http://:80'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"http://:80\": "
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"http://:80\": "
                 "the host is missing");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'http://u@a'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"http://u@a\": "
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"http://u@a\": "
                 "the host may hold only letters, digits, \"-\", \".\" and \"_\"");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a',\n'url': 'http://[::x]:80'}]}",
-                "t.json:3:8: backends[0].url: expected \"http://host:port\", got \"http://[::x]:80\": "
+                "t.json:3:8: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"http://[::x]:80\": "
                 "not a valid bracketed IPv6 address");
+}
+
+/* An https:// url turns TLS on (port 443 by default); "tls" says how; a discovery entry's
+ * "tls" turns it on for every pod found. */
+static void test_backend_tls(void)
+{
+    char *errors = NULL;
+    pcr_config_t *cfg = parse(LISTEN_OK "'backends': [{'name': 'a', 'url': 'https://pod.test'},\n"
+                              "{'name': 'b', 'url': 'https://[::1]:8443/', 'tls': {'verify': false, "
+                              "'server_name': 'pod.test', 'ca_file': '/etc/hostname'}},\n"
+                              "{'name': 'c', 'url': 'http://127.0.0.1:1'}],\n"
+                              "'discovery': [{'dns': 'pods.test', 'tls': {}}, {'dns': 'plain.test'}]}",
+                              &errors);
+    PCR_CHECK(cfg != NULL);
+    if (cfg == NULL) {
+        printf("# %s", errors);
+        free(errors);
+        return;
+    }
+    PCR_CHECK_EQ_INT(cfg->backends[0].port, 443);
+    PCR_CHECK(cfg->backends[0].tls.enabled && cfg->backends[0].tls.verify);
+    PCR_CHECK(cfg->backends[0].tls.ca_file == NULL && cfg->backends[0].tls.server_name == NULL);
+    PCR_CHECK_EQ_INT(cfg->backends[1].port, 8443);
+    PCR_CHECK(cfg->backends[1].tls.enabled && !cfg->backends[1].tls.verify);
+    PCR_CHECK_STR(cfg->backends[1].tls.server_name, "pod.test");
+    PCR_CHECK(!cfg->backends[2].tls.enabled);
+    PCR_CHECK(cfg->discovery[0].tmpl.tls.enabled && cfg->discovery[0].tmpl.tls.verify);
+    PCR_CHECK(!cfg->discovery[1].tmpl.tls.enabled);
+    pcr_backend_conf_t copy;
+    PCR_CHECK(pcr_backend_conf_copy(&copy, &cfg->backends[1]) == 0);
+    PCR_CHECK_STR(copy.tls.ca_file, "/etc/hostname");
+    PCR_CHECK(copy.tls.ca_file != cfg->backends[1].tls.ca_file);
+    pcr_backend_conf_dispose(&copy);
+    pcr_config_free(cfg);
+    CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a',\n'tls': {}}]}",
+                "t.json:3:8: backends[0].tls: a \"tls\" object needs an https:// url (the url is http://a)");
+    CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'https://a',\n'tls': {'key': '/etc/hostname'}}]}",
+                "t.json:3:8: backends[0].tls: \"cert\" and \"key\" go together: a client certificate needs its key");
 }
 
 static void test_error_duplicate_backend_name(void)
@@ -845,7 +883,7 @@ static void test_multiple_errors_all_reported_in_order(void)
     PCR_CHECK_EQ_INT(count_lines(e), 7);
     const char *want =
         "t.json:1:25: listen[0].address: expected \"IP:PORT\" or \"[IPv6]:PORT\", got \"nope\": missing \":PORT\"\n"
-        "t.json:2:35: backends[0].url: expected \"http://host:port\", got \"ftp://a\"\n"
+        "t.json:2:35: backends[0].url: expected \"http://host:port\" or \"https://host:port\", got \"ftp://a\"\n"
         "t.json:3:23: backends[1].name: duplicate backend name \"a\" (also backends[0].name)\n"
         "t.json:3:57: backends[1].weight: must be between 1 and 1000, got 0\n"
         "t.json:4:23: routing.policy: unknown policy \"x\"; expected one of round_robin, least_loaded, "
@@ -915,6 +953,7 @@ int main(void)
     PCR_RUN(test_error_listen_address);
     PCR_RUN(test_error_duplicate_listen_address);
     PCR_RUN(test_error_backend_url);
+    PCR_RUN(test_backend_tls);
     PCR_RUN(test_error_duplicate_backend_name);
     PCR_RUN(test_error_unknown_policy_and_level);
     PCR_RUN(test_error_out_of_range);

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 #include "backend.h"
+#include "budget.h"
 #include "control.h"
 #include "health.h"
 #include "models.h"
@@ -89,6 +90,7 @@ static void on_probe_tick(evutil_socket_t fd, short what, void *arg)
     }
     pcr_backends_collect(srv);
     pcr_reload_collect(srv);
+    pcr_budget_trim(srv);
 }
 
 /* Every scrape.interval_ms, independent of the health checks: the pods' load, hit rate and

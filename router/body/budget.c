@@ -1,9 +1,29 @@
 /* router/body/budget.c: owns the request-body budget (budget.h): one atomic count of the bytes all
  * workers hold, the one request allowed past it, and each worker's queue of sessions waiting
  * for it, woken oldest first from the worker's own loop. */
+#include <malloc.h>
+
 #include <event2/event.h>
 
 #include "budget.h"
+
+/* Below this peak a flood is not worth a trim: the allocator keeps small amounts for reuse. */
+#define TRIM_MIN_PEAK (16u << 20)
+
+int pcr_budget_trim(pcr_server_t *srv)
+{
+    /* The control thread's own: the process runs one server. */
+    static size_t peak;
+    size_t now = PCR_LOAD(srv->body_buffered);
+    if (now > peak)
+        peak = now;
+    if (peak < TRIM_MIN_PEAK || now > peak / 4)
+        return 0;
+    peak = now;
+    /* Every arena, the workers' included (glibc locks each in turn, briefly). */
+    malloc_trim(0);
+    return 1;
+}
 
 int pcr_budget_ok(const pcr_worker_t *w)
 {

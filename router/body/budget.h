@@ -29,6 +29,12 @@ void pcr_budget_dispose(pcr_worker_t *w);
 /* From the worker's tick: budget that other workers released wakes this one's waiters. */
 void pcr_budget_tick(pcr_worker_t *w);
 
+/* The control thread, at each of its ticks: once the bodies held have fallen to a quarter of
+ * their peak since the last look (a flood that ended), the allocator's free pages go back to
+ * the system (malloc_trim). Without it a process that once held a flood keeps its RSS, free
+ * memory the allocator keeps in every worker's arena. Returns 1 when it trimmed. */
+int pcr_budget_trim(pcr_server_t *srv);
+
 /* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
 int pcr_budget_ok(const pcr_worker_t *w);
 /* Whether the body of request `req` (an exchange) may grow. Under the budget, any may. Past

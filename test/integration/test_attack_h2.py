@@ -198,3 +198,33 @@ def test_empty_data_frames_are_no_progress(cluster):
         sock.close()
     assert metric(get_metrics(c.router), "pcrouter_request_timeouts_total") == 1
     assert c.stubs[0].stats()["requests"].get("/v1/completions", 0) == 0
+
+
+def test_memory_of_finished_uploads_goes_back_to_the_system(stub_factory, router_factory):
+    """After an upload flood the bodies are freed, and the router's RSS must come down with
+    them: the allocator's free pages are given back (it used to stay near twice the budget per
+    worker, as if the flood were still there)."""
+    from attack import proc_rss_kb as rss_kib
+    stub = stub_factory("pod-a")
+    budget, streams, size = 256 * MiB, 96, 2 * MiB
+    r = router_factory(make_config([stub], workers=2,
+                                   limits={"max_buffered_body_bytes": budget, "max_body_bytes": 64 * MiB},
+                                   timeouts={"client_idle_ms": 20000}), env=router_env())
+    wait_for(lambda: stub.stats()["requests"].get("/health"), 15, what="a health check")
+    before = rss_kib(r.proc.pid) / 1024
+    for _ in range(2):
+        hs, sent = slow_uploads(r.port, streams, size, rate=1024 * MiB, duration=40)
+        try:
+            snap = hs.wait(lambda sn: all(v["ended"] or v["reset"] is not None for v in sn.values()),
+                           40, "every upload answered")
+        finally:
+            hs.close()
+        assert sorted(v["status"] for v in snap.values()) == ["200"] * streams
+    wait_for(lambda: metric(get_metrics(r), "pcrouter_request_body_buffered_bytes") == 0, 10,
+             what="every body freed")
+    # The flood held about streams x size of bodies (192 MiB), several copies of each on the way.
+    limit = before + RSS_FACTOR * 48 + RSS_OVERHEAD_MB
+    if TSAN:
+        return
+    wait_for(lambda: rss_kib(r.proc.pid) / 1024 <= limit, 10, interval=0.2,
+             what="RSS back within %.0f MiB (it started at %.0f MiB)" % (limit, before))

@@ -6,6 +6,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_S     ?= 60
+FUZZ_RUNS  ?= 0
 PY         := /usr/bin/python3
 PREFIX     ?= /usr/local
 # DESTDIR (empty by default) stages an install under another root, as packagers do.
@@ -89,9 +90,10 @@ $(FUZZ_BUILD)/build.ninja:
 build-fuzz: deps-fuzz $(FUZZ_BUILD)/build.ninja
 	ninja -C $(FUZZ_BUILD) fuzzers
 
-# Every fuzz target for FUZZ_S seconds (make fuzz FUZZ_S=600); see test/fuzz/README.md.
+# Every fuzz target for FUZZ_S seconds (make fuzz FUZZ_S=600), or FUZZ_RUNS inputs each
+# (make fuzz FUZZ_RUNS=10000000 FUZZ_S=36000); see test/fuzz/README.md.
 fuzz: build-fuzz
-	$(PY) test/fuzz/run.py $(FUZZ_BUILD) $(FUZZ_S)
+	FUZZ_RUNS=$(FUZZ_RUNS) $(PY) test/fuzz/run.py $(FUZZ_BUILD) $(FUZZ_S)
 
 run: deps-test build
 	$(PY) bench/demo.py --build $(BUILD)

@@ -2,8 +2,10 @@
 """Runs every libFuzzer target of a -Dfuzz=true build for a while: `make fuzz` calls it.
 
     test/fuzz/run.py BUILD SECONDS [TARGET...]
+    FUZZ_RUNS=10000000 test/fuzz/run.py BUILD SECONDS [TARGET...]
 
-Each target fuzz_NAME runs for SECONDS (one after the other: the machine is shared) from the
+Each target fuzz_NAME runs for SECONDS (with FUZZ_RUNS, until it has run that many inputs or
+SECONDS have passed, whichever comes first) (one after the other: the machine is shared) from the
 seeds in test/fuzz/corpus/NAME/, read only, and writes what it finds new to a work corpus,
 BUILD/fuzz/corpus/NAME/, kept between runs; test/fuzz/NAME.dict (or the family's, h1.dict for
 h1_request) is its dictionary when there.
@@ -41,8 +43,11 @@ def run_one(build, name, exe, seconds):
     for d in (work, crashes, os.path.dirname(log)):
         os.makedirs(d, exist_ok=True)
     before = set(os.listdir(crashes))
+    runs = int(os.environ.get("FUZZ_RUNS", "0") or 0)
     cmd = [exe, f"-max_total_time={seconds}", "-print_final_stats=1", "-timeout=10",
            "-rss_limit_mb=2048", f"-artifact_prefix={crashes}/"]
+    if runs > 0:
+        cmd.append(f"-runs={runs}")
     # NAME.dict, or the dictionary a family of targets shares (h1.dict for h1_request, ...).
     for d in (os.path.join(FUZZ_DIR, name + ".dict"),
               os.path.join(FUZZ_DIR, name.split("_")[0] + ".dict")):

@@ -20,13 +20,19 @@
 
 /* ---- each backend's checks ----------------------------------------------------------- */
 
+/* Health check, scrape, model list. */
+#define PCR_CHECK_CONNECTIONS 3
+
 static int checks_prepare(pcr_backend_t *be)
 {
     pcr_server_t *srv = be->srv;
     be->check_pool = calloc(1, sizeof(*be->check_pool));
     if (be->check_pool == NULL)
         return PCR_ERR_NOMEM;
-    pcr_pool_init(be->check_pool, be, srv->base, 1, &srv->draining,
+    /* One connection for each kind of probe, each of which has at most one in flight: a
+     * health check never waits behind a slow /metrics or /v1/models, whose wait would eat
+     * its own deadline and mark a healthy pod down. */
+    pcr_pool_init(be->check_pool, be, srv->base, PCR_CHECK_CONNECTIONS, &srv->draining,
                   (const pcr_config_t **)&srv->cfg);
     return pcr_health_init(be);
 }

@@ -92,7 +92,7 @@ struct pcr_backend {
     double pod_start_time;                   /* process_start_time_seconds, 0 unknown */
     uint64_t pod_hits_last, pod_queries_last;
     int pod_have_hits, pod_have_queries;
-    struct pcr_probe *scrape_req;            /* scrape.c, on the check connection (probe.h) */
+    struct pcr_probe *scrape_req;            /* scrape.c, on a check connection (probe.h) */
     void *scrape_ctx;
 
     /* The models it serves: those its config lists, and those its pod says it serves (GET
@@ -119,7 +119,7 @@ struct pcr_backend {
     struct event *health_timer;              /* health.c */
     struct pcr_probe *health_req;            /* the check in flight */
     int health_status;                       /* its answer's status, 0 before the head */
-    pcr_pool_t *check_pool;                  /* the control thread's one connection (control.c) */
+    pcr_pool_t *check_pool;                  /* the control thread's connections (control.c) */
 
     /* TLS to the pod (an https:// url, or a discovery entry's "tls"): the context every
      * connection to it is made with (atomic: a reload swaps it, re-reading the certificates;

@@ -1,5 +1,6 @@
-/* router/upstream/probe.h: one GET to a pod on the control thread's check connection (the backend's
- * check_pool), with a deadline: what health checks, scrapes and model lists share. The answer
+/* router/upstream/probe.h: one GET to a pod on the control thread's check connections (the
+ * backend's check_pool: one for each kind of probe, so none waits behind another), with a
+ * deadline: what health checks, scrapes and model lists share. The answer
  * comes back as it arrives (head, body chunks) and then its end, once: complete, or not (an
  * error, or the deadline, after which nothing of it is used). */
 #ifndef PCR_ROUTER_PROBE_H

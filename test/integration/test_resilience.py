@@ -125,6 +125,26 @@ def test_a_stalled_metrics_page_is_let_go_and_checks_go_on(cluster):
     assert curl(c.url("/v1/completions"), completion("still served")).status == 200
 
 
+def test_a_slow_metrics_page_never_delays_a_health_check(cluster):
+    """A pod whose /metrics takes as long as scrape.timeout_ms (one byte at a time, or never
+    finished) must not fail its health checks: they have a connection of their own rather
+    than waiting behind the scrape, whose wait would eat their own deadline. Such a pod used
+    to be marked down whenever a check waited longer than its deadline left (at the defaults,
+    both 1000 ms, now and then; with a shorter health deadline, at once)."""
+    c = cluster(1, health={"interval_ms": 150, "timeout_ms": 300, "fall": 2},
+                scrape={"interval_ms": 50, "timeout_ms": 1000})
+    a = c.stubs[0]
+    a.configure(metrics_stall=True)
+    seen = a.stats()["requests"].get("/metrics", 0)
+    wait_for(lambda: a.stats()["requests"].get("/metrics", 0) >= seen + 2, 15,
+             what="stalled scrapes")
+    health = a.stats()["requests"].get("/health", 0)
+    wait_for(lambda: a.stats()["requests"].get("/health", 0) >= health + 8, 20,
+             what="health checks while scrapes stall")
+    assert "is down" not in c.router.stderr_text(), c.router.err.tail()
+    assert metric(get_metrics(c.router), "pcrouter_backend_up", backend="pod-a") == 1
+
+
 # ---- passive outlier detection ------------------------------------------------------------
 
 def sequential(router, n, tag="q", **stub):

@@ -55,6 +55,11 @@ typedef struct {
     unsigned refs;                 /* body references, and on_read's own while it feeds */
 } h2_hold_t;
 
+/* After the last frame (a GOAWAY), how long input is read and thrown away before closing. */
+#define LINGER_MS 2000
+/* How many of a client's latest stream ids are remembered (on_begin_frame). */
+#define OPENED_RING 256
+
 typedef struct h2_stream {
     int32_t id;
     h2_sess_t *sess;
@@ -95,11 +100,20 @@ struct h2_sess {
     size_t nqueued;                /* streams with run_queued set */
     int closing;
     int in_flush;
+    int lingering;                 /* nghttp2 is done: half-closed, discarding input (linger) */
+    /* The client's latest stream ids opened by HEADERS (a ring), to tell a HEADERS for one of
+     * them (trailers, or a frame racing our reset: nghttp2 ignores it) from one for an id never
+     * used and now below the highest (a connection error, RFC 9113 5.1.1). */
+    int32_t opened[OPENED_RING];
+    unsigned nopened;
+    int32_t max_opened;
+    int32_t opened_floor;          /* ids at or below it are out of the ring: nghttp2 decides */
     /* The read chain nghttp2 is being fed (on_read), for DATA taken by reference. */
     const uint8_t *seg;
     size_t seg_len;
     h2_hold_t *hold;               /* the chain, once moved out of the input; NULL before */
 };
+
 
 static void h2_close(h2_sess_t *s);
 static void flush_now(h2_sess_t *s);
@@ -422,6 +436,34 @@ static void reject(h2_stream_t *st)
                            s->w->cfg->limits.max_header_bytes);
 }
 
+/* HEADERS opening a stream must carry an id above every earlier one; one below the highest,
+ * for a stream never opened, is a PROTOCOL_ERROR for the connection (nghttp2 only ignores it,
+ * as it cannot tell such an id from a stream it has forgotten). */
+static int on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd, void *user)
+{
+    h2_sess_t *s = user;
+    int32_t id = hd->stream_id;
+    if (hd->type != NGHTTP2_HEADERS || id <= 0 || (id & 1) == 0)
+        return 0; /* even or zero ids: nghttp2's own checks */
+    if (id > s->max_opened) {
+        unsigned slot = s->nopened++ % OPENED_RING;
+        if (s->nopened > OPENED_RING)
+            s->opened_floor = s->opened[slot];
+        s->opened[slot] = id;
+        s->max_opened = id;
+        return 0;
+    }
+    if (id <= s->opened_floor || nghttp2_session_find_stream(ng, id) != NULL)
+        return 0;
+    unsigned n = s->nopened < OPENED_RING ? s->nopened : OPENED_RING;
+    for (unsigned i = 0; i < n; i++)
+        if (s->opened[i] == id)
+            return 0;
+    pcr_log_debug("client %s: h2 HEADERS opening stream %d after stream %d", pcr_sock_peer(s->sock),
+                  id, s->max_opened);
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+}
+
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
@@ -616,8 +658,8 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     h2_sess_t *s = arg;
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
-    if (s->nstreams == 0) {
-        h2_close(s); /* idle past client_idle_ms with no stream open */
+    if (s->nstreams == 0 || s->lingering) {
+        h2_close(s); /* idle past client_idle_ms with no stream open, or the linger is over */
         return;
     }
     uint64_t now = pcr_now_us();
@@ -656,6 +698,36 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 
 /* ---- connection ---------------------------------------------------------------------- */
 
+/* The session's last bytes are with the kernel: the streams and nghttp2 go, the sending side
+ * is shut down (the client reads the GOAWAY, then the end of the stream, RFC 9113 5.4.1), and
+ * what the client still sends is read and thrown away until it closes or LINGER_MS pass.
+ * Closing at once with unread input would make the kernel reset the connection, which can
+ * destroy the GOAWAY before the client reads it; not reading at all would leave the socket
+ * in CLOSE-WAIT until client_idle_ms. */
+static void linger(h2_sess_t *s)
+{
+    if (s->w->draining) {
+        h2_close(s); /* shutting down: no time to linger */
+        return;
+    }
+    while (s->streams) {
+        nghttp2_session_set_stream_user_data(s->ng, s->streams->id, NULL);
+        stream_free(s->streams);
+    }
+    pcr_budget_unwait(s->w, &s->budget);
+    nghttp2_session_del(s->ng);
+    s->ng = NULL;
+    s->lingering = 1;
+    s->closing = 1;
+    pcr_sock_shutdown_write(s->sock);
+    struct evbuffer *in = pcr_sock_input(s->sock);
+    evbuffer_drain(in, evbuffer_get_length(in));
+    pcr_session_set_waiting(&s->base, 1); /* first to go when connections run short */
+    struct timeval tv = pcr_ms_to_tv(LINGER_MS);
+    evtimer_add(s->timer, &tv);
+    pcr_sock_read_start(s->sock);
+}
+
 static void flush_now(h2_sess_t *s)
 {
     if (s->in_flush)
@@ -686,19 +758,34 @@ static void flush_now(h2_sess_t *s)
             break;
     }
     s->in_flush = 0;
+    if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng)) {
+        /* The session is over (a GOAWAY went out after a connection error, or after a drain
+         * with no stream left): once the kernel has every byte, the connection ends. */
+        if (pcr_sock_pending(s->sock) == 0)
+            linger(s);
+        else
+            pcr_sock_want_drain(s->sock, 0);
+        return;
+    }
     if (evbuffer_get_length(out) >= PCR_WRITE_LOW)
         pcr_sock_want_drain(s->sock, PCR_WRITE_LOW);
-    if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
-        evbuffer_get_length(out) == 0)
-        h2_close(s);
 }
 
-static void on_flush(evutil_socket_t fd, short what, void *arg) { flush_now(arg); }
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    h2_sess_t *s = arg;
+    if (!s->lingering)
+        flush_now(s);
+}
 
 static void on_read(pcr_sock_t *sock, void *arg)
 {
     h2_sess_t *s = arg;
     struct evbuffer *in = pcr_sock_input(sock);
+    if (s->lingering) {
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
     while (evbuffer_get_length(in) > 0 && !s->closing) {
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
@@ -730,7 +817,12 @@ static void on_read(pcr_sock_t *sock, void *arg)
     flush_now(s);
 }
 
-static void on_drain(pcr_sock_t *sock, void *arg) { flush_now(arg); }
+static void on_drain(pcr_sock_t *sock, void *arg)
+{
+    h2_sess_t *s = arg;
+    if (!s->lingering)
+        flush_now(s);
+}
 
 static void on_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
 {
@@ -750,6 +842,8 @@ static const pcr_sock_cbs_t h2_sock_cbs = {on_read, on_drain, on_end, on_ready};
 static void h2_drain(pcr_session_t *base)
 {
     h2_sess_t *s = (h2_sess_t *)base;
+    if (s->lingering)
+        return;
     /* GOAWAY with the last stream we took: the client retries later ones elsewhere. */
     nghttp2_submit_goaway(s->ng, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(s->ng),
                           NGHTTP2_NO_ERROR, NULL, 0);
@@ -785,6 +879,7 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     s->budget.resume = budget_resume;
     nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
+    nghttp2_session_callbacks_set_on_begin_frame_callback(cbs, on_begin_frame);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
     nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);

@@ -372,3 +372,74 @@ def h2_flood(port, kind, duration, batch=256):
         finally:
             c.close()
     return {"frames": frames, "connections": conns}
+
+
+# ---- raw frames, for protocol violations python-h2 refuses to send itself -------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def raw_frame(ftype, flags, stream_id, payload):
+    """One HTTP/2 frame as bytes, whatever its validity (type and flags as integers)."""
+    n = len(payload)
+    return bytes([n >> 16 & 0xFF, n >> 8 & 0xFF, n & 0xFF, ftype, flags]) + \
+        (stream_id & 0x7FFFFFFF).to_bytes(4, "big") + payload
+
+
+def raw_headers(stream_id, port, path="/health", end_stream=True):
+    """A HEADERS frame carrying a GET of `path` (HPACK from python-h2's own dependency)."""
+    import hpack
+    block = hpack.Encoder().encode([(":method", "GET"), (":path", path), (":scheme", "http"),
+                                    (":authority", "127.0.0.1:%d" % port)])
+    return raw_frame(0x1, 0x4 | (0x1 if end_stream else 0), stream_id, block)
+
+
+def raw_h2_open(port, tls_cafile=None, timeout=10.0):
+    """A connection that has sent the preface and an empty SETTINGS: plain h2c, or TLS with
+    ALPN h2 when `tls_cafile` is given."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    if tls_cafile is not None:
+        import ssl
+        ctx = ssl.create_default_context(cafile=tls_cafile)
+        ctx.set_alpn_protocols(["h2"])
+        sock = ctx.wrap_socket(sock, server_hostname="localhost")
+        assert sock.selected_alpn_protocol() == "h2", sock.selected_alpn_protocol()
+    sock.sendall(PREFACE + raw_frame(0x4, 0, 0, b""))
+    return sock
+
+
+def raw_h2_outcome(sock, timeout=5.0):
+    """Reads frames until the server closes the connection or `timeout` passes. Returns
+    {"closed": bool, "goaway": error code or None, "headers": [stream ids answered]}."""
+    import ssl
+    buf = b""
+    res = {"closed": False, "goaway": None, "headers": []}
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65536)
+        except (socket.timeout, TimeoutError):
+            break
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLError):
+            res["closed"] = True
+            break
+        if not data:
+            res["closed"] = True
+            break
+        buf += data
+        while len(buf) >= 9:
+            n = int.from_bytes(buf[:3], "big")
+            if len(buf) < 9 + n:
+                break
+            ftype, sid, payload = buf[3], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]
+            buf = buf[9 + n:]
+            if ftype == 0x7 and len(payload) >= 8:
+                res["goaway"] = int.from_bytes(payload[4:8], "big")
+            elif ftype == 0x1:
+                res["headers"].append(sid)
+    sock.close()
+    return res

@@ -4,12 +4,14 @@ Each runs with a well-behaved client measured alongside (attack.Watch) and the r
 sampled."""
 import json
 import select
+import socket
 import time
 
 import pytest
 
 from attack import Watch, describe, router_env, sanitized
 from attack_h2 import (FLOODS, H2Streams, big_window_read, bulk_sha, h2_connect, h2_flood,
+                       raw_frame, raw_h2_open, raw_h2_outcome, raw_headers,
                        post_headers, slow_uploads)
 from conftest import PCROUTER, RawConn, completion, get_metrics, make_config, metric, wait_for
 
@@ -228,3 +230,76 @@ def test_memory_of_finished_uploads_goes_back_to_the_system(stub_factory, router
         return
     wait_for(lambda: rss_kib(r.proc.pid) / 1024 <= limit, 10, interval=0.2,
              what="RSS back within %.0f MiB (it started at %.0f MiB)" % (limit, before))
+
+
+PROTOCOL_ERROR, FRAME_SIZE_ERROR = 0x1, 0x6
+
+
+def conformance_port(c, listener, tls_cert):
+    return (c.router.tls_port, tls_cert[0]) if listener == "tls" else (c.router.port, None)
+
+
+@pytest.mark.parametrize("listener", ["h2c", "tls"])
+@pytest.mark.parametrize("ping", ["stream_id", "length"])
+def test_invalid_ping_goaway_then_close(cluster, tls_cert, listener, ping):
+    """A PING on a stream, or one whose payload is not 8 bytes, is a connection error (RFC 9113,
+    6.7): a GOAWAY, and then the TCP connection closed (5.4.1). The GOAWAY used to be sent and
+    the connection left open until client_idle_ms (h2spec 5.4.1/1)."""
+    c = cluster(1, tls=tls_cert, timeouts={"client_idle_ms": 60000})
+    port, ca = conformance_port(c, listener, tls_cert)
+    sock = raw_h2_open(port, ca)
+    frame = raw_frame(0x6, 0, 3, b"\0" * 8) if ping == "stream_id" else raw_frame(0x6, 0, 0, b"\0" * 6)
+    sock.sendall(frame)
+    res = raw_h2_outcome(sock, timeout=5)
+    expect = PROTOCOL_ERROR if ping == "stream_id" else FRAME_SIZE_ERROR
+    assert res["goaway"] == expect and res["closed"], res
+    wait_for(lambda: metric(get_metrics(c.router), "pcrouter_client_connections") <= 1, 10,
+             what="the connection gone from pcrouter_client_connections (the scrape is one)")
+
+
+@pytest.mark.parametrize("listener", ["h2c", "tls"])
+def test_smaller_stream_id_is_connection_error(cluster, tls_cert, listener):
+    """HEADERS on stream 5 and then on stream 3: a new stream's id must be greater than every
+    earlier one (RFC 9113, 5.1.1), so stream 3 is a connection error PROTOCOL_ERROR, not a
+    request to answer (h2spec 5.1.1/2)."""
+    c = cluster(1, tls=tls_cert, timeouts={"client_idle_ms": 60000})
+    port, ca = conformance_port(c, listener, tls_cert)
+    sock = raw_h2_open(port, ca)
+    sock.sendall(raw_headers(5, port) + raw_headers(3, port))
+    res = raw_h2_outcome(sock, timeout=5)
+    assert res["goaway"] == PROTOCOL_ERROR and res["closed"], res
+    assert 3 not in res["headers"], res
+
+
+@pytest.mark.parametrize("preface", [b"INVALID CONNECTION PREFACE\r\n\r\n",
+                                     b"PRI * HTTP/2.0\r\n\r\nSM\r\nXX\r\n\r\n"])
+def test_invalid_preface_on_h2c_port_is_http1_400(cluster, preface):
+    """The plain port speaks HTTP/1.1 and h2c: what is not the exact preface is HTTP/1.1, so an
+    invalid preface gets a 400 and a closed connection (README: Clients), not a GOAWAY."""
+    c = cluster(1)
+    s = socket.create_connection(("127.0.0.1", c.router.port), timeout=10)
+    try:
+        s.sendall(preface)
+        out = b""
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            out += d
+    finally:
+        s.close()
+    assert out.startswith(b"HTTP/1.1 400 ") and b"connection: close" in out.lower(), out
+
+
+def test_invalid_preface_over_tls_is_goaway(cluster, tls_cert):
+    """Over TLS, ALPN chose HTTP/2: an invalid preface gets GOAWAY PROTOCOL_ERROR and the
+    connection closed (h2spec 3.5/2)."""
+    import ssl
+    c = cluster(1, tls=tls_cert)
+    ctx = ssl.create_default_context(cafile=tls_cert[0])
+    ctx.set_alpn_protocols(["h2"])
+    sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", c.router.tls_port), timeout=10),
+                           server_hostname="localhost")
+    sock.sendall(b"INVALID CONNECTION PREFACE\r\n\r\n")
+    res = raw_h2_outcome(sock, timeout=5)
+    assert res["goaway"] == PROTOCOL_ERROR and res["closed"], res

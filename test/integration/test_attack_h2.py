@@ -303,3 +303,22 @@ def test_invalid_preface_over_tls_is_goaway(cluster, tls_cert):
     sock.sendall(b"INVALID CONNECTION PREFACE\r\n\r\n")
     res = raw_h2_outcome(sock, timeout=5)
     assert res["goaway"] == PROTOCOL_ERROR and res["closed"], res
+
+
+def test_tls_protocol_error_with_unread_input_closes(cluster, tls_cert):
+    """Over TLS, a connection error with more input behind it (an invalid preface, then 256 KiB
+    nghttp2 never reads) and a client that keeps its socket open: pcrouter closes
+    within its linger, and pcrouter_client_connections drops. The socket used to stay in
+    CLOSE-WAIT, counted, until client_idle_ms."""
+    import ssl
+    c = cluster(1, tls=tls_cert, timeouts={"client_idle_ms": 60000})
+    ctx = ssl.create_default_context(cafile=tls_cert[0])
+    ctx.set_alpn_protocols(["h2"])
+    sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", c.router.tls_port), timeout=10),
+                           server_hostname="localhost")
+    try:
+        sock.sendall(b"INVALID CONNECTION PREFACE\r\n\r\n" + b"x" * (256 << 10))
+        wait_for(lambda: metric(get_metrics(c.router), "pcrouter_client_connections") <= 1, 10,
+                 what="the connection gone from pcrouter_client_connections (the scrape is one)")
+    finally:
+        sock.close()

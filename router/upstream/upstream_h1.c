@@ -84,6 +84,8 @@ static int hdr_append(pcr_upconn_t *c, const char *at, size_t len, int is_value)
 static int on_hfield(http_parser *p, const char *at, size_t len)
 {
     pcr_upconn_t *c = p->data;
+    if (c->got_head)
+        return 0; /* a chunked body's trailer field: dropped (http-parser bounds its size) */
     pcr_fold_field(&c->fold);
     return hdr_append(c, at, len, 0);
 }
@@ -91,6 +93,8 @@ static int on_hfield(http_parser *p, const char *at, size_t len)
 static int on_hvalue(http_parser *p, const char *at, size_t len)
 {
     pcr_upconn_t *c = p->data;
+    if (c->got_head)
+        return 0; /* a trailer's value */
     if (pcr_fold_value(&c->fold, at, len) < 0)
         return malformed(c, "obsolete line folding in a header field");
     return hdr_append(c, at, len, 1);

@@ -180,3 +180,54 @@ def test_refusal_after_a_head_request_has_its_body(raw_pod_router):
     finally:
         conn.close()
     assert pod.snapshot()["connections"] == 0
+
+
+def test_chunked_trailers_never_become_headers(raw_pod_router):
+    """Trailer fields after a chunked body (a second Authorization, an X-Foo) are dropped: they
+    used to reach the pod as request headers (the parser reports trailers through the same
+    callbacks as headers). Twenty of them, so that any one merged would show."""
+    pod, r = raw_pod_router()
+    trailers = b"Authorization: Bearer smuggled\r\nX-Foo: y\r\n" + \
+        b"".join(b"X-Trailer-%d: t\r\n" % i for i in range(18))
+    body = b"%x\r\n%s\r\n0\r\n%s\r\n" % (len(JSON), JSON, trailers)
+    conn = RawConn(r.port, timeout=10)
+    try:
+        conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer real\r\n"
+                  b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+        status, hdrs, rbody = conn.read_response()
+        assert status == 200, (status, rbody)
+        # The connection goes on: the next request is read after the trailers, not into them.
+        conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.read_response()[0] == 200
+    finally:
+        conn.close()
+    reqs = pod.snapshot()["requests"]
+    assert len(reqs) == 1, reqs
+    head = reqs[0]["head"].decode("latin-1").lower()
+    assert head.count("authorization:") == 1 and "bearer real" in head, head
+    assert "smuggled" not in head and "x-foo" not in head and "x-trailer" not in head, head
+    assert reqs[0]["body"] == JSON
+
+
+def test_pod_response_trailers_are_dropped(router_factory):
+    """A pod's chunked response with 100 trailer fields: the client gets the whole body and no
+    trailer as a header (the pod side used to collect trailers with the head's fields, past its
+    64-field bound, and fail the response)."""
+    trailers = b"".join(b"X-Pod-Trailer-%d: t\r\n" % i for i in range(100))
+    payload = b'{"choices":[{"text":"ok"}]}'
+    resp = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+            b"Trailer: X-Pod-Trailer-0\r\n\r\n%x\r\n%s\r\n0\r\n%s\r\n" % (len(payload), payload, trailers))
+    pod = RawPod(lambda req: resp)
+    try:
+        r = router_factory(make_config([("pod-raw", pod.url)], health={"interval_ms": 0}, scrape=QUIET_SCRAPE))
+        conn = RawConn(r.port, timeout=10)
+        try:
+            conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(JSON), JSON))
+            status, hdrs, body = conn.read_response()
+        finally:
+            conn.close()
+        assert status == 200 and body == payload, (status, hdrs, body)
+        assert not any(k.lower().startswith("x-pod-trailer") for k in hdrs), hdrs
+    finally:
+        pod.close()

@@ -393,11 +393,15 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     }
 }
 
-/* Whether field `f` of the pod's response is hop-by-hop: one of the fixed list, or named by
- * any of its Connection fields, however long they are. */
+/* Whether field `f` of the pod's response is not to be forwarded: hop-by-hop (one of the
+ * fixed list, or named by any of its Connection fields, however long they are), or one of
+ * pcrouter's own (X-Pcrouter-*), which only pcrouter sets: a pod's would go out beside them
+ * and could pass for them. */
 static int pod_hop_by_hop(const pcr_hdr_t *hdrs, size_t n, const pcr_hdr_t *f)
 {
     if (pcr_http_hop_by_hop(f->name, f->name_len, NULL))
+        return 1;
+    if (f->name_len >= 11 && strncasecmp(f->name, "x-pcrouter-", 11) == 0)
         return 1;
     for (size_t j = 0; j < n; j++)
         if (hdrs[j].name_len == 10 && strncasecmp(hdrs[j].name, "connection", 10) == 0 &&

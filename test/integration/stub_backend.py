@@ -40,6 +40,7 @@ or headers `x-stub-<key>` (underscores written as dashes). Keys:
   cached_tokens  report this many cached prompt tokens instead of the prefix cache's answer
   usage        "plain": usage without prompt_tokens_details (a pod run without
                --enable-prompt-tokens-details)
+  headers      {name: value}: extra response header fields (JSON and SSE answers)
 Usage, as vLLM reports it: completions and chats carry "usage" with prompt_tokens (prompt
 bytes / 4, rounded up) and prompt_tokens_details.cached_tokens; a stream carries it only when
 the request has "stream_options": {"include_usage": true}, as one last event with
@@ -355,6 +356,7 @@ def make_handler(state):
             gate = state.gate(ctl["gate"]) if ctl.get("gate") is not None else None
             extra = {"x-stub-body-bytes": str(entry["body_bytes"]),
                      "x-stub-body-sha256": entry["body_sha256"]}
+            extra.update(ctl.get("headers") or {})
             info = {"pod": state.name, "path": path, "tag": ctl.get("tag"),
                     "body_bytes": entry["body_bytes"], "body_sha256": entry["body_sha256"]}
             if ctl.get("bytes"):

@@ -286,3 +286,21 @@ def test_metrics_counters_move(cluster):
     assert metric(text, "pcrouter_upstream_connect_errors_total", backend="pod-a") is not None, text
     assert metric(text, "pcrouter_backend_up", backend="pod-a") == 1, text
     assert metric(text, "pcrouter_backend_up", backend="pod-b") == 1, text
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_pod_cannot_forge_router_headers(cluster, tls_cert, proto, stream):
+    """A pod's own X-Pcrouter-* fields (and hop-by-hop ones) never reach the client: the one
+    X-Pcrouter-Backend the client sees is pcrouter's. The pod's used to go out beside it."""
+    c = cluster(1, tls=tls_cert)
+    forged = {"X-Pcrouter-Backend": "forged-pod", "X-Pcrouter-Route": "forged", "x-pcrouter-extra": "1",
+              "Keep-Alive": "timeout=5", "Upgrade": "h2c", "X-Pod-Own": "kept"}
+    r = curl(c.url("/v1/completions", proto), completion("forge", stream=stream, headers=forged),
+             proto=proto, cacert=tls_cert[0])
+    assert r.status == 200, r
+    assert r.headers.get("x-pcrouter-backend") == [c.stubs[0].name], r.headers
+    assert len(r.headers.get("x-pcrouter-route", [])) == 1 and r.header("x-pcrouter-route") != "forged", r.headers
+    for name in ("x-pcrouter-extra", "keep-alive", "upgrade"):
+        assert name not in r.headers, r.headers
+    assert r.header("x-pod-own") == "kept", r.headers

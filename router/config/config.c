@@ -197,6 +197,7 @@ static const field_t scrape_fields[] = {
     F_INT(pcr_scrape_conf_t, interval_ms, FT_UINT, 0, DAY_MS),
     F_INT(pcr_scrape_conf_t, timeout_ms, FT_UINT, 1, DAY_MS),
     F_INT(pcr_scrape_conf_t, models_interval_ms, FT_UINT, 0, DAY_MS),
+    F_INT(pcr_scrape_conf_t, models_timeout_ms, FT_UINT, 1, DAY_MS),
 };
 
 static const field_t outlier_fields[] = {
@@ -822,7 +823,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1 };
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };
     cfg->scrape = (pcr_scrape_conf_t){ .interval_ms = 200, .timeout_ms = 1000,
-                                       .models_interval_ms = 10000 };
+                                       .models_interval_ms = 10000, .models_timeout_ms = 5000 };
     cfg->dns = (pcr_dns_conf_t){ .timeout_ms = 2000 };
     cfg->outlier = (pcr_outlier_conf_t){ .consecutive_errors = 5, .consecutive_connect_errors = 2,
                                          .ejection_ms = 1000, .max_ejection_ms = 30000,

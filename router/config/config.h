@@ -129,6 +129,7 @@ typedef struct {
     unsigned interval_ms;          /* the pods' /metrics, default 200; 0 disables */
     unsigned timeout_ms;           /* default 1000 */
     unsigned models_interval_ms;   /* GET /v1/models again, default 10000; 0: never */
+    unsigned models_timeout_ms;    /* a client's GET /v1/models: the pods' answers, default 5000 */
 } pcr_scrape_conf_t;
 
 typedef struct {

@@ -7,13 +7,15 @@
 """
 import socket
 import threading
+import time
 
 
 
 class RawPod:
     """A TCP pod on loopback: every byte any connection sends it is kept (`received`), each
     request (head + Content-Length body) is parsed just enough to call respond(req), whose
-    bytes are written back; respond may return (bytes, close) to close after writing.
+    bytes are written back; respond may return (bytes, close) to close after writing, or a
+    function of the socket that writes as it likes (the connection ends when it returns).
     req: {"method", "target", "head" (bytes), "body" (bytes)}."""
 
     def __init__(self, respond, name="pod-raw"):
@@ -80,6 +82,9 @@ class RawPod:
                 with self.lock:
                     self.requests.append(req)
                 answer = self.respond(req)
+                if callable(answer):
+                    answer(c)  # writes what it likes on the socket; the connection then ends
+                    return
                 close = False
                 if isinstance(answer, tuple):
                     answer, close = answer
@@ -114,3 +119,41 @@ class RawPod:
 def ok_response(body=b'{"choices":[{"text":"ok"}]}'):
     return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
             % len(body)) + body
+
+
+def stall_until_closed(c):
+    """An answer that never comes: waits (bounded) until the router closes the connection."""
+    c.settimeout(60)
+    try:
+        while c.recv(65536):
+            pass
+    except OSError:
+        pass
+
+
+class EndlessBody:
+    """An answer whose chunked body never ends: `head`, then 64 KiB chunks until the peer stops
+    the connection (or 60 s pass). `sent` counts the body bytes the kernel took; `ended` is set
+    when the writer gave up."""
+
+    def __init__(self, head=b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\n", first=b'{"data":[', piece=None):
+        self.head = head
+        self.first = first
+        self.piece = piece or (b'{"id":"endless"},' * 4096)[:65536]
+        self.sent = 0
+        self.error = None          # what ended the writing: a reset, a broken pipe, a timeout
+        self.ended = threading.Event()
+
+    def __call__(self, c):
+        c.settimeout(5)
+        deadline = time.monotonic() + 60
+        try:
+            c.sendall(self.head + b"%x\r\n%s\r\n" % (len(self.first), self.first))
+            while time.monotonic() < deadline:
+                c.sendall(b"%x\r\n%s\r\n" % (len(self.piece), self.piece))
+                self.sent += len(self.piece)
+        except OSError as e:
+            self.error = type(e).__name__
+        finally:
+            self.ended.set()

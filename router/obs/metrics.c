@@ -88,6 +88,10 @@ static uint64_t v_tls_errors(const pcr_worker_t *w, const pcr_backend_t *be) { r
 static uint64_t v_upstream_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->upstream_errors); }
 static uint64_t v_ejections(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->ejections_total); }
 static uint64_t v_restarts(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->restarts); }
+static uint64_t v_probes_too_large(const pcr_worker_t *w, const pcr_backend_t *be)
+{
+    return PCR_LOAD(be->probes_too_large);
+}
 
 static uint64_t v_ejected(const pcr_worker_t *w, const pcr_backend_t *be)
 {
@@ -130,6 +134,9 @@ static const struct {
      "Times the backend was ejected for consecutive errors or failed connects.", v_ejections},
     {"pcrouter_backend_restarts_total", "counter",
      "Restarts of the pod its scrape revealed (its prefix entries were dropped).", v_restarts},
+    {"pcrouter_backend_probes_too_large_total", "counter",
+     "Health answers, /metrics pages and model lists of the pod cut at their size cap.",
+     v_probes_too_large},
     {"pcrouter_backend_in_flight", "gauge", "Requests in flight per backend.", v_inflight},
     {"pcrouter_backend_queued_prefill_tokens", "gauge",
      "Uncached prompt tokens routed to the backend whose first byte has not come back (a "

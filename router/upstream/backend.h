@@ -88,6 +88,7 @@ struct pcr_backend {
     uint32_t pod_kv_usage_ppm;               /* vllm:kv_cache_usage_perc, in millionths */
     int pod_kv_usage_known;                  /* the pod reported it at least once */
     uint64_t restarts;                       /* restarts the scrape saw (atomic) */
+    uint64_t probes_too_large;               /* checks, scrapes, model lists cut at their cap */
     /* The scrape's own state (control thread only). */
     double pod_start_time;                   /* process_start_time_seconds, 0 unknown */
     uint64_t pod_hits_last, pod_queries_last;

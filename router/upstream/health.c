@@ -9,6 +9,9 @@
 #include "health.h"
 #include "probe.h"
 
+/* A health answer is its status; a body past this is not a health answer (the read stops). */
+#define HEALTH_MAX_BYTES (1024 * 1024)
+
 static void health_schedule(pcr_backend_t *be);
 
 static void on_check_head(void *ctx, int status)
@@ -37,7 +40,7 @@ void pcr_health_start(pcr_backend_t *be)
         return;
     be->health_status = 0;
     be->health_req = pcr_probe_get(be, be->srv->cfg->health.path, "pcrouter-health", NULL,
-                                   be->srv->cfg->health.timeout_ms, &check_cbs, be);
+                                   be->srv->cfg->health.timeout_ms, HEALTH_MAX_BYTES, &check_cbs, be);
     if (be->health_req == NULL)
         health_schedule(be);
 }

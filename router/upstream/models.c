@@ -20,7 +20,6 @@
 typedef struct {
     pcr_backend_t *be;
     int status;
-    int too_big;
     struct evbuffer *body;
 } models_ctx_t;
 
@@ -55,13 +54,11 @@ static void models_end(models_ctx_t *c)
 
 static void on_head(void *ctx, int status) { ((models_ctx_t *)ctx)->status = status; }
 
+/* The probe ends the read past MODELS_MAX_BYTES (incomplete). */
 static void on_body(void *ctx, const char *data, size_t len)
 {
     models_ctx_t *c = ctx;
-    if (evbuffer_get_length(c->body) + len <= MODELS_MAX_BYTES)
-        evbuffer_add(c->body, data, len);
-    else
-        c->too_big = 1;
+    evbuffer_add(c->body, data, len);
 }
 
 static void on_end(void *ctx, int complete)
@@ -75,7 +72,7 @@ static void on_end(void *ctx, int complete)
     uint64_t h[PCR_MAX_MODELS];
     size_t n = 0;
     size_t len = evbuffer_get_length(c->body);
-    if (c->status == 200 && !c->too_big &&
+    if (c->status == 200 &&
         pcr_models_parse((const char *)evbuffer_pullup(c->body, -1), len, h, PCR_MAX_MODELS,
                          &n) == 0) {
         int first = !PCR_LOAD(be->pod_models.known);
@@ -104,7 +101,7 @@ void pcr_models_fetch(pcr_backend_t *be)
     }
     c->be = be;
     be->models_req = pcr_probe_get(be, "/v1/models", "pcrouter-models", "application/json",
-                                   srv->cfg->scrape.timeout_ms, &models_cbs, c);
+                                   srv->cfg->scrape.timeout_ms, MODELS_MAX_BYTES, &models_cbs, c);
     if (be->models_req == NULL) {
         evbuffer_free(c->body);
         free(c);

@@ -7,11 +7,14 @@
 
 #include "backend.h"
 #include "clock.h"
+#include "log.h"
 #include "probe.h"
 #include "upstream.h"
 
 struct pcr_probe {
+    pcr_backend_t *be;
     pcr_upreq_t *req;
+    size_t bytes, max_bytes;
     struct event *deadline;
     const pcr_probe_cbs_t *cbs;
     void *ctx;
@@ -41,6 +44,17 @@ static void on_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t
 static void on_body(void *ctx, const char *data, size_t len)
 {
     pcr_probe_t *p = ctx;
+    if (len > p->max_bytes - p->bytes) {
+        /* An endless page must not hold the control thread until the deadline: the read
+         * stops here. */
+        PCR_INC(p->be->probes_too_large);
+        pcr_log_debug("backend %s: a check's answer passed %zu bytes: cut", p->be->conf.name,
+                      p->max_bytes);
+        pcr_upstream_cancel(p->req);
+        probe_end(p, 0);
+        return;
+    }
+    p->bytes += len;
     if (p->cbs->on_body != NULL)
         p->cbs->on_body(p->ctx, data, len);
 }
@@ -60,14 +74,16 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 }
 
 pcr_probe_t *pcr_probe_get(pcr_backend_t *be, const char *path, const char *agent,
-                           const char *accept, unsigned timeout_ms, const pcr_probe_cbs_t *cbs,
-                           void *ctx)
+                           const char *accept, unsigned timeout_ms, size_t max_bytes,
+                           const pcr_probe_cbs_t *cbs, void *ctx)
 {
     pcr_probe_t *p = calloc(1, sizeof(*p));
     struct evbuffer *req = evbuffer_new();
     if (p == NULL || req == NULL ||
         (p->deadline = evtimer_new(be->srv->base, on_deadline, p)) == NULL)
         goto fail;
+    p->be = be;
+    p->max_bytes = max_bytes;
     p->cbs = cbs;
     p->ctx = ctx;
     evbuffer_add_printf(req, "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: %s\r\n", path,

@@ -19,11 +19,12 @@ typedef struct {
 } pcr_probe_cbs_t;
 
 /* Sends "GET path" with `agent` as its User-Agent (and `accept` as Accept, unless NULL), ends it
- * after `timeout_ms`. NULL when out of memory (no callback is made then). Callbacks never run
- * inside this call. */
+ * after `timeout_ms`, or as soon as its body passes `max_bytes` (not complete then: the read
+ * stops there and its connection is closed, counted in the backend's probes_too_large).
+ * NULL when out of memory (no callback is made then). Callbacks never run inside this call. */
 pcr_probe_t *pcr_probe_get(pcr_backend_t *be, const char *path, const char *agent,
-                           const char *accept, unsigned timeout_ms, const pcr_probe_cbs_t *cbs,
-                           void *ctx);
+                           const char *accept, unsigned timeout_ms, size_t max_bytes,
+                           const pcr_probe_cbs_t *cbs, void *ctx);
 /* Ends the probe now; no callback follows. */
 void pcr_probe_cancel(pcr_probe_t *p);
 

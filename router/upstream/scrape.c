@@ -134,24 +134,19 @@ static void on_head(void *ctx, int status)
     pcr_prom_begin(&c->page);
 }
 
+/* The probe ends the read at SCRAPE_MAX_BYTES (incomplete: nothing of the page is used). */
 static void on_body(void *ctx, const char *data, size_t len)
 {
     scrape_ctx_t *c = ctx;
     if (c->status != 200)
         return;
-    size_t room = c->bytes < SCRAPE_MAX_BYTES ? SCRAPE_MAX_BYTES - c->bytes : 0;
-    /* Past the bound everything is dropped, not just the chunks that do not fit: a later,
-     * smaller chunk kept after a dropped one would glue two unrelated lines into one. The
-     * text stays what the pod sent, cut; the reader ignores the last line, cut without its
-     * '\n'. */
-    if (len > room)
-        len = room;
     c->bytes += len;
     pcr_prom_feed(&c->page, data, len);
 }
 
-/* Complete: the page is applied. Cut (an error, or scrape.timeout_ms: a pod that stalls its
- * page is let go): nothing of it is used, as what came may be cut anywhere. */
+/* Complete: the page is applied. Cut (an error, scrape.timeout_ms: a pod that stalls its page
+ * is let go, or a page past SCRAPE_MAX_BYTES): nothing of it is used, as what came may be cut
+ * anywhere. */
 static void on_end(void *ctx, int complete)
 {
     scrape_ctx_t *c = ctx;
@@ -176,7 +171,7 @@ void pcr_scrape_start(pcr_backend_t *be)
     c->bytes = 0;
     pcr_prom_begin(&c->page);
     be->scrape_req = pcr_probe_get(be, "/metrics", "pcrouter-scrape", NULL,
-                                   be->srv->cfg->scrape.timeout_ms, &scrape_cbs, c);
+                                   be->srv->cfg->scrape.timeout_ms, SCRAPE_MAX_BYTES, &scrape_cbs, c);
     if (be->scrape_req == NULL) {
         free(c);
         return;

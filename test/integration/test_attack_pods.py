@@ -100,6 +100,7 @@ def test_broken_chunking_cuts_the_response(router_factory, proto, before):
         assert res.status in (200, 502), res
         assert res.body == before[3:8], res.body
         text = get_metrics(r)
+        open("/tmp/hostile_m.txt", "w").write(text)
         assert codes(text).get(("pcrouter_requests_total", None, 499)) is None, text
         assert curl(r.url("/health")).status == 200
     finally:
@@ -260,3 +261,40 @@ def test_long_connection_field_still_names_hop_by_hop_fields(router_factory):
         assert "x-249" not in hdrs and hdrs.get("x-kept") == "yes", hdrs
     finally:
         raw.close()
+
+
+def test_endless_metrics_page_is_cut_at_the_cap(stub_factory, router_factory):
+    """A pod whose /metrics never ends: the scrape stops reading at its 4 MiB cap (connection
+    closed, counted), long before scrape.timeout_ms; the control thread keeps checking the other
+    pod (it goes down when its health fails). The scrape used to read on until its deadline."""
+    from attack_pod import EndlessBody
+    from conftest import metric
+    endless = EndlessBody(head=b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                               b"Transfer-Encoding: chunked\r\n\r\n",
+                          first=b"# endless\n", piece=b"vllm:num_requests_waiting 1\n" * 2340)
+
+    def respond(req):
+        if req["target"] == "/metrics":
+            return endless
+        if req["target"] == "/health":
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+    pod = RawPod(respond)
+    other = stub_factory("pod-b")
+    try:
+        r = router_factory(make_config([("pod-raw", pod.url), other],
+                                       health={"interval_ms": 100, "fall": 1, "rise": 1},
+                                       scrape={"interval_ms": 100, "timeout_ms": 60000,
+                                               "models_interval_ms": 0}))
+        assert endless.ended.wait(15), "the scrape is still reading: %d bytes" % endless.sent
+        assert endless.error in ("BrokenPipeError", "ConnectionResetError"), endless.error
+        assert endless.sent < 16 << 20, endless.sent
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_backend_probes_too_large_total",
+                                backend="pod-raw") >= 1, 10, what="the cut scrape counted")
+        # Health checks go on meanwhile (the next scrapes of the endless page too).
+        other.configure(health_status=503)
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_backend_up", backend="pod-b") == 0, 10,
+                 what="pod-b down")
+        assert metric(get_metrics(r), "pcrouter_backend_up", backend="pod-raw") == 1
+    finally:
+        pod.close()

@@ -23,6 +23,7 @@
 #define READ_COUNT 256          /* stream entries per XREAD */
 #define READ_BLOCK_MS 1000      /* how long one XREAD waits for news */
 #define MAX_SNAPSHOTS 64        /* snapshots read at most in one resync */
+#define CLOCK_AHEAD_MS 60000    /* a sender's clock further ahead than ours is ignored */
 
 /* Now minus `age_ms`, on the monotonic clock of pcr_now_us; at least 1. */
 static uint64_t time_of_age(uint64_t age_ms)
@@ -67,8 +68,12 @@ static uint64_t apply(pcr_share_t *s, pcr_share_batch_t *b, int snapshot)
         return 0;
     }
     uint64_t now_ms = pcr_share_wall_ms(), applied = 0;
-    uint64_t sent_age = b->hdr.sent_ms < now_ms ? now_ms - b->hdr.sent_ms : 0;
-    if (!snapshot)
+    /* The sender's clock: 0, or ahead of ours by more than CLOCK_AHEAD_MS, is no clock (a
+     * broken or hostile writer): its entries count as just sent, and the lag gauge keeps the
+     * last plausible age instead of decades. */
+    int clock_ok = b->hdr.sent_ms != 0 && b->hdr.sent_ms <= now_ms + CLOCK_AHEAD_MS;
+    uint64_t sent_age = clock_ok && b->hdr.sent_ms < now_ms ? now_ms - b->hdr.sent_ms : 0;
+    if (!snapshot && clock_ok)
         PCR_STORE(s->m.lag_us, sent_age * 1000);
     pcr_share_op_t op;
     while (pcr_share_next(b, s->kbuf, &op) == 1) {

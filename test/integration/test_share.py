@@ -617,3 +617,15 @@ def test_pod_restart_drops_its_shared_entries(router_factory, redis_server):
     finally:
         for sm in sims.values():
             sm.stop()
+
+
+def test_sender_clock_zero_or_ahead_leaves_the_lag_sane(stub_factory, router_factory, redis_server):
+    """Batches whose send time is 0 or a day ahead are applied, but the lag gauge does not
+    believe them (a send time of 0 used to set it to 1.8e9 s)."""
+    stubs, rs, (a,) = start_replicas(1, stub_factory, router_factory, redis_server, "t9")
+    c = rs.client
+    before = share(a, "updates_received")
+    for i, sent_ms in enumerate([int(time.time() * 1000) + 86400000, 0]):
+        c.xadd("t9:stream", {"b": batch([(1, 0, [1 + i, 2, 3], 0)], sent_ms=sent_ms, replica=0xa1 + i)})
+        wait_for(lambda: share(a, "updates_received") >= before + 1 + i, DEADLINE, 0.05, "applied")
+        assert 0 <= share(a, "lag_seconds") < 60, (sent_ms, share(a, "lag_seconds"))

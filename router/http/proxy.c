@@ -376,6 +376,12 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
     uint64_t predicted = ex->predicted;
     if (prompt > 0 && predicted > prompt)
         predicted = prompt; /* the pod's tokens are the truth; ours are estimates */
+    /* ... but not beyond sense: a pod cannot have reused more of a prompt than the prompt
+     * (nor, when it gives no prompt size, more tokens than the request had bytes). Every
+     * figure below, metrics included, sees the bounded value. */
+    uint64_t bound = prompt > 0 ? prompt : (uint64_t)pcr_exchange_body_bytes(ex);
+    if (delivered > bound)
+        delivered = bound;
     ex->predicted = predicted;
     ex->delivered = (int64_t)delivered;
     PCR_ADD(be->cached_predicted, predicted);

@@ -312,3 +312,14 @@ def test_metrics_doc_lists_every_metric_once(cluster):
     assert not twice, "listed more than once in docs/METRICS.md: %s" % twice
     assert exported - listed == set(), "not in docs/METRICS.md's tables: %s" % sorted(exported - listed)
     assert listed - exported == set(), "in docs/METRICS.md but not exported: %s" % sorted(listed - exported)
+
+
+def test_a_pod_claiming_absurd_cached_tokens_is_bounded_by_the_prompt(cluster):
+    """A pod reporting 1e12 cached tokens for a small prompt: the per-request figures (the
+    delivered counter, the error histogram) take at most the prompt's tokens."""
+    c = cluster(1, policy="cache_aware")
+    assert curl(c.url("/v1/completions"), completion("small prompt", cached_tokens=10 ** 12)).status == 200
+    text = get_metrics(c.router)
+    prompt = metric(text, "pcrouter_prompt_tokens_total", backend="pod-a")
+    assert 0 < prompt < 100, text
+    assert metric(text, "pcrouter_cached_tokens_delivered_total", backend="pod-a") == prompt, text

@@ -278,7 +278,7 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     size_t nslots = pcr_backend_slots(srv);
     for (size_t i = 0; i < nslots; i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be != NULL) {
+        if (be != NULL && !PCR_LOAD(be->pod_counters_flap)) {
             hits += PCR_LOAD(be->pod_hits);
             queries += PCR_LOAD(be->pod_queries);
         }

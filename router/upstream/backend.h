@@ -93,6 +93,9 @@ struct pcr_backend {
     double pod_start_time;                   /* process_start_time_seconds, 0 unknown */
     uint64_t pod_hits_last, pod_queries_last;
     int pod_have_hits, pod_have_queries;
+    uint64_t pod_reset_us;                   /* the last time its counters went back */
+    int pod_counters_flap;                   /* they went back twice in a minute: not counted,
+                                                nor in the fleet's delivered hit rate (atomic) */
     struct pcr_probe *scrape_req;            /* scrape.c, on a check connection (probe.h) */
     void *scrape_ctx;
 

@@ -21,6 +21,8 @@
 #include "scrape.h"
 
 #define SCRAPE_MAX_BYTES (4 * 1024 * 1024)
+/* Two counter resets closer than this: the counters flap (a real restart reloads a model). */
+#define FLAP_US (60ull * 1000000)
 
 /* One scrape in flight. The page is read as it arrives (prom.c's reader): no copy of it is
  * kept, only a line cut by a read boundary. */
@@ -42,18 +44,40 @@ static uint32_t to_u32(double v)
     return v >= 4294967295.0 ? UINT32_MAX : v > 0 ? (uint32_t)v : 0;
 }
 
-/* Adds what the counter grew by; returns 1 when it went back (the pod restarted). */
-static int accumulate(uint64_t *total, uint64_t *last, int *have, double raw)
+static uint64_t sat_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
+
+/* Adds what the prefix-cache counters grew by; returns 1 when either went back (the pod
+ * restarted: its counters began again at 0, so their values count in full). Hits are a part
+ * of the queries, so a scrape never adds more hits than queries. A second reset within
+ * FLAP_US of the one before is no restart but a pod whose counters flap: from then on its
+ * counters are not added (pod_counters_flap), or its made-up hits would drive the fleet's
+ * delivered hit rate. */
+static int accumulate(pcr_backend_t *be, double raw_hits, double raw_queries)
 {
-    uint64_t v = to_u64(raw);
-    int went_back = *have && v < *last;
-    /* Below the last value, the pod restarted: its counter began again at 0. */
-    uint64_t add = *have && v >= *last ? v - *last : v;
-    if (*have)
-        *total = add > UINT64_MAX - *total ? UINT64_MAX : *total + add;
-    *last = v;
-    *have = 1;
-    return went_back;
+    uint64_t vh = to_u64(raw_hits), vq = to_u64(raw_queries);
+    int have = be->pod_have_hits && be->pod_have_queries;
+    int back = have && (vh < be->pod_hits_last || vq < be->pod_queries_last);
+    uint64_t ah = back ? vh : vh - be->pod_hits_last;
+    uint64_t aq = back ? vq : vq - be->pod_queries_last;
+    if (ah > aq)
+        ah = aq;
+    if (back) {
+        uint64_t now = pcr_now_us();
+        if (be->pod_reset_us != 0 && now - be->pod_reset_us < FLAP_US && !PCR_LOAD(be->pod_counters_flap)) {
+            PCR_STORE(be->pod_counters_flap, 1);
+            pcr_log_warn("backend %s: its prefix-cache counters went back twice within %d s: "
+                         "they are no longer counted", be->conf.name, (int)(FLAP_US / 1000000));
+        }
+        be->pod_reset_us = now;
+    }
+    if (have && !PCR_LOAD(be->pod_counters_flap)) {
+        PCR_STORE(be->pod_hits, sat_add(PCR_LOAD(be->pod_hits), ah));
+        PCR_STORE(be->pod_queries, sat_add(PCR_LOAD(be->pod_queries), aq));
+    }
+    be->pod_hits_last = vh;
+    be->pod_queries_last = vq;
+    be->pod_have_hits = be->pod_have_queries = 1;
+    return back;
 }
 
 /* What one page said becomes the backend's. */
@@ -70,14 +94,8 @@ static void apply(pcr_backend_t *be, const pcr_pod_sample_t *sp)
         PCR_STORE(be->pod_kv_usage_ppm, (uint32_t)(r > 1 ? 1e6 : r > 0 ? r * 1e6 + 0.5 : 0));
         PCR_STORE(be->pod_kv_usage_known, 1);
     }
-    if (s.seen & PCR_PROM_HITS) {
-        uint64_t h = PCR_LOAD(be->pod_hits), q = PCR_LOAD(be->pod_queries);
-        restarted |= accumulate(&h, &be->pod_hits_last, &be->pod_have_hits, s.prefix_cache_hits);
-        restarted |= accumulate(&q, &be->pod_queries_last, &be->pod_have_queries,
-                                s.prefix_cache_queries);
-        PCR_STORE(be->pod_hits, h);
-        PCR_STORE(be->pod_queries, q);
-    }
+    if (s.seen & PCR_PROM_HITS)
+        restarted |= accumulate(be, s.prefix_cache_hits, s.prefix_cache_queries);
     if (s.seen & PCR_PROM_START_TIME) {
         restarted |= be->pod_start_time > 0 && s.process_start_time != be->pod_start_time;
         be->pod_start_time = s.process_start_time;

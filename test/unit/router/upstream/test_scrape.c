@@ -424,6 +424,39 @@ static void test_restart_drops_the_pods_entries(void)
     pcr_bus_free(srv.bus);
 }
 
+/* Hits never outgrow queries; counters that go back twice within a minute flap and stop
+ * counting (they used to add their whole value at every fall, driving the hit rate to 1). */
+static void test_flapping_counters_stop_counting(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    feed(&be, "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n");
+    feed(&be, "vllm:prefix_cache_hits_total 500\nvllm:prefix_cache_queries_total 100\n");
+    PCR_CHECK_EQ_INT(be.pod_hits, 100);
+    PCR_CHECK_EQ_INT(be.pod_queries, 100);
+    feed(&be, "vllm:prefix_cache_hits_total 500\nvllm:prefix_cache_queries_total 1000\n");
+    PCR_CHECK_EQ_INT(be.pod_hits, 100);
+    PCR_CHECK_EQ_INT(be.pod_queries, 1000);
+    /* One reset: a restart, its new values count in full. */
+    feed(&be, "vllm:prefix_cache_hits_total 10\nvllm:prefix_cache_queries_total 10\n");
+    PCR_CHECK_EQ_INT(be.pod_hits, 110);
+    PCR_CHECK_EQ_INT(be.pod_queries, 1010);
+    PCR_CHECK_EQ_INT(be.pod_counters_flap, 0);
+    feed(&be, "vllm:prefix_cache_hits_total 1000000\nvllm:prefix_cache_queries_total 1000000\n");
+    /* A second one at once: flapping; nothing more is added. */
+    feed(&be, "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n");
+    PCR_CHECK_EQ_INT(be.pod_counters_flap, 1);
+    uint64_t h = be.pod_hits, q = be.pod_queries;
+    for (int i = 0; i < 4; i++) {
+        feed(&be, "vllm:prefix_cache_hits_total 1000000\nvllm:prefix_cache_queries_total 1000000\n");
+        feed(&be, "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n");
+    }
+    PCR_CHECK_EQ_U64(be.pod_hits, h);
+    PCR_CHECK_EQ_U64(be.pod_queries, q);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
+}
+
 int main(void)
 {
     PCR_RUN(test_waiting_and_running);
@@ -438,6 +471,7 @@ int main(void)
     PCR_RUN(test_huge_values_saturate);
     PCR_RUN(test_kv_cache_usage);
     PCR_RUN(test_restart_drops_the_pods_entries);
+    PCR_RUN(test_flapping_counters_stop_counting);
     PCR_RUN(test_page_in_pieces);
     return pcr_test_done();
 }

@@ -52,6 +52,7 @@ struct pcr_share_link {
     unsigned backoff_ms;
     int failing, closing;
     int was_up;                 /* this attempt reached up: its end is reported by on_down */
+    uint64_t up_us;             /* when it did */
     int quiet;                  /* the outage is logged already */
     unsigned short rng[3];      /* back-off jitter */
     char why[200];
@@ -140,8 +141,8 @@ static void hello_reply(pcr_share_link_t *l, conn_t *c, redisReply *r, const cha
         return;
     l->state = L_UP;
     l->was_up = 1;
+    l->up_us = pcr_now_us();
     l->quiet = 0;
-    l->backoff_ms = l->rc->reconnect_min_ms;
     pcr_log_info("share: connected to redis %s:%u", l->addr, (unsigned)l->rc->port);
     if (l->cbs.on_up)
         l->cbs.on_up(l->arg);
@@ -318,6 +319,11 @@ static void on_fail(evutil_socket_t fd, short what, void *arg)
 {
     pcr_share_link_t *l = arg;
     int was_up = l->was_up;
+    /* The back-off starts over only after a link that stayed up longer than its longest
+     * wait: one that connects and then fails at once (a key of the wrong type, a reply
+     * refused) backs off like one that cannot connect, not ten times a second. */
+    if (was_up && pcr_now_us() - l->up_us >= (uint64_t)l->rc->reconnect_max_ms * 1000)
+        l->backoff_ms = l->rc->reconnect_min_ms;
     close_conns(l);
     l->state = L_WAIT;
     l->failing = 0;

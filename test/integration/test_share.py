@@ -629,3 +629,22 @@ def test_sender_clock_zero_or_ahead_leaves_the_lag_sane(stub_factory, router_fac
         c.xadd("t9:stream", {"b": batch([(1, 0, [1 + i, 2, 3], 0)], sent_ms=sent_ms, replica=0xa1 + i)})
         wait_for(lambda: share(a, "updates_received") >= before + 1 + i, DEADLINE, 0.05, "applied")
         assert 0 <= share(a, "lag_seconds") < 60, (sent_ms, share(a, "lag_seconds"))
+
+
+def test_wrong_type_stream_key_backs_off(stub_factory, router_factory, redis_server):
+    """The stream key replaced by a string: every XREAD is refused and the link starts over,
+    with the back-off doubling as for any failure (it reconnected about ten times a second),
+    and sharing resumes once the key is a stream again."""
+    stubs, rs, (a,) = start_replicas(1, stub_factory, router_factory, redis_server, "t10",
+                                     reconnect_min_ms=100, reconnect_max_ms=2000)
+    c = rs.client
+    c.delete("t10:stream")
+    c.set("t10:stream", "not a stream")
+    wait_for(lambda: share(a, "reconnects") >= 1, DEADLINE, 0.05, "the first reconnect")
+    first = share(a, "reconnects")
+    time.sleep(4)   # a window to count in, not synchronisation
+    n = share(a, "reconnects") - first
+    assert n <= 8, "%d reconnects in 4 s" % n
+    c.delete("t10:stream")
+    wait_for(lambda: share(a, "connected") == 1 and share(a, "reconnects") > first + n, DEADLINE, 0.05,
+             "sharing back")

@@ -491,4 +491,8 @@ void pcr_share_render_metrics(const pcr_share_t *s, struct evbuffer *out)
         V(received), V(dropped), V(ignored), V(rejected), (double)V(lag_us) / 1e6, V(reconnects),
         V(snapshots_loaded), V(snapshot_updates), V(snapshots_written), V(table_entries), V(table_bytes));
 #undef V
+    evbuffer_add_printf(out,
+        "# HELP pcrouter_share_replies_too_large_total Redis replies refused while arriving for their size (a stream read over its batches' bound, a snapshot over redis.snapshot_max_bytes); the link starts over.\n"
+        "# TYPE pcrouter_share_replies_too_large_total counter\npcrouter_share_replies_too_large_total %llu\n",
+        (unsigned long long)(s && s->link ? pcr_share_link_oversize(s->link) : 0));
 }

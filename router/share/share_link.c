@@ -18,6 +18,7 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "atomic.h"
 #include "dns.h"
 #include "log.h"
 #include "pcr/common.h"
@@ -35,6 +36,9 @@ typedef struct {
     unsigned npending;          /* commands sent, not answered */
     uint64_t since_us;          /* the last reply, or the send that made npending 1 */
     uint64_t allow_us;          /* how long the pending commands may take */
+    size_t max_reply;           /* bytes one reply may take (strings), see bounded_read */
+    size_t reply_bytes;         /* of the reply being read */
+    int oversize;               /* the reply being read passed max_reply */
 } conn_t;
 
 struct pcr_share_link {
@@ -55,6 +59,7 @@ struct pcr_share_link {
     uint64_t up_us;             /* when it did */
     int quiet;                  /* the outage is logged already */
     unsigned short rng[3];      /* back-off jitter */
+    uint64_t oversize;          /* replies refused for their size (atomic) */
     char why[200];
     char addr[INET6_ADDRSTRLEN];
 };
@@ -79,6 +84,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     int current = cmd->gen == l->gen && !l->closing;
     if (current) {
         conn_t *c = &l->conn[cmd->which];
+        c->reply_bytes = 0; /* the next reply starts */
         if (c->npending > 0 && --c->npending == 0)
             c->allow_us = 0;
         c->since_us = pcr_now_us();
@@ -202,9 +208,104 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     if (c == NULL || c->ac != ac)
         return;   /* ours: closed on purpose */
     c->ac = NULL;
-    link_failf(c->l, "connection closed%s%.120s", status == REDIS_OK ? "" : ": ",
-               status == REDIS_OK ? "" : ac->errstr);
+    if (c->oversize)
+        link_failf(c->l, "a reply over %zu bytes", c->max_reply);
+    else
+        link_failf(c->l, "connection closed%s%.120s", status == REDIS_OK ? "" : ": ",
+                   status == REDIS_OK ? "" : ac->errstr);
 }
+
+/* ---- bounded replies ------------------------------------------------------------------ */
+
+/* hiredis 0.14 has no bound on a reply (no maxelements; maxbuf only trims an idle buffer):
+ * a 200 MB stream entry would be buffered whole, then read again at every reconnect. So the
+ * reads are watched: before each read, the bytes buffered and not yet parsed (a bulk string
+ * still arriving), and while parsing, the strings and arrays a reply is made of. The reader
+ * being fed is known by this thread's `reading`, set around redisAsyncHandleRead. */
+#define MAX_ELEMENTS (1 << 20)
+
+static __thread conn_t *reading;
+static redisReplyObjectFunctions *orig_fn;
+static redisReplyObjectFunctions bounded_fn;
+
+static void oversize(conn_t *c)
+{
+    if (!c->oversize) {
+        c->oversize = 1;
+        PCR_INC(c->l->oversize);
+    }
+}
+
+static void *bounded_string(const redisReadTask *t, char *str, size_t len)
+{
+    conn_t *c = reading;
+    if (c != NULL) {
+        c->reply_bytes += len;
+        if (c->reply_bytes > c->max_reply) {
+            oversize(c);
+            return NULL; /* the reader fails ("out of memory"): the connection closes */
+        }
+    }
+    return orig_fn->createString(t, str, len);
+}
+
+static void *bounded_array(const redisReadTask *t, int elements)
+{
+    if (elements > MAX_ELEMENTS) {
+        if (reading != NULL)
+            oversize(reading);
+        return NULL;
+    }
+    return orig_fn->createArray(t, elements);
+}
+
+static void bounded_read(int fd, short what, void *arg)
+{
+    redisLibeventEvents *e = arg;
+    redisAsyncContext *ac = e->context;
+    conn_t *c = ac->data;
+    redisReader *r = ac->c.reader;
+    if (c != NULL && c->ac == ac && r != NULL && r->len - r->pos > c->max_reply) {
+        event_del(e->rev);
+        oversize(c);
+        link_failf(c->l, "a reply over %zu bytes", c->max_reply);
+        return;
+    }
+    reading = c != NULL && c->ac == ac ? c : NULL;
+    redisAsyncHandleRead(ac); /* may free ac and e */
+    reading = NULL;
+}
+
+/* The libevent adapter, with its read event replaced by bounded_read and the reader's
+ * reply makers by the bounded ones. */
+static int attach_bounded(redisAsyncContext *ac, struct event_base *base)
+{
+    if (redisLibeventAttach(ac, base) != REDIS_OK)
+        return -1;
+    redisLibeventEvents *e = ac->ev.data;
+    struct event *rev = event_new(base, ac->c.fd, EV_READ, bounded_read, e);
+    if (rev == NULL)
+        return -1;
+    event_free(e->rev);
+    e->rev = rev;
+    event_add(e->rev, NULL);
+    if (orig_fn == NULL) {
+        orig_fn = ac->c.reader->fn;
+        bounded_fn = *orig_fn;
+        bounded_fn.createString = bounded_string;
+        bounded_fn.createArray = bounded_array;
+    }
+    ac->c.reader->fn = &bounded_fn;
+    return 0;
+}
+
+unsigned pcr_share_read_count(const pcr_redis_conf_t *rc)
+{
+    size_t n = ((size_t)64 << 20) / (rc->batch_max_bytes ? rc->batch_max_bytes : 1);
+    return n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
+}
+
+uint64_t pcr_share_link_oversize(const pcr_share_link_t *l) { return PCR_LOAD(l->oversize); }
 
 static void connect_both(pcr_share_link_t *l)
 {
@@ -221,9 +322,14 @@ static void connect_both(pcr_share_link_t *l)
             redisAsyncFree(ac);
             return;
         }
-        *c = (conn_t){.l = l, .ac = ac};
+        /* Replies: a snapshot on the command connection, a read's batches on the other; with
+         * room for the protocol's own bytes. */
+        size_t max = i == PCR_LINK_CMD
+                         ? l->rc->snapshot_max_bytes
+                         : (size_t)pcr_share_read_count(l->rc) * (l->rc->batch_max_bytes + 4096);
+        *c = (conn_t){.l = l, .ac = ac, .max_reply = max + 65536};
         ac->data = c;
-        if (redisLibeventAttach(ac, l->base) != REDIS_OK) {
+        if (attach_bounded(ac, l->base) != 0) {
             c->ac = NULL;
             redisAsyncFree(ac);
             link_failf(l, "cannot watch the connection");

@@ -56,4 +56,13 @@ int pcr_share_link_cmd(pcr_share_link_t *l, pcr_link_conn_t which, unsigned extr
  * back-off. Deferred: safe from inside a reply callback. */
 void pcr_share_link_fail(pcr_share_link_t *l, const char *why);
 
+/* Stream entries one XREAD asks for: as many batches of redis.batch_max_bytes as fit in 64 MiB,
+ * 1..256. */
+unsigned pcr_share_read_count(const pcr_redis_conf_t *rc);
+/* Replies larger than their connection's bound (a snapshot: redis.snapshot_max_bytes; a read:
+ * pcr_share_read_count() batches), or arrays of more than a million elements, are refused
+ * while they arrive, before they are buffered whole: the link goes down, as for any failure.
+ * How many were, since the start. */
+uint64_t pcr_share_link_oversize(const pcr_share_link_t *l);
+
 #endif

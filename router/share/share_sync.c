@@ -20,7 +20,6 @@
 #include "pcr/common.h"
 #include "share_int.h"
 
-#define READ_COUNT 256          /* stream entries per XREAD */
 #define READ_BLOCK_MS 1000      /* how long one XREAD waits for news */
 #define MAX_SNAPSHOTS 64        /* snapshots read at most in one resync */
 #define CLOCK_AHEAD_MS 60000    /* a sender's clock further ahead than ours is ignored */
@@ -193,7 +192,7 @@ static void on_xread(void *arg, redisReply *r)
             pcr_share_reject(s, "the stream", "an XREAD reply not shaped as [[key, entries]]");
         }
     }
-    if (s->catching_up && n < READ_COUNT)
+    if (s->catching_up && n < pcr_share_read_count(&s->conf))
         caught_up(s);
     read_stream(s);
 }
@@ -201,7 +200,7 @@ static void on_xread(void *arg, redisReply *r)
 static void read_stream(pcr_share_t *s)
 {
     char count[16], block[16];
-    snprintf(count, sizeof count, "%d", READ_COUNT);
+    snprintf(count, sizeof count, "%u", pcr_share_read_count(&s->conf));
     snprintf(block, sizeof block, "%d", READ_BLOCK_MS);
     const char *id = s->have_id ? s->last_id : "0-0";
     int rc;
@@ -222,6 +221,7 @@ static void read_stream(pcr_share_t *s)
 typedef struct {
     pcr_share_t *s;
     int sync;                     /* part of a resync: counted in sync_pending */
+    char key[256];
 } get_t;
 
 static void sync_step_done(pcr_share_t *s)
@@ -264,16 +264,48 @@ static void on_snapshot(void *arg, redisReply *r)
         sync_step_done(s);
 }
 
+/* STRLEN first: a snapshot larger than redis.snapshot_max_bytes is refused unread (the link
+ * would refuse the reply anyway, and then read it again at every resync), a key of another
+ * type is refused as well; only then GET. */
+static void on_snapshot_len(void *arg, redisReply *r)
+{
+    get_t *g = arg;
+    pcr_share_t *s = g->s;
+    if (r == NULL) {
+        free(g);
+        return;
+    }
+    const char *why = NULL;
+    if (r->type == REDIS_REPLY_ERROR)
+        why = r->str;
+    else if (r->type != REDIS_REPLY_INTEGER)
+        why = "not a string";
+    else if (r->integer <= 0)
+        why = ""; /* gone since it was listed */
+    else if ((unsigned long long)r->integer > s->conf.snapshot_max_bytes)
+        why = "larger than redis.snapshot_max_bytes: skipped unread";
+    if (why == NULL) {
+        const char *argv[2] = {"GET", g->key};
+        if (pcr_share_link_cmd(s->link, PCR_LINK_CMD, 0, on_snapshot, g, 2, argv, NULL) == 0)
+            return; /* on_snapshot ends the step */
+    } else if (why[0] != '\0') {
+        pcr_share_reject(s, "a snapshot", why);
+    }
+    int sync = g->sync;
+    free(g);
+    if (sync)
+        sync_step_done(s);
+}
+
 static void fetch_snapshot(pcr_share_t *s, const char *hex, int sync)
 {
-    char key[256];
-    snprintf(key, sizeof key, "%.*s%s", (int)s->snap_prefix_len, s->k_self, hex);
     get_t *g = malloc(sizeof(*g));
-    const char *argv[2] = {"GET", key};
     if (g == NULL)
         return;
-    *g = (get_t){s, sync};
-    if (pcr_share_link_cmd(s->link, PCR_LINK_CMD, 0, on_snapshot, g, 2, argv, NULL) < 0) {
+    *g = (get_t){s, sync, ""};
+    snprintf(g->key, sizeof g->key, "%.*s%s", (int)s->snap_prefix_len, s->k_self, hex);
+    const char *argv[2] = {"STRLEN", g->key};
+    if (pcr_share_link_cmd(s->link, PCR_LINK_CMD, 0, on_snapshot_len, g, 2, argv, NULL) < 0) {
         free(g);
         return;
     }

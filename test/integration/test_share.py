@@ -648,3 +648,31 @@ def test_wrong_type_stream_key_backs_off(stub_factory, router_factory, redis_ser
     c.delete("t10:stream")
     wait_for(lambda: share(a, "connected") == 1 and share(a, "reconnects") > first + n, DEADLINE, 0.05,
              "sharing back")
+
+
+def test_oversize_snapshot_is_skipped_unread(stub_factory, router_factory, redis_server):
+    """A snapshot over redis.snapshot_max_bytes (here 2 MiB against 64 KiB) is refused before
+    it is read (STRLEN), counted, and skipped: the replica gets ready, and does not reconnect to
+    read it again (it used to be read whole, time out, and be read again forever)."""
+    stubs, rs, (a,) = start_replicas(1, stub_factory, router_factory, redis_server, "t11",
+                                     snapshot_max_bytes=65536)
+    c = rs.client
+    c.set("t11:snapshot:00000000000000cc", b"x" * (2 << 20))
+    c.zadd("t11:snapshots", {"00000000000000cc": 9e15})
+    b = router_factory(share_config(stubs, rs, "t11", snapshot_max_bytes=65536))
+    wait_for(lambda: curl(b.url("/health")).status == 200, DEADLINE, 0.05, "B ready")
+    wait_for(lambda: share(b, "rejected") >= 1, DEADLINE, 0.05, "the snapshot refused")
+    assert share(b, "connected") == 1 and share(b, "reconnects") == 0
+    assert share(b, "replies_too_large") == 0   # never read
+
+
+def test_oversize_stream_entry_is_refused_while_it_arrives(stub_factory, router_factory, redis_server):
+    """A stream entry far over what one read may bring (8 MiB against batches of 4 KiB) is
+    refused while it arrives, counted, and the link starts over with back-off; routing goes on."""
+    stubs, rs, (a,) = start_replicas(1, stub_factory, router_factory, redis_server, "t12",
+                                     batch_max_bytes=4096, reconnect_min_ms=100,
+                                     reconnect_max_ms=2000)
+    rs.client.xadd("t12:stream", {"b": b"x" * (8 << 20)})
+    wait_for(lambda: share(a, "replies_too_large") >= 1, DEADLINE, 0.05, "the entry refused")
+    assert curl(a.url("/health")).status == 200
+    assert curl(a.url("/v1/completions"), completion("still routing")).status == 200

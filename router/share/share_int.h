@@ -54,6 +54,11 @@ struct pcr_share {
     char last_id[64];             /* the last stream entry read */
     int have_id;
     int catching_up;              /* reading without BLOCK until the stream's end */
+    /* A read was refused for its size (share_link.c): entries are sized (SURVEY) before they
+     * are read, the ones too large skipped unread, until a survey finds none. */
+    uint64_t oversize_seen;       /* pcr_share_link_oversize() when last looked at */
+    int careful;
+    unsigned read_asked;          /* COUNT of the XREAD in flight */
     unsigned sync_pending;        /* replies a resync waits for */
     int loaded;                   /* the first resync is done, or was given up */
     int resyncing;                /* a resync runs (its end is logged) */

@@ -192,19 +192,95 @@ static void on_xread(void *arg, redisReply *r)
             pcr_share_reject(s, "the stream", "an XREAD reply not shaped as [[key, entries]]");
         }
     }
-    if (s->catching_up && n < pcr_share_read_count(&s->conf))
+    if (s->catching_up && n < s->read_asked)
         caught_up(s);
     read_stream(s);
 }
 
+/* The ids and sizes of the entries after `last_id`, without the entries: a reply of a few
+ * bytes each, whatever they hold. */
+static const char SURVEY[] =
+    "local r = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', tonumber(ARGV[2])) "
+    "local out = {} "
+    "for i, e in ipairs(r) do local n = 0 "
+    "for _, v in ipairs(e[2]) do n = n + #v end out[i] = {e[1], n} end "
+    "return out";
+
+static void xread(pcr_share_t *s, unsigned count);
+
+/* Skips the leading entries too large to be a batch (counted, never read), then reads the ones
+ * before the next such entry, if any; careful reading goes on while one is in sight. */
+static void on_survey(void *arg, redisReply *r)
+{
+    pcr_share_t *s = arg;
+    if (r == NULL)
+        return;
+    if (r->type != REDIS_REPLY_ARRAY) {
+        pcr_share_reject(s, "the stream", r->type == REDIS_REPLY_ERROR ? r->str : "a survey not a list");
+        pcr_share_link_fail(s->link, "cannot size the stream's entries");
+        return;
+    }
+    size_t max = s->conf.batch_max_bytes + 4096, i = 0, good = 0;
+    int big = 0;
+    for (; i < r->elements; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+            e->element[0]->type != REDIS_REPLY_STRING || e->element[1]->type != REDIS_REPLY_INTEGER)
+            break;
+        int too = e->element[1]->integer < 0 || (unsigned long long)e->element[1]->integer > max;
+        if (too && good == 0 && e->element[0]->len < sizeof s->last_id) {
+            memcpy(s->last_id, e->element[0]->str, e->element[0]->len);
+            s->last_id[e->element[0]->len] = '\0';
+            s->have_id = 1;
+            pcr_share_reject(s, "a stream entry", "larger than redis.batch_max_bytes: skipped unread");
+            continue;
+        }
+        if (too) {
+            big = 1;
+            break;
+        }
+        good++;
+    }
+    s->careful = big || good == 0 ? (i > 0) : 0;
+    if (good == 0) {
+        if (i > 0)
+            read_stream(s); /* skipped some: look again */
+        else
+            xread(s, pcr_share_read_count(&s->conf)); /* nothing after: wait for news */
+        return;
+    }
+    xread(s, (unsigned)good);
+}
+
 static void read_stream(pcr_share_t *s)
 {
-    char count[16], block[16];
+    uint64_t o = pcr_share_link_oversize(s->link);
+    if (o != s->oversize_seen) {
+        s->oversize_seen = o;
+        s->careful = 1;
+    }
+    if (!s->careful) {
+        xread(s, pcr_share_read_count(&s->conf));
+        return;
+    }
+    char from[72], count[16];
+    snprintf(from, sizeof from, "%s%s", s->have_id ? "(" : "", s->have_id ? s->last_id : "-");
     snprintf(count, sizeof count, "%u", pcr_share_read_count(&s->conf));
+    const char *argv[6] = {"EVAL", SURVEY, "1", s->k_stream, from, count};
+    if (pcr_share_link_cmd(s->link, PCR_LINK_READ, 0, on_survey, s, 6, argv, NULL) < 0 &&
+        pcr_share_link_up(s->link))
+        pcr_share_link_fail(s->link, "cannot send EVAL");
+}
+
+static void xread(pcr_share_t *s, unsigned n)
+{
+    char count[16], block[16];
+    snprintf(count, sizeof count, "%u", n);
     snprintf(block, sizeof block, "%d", READ_BLOCK_MS);
+    s->read_asked = n;
     const char *id = s->have_id ? s->last_id : "0-0";
     int rc;
-    if (s->catching_up) {
+    if (s->catching_up || s->careful) {
         const char *argv[6] = {"XREAD", "COUNT", count, "STREAMS", s->k_stream, id};
         rc = pcr_share_link_cmd(s->link, PCR_LINK_READ, 0, on_xread, s, 6, argv, NULL);
     } else {

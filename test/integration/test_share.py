@@ -676,3 +676,25 @@ def test_oversize_stream_entry_is_refused_while_it_arrives(stub_factory, router_
     wait_for(lambda: share(a, "replies_too_large") >= 1, DEADLINE, 0.05, "the entry refused")
     assert curl(a.url("/health")).status == 200
     assert curl(a.url("/v1/completions"), completion("still routing")).status == 200
+
+
+def test_oversize_stream_entry_is_skipped_and_sharing_goes_on(stub_factory, router_factory,
+                                                             redis_server):
+    """After a stream read refused for its size, entries are sized before they are read: the
+    one too large is skipped unread (counted as rejected), the batches around it are applied,
+    and the link does not read it again."""
+    stubs, rs, (a,) = start_replicas(1, stub_factory, router_factory, redis_server, "t13",
+                                     batch_max_bytes=4096, reconnect_min_ms=100,
+                                     reconnect_max_ms=500)
+    c = rs.client
+    before = share(a, "updates_received")
+    c.xadd("t13:stream", {"b": batch([(1, 0, [1, 2, 3], 0)], replica=0xb1)})
+    c.xadd("t13:stream", {"b": b"x" * (8 << 20)})
+    c.xadd("t13:stream", {"b": batch([(1, 0, [4, 5, 6], 0)], replica=0xb2)})
+    wait_for(lambda: share(a, "updates_received") >= before + 2, DEADLINE, 0.05,
+             "the batches on both sides of the large entry applied")
+    assert share(a, "replies_too_large") >= 1 and share(a, "rejected") >= 1
+    reconnects = share(a, "reconnects")
+    c.xadd("t13:stream", {"b": batch([(1, 0, [7, 8, 9], 0)], replica=0xb3)})
+    wait_for(lambda: share(a, "updates_received") >= before + 3, DEADLINE, 0.05, "a later batch")
+    assert share(a, "reconnects") == reconnects and share(a, "connected") == 1

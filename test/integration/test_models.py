@@ -5,7 +5,12 @@ import json
 import threading
 import time
 
-from conftest import QUIET_SCRAPE, assert_error, completion, curl, make_config, wait_for
+from attack import sanitized
+from conftest import PCROUTER, QUIET_SCRAPE, assert_error, completion, curl, make_config, wait_for
+
+# A sanitizer build runs the merge unoptimised and instrumented: its bounds are wider (the
+# quadratic merge took minutes even in release).
+SLOW = 6 if sanitized(PCROUTER) or sanitized(PCROUTER, "tsan") else 1
 
 
 def pod_of(resp):
@@ -90,7 +95,7 @@ def timed_get(url, timeout=30):
 
 def test_models_merge_of_100k_lists_is_fast(router_factory):
     """Two pods listing 100,000 models each, half of them shared: the union (150,000 ids, each
-    once, in the pods' order) comes within 10 s, and a one-worker router serves completions
+    once, in the pods' order) comes within 10 s (release), and a one-worker router serves completions
     meanwhile. The merge compared every id with every id kept so far (a worker pinned for
     minutes)."""
     a = raw_models_pod(model_list("m%06d" % i for i in range(100000)))
@@ -109,10 +114,10 @@ def test_models_merge_of_100k_lists_is_fast(router_factory):
             slowest = max(slowest, time.monotonic() - t0)
         t.join()
         resp = out["resp"]
-        assert resp.status == 200 and out["secs"] < 10, (resp.status, out["secs"])
+        assert resp.status == 200 and out["secs"] < 10 * SLOW, (resp.status, out["secs"])
         ids = [m["id"] for m in resp.json()["data"]]
         assert ids == ["m%06d" % i for i in range(150000)], (len(ids), ids[:3], ids[-3:])
-        assert slowest < 5, "a completion waited %.1f s behind the merge" % slowest
+        assert slowest < 5 * SLOW, "a completion waited %.1f s behind the merge" % slowest
     finally:
         a.close()
         b.close()

@@ -154,7 +154,8 @@ static int cmp_double(const void *a, const void *b)
 
 void rt_sort(double *v, size_t n)
 {
-    qsort(v, n, sizeof(double), cmp_double);
+    if (n > 1) /* an empty list may be NULL, which qsort may not be given */
+        qsort(v, n, sizeof(double), cmp_double);
 }
 
 int rt_unstreamed(size_t i, double fraction)

@@ -3,7 +3,7 @@
  *
  *   read + validate -> resolve new backend hosts (async) -> bind new listeners, load TLS
  *   -> backends: added ones join free slots, removed ones leave theirs and drain, changed ones
- *      are updated in place (weight, zone, capacity, models, max_connections) or replaced (url)
+ *      are updated in place (weight, zone, role, capacity, models, max_connections) or replaced (url)
  *   -> routing knobs to every policy replica (bus), the log level, the DNS settings, discovery
  *   -> each worker adopts the new config and listeners at its next command; the old config and
  *      TLS contexts are freed once every worker has.
@@ -163,7 +163,8 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
         const pcr_backend_conf_t *nc = &cfg->backends[j];
         int policy_change = nc->weight != be->conf.weight || strcmp(nc->zone, be->conf.zone) != 0 ||
                             nc->capacity_tokens != be->conf.capacity_tokens;
-        int other_change = !same_models(nc, &be->conf) || nc->max_connections != be->conf.max_connections;
+        int other_change = !same_models(nc, &be->conf) || nc->max_connections != be->conf.max_connections ||
+                           nc->role != be->conf.role;
         if (!policy_change && !other_change)
             continue;
         (*changed)++;
@@ -189,6 +190,7 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
             pcr_backend_conf_dispose(&copy); /* its name, url and host */
         }
         PCR_STORE(be->max_connections, nc->max_connections);
+        PCR_STORE(be->conf.role, nc->role); /* workers read it at each decision */
         pcr_backend_config_models(be, nc);
         pcr_log_info("reload: backend %s changes in place", be->conf.name);
     }

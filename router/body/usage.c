@@ -48,6 +48,28 @@ void pcr_usage_init(pcr_usage_t *u, pcr_usage_mode_t mode, int strip)
     u->strip = strip && mode == PCR_USAGE_SSE;
 }
 
+void pcr_usage_rewrite(pcr_usage_t *u, uint64_t cached)
+{
+    if (u->mode == PCR_USAGE_OFF)
+        return;
+    u->rewrite = 1;
+    u->set_cached = cached;
+    if (u->mode == PCR_USAGE_SSE)
+        u->strip = u->strip ? u->strip : 2; /* events held whole; 2: none dropped */
+}
+
+/* The rewritten text of `root` (its cached tokens set), or NULL when it names none. */
+static char *rewritten(const pcr_usage_t *u, cJSON *root)
+{
+    cJSON *usage = cJSON_GetObjectItemCaseSensitive(root, "usage");
+    cJSON *details = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+    cJSON *cached = cJSON_GetObjectItemCaseSensitive(details, "cached_tokens");
+    if (!cJSON_IsNumber(cached))
+        return NULL;
+    cJSON_SetNumberValue(cached, (double)u->set_cached);
+    return cJSON_PrintUnformatted(root);
+}
+
 void pcr_usage_dispose(pcr_usage_t *u)
 {
     pcr_evmem_free(u->buf);
@@ -107,7 +129,7 @@ static int read_usage(pcr_usage_t *u, const cJSON *root)
 
 /* The event in u->buf is complete: reads its usage, if it names any. Returns 1 when it is a
  * usage-only event (a usage object and no choices), the one a strip drops. */
-static int event_inspect(pcr_usage_t *u)
+static int event_inspect(pcr_usage_t *u, char **rewrite)
 {
     static const char needle[] = "\"usage\"";
     if (u->len < sizeof(needle) - 1 || memmem(u->buf, u->len, needle, sizeof(needle) - 1) == NULL)
@@ -139,6 +161,8 @@ static int event_inspect(pcr_usage_t *u)
     if (cJSON_IsObject(root) && read_usage(u, root)) {
         const cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
         usage_only = choices == NULL || (cJSON_IsArray(choices) && cJSON_GetArraySize(choices) == 0);
+        if (rewrite != NULL && u->rewrite)
+            *rewrite = rewritten(u, root);
     }
     cJSON_Delete(root);
     free(data);
@@ -165,9 +189,17 @@ static void event_take(pcr_usage_t *u, const char *p, size_t n, pcr_usage_emit_f
 static void event_end(pcr_usage_t *u, pcr_usage_emit_fn emit, void *ctx)
 {
     if (!u->over) {
-        int drop = event_inspect(u) && u->strip;
-        if (u->strip && !drop && u->len > 0)
+        char *text = NULL;
+        int drop = event_inspect(u, &text) && u->strip == 1;
+        if (text != NULL && !drop) {
+            /* One data line and the blank line: the same event, its usage rewritten. */
+            emit(ctx, "data: ", 6);
+            emit(ctx, text, strlen(text));
+            emit(ctx, "\n\n", 2);
+        } else if (u->strip && !drop && u->len > 0) {
             emit(ctx, u->buf, u->len);
+        }
+        cJSON_free(text);
     }
     u->len = 0;
     u->over = 0;
@@ -231,7 +263,10 @@ void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit
         return;
     case PCR_USAGE_JSON:
         if (!u->over && buf_add(u, data, len, PCR_USAGE_MAX_JSON) < 0) {
-            /* Too large for a completion worth reading (or no memory): give up on it. */
+            /* Too large for a completion worth reading (or no memory): give up on it. What
+             * a rewrite held goes out as it came. */
+            if (u->rewrite && u->len > 0)
+                emit(ctx, u->buf, u->len);
             u->over = 1;
             pcr_evmem_free(u->buf);
             u->buf = NULL;
@@ -241,6 +276,8 @@ void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit
     case PCR_USAGE_OFF:
         break;
     }
+    if (u->mode == PCR_USAGE_JSON && u->rewrite && !u->over)
+        return; /* held until the end */
     emit(ctx, data, len);
 }
 
@@ -267,9 +304,21 @@ int pcr_usage_finish(pcr_usage_t *u, pcr_usage_emit_fn emit, void *ctx)
 {
     if (u->mode == PCR_USAGE_JSON && !u->over && u->len > 0 && may_name_cached(u->buf, u->len)) {
         cJSON *root = cJSON_ParseWithLength(u->buf, u->len);
-        if (cJSON_IsObject(root))
-            read_usage(u, root);
+        char *text = NULL;
+        if (cJSON_IsObject(root) && read_usage(u, root) && u->rewrite)
+            text = rewritten(u, root);
         cJSON_Delete(root);
+        if (u->rewrite) {
+            if (text != NULL)
+                emit(ctx, text, strlen(text));
+            else
+                emit(ctx, u->buf, u->len);
+            u->len = 0;
+        }
+        cJSON_free(text);
+    } else if (u->mode == PCR_USAGE_JSON && u->rewrite && !u->over && u->len > 0) {
+        emit(ctx, u->buf, u->len); /* held, and nothing to rewrite */
+        u->len = 0;
     } else if (u->mode == PCR_USAGE_SSE && u->end_pending) {
         u->end_pending = 0;
         event_end(u, emit, ctx); /* the stream ended on a CR */
@@ -277,7 +326,7 @@ int pcr_usage_finish(pcr_usage_t *u, pcr_usage_emit_fn emit, void *ctx)
         /* A last event with no blank line after it: clients discard it, so it is no usage
          * event to drop either; what is held goes out as it came. */
         if (!u->over)
-            (void)event_inspect(u);
+            (void)event_inspect(u, NULL);
         if (u->strip && !u->over)
             emit(ctx, u->buf, u->len);
         u->len = 0;

@@ -13,6 +13,12 @@
  *                 blank line delays nothing a client can see: SSE clients act on whole events.
  *                 An event longer than PCR_USAGE_MAX_EVENT is no usage event: it is passed on
  *                 as it comes.
+ *   rewrite       (pcr_usage_rewrite) the answer's cached tokens are replaced by a value of
+ *                 pcrouter's: a disaggregated request's decode pod reports the prompt it
+ *                 pulled, and the client is told what the prefill pod reused. A JSON answer
+ *                 is held (up to PCR_USAGE_MAX_JSON; past it, passed on as it came) and sent
+ *                 rewritten at its end; an SSE stream's events are held to their blank line,
+ *                 as with strip, and an event naming usage goes out rewritten.
  *
  * The reader owns its buffers; the bytes for the client go out through `emit`. */
 #ifndef PCR_ROUTER_USAGE_H
@@ -35,6 +41,8 @@ typedef void (*pcr_usage_emit_fn)(void *ctx, const char *data, size_t len);
 typedef struct {
     pcr_usage_mode_t mode;
     int strip;              /* SSE: drop the usage-only event */
+    int rewrite;            /* replace cached_tokens with set_cached (pcr_usage_rewrite) */
+    uint64_t set_cached;
     char *buf;              /* JSON: the body so far; SSE: the current event */
     size_t len, cap;
     int over;               /* JSON: past the bound, given up; SSE: this event is too long */
@@ -54,6 +62,10 @@ pcr_usage_mode_t pcr_usage_mode(int status, const char *content_type, size_t ct_
 
 void pcr_usage_init(pcr_usage_t *u, pcr_usage_mode_t mode, int strip);
 void pcr_usage_dispose(pcr_usage_t *u);  /* frees the buffers; safe twice */
+/* After init, before the first byte: usage.prompt_tokens_details.cached_tokens in what the
+ * client receives becomes `cached` (where the answer carries such a usage object). What is
+ * found (u->cached_tokens) stays the pod's own count. */
+void pcr_usage_rewrite(pcr_usage_t *u, uint64_t cached);
 
 /* Response body bytes, in order; what the client is to receive goes to emit(ctx, ...). */
 void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit_fn emit,

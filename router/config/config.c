@@ -70,6 +70,8 @@ typedef enum {
     FT_DISCOVERY,   /* the discovery array of pcr_config_t */
     FT_HOSTNAME,    /* a DNS name to resolve, into char * (heap) */
     FT_NAMESERVERS, /* array of "IP" or "IP:PORT": fills pcr_dns_conf_t's nameservers */
+    FT_ROLE,        /* "prefill", "decode" or "both" into pcr_role_t */
+    FT_PD_MODE,     /* "auto", "always" or "never" into pcr_pd_mode_t */
 } field_type_t;
 
 enum { F_REQUIRED = 1, F_NONEMPTY = 2 };
@@ -107,6 +109,7 @@ static const field_t backend_fields[] = {
     F_OF(pcr_backend_conf_t, name, FT_STRING, F_REQUIRED | F_NONEMPTY),
     F_OF(pcr_backend_conf_t, url, FT_URL, F_REQUIRED),
     F_OF(pcr_backend_conf_t, zone, FT_STRING, 0),
+    F_OF(pcr_backend_conf_t, role, FT_ROLE, 0),
     F_INT(pcr_backend_conf_t, weight, FT_UINT, 1, 1000),
     F_INT(pcr_backend_conf_t, capacity_tokens, FT_U64, 1, LLONG_MAX),
     F_INT(pcr_backend_conf_t, max_connections, FT_UINT, 1, 65535),
@@ -131,6 +134,7 @@ static const field_t discovery_fields[] = {
     F_INT(pcr_discovery_conf_t, port, FT_UINT, 1, 65535),
     F_INT(pcr_discovery_conf_t, interval_ms, FT_UINT, 100, DAY_MS),
     F_TMPL(zone, FT_STRING, 0, 0),
+    F_TMPL(role, FT_ROLE, 0, 0),
     F_TMPL(weight, FT_UINT, 1, 1000),
     F_TMPL(capacity_tokens, FT_U64, 1, LLONG_MAX),
     F_TMPL(max_connections, FT_UINT, 1, 65535),
@@ -156,6 +160,13 @@ static const field_t routing_fields[] = {
     F_INT(pcr_routing_conf_t, unavailable_keep_ms, FT_UINT, 0, DAY_MS),
     F_OF(pcr_routing_conf_t, feedback, FT_BOOL, 0),
     F_INT(pcr_routing_conf_t, hold_tokens, FT_U64, 0, 1LL << 40),
+};
+
+static const field_t pd_fields[] = {
+    F_OF(pcr_pd_opts_t, mode, FT_PD_MODE, 0),
+    F_INT(pcr_pd_opts_t, min_uncached_tokens, FT_U64, 0, 1LL << 40),
+    F_DBL(pcr_pd_opts_t, max_ttft_ratio, 0.0, INFINITY),
+    F_DBL(pcr_pd_opts_t, transfer_us_per_token, 0.0, 1e9),
 };
 
 static const field_t limits_fields[] = {
@@ -254,6 +265,7 @@ static const field_t root_fields[] = {
     F_SECTION(log, log_fields),
     F_SECTION(admin, admin_fields),
     F_OF(pcr_config_t, redis, FT_REDIS, 0),
+    F_SECTION(pd, pd_fields),
 };
 
 static const char *const log_level_names[] = {
@@ -263,6 +275,14 @@ static const char *const log_level_names[] = {
 
 static const char *const access_format_names[] = {
     [PCR_ACCESS_TEXT] = "text", [PCR_ACCESS_JSON] = "json",
+};
+
+static const char *const role_names[] = {
+    [PCR_ROLE_BOTH] = "both", [PCR_ROLE_PREFILL] = "prefill", [PCR_ROLE_DECODE] = "decode",
+};
+
+static const char *const pd_mode_names[] = {
+    [PCR_PD_AUTO] = "auto", [PCR_PD_ALWAYS] = "always", [PCR_PD_NEVER] = "never",
 };
 
 /* Reports every key of `obj` the table does not know, listing the allowed ones and the
@@ -633,6 +653,30 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
         pcr_cfg_err(c, "unknown log level %s; expected one of error, warn, info, debug",
                     pcr_cfg_quote(q, sizeof q, s));
         break;
+    case FT_ROLE:
+        if ((s = get_text(c, v, 0)) == NULL)
+            break;
+        for (size_t k = 0; k < PCR_ARRAY_SIZE(role_names); k++) {
+            if (strcmp(s, role_names[k]) == 0) {
+                *(pcr_role_t *)slot = (pcr_role_t)k;
+                return;
+            }
+        }
+        pcr_cfg_err(c, "unknown role %s; expected one of prefill, decode, both",
+                    pcr_cfg_quote(q, sizeof q, s));
+        break;
+    case FT_PD_MODE:
+        if ((s = get_text(c, v, 0)) == NULL)
+            break;
+        for (size_t k = 0; k < PCR_ARRAY_SIZE(pd_mode_names); k++) {
+            if (strcmp(s, pd_mode_names[k]) == 0) {
+                *(pcr_pd_mode_t *)slot = (pcr_pd_mode_t)k;
+                return;
+            }
+        }
+        pcr_cfg_err(c, "unknown mode %s; expected one of auto, always, never",
+                    pcr_cfg_quote(q, sizeof q, s));
+        break;
     case FT_LOG_FORMAT:
         if ((s = get_text(c, v, 0)) == NULL)
             break;
@@ -835,12 +879,42 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .snapshot_max_bytes = (size_t)16 << 20, .ready_timeout_ms = 5000, .timeout_ms = 2000,
         .reconnect_min_ms = 100, .reconnect_max_ms = 5000, .max_pending_bytes = (size_t)8 << 20,
     };
+    pcr_pd_opts_default(&cfg->pd);
     set_string(c, &cfg->redis.channel, "pcrouter");
     set_string(c, &cfg->path, name);
     set_string(c, &cfg->routing.zone, "");
     set_string(c, &cfg->health.path, "/health");
     set_string(c, &cfg->log.access_log_path, "");
     return cfg;
+}
+
+/* A prefill pod hands its KV blocks to a pod that decodes: prefill pods with no pod that
+ * decodes (role "decode" or "both", backends and discovery entries alike) could answer no
+ * request, a mistake to name at load rather than a 503 on every request. */
+static void check_roles(pcr_cfg_ctx_t *c, const pcr_config_t *cfg)
+{
+    size_t first_prefill = SIZE_MAX, decoders = 0;
+    int in_discovery = 0;
+    for (size_t i = 0; i < cfg->nbackends; i++) {
+        if (cfg->backends[i].role == PCR_ROLE_PREFILL && first_prefill == SIZE_MAX)
+            first_prefill = i;
+        decoders += cfg->backends[i].role != PCR_ROLE_PREFILL;
+    }
+    for (size_t i = 0; i < cfg->ndiscovery; i++) {
+        if (cfg->discovery[i].tmpl.role == PCR_ROLE_PREFILL && first_prefill == SIZE_MAX) {
+            first_prefill = i;
+            in_discovery = 1;
+        }
+        decoders += cfg->discovery[i].tmpl.role != PCR_ROLE_PREFILL;
+    }
+    if (first_prefill == SIZE_MAX || decoders > 0)
+        return;
+    size_t mark = pcr_cfg_path_push_key(&c->path, in_discovery ? "discovery" : "backends");
+    pcr_cfg_path_push_index(&c->path, first_prefill);
+    pcr_cfg_path_push_key(&c->path, "role");
+    pcr_cfg_err(c, "prefill pods need a pod that decodes: give at least one backend or "
+                   "discovery entry the role \"decode\" or \"both\"");
+    pcr_cfg_path_pop(&c->path, mark);
 }
 
 static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
@@ -922,6 +996,7 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
     if (json_object_get(root, "backends") == NULL && json_object_get(root, "discovery") == NULL)
         pcr_cfg_err(c, "missing required key \"backends\" (or \"discovery\"): at least one "
                        "backend or discovery entry is needed");
+    check_roles(c, cfg);
 }
 
 static pcr_config_t *config_from_text(const char *text, size_t len, const char *name, char **errors)

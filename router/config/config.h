@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "pcr/pd.h"
 #include "pcr/policy.h"
 
 /* The longest backend name with a "redis" section: replicas name the backends in what they
@@ -45,6 +46,7 @@ typedef struct {
     uint16_t port;                 /* port of url (default 80, 443 for https) */
     pcr_upstream_tls_conf_t tls;   /* "tls" (with an https:// url) */
     char *zone;                    /* "" when absent */
+    pcr_role_t role;               /* "prefill", "decode" or "both" (default) */
     unsigned weight;               /* ring weight, default 1, 1..1000 */
     uint64_t capacity_tokens;      /* KV cache capacity the index assumes; default 1048576 */
     unsigned max_connections;      /* upstream pool bound; default upstream.max_connections */
@@ -56,7 +58,7 @@ typedef struct {
  * named "ADDRESS:PORT" so that ring positions stay stable, re-resolved every interval_ms. The
  * settings every such backend gets are those of a backend (tmpl; no name or url). */
 typedef struct {
-    pcr_backend_conf_t tmpl;       /* first: zone, weight, capacity_tokens, max_connections, models */
+    pcr_backend_conf_t tmpl;       /* first: zone, role, weight, capacity_tokens, max_connections, models */
     char *dns;                     /* the name to resolve */
     unsigned port;                 /* 1..65535 */
     unsigned interval_ms;          /* default 5000 */
@@ -199,6 +201,9 @@ typedef struct {
      * of `listen` (they answer 404). addrlen 0 when there is no admin listener. */
     pcr_listen_conf_t admin;
     pcr_redis_conf_t redis;
+    /* pd: prefill/decode disaggregation (pcr/pd.h): used when some backend has a role of
+     * prefill or decode; defaults are the library's. */
+    pcr_pd_opts_t pd;
 } pcr_config_t;
 
 /* Reads and validates `path`. On success returns a config (free with pcr_config_free).

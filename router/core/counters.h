@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pcr/pd.h"
 #include "pcr/policy.h"
 
 #define PCR_HIST_BUCKETS 16
@@ -41,6 +42,15 @@ typedef enum {
     PCR_PHASE__COUNT
 } pcr_phase_t;
 
+/* Why a prefill leg gave the decode pod nothing to pull (pd_proxy.c). */
+typedef enum {
+    PCR_PD_FAIL_ERROR = 0,   /* no answer: connect, reset, timeout, malformed */
+    PCR_PD_FAIL_STATUS,      /* an answer other than 200 */
+    PCR_PD_FAIL_NO_PARAMS,   /* 200 without usable kv_transfer_params */
+    PCR_PD_FAIL_TOO_LARGE,   /* an answer past the bound */
+    PCR_PD_FAIL__COUNT
+} pcr_pd_fail_t;
+
 /* One worker's counters. Only that worker writes them (PCR_INC, atomic.h); /metrics, rendered
  * by whichever worker got the scrape, sums every worker's with relaxed loads. */
 typedef struct {
@@ -49,6 +59,8 @@ typedef struct {
     uint64_t prefix_blocks;                      /* blocks of routed prompts */
     uint64_t prefix_blocks_matched;              /* of those, held by the chosen backend */
     uint64_t retries;
+    uint64_t pd_decisions[PCR_PD__COUNT];        /* disaggregation, by outcome (pcr/pd.h) */
+    uint64_t pd_leg_failures[PCR_PD_FAIL__COUNT];/* prefill legs that gave no usable answer */
     uint64_t panic_routes;                       /* sent while every candidate was out */
     uint64_t client_connections_total;
     uint64_t connections_evicted;                /* closed at the limit to make room */

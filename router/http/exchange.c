@@ -520,6 +520,10 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     pcr_body_dispose(&ex->req);
     pcr_body_reader_free(ex->reader);
     pcr_usage_dispose(&ex->usage);
+    if (ex->pd_resp != NULL)
+        evbuffer_free(ex->pd_resp);
+    if (ex->pd_body != NULL)
+        evbuffer_free(ex->pd_body);
     if (ex->be != NULL)
         pcr_backend_unref(ex->be);
     /* Kept for the next exchange: the buffers, emptied. A body still referenced by a pod

@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "exchange.h"
+#include "pcr/pd.h"
 #include "spare.h"
 #include "usage.h"
 
@@ -145,6 +146,27 @@ struct pcr_exchange {
     uint64_t t_parse_ns, ns_parse, ns_hash;
     uint64_t t_hashed_ns;             /* the reader's last step ended; dispatch's "now", 0 after */
 
+    /* Disaggregation (pd_proxy.c): a prompt prefilled on a prefill pod, then decoded on a pod
+     * that pulls its KV blocks. pd_state: PD_NONE (not decided yet, or no roles), PD_PREFILL
+     * (the prefill leg is under way: be, up and prefill are its own), PD_DECODE (the decode
+     * leg, given the prefill pod's kv_transfer_params in pd_body), PD_LOCAL (decoded and
+     * prefilled on one pod, decided so or after the prefill leg failed). */
+    int pd_state;
+    pcr_pd_outcome_t pd_outcome;
+    unsigned pd_attempts;             /* prefill legs sent */
+    pcr_decision_t pd_decision;       /* the prefill pod's, for its feedback */
+    uint32_t pd_added_from;
+    int pd_committed;                 /* the prefill pod's speculative index entry is in */
+    uint64_t pd_settled_before;
+    struct evbuffer *pd_resp;         /* the prefill leg's answer (bounded) */
+    int pd_status;
+    struct evbuffer *pd_body;         /* the decode leg's body (NULL: `body` as it came) */
+    uint64_t pd_cached;               /* the prefill pod's cached tokens, told to the client */
+    int pd_has_cached;
+    int pd_prefill_slot;              /* the prefill pod that the decode leg pulls from */
+    char pd_reqid[40];                /* X-Request-Id pcrouter made for both legs ("": the
+                                         client's own is forwarded) */
+
     pcr_spare_link_t spare;           /* on its thread's list of spare exchanges (exchange.c) */
     /* Last: a recycled exchange is cleared up to here (entries past nh are never read). */
     size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
@@ -164,6 +186,23 @@ void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len)
  * the route table names them. Both return 0: what goes wrong is answered to the client. */
 int pcr_proxy_routed(pcr_exchange_t *ex);
 int pcr_proxy_dispatch(pcr_exchange_t *ex);
+/* proxy.c, for pd_proxy.c: the request for `be` with `src` as its body (taken by reference
+ * when nothing is added: *body is then src, else NULL), and pcrouter's own X-Request-Id when
+ * ex->pd_reqid is set. NULL when out of memory. `usage`: add stream_options as
+ * upstream.request_usage asks. */
+struct evbuffer *pcr_proxy_request(pcr_exchange_t *ex, pcr_backend_t *be, struct evbuffer *src,
+                                   int usage, struct evbuffer **body);
+/* Fills loads[0..n) for the policy (usable = up, not ejected, not tried, serves the model);
+ * returns how many are usable. */
+size_t pcr_proxy_fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n, uint64_t now);
+
+enum { PD_NONE = 0, PD_PREFILL, PD_DECODE, PD_LOCAL };
+
+/* pd_proxy.c: whether any backend has a role other than "both" (roles[0..n) are set either
+ * way); the prefill leg of a REMOTE decision (what goes wrong sends the request on to its
+ * decode pod). The exchange frees pd_resp and pd_body. */
+int pcr_pd_roles(pcr_exchange_t *ex, unsigned char *roles, size_t n);
+void pcr_pd_prefill(pcr_exchange_t *ex, const pcr_pd_decision_t *pdd, uint64_t now);
 
 /* access.c: the request's access-log line (log.access_log), handed to the writer. */
 void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);

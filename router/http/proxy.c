@@ -58,18 +58,18 @@ static char *put(char *p, const char *s, size_t n)
  * size (no printf: formatting cost more than the rest of the head), and its body, which is
  * `ex->body` itself (*body, sent by reference, never copied) unless stream_options is added to
  * it: then the body follows the head in the new buffer and *body is NULL. */
-static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t *be,
-                                               struct evbuffer **body)
+struct evbuffer *pcr_proxy_request(pcr_exchange_t *ex, pcr_backend_t *be, struct evbuffer *src,
+                                   int usage, struct evbuffer **body)
 {
     char *conn = request_connection(ex);
-    size_t blen = evbuffer_get_length(ex->body);
+    size_t blen = evbuffer_get_length(src);
     /* upstream.request_usage: "stream_options" goes before the object's closing brace. */
     static const char opt[] = "\"stream_options\":{\"include_usage\":true}";
     const char *raw = NULL;
     int empty = 0;
     long at = -1;
-    if (ex->inject_usage) {
-        raw = blen ? (const char *)evbuffer_pullup(ex->body, -1) : "";
+    if (usage) {
+        raw = blen ? (const char *)evbuffer_pullup(src, -1) : "";
         at = pcr_usage_insert_at(raw, blen, &empty);
     }
     size_t extra = at >= 0 ? sizeof(opt) - 1 + !empty : 0;
@@ -78,7 +78,9 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
     /* "<method> <path> HTTP/1.1\r\nHost: <host>\r\n", the fields kept, Content-Length, CRLF. */
     unsigned char keep[PCR_MAX_REQ_HEADERS];
     size_t mlen = strlen(ex->method), plen = strlen(ex->path), hlen = strlen(be->host_header);
-    size_t need = mlen + 1 + plen + 17 + hlen + 2 + 2 + (clen ? 16 + 20 + 2 : 0);
+    size_t rlen = strlen(ex->pd_reqid);
+    size_t need = mlen + 1 + plen + 17 + hlen + 2 + 2 + (clen ? 16 + 20 + 2 : 0) +
+                  (rlen ? 14 + rlen + 2 : 0);
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
         keep[i / 2] = !pcr_http_hop_by_hop(ex->hbuf + ex->hoff[i], ex->hsz[i], conn);
         if (keep[i / 2])
@@ -107,6 +109,11 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
         p = put(p, ex->hbuf + ex->hoff[i + 1], ex->hsz[i + 1]);
         p = put(p, "\r\n", 2);
     }
+    if (rlen) { /* a disaggregated request's id, the same on both legs (pd_proxy.c) */
+        p = put(p, "X-Request-Id: ", 14);
+        p = put(p, ex->pd_reqid, rlen);
+        p = put(p, "\r\n", 2);
+    }
     if (clen) {
         p = put(p, "Content-Length: ", 16);
         p += pcr_http_put_dec(p, blen + extra);
@@ -124,7 +131,7 @@ static struct evbuffer *build_upstream_request(pcr_exchange_t *ex, pcr_backend_t
         evbuffer_add(b, opt, sizeof(opt) - 1);
         evbuffer_add(b, raw + at, blen - (size_t)at);
     } else if (blen > 0) {
-        *body = ex->body;
+        *body = src;
     }
     return b;
 }
@@ -171,8 +178,9 @@ static int tried(const pcr_exchange_t *ex, size_t i)
 }
 
 /* Fills loads[0..n) for the policy: usable = in a slot, up, not ejected, not yet tried, serving
- * the model. Returns how many are usable. */
-static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n, uint64_t now)
+ * the model. Returns how many are usable. A prefill pod decodes nothing: outside
+ * pcr_pd_decide, which sees every role, it is never usable (fill_loads). */
+size_t pcr_proxy_fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n, uint64_t now)
 {
     pcr_server_t *srv = ex->w->srv;
     const char *model = ex->req.model ? ex->req.model : "";
@@ -202,6 +210,19 @@ static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n
     if (panic) {
         ex->panic = 1;
         usable = candidates;
+    }
+    return usable;
+}
+
+static size_t fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_t n, uint64_t now,
+                         const unsigned char *roles)
+{
+    size_t usable = pcr_proxy_fill_loads(ex, loads, n, now);
+    for (size_t i = 0; roles != NULL && i < n; i++) {
+        if (roles[i] == PCR_ROLE_PREFILL && loads[i].usable) {
+            loads[i].usable = 0;
+            usable--;
+        }
     }
     return usable;
 }
@@ -245,9 +266,30 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
     uint64_t now = (ex->t_hashed_ns != 0 ? ex->t_hashed_ns : pcr_now_ns()) / 1000u;
     ex->t_hashed_ns = 0;
     uint64_t match_ns = 0, cost_ns = 0, t_end = 0;
+    /* A disaggregated fleet: a prompt's first pass decides where it is prefilled too
+     * (pcr_pd_decide); after a prefill leg, or a failed attempt, only the decode pod is
+     * chosen again. */
+    unsigned char roles[n ? n : 1];
+    int pd = pcr_pd_roles(ex, roles, n);
+    pcr_pd_decision_t pdd = {.outcome = PCR_PD_LOCAL_MODE};
     for (;;) {
-        fill_loads(ex, loads, n, now);
-        int rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
+        int rc;
+        if (pd && ex->has_key) {
+            pcr_backend_load_t scratch[n ? n : 1];
+            pcr_pd_opts_t o = w->cfg->pd;
+            if (ex->pd_state != PD_NONE || ex->attempts > 0)
+                o.mode = PCR_PD_NEVER;
+            pcr_proxy_fill_loads(ex, loads, n, now);
+            rc = pcr_pd_decide(w->policy, &o, &ex->key, loads, roles, scratch, n, now, &pdd);
+            d = pdd.decode;
+            if (rc == 0 && pdd.outcome == PCR_PD_REMOTE) {
+                match_ns += pdd.prefill.match_ns;
+                cost_ns += pdd.prefill.cost_ns;
+            }
+        } else {
+            fill_loads(ex, loads, n, now, pd ? roles : NULL);
+            rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
+        }
         match_ns += d.match_ns;
         cost_ns += d.cost_ns;
         t_end = d.done_ns; /* the policy's clock is pcr_now_ns (worker.c) */
@@ -258,8 +300,20 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
         /* It left between the two reads: never again for this request. */
         ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     }
-    if (ex->attempts == 0 && ex->has_key)
+    if (ex->attempts == 0 && ex->has_key && ex->pd_state == PD_NONE && ex->pd_attempts == 0)
         observe_decision(ex, match_ns, cost_ns, t_end != 0 ? t_end : pcr_now_ns());
+    if (be != NULL && pd && ex->has_key && ex->pd_state == PD_NONE && ex->attempts == 0) {
+        if (ex->pd_attempts == 0) {
+            ex->pd_outcome = pdd.outcome;
+            PCR_INC(w->metrics.pd_decisions[pdd.outcome < PCR_PD__COUNT ? pdd.outcome
+                                                                         : PCR_PD_FALLBACK]);
+        }
+        if (pdd.outcome == PCR_PD_REMOTE) {
+            pcr_pd_prefill(ex, &pdd, now);
+            return 0;
+        }
+        ex->pd_state = PD_LOCAL;
+    }
     if (be == NULL) {
         if (ex->attempts > 0) {
             fail_unrouted(ex);
@@ -295,7 +349,8 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
         pcr_bus_commit(srv->bus, (int)w->id, d.backend, &ex->key, now);
     }
     struct evbuffer *body;
-    struct evbuffer *req = build_upstream_request(ex, be, &body);
+    struct evbuffer *req = pcr_proxy_request(ex, be, ex->pd_body ? ex->pd_body : ex->body,
+                                             ex->inject_usage, &body);
     if (req == NULL) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
         return 0;
@@ -374,6 +429,13 @@ static void observe_delivered(pcr_exchange_t *ex, uint64_t delivered, uint64_t p
 {
     pcr_backend_t *be = ex->be;
     uint64_t predicted = ex->predicted;
+    if (ex->pd_state == PD_DECODE) {
+        /* The decode pod counts the prompt it pulled as cached: the prefill pod delivered
+         * this request's cache (pd_proxy.c counted it), and the decode pod's count says
+         * nothing of what it held before. */
+        ex->delivered = ex->pd_has_cached ? (int64_t)ex->pd_cached : (int64_t)delivered;
+        return;
+    }
     if (prompt > 0 && predicted > prompt)
         predicted = prompt; /* the pod's tokens are the truth; ours are estimates */
     /* ... but not beyond sense: a pod cannot have reused more of a prompt than the prompt
@@ -421,20 +483,26 @@ static void on_up_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, i
     pcr_exchange_t *ex = ctx;
     pcr_hdr_t out[PCR_MAX_REQ_HEADERS];
     size_t k = 0;
-    for (size_t i = 0; i < n && k + 2 < PCR_ARRAY_SIZE(out); i++)
+    for (size_t i = 0; i < n && k + 3 < PCR_ARRAY_SIZE(out); i++)
         if (!pod_hop_by_hop(hdrs, n, &hdrs[i]))
             out[k++] = hdrs[i];
     const char *bname = ex->be->conf.name;
     const char *reason = pcr_reason_name(ex->decision.reason);
     out[k++] = (pcr_hdr_t){"x-pcrouter-backend", 18, bname, strlen(bname)};
     out[k++] = (pcr_hdr_t){"x-pcrouter-route", 16, reason, strlen(reason)};
+    pcr_backend_t *pf = ex->pd_state == PD_DECODE
+                            ? pcr_backend_at(ex->w->srv, (size_t)ex->pd_prefill_slot) : NULL;
+    if (pf != NULL) /* the pod whose KV blocks the decode pod pulled */
+        out[k++] = (pcr_hdr_t){"x-pcrouter-prefill", 18, pf->conf.name, strlen(pf->conf.name)};
     /* A 4xx is the client's fault: for outlier detection it is a pod that works. */
     pcr_backend_report(ex->be, &ex->w->cfg->outlier, status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK,
                        pcr_now_us());
     if (ex->has_key) {
         usage_start(ex, status, hdrs, n);
-        if (ex->usage.strip)
-            clen = -1; /* an event may be dropped: the length is no longer known */
+        if (ex->pd_state == PD_DECODE && ex->pd_has_cached)
+            pcr_usage_rewrite(&ex->usage, ex->pd_cached);
+        if (ex->usage.strip || ex->usage.rewrite)
+            clen = -1; /* an event may be dropped or rewritten: the length is no longer known */
     }
     pcr_exchange_to(ex, EX_UP_HEAD);
     pcr_exchange_respond_head(ex, status, out, k, clen);
@@ -508,8 +576,10 @@ static int can_retry(pcr_exchange_t *ex)
 {
     size_t n = pcr_backend_slots(ex->w->srv);
     pcr_backend_load_t loads[n ? n : 1];
+    unsigned char roles[n ? n : 1];
+    int pd = pcr_pd_roles(ex, roles, n);
     return ex->attempts <= ex->w->cfg->upstream.retries && !ex->w->draining &&
-           fill_loads(ex, loads, n, pcr_now_us()) > 0;
+           fill_loads(ex, loads, n, pcr_now_us(), pd ? roles : NULL) > 0;
 }
 
 static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)

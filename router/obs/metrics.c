@@ -313,6 +313,22 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
                         (unsigned long long)(inflight ? inflight - 1 : 0));
     counter(out, "pcrouter_retries_total", "Requests re-sent to another backend after a failure.",
             SUM(srv, retries));
+    HEADER(out, "pcrouter_pd_decisions_total", "counter",
+           "Prefill/decode decisions by outcome (disaggregated fleets).");
+    for (int o = 0; o < PCR_PD__COUNT; o++) {
+        uint64_t v = sum_at(srv, offsetof(pcr_metrics_t, pd_decisions) + (size_t)o * sizeof(uint64_t));
+        evbuffer_add_printf(out, "pcrouter_pd_decisions_total{outcome=\"%s\"} %llu\n",
+                            pcr_pd_outcome_name((pcr_pd_outcome_t)o), (unsigned long long)v);
+    }
+    static const char *const fail_names[PCR_PD_FAIL__COUNT] = {"error", "status", "no_params",
+                                                               "too_large"};
+    HEADER(out, "pcrouter_pd_prefill_leg_failures_total", "counter",
+           "Prefill legs that gave the decode pod nothing to pull, by cause.");
+    for (int f = 0; f < PCR_PD_FAIL__COUNT; f++) {
+        uint64_t v = sum_at(srv, offsetof(pcr_metrics_t, pd_leg_failures) + (size_t)f * sizeof(uint64_t));
+        evbuffer_add_printf(out, "pcrouter_pd_prefill_leg_failures_total{cause=\"%s\"} %llu\n",
+                            fail_names[f], (unsigned long long)v);
+    }
     counter(out, "pcrouter_panic_routes_total",
             "Requests sent while every backend that could take them was down or ejected.",
             SUM(srv, panic_routes));

@@ -162,6 +162,11 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_U64(full->backends[0].capacity_tokens, min->backends[0].capacity_tokens);
         PCR_CHECK_EQ_INT(full->backends[0].max_connections, min->backends[0].max_connections);
         PCR_CHECK_STR(full->backends[0].zone, min->backends[0].zone);
+        PCR_CHECK_EQ_INT(full->backends[0].role, min->backends[0].role);
+        PCR_CHECK_EQ_INT(min->backends[0].role, PCR_ROLE_BOTH);
+        PCR_CHECK(memcmp(&full->pd, &min->pd, sizeof full->pd) == 0);
+        PCR_CHECK_EQ_INT(min->pd.mode, PCR_PD_AUTO);
+        PCR_CHECK_EQ_U64(min->pd.min_uncached_tokens, 512);
         PCR_CHECK_EQ_INT(full->backends[0].nmodels, min->backends[0].nmodels);
         /* Sharing is off by default (no "redis" section); the full example shows the section
          * with an example url and every other key at its default. */
@@ -635,7 +640,7 @@ static void test_error_unknown_keys(void)
                 "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
                 "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
+                "(allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
@@ -645,7 +650,7 @@ static void test_error_unknown_keys(void)
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a'},\n"
                 "{'name': 'b', 'url': 'http://b', 'wieght': 2}]}",
                 "t.json:3:34: backends[1].wieght: unknown key \"wieght\"; did you mean \"weight\"? "
-                "(allowed: name, url, zone, weight, capacity_tokens, max_connections, models, tls)");
+                "(allowed: name, url, zone, role, weight, capacity_tokens, max_connections, models, tls)");
     CHECK_ERROR("{'listen': [{'address': '127.0.0.1:0', 'tls': {'cert': '/', 'key': '/', 'ca': 'x'}}],\n"
                 BACKENDS_OK "}",
                 "t.json:1:73: listen[0].tls.ca: unknown key \"ca\" (allowed: cert, key)");
@@ -842,6 +847,41 @@ static void test_error_unknown_policy_and_level(void)
                 "t.json:3:20: health.path: expected a request path such as \"/health\", got \"health\"");
 }
 
+/* Roles and the disaggregation section: read, and the mistakes named. */
+static void test_roles_and_pd(void)
+{
+    char *errors = NULL;
+    pcr_config_t *cfg = parse(
+        "{'listen': [{'address': '127.0.0.1:8080'}],\n"
+        " 'backends': [{'name': 'p', 'url': 'http://127.0.0.1:1', 'role': 'prefill'},\n"
+        "              {'name': 'd', 'url': 'http://127.0.0.1:2', 'role': 'decode'},\n"
+        "              {'name': 'b', 'url': 'http://127.0.0.1:3'}],\n"
+        " 'discovery': [{'dns': 'pods.local', 'role': 'prefill'}],\n"
+        " 'pd': {'mode': 'always', 'min_uncached_tokens': 7, 'max_ttft_ratio': 2.5,\n"
+        "        'transfer_us_per_token': 0.5}}", &errors);
+    PCR_CHECK(cfg != NULL && errors == NULL);
+    free(errors);
+    if (cfg != NULL) {
+        PCR_CHECK_EQ_INT(cfg->backends[0].role, PCR_ROLE_PREFILL);
+        PCR_CHECK_EQ_INT(cfg->backends[1].role, PCR_ROLE_DECODE);
+        PCR_CHECK_EQ_INT(cfg->backends[2].role, PCR_ROLE_BOTH);
+        PCR_CHECK_EQ_INT(cfg->discovery[0].tmpl.role, PCR_ROLE_PREFILL);
+        PCR_CHECK_EQ_INT(cfg->pd.mode, PCR_PD_ALWAYS);
+        PCR_CHECK_EQ_U64(cfg->pd.min_uncached_tokens, 7);
+        PCR_CHECK(cfg->pd.max_ttft_ratio == 2.5);
+        PCR_CHECK(cfg->pd.transfer_us_per_token == 0.5);
+    }
+    pcr_config_free(cfg);
+    CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'role': 'prefil'}]}",
+                "t.json:2:55: backends[0].role: unknown role \"prefil\"; expected one of "
+                "prefill, decode, both");
+    CHECK_ERROR(HEAD "'pd': {'mode': 'sometimes'}}",
+                "t.json:3:16: pd.mode: unknown mode \"sometimes\"; expected one of auto, always, never");
+    CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'role': 'prefill'}]}",
+                "t.json:2:55: backends[0].role: prefill pods need a pod that decodes: give at "
+                "least one backend or discovery entry the role \"decode\" or \"both\"");
+}
+
 static void test_error_out_of_range(void)
 {
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'weight': 0}]}",
@@ -890,7 +930,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "consistent_hash, cache_aware, random\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
         "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
-        "upstream, health, scrape, outlier, log, admin, redis)\n";
+        "upstream, health, scrape, outlier, log, admin, redis, pd)\n";
     PCR_CHECK_STR(e, want);
     free(e);
 }
@@ -918,7 +958,7 @@ static void test_positions_survive_awkward_text(void)
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
                 "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
-                "upstream, health, scrape, outlier, log, admin, redis)");
+                "upstream, health, scrape, outlier, log, admin, redis, pd)");
 }
 
 /* A key holding a newline or a control character still makes one error line. */
@@ -926,7 +966,7 @@ static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
                 "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, "
-                "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis)");
+                "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");
 }
@@ -956,6 +996,7 @@ int main(void)
     PCR_RUN(test_backend_tls);
     PCR_RUN(test_error_duplicate_backend_name);
     PCR_RUN(test_error_unknown_policy_and_level);
+    PCR_RUN(test_roles_and_pd);
     PCR_RUN(test_error_out_of_range);
     PCR_RUN(test_batch_wait_us_bounds);
     PCR_RUN(test_multiple_errors_all_reported_in_order);

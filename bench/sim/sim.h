@@ -10,6 +10,7 @@
  *   sim_model.c   the latency model and admission rule (shared with routing_offline)
  *   step_engine.c the step engine after vLLM's scheduler (shared with routing_offline)
  *   sim_kvev.c    --kv-events: the pod's KV-cache events on ZMQ, as vLLM publishes them
+ *   sim_pd.c      --role prefill|decode: vLLM's NixlConnector pull mode between its pods
  *
  * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
  * by time_scale to get wall-clock time. */
@@ -32,8 +33,13 @@ typedef struct {
     double fraction;              /* of --capacity-tokens, in (0, 1] */
 } sim_cap_phase_t;
 
+enum { SIM_ROLE_BOTH = 0, SIM_ROLE_PREFILL, SIM_ROLE_DECODE };
+
 typedef struct {
     const char *model;            /* --model, served model name */
+    const char *host;             /* --host: where the pods listen */
+    const char *kv_advertise_host;/* --kv-advertise-host: remote_host a prefill pod gives */
+    double kv_transfer_tps;       /* --kv-transfer-tokens-per-s: KV pulled, model time */
     double time_scale;            /* --time-scale: 60 = everything 60x faster */
     sim_model_t m;                /* --prefill-us-per-token, --prefill-batch-slowdown,
                                      --overhead-ms, --itl-ms, --itl-per-seq-us, --max-num-seqs */
@@ -89,6 +95,10 @@ struct sim_req {
     struct event *rtt_timer;    /* --rtt-ms: the request reaches the engine when it fires */
     struct evbuffer *text;      /* non-streaming: the generated text so far */
     sim_step_seq_t step;        /* --engine step: its sequence in the pod's engine */
+    int kv_remote_decode;       /* a prefill leg: answer with kv_transfer_params */
+    size_t pull_blocks;         /* a decode leg with valid parameters: blocks it pulls */
+    double pull_us;             /* their transfer, model time */
+    int pulled;                 /* they are in the cache */
 };
 
 typedef struct {
@@ -133,6 +143,8 @@ struct sim_pod {
     size_t cap_phase;
     double cap_phase_end_us;
     size_t withheld;            /* blocks the schedule holds as a reservation */
+    int role;                   /* --role: SIM_ROLE_* */
+    uint64_t kv_handed, kv_pulls, kv_pulled_tokens, kv_pull_invalid;
 };
 
 struct sim_conn {
@@ -213,5 +225,17 @@ void sim_engine_capacity_stop(sim_pod_t *pod);
  * with a new process_start_time_seconds, and the KV events start a new life at sequence 0
  * with AllBlocksCleared. */
 void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep);
+
+/* sim_pd.c */
+const char *sim_pd_role_name(int role);
+struct cJSON;
+/* The request's kv_transfer_params (root: its body): a prefill leg is marked, a decode leg's
+ * parameters checked (valid: pull_blocks and pull_us set; invalid: counted). */
+void sim_pd_parse(sim_req_t *r, const struct cJSON *root);
+/* Its transfer is over: the pulled blocks go into the pod's cache (once). */
+void sim_pd_pulled(sim_req_t *r);
+/* A whole answer's kv_transfer_params member (",\"kv_transfer_params\":{...}"), when the
+ * request was a prefill leg stopped on its one token; nothing otherwise. */
+void sim_pd_answer(const sim_req_t *r, struct evbuffer *out);
 
 #endif

@@ -253,6 +253,7 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
         }
     }
     r->seq = ++pod->next_seq;
+    sim_pd_parse(r, root);
     evbuffer_free(prompt);
     cJSON_Delete(root);
     return r;
@@ -345,6 +346,7 @@ void sim_api_full_response(const sim_req_t *r, struct evbuffer *out)
     evbuffer_add_printf(out, "\"%s,\"logprobs\":null,\"finish_reason\":\"length\"}],",
                         r->chat ? "}" : "");
     add_usage(r, r->sent, out);
+    sim_pd_answer(r, out);
     evbuffer_add(out, "}", 1);
 }
 
@@ -410,6 +412,15 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
            "Prefix cache hits, in terms of number of cached tokens.", m, (double)pod->prefix_hits);
     metric(out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", m,
            (double)pod->prompt_tokens);
+    metric(out, "vllm_sim:kv_handed_total", "counter",
+           "Prefill legs answered with kv_transfer_params (--role).", m, pod->kv_handed);
+    metric(out, "vllm_sim:kv_pulls_total", "counter",
+           "Decode legs that pulled a prefill pod's KV blocks.", m, pod->kv_pulls);
+    metric(out, "vllm_sim:kv_pulled_tokens_total", "counter",
+           "Prompt tokens whose KV blocks were pulled.", m, pod->kv_pulled_tokens);
+    metric(out, "vllm_sim:kv_pull_invalid_total", "counter",
+           "Decode legs with missing or invalid kv_transfer_params: prefilled locally.", m,
+           pod->kv_pull_invalid);
     metric(out, "vllm:generation_tokens_total", "counter",
            "Number of generation tokens processed.", m, (double)pod->generation_tokens);
     evbuffer_add_printf(out, "# HELP vllm:request_success_total Count of successfully processed "

@@ -155,16 +155,18 @@ static void on_rtt(evutil_socket_t fd, short what, void *arg)
 void sim_engine_submit(sim_req_t *r)
 {
     sim_pod_t *pod = r->pod;
-    if (pod->conf->rtt_us > 0 && !r->rtt_timer) {
+    /* A round trip to another zone, and a decode leg's transfer of the blocks it pulls. */
+    if (pod->conf->rtt_us + r->pull_us > 0 && !r->rtt_timer) {
         r->rtt_timer = evtimer_new(pod->base, on_rtt, r);
         if (r->rtt_timer) {
-            double d = pod->conf->rtt_us / pod->conf->time_scale;
+            double d = (pod->conf->rtt_us + r->pull_us) / pod->conf->time_scale;
             struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)fmod(d, 1e6) };
             r->state = SIM_REQ_IN_FLIGHT;
             evtimer_add(r->rtt_timer, &tv);
             return;
         }   /* out of memory: no delay rather than no answer */
     }
+    sim_pd_pulled(r);
     r->arrival_us = sim_now_us();
     r->timer = pod->conf->step ? NULL : evtimer_new(pod->base, on_token_timer, r);
     if (!r->timer && !pod->conf->step) {

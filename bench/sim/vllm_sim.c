@@ -85,6 +85,14 @@ static void usage(FILE *f)
 "  --capacity-schedule S:F,...  the usable KV cache is F (0 < F <= 1) of the capacity for S\n"
 "                               seconds (model time), then the next phase, in a cycle;\n"
 "                               shrinking evicts in LRU order (default: no schedule)\n"
+"  --role R[,R...]              prefill, decode or both (default), for every pod or one per\n"
+"                               pod in --port order: vLLM's NixlConnector pull mode between\n"
+"                               the pods of this process (sim_pd.c)\n"
+"  --kv-transfer-tokens-per-s F a decode pod pulls a prefill pod's KV blocks at F prompt\n"
+"                               tokens per second, model time (default 200000)\n"
+"  --kv-transfer-gbps F         the same as F GB/s at 128 KiB per token\n"
+"  --kv-advertise-host H        remote_host a prefill pod gives (default: --host), which a\n"
+"                               decode pod accepts only as --host\n"
 "  POST /sim/restart            (endpoint) the pod dies and comes back empty: connections\n"
 "                               cut, cache cleared, KV events restart at 0 with\n"
 "                               AllBlocksCleared\n");
@@ -152,7 +160,9 @@ int main(int argc, char **argv)
         .model = "sim-8b", .time_scale = 1, .m = SIM_MODEL_DEFAULTS, .sc = SIM_STEP_DEFAULTS,
         .capacity_tokens = 400000, .max_model_len = 131072,
         .tick_us = 1000, .max_body_bytes = 64u << 20, .foreign_tokens = 1024,
+        .kv_transfer_tps = 200000,
     };
+    int roles[MAX_PODS] = {0}, nroles = 0;
     const char *host = "127.0.0.1";
     int ports[MAX_PODS], nports = 0, nnames = 0;
     const char *names[MAX_PODS];
@@ -162,7 +172,8 @@ int main(int argc, char **argv)
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
            O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT, O_TOKDELAY,
-           O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK, O_CAPSCHED };
+           O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK, O_CAPSCHED, O_ROLE, O_KVTPS, O_KVGBPS,
+           O_KVHOST };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -179,7 +190,9 @@ int main(int argc, char **argv)
         {"tokenize-delay-ms", 1, 0, O_TOKDELAY}, {"kv-events", 1, 0, O_KVEV},
         {"kv-events-encoding", 1, 0, O_KVENC}, {"kv-events-drop", 1, 0, O_KVDROP},
         {"foreign-load", 1, 0, O_FOREIGN}, {"foreign-tokens", 1, 0, O_FTOK},
-        {"capacity-schedule", 1, 0, O_CAPSCHED},
+        {"capacity-schedule", 1, 0, O_CAPSCHED}, {"role", 1, 0, O_ROLE},
+        {"kv-transfer-tokens-per-s", 1, 0, O_KVTPS}, {"kv-transfer-gbps", 1, 0, O_KVGBPS},
+        {"kv-advertise-host", 1, 0, O_KVHOST},
         {0, 0, 0, 0},
     };
     int o;
@@ -262,6 +275,29 @@ int main(int argc, char **argv)
             bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1 << 24, &v);
             conf.foreign_tokens = (size_t)v;
             break;
+        case O_ROLE: {
+            char buf[1024];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            nroles = 0;
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && !bad;
+                 t = strtok_r(NULL, ",", &save)) {
+                int role = strcmp(t, "prefill") == 0 ? SIM_ROLE_PREFILL
+                           : strcmp(t, "decode") == 0 ? SIM_ROLE_DECODE
+                           : strcmp(t, "both") == 0   ? SIM_ROLE_BOTH : -1;
+                if (role < 0 || nroles == MAX_PODS)
+                    bad = 1;
+                else
+                    roles[nroles++] = role;
+            }
+            bad |= nroles == 0;
+            break;
+        }
+        case O_KVTPS: bad = parse_double(optarg, 1, 1e12, &conf.kv_transfer_tps); break;
+        case O_KVGBPS:
+            bad = parse_double(optarg, 1e-6, 1e6, &v);
+            conf.kv_transfer_tps = v * 1e9 / 131072.0;
+            break;
+        case O_KVHOST: if (!valid_name(optarg)) bad = 1; else conf.kv_advertise_host = optarg; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -276,6 +312,14 @@ int main(int argc, char **argv)
     }
     if (nports == 0)
         ports[nports++] = 8000;
+    if (nroles > 1 && nroles != nports) {
+        fprintf(stderr, "vllm-sim: --role gives %d roles for %d pods (give one, or one per pod)\n",
+                nroles, nports);
+        return 2;
+    }
+    conf.host = host;
+    if (!conf.kv_advertise_host)
+        conf.kv_advertise_host = host;
     if (nnames > nports) {
         fprintf(stderr, "vllm-sim: more --name than --port\n");
         return 2;
@@ -311,6 +355,7 @@ int main(int argc, char **argv)
         pod->base = base;
         pod->name = strdup(i < nnames ? names[i] : dflt);
         pod->start_time = conf.start_time;
+        pod->role = nroles == 0 ? SIM_ROLE_BOTH : roles[nroles == 1 ? 0 : i];
         size_t blocks = (size_t)(conf.capacity_tokens / PCR_KV_BLOCK_TOKENS);
         pod->kv = pcr_kvcache_new(blocks);
         if (!pod->name || !pod->kv) {
@@ -341,6 +386,8 @@ int main(int argc, char **argv)
         getsockname(evconnlistener_get_fd(pod->listener), (struct sockaddr *)&sin, &sl);
         pod->port = ntohs(sin.sin_port);
         fprintf(stderr, "vllm-sim: pod %s listening on %s:%d\n", pod->name, host, pod->port);
+        if (pod->role != SIM_ROLE_BOTH)
+            fprintf(stderr, "vllm-sim: pod %s role %s\n", pod->name, sim_pd_role_name(pod->role));
         if (conf.kv_events) {
             int p = conf.kv_events_port ? conf.kv_events_port + 2 * i : 0;
             pod->kvev = sim_kvev_new(pod, zctx, host, p, p ? p + 1 : 0, conf.kv_events_encoding,

@@ -12,7 +12,8 @@ OpenAI endpoints
   GET  /health                                 200 (or what /stub/config set)
   GET  /metrics                                vllm:kv_cache_usage_perc, once /stub/config set
                                                "kv_usage" (404 before: a pod that hides it)
-Every /v1 answer carries `x-stub-pod`, `x-stub-body-bytes`, `x-stub-body-sha256` headers and,
+Every request's body and headers are in its log entry ("body", "hdrs") for checks of what a
+pod received. Every /v1 answer carries `x-stub-pod`, `x-stub-body-bytes`, `x-stub-body-sha256` headers and,
 in JSON answers, a "stub" object with the same facts ("pod", "body_bytes", "body_sha256",
 "tag", "path"), so a test can check what reached the backend even if headers were dropped.
 
@@ -41,6 +42,12 @@ or headers `x-stub-<key>` (underscores written as dashes). Keys:
   usage        "plain": usage without prompt_tokens_details (a pod run without
                --enable-prompt-tokens-details)
   headers      {name: value}: extra response header fields (JSON and SSE answers)
+  kv_params    a prefill leg (kv_transfer_params.do_remote_decode true, max_tokens 1, not
+               streamed) is answered with kv_transfer_params at the top level, as vLLM's
+               NixlConnector does: this object, or by default {do_remote_prefill: true,
+               do_remote_decode: false, remote_block_ids: [1, 2, 3], remote_engine_id:
+               "engine-<pod>", remote_request_id: <X-Request-Id>, remote_host:
+               "advertised.invalid", remote_port: 5600, tp_size: 1}; "none": no parameters
 Usage, as vLLM reports it: completions and chats carry "usage" with prompt_tokens (prompt
 bytes / 4, rounded up) and prompt_tokens_details.cached_tokens; a stream carries it only when
 the request has "stream_options": {"include_usage": true}, as one last event with
@@ -298,6 +305,8 @@ def make_handler(state):
                     ctl[k.lower()[7:].replace("-", "_")] = v
             headers = {k.lower(): v for k, v in self.headers.items()}
             entry = state.begin(path, self.conn_id, headers, body, ctl)
+            entry["body"] = body[:1 << 20].decode("utf-8", "replace")
+            entry["hdrs"] = headers
             so = req.get("stream_options")
             entry["include_usage"] = isinstance(so, dict) and so.get("include_usage") is True
             if ctl.get("close_reused") and self.served > 0:
@@ -387,6 +396,18 @@ def make_handler(state):
                 obj = {"object": "list", "model": model, "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]}
             else:
                 obj = {"object": "stub", "model": model}
+            kv = req.get("kv_transfer_params")
+            if (chat or path == "/v1/completions") and isinstance(kv, dict) and \
+                    kv.get("do_remote_decode") is True and req.get("max_tokens") == 1 and \
+                    ctl.get("kv_params") != "none":
+                params = ctl.get("kv_params")
+                if not isinstance(params, dict):
+                    params = {"do_remote_prefill": True, "do_remote_decode": False,
+                              "remote_block_ids": [1, 2, 3], "remote_engine_id": "engine-" + state.name,
+                              "remote_request_id": self.headers.get("x-request-id"),
+                              "remote_host": "advertised.invalid", "remote_port": 5600, "tp_size": 1}
+                obj["kv_transfer_params"] = params
+                obj["choices"][0]["finish_reason"] = "length"
             obj["stub"] = info
             self.send_json(200, obj, extra)
             return "completed"

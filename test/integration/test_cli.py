@@ -195,7 +195,7 @@ CONFIG_OBJECTS = {
     "discovery[].": 'discovery[0]',
     "discovery[].tls.": 'discovery[0].tls',
     **{s + ".": s for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape",
-                            "outlier", "log", "admin", "redis")},
+                            "outlier", "log", "admin", "redis", "pd")},
 }
 
 
@@ -208,7 +208,7 @@ def loader_keys(tmp_path):
            "discovery": [{"dns": "pods.example", "tls": {"zzz": 1}, "zzz": 1}],
            "admin": {"address": "127.0.0.1:0", "zzz": 1},
            "redis": {"url": "redis://127.0.0.1", "zzz": 1}, "zzz": 1}
-    for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape", "outlier", "log"):
+    for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape", "outlier", "log", "pd"):
         cfg[s] = {"zzz": 1}
     path = tmp_path / "every.json"
     path.write_text(json.dumps(cfg))

@@ -221,6 +221,52 @@ static void test_insert_at(void)
     PCR_CHECK_EQ_INT(pcr_usage_insert_at("", 0, &empty), -1);
 }
 
+/* A rewrite (a disaggregated request's decode leg): the client gets the cached tokens given,
+ * however the bytes are cut; the reader still finds the pod's own. */
+static int rewrite_every_split(pcr_usage_mode_t mode, int strip, const char *in, const char *want,
+                               uint64_t pod_cached)
+{
+    size_t len = strlen(in), bad = 0;
+    for (size_t cut = 0; cut <= len; cut++) {
+        pcr_usage_t u;
+        sink_t s = {0};
+        memset(&u, 0, sizeof(u));
+        pcr_usage_init(&u, mode, strip);
+        pcr_usage_rewrite(&u, 7);
+        pcr_usage_feed(&u, in, cut, sink, &s);
+        pcr_usage_feed(&u, in + cut, len - cut, sink, &s);
+        pcr_usage_finish(&u, sink, &s);
+        if (s.p == NULL || strcmp(s.p, want) != 0 || !u.found || u.cached_tokens != pod_cached) {
+            if (bad++ == 0)
+                printf("# split at %zu: found %d cached %llu, got: %s\n", cut, u.found,
+                       (unsigned long long)u.cached_tokens, s.p ? s.p : "(nothing)");
+        }
+        pcr_usage_dispose(&u);
+        free(s.p);
+    }
+    return bad == 0;
+}
+
+static void test_rewrite(void)
+{
+    const char *want = "{\"id\":\"cmpl-1\",\"choices\":[{\"text\":\"hi \\\"usage\\\"\"}],"
+                       "\"usage\":{\"prompt_tokens\":1200,\"completion_tokens\":3,\"total_tokens\":1203,"
+                       "\"prompt_tokens_details\":{\"cached_tokens\":7}}}";
+    PCR_CHECK(rewrite_every_split(PCR_USAGE_JSON, 0, json_answer, want, 1024));
+    const char *chunk = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+    const char *usage_in = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,"
+                           "\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\n";
+    const char *usage_out = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,"
+                            "\"prompt_tokens_details\":{\"cached_tokens\":7}}}\n\n";
+    char in[512], out[512];
+    snprintf(in, sizeof in, "%s%sdata: [DONE]\n\n", chunk, usage_in);
+    snprintf(out, sizeof out, "%s%sdata: [DONE]\n\n", chunk, usage_out);
+    PCR_CHECK(rewrite_every_split(PCR_USAGE_SSE, 0, in, out, 8));
+    /* With strip (pcrouter asked for the usage), the usage-only event is still dropped. */
+    snprintf(out, sizeof out, "%sdata: [DONE]\n\n", chunk);
+    PCR_CHECK(rewrite_every_split(PCR_USAGE_SSE, 1, in, out, 8));
+}
+
 int main(void)
 {
     PCR_RUN(test_mode);
@@ -231,5 +277,6 @@ int main(void)
     PCR_RUN(test_sse_long_events_pass);
     PCR_RUN(test_sse_unfinished_last_event);
     PCR_RUN(test_insert_at);
+    PCR_RUN(test_rewrite);
     return pcr_test_done();
 }

@@ -131,14 +131,16 @@ bench-proxies: deps-bench build
 # WORKERS=N (pcrouter's worker threads); CAPACITY=N (KV tokens per pod, over the workload's);
 # REPEAT=N (runs of each policy, or of each MISCONFIG setup: medians, TTFT pooled over the
 # runs, and with MISCONFIG the share feedback won back); UNSTREAMED=F (that fraction of the
-# requests asks for a whole answer, "stream": false).
+# requests asks for a whole answer, "stream": false); ROLES=2p6d (with WORKLOAD: disaggregated,
+# the same pods collocated against split, PD_MODES=auto,always,never, on the step engine).
 bench-routing: deps-bench build
 	$(PY) bench/routing.py --build $(BUILD) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 	  $(if $(LOAD),--load $(LOAD)) $(if $(BEFORE),--before $(BEFORE)) \
 	  $(if $(MISCONFIG),--misconfig $(MISCONFIG) --replicas 1) $(if $(WORKERS),--workers $(WORKERS)) \
 	  $(if $(CAPACITY),--capacity-tokens $(CAPACITY)) $(if $(REPEAT),--repeat $(REPEAT)) \
 	  $(if $(UNSTREAMED),--unstreamed $(UNSTREAMED)) $(if $(ENGINE),--engine $(ENGINE)) \
-	  $(if $(ZONES),--zones $(ZONES)) $(if $(TIME_SCALE),--time-scale $(TIME_SCALE))
+	  $(if $(ZONES),--zones $(ZONES)) $(if $(TIME_SCALE),--time-scale $(TIME_SCALE)) \
+	  $(if $(ROLES),--roles $(ROLES)) $(if $(PD_MODES),--pd-modes $(PD_MODES))
 
 # cache_aware's knobs on every workload and load in the offline simulator (bench/sweep.py);
 # UNSTREAMED=F as for bench-routing.

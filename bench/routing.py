@@ -28,6 +28,14 @@ the routing targets for cache_aware against the best of the four baselines in th
 --before DIR adds a row for another build's pcrouter (DIR/pcrouter) with cache_aware: before and
 after in one run.
 
+With --roles PpDd (`make bench-routing ROLES=2p6d [PD_MODES=auto,always,never]`) each workload
+runs disaggregated instead, on the step engine: the same P+D pods collocated (every pod both,
+cache_aware), then split (P prefill pods, D decode pods, vllm_sim --role) with pcrouter's
+decision (pd.mode auto) and the two fixed rules (always, never). A workload tuned for another
+pool size has its arrival rate scaled to P+D pods. The table adds where prompts were prefilled
+(pcrouter_pd_decisions_total), and the targets: split+auto ITL p99 at most half collocated's with
+TTFT p99 and output tokens per second no worse, and auto no worse than either fixed rule.
+
 QUICK=1 replays a slice (first 2000 requests; 400 per workload and load) so the whole run takes
 a couple of minutes. The helpers here (Sims, Router, run_replay) are also used by bench/demo.py and
 test/integration/test_replay.py.
@@ -927,6 +935,144 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
     return results
 
 
+def parse_roles(text):
+    """"2p6d" -> (2, 6)."""
+    m = re.match(r"^(\d+)p(\d+)d$", text or "")
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise SystemExit("routing: --roles wants PpDd with P, D >= 1, e.g. 2p6d")
+    return int(m.group(1)), int(m.group(2))
+
+
+def pd_trace(name, load, path, pods):
+    """The workload at `load` with its arrival rate scaled from its own pool to `pods` pods."""
+    w = workloads.WORKLOADS[name]
+    if w.get("trace"):
+        raise SystemExit("routing: --roles takes the generated workloads (%s)" % ", ".join(
+            n for n, v in workloads.WORKLOADS.items() if not v.get("trace")))
+    x = w["loads"][load] * pods / w["pods"]
+    rng = workloads.random.Random("%s/%s/%d" % (name, load, 1))
+    rows = w["make"](rng, x)
+    rows.sort(key=lambda r: r["timestamp"])
+    t0 = rows[0]["timestamp"] if rows else 0
+    with open(path, "w") as f:
+        for r in rows:
+            r["timestamp"] -= t0
+            f.write(json.dumps(r, separators=(", ", ": ")) + "\n")
+
+
+def pd_decisions(router):
+    import urllib.request
+    try:
+        text = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            router.url + "/metrics", timeout=10).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for m in re.finditer(r'^pcrouter_pd_decisions_total\{outcome="([a-z_]+)"\} (\S+)$', text,
+                         re.M):
+        out[m.group(1)] = int(float(m.group(2)))
+    for m in re.finditer(r'^pcrouter_pd_prefill_leg_failures_total\{cause="([a-z_]+)"\} (\S+)$',
+                         text, re.M):
+        out["leg_" + m.group(1)] = int(float(m.group(2)))
+    return out
+
+
+def run_pd(args, build, trace, capacity, time_scale, limit, routing, label, outdir, rotate=0):
+    """Collocated against split, each mode of args.pd_modes, on fresh step-engine pods."""
+    p, d = args.roles
+    names = ["pod-%d" % i for i in range(p + d)]
+    roles = ["prefill"] * p + ["decode"] * d
+    variants = [("collocated", None)] + [("split_" + m, m) for m in args.pd_modes.split(",") if m]
+    k = rotate % len(variants)
+    variants = variants[k:] + variants[:k]
+    print("routing: %s disaggregated: %s, %s requests, %d+%d pods x %d tokens, time scale %g" % (
+        label, os.path.basename(trace), limit or "all", p, d, capacity, time_scale), flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="pcr-pd-") as tmp:
+        for name, mode in variants:
+            sims = front = None
+            t0 = time.monotonic()
+            try:
+                extra = ["--engine", "step", "--tick-us", "10000"]
+                if mode:
+                    extra += ["--role", ",".join(roles)]
+                sims = Sims(build, names, time_scale, capacity, extra=extra)
+                cfg = router_config(sims.urls, "cache_aware", capacity, routing=routing)
+                if mode:
+                    for b, role in zip(cfg["backends"], roles):
+                        b["role"] = role
+                    cfg["pd"] = {"mode": mode}
+                if args.workers:
+                    cfg["workers"] = args.workers
+                front = Router(build, cfg, tmp)
+                print("== %s" % name, flush=True)
+                r = run_replay(build, trace, front.url, list(sims.urls.values()), time_scale,
+                               limit, os.path.join(outdir, "replay_%s.json" % name), name,
+                               cap=args.max_tokens_cap, progress=not args.no_progress)
+                r["pd"] = pd_decisions(front)
+                r.update(flat_figures(r))
+                r["engine"] = "step"
+                results.append(r)
+            except Exception as e:   # one broken run must not hide the others
+                print("routing: %s failed: %s" % (name, e), file=sys.stderr, flush=True)
+            finally:
+                if front:
+                    front.stop()
+                if sims:
+                    sims.stop()
+            print("   (%.0fs)" % (time.monotonic() - t0), flush=True)
+    order = {n: i for i, (n, _) in enumerate(sorted(variants, key=lambda v: v[1] or ""))}
+    results.sort(key=lambda r: order.get(r["label"], 99))
+    return results
+
+
+def pd_targets(by):
+    """(what, ok, detail) for the disaggregation targets, where the runs exist."""
+    out = []
+    col, auto = by.get("collocated"), by.get("split_auto")
+
+    def q(r, key, pq):
+        return (r or {}).get(key, {}).get(pq)
+    if col and auto:
+        a, c = q(auto, "itl_ms_model", "p99"), q(col, "itl_ms_model", "p99")
+        out.append(("split+auto ITL p99 <= 0.5x collocated", a is not None and c and a <= c / 2,
+                    "%s vs %s ms" % (fmt(a, ".1f"), fmt(c, ".1f"))))
+        a, c = q(auto, "ttft_ms_model", "p99"), q(col, "ttft_ms_model", "p99")
+        out.append(("split+auto TTFT p99 <= collocated", a is not None and c and a <= c,
+                    "%s vs %s ms" % (fmt(a, ".0f"), fmt(c, ".0f"))))
+        a, c = auto.get("output_tokens_per_s_model"), col.get("output_tokens_per_s_model")
+        out.append(("split+auto out tok/s >= collocated", a is not None and c and a >= c * 0.99,
+                    "%s vs %s" % (fmt(a, ".0f"), fmt(c, ".0f"))))
+    for rule in ("split_always", "split_never"):
+        other = by.get(rule)
+        if not (auto and other):
+            continue
+        worse = []
+        for key, what in (("ttft_ms_model", "TTFT p99"), ("itl_ms_model", "ITL p99")):
+            a, o = q(auto, key, "p99"), q(other, key, "p99")
+            if a is None or o is None or a > o * 1.05:
+                worse.append("%s %s vs %s" % (what, fmt(a, ".1f"), fmt(o, ".1f")))
+        a, o = auto.get("output_tokens_per_s_model"), other.get("output_tokens_per_s_model")
+        if a is None or o is None or a < o * 0.95:
+            worse.append("tok/s %s vs %s" % (fmt(a, ".0f"), fmt(o, ".0f")))
+        out.append(("split+auto no worse than %s" % rule, not worse,
+                    "; ".join(worse) if worse else "within 5%"))
+    return out
+
+
+def print_pd(name, results):
+    print()
+    print_table(results)
+    for r in results:
+        if r.get("pd"):
+            print("  %-14s %s" % (r["label"], ", ".join(
+                "%s %d" % (k, v) for k, v in sorted(r["pd"].items()) if v)))
+    t = pd_targets({r["label"]: r for r in results})
+    print("pd %-20s %d/%d met: %s" % (name, sum(1 for _, ok, _ in t if ok), len(t), "; ".join(
+        "%s %s (%s)" % ("MET" if ok else "MISS", w, d) for w, ok, d in t)), flush=True)
+    return t
+
+
 def main():
     quick = os.environ.get("QUICK", "") not in ("", "0")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -988,7 +1134,16 @@ def main():
                          " rate), or of every policy on a --workload (the table and the"
                          " targets take the median of each figure, and each run's targets"
                          " are counted) (default 1; QUICK: 3 for the replica setups)")
+    ap.add_argument("--roles", default=None, metavar="PpDd",
+                    help="with --workload: disaggregated runs on P prefill and D decode pods"
+                         " (e.g. 2p6d) against the same pods collocated, on the step engine")
+    ap.add_argument("--pd-modes", default="auto,always,never",
+                    help="with --roles: the pd.mode of each split run (default all three)")
     args = ap.parse_args()
+    if args.roles:
+        args.roles = parse_roles(args.roles)
+        if args.workload is None:
+            raise SystemExit("routing: --roles needs --workload (shared_prefix, chat, agentic)")
     if args.access_log:
         global ACCESS_LOG_DIR
         os.makedirs(args.access_log, exist_ok=True)
@@ -1055,6 +1210,36 @@ def main():
                 trace = os.path.join(outdir, "trace.jsonl")
                 workloads.write(name, load, trace)
                 limit = args.limit if args.limit else (400 if quick else 0)
+                if args.roles:
+                    pods = sum(args.roles)
+                    pd_trace(name, load, trace, pods)
+                    rounds = [run_pd(args, build, trace, args.capacity_tokens or
+                                     w["capacity_tokens"], args.time_scale or w["time_scale"],
+                                     limit, routing, "%s/%s" % (name, load), outdir, rotate=k)
+                              for k in range(args.repeat)]
+                    results = median_results(rounds) if len(rounds) > 1 else rounds[0]
+                    if len(rounds) > 1:   # median_results keeps TTFT; ITL and tok/s too
+                        for r in results:
+                            rs = [x for rnd in rounds for x in rnd if x["label"] == r["label"]]
+                            r["itl_ms_model"] = dict(r.get("itl_ms_model", {}))
+                            v = [x["itl_ms_model"]["p99"] for x in rs
+                                 if x.get("itl_ms_model", {}).get("p99") is not None]
+                            if v:
+                                r["itl_ms_model"]["p99"] = statistics.median(v)
+                            v = [x["output_tokens_per_s_model"] for x in rs
+                                 if x.get("output_tokens_per_s_model") is not None]
+                            if v:
+                                r["output_tokens_per_s_model"] = statistics.median(v)
+                    t = print_pd("%s/%s" % (name, load), results)
+                    summary = [{k2: v for k2, v in r.items() if k2 != "ttft_ms_model_sorted"}
+                               for r in results]
+                    with open(os.path.join(outdir, "pd.json"), "w") as f:
+                        json.dump({"workload": name, "load": load, "roles": "%dp%dd" % args.roles,
+                                   "results": summary,
+                                   "targets": [{"what": a, "met": b, "detail": c}
+                                               for a, b, c in t]}, f, indent=1)
+                    runs.append(("pd %s/%s" % (name, load), t))
+                    continue
                 # Tokens after the first leave the pods in 10 ms batches (wall): hundreds of
                 # long streams at once would otherwise keep this machine's cores busy with
                 # writes. Times to first token are not batched.
@@ -1091,6 +1276,13 @@ def main():
                 if not args.misconfig:   # no baselines ran: nothing to hold the targets against
                     print(summary_line("%s/%s" % (name, load), results), flush=True)
     if args.misconfig:
+        return 0
+    if args.roles:
+        print("\ntargets (disaggregated, %dp%dd):" % args.roles)
+        for name, t in runs:
+            print("%-28s %d/%d met: %s" % (name, sum(1 for _, ok, _ in t if ok), len(t),
+                                          "; ".join("%s %s (%s)" % ("MET" if ok else "MISS", w, d)
+                                                    for w, ok, d in t)))
         return 0
     print("\ntargets (cache_aware against the best of %s):" % ", ".join(BASELINES))
     for name, results in runs:

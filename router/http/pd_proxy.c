@@ -207,7 +207,15 @@ void pcr_pd_prefill(pcr_exchange_t *ex, const pcr_pd_decision_t *pdd, uint64_t n
     if (ex->pd_body != NULL)
         evbuffer_free(ex->pd_body);
     ex->pd_body = body;
-    ex->up = pcr_upstream_send_body(pool, req, ref, &pd_cbs, ex);
+    /* Held and counted in the pod's prefill queue as an unstreamed completion is: its
+     * answer comes at its first token. */
+    pcr_up_prefix_t prefix = {
+        .blocks = ex->key.blocks,
+        .nblocks = (uint32_t)ex->key.nblocks,
+        .matched = pdd->prefill.matched_blocks,
+        .added_from = ex->pd_committed ? ex->pd_added_from : (uint32_t)ex->key.nblocks,
+    };
+    ex->up = pcr_upstream_send_unstreamed(pool, req, ref, ex->prefill, &prefix, &pd_cbs, ex);
     if (ex->up == NULL || ex->pd_resp == NULL) {
         if (ex->up != NULL)
             pcr_upstream_cancel(ex->up);
@@ -230,8 +238,23 @@ static void on_leg_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, 
     (void)n;
     (void)clen;
     ex->pd_status = status;
+    uint64_t now = pcr_now_us();
     pcr_backend_report(ex->be, &ex->w->cfg->outlier,
-                       status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK, pcr_now_us());
+                       status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK, now);
+    if (pcr_upstream_prefill_done(ex->up)) /* held: others may have gone ahead of it */
+        ex->held = 1;
+    /* A one-token answer comes at its first token: its time teaches the prefill pod's rate,
+     * as a stream's first event does (proxy.c), on the first leg only and without Redis. */
+    pcr_worker_t *w = ex->w;
+    uint64_t sent = pcr_upstream_sent_us(ex->up);
+    if (status == 200 && ex->pd_attempts == 1 && !w->cfg->redis.enabled && sent != 0 &&
+        now > sent) {
+        uint64_t ahead = pcr_upstream_sent_ahead(ex->up);
+        pcr_policy_observe(w->policy, ex->be->id, ex->pd_decision.uncached_prefill, ahead,
+                           now - sent);
+        pcr_bus_observe(w->srv->bus, (int)w->id, ex->be->id, ex->pd_decision.uncached_prefill,
+                        ahead, now - sent);
+    }
 }
 
 static void on_leg_body(void *ctx, const char *data, size_t len)
@@ -275,7 +298,7 @@ static void prefill_delivered(pcr_exchange_t *ex, json_t *answer)
     PCR_ADD(be->prompt_tokens, prompt);
     pcr_hist_observe(&w->metrics.cached_error, &pcr_hist_tokens_error,
                      (int64_t)predicted - (int64_t)delivered);
-    if (ex->pd_committed && w->cfg->routing.feedback) {
+    if (ex->pd_committed && !ex->held && w->cfg->routing.feedback) {
         pcr_policy_feedback(w->policy, &ex->key, &ex->pd_decision, delivered,
                             ex->pd_settled_before);
         pcr_bus_feedback(w->srv->bus, (int)w->id, &ex->key, &ex->pd_decision, delivered,
@@ -334,5 +357,15 @@ static void on_leg_error(void *ctx, pcr_up_error_t err, int got_head)
 
 static unsigned *on_leg_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
 
-static const pcr_upstream_cbs_t pd_cbs = {on_leg_head, on_leg_body, on_leg_done, on_leg_error,
-                                          on_leg_owner, NULL, NULL};
+static uint64_t on_leg_prefill_us(void *arg, uint64_t tokens)
+{
+    pcr_exchange_t *ex = arg;
+    double us = pcr_policy_estimate_ttft(ex->w->policy, ex->be->id, tokens);
+    return us > 0 ? (uint64_t)us : 0;
+}
+
+static void on_leg_prefill_due(void *arg) { pcr_exchange_prefill_due(arg); }
+
+static const pcr_upstream_cbs_t pd_cbs = {on_leg_head,  on_leg_body,       on_leg_done,
+                                          on_leg_error, on_leg_owner,      on_leg_prefill_us,
+                                          on_leg_prefill_due};

@@ -537,8 +537,10 @@ static void on_up_body(void *ctx, const char *data, size_t len)
         ex->prefill_ahead = pcr_upstream_sent_ahead(ex->up);
         ex->has_prefill_ahead = 1;
     }
+    /* Not a decode leg's either: what the decode pod pulled is no prefill of its own, and
+     * counted as one it would make the pod look many times faster than it is. */
     if (ex->state != EX_UP_BODY && ex->req.stream && ex->attempts == 1 &&
-        !ex->w->cfg->redis.enabled) {
+        !ex->w->cfg->redis.enabled && ex->pd_state != PD_DECODE) {
         pcr_worker_t *w = ex->w;
         uint64_t sent = pcr_upstream_sent_us(ex->up);
         uint64_t from = sent > ex->t_start ? sent : ex->t_start;

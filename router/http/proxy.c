@@ -619,6 +619,13 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     int retryable = err == PCR_UP_CONNECT || err == PCR_UP_RESET || err == PCR_UP_PROTOCOL ||
                     err == PCR_UP_HELD_OUT;
     if (retryable && can_retry(ex)) {
+        if (ex->pd_state == PD_DECODE && ex->pd_body != NULL) {
+            /* The prefill pod's parameters were for one pull: the next pod prefills itself. */
+            evbuffer_free(ex->pd_body);
+            ex->pd_body = NULL;
+            ex->pd_state = PD_LOCAL;
+            ex->pd_has_cached = 0;
+        }
         pcr_log_info(err == PCR_UP_HELD_OUT
                          ? "backend %s went out of rotation while a request waited for it; "
                            "routing it again"

@@ -181,6 +181,27 @@ def test_prefill_answer_without_params(pods, router_factory, ctl, cause):
     assert metric(m, "pcrouter_requests_total", code=200) == 1
 
 
+def test_decode_fails_retried_without_params(pods, stub_factory, router_factory):
+    pf, dc = pods
+    pf[1].kill()
+    dc.append(stub_factory("dc-2"))
+    dc[0].configure(defaults={"mode": "close"})
+    router = router_factory(pd_config(pf[:1], dc, upstream={"retries": 1}))
+    n = [0]
+
+    def one():
+        n[0] += 1
+        body = {"model": "stub-model", "prompt": "%d %s" % (n[0], LONG), "max_tokens": 4}
+        r = post(router, "/v1/completions", body)
+        assert r.status == 200 and r.header("x-pcrouter-backend") == "dc-2", r
+        return v1_log(dc[0]) and (r, body)
+    r, body = wait_for(one, what="a decode leg that went to the failing pod first")
+    # The retry went without the parameters (they were for one pull) and without the
+    # prefill pod's cached tokens: the pod that answered prefilled itself.
+    assert json.loads(v1_log(dc[1])[-1]["body"]) == body
+    assert r.header("x-pcrouter-prefill") is None
+
+
 def test_client_leaving_during_prefill_cancels_it(pods, router_factory):
     pf, dc = pods
     pf[1].kill()

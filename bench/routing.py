@@ -1001,7 +1001,7 @@ def run_pd(args, build, trace, capacity, time_scale, limit, routing, label, outd
                 if mode:
                     for b, role in zip(cfg["backends"], roles):
                         b["role"] = role
-                    cfg["pd"] = {"mode": mode}
+                    cfg["pd"] = dict(json.loads(args.pd), mode=mode)
                 if args.workers:
                     cfg["workers"] = args.workers
                 front = Router(build, cfg, tmp)
@@ -1139,6 +1139,9 @@ def main():
                          " (e.g. 2p6d) against the same pods collocated, on the step engine")
     ap.add_argument("--pd-modes", default="auto,always,never",
                     help="with --roles: the pd.mode of each split run (default all three)")
+    ap.add_argument("--pd", default="{}",
+                    help='with --roles: extra pd keys for the split runs, as JSON (e.g.'
+                         ' \'{"max_ttft_ratio": 3}\')')
     args = ap.parse_args()
     if args.roles:
         args.roles = parse_roles(args.roles)

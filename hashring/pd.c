@@ -76,9 +76,14 @@ int pcr_pd_decide(pcr_policy_t *p, const pcr_pd_opts_t *o, const pcr_key_t *key,
         int d = out->decode.backend, f = out->prefill.backend;
         out->local_us = pcr_policy_estimate_ttft(
             p, d, loads[d].queued_prefill + out->decode.uncached_prefill);
+        /* The decode leg then waits behind what the decode pod has queued (its scheduler
+         * is first come, first served), as a local prefill would. */
+        double decode_wait = pcr_policy_estimate_ttft(p, d, loads[d].queued_prefill) -
+                             pcr_policy_estimate_ttft(p, d, 0);
         out->remote_us = pcr_policy_estimate_ttft(
                              p, f, loads[f].queued_prefill + out->prefill.uncached_prefill) +
-                         o->transfer_us_per_token * (double)out->decode.uncached_prefill;
+                         o->transfer_us_per_token * (double)out->decode.uncached_prefill +
+                         (decode_wait > 0 ? decode_wait : 0);
         if (out->remote_us > o->max_ttft_ratio * out->local_us) {
             out->prefill.backend = -1;
             out->outcome = PCR_PD_LOCAL_BUSY;

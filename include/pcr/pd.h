@@ -10,8 +10,9 @@
  *     (under min_uncached_tokens: a long prefill is what stalls the decode pod's streams, a
  *     short one costs them little), or when the prefill pods are busy enough that the first
  *     token would come more than max_ttft_ratio times later than prefilling locally (their
- *     queue, the prompt's own prefill there, and the transfer of the blocks the decode pod
- *     pulls, against its own queue and prefill, each in the time the policy learned); else
+ *     queue, the prompt's own prefill there, the transfer of the blocks the decode pod
+ *     pulls and the decode pod's own queue, which the decode leg then waits behind, against
+ *     that queue and the prefill on the decode pod, each in the time the policy learned); else
  *     on a prefill pod.
  * A fixed rule ("always past N tokens") can make the first token many times later when the
  * prefill pods queue; this one keeps the gain where there is one. Pure, as policy.h. */

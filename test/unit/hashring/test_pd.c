@@ -112,6 +112,27 @@ static void test_auto_keeps_the_gain(void)
     pcr_policy_free(p);
 }
 
+/* A remote prefill's decode leg waits behind the decode pod's queue as a local prefill does:
+ * a busy decode pod makes both expected first tokens later by the same time. */
+static void test_remote_waits_for_the_decode_queue(void)
+{
+    pcr_policy_t *p = make();
+    pcr_pd_opts_t o;
+    pcr_pd_opts_default(&o);
+    pcr_backend_load_t l[NB], scratch[NB];
+    idle(l);
+    keybuf_t kb;
+    pcr_key_t *k = key_of(p, &kb, 40000, 'w');
+    pcr_pd_decision_t idle_d, busy_d;
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &idle_d), 0);
+    l[2].queued_prefill = l[3].queued_prefill = 50000;
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &busy_d), 0);
+    double dl = busy_d.local_us - idle_d.local_us, dr = busy_d.remote_us - idle_d.remote_us;
+    PCR_CHECK(dl > 0);
+    PCR_CHECK(dr > dl * 0.99 && dr < dl * 1.01);
+    pcr_policy_free(p);
+}
+
 /* No prefill pod usable: the decode pod prefills (fallback). No decode pod: unavailable. */
 static void test_fallbacks(void)
 {
@@ -143,6 +164,7 @@ int main(void)
 {
     PCR_RUN(test_modes);
     PCR_RUN(test_auto_keeps_the_gain);
+    PCR_RUN(test_remote_waits_for_the_decode_queue);
     PCR_RUN(test_fallbacks);
     return pcr_test_done();
 }

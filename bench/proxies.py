@@ -11,8 +11,18 @@ This machine has 2 cores shared by everything, and runs vary by 20-35%: each rep
 every target once per protocol, in an order rotated from one repetition to the next, and the
 figures are medians over repetitions. Every process started here is killed on exit.
 
-Python standard library only. Usage:
+TLS (docs/BENCHMARKS.md): `--modes plain,tls,tls-pods,tls-both` picks what is encrypted (the
+clients' side, the pods' side, both), with one ECDSA P-256 certificate the harness makes with
+openssl, TLS 1.3 and X25519 on every proxy (checked with s_client before loading); `--tls` is
+`--modes tls,tls-pods`. `--matrix` runs every mode twice, pinned (`--pin split`) and unpinned
+(`--pin none`), each at one thread and at the default thread count (pcrouter `workers` 0 against
+HAProxy's default nbthread). `--handshakes` adds new and resumed TLS handshakes per proxy
+CPU-second (openssl s_time -new / -reuse), `--idle N` the memory per idle keep-alive
+connection (HTTP/1.1 and h2 over TLS; bench/proxies/idle_conns.py opens them).
+
+Python standard library only (and the h2 package for `--idle`'s h2 rows). Usage:
     bench/proxies.py --build build [--reps N] [--duration S] [--pin split|none] [--defaults]
+    bench/proxies.py --build build --modes plain,tls,tls-pods --matrix --handshakes --idle 10000
     QUICK=1 bench/proxies.py ...      # 2 repetitions of 2 s: a smoke run, not a measurement
     KEEP_TMP=1 ...                    # keep the temp folder (configs, pcrouter.log, error logs)
     --only direct,pcrouter,haproxy,nginx,haproxy_default,nginx_default   # a subset of targets
@@ -25,6 +35,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -165,6 +176,25 @@ def group_cpu_seconds(pgid):
     return user / tck, system / tck
 
 
+def group_rss_kb(pgid):
+    """Resident memory (VmRSS, KiB) of every live process in process group pgid."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
+                    continue
+            with open("/proc/%s/status" % pid) as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def log_tail(path, n=15):
     if not path or not os.path.exists(path):
         return ""
@@ -216,11 +246,51 @@ class Target:
         return self.proc is None or self.proc.poll() is None
 
 
+def make_pki(d):
+    """A CA and a server certificate it signs (ECDSA P-256, for localhost and 127.0.0.1), made
+    with openssl: every proxy and the TLS pods serve the same one."""
+    def ossl(*argv):
+        r = subprocess.run(("openssl",) + argv, cwd=d, capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise BenchError("openssl %s: %s" % (argv[0], r.stderr[-500:]))
+    ec = ("-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256")
+    ossl("genpkey", *ec, "-out", "ca.key")
+    ossl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=pcr-bench-ca", "-days", "2",
+         "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem")
+    ossl("genpkey", *ec, "-out", "server.key")
+    ossl("req", "-new", "-key", "server.key", "-subj", "/CN=localhost", "-out", "server.csr")
+    with open(os.path.join(d, "server.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+         "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.pem")
+    pki = {k: os.path.join(d, v) for k, v in (("ca", "ca.pem"), ("cert", "server.pem"),
+                                              ("key", "server.key"), ("bundle", "server-haproxy.pem"))}
+    with open(pki["bundle"], "w") as out:   # HAProxy's crt: certificate then key, one file
+        for k in ("cert", "key"):
+            with open(pki[k]) as f:
+                out.write(f.read())
+    return pki
+
+
+MODES = ("plain", "tls", "tls-pods", "tls-both")
+TLS_NAME = "TLSv1.3"        # the one version every TLS row pins (HAProxy, nginx; pcrouter's max)
+TLS_GROUP = "X25519"        # the one key-exchange group (OpenSSL's first; HAProxy, nginx pinned)
+
+
 class Bench:
-    def __init__(self, args):
+    def __init__(self, args, pin=None, mode="plain"):
         self.args = args
-        self.procs = Procs(args.pin == "split")
+        self.pin = pin or args.pin
+        self.mode = mode
+        self.tls_front = mode in ("tls", "tls-both")   # clients speak TLS to the proxy
+        self.tls_pods = mode in ("tls-pods", "tls-both")  # the proxy speaks TLS to the pods
+        self.scheme = "https" if self.tls_front else "http"
+        self.procs = Procs(self.pin == "split")
         self.dir = tempfile.mkdtemp(prefix="pcr-bench-proxies-")
+        self.pki = make_pki(self.dir) if (self.tls_front or self.tls_pods) else None
+        # The idle rows need a client connection each beyond the default caps.
+        self.maxconn = max(8000, args.idle + 200)
         self.req = request_body()
         self.resp = response_body()
         # Pinning ("split"): the load generator and the stub backends share CPU 0, the proxy
@@ -238,15 +308,36 @@ class Bench:
         b1, b1h2, b2 = free_port(), free_port(), free_port()
         for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             os.makedirs(os.path.join(self.dir, "backends-tmp", d), exist_ok=True)
+        ports = {"b1": b1, "b1_h2c": b1h2, "b2": b2}
+        tls_servers = ""
+        if self.pki:
+            # b1s, b2s: the pods over TLS (HTTP/1.1); b1_h2s: backend 1 with ALPN h2 (direct).
+            for name, extra in (("b1s", ""), ("b2s", ""), ("b1_h2s", " http2")):
+                ports[name] = free_port()
+                tls_servers += (
+                    "server {\n        listen 127.0.0.1:%d ssl%s backlog=4096;\n"
+                    "        ssl_certificate %s;\n        ssl_certificate_key %s;\n"
+                    "        ssl_protocols %s;\n        ssl_ecdh_curve %s;\n"
+                    "        location = /v1/completions { return 200 '%s'; }\n"
+                    "        location = /health { return 200 'ok'; }\n    }\n    "
+                    % (ports[name], extra, self.pki["cert"], self.pki["key"], TLS_NAME,
+                       TLS_GROUP, self.resp))
         conf = render("backends_nginx.conf.tmpl", os.path.join(self.dir, "backends.conf"),
-                      DIR=self.dir, B1_PORT=b1, B1_H2C_PORT=b1h2, B2_PORT=b2, RESPONSE=self.resp)
+                      DIR=self.dir, B1_PORT=b1, B1_H2C_PORT=b1h2, B2_PORT=b2, RESPONSE=self.resp,
+                      TLS_SERVERS=tls_servers)
         log = os.path.join(self.dir, "backends-error.log")
         p = self.procs.start("backends(nginx)", ["nginx", "-p", self.dir, "-c", conf, "-e", log],
                              self.cpu_backends)
-        for port in (b1, b1h2, b2):
+        for port in ports.values():
             wait_port(port, p, log)
-        self.backend_ports = {"b1": b1, "b1_h2c": b1h2, "b2": b2}
+        self.backend_ports = ports
         return p
+
+    def pod_ports(self):
+        """The two pods' ports as the proxies reach them (TLS ones with TLS to the pods)."""
+        if self.tls_pods:
+            return self.backend_ports["b1s"], self.backend_ports["b2s"]
+        return self.backend_ports["b1"], self.backend_ports["b2"]
 
     # -- proxies -------------------------------------------------------------------------------
     def start_haproxy(self, matched, threads=1, hashing=False):
@@ -261,10 +352,19 @@ class Bench:
             tune = "tune.bufsize 524288"
         else:
             balance, tune = "balance roundrobin", ""
+        bind_ssl = server_ssl = ""
+        ver = TLS_NAME
+        if self.tls_front:
+            bind_ssl = ("ssl crt %s alpn h2,http/1.1 ssl-min-ver %s ssl-max-ver %s curves %s"
+                        % (self.pki["bundle"], ver, ver, TLS_GROUP))
+        if self.tls_pods:
+            server_ssl = ("ssl verify required ca-file %s sni str(localhost) verifyhost localhost "
+                          "ssl-min-ver %s ssl-max-ver %s" % (self.pki["ca"], ver, ver))
+        p1, p2 = self.pod_ports()
         conf = render("haproxy.cfg.tmpl", os.path.join(self.dir, "haproxy-%s.cfg" % tag),
                       NBTHREAD="nbthread %d" % threads if matched else "", PORT=port,
-                      TUNE=tune, BALANCE=balance,
-                      B1_PORT=self.backend_ports["b1"], B2_PORT=self.backend_ports["b2"])
+                      TUNE=tune, BALANCE=balance, MAXCONN=self.maxconn, BIND_SSL=bind_ssl,
+                      SERVER_SSL=server_ssl, B1_PORT=p1, B2_PORT=p2)
         log = os.path.join(self.dir, "haproxy-%s.log" % tag)
         cpus = (self.cpu_proxy if threads == 1 else self.cpu_all) if matched else None
         with open(log, "w") as lf:
@@ -278,10 +378,25 @@ class Bench:
         h1, h2 = free_port(), free_port()
         for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             os.makedirs(os.path.join(self.dir, "nginx-%s-tmp" % tag, d), exist_ok=True)
+        server_ssl = proxy_ssl = ""
+        if self.tls_front:
+            server_ssl = ("ssl_certificate %s;\n        ssl_certificate_key %s;\n"
+                          "        ssl_protocols %s;\n        ssl_ecdh_curve %s;"
+                          % (self.pki["cert"], self.pki["key"], TLS_NAME, TLS_GROUP))
+        if self.tls_pods:
+            proxy_ssl = ("proxy_ssl_verify on;\n            proxy_ssl_trusted_certificate %s;\n"
+                         "            proxy_ssl_name localhost;\n"
+                         "            proxy_ssl_server_name on;\n"
+                         "            proxy_ssl_protocols %s;\n"
+                         "            proxy_ssl_session_reuse on;" % (self.pki["ca"], TLS_NAME))
+        p1, p2 = self.pod_ports()
         conf = render("nginx.conf.tmpl", os.path.join(self.dir, "nginx-%s.conf" % tag),
                       DIR=self.dir, TAG=tag, WORKERS=1 if matched else "auto", H1_PORT=h1,
-                      H2C_PORT=h2, B1_PORT=self.backend_ports["b1"],
-                      B2_PORT=self.backend_ports["b2"])
+                      H2C_PORT=h2, B1_PORT=p1, B2_PORT=p2,
+                      H1_LISTEN="ssl" if self.tls_front else "",
+                      H2_LISTEN="ssl http2" if self.tls_front else "http2",
+                      SERVER_SSL=server_ssl, SCHEME="https" if self.tls_pods else "http",
+                      PROXY_SSL=proxy_ssl)
         log = os.path.join(self.dir, "nginx-%s-error.log" % tag)
         p = self.procs.start("nginx-" + tag, ["nginx", "-p", self.dir, "-c", conf, "-e", log],
                              self.cpu_proxy if matched else None)
@@ -297,15 +412,24 @@ class Bench:
                                 "-before" if binary else "",
                                 "" if batch_wait_us is None else "-bw%d" % batch_wait_us)
         conf = os.path.join(self.dir, "pcrouter-%s.json" % tag)
+        listen = {"address": "127.0.0.1:0"}
+        if self.tls_front:
+            listen["tls"] = {"cert": self.pki["cert"], "key": self.pki["key"]}
+        backends = []
+        for name, port in zip(("b1", "b2"), self.pod_ports()):
+            b = {"name": name, "url": "%s://127.0.0.1:%d" % (
+                "https" if self.tls_pods else "http", port)}
+            if self.tls_pods:
+                b["tls"] = {"ca_file": self.pki["ca"], "server_name": "localhost"}
+            backends.append(b)
         cfg = {
-            "listen": [{"address": "127.0.0.1:0"}],
-            "backends": [
-                {"name": "b1", "url": "http://127.0.0.1:%d" % self.backend_ports["b1"]},
-                {"name": "b2", "url": "http://127.0.0.1:%d" % self.backend_ports["b2"]}],
+            "listen": [listen],
+            "backends": backends,
             "workers": workers,
             "io_uring": io_uring,
             "routing": {"policy": policy},
-            "limits": {"max_body_bytes": 4 << 20},
+            "limits": {"max_body_bytes": 4 << 20, "max_client_connections": self.maxconn},
+            "timeouts": {"client_idle_ms": 300000},
             "log": {"access_log": False},
             "health": {"interval_ms": 1000},
             "scrape": {"interval_ms": 0, "models_interval_ms": 0},
@@ -321,11 +445,14 @@ class Bench:
             shutil.copy2(binary or self.args.pcrouter, exe)
         argv = [exe, "-c", conf]
         if self.args.perf and policy == "cache_aware" and workers == 1 and io_uring and not binary:
-            data = os.path.join(OUT_DIR, "perf-pcrouter.data")
+            data = os.path.join(OUT_DIR, "perf-pcrouter%s.data" % (
+                "" if self.mode == "plain" else "-" + self.mode))
             os.makedirs(OUT_DIR, exist_ok=True)
             argv = ["perf", "record", "-e", "cpu-clock", "-F", "999", "-g", "-o", data, "--"] + argv
+        # workers 0 (one per CPU it may use) is the default-count row: unpinned, as HAProxy's.
         p = self.procs.start("pcrouter-" + tag, argv,
-                             self.cpu_proxy if workers == 1 else self.cpu_all,
+                             self.cpu_proxy if workers == 1 else
+                             self.cpu_all if workers else None,
                              stderr=subprocess.PIPE)
         port_box, ready = [], threading.Event()
 
@@ -354,8 +481,13 @@ class Bench:
 
     # -- checks --------------------------------------------------------------------------------
     def smoke(self, target):
-        """One HTTP/1.1 POST and a few h2c ones must get 200 with the stub's body."""
-        c = http.client.HTTPConnection("127.0.0.1", target.ports["h1"], timeout=5)
+        """One HTTP/1.1 POST and a few h2c ones (h2 over TLS) must get 200 with the stub's body."""
+        if self.tls_front:
+            ctx = ssl.create_default_context(cafile=self.pki["ca"])
+            c = http.client.HTTPSConnection("127.0.0.1", target.ports["h1"], timeout=5,
+                                            context=ctx)
+        else:
+            c = http.client.HTTPConnection("127.0.0.1", target.ports["h1"], timeout=5)
         try:
             c.request("POST", "/v1/completions", body=self.req,
                       headers={"Content-Type": "application/json"})
@@ -368,8 +500,106 @@ class Bench:
                              % (target.label, r.status, len(data), len(self.resp)))
         res = self.run_h2load(target, n=8)
         if res["ok"] != 8:
-            raise BenchError("%s (h2c): %d of 8 requests got 2xx: %s"
-                             % (target.label, res["ok"], res["raw_tail"]))
+            raise BenchError("%s (%s): %d of 8 requests got 2xx: %s"
+                             % (target.label, self.proto_label("h2"), res["ok"], res["raw_tail"]))
+
+    def proto_label(self, p):
+        if self.tls_front:
+            return "HTTP/1.1+TLS" if p == "h1" else "h2+TLS"
+        return "HTTP/1.1" if p == "h1" else "h2c"
+
+    def tls_check(self, target):
+        """What a TLS client negotiates with target (version, cipher, group), from s_client:
+        every proxy must give the same, or the rows would not compare like with like."""
+        out = {}
+        for p in ("h1", "h2"):
+            r = subprocess.run(["openssl", "s_client", "-connect", "127.0.0.1:%d" % target.ports[p],
+                                "-alpn", "h2,http/1.1" if p == "h2" else "http/1.1",
+                                "-CAfile", self.pki["ca"]],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               errors="replace", timeout=15)
+            text = r.stdout + r.stderr
+            ver = re.search(r"New, (TLSv[\d.]+), Cipher is (\S+)", text)
+            grp = re.search(r"Server Temp Key: ([^,\s]+)", text)
+            alpn = re.search(r"ALPN protocol: (\S+)", text)
+            vfy = re.search(r"Verify return code: (\d+)", text)
+            out[p] = "%s %s %s ALPN %s verify %s" % (
+                ver.group(1) if ver else "?", ver.group(2) if ver else "?",
+                grp.group(1) if grp else "?", alpn.group(1) if alpn else "-",
+                "ok" if vfy and vfy.group(1) == "0" else "FAILED")
+            want = "%s %s" % (TLS_NAME, TLS_GROUP)
+            if not ver or ver.group(1) != TLS_NAME or not grp or grp.group(1) != TLS_GROUP:
+                raise BenchError("%s (%s) negotiates %s, not %s" % (target.label, p, out[p], want))
+            if p == "h2" and (not alpn or alpn.group(1) != "h2"):
+                raise BenchError("%s (%s) does not select h2 by ALPN: %s" % (target.label, p, out[p]))
+        return out
+
+    # -- handshakes ----------------------------------------------------------------------------
+    def run_s_time(self, target, reuse, duration):
+        """openssl s_time against target's TLS port for `duration` seconds: new handshakes each
+        time (-new) or the first session resumed (-reuse). Each connection asks for /health
+        over HTTP/1.0, which every proxy answers itself (HAProxy's `http-request return`): a
+        TLS 1.3 client has its session ticket only once it has read after the handshake.
+        Returns the connections it made and how many of them resumed (s_time prints one 'r'
+        per resumed one, '*' per full one)."""
+        argv = ["openssl", "s_time", "-connect", "127.0.0.1:%d" % target.ports["h1"],
+                "-reuse" if reuse else "-new", "-time", str(duration), "-tls1_3",
+                "-www", "/health"]
+        if self.procs.pin:
+            argv = ["taskset", "-c", self.cpu_client] + argv
+        t0 = time.monotonic()
+        out = self._run(argv, duration)
+        secs = time.monotonic() - t0
+        m = re.search(r"(\d+) connections in ([\d.]+)s", out)
+        if not m:
+            raise BenchError("s_time gave no summary:\n" + out[-2000:])
+        n = int(m.group(1))
+        marks = re.findall(r"^([r*t3]+)$", out, re.M)
+        resumed = sum(x.count("r") for x in marks)
+        return {"handshakes": n, "resumed": resumed, "rps": n / secs if secs else 0.0,
+                "requests": n, "ok": n, "errors": {}, "p50_ms": 0.0, "p99_ms": 0.0,
+                "raw_tail": out[-600:]}
+
+    # -- idle connections ----------------------------------------------------------------------
+    def run_idle(self, target, proto):
+        """RSS of the proxy's processes per idle keep-alive connection: args.idle connections
+        opened (one POST each), held, measured, closed. Returns the figures."""
+        pgid = target.proc.pid
+        before = group_rss_kb(pgid)
+        argv = [sys.executable, os.path.join(TEMPLATES, "idle_conns.py"), "--port",
+                str(target.ports[proto]), "--count", str(self.args.idle), "--deadline",
+                str(self.args.idle_deadline), "--body", self.req_file]
+        if self.tls_front:
+            argv.append("--tls")
+        if proto == "h2":
+            argv.append("--h2")
+        if self.procs.pin:
+            argv = ["taskset", "-c", self.cpu_client] + argv
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        line, box = "", []
+        t = threading.Thread(target=lambda: box.append(p.stdout.readline()), daemon=True)
+        t.start()
+        t.join(self.args.idle_deadline + 30)
+        line = box[0] if box else ""
+        after = group_rss_kb(pgid)
+        try:
+            p.stdin.write("\n")
+            p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+        m = re.search(r"OPEN (\d+) FAILED (\d+)(.*)", line)
+        if not m:
+            raise BenchError("idle_conns.py gave no count: %r" % line)
+        n, failed = int(m.group(1)), int(m.group(2))
+        return {"open": n, "failed": failed, "error": m.group(3).strip(),
+                "rss_before_kb": before, "rss_after_kb": after,
+                "bytes_per_conn": (after - before) * 1024.0 / n if n else 0.0}
 
     # -- load generators -----------------------------------------------------------------------
     def wrk_script(self):
@@ -389,7 +619,8 @@ class Bench:
 
     def run_wrk(self, target, duration):
         argv = ["wrk", "-t1", "-c%d" % self.args.h1_conns, "-d%ds" % duration, "--timeout", "5s",
-                "-s", self.lua, "http://127.0.0.1:%d/v1/completions" % target.ports["h1"]]
+                "-s", self.lua, "%s://127.0.0.1:%d/v1/completions" % (self.scheme,
+                                                                     target.ports["h1"])]
         if self.procs.pin:
             argv = ["taskset", "-c", self.cpu_client] + argv
         out = self._run(argv, duration)
@@ -415,7 +646,8 @@ class Bench:
                      "-D", str(duration)]
         else:
             argv += ["-c1", "-m4", "-n%d" % n]
-        argv.append("http://127.0.0.1:%d/v1/completions" % target.ports["h2"])
+        # https: h2load offers ALPN h2 (its default list), which every TLS row must select.
+        argv.append("%s://127.0.0.1:%d/v1/completions" % (self.scheme, target.ports["h2"]))
         if self.procs.pin:
             argv = ["taskset", "-c", self.cpu_client] + argv
         out = self._run(argv, duration or 5)
@@ -445,8 +677,8 @@ class Bench:
 
     def _run(self, argv, duration):
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + RUN_SLACK,
-                               start_new_session=True)
+            r = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                               timeout=duration + RUN_SLACK, start_new_session=True)
         except subprocess.TimeoutExpired as e:
             raise BenchError("%s did not finish within %.0f s" % (argv[0], duration + RUN_SLACK))
         return r.stdout + r.stderr
@@ -523,8 +755,37 @@ def parse_args():
     ap.add_argument("--protos", default="h1,h2",
                     help="comma-separated protocols to load: h1 (wrk), h2 (h2load, h2c); one "
                          "alone keeps a --perf profile to that protocol")
+    ap.add_argument("--modes", default="plain",
+                    help="comma-separated: plain, tls (clients to the proxy), tls-pods (the "
+                         "proxy to the pods, verified), tls-both")
+    ap.add_argument("--tls", action="store_true", help="short for --modes tls,tls-pods")
+    ap.add_argument("--threads", default="1",
+                    help="1, default or 1,default: the default-count rows are pcrouter "
+                         "workers 0 against HAProxy's default nbthread (and nginx auto)")
+    ap.add_argument("--matrix", action="store_true",
+                    help="every mode pinned (split) and unpinned (none), at 1 thread and the "
+                         "default count; the variant rows (hash, round_robin, epoll, 2 "
+                         "threads) are left out unless --only names them")
+    ap.add_argument("--handshakes", action="store_true",
+                    help="TLS modes: new and resumed handshakes per proxy CPU-second "
+                         "(openssl s_time -new / -reuse, --duration each)")
+    ap.add_argument("--idle", type=int, default=0, metavar="N",
+                    help="memory per idle keep-alive connection with N connections (HTTP/1.1, "
+                         "and h2 in TLS modes) on each proxy")
+    ap.add_argument("--idle-deadline", type=float, default=180.0,
+                    help="seconds the idle client gets to open its connections")
     ap.add_argument("--json", default=os.path.join(OUT_DIR, "proxies.json"))
     a = ap.parse_args()
+    a.modes = ["tls", "tls-pods"] if a.tls and a.modes == "plain" else \
+        [x for x in a.modes.split(",") if x]
+    if not a.modes or set(a.modes) - set(MODES):
+        ap.error("--modes: some of %s, comma-separated" % ", ".join(MODES))
+    a.threads = [x for x in a.threads.split(",") if x]
+    if not a.threads or set(a.threads) - {"1", "default"}:
+        ap.error("--threads: 1, default or both")
+    a.pins = [a.pin]
+    if a.matrix:
+        a.pins, a.threads, a.two_threads = ["split", "none"], ["1", "default"], False
     a.quick = quick
     a.build = os.path.abspath(a.build)
     a.pcrouter = find_pcrouter(a.build)
@@ -544,36 +805,100 @@ def fmt_ratio(x):
 
 def main():
     args = parse_args()
-    for tool in ("nginx", "haproxy", "wrk", "h2load") + (("taskset",) if args.pin == "split"
-                                                          else ()):
+    tools = ("nginx", "haproxy", "wrk", "h2load") + (("taskset",) if "split" in args.pins else ())
+    if args.modes != ["plain"] or args.handshakes:
+        tools += ("openssl",)
+    for tool in tools:
         if not shutil.which(tool):
             print("bench/proxies.py: %s not found (make deps-bench installs it)" % tool,
                   file=sys.stderr)
             return 2
-    if os.cpu_count() and os.cpu_count() < 2 and args.pin == "split":
-        args.pin = "none"
+    if os.cpu_count() and os.cpu_count() < 2:
+        args.pins = ["none"]
 
     # SIGTERM/SIGINT unwind through the finally below, which stops every process.
     def on_signal(signum, _frame):
         raise KeyboardInterrupt("signal %d" % signum)
     signal.signal(signal.SIGTERM, on_signal)
 
-    b = Bench(args)
-    anomalies, notes = [], []
-    try:
-        return run(b, args, anomalies, notes)
-    except BenchError as e:
-        print("bench/proxies.py: %s" % e, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench/proxies.py: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        b.procs.stop_all()
-        if os.environ.get("KEEP_TMP"):
-            print("kept %s" % b.dir, file=sys.stderr)
-        else:
-            shutil.rmtree(b.dir, ignore_errors=True)
+    configs = []
+    for pin in args.pins:
+        for mode in args.modes:
+            if len(args.pins) * len(args.modes) > 1:
+                print("=" * 100 + "\n%s, %s\n" % (MODE_TEXT[mode], PIN_TEXT[pin]) + "=" * 100,
+                      flush=True)
+            b = Bench(args, pin, mode)
+            anomalies, notes = [], []
+            try:
+                configs.append(run(b, args, anomalies, notes))
+            except BenchError as e:
+                print("bench/proxies.py: %s" % e, file=sys.stderr)
+                return 1
+            except KeyboardInterrupt:
+                print("bench/proxies.py: interrupted", file=sys.stderr)
+                return 130
+            finally:
+                b.procs.stop_all()
+                if os.environ.get("KEEP_TMP"):
+                    print("kept %s" % b.dir, file=sys.stderr)
+                else:
+                    shutil.rmtree(b.dir, ignore_errors=True)
+    if len(configs) > 1 or args.handshakes or args.idle or "default" in args.threads:
+        matrix_report(args, configs)
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(configs[0] if len(configs) == 1 else {"configs": configs}, f, indent=1)
+    print("\nwrote %s" % os.path.relpath(args.json, ROOT))
+    return 0
+
+
+MODE_TEXT = {"plain": "plain text both ways", "tls": "TLS from the clients, plain to the pods",
+             "tls-pods": "plain from the clients, TLS to the pods (verified)",
+             "tls-both": "TLS from the clients and to the pods"}
+PIN_TEXT = {"split": "pinned (--pin split)", "none": "unpinned (--pin none): shared cores"}
+# pcrouter's row and HAProxy's it is paired with, per thread count.
+PAIRS = (("pcrouter", "haproxy", "1 thread"), ("pcrouter_w0", "haproxy_default", "default"))
+
+
+def pair_rows(b, results, protos, size):
+    """pcrouter over HAProxy, requests per proxy CPU-second, paired by repetition."""
+    rows = []
+    for pcr, ha, threads in PAIRS:
+        for p in protos:
+            pr = paired_ratios(results.get(pcr, {}).get(p, []), results.get(ha, {}).get(p, []))
+            if "paired_per_core_ratio" in pr:
+                rows.append({"pin": b.pin, "mode": b.mode, "threads": threads,
+                             "what": "%s %d B" % (b.proto_label(p), size),
+                             "ratio": pr["paired_per_core_ratio"],
+                             "reps": pr["per_rep_per_core_ratios"],
+                             "rps_ratio": pr["paired_rps_ratio"],
+                             "p99_ratio": pr["paired_p99_ratio"]})
+    return rows
+
+
+def matrix_report(args, configs):
+    print("\n" + "=" * 100)
+    print("pcrouter over HAProxy 2.6, paired by repetition (median of the per-repetition ratios;"
+          "\neach repetition's in brackets): requests (handshakes) per proxy CPU-second; "
+          "req/s and p99 beside")
+    print("%-6s %-9s %-9s %-30s %6s  %-26s %6s %6s" % ("pin", "mode", "threads", "row", "ratio",
+                                                     "per repetition", "req/s", "p99"))
+    for c in configs:
+        for r in c.get("pairs", []):
+            print("%-6s %-9s %-9s %-30s %5.2fx  %-26s %6s %6s"
+                  % (r["pin"], r["mode"], r["threads"], r["what"], r["ratio"],
+                     "(" + " ".join("%.2f" % x for x in r["reps"]) + ")",
+                     fmt_ratio(r.get("rps_ratio")), fmt_ratio(r.get("p99_ratio"))))
+    idle = [(c["settings"]["pin"], c["settings"]["mode"], row) for c in configs
+            for row in c.get("idle", [])]
+    if idle:
+        print("\nIdle keep-alive connections (%d asked): proxy RSS per connection" % args.idle)
+        for pin, mode, row in idle:
+            print("%-6s %-9s %-34s %-12s %6d open %5d failed %8.0f B/conn"
+                  % (pin, mode, row["label"], row["proto"], row["open"], row["failed"],
+                     row["bytes_per_conn"]))
+    if args.quick:
+        print("\nQUICK run: smoke figures, not a measurement.")
 
 
 def set_body(b, size):
@@ -587,7 +912,10 @@ def set_body(b, size):
 
 def make_targets(b, args):
     direct = Target("direct", "direct (backend 1)")
-    direct.ports = {"h1": b.backend_ports["b1"], "h2": b.backend_ports["b1_h2c"]}
+    if b.tls_front:
+        direct.ports = {"h1": b.backend_ports["b1s"], "h2": b.backend_ports["b1_h2s"]}
+    else:
+        direct.ports = {"h1": b.backend_ports["b1"], "h2": b.backend_ports["b1_h2c"]}
     targets = [direct,
                Target("haproxy", "HAProxy round robin, 1 thread", lambda: b.start_haproxy(True)),
                Target("haproxy_hash", "HAProxy JSON hash, 1 thread",
@@ -610,12 +938,20 @@ def make_targets(b, args):
         if args.pcrouter:
             targets.append(Target("pcrouter_w2", "pcrouter cache_aware, 2 workers",
                                   lambda: b.start_pcrouter(workers=2)))
-    if args.defaults:
+    if args.defaults or "default" in args.threads:
         targets += [Target("haproxy_default", "HAProxy default nbthread",
                            lambda: b.start_haproxy(False)),
                     Target("nginx_default", "nginx workers auto", lambda: b.start_nginx(False))]
+    if "default" in args.threads and args.pcrouter:
+        targets.append(Target("pcrouter_w0", "pcrouter cache_aware, workers 0 (default)",
+                              lambda: b.start_pcrouter(workers=0)))
     if args.only:
         keep = set(args.only.split(","))
+        targets = [t for t in targets if t.name in keep]
+    elif b.mode != "plain" or args.matrix:
+        # The TLS and matrix rows: the proxies at their thread counts, not the variants.
+        keep = {"direct", "haproxy", "nginx", "pcrouter", "pcrouter_before", "haproxy_t2",
+                "pcrouter_w2", "haproxy_default", "nginx_default", "pcrouter_w0"}
         targets = [t for t in targets if t.name in keep]
     return targets
 
@@ -627,11 +963,14 @@ def run(b, args, anomalies, notes):
         notes.append("pcrouter not found in %s (build it: ninja -C %s): its rows are missing"
                      % (args.build, args.build))
     set_body(b, args.bodies[0])
+    negotiated = {}
     for t in list(targets):
         try:
             if t.starter:
                 t.start()
             b.smoke(t)
+            if b.tls_front:
+                negotiated[t.name] = b.tls_check(t)
         except BenchError as e:
             if not t.name.startswith("pcrouter"):
                 raise
@@ -647,9 +986,13 @@ def run(b, args, anomalies, notes):
                 "h2load": tool_version(["h2load", "--version"]),
                 "pcrouter": tool_version([args.pcrouter, "--version"]) if args.pcrouter else "-"}
     header(b, args, versions, targets)
+    for name, n in negotiated.items():
+        print("  TLS %-16s h1: %s; h2: %s" % (name, n["h1"], n["h2"]))
+    if negotiated:
+        print(flush=True)
 
     protos = tuple(p for p in ("h1", "h2") if p in args.protos)
-    summaries, all_results = {}, {}
+    summaries, all_results, pairs = {}, {}, []
     for size in args.bodies:
         set_body(b, size)
         for t in targets:
@@ -685,21 +1028,25 @@ def run(b, args, anomalies, notes):
                     bad = {k: v for k, v in r["errors"].items() if v}
                     if bad or r["ok"] < r["requests"]:
                         anomalies.append("%s %s %d B rep %d: %d requests, %d 2xx, errors %s"
-                                         % (t.label, "HTTP/1.1" if proto == "h1" else "h2c",
+                                         % (t.label, b.proto_label(proto),
                                             len(b.req), rep + 1, r["requests"], r["ok"], bad))
                     if not t.alive():
                         restart(t, anomalies, rep, proto, b)
             print("  %d B bodies: repetition %d/%d done" % (len(b.req), rep + 1, args.reps),
                   flush=True)
-        summaries[size] = report(targets, results, protos, len(b.req))
+        summaries[size] = report(b, targets, results, protos, len(b.req))
+        pairs += pair_rows(b, results, protos, len(b.req))
         for t in targets:
             for p in protos:
                 for r in results[t.name][p]:
                     r.pop("raw_tail", None)
         all_results[size] = results
+    handshakes = run_handshakes(b, args, targets, backends, anomalies, pairs) \
+        if args.handshakes and b.tls_front else {}
+    idle = run_idle_rows(b, args, targets, anomalies) if args.idle else []
     if backends.poll() is not None:
         anomalies.append("the stub backends exited (status %s)" % backends.returncode)
-    verdicts = targets_report(summaries)
+    verdicts = targets_report(b, summaries)
     for n in notes:
         print("note: " + n)
     if anomalies:
@@ -708,19 +1055,107 @@ def run(b, args, anomalies, notes):
             print("  " + a)
     else:
         print("\nNo errors, non-2xx responses or crashes on any target.")
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"settings": {"reps": args.reps, "duration_s": args.duration,
-                                "quick": args.quick, "pin": args.pin, "bodies": args.bodies,
+    return {"settings": {"reps": args.reps, "duration_s": args.duration,
+                                "quick": args.quick, "pin": b.pin, "mode": b.mode,
+                                "tls": "%s %s, ECDSA P-256" % (TLS_NAME, TLS_GROUP)
+                                       if b.pki else None,
+                                "bodies": args.bodies,
                                 "h1": "wrk -t1 -c%d" % args.h1_conns,
                                 "h2": "h2load -t1 -c%d -m%d" % (args.h2_conns, args.h2_streams),
                                 "response_bytes": len(b.resp),
                                 "loadavg_end": os.getloadavg()},
                    "versions": versions, "summary": {str(k): v for k, v in summaries.items()},
                    "verdicts": verdicts, "runs": {str(k): v for k, v in all_results.items()},
-                   "anomalies": anomalies, "notes": notes}, f, indent=1)
-    print("\nwrote %s" % os.path.relpath(args.json, ROOT))
-    return 0
+                   "negotiated": negotiated, "pairs": pairs, "handshakes": handshakes,
+                   "idle": idle, "anomalies": anomalies, "notes": notes}
+
+
+def measured(t, backends, fn):
+    """fn()'s result with the CPU time the target's processes spent meanwhile."""
+    pgid = (t.proc or backends).pid
+    cpu0 = group_cpu_seconds(pgid)
+    r = fn()
+    cpu1 = group_cpu_seconds(pgid)
+    r["cpu_s"] = (cpu1[0] - cpu0[0]) + (cpu1[1] - cpu0[1])
+    r["cpu_us_per_req"] = r["cpu_s"] * 1e6 / r["requests"] if r["requests"] else 0.0
+    return r
+
+
+def run_handshakes(b, args, targets, backends, anomalies, pairs):
+    """New and resumed TLS handshakes per proxy CPU-second, apart from requests: openssl
+    s_time -new / -reuse, each target once per repetition in a rotated order."""
+    results = {t.name: {"new": [], "reuse": []} for t in targets}
+    for rep in range(args.reps):
+        order = targets[rep % len(targets):] + targets[:rep % len(targets)]
+        for kind in ("new", "reuse"):
+            for t in order:
+                if not t.alive():
+                    restart(t, anomalies, rep, "handshakes", b)
+                r = measured(t, backends,
+                             lambda: b.run_s_time(t, kind == "reuse", args.duration))
+                r["rep"] = rep
+                if kind == "reuse" and r["handshakes"] and r["resumed"] < r["handshakes"] - 1:
+                    anomalies.append("%s: %d of %d -reuse handshakes resumed (rep %d)"
+                                     % (t.label, r["resumed"], r["handshakes"], rep + 1))
+                results[t.name][kind].append(r)
+        print("  handshakes: repetition %d/%d done" % (rep + 1, args.reps), flush=True)
+    print("\nTLS handshakes (openssl s_time -tls1_3, one at a time), medians")
+    print("%-42s %-8s %9s %9s %10s %12s" % ("target", "kind", "hs/s", "resumed", "CPU us/hs",
+                                            "hs/CPU-s"))
+    out = {}
+    for t in targets:
+        for kind in ("new", "reuse"):
+            rs = results[t.name][kind]
+            if not rs:
+                continue
+            cpu = statistics.median(r["cpu_us_per_req"] for r in rs)
+            m = {"hs_per_s": statistics.median(r["rps"] for r in rs),
+                 "resumed_share": statistics.median(r["resumed"] / r["handshakes"]
+                                                    if r["handshakes"] else 0 for r in rs),
+                 "cpu_us_per_hs": cpu, "hs_per_cpu_s": 1e6 / cpu if cpu else 0.0}
+            out.setdefault(t.name, {})[kind] = dict(m, runs=rs)
+            print("%-42s %-8s %9.0f %8.0f%% %10.1f %12.0f"
+                  % (t.label, kind, m["hs_per_s"], 100 * m["resumed_share"], cpu,
+                     m["hs_per_cpu_s"]))
+    for pcr, ha, threads in PAIRS:
+        for kind in ("new", "reuse"):
+            pr = paired_ratios(results.get(pcr, {}).get(kind, []),
+                               results.get(ha, {}).get(kind, []))
+            if "paired_per_core_ratio" in pr:
+                pairs.append({"pin": b.pin, "mode": b.mode, "threads": threads,
+                              "what": "%s handshakes" % ("resumed" if kind == "reuse" else "new"),
+                              "ratio": pr["paired_per_core_ratio"],
+                              "reps": pr["per_rep_per_core_ratios"],
+                              "rps_ratio": pr["paired_rps_ratio"]})
+    return out
+
+
+def run_idle_rows(b, args, targets, anomalies):
+    """Memory per idle keep-alive connection, each proxy restarted before each protocol so that
+    the figure is not what an earlier run left in its allocator."""
+    rows = []
+    protos = ("h1", "h2") if b.tls_front else ("h1",)
+    for t in targets:
+        if t.name not in ("pcrouter", "haproxy", "nginx", "pcrouter_w0", "haproxy_default",
+                          "nginx_default"):
+            continue
+        for p in protos:
+            b.procs.stop(t.proc)
+            t.start()
+            b.smoke(t)
+            try:
+                r = b.run_idle(t, p)
+            except BenchError as e:
+                anomalies.append("%s idle %s: %s" % (t.label, p, e))
+                continue
+            if r["failed"]:
+                anomalies.append("%s idle %s: %d connections failed (%s)"
+                                 % (t.label, b.proto_label(p), r["failed"], r["error"]))
+            r.update(label=t.label, proto=b.proto_label(p), target=t.name)
+            rows.append(r)
+            print("  idle %-40s %-12s %6d open: %.0f bytes of RSS a connection"
+                  % (t.label, b.proto_label(p), r["open"], r["bytes_per_conn"]), flush=True)
+    return rows
 
 
 def restart(t, anomalies, rep, proto, b):
@@ -733,15 +1168,23 @@ def restart(t, anomalies, rep, proto, b):
 
 def header(b, args, versions, targets):
     pin = ("taskset: wrk/h2load and the stub backends on CPU 0, a one-thread proxy on CPU 1, a "
-           "two-thread one on both" if args.pin == "split" else "no CPU pinning")
-    print("Proxy benchmark: 2 stub backends (one nginx, 1 worker, fixed reply)")
+           "two-thread one on both, default-count ones unpinned" if b.pin == "split" else
+           "no CPU pinning: load generator, pods and proxy share every core")
+    print("Proxy benchmark: 2 stub backends (one nginx, 1 worker, fixed reply); %s"
+          % MODE_TEXT[b.mode])
+    if b.pki:
+        print("  TLS: %s, %s, one ECDSA P-256 certificate for every proxy and pod%s"
+              % (TLS_NAME, TLS_GROUP, "; pods verified against the bench CA (HAProxy `ssl verify "
+                 "required ... sni str(localhost)`, pcrouter https:// with tls.ca_file)"
+                 if b.tls_pods else ""))
     print("  %s%s" % ("QUICK run: " if args.quick else "",
                       "%d repetitions x %d s per target and protocol, targets rotated per "
                       "repetition; medians shown" % (args.reps, args.duration)))
     print("  POST /v1/completions, request bodies of %s bytes, response %d B"
           % (", ".join(str(x) for x in args.bodies), len(b.resp)))
-    print("  HTTP/1.1: wrk -t1 -c%d; h2c: h2load -t1 -c%d -m%d (prior knowledge)"
-          % (args.h1_conns, args.h2_conns, args.h2_streams))
+    print("  %s: wrk -t1 -c%d; %s: h2load -t1 -c%d -m%d (%s)"
+          % (b.proto_label("h1"), args.h1_conns, b.proto_label("h2"), args.h2_conns,
+             args.h2_streams, "https://, ALPN h2" if b.tls_front else "prior knowledge"))
     print("  " + pin)
     load = os.getloadavg()
     print("  load average at start: %.2f %.2f %.2f%s" % (load + (
@@ -753,7 +1196,7 @@ def header(b, args, versions, targets):
     print(flush=True)
 
 
-def report(targets, results, protos, size):
+def report(b, targets, results, protos, size):
     """One table per body size; returns the medians and pcrouter's ratios."""
     med = {}
     for t in targets:
@@ -764,7 +1207,7 @@ def report(targets, results, protos, size):
                                     for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req",
                                               "cpu_user_us_per_req", "cpu_sys_us_per_req")}
     print("\n%d-byte request bodies" % size)
-    print("%-34s %-8s %8s %8s %8s %8s %6s %6s %9s %10s %10s"
+    print("%-42s %-12s %8s %8s %8s %8s %6s %6s %9s %10s %10s"
           % ("target", "protocol", "req/s", "p50 ms", "p99 ms", "CPU us/r", "user", "sys",
              "req/CPU-s", "pcr per-core", "pcr req/s"))
     summary = {}
@@ -782,8 +1225,8 @@ def report(targets, results, protos, size):
             rr = pcr["rps"] / m["rps"] if pcr and m["rps"] else None
             paired = paired_ratios(results.get("pcrouter", {}).get(p, []), results[t.name][p])
             me = t.name == "pcrouter"
-            print("%-34s %-8s %8.0f %8.2f %8.2f %8.1f %6.1f %6.1f %9.0f %10s %10s"
-                  % (t.label, "HTTP/1.1" if p == "h1" else "h2c", m["rps"], m["p50_ms"],
+            print("%-42s %-12s %8.0f %8.2f %8.2f %8.1f %6.1f %6.1f %9.0f %10s %10s"
+                  % (t.label, b.proto_label(p), m["rps"], m["p50_ms"],
                      m["p99_ms"], m["cpu_us_per_req"], m["cpu_user_us_per_req"],
                      m["cpu_sys_us_per_req"], per_core,
                      "" if me or t.name == "direct" else fmt_ratio(cr),
@@ -797,13 +1240,13 @@ def report(targets, results, protos, size):
     return summary
 
 
-def targets_report(summaries):
+def targets_report(b, summaries):
     """The per-core and every-core targets, per body size and protocol."""
     verdicts = {}
     print("\nTargets:")
     for size, summary in summaries.items():
         for p in ("h1", "h2"):
-            name = "%s %d B" % ("HTTP/1.1" if p == "h1" else "h2c", size)
+            name = "%s %d B" % (b.proto_label(p), size)
             ha = summary.get("haproxy", {}).get(p)
             pcr = summary.get("pcrouter", {}).get(p)
             if ha and pcr and pcr.get("cpu_us_per_req"):

@@ -27,6 +27,7 @@ typedef struct {
     struct bufferevent *bev;
     int handshaking;
     int client;                 /* connects to a pod: a failed handshake is a failed connect */
+    int failed;                 /* a TLS or socket error ended it: no close_notify then */
     char why[192];              /* client: why the connect or the handshake failed */
 } tls_t;
 
@@ -84,6 +85,7 @@ static void on_bev_event(struct bufferevent *bev, short what, void *arg)
         }
         ERR_clear_error();
         t->handshaking = 0;
+        t->failed = 1;
         bufferevent_disable(bev, EV_READ | EV_WRITE);
         t->base.cbs->on_ready(&t->base, err, t->base.arg);
         return;
@@ -96,6 +98,7 @@ static void on_bev_event(struct bufferevent *bev, short what, void *arg)
         why = PCR_SOCK_EOF;
     else if (t->handshaking || (ossl = bufferevent_get_openssl_error(bev)) != 0)
         why = PCR_SOCK_TLS_ERROR;
+    t->failed = why != PCR_SOCK_EOF;
     /* With TLS 1.3 a pod that refuses the client's certificate says so after the handshake,
      * at the first read: keep its reason too. */
     if (why == PCR_SOCK_TLS_ERROR && t->client)
@@ -108,8 +111,17 @@ static void on_bev_event(struct bufferevent *bev, short what, void *arg)
 static void tls_free(pcr_sock_t *s)
 {
     tls_t *t = (tls_t *)s;
-    if (t->bev)
+    if (t->bev) {
+        /* close_notify before the fd goes (libevent closes without one): a peer that reads to
+         * the end, an HTTP/1.0 client for one, otherwise sees a truncated stream, and an
+         * OpenSSL client then drops the TLS 1.3 session ticket it was given. One non-blocking
+         * attempt, only on a connection whose handshake finished and that saw no TLS error. */
+        SSL *ssl = bufferevent_openssl_get_ssl(t->bev);
+        if (ssl != NULL && !t->handshaking && !t->failed && SSL_is_init_finished(ssl))
+            (void)SSL_shutdown(ssl);
+        ERR_clear_error();
         bufferevent_free(t->bev); /* closes the fd and frees the SSL */
+    }
     free(t);
 }
 

@@ -304,3 +304,37 @@ def test_pod_cannot_forge_router_headers(cluster, tls_cert, proto, stream):
     for name in ("x-pcrouter-extra", "keep-alive", "upgrade"):
         assert name not in r.headers, r.headers
     assert r.header("x-pod-own") == "kept", r.headers
+
+
+def _tls13_health(port, ctx, session=None):
+    """GET /health over HTTP/1.0 on a new TLS 1.3 connection, read to the end of the stream
+    (pcrouter closes it); returns the session and whether it was resumed."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as s:
+            s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            assert data.startswith(b"HTTP/1.") and b" 200 " in data.split(b"\r\n")[0], data[:80]
+            return s.session, s.session_reused
+
+
+def test_tls13_session_resumed_after_router_closes(cluster, tls_cert):
+    """pcrouter ends a TLS connection it closes with close_notify, so that a TLS 1.3 client
+    keeps the session ticket it was sent and resumes with it."""
+    c = cluster(1, tls=tls_cert)
+    import ssl
+    ctx = ssl.create_default_context(cafile=tls_cert[0])
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    # Strict, as OpenSSL's own clients are: an end without close_notify is an error, which
+    # marks the session not resumable.
+    ctx.options &= ~ssl.OP_IGNORE_UNEXPECTED_EOF
+    port = int(c.url("/", "h1tls").split(":")[2].split("/")[0])
+    sess, reused = _tls13_health(port, ctx)
+    assert not reused and sess is not None
+    _, reused = _tls13_health(port, ctx, session=sess)
+    assert reused

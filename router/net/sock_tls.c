@@ -14,6 +14,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
+#include <event2/bufferevent_struct.h>
 #include <event2/event.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -28,6 +29,7 @@ typedef struct {
     int handshaking;
     int client;                 /* connects to a pod: a failed handshake is a failed connect */
     int failed;                 /* a TLS or socket error ended it: no close_notify then */
+    int in_flush;               /* inside tls_flush: the owner's callbacks wait for the loop */
     char why[192];              /* client: why the connect or the handshake failed */
 } tls_t;
 
@@ -40,6 +42,12 @@ static void on_bev_read(struct bufferevent *bev, void *arg)
 static void on_bev_write(struct bufferevent *bev, void *arg)
 {
     tls_t *t = arg;
+    if (t->in_flush) {
+        /* Written from tls_flush: the drain is reported from the loop, as always. */
+        if (t->base.drain_wanted)
+            bufferevent_trigger(bev, EV_WRITE, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
+        return;
+    }
     if (t->base.drain_wanted &&
         evbuffer_get_length(bufferevent_get_output(bev)) <= t->base.drain_low) {
         t->base.drain_wanted = 0;
@@ -50,6 +58,12 @@ static void on_bev_write(struct bufferevent *bev, void *arg)
 static void on_bev_event(struct bufferevent *bev, short what, void *arg)
 {
     tls_t *t = arg;
+    if (t->in_flush) {
+        /* A write from tls_flush failed: the end is reported from the loop. */
+        t->failed = 1;
+        bufferevent_trigger_event(bev, what, BEV_TRIG_DEFER_CALLBACKS);
+        return;
+    }
     if (what & BEV_EVENT_CONNECTED) {
         t->handshaking = 0;
         if (t->client) {
@@ -139,7 +153,25 @@ static void tls_read_stop(pcr_sock_t *s)
 
 static struct evbuffer *tls_input(pcr_sock_t *s) { return bufferevent_get_input(((tls_t *)s)->bev); }
 static struct evbuffer *tls_output(pcr_sock_t *s) { return bufferevent_get_output(((tls_t *)s)->bev); }
-static void tls_flush(pcr_sock_t *s) { (void)s; /* the bufferevent writes when the socket is ready */ }
+/* libevent's bufferevent_openssl adds its write event when output arrives and writes only once
+ * epoll reports the socket writable: a loop turn later, and two epoll_ctl per response (add
+ * EPOLLOUT, remove it). Flushing runs its write handler at once instead: the bytes the kernel
+ * takes go now, and when that empties the output the event is deleted in the turn it was
+ * added, which the loop's changelist merges into no system call. A write the kernel refuses
+ * leaves the event added, as before. The owner's callbacks the handler would run (drain, end)
+ * are deferred to the loop: none runs inside this call. */
+static void tls_flush(pcr_sock_t *s)
+{
+    tls_t *t = (tls_t *)s;
+    if (t->handshaking || t->failed || t->in_flush ||
+        evbuffer_get_length(bufferevent_get_output(t->bev)) == 0)
+        return;
+    struct event *ev = &t->bev->ev_write;
+    event_callback_fn write_handler = event_get_callback(ev);
+    t->in_flush = 1;
+    write_handler(event_get_fd(ev), EV_WRITE, event_get_callback_arg(ev));
+    t->in_flush = 0;
+}
 
 static void tls_want_drain(pcr_sock_t *s)
 {

@@ -34,7 +34,7 @@ BENCH_PKGS := wrk haproxy nginx-light gnuplot-nox linux-perf
 FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
 .PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
-        install fuzz bench bench-routing bench-sweep bench-proxies bench-hashring bench-kv bench-attacks bench-metrics \
+        install fuzz bench bench-routing bench-sweep bench-proxies bench-proxies-tls bench-hashring bench-kv bench-attacks bench-metrics \
         bench-resilience clean
 
 all: build
@@ -124,6 +124,15 @@ bench-metrics: build
 
 bench-proxies: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD)
+
+# Plain text, TLS from the clients and TLS to the pods, each pinned and unpinned at one and at
+# the default thread count, with new and resumed handshakes; then memory per idle keep-alive
+# connection (docs/BENCHMARKS.md). QUICK=1 for a smoke run.
+bench-proxies-tls: deps-bench build
+	$(PY) bench/proxies.py --build $(BUILD) --modes plain,tls,tls-pods --matrix --handshakes \
+		--json bench/out/proxies-tls.json
+	$(PY) bench/proxies.py --build $(BUILD) --modes tls --idle 10000 --reps 1 --duration 1 \
+		--only pcrouter,haproxy,pcrouter_w0,haproxy_default --json bench/out/proxies-idle.json
 
 # WORKLOAD=shared_prefix|chat|agentic|conversation|mooncake|all [LOAD=light|knee|past],
 # BEFORE=another/build/dir (adds its pcrouter's cache_aware as a row); QUICK=1 for a smoke run;

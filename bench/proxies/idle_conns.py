@@ -99,6 +99,10 @@ def main():
         ctx.set_alpn_protocols(["h2"] if a.h2 else ["http/1.1"])
     elif a.h2:
         sys.exit("idle_conns.py: --h2 needs --tls (h2 by ALPN)")
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     socks, bad, err = [], 0, ""
     end = time.monotonic() + a.deadline
     while len(socks) < a.count and time.monotonic() < end:

@@ -780,7 +780,7 @@ def parse_args():
     ap.add_argument("--idle", type=int, default=0, metavar="N",
                     help="memory per idle keep-alive connection with N connections (HTTP/1.1, "
                          "and h2 in TLS modes) on each proxy")
-    ap.add_argument("--idle-deadline", type=float, default=180.0,
+    ap.add_argument("--idle-deadline", type=float, default=300.0,
                     help="seconds the idle client gets to open its connections")
     ap.add_argument("--json", default=os.path.join(OUT_DIR, "proxies.json"))
     a = ap.parse_args()

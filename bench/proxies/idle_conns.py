@@ -115,6 +115,8 @@ def main():
                 bad += 1
             socks.append(s)
         except (OSError, ValueError, TimeoutError) as e:
+            if time.monotonic() >= end:
+                break  # cut by the deadline: not a failure of the proxy
             bad += 1
             err = str(e)
             if bad > 50 and bad > len(socks):

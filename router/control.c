@@ -14,6 +14,7 @@
 #include "control.h"
 #include "health.h"
 #include "models.h"
+#include "precise.h"
 #include "reload.h"
 #include "scrape.h"
 #include "upstream.h"
@@ -44,6 +45,7 @@ static void checks_join(pcr_backend_t *be)
         pcr_scrape_start(be);
     if (be->srv->cfg->scrape.models_interval_ms != 0)
         pcr_models_fetch(be);
+    pcr_precise_refresh(be->srv);
 }
 
 static void checks_leave(pcr_backend_t *be)
@@ -51,6 +53,7 @@ static void checks_leave(pcr_backend_t *be)
     pcr_health_stop(be);
     pcr_scrape_cancel(be);
     pcr_models_cancel(be);
+    pcr_precise_refresh(be->srv);
 }
 
 static int checks_busy(const pcr_backend_t *be)
@@ -120,7 +123,7 @@ int pcr_backends_init(pcr_server_t *srv)
 {
     const pcr_config_t *cfg = srv->cfg;
     int rc = pcr_backends_open(srv, &checks);
-    if (rc < 0)
+    if (rc < 0 || (rc = pcr_precise_apply(srv)) < 0)
         return rc;
     srv->probe_tick = event_new(srv->base, -1, EV_PERSIST, on_probe_tick, srv);
     if (srv->probe_tick == NULL)
@@ -168,5 +171,6 @@ void pcr_backends_dispose(pcr_server_t *srv)
     if (srv->scrape_tick)
         event_free(srv->scrape_tick);
     srv->probe_tick = srv->scrape_tick = NULL;
+    pcr_precise_stop(srv);
     pcr_backends_close(srv);
 }

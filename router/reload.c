@@ -26,6 +26,7 @@
 #include "discovery.h"
 #include "dns.h"
 #include "log.h"
+#include "precise.h"
 #include "reload.h"
 #include "session.h"
 #include "tls.h"
@@ -71,6 +72,11 @@ static void refuse(pcr_reload_t *r, const char *why)
         srv->reload_again = 0;
         pcr_reload_start(srv);
     }
+}
+
+static int same_str(const char *a, const char *b)
+{
+    return a == b || (a != NULL && b != NULL && strcmp(a, b) == 0);
 }
 
 /* The same pod, reached the same way: its url, and with TLS the name it must prove and whether
@@ -163,8 +169,11 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
         const pcr_backend_conf_t *nc = &cfg->backends[j];
         int policy_change = nc->weight != be->conf.weight || strcmp(nc->zone, be->conf.zone) != 0 ||
                             nc->capacity_tokens != be->conf.capacity_tokens;
-        int other_change = !same_models(nc, &be->conf) || nc->max_connections != be->conf.max_connections ||
-                           nc->role != be->conf.role;
+        int kv_change = !same_str(nc->kv_endpoint, be->conf.kv_endpoint) ||
+                        !same_str(nc->kv_replay, be->conf.kv_replay);
+        int other_change = !same_models(nc, &be->conf) ||
+                           nc->max_connections != be->conf.max_connections ||
+                           nc->role != be->conf.role || kv_change;
         if (!policy_change && !other_change)
             continue;
         (*changed)++;
@@ -184,6 +193,12 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
             be->conf.weight = copy.weight;
             be->conf.capacity_tokens = copy.capacity_tokens;
             be->conf.max_connections = copy.max_connections;
+            /* The KV-event endpoints are the control thread's alone (precise.c). */
+            free(be->conf.kv_endpoint);
+            free(be->conf.kv_replay);
+            be->conf.kv_endpoint = copy.kv_endpoint;
+            be->conf.kv_replay = copy.kv_replay;
+            copy.kv_endpoint = copy.kv_replay = NULL;
             copy.zone = NULL;
             copy.models = NULL;
             copy.nmodels = 0;
@@ -290,6 +305,7 @@ static void apply(pcr_reload_t *r)
     }
     pcr_discovery_reload(srv);
     pcr_backends_retime(srv);
+    pcr_precise_apply(srv); /* after the backends: the pods it follows are theirs */
     /* The workers take the new config and listeners at their next command; the old ones go
      * once every worker has (pcr_reload_collect). */
     pcr_switch_t *sw = calloc(1, sizeof(*sw));

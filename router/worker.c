@@ -26,6 +26,7 @@
 #include "pools.h"
 #include "session.h"
 #include "sock.h"
+#include "tokenize.h"
 #include "worker.h"
 
 #define TICK_MS 20
@@ -156,6 +157,7 @@ void pcr_worker_dispose(pcr_worker_t *w)
     }
     pcr_listeners_free(w);
     pcr_pools_free(w);
+    pcr_tokenize_worker_free(w);
     pcr_policy_free(w->policy);
     w->policy = NULL;
     if (w->cmd_event)

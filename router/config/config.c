@@ -72,6 +72,9 @@ typedef enum {
     FT_NAMESERVERS, /* array of "IP" or "IP:PORT": fills pcr_dns_conf_t's nameservers */
     FT_ROLE,        /* "prefill", "decode" or "both" into pcr_role_t */
     FT_PD_MODE,     /* "auto", "always" or "never" into pcr_pd_mode_t */
+    FT_CHOICE,      /* one of `names` into int (its index) */
+    FT_ZMQ,         /* "tcp://HOST:PORT" of a ZMQ socket into char * (heap) */
+    FT_OBJECT,      /* object read with `sub` into the same struct as its parent */
 } field_type_t;
 
 enum { F_REQUIRED = 1, F_NONEMPTY = 2 };
@@ -83,8 +86,10 @@ typedef struct field {
     size_t offset;                /* of the member it fills, within the table's struct */
     long long min, max;           /* integer range, inclusive; max LLONG_MAX = unbounded */
     double dmin, dmax;            /* number range, inclusive; dmax INFINITY = unbounded */
-    const struct field *sub;      /* FT_SECTION */
+    const struct field *sub;      /* FT_SECTION, FT_OBJECT */
     size_t nsub;
+    const char *const *names;     /* FT_CHOICE */
+    size_t nnames;
 } field_t;
 
 #define F_INT(T, k, ty, lo, hi) { .key = #k, .type = ty, .offset = offsetof(T, k), .min = lo, .max = hi }
@@ -105,6 +110,27 @@ static const field_t listen_fields[] = {
     F_OF(pcr_listen_conf_t, tls, FT_TLS, 0),
 };
 
+/* Precise mode: a backend's KV-event sockets, and a discovery entry's ports for them. */
+static const field_t kv_events_fields[] = {
+    { .key = "endpoint", .type = FT_ZMQ, .flags = F_REQUIRED,
+      .offset = offsetof(pcr_backend_conf_t, kv_endpoint) },
+    { .key = "replay_endpoint", .type = FT_ZMQ, .offset = offsetof(pcr_backend_conf_t, kv_replay) },
+};
+
+static const field_t kv_ports_fields[] = {
+    { .key = "port", .type = FT_UINT, .flags = F_REQUIRED,
+      .offset = offsetof(pcr_discovery_conf_t, tmpl.kv_port), .min = 1, .max = 65535 },
+    { .key = "replay_port", .type = FT_UINT,
+      .offset = offsetof(pcr_discovery_conf_t, tmpl.kv_replay_port), .min = 1, .max = 65535 },
+};
+
+#define F_OBJECT(k, tbl) { .key = #k, .type = FT_OBJECT, .sub = tbl, .nsub = PCR_ARRAY_SIZE(tbl) }
+
+static const char *const index_names[] = {"approximate", "events"};
+static const char *const tokenize_names[] = {"tokenize", "render"};
+#define F_CHOICE(T, k, m, tbl) { .key = #k, .type = FT_CHOICE, .offset = offsetof(T, m), \
+                                 .names = tbl, .nnames = PCR_ARRAY_SIZE(tbl) }
+
 static const field_t backend_fields[] = {
     F_OF(pcr_backend_conf_t, name, FT_STRING, F_REQUIRED | F_NONEMPTY),
     F_OF(pcr_backend_conf_t, url, FT_URL, F_REQUIRED),
@@ -115,6 +141,7 @@ static const field_t backend_fields[] = {
     F_INT(pcr_backend_conf_t, max_connections, FT_UINT, 1, 65535),
     F_OF(pcr_backend_conf_t, models, FT_MODELS, 0),
     F_OF(pcr_backend_conf_t, tls, FT_UPSTREAM_TLS, 0),
+    F_OBJECT(kv_events, kv_events_fields),
 };
 
 static const field_t upstream_tls_fields[] = {
@@ -140,6 +167,7 @@ static const field_t discovery_fields[] = {
     F_TMPL(max_connections, FT_UINT, 1, 65535),
     F_TMPL(models, FT_MODELS, 0, 0),
     F_TMPL(tls, FT_UPSTREAM_TLS, 0, 0),
+    F_OBJECT(kv_events, kv_ports_fields),
 };
 
 static const field_t dns_fields[] = {
@@ -160,6 +188,12 @@ static const field_t routing_fields[] = {
     F_INT(pcr_routing_conf_t, unavailable_keep_ms, FT_UINT, 0, DAY_MS),
     F_OF(pcr_routing_conf_t, feedback, FT_BOOL, 0),
     F_INT(pcr_routing_conf_t, hold_tokens, FT_U64, 0, 1LL << 40),
+    F_CHOICE(pcr_routing_conf_t, index, index_events, index_names),
+    F_CHOICE(pcr_routing_conf_t, tokenize, tokenize_render, tokenize_names),
+    F_INT(pcr_routing_conf_t, tokenize_timeout_ms, FT_UINT, 1, 60000),
+    F_INT(pcr_routing_conf_t, tokenize_cache_entries, FT_UINT, 0, 1000000),
+    F_INT(pcr_routing_conf_t, tokenize_max_bytes, FT_SIZE, 1024, 1LL << 30),
+    F_INT(pcr_routing_conf_t, kv_block_tokens, FT_UINT, 1, 65536),
 };
 
 static const field_t pd_fields[] = {
@@ -790,6 +824,54 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
     case FT_NAMESERVERS:
         read_nameservers(c, base, v);
         break;
+    case FT_CHOICE: {
+        if ((s = get_text(c, v, 0)) == NULL)
+            break;
+        char names[256];
+        size_t o = 0;
+        for (size_t k = 0; k < f->nnames; k++) {
+            if (strcmp(s, f->names[k]) == 0) {
+                *(int *)slot = (int)k;
+                return;
+            }
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s\"%s\"", k ? ", " : "",
+                                  f->names[k]);
+        }
+        pcr_cfg_err(c, "unknown value %s; expected one of %s", pcr_cfg_quote(q, sizeof q, s),
+                    names);
+        break;
+    }
+    case FT_ZMQ: {
+        if ((s = get_text(c, v, F_NONEMPTY)) == NULL)
+            break;
+        /* "tcp://HOST:PORT": the host and port read as a backend URL's, the port required. */
+        char url[300], *host = NULL;
+        uint16_t port = 0;
+        int tls = 0;
+        const char *why = strncmp(s, "tcp://", 6) != 0 ? "it must start with tcp://" : NULL;
+        if (why == NULL && (strlen(s) > 256 || strrchr(s, ':') == s + 3 ||
+                            strrchr(s, ']') > strrchr(s, ':')))
+            why = "the port is missing";
+        if (why == NULL) {
+            snprintf(url, sizeof url, "http://%s", s + 6);
+            why = pcr_cfg_parse_url(url, &host, &port, &tls);
+            free(host);
+            if (why != NULL && why[0] == '\0')
+                why = "not HOST:PORT";
+        }
+        if (why != NULL)
+            pcr_cfg_err(c, "expected \"tcp://HOST:PORT\", got %s: %s",
+                        pcr_cfg_quote(q, sizeof q, s), why);
+        else
+            set_string(c, (char **)slot, s);
+        break;
+    }
+    case FT_OBJECT:
+        if (!json_is_object(v))
+            pcr_cfg_err_type(c, "object", v);
+        else
+            read_fields(c, v, base, f->sub, f->nsub);
+        break;
     case FT_DISCOVERY:
         read_discovery(c, base, v);
         break;
@@ -853,7 +935,9 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .index_max_bytes = po.index_max_bytes, .load_factor = po.load_factor,
         .load_weight = po.load_weight, .zone_penalty = po.zone_penalty, .vnodes = po.vnodes,
         .unavailable_keep_ms = (unsigned)(po.unavailable_keep / 1000), .feedback = 1,
-        .hold_tokens = PCR_HOLD_TOKENS_DEFAULT,
+        .hold_tokens = PCR_HOLD_TOKENS_DEFAULT, .index_events = po.index_events,
+        .tokenize_timeout_ms = 100, .tokenize_cache_entries = 4096,
+        .tokenize_max_bytes = (size_t)4 << 20, .kv_block_tokens = po.kv_block_tokens,
     };
     cfg->limits = (pcr_limits_conf_t){
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,
@@ -933,6 +1017,14 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
         pcr_cfg_path_push_key(&c->path, "max_prefix_bytes");
         pcr_cfg_err(c, "must be >= routing.block_bytes (%zu), got %zu", cfg->routing.block_bytes,
             cfg->routing.max_prefix_bytes);
+        pcr_cfg_path_pop(&c->path, mark);
+    }
+    if (json_is_object(routing) && cfg->routing.index_events &&
+        cfg->routing.policy != PCR_POLICY_CACHE_AWARE) {
+        size_t mark = pcr_cfg_path_push_key(&c->path, "routing");
+        pcr_cfg_path_push_key(&c->path, "index");
+        pcr_cfg_err(c, "\"events\" needs routing.policy \"cache_aware\" (got \"%s\"): only it "
+                       "keeps an index", pcr_policy_kind_name(cfg->routing.policy));
         pcr_cfg_path_pop(&c->path, mark);
     }
     const json_t *redis = json_object_get(root, "redis");
@@ -1095,6 +1187,8 @@ void pcr_backend_conf_dispose(pcr_backend_conf_t *b)
     free(b->tls.cert);
     free(b->tls.key);
     free(b->tls.server_name);
+    free(b->kv_endpoint);
+    free(b->kv_replay);
     for (size_t j = 0; j < b->nmodels; j++)
         free(b->models[j]);
     free(b->models);
@@ -1113,7 +1207,7 @@ static int copy_str(char **dst, const char *src)
 int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src)
 {
     *dst = *src;
-    dst->name = dst->url = dst->host = dst->zone = NULL;
+    dst->name = dst->url = dst->host = dst->zone = dst->kv_endpoint = dst->kv_replay = NULL;
     dst->tls.ca_file = dst->tls.cert = dst->tls.key = dst->tls.server_name = NULL;
     dst->models = NULL;
     dst->nmodels = 0;
@@ -1121,7 +1215,9 @@ int pcr_backend_conf_copy(pcr_backend_conf_t *dst, const pcr_backend_conf_t *src
              copy_str(&dst->host, src->host) | copy_str(&dst->zone, src->zone) |
              copy_str(&dst->tls.ca_file, src->tls.ca_file) | copy_str(&dst->tls.cert, src->tls.cert) |
              copy_str(&dst->tls.key, src->tls.key) |
-             copy_str(&dst->tls.server_name, src->tls.server_name);
+             copy_str(&dst->tls.server_name, src->tls.server_name) |
+             copy_str(&dst->kv_endpoint, src->kv_endpoint) |
+             copy_str(&dst->kv_replay, src->kv_replay);
     if (rc == 0 && src->nmodels > 0) {
         dst->models = calloc(src->nmodels, sizeof(char *));
         rc = dst->models != NULL ? 0 : PCR_ERR_NOMEM;

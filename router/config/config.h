@@ -52,6 +52,12 @@ typedef struct {
     unsigned max_connections;      /* upstream pool bound; default upstream.max_connections */
     char **models;                 /* models it serves; NULL/0 = any model (learned from /v1/models) */
     size_t nmodels;
+    /* Precise mode: the pod's KV-event publisher, "tcp://HOST:PORT", and its replay socket
+     * (NULL when none); a discovery entry gives ports instead (kv_port, kv_replay_port; 0 =
+     * none), its backends' endpoints are made from their addresses. */
+    char *kv_endpoint;
+    char *kv_replay;
+    unsigned kv_port, kv_replay_port;
 } pcr_backend_conf_t;
 
 /* discovery[]: one backend per address a DNS name resolves to (a Kubernetes headless Service),
@@ -87,6 +93,16 @@ typedef struct {
     uint64_t hold_tokens;          /* a pod's prefill queue, in uncached tokens, past which
                                       streams wait at the router (pcr/hold.h); default
                                       PCR_HOLD_TOKENS_DEFAULT, 0 = off */
+    /* Precise mode (docs/PRECISE.md): "index": "approximate" (0, default) or "events" (1):
+     * the pods' KV events are followed and requests keyed on their tokens. */
+    int index_events;
+    int tokenize_render;           /* "tokenize": "tokenize" (0, POST /tokenize, default) or
+                                      "render" (1, the /render endpoints) */
+    unsigned tokenize_timeout_ms;  /* a tokenization's deadline, default 100; past it the
+                                      request is routed on the approximate key */
+    unsigned tokenize_cache_entries; /* tokenizations kept per worker, default 4096 */
+    size_t tokenize_max_bytes;     /* the longest tokenize answer read, default 4194304 */
+    unsigned kv_block_tokens;      /* tokens per block of the pods (vLLM's --block-size), 16 */
 } pcr_routing_conf_t;
 
 typedef struct {

@@ -16,7 +16,10 @@
 #include "server.h"
 
 enum { OP_COMMIT = PCR_BUS_OP_COMMIT, OP_FORGET, OP_CAPACITY, OP_SET, OP_REMOVE, OP_TUNE,
-       OP_STATE, OP_OBSERVE, OP_FEEDBACK };
+       OP_STATE, OP_OBSERVE, OP_FEEDBACK, OP_KV_STORED, OP_KV_REMOVED, OP_KV_CLEAR };
+/* OP_KV_STORED: prompt_tokens = medium | has_parent << 8 | block_size << 32; words: parent,
+ * seed, nhashes, the hashes, then the tokens, two to a word. */
+#define KV_STORED_WORDS 3
 #define FEEDBACK_WORDS 3
 
 /* OP_TUNE's payload: the options but the zone, then the zone, NUL-terminated. */
@@ -26,6 +29,7 @@ typedef struct {
     double load_factor, load_weight, zone_penalty;
     double inflight_factor, load_scale, share_factor, prefill_us_per_token, ttft_overhead_us;
     double share_penalty, share_margin, share_exempt_tokens, share_reserve, share_reserve_tokens;
+    uint64_t index_events, kv_block_tokens, kv_speculative_ttl;
 } tune_t;
 
 typedef struct {
@@ -168,7 +172,8 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
         /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
         pcr_key_t key = {.blocks = (uint64_t *)(void *)(buf + off), .nblocks = m.nblocks,
                          .prompt_tokens = m.prompt_tokens};
-        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL, 0, 0, {0}, 0};
+        pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL, 0, 0, {0}, 0,
+                            {0}};
         if (m.op == OP_OBSERVE && m.nblocks == 1) {
             bm.uncached = m.prompt_tokens;
             bm.queued_ahead = key.blocks[0];
@@ -185,6 +190,24 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
             key.blocks += FEEDBACK_WORDS;
             key.nblocks -= FEEDBACK_WORDS;
         }
+        if (m.op == OP_KV_STORED) {
+            uint64_t nh = m.nblocks >= KV_STORED_WORDS ? key.blocks[2] : UINT64_MAX;
+            uint32_t bs = (uint32_t)(m.prompt_tokens >> 32);
+            /* Made by pcr_bus_kv_stored alone; checked all the same. */
+            if (nh > m.nblocks || bs == 0 ||
+                KV_STORED_WORDS + nh + (nh * bs + 1) / 2 != m.nblocks) {
+                off += bytes;
+                continue;
+            }
+            bm.kv = (pcr_kvt_stored_t){
+                .hashes = key.blocks + KV_STORED_WORDS, .nhashes = (size_t)nh,
+                .has_parent = (int)((m.prompt_tokens >> 8) & 1), .parent = key.blocks[0],
+                .tokens = (const uint32_t *)(const void *)(key.blocks + KV_STORED_WORDS + nh),
+                .block_size = bs, .medium = (pcr_kvt_medium_t)(m.prompt_tokens & 0xff),
+                .seed = key.blocks[1]};
+        }
+        if (m.op == OP_KV_REMOVED)
+            bm.kv.medium = (pcr_kvt_medium_t)m.prompt_tokens;
         pcr_backend_desc_t desc;
         pcr_policy_opts_t opts;
         if (m.op == OP_TUNE && bytes > sizeof(tune_t)) {
@@ -212,6 +235,9 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
                 opts.share_reserve_tokens = t.share_reserve_tokens;
                 opts.prefill_us_per_token = t.prefill_us_per_token;
                 opts.ttft_overhead_us = t.ttft_overhead_us;
+                opts.index_events = (int)t.index_events;
+                opts.kv_block_tokens = (uint32_t)t.kv_block_tokens;
+                opts.kv_speculative_ttl = t.kv_speculative_ttl;
                 opts.zone = zone;
                 bm.opts = &opts;
             }
@@ -258,7 +284,8 @@ void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *o)
                 o->zone_penalty, o->inflight_factor, o->load_scale, o->share_factor,
                 o->prefill_us_per_token, o->ttft_overhead_us, o->share_penalty,
                 o->share_margin, o->share_exempt_tokens, o->share_reserve,
-                o->share_reserve_tokens};
+                o->share_reserve_tokens, (uint64_t)o->index_events, o->kv_block_tokens,
+                o->kv_speculative_ttl};
     memcpy(payload, &t, sizeof(t));
     memcpy((char *)payload + sizeof(t), zone, zl);
     msg_t m = {OP_TUNE, 0, 0, (uint32_t)words, 0, 0};
@@ -309,6 +336,44 @@ void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend)
     publish(bus, from, &m, NULL);
 }
 
+void pcr_bus_kv_stored(pcr_bus_t *bus, int backend, const pcr_kvt_stored_t *ev, uint64_t now)
+{
+    size_t ntok = ev->nhashes * (size_t)ev->block_size;
+    size_t words = KV_STORED_WORDS + ev->nhashes + (ntok + 1) / 2;
+    if (bus == NULL || ev->block_size == 0 || words > UINT32_MAX)
+        return;
+    uint64_t *payload = calloc(words, sizeof(uint64_t));
+    if (payload == NULL) {
+        PCR_ADD(bus->dropped, 1);
+        return;
+    }
+    payload[0] = ev->has_parent ? ev->parent : 0;
+    payload[1] = ev->seed;
+    payload[2] = ev->nhashes;
+    memcpy(payload + KV_STORED_WORDS, ev->hashes, ev->nhashes * sizeof(uint64_t));
+    memcpy(payload + KV_STORED_WORDS + ev->nhashes, ev->tokens, ntok * sizeof(uint32_t));
+    uint64_t packed = (uint64_t)(ev->medium & 0xff) | (uint64_t)(ev->has_parent != 0) << 8 |
+                      (uint64_t)ev->block_size << 32;
+    msg_t m = {OP_KV_STORED, 0, (uint16_t)backend, (uint32_t)words, now, packed};
+    publish(bus, PCR_BUS_CONTROL, &m, payload);
+    free(payload);
+}
+
+void pcr_bus_kv_removed(pcr_bus_t *bus, int backend, const uint64_t *hashes, size_t n,
+                        pcr_kvt_medium_t medium)
+{
+    if (n > UINT32_MAX)
+        return;
+    msg_t m = {OP_KV_REMOVED, 0, (uint16_t)backend, (uint32_t)n, 0, (uint64_t)medium};
+    publish(bus, PCR_BUS_CONTROL, &m, hashes);
+}
+
+void pcr_bus_kv_clear(pcr_bus_t *bus, int backend)
+{
+    msg_t m = {OP_KV_CLEAR, 0, (uint16_t)backend, 0, 0, 0};
+    publish(bus, PCR_BUS_CONTROL, &m, NULL);
+}
+
 static void apply(const pcr_bus_msg_t *m, void *arg)
 {
     pcr_policy_t **pp = arg, *policy = *pp;
@@ -339,6 +404,15 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
         break;
     case PCR_BUS_OP_FEEDBACK:
         pcr_policy_feedback(policy, m->key, &m->decision, m->arg, m->settled_before);
+        break;
+    case PCR_BUS_OP_KV_STORED:
+        pcr_policy_kv_stored(policy, m->backend, &m->kv, m->arg);
+        break;
+    case PCR_BUS_OP_KV_REMOVED:
+        pcr_policy_kv_removed(policy, m->backend, m->key->blocks, m->key->nblocks, m->kv.medium);
+        break;
+    case PCR_BUS_OP_KV_CLEAR:
+        pcr_policy_kv_clear(policy, m->backend);
         break;
     case PCR_BUS_OP_TUNE:
         if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {

@@ -52,6 +52,13 @@ void pcr_bus_tune(pcr_bus_t *bus, const pcr_policy_opts_t *opts);
 void pcr_bus_backend_set(pcr_bus_t *bus, int from, int backend, const pcr_backend_desc_t *desc);
 void pcr_bus_backend_remove(pcr_bus_t *bus, int from, int backend);
 
+/* Precise mode (the subscriber's thread, kv_sub.h): what a pod said it stored, removed or
+ * cleared, for every replica's pods' table (pcr_policy_kv_stored, _removed, _clear). */
+void pcr_bus_kv_stored(pcr_bus_t *bus, int backend, const pcr_kvt_stored_t *ev, uint64_t now);
+void pcr_bus_kv_removed(pcr_bus_t *bus, int backend, const uint64_t *hashes, size_t n,
+                        pcr_kvt_medium_t medium);
+void pcr_bus_kv_clear(pcr_bus_t *bus, int backend);
+
 /* Applies worker `id`'s pending updates to `*policy`; returns how many. Cheap when empty (one
  * relaxed load). A reload that changes what the keys mean replaces `*policy` with a new one
  * (the membership follows on the bus). */
@@ -70,6 +77,9 @@ typedef enum {
     PCR_BUS_OP_STATE,          /* what was seen of a backend (key->prompt_tokens: the state) */
     PCR_BUS_OP_OBSERVE,        /* a time to first byte (arg: ttfb_us; uncached, queued_ahead) */
     PCR_BUS_OP_FEEDBACK,       /* delivered cached tokens (arg) for key, decision, settled_before */
+    PCR_BUS_OP_KV_STORED,      /* a pod's BlockStored (kv; arg: now) (control only) */
+    PCR_BUS_OP_KV_REMOVED,     /* a pod's BlockRemoved (key->blocks: its hashes; kv.medium) */
+    PCR_BUS_OP_KV_CLEAR,       /* every entry of the pod goes (control only) */
 } pcr_bus_op_t;
 
 typedef struct {
@@ -82,6 +92,7 @@ typedef struct {
     uint64_t uncached, queued_ahead; /* PCR_BUS_OP_OBSERVE */
     pcr_decision_t decision;         /* PCR_BUS_OP_FEEDBACK: backend, matched_blocks, matched_time */
     uint64_t settled_before;         /* PCR_BUS_OP_FEEDBACK (pcr_policy_feedback) */
+    pcr_kvt_stored_t kv;             /* PCR_BUS_OP_KV_STORED; medium for KV_REMOVED */
 } pcr_bus_msg_t;
 
 void pcr_bus_enable_tap(pcr_bus_t *bus);

@@ -38,6 +38,7 @@ typedef enum {
     PCR_PHASE_HASH,        /* the chained block hashes of the prefix key */
     PCR_PHASE_MATCH,       /* the policy's index match (cache_aware) */
     PCR_PHASE_COST,        /* the policy's costs, bounded loads, ring */
+    PCR_PHASE_TOKENIZE,    /* precise mode: the prompt's tokens from a pod (or the cache) */
     PCR_PHASE_TOTAL,       /* all of it, from the body's parse to the chosen backend */
     PCR_PHASE__COUNT
 } pcr_phase_t;
@@ -76,6 +77,11 @@ typedef struct {
     uint64_t io_ops;                             /* the reads and writes in them */
     uint64_t io_merged;                          /* submits with a turn's writes and the next reads */
     uint64_t batch_waits;                        /* sleeps of batch_wait_us before a wait */
+    uint64_t tokenize_calls;                     /* precise mode: tokenizations asked of pods */
+    uint64_t tokenize_failures[4];               /* ... that gave no tokens: timeout, error,
+                                                    bad answer, no pod */
+    uint64_t tokenize_cache_hits;                /* prompts whose tokens the cache had */
+    uint64_t precise_decisions;                  /* decided on token chains (pods' events) */
     pcr_hist_t duration;                         /* request start -> response end (us) */
     pcr_hist_t ttfb;                             /* request start -> first response byte (us) */
     pcr_hist_t ttft;                             /* request start -> a stream's first token (us) */

@@ -85,6 +85,8 @@ typedef struct pcr_server {
     pcr_bus_t *bus;               /* index updates between workers (bus.c) */
     pcr_accesslog_t *access_log;  /* the access log's writer (accesslog.h) */
     pcr_share_t *share;           /* the index shared with other replicas (share.c), or NULL */
+    struct pcr_kv_sub *kv_sub;    /* precise mode's KV-event subscriber (precise.c), or NULL;
+                                     /metrics reads its counters */
     int share_loading;            /* atomic: a cold start loads the shared index; /health 503 */
 
     /* The control loop, on the main thread. */
@@ -127,6 +129,11 @@ struct pcr_worker {
     const struct pcr_route_table *routes;  /* the paths its exchanges serve (routes.c) */
     pcr_pool_t **pools;           /* by backend slot: this worker's upstream connections */
     size_t npools;
+    pcr_pool_t **tok_pools;       /* by backend slot: its connections for tokenizing (precise
+                                     mode, tokenize.c), apart from the requests' */
+    size_t ntok_pools;
+    struct pcr_tokcache *tokcache;/* what earlier prompts tokenized to (tokenize.c) */
+    unsigned tok_next;            /* the slot the next tokenization asks first */
     uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
     uint64_t cfg_gen;             /* the reload this worker runs (atomic) */
     pcr_metrics_t metrics;        /* written by this worker only */

@@ -28,6 +28,7 @@
 #include "budget.h"
 #include "bus.h"
 #include "exchange_int.h"
+#include "tokenize.h"
 #include "http1.h"
 #include "pools.h"
 #include "log.h"
@@ -45,6 +46,7 @@ static void exchange_destroy(pcr_exchange_t *ex)
 {
     free(ex->path_buf);
     free(ex->hbuf);
+    free(ex->tblocks);
     if (ex->body)
         evbuffer_free(ex->body);
     free(ex);
@@ -65,8 +67,11 @@ static pcr_exchange_t *exchange_alloc(void)
     pcr_exchange_t *ex = PCR_SPARE_OBJ(link, pcr_exchange_t, spare);
     struct evbuffer *body = ex->body;
     char *path_buf = ex->path_buf, *hbuf = ex->hbuf;
-    size_t path_cap = ex->path_cap, hcap = ex->hcap;
+    size_t path_cap = ex->path_cap, hcap = ex->hcap, tblocks_cap = ex->tblocks_cap;
+    uint64_t *tblocks = ex->tblocks;
     memset(ex, 0, offsetof(pcr_exchange_t, hoff));
+    ex->tblocks = tblocks;
+    ex->tblocks_cap = tblocks_cap;
     ex->body = body;
     ex->path_buf = path_buf;
     ex->path_cap = path_cap;
@@ -507,6 +512,8 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->fanout && ex->route != NULL && ex->route->cancel != NULL)
         ex->route->cancel(ex);
+    if (ex->tok != NULL)
+        pcr_tokenize_cancel(ex);
     if (ex->state != EX_RECEIVING && !pcr_exchange_finished(ex)) {
         /* 499: the client went away before the response ended (nginx's convention). */
         ex->status = 499;

@@ -145,6 +145,13 @@ struct pcr_exchange {
      * from t_parse_ns (the last byte is in) ns_hash, the reader's last step, then the policy. */
     uint64_t t_parse_ns, ns_parse, ns_hash;
     uint64_t t_hashed_ns;             /* the reader's last step ended; dispatch's "now", 0 after */
+    /* Precise mode (tokenize.c): the tokenization under way (NULL: none), the key's token
+     * chains (room for the policy's max_tblocks, kept when recycled), and its time (ns). */
+    struct pcr_tokreq *tok;
+    uint64_t *tblocks;
+    size_t tblocks_cap;
+    uint64_t ns_tokenize;
+    int tokenized;                    /* a tokenization was tried (its phase is recorded) */
 
     /* Disaggregation (pd_proxy.c): a prompt prefilled on a prefill pod, then decoded on a pod
      * that pulls its KV blocks. pd_state: PD_NONE (not decided yet, or no roles), PD_PREFILL

@@ -21,6 +21,7 @@
 #include "http1.h"
 #include "log.h"
 #include "pools.h"
+#include "tokenize.h"
 
 static const pcr_upstream_cbs_t proxy_cbs;
 
@@ -236,6 +237,8 @@ static void observe_decision(pcr_exchange_t *ex, uint64_t match_ns, uint64_t cos
     pcr_hist_observe(&h[PCR_PHASE_HASH], &pcr_hist_decision_ns, (int64_t)ex->ns_hash);
     pcr_hist_observe(&h[PCR_PHASE_MATCH], &pcr_hist_decision_ns, (int64_t)match_ns);
     pcr_hist_observe(&h[PCR_PHASE_COST], &pcr_hist_decision_ns, (int64_t)cost_ns);
+    if (ex->tokenized)
+        pcr_hist_observe(&h[PCR_PHASE_TOKENIZE], &pcr_hist_decision_ns, (int64_t)ex->ns_tokenize);
     pcr_hist_observe(&h[PCR_PHASE_TOTAL], &pcr_hist_decision_ns, (int64_t)(t_end - ex->t_parse_ns));
 }
 
@@ -245,8 +248,11 @@ static uint64_t predicted_tokens(const pcr_exchange_t *ex)
 {
     if (!ex->has_key)
         return 0;
-    uint64_t t = (uint64_t)ex->decision.matched_blocks * ex->w->cfg->routing.block_bytes /
-                 PCR_BYTES_PER_TOKEN;
+    /* A precise decision counts the pods' token blocks, the others blocks of text. */
+    uint64_t t = ex->decision.precise
+                     ? (uint64_t)ex->decision.matched_blocks * ex->w->cfg->routing.kv_block_tokens
+                     : (uint64_t)ex->decision.matched_blocks * ex->w->cfg->routing.block_bytes /
+                           PCR_BYTES_PER_TOKEN;
     return t < ex->key.prompt_tokens ? t : ex->key.prompt_tokens;
 }
 
@@ -330,6 +336,8 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
         PCR_INC(w->metrics.panic_routes);
     if (ex->attempts == 0) {
         PCR_INC(w->metrics.decisions[d.reason < PCR_REASON__COUNT ? d.reason : PCR_REASON_NO_BACKEND]);
+        if (d.precise)
+            PCR_INC(w->metrics.precise_decisions);
         if (ex->has_key) {
             PCR_BUMP(w->metrics.prefix_blocks, d.total_blocks);
             PCR_BUMP(w->metrics.prefix_blocks_matched, d.matched_blocks);
@@ -693,6 +701,8 @@ int pcr_proxy_routed(pcr_exchange_t *ex)
      * build_upstream_request finds). */
     ex->inject_usage = ex->w->cfg->upstream.request_usage && ex->req.stream &&
                        !ex->req.stream_options;
-    pcr_proxy_dispatch(ex);
+    /* Precise mode: the prompt's tokens first (at once from the cache, or later from a pod). */
+    if (pcr_tokenize_start(ex))
+        pcr_proxy_dispatch(ex);
     return 0;
 }

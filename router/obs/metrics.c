@@ -14,6 +14,7 @@
 #include "accesslog.h"
 #include "backend.h"
 #include "bus.h"
+#include "kv_sub.h"
 #include "metrics.h"
 #include "server.h"
 #include "share.h"
@@ -243,7 +244,59 @@ static void counter(struct evbuffer *out, const char *name, const char *help, ui
                         (unsigned long long)v);
 }
 
-static const char *const phase_names[PCR_PHASE__COUNT] = {"parse", "hash", "match", "cost", "total"};
+static const char *const phase_names[PCR_PHASE__COUNT] = {"parse", "hash", "match", "cost", "tokenize",
+                                                              "total"};
+
+/* Precise mode: the subscriber's counters (0 while it never ran) and the tokenizations. */
+static void render_precise(pcr_worker_t *w, struct evbuffer *out)
+{
+    const pcr_server_t *srv = w->srv;
+    pcr_kv_sub_stats_t st = {0};
+    pcr_kv_sub_t *sub = __atomic_load_n(&((pcr_server_t *)srv)->kv_sub, __ATOMIC_ACQUIRE);
+    if (sub != NULL)
+        pcr_kv_sub_stats(sub, &st);
+    counter(out, "pcrouter_kv_events_total",
+            "KV-cache events received from the pods and applied (routing.index events).", st.events);
+    counter(out, "pcrouter_kv_event_batches_total", "Event batches received from the pods.",
+            st.batches);
+    counter(out, "pcrouter_kv_event_unknown_total",
+            "Events of a type the decoder does not know, skipped.", st.unknown_events);
+    counter(out, "pcrouter_kv_event_gaps_total",
+            "Gaps in a pod's sequence numbers (batches missed).", st.gaps);
+    HEADER(out, "pcrouter_kv_event_replays_total", "counter",
+           "Replays asked of a pod's replay socket, by result.");
+    evbuffer_add_printf(out, "pcrouter_kv_event_replays_total{result=\"ok\"} %llu\n"
+                             "pcrouter_kv_event_replays_total{result=\"failed\"} %llu\n",
+                        (unsigned long long)(st.replays - st.replays_failed),
+                        (unsigned long long)st.replays_failed);
+    counter(out, "pcrouter_kv_event_restarts_total",
+            "Pod publishers seen to restart (their sequence went back).", st.restarts);
+    counter(out, "pcrouter_kv_event_decode_errors_total",
+            "Event batches that did not decode (the pod's entries are rebuilt).", st.decode_errors);
+    counter(out, "pcrouter_kv_event_bad_messages_total",
+            "Messages of the wrong shape (frames, sequence) from a pod.", st.bad_messages);
+    counter(out, "pcrouter_kv_event_clears_total",
+            "Times a pod's entries were dropped to be rebuilt (gap, restart, decode error, left).",
+            st.cleared);
+    counter(out, "pcrouter_tokenize_requests_total",
+            "Tokenizations asked of a pod (precise mode).", SUM(srv, tokenize_calls));
+    static const char *const why[4] = {"timeout", "error", "answer", "no_pod"};
+    HEADER(out, "pcrouter_tokenize_failures_total", "counter",
+           "Tokenizations that gave no tokens, by reason: the request was routed on its text key.");
+    for (int k = 0; k < 4; k++) {
+        uint64_t v = 0;
+        for (unsigned i = 0; i < srv->nworkers; i++)
+            v += PCR_LOAD(srv->workers[i].metrics.tokenize_failures[k]);
+        evbuffer_add_printf(out, "pcrouter_tokenize_failures_total{reason=\"%s\"} %llu\n",
+                            why[k], (unsigned long long)v);
+    }
+    counter(out, "pcrouter_tokenize_cache_hits_total",
+            "Prompts whose token chains the worker's cache held (no pod asked).",
+            SUM(srv, tokenize_cache_hits));
+    counter(out, "pcrouter_precise_decisions_total",
+            "Decisions made on the prompt's token chains in the pods' own table.",
+            SUM(srv, precise_decisions));
+}
 
 void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
 {
@@ -381,6 +434,7 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
             pcr_bus_dropped(srv->bus));
 
     pcr_share_render_metrics(srv->share, out);
+    render_precise(w, out);
 
     unsigned uring_workers = 0;
     for (unsigned k = 0; k < srv->nworkers; k++)
@@ -440,6 +494,26 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
             evbuffer_add_printf(out, "pcrouter_backend_kv_cache_usage_ratio{backend=\"%s\"} %.6f\n",
                                 names[i], (double)PCR_LOAD(be->pod_kv_usage_ppm) / 1e6);
     }
+    /* Precise mode: this worker's replica of the pods' table (every replica applies the same
+     * events). */
+    const pcr_kvtable_t *kvt = pcr_policy_kvtable(w->policy);
+    HEADER(out, "pcrouter_backend_kv_blocks", "gauge",
+           "Blocks the pod said it holds, by medium (gpu, cpu), in the pods' table (precise mode).");
+    for (size_t i = 0; kvt != NULL && i < nslots; i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be == NULL)
+            continue;
+        evbuffer_add_printf(out, "pcrouter_backend_kv_blocks{backend=\"%s\",medium=\"gpu\"} %llu\n"
+                                 "pcrouter_backend_kv_blocks{backend=\"%s\",medium=\"cpu\"} %llu\n",
+                            names[i], (unsigned long long)pcr_kvtable_entries(kvt, (unsigned)i, PCR_KVT_GPU),
+                            names[i], (unsigned long long)pcr_kvtable_entries(kvt, (unsigned)i, PCR_KVT_CPU));
+    }
+    HEADER(out, "pcrouter_backend_kv_speculative_blocks", "gauge",
+           "Blocks counted as held for requests just sent, not yet confirmed by the pod's events.");
+    for (size_t i = 0; kvt != NULL && i < nslots; i++)
+        if (pcr_backend_at(srv, i) != NULL)
+            evbuffer_add_printf(out, "pcrouter_backend_kv_speculative_blocks{backend=\"%s\"} %llu\n",
+                                names[i], (unsigned long long)pcr_kvtable_speculative(kvt, (unsigned)i));
     HEADER(out, "pcrouter_backend_requests_total", "counter", "Responses per backend and status.");
     for (size_t i = 0; i < nslots; i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);

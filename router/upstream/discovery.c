@@ -56,7 +56,7 @@ static int addr_text(const pcr_dns_addr_t *a, char *host, size_t hl, char *name,
 
 static void add_found(pcr_server_t *srv, const pcr_discovery_conf_t *d, const pcr_dns_addr_t *a)
 {
-    char host[64], name[96], url[128];
+    char host[64], name[96], url[128], kv[128], kv_replay[128];
     unsigned port;
     if (addr_text(a, host, sizeof(host), name, sizeof(name), &port) < 0)
         return;
@@ -69,6 +69,17 @@ static void add_found(pcr_server_t *srv, const pcr_discovery_conf_t *d, const pc
     bc.url = url;
     bc.host = host;
     bc.port = (uint16_t)port;
+    /* Precise mode: the pod's KV-event sockets on its own address, at the entry's ports. */
+    int v6 = strchr(host, ':') != NULL;
+    if (d->tmpl.kv_port != 0) {
+        snprintf(kv, sizeof(kv), v6 ? "tcp://[%s]:%u" : "tcp://%s:%u", host, d->tmpl.kv_port);
+        bc.kv_endpoint = kv;
+    }
+    if (d->tmpl.kv_port != 0 && d->tmpl.kv_replay_port != 0) {
+        snprintf(kv_replay, sizeof(kv_replay), v6 ? "tcp://[%s]:%u" : "tcp://%s:%u", host,
+                 d->tmpl.kv_replay_port);
+        bc.kv_replay = kv_replay;
+    }
     be = pcr_backend_add_discovered(srv, &bc, (const struct sockaddr *)&a->addr, a->len, d->dns,
                                     d->port);
     if (be != NULL)

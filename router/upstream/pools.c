@@ -24,20 +24,47 @@ static void wake_held(void *arg)
     }
 }
 
+/* The table's entry for slot `id`, grown to hold it; NULL when out of memory. */
+static pcr_pool_t **table_slot(pcr_pool_t ***pools, size_t *npools, size_t id)
+{
+    if (id >= *npools) {
+        size_t n = *npools ? *npools : 8;
+        while (n <= id)
+            n *= 2;
+        pcr_pool_t **np = realloc(*pools, n * sizeof(*np));
+        if (np == NULL)
+            return NULL;
+        memset(np + *npools, 0, (n - *npools) * sizeof(*np));
+        *pools = np;
+        *npools = n;
+    }
+    return &(*pools)[id];
+}
+
+/* A tokenization is one short request: two connections per worker keep a burst moving. */
+#define TOKENIZE_CONNECTIONS 2
+
+pcr_pool_t *pcr_pools_tokenize(pcr_worker_t *w, pcr_backend_t *be)
+{
+    pcr_pool_t **slot = table_slot(&w->tok_pools, &w->ntok_pools, (size_t)be->id);
+    if (slot == NULL)
+        return NULL;
+    if (*slot != NULL)
+        return (*slot)->be == be ? *slot : NULL;
+    pcr_pool_t *pool = calloc(1, sizeof(*pool));
+    if (pool == NULL)
+        return NULL;
+    pcr_pool_init(pool, be, w->base, TOKENIZE_CONNECTIONS, &w->draining, &w->cfg);
+    pcr_backend_ref(be);
+    *slot = pool;
+    return pool;
+}
+
 pcr_pool_t *pcr_pools_get(pcr_worker_t *w, pcr_backend_t *be)
 {
     size_t id = (size_t)be->id;
-    if (id >= w->npools) {
-        size_t n = w->npools ? w->npools : 8;
-        while (n <= id)
-            n *= 2;
-        pcr_pool_t **np = realloc(w->pools, n * sizeof(*np));
-        if (np == NULL)
-            return NULL;
-        memset(np + w->npools, 0, (n - w->npools) * sizeof(*np));
-        w->pools = np;
-        w->npools = n;
-    }
+    if (table_slot(&w->pools, &w->npools, id) == NULL)
+        return NULL;
     pcr_pool_t *pool = w->pools[id];
     if (pool != NULL && pool->be == be)
         return pool;
@@ -58,19 +85,25 @@ pcr_pool_t *pcr_pools_get(pcr_worker_t *w, pcr_backend_t *be)
 }
 
 /* Pools of backends that left: idle connections close now, the pool goes with its last one. */
-static void release_pools(pcr_worker_t *w, int all)
+static void release_table(pcr_pool_t **pools, size_t npools, int all)
 {
-    for (size_t i = 0; i < w->npools; i++) {
-        pcr_pool_t *pool = w->pools[i];
+    for (size_t i = 0; i < npools; i++) {
+        pcr_pool_t *pool = pools[i];
         if (pool == NULL || (!all && !PCR_LOAD(pool->be->removed)))
             continue;
         pcr_upstream_close_idle(pool);
         if (pool->nconns == 0 && TAILQ_EMPTY(&pool->waiters)) {
             pcr_backend_unref(pool->be);
             free(pool);
-            w->pools[i] = NULL;
+            pools[i] = NULL;
         }
     }
+}
+
+static void release_pools(pcr_worker_t *w, int all)
+{
+    release_table(w->pools, w->npools, all);
+    release_table(w->tok_pools, w->ntok_pools, all);
 }
 
 /* Streams held for a backend that went out of rotation (down, ejected, removed) are routed
@@ -112,6 +145,9 @@ void pcr_pools_close_idle(pcr_worker_t *w)
     for (size_t i = 0; i < w->npools; i++)
         if (w->pools[i] != NULL)
             pcr_upstream_close_idle(w->pools[i]);
+    for (size_t i = 0; i < w->ntok_pools; i++)
+        if (w->tok_pools[i] != NULL)
+            pcr_upstream_close_idle(w->tok_pools[i]);
 }
 
 void pcr_pools_free(pcr_worker_t *w)
@@ -120,4 +156,7 @@ void pcr_pools_free(pcr_worker_t *w)
     free(w->pools);
     w->pools = NULL;
     w->npools = 0;
+    free(w->tok_pools);
+    w->tok_pools = NULL;
+    w->ntok_pools = 0;
 }

@@ -10,6 +10,9 @@
 /* This worker's pool of connections to `be` (made on first use; it holds a reference). NULL
  * when out of memory. */
 pcr_pool_t *pcr_pools_get(pcr_worker_t *w, pcr_backend_t *be);
+/* This worker's pool of connections to `be` for tokenizing (precise mode): a few connections
+ * of their own, so a tokenization never waits behind generations. NULL when out of memory. */
+pcr_pool_t *pcr_pools_tokenize(pcr_worker_t *w, pcr_backend_t *be);
 /* The worker's tick: streams held for a backend out of rotation route again, the others go if
  * the pod's budget is open; pools of backends that left close their idle connections and go
  * with their last one. */

@@ -26,13 +26,19 @@ enum Field {
     F_IGNORE, F_TYPE, F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, F_LORA_ID, F_MEDIUM, F_GROUP
 };
 
-enum Role { R_BATCH, R_EVENTS, R_EV_ARRAY, R_EV_MAP, R_HASHES, R_TOKENS, R_SKIP };
+enum Role { R_BATCH, R_BATCH_MAP, R_EVENTS, R_EV_ARRAY, R_EV_MAP, R_HASHES, R_TOKENS, R_SKIP };
+
+// The batch's items by position: [ts, events, data_parallel_rank], or by key when the batch is
+// a map ({"ts", "events", "data_parallel_rank"}, vLLM's publisher where EventBatch is not
+// array_like); B_OTHER is a key this decoder does not know, skipped.
+enum BatchSlot { B_TS = 0, B_EVENTS = 1, B_RANK = 2, B_OTHER = 3 };
 
 struct Frame {
     Role role;
     uint32_t idx;      // items finished (arrays) or pairs finished (maps)
     bool in_key;       // maps: inside a key
     Field field;       // events: the field the next value fills
+    BatchSlot slot;    // R_BATCH_MAP: the item the next value is
 };
 
 // An event being read; hashes and tokens go straight to the decoder's arrays.
@@ -149,6 +155,7 @@ class Visitor : public msgpack::null_visitor {
         f.idx++;
         if (f.role == R_EV_MAP)
             f.field = F_IGNORE;
+        f.slot = B_OTHER;
         return true;
     }
     bool end_array() { return close(); }
@@ -169,6 +176,7 @@ class Visitor : public msgpack::null_visitor {
     std::vector<Frame> stack_;
     Ev ev_{};
     bool root_done_ = false;
+    unsigned batch_keys_ = 0;  // R_BATCH_MAP: the items given (1 << BatchSlot)
 
     bool fail(const char *fmt, ...) __attribute__((format(printf, 2, 3)))
     {
@@ -219,9 +227,9 @@ class Visitor : public msgpack::null_visitor {
             return too_large(PCR_KV_MAX_DEPTH, "levels of nesting");
         Role role;
         if (stack_.empty()) {
-            if (root_done_ || is_map)
+            if (root_done_)
                 return fail("the payload is not an array [ts, events, rank]");
-            role = R_BATCH;
+            role = is_map ? R_BATCH_MAP : R_BATCH;
         } else {
             Frame &p = stack_.back();
             switch (p.role) {
@@ -229,6 +237,18 @@ class Visitor : public msgpack::null_visitor {
                 if (p.idx != 1 || is_map)
                     return fail("batch item %u must be %s", p.idx,
                                 p.idx == 1 ? "an array of events" : "a scalar");
+                role = R_EVENTS;
+                break;
+            case R_BATCH_MAP:
+                if (p.in_key)
+                    return fail("a map key must be a string");
+                if (p.slot == B_OTHER) {
+                    role = R_SKIP;
+                    break;
+                }
+                if (p.slot != B_EVENTS || is_map)
+                    return fail("the batch's %s must be %s", p.slot == B_EVENTS ? "events" : "ts or rank",
+                                p.slot == B_EVENTS ? "an array" : "a scalar");
                 role = R_EVENTS;
                 break;
             case R_EVENTS:
@@ -266,7 +286,7 @@ class Visitor : public msgpack::null_visitor {
                             is_map ? "map" : "array");
             }
         }
-        stack_.push_back(Frame{role, 0, false, F_IGNORE});
+        stack_.push_back(Frame{role, 0, false, F_IGNORE, B_OTHER});
         return true;
     }
 
@@ -280,6 +300,11 @@ class Visitor : public msgpack::null_visitor {
             root_done_ = true;
             if (f.idx < 2 || f.idx > 3)
                 return fail("a batch is [ts, events, rank], not %u items", f.idx);
+        }
+        if (f.role == R_BATCH_MAP) {
+            root_done_ = true;
+            if (!(batch_keys_ & (1u << B_EVENTS)))
+                return fail("a batch map without \"events\"");
         }
         return true;
     }
@@ -388,14 +413,38 @@ class Visitor : public msgpack::null_visitor {
         return true;
     }
 
+    bool batch_key(Frame &f, const Val &v)
+    {
+        if (v.t != Val::STR)
+            return fail("a map key must be a string");
+        auto is = [&](const char *name) {
+            return v.n == std::strlen(name) && std::memcmp(v.p, name, v.n) == 0;
+        };
+        f.slot = is("ts") ? B_TS : is("events") ? B_EVENTS : is("data_parallel_rank") ? B_RANK
+                                                                                       : B_OTHER;
+        if (f.slot != B_OTHER && (batch_keys_ & (1u << f.slot)))
+            return fail("the batch's \"%.*s\" given twice", static_cast<int>(v.n), v.p);
+        batch_keys_ |= 1u << f.slot;
+        return true;
+    }
+
     bool scalar(const Val &v)
     {
         if (stack_.empty())
             return fail("the payload is not an array [ts, events, rank]");
         Frame &f = stack_.back();
+        uint32_t item = f.idx;
+        if (f.role == R_BATCH_MAP) {
+            if (f.in_key)
+                return batch_key(f, v);
+            if (f.slot == B_OTHER)
+                return true;
+            item = f.slot; /* then read as the array's item of the same place */
+        }
         switch (f.role) {
         case R_BATCH:
-            if (f.idx == 0) {
+        case R_BATCH_MAP:
+            if (item == 0) {
                 if (v.t == Val::FLOAT)
                     batch.ts = v.f;
                 else if (v.t == Val::UINT)
@@ -404,7 +453,7 @@ class Visitor : public msgpack::null_visitor {
                     return fail("the batch's ts must be a number");
                 return true;
             }
-            if (f.idx == 2) {
+            if (item == 2) {
                 if (v.t == Val::NIL)
                     return true;
                 if (v.t != Val::UINT)
@@ -413,8 +462,8 @@ class Visitor : public msgpack::null_visitor {
                 batch.dp_rank = static_cast<int64_t>(v.u > INT64_MAX ? INT64_MAX : v.u);
                 return true;
             }
-            return fail("batch item %u must be %s", f.idx,
-                        f.idx == 1 ? "an array of events" : "absent");
+            return fail("batch item %u must be %s", item,
+                        item == 1 ? "an array of events" : "absent");
         case R_EVENTS:
             return fail("an event must be an array or a map");
         case R_EV_MAP:

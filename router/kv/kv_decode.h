@@ -2,7 +2,9 @@
  *
  * A vLLM pod started with --kv-events-config publishes, on a ZMQ PUB socket, messages of three
  * frames: a topic, an 8-byte big-endian sequence number, and a msgpack payload
- * `[ts, events, data_parallel_rank]` (the rank may be absent). Each event is BlockStored,
+ * `[ts, events, data_parallel_rank]` (the rank may be absent), or, from a publisher whose
+ * EventBatch is not msgspec array_like, the map {"ts", "events", "data_parallel_rank"}
+ * (other keys skipped). Each event is BlockStored,
  * BlockRemoved or AllBlocksCleared, in one of two encodings, both accepted because a fleet in
  * the middle of an upgrade sends both:
  *   - up to vLLM 0.23, a positional array with the tag first, trailing fields optional:

@@ -376,3 +376,18 @@ def test_config_accepts_precise_keys(tmp_path):
            "routing": {"index": "events", "tokenize": "render", "tokenize_timeout_ms": 50}}
     p = check_config(tmp_path, cfg)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("encoding", ["map", "map-batch"])
+def test_other_encodings(pods, router_factory, encoding):
+    """vLLM 0.26's map events (replay answers with a topic frame), and the batch itself a map
+    (replay answers without one): both followed, the replay included."""
+    p = pods(3, "--kv-events-encoding", encoding)
+    r = router_factory(config(p))
+    # Seeded before the router follows the pods: only the replay asked at the first live
+    # batch (from the warm-up) brings it.
+    seed(p, "p2", prompt_of("enc-" + encoding))
+    subscribed(p, r, ["p2"])
+    wait_for(lambda: kv_blocks(r, "p2") >= 32, timeout=5, what="p2's blocks, replayed")
+    assert metric(r, "pcrouter_kv_event_decode_errors_total") == 0
+    assert complete(r, prompt_of("enc-" + encoding))[1] == "p2"

@@ -179,6 +179,59 @@ static void test_map_encoding(void)
     PCR_CHECK(e != NULL && e->kind == PCR_KV_REMOVED && e->hashes[0] == H[0]);
 }
 
+/* The batch as a map, as vLLM's publisher sends it where EventBatch is not array_like:
+ * {"ts", "events", "data_parallel_rank"}, keys in any order, unknown ones skipped (whatever
+ * they hold), events in either encoding. */
+static void test_map_batch(void)
+{
+    begin();
+    msgpack_pack_map(&pk, 4);
+    str("data_parallel_rank");
+    msgpack_pack_uint32(&pk, 3);
+    str("future");
+    msgpack_pack_map(&pk, 1);
+    str("x");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_nil(&pk);
+    str("events");
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_map(&pk, 6);
+    str("type");
+    str("BlockStored");
+    str("block_hashes");
+    u64s(H, 1);
+    str("parent_block_hash");
+    msgpack_pack_nil(&pk);
+    str("token_ids");
+    tokens(40, 4);
+    str("block_size");
+    msgpack_pack_uint32(&pk, 4);
+    str("lora_name");
+    msgpack_pack_nil(&pk);
+    msgpack_pack_array(&pk, 1);
+    str("AllBlocksCleared");
+    str("ts");
+    msgpack_pack_double(&pk, 12.25);
+    PCR_CHECK_EQ_INT(decode(), 0);
+    PCR_CHECK_STR(err, "");
+    PCR_CHECK_EQ_INT(batch.nevents, 2);
+    PCR_CHECK(batch.ts == 12.25 && batch.has_rank && batch.dp_rank == 3);
+    const pcr_kv_event_t *e = pcr_kv_decoded_event(dec, 0);
+    PCR_CHECK(e != NULL && e->kind == PCR_KV_STORED && e->nhashes == 1 && e->hashes[0] == H[0] &&
+              e->ntokens == 4 && e->tokens[3] == 43 && !e->has_parent);
+    e = pcr_kv_decoded_event(dec, 1);
+    PCR_CHECK(e != NULL && e->kind == PCR_KV_CLEARED);
+    /* A rank of nil, and no ts at all: still a batch. */
+    begin();
+    msgpack_pack_map(&pk, 2);
+    str("events");
+    msgpack_pack_array(&pk, 0);
+    str("data_parallel_rank");
+    msgpack_pack_nil(&pk);
+    PCR_CHECK_EQ_INT(decode(), 0);
+    PCR_CHECK(batch.nevents == 0 && !batch.has_rank);
+}
+
 /* Bytes hashes are folded to 64 bits: equal bytes, equal values; a parent in bytes too. */
 static void test_bytes_hashes(void)
 {
@@ -352,7 +405,32 @@ static void test_malformed_payloads(void)
     begin();
     msgpack_pack_map(&pk, 0);
     PCR_CHECK_EQ_INT(decode(), PCR_ERR_PARSE);
+    PCR_CHECK_STR(err, "a batch map without \"events\"");
+    begin();
+    str("batch");
+    PCR_CHECK_EQ_INT(decode(), PCR_ERR_PARSE);
     PCR_CHECK_STR(err, "the payload is not an array [ts, events, rank]");
+    /* The map form: a key given twice, events that are not an array, a key not a string. */
+    begin();
+    msgpack_pack_map(&pk, 2);
+    str("events");
+    msgpack_pack_array(&pk, 0);
+    str("events");
+    msgpack_pack_array(&pk, 0);
+    PCR_CHECK_EQ_INT(decode(), PCR_ERR_PARSE);
+    PCR_CHECK_STR(err, "the batch's \"events\" given twice");
+    begin();
+    msgpack_pack_map(&pk, 1);
+    str("events");
+    msgpack_pack_map(&pk, 0);
+    PCR_CHECK_EQ_INT(decode(), PCR_ERR_PARSE);
+    PCR_CHECK_STR(err, "the batch's events must be an array");
+    begin();
+    msgpack_pack_map(&pk, 1);
+    msgpack_pack_uint32(&pk, 1);
+    msgpack_pack_array(&pk, 0);
+    PCR_CHECK_EQ_INT(decode(), PCR_ERR_PARSE);
+    PCR_CHECK_STR(err, "a map key must be a string");
     begin();
     msgpack_pack_array(&pk, 1);
     msgpack_pack_uint32(&pk, 0);
@@ -435,6 +513,7 @@ int main(void)
     PCR_RUN(test_array_encoding);
     PCR_RUN(test_array_trailing_fields);
     PCR_RUN(test_map_encoding);
+    PCR_RUN(test_map_batch);
     PCR_RUN(test_bytes_hashes);
     PCR_RUN(test_unknown_event_type);
     PCR_RUN(test_malformed_events);

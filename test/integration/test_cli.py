@@ -192,8 +192,10 @@ CONFIG_OBJECTS = {
     "listen[].tls.": 'listen[0].tls',
     "backends[].": 'backends[0]',
     "backends[].tls.": 'backends[0].tls',
+    "backends[].kv_events.": 'backends[0].kv_events',
     "discovery[].": 'discovery[0]',
     "discovery[].tls.": 'discovery[0].tls',
+    "discovery[].kv_events.": 'discovery[0].kv_events',
     **{s + ".": s for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape",
                             "outlier", "log", "admin", "redis", "pd")},
 }
@@ -204,8 +206,10 @@ def loader_keys(tmp_path):
     own "unknown key" errors: one stray key in each object of a config that has them all."""
     cfg = {"listen": [{"address": "127.0.0.1:0", "tls": {"cert": "/dev/null", "key": "/dev/null",
                                                           "zzz": 1}, "zzz": 1}],
-           "backends": [{"name": "a", "url": "https://127.0.0.1:1", "tls": {"zzz": 1}, "zzz": 1}],
-           "discovery": [{"dns": "pods.example", "tls": {"zzz": 1}, "zzz": 1}],
+           "backends": [{"name": "a", "url": "https://127.0.0.1:1", "tls": {"zzz": 1}, "zzz": 1,
+                         "kv_events": {"endpoint": "tcp://127.0.0.1:1", "zzz": 1}}],
+           "discovery": [{"dns": "pods.example", "tls": {"zzz": 1}, "zzz": 1,
+                          "kv_events": {"port": 1, "zzz": 1}}],
            "admin": {"address": "127.0.0.1:0", "zzz": 1},
            "redis": {"url": "redis://127.0.0.1", "zzz": 1}, "zzz": 1}
     for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape", "outlier", "log", "pd"):

@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import selectors
 import signal
 import socket
@@ -166,10 +167,15 @@ class Sims:
         argv += list(extra)
         self.proc = Proc(argv, "vllm_sim", echo=echo)
         self.urls = {}
+        self.kv = {}   # with --kv-events: each pod's publisher and replay endpoints
+        kv = "--kv-events" in argv
         try:
             for _ in names:
                 m = self.proc.wait_for(r"pod (\S+) listening on ([\d.]+):(\d+)", 30)
                 self.urls[m.group(1)] = "http://%s:%s" % (m.group(2), m.group(3))
+                if kv:
+                    k = self.proc.wait_for(r"pod (\S+) kv-events (tcp://\S+) replay (tcp://\S+)", 30)
+                    self.kv[k.group(1)] = {"endpoint": k.group(2), "replay_endpoint": k.group(3)}
             self.proc.wait_for(r"ready", 30)
         except Exception:
             self.proc.stop()
@@ -185,13 +191,16 @@ class Sims:
 ACCESS_LOG_DIR = None
 
 
-def router_config(backends, policy, capacity_tokens=None, port=0, routing=None, zones=None):
-    """`zones`: None, or each backend's zone by name (the router's own is routing.zone)."""
+def router_config(backends, policy, capacity_tokens=None, port=0, routing=None, zones=None,
+                  kv=None):
+    """`zones`: None, or each backend's zone by name (the router's own is routing.zone).
+    `kv`: each backend's KV-event endpoints by name (precise mode), or None."""
     return {
         "listen": [{"address": "127.0.0.1:%d" % port}],
         "backends": [dict({"name": n, "url": u},
                           **({"capacity_tokens": capacity_tokens} if capacity_tokens else {}),
-                          **({"zone": zones[n]} if zones else {}))
+                          **({"zone": zones[n]} if zones else {}),
+                          **({"kv_events": kv[n]} if kv else {}))
                      for n, u in backends.items()],
         "routing": dict({"policy": policy}, **(routing or {})),
         "health": {"interval_ms": 1000},
@@ -375,19 +384,20 @@ def flat_figures(r):
 
 def print_table(results):
     head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "TTFT mean", "ITL mean",
-            "ITL p99", "out tok/s", "max/mean", "req/s", "errors", "pred/del")
+            "ITL p99", "out tok/s", "max/mean", "req/s", "errors", "pred/del", "tok ms")
     w = max([16] + [len(r["label"]) for r in results])
-    print("%-*s %9s %8s %10s %10s %10s %9s %9s %9s %9s %7s %7s %8s" % ((w,) + head))
+    print("%-*s %9s %8s %10s %10s %10s %9s %9s %9s %9s %7s %7s %8s %7s" % ((w,) + head))
     for r in results:
         t = r.get("ttft_ms_model", {})
         i = r.get("itl_ms_model", {})
-        print("%-*s %9s %8s %9sms %9sms %9sms %7sms %7sms %9s %9s %7s %7d %8s" % (
+        print("%-*s %9s %8s %9sms %9sms %9sms %7sms %7sms %9s %9s %7s %7d %8s %7s" % (
             w, r["label"], fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f"),
             fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"), fmt(t.get("mean"), ".0f"),
             fmt(i.get("mean"), ".1f"), fmt(i.get("p99"), ".1f"),
             fmt(r.get("output_tokens_per_s_model"), ".0f"),
             fmt(r.get("share_max_over_mean"), ".2f"), fmt(r.get("throughput_rps_model"), ".2f"),
-            r.get("errors", 0), fmt(r.get("pred_over_del"), ".3f")))
+            r.get("errors", 0), fmt(r.get("pred_over_del"), ".3f"),
+            fmt(r.get("tokenize_ms_wall_mean"), ".2f")))
 
 
 def check_targets(by):
@@ -570,14 +580,28 @@ def router_prediction(router, keep=None):
         with open(keep, "w") as f:
             f.write(text)
     sums = {"predicted": 0.0, "delivered": 0.0}
+    tok = {}
     for line in text.splitlines():
         m = re.match(r"pcrouter_cached_tokens_(predicted|delivered)_total\{[^}]*\} (\S+)$", line)
         if m:
             sums[m.group(1)] += float(m.group(2))
+        # Precise mode: what asking the pods for tokens added before each decision (wall time).
+        m = re.match(r'pcrouter_route_decision_seconds_(sum|count)\{phase="tokenize"\} (\S+)$', line)
+        if m:
+            tok[m.group(1)] = float(m.group(2))
+        m = re.match(r"pcrouter_(precise_decisions|tokenize_cache_hits|tokenize_requests)_total (\S+)$",
+                     line)
+        if m:
+            tok[m.group(1)] = float(m.group(2))
     if sums["delivered"] <= 0:
         return {}
-    return {"cached_predicted": sums["predicted"], "cached_delivered": sums["delivered"],
-            "pred_over_del": sums["predicted"] / sums["delivered"]}
+    out = {"cached_predicted": sums["predicted"], "cached_delivered": sums["delivered"],
+           "pred_over_del": sums["predicted"] / sums["delivered"]}
+    if tok.get("count"):
+        out["tokenize_ms_wall_mean"] = 1000.0 * tok["sum"] / tok["count"]
+        out.update({k: tok[k] for k in ("precise_decisions", "tokenize_cache_hits",
+                                         "tokenize_requests") if k in tok})
+    return out
 
 
 def share_counters(router):
@@ -844,10 +868,16 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
     spell of this shared machine does not always fall on the same policy)."""
     names = ["pod-%d" % i for i in range(pods)]
     results = []
-    sim_extra = list(sim_extra) + ["--engine", args.engine]
+    sim_extra = list(sim_extra) + ["--engine", args.engine] + shlex.split(args.sim_args)
     print("routing: %s: %s, %s requests, %d pods x %d tokens, time scale %g" % (
         label, os.path.basename(trace), limit or "all", pods, capacity, time_scale), flush=True)
     policies = [p for p in args.policies.split(",") if p and p != "none"]
+    # --index events: cache_aware on the pods' KV events (precise mode) in place of the
+    # approximate index; both: the two side by side, on the same pods' settings.
+    if args.index != "approximate" and "cache_aware" in policies:
+        at = policies.index("cache_aware")
+        policies[at:at + 1] = (["cache_aware", "cache_aware_events"] if args.index == "both"
+                               else ["cache_aware_events"])
     if args.before:
         policies.append("cache_aware_before")
     if policies:
@@ -874,7 +904,9 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                     zones = sims.zones
                     routing = dict(routing or {}, zone="a")
                 else:
-                    sims = Sims(build, names, time_scale, capacity, extra=sim_extra)
+                    events = policy == "cache_aware_events"
+                    sims = Sims(build, names, time_scale, capacity,
+                                extra=sim_extra + (["--kv-events", "0"] if events else []))
                     zones = None
                 if policy == "haproxy_hash":
                     front = Haproxy(sims.urls, tmp)
@@ -883,6 +915,12 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                                    router_config(sims.urls, "cache_aware", capacity,
                                                  routing=routing if zones else None,
                                                  zones=zones), tmp)
+                elif policy == "cache_aware_events":
+                    cfg = router_config(sims.urls, "cache_aware", capacity,
+                                        routing=dict(routing or {}, index="events"), kv=sims.kv)
+                    if args.workers:
+                        cfg["workers"] = args.workers
+                    front = Router(build, cfg, tmp)
                 elif policy in variants:
                     cap_conf, extra_routing = variants[policy]
                     cfg = router_config(sims.urls, "cache_aware", cap_conf,
@@ -1111,6 +1149,14 @@ def main():
                          " zone)")
     ap.add_argument("--routing", default="{}",
                     help='extra routing keys for pcrouter, as JSON (e.g. \'{"load_weight": 0.5}\')')
+    ap.add_argument("--index", choices=("approximate", "events", "both"), default="approximate",
+                    help="cache_aware's index: approximate (default), events (precise mode: the"
+                         " pods publish their KV events, vllm_sim --kv-events, and the router"
+                         " follows them and tokenizes each prompt), or both, side by side"
+                         " (cache_aware and cache_aware_events)")
+    ap.add_argument("--sim-args", default="",
+                    help="more vllm_sim flags for every run, e.g. '--foreign-load 2' or"
+                         " '--capacity-schedule 2:1,2:0.25' (pods that evict in their own order)")
     ap.add_argument("--misconfig", type=float, default=0, metavar="F",
                     help="cache_aware only: told the pods' true capacity, then F times it with"
                          " the pods hiding vllm:cache_config_info, feedback off and on")

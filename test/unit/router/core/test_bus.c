@@ -237,6 +237,49 @@ static void test_tune_carries_the_share_exemption(void)
     PCR_CHECK_EQ_INT(most[1], 1000);
 }
 
+/* Precise mode: a pod's events, published by the subscriber's thread (the control's side),
+ * reach every worker's replica: stored blocks, in the pods' table and matched by the tokens'
+ * chains; removed and cleared ones gone; a tune that turns the mode on makes a fresh replica
+ * with a table. */
+static void test_kv_events_reach_every_replica(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(2);
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    pcr_policy_t *w[2] = {replica(), replica()};
+    pcr_bus_tune(bus, (o.index_events = 1, &o));
+    pcr_backend_desc_t d[3] = {{"a", "", 1, 0}, {"b", "", 1, 0}, {"c", "", 1, 0}};
+    for (int i = 0; i < 3; i++)
+        pcr_bus_backend_set(bus, PCR_BUS_CONTROL, i, &d[i]);
+    uint32_t tokens[48];
+    for (int i = 0; i < 48; i++)
+        tokens[i] = 1000 + (uint32_t)i;
+    uint64_t hashes[3] = {0xfffffffffffffff1ull, 2, 3}, chains[4];
+    pcr_kvt_stored_t ev = {hashes, 3, 0, 0, tokens, 16, PCR_KVT_GPU, 0};
+    pcr_bus_kv_stored(bus, 1, &ev, 5);
+    for (int k = 0; k < 2; k++) {
+        PCR_CHECK_EQ_INT((int)pcr_bus_drain(bus, (unsigned)k, &w[k]), 5);
+        const pcr_kvtable_t *t = pcr_policy_kvtable(w[k]);
+        PCR_CHECK(t != NULL && pcr_kvtable_entries(t, 1, PCR_KVT_GPU) == 3);
+        size_t n = pcr_kvtable_key(0, 16, tokens, 48, chains, 4);
+        uint32_t any[3];
+        PCR_CHECK_EQ_INT((int)pcr_kvtable_match(t, chains, n, NULL, any), 3);
+        PCR_CHECK(any[1] == 3 && any[0] == 0);
+    }
+    pcr_bus_kv_removed(bus, 1, hashes + 2, 1, PCR_KVT_GPU);
+    for (int k = 0; k < 2; k++) {
+        pcr_bus_drain(bus, (unsigned)k, &w[k]);
+        PCR_CHECK(pcr_kvtable_entries(pcr_policy_kvtable(w[k]), 1, PCR_KVT_GPU) == 2);
+    }
+    pcr_bus_kv_clear(bus, 1);
+    for (int k = 0; k < 2; k++) {
+        pcr_bus_drain(bus, (unsigned)k, &w[k]);
+        PCR_CHECK(pcr_kvtable_entries(pcr_policy_kvtable(w[k]), 1, PCR_KVT_GPU) == 0);
+        pcr_policy_free(w[k]);
+    }
+    pcr_bus_free(bus);
+}
+
 static int tapped[8];
 
 static void on_tap(const pcr_bus_msg_t *m, void *arg)
@@ -290,6 +333,7 @@ int main(void)
     PCR_RUN(test_tune_carries_the_share_margin);
     PCR_RUN(test_tune_carries_the_share_exemption);
     PCR_RUN(test_tune_carries_the_share_reserve);
+    PCR_RUN(test_kv_events_reach_every_replica);
     PCR_RUN(test_tap_sees_the_workers_updates_only);
     PCR_RUN(test_undrained_inbox_is_bounded);
     return pcr_test_done();

@@ -391,3 +391,43 @@ def test_other_encodings(pods, router_factory, encoding):
     wait_for(lambda: kv_blocks(r, "p2") >= 32, timeout=5, what="p2's blocks, replayed")
     assert metric(r, "pcrouter_kv_event_decode_errors_total") == 0
     assert complete(r, prompt_of("enc-" + encoding))[1] == "p2"
+
+
+def sim_metric(pods, name, needle):
+    with _direct.open(pods.urls[name] + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(l.rpartition(" ")[2]) for l in text.splitlines()
+               if l.startswith(needle) and 'pod="%s"' % name in l)
+
+
+@pytest.mark.parametrize("index", ["events", "approximate"])
+def test_pod_that_evicts_on_its_own_no_longer_attracts(pods, router_factory, index):
+    """Pods whose caches other traffic churns (--foreign-load): a prompt the router sent to a pod
+    and the pod then evicted. In events mode the pod's BlockRemoved tells the router, and the
+    prompt is placed afresh (cold); the approximate index still believes the pod holds it
+    (the control run shows it would: `warm`)."""
+    p = pods(2, "--capacity-tokens", "2048", "--foreign-load", "20", "--foreign-tokens", "1024",
+             time_scale=10)
+    r = router_factory(config(p, index=index, workers=1))
+    if index == "events":
+        subscribed(p, r)
+    text = prompt_of("evicted", 2048)   # 512 tokens: a quarter of a pod's cache
+    status, first, _ = complete(r, text)
+    assert status == 200
+    if index == "events":
+        wait_for(lambda: metric(r, 'pcrouter_backend_kv_speculative_blocks{backend="%s"}'
+                                % first) == 0, timeout=10, what="speculation confirmed or gone")
+    # Two foreign prompts of 1024 tokens after it leave no room for it in 2048.
+    seen = sim_metric(p, first, "vllm_sim:foreign_requests_total")
+    wait_for(lambda: sim_metric(p, first, "vllm_sim:foreign_requests_total") >= seen + 4,
+             timeout=10, what="foreign traffic through %s" % first)
+    req = urllib.request.Request(r.url("/v1/completions"), data=json.dumps(
+        {"model": "sim-8b", "prompt": text, "max_tokens": 1}).encode(),
+        headers={"Content-Type": "application/json"})
+    with _direct.open(req, timeout=30) as resp:
+        route = resp.headers.get("x-pcrouter-route")
+    if index == "events":
+        assert route == "cold", "the router still believed %s held an evicted prompt" % first
+        assert metric(r, "pcrouter_kv_events_total") > 0
+    else:
+        assert route == "warm"

@@ -406,7 +406,7 @@ def test_pod_that_evicts_on_its_own_no_longer_attracts(pods, router_factory, ind
     and the pod then evicted. In events mode the pod's BlockRemoved tells the router, and the
     prompt is placed afresh (cold); the approximate index still believes the pod holds it
     (the control run shows it would: `warm`)."""
-    p = pods(2, "--capacity-tokens", "2048", "--foreign-load", "20", "--foreign-tokens", "1024",
+    p = pods(2, "--capacity-tokens", "2048", "--foreign-load", "5", "--foreign-tokens", "1024",
              time_scale=10)
     r = router_factory(config(p, index=index, workers=1))
     if index == "events":
@@ -421,6 +421,11 @@ def test_pod_that_evicts_on_its_own_no_longer_attracts(pods, router_factory, ind
     seen = sim_metric(p, first, "vllm_sim:foreign_requests_total")
     wait_for(lambda: sim_metric(p, first, "vllm_sim:foreign_requests_total") >= seen + 4,
              timeout=10, what="foreign traffic through %s" % first)
+    if index == "events":
+        # Every batch the pods made by now has reached the router (live, or replayed).
+        made = sum(sim_metric(p, n, 'vllm_sim:kv_event_batches_total{kind="made"') for n in p.names)
+        wait_for(lambda: metric(r, "pcrouter_kv_event_batches_total") >= made, timeout=10,
+                 what="the router caught up with the pods' events")
     req = urllib.request.Request(r.url("/v1/completions"), data=json.dumps(
         {"model": "sim-8b", "prompt": text, "max_tokens": 1}).encode(),
         headers={"Content-Type": "application/json"})

@@ -356,6 +356,7 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
     struct pcr_tokreq *t = calloc(1, sizeof(*t));
     struct evbuffer *req = evbuffer_new();
     pcr_pool_t *pool = pcr_pools_tokenize(w, be);
+    ex->tok = t; /* from here on pcr_tokenize_cancel frees what was made */
     if (t != NULL) {
         t->answer = evbuffer_new();
         t->deadline = evtimer_new(w->base, on_deadline, ex);
@@ -364,14 +365,11 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
         evbuffer_add_printf(req, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
                                  "\r\nContent-Length: %zu\r\n\r\n%s", path, be->host_header,
                             strlen(body), body) < 0) {
+        /* Out of memory: routed on the text key. */
         free(body);
         if (req != NULL)
             evbuffer_free(req);
-        ex->tok = t;
-        if (t != NULL)
-            t->t0_ns = t0;
-        if (t != NULL)
-            pcr_tokenize_cancel(ex);
+        pcr_tokenize_cancel(ex);
         ex->tokenized = 0;
         return 1;
     }

@@ -28,6 +28,7 @@
 #include "config.h"
 #include "log.h"
 #include "reload.h"
+#include "tenancy.h"
 #include "session.h"
 #include "share.h"
 #include "sock.h"
@@ -201,6 +202,7 @@ static int run(const char *path)
         return 1;
     }
     pcr_log_set_level(srv.cfg->log.level);
+    pcr_tenancy_assign(&srv, srv.cfg);
     signal(SIGPIPE, SIG_IGN);
     /* Before any thread starts (the access log's writer is the first): every thread inherits
      * the mask, and the signals wait for the signalfd. */
@@ -295,6 +297,7 @@ out:
         if (srv.wake_fd[i] >= 0)
             close(srv.wake_fd[i]);
     pcr_config_free(srv.cfg);
+    free(srv.session_words);
     pcr_evmem_thread_clear();
     return rc;
 }

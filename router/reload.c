@@ -28,6 +28,7 @@
 #include "log.h"
 #include "precise.h"
 #include "reload.h"
+#include "tenancy.h"
 #include "session.h"
 #include "tls.h"
 #include "worker.h"
@@ -276,6 +277,7 @@ static void apply(pcr_reload_t *r)
         cfg->redis = running;
     }
     /* From here on nothing fails: the new config is the control thread's. */
+    pcr_tenancy_assign(srv, cfg);
     srv->cfg = cfg;
     pcr_log_set_level(cfg->log.level);
     /* Another access log file: the writer moves to it once what is queued is written (the

@@ -28,6 +28,7 @@
 #include "sock.h"
 #include "tokenize.h"
 #include "worker.h"
+#include "tenancy.h"
 
 #define TICK_MS 20
 
@@ -158,6 +159,7 @@ void pcr_worker_dispose(pcr_worker_t *w)
     pcr_listeners_free(w);
     pcr_pools_free(w);
     pcr_tokenize_worker_free(w);
+    pcr_tenancy_worker_free(w);
     pcr_policy_free(w->policy);
     w->policy = NULL;
     if (w->cmd_event)

@@ -326,6 +326,9 @@ int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
     out->stream = r->stream;
     out->include_usage = r->include_usage;
     out->stream_options = r->stream_options;
+    out->max_tokens = r->max_tokens;
+    out->user_hash = r->user_hash;
+    out->has_user = r->has_user;
     uint64_t bytes = pcr_prefix_stream_bytes(r->key);
     out->prompt_tokens =
         (size_t)(bytes / PCR_BYTES_PER_TOKEN + (bytes % PCR_BYTES_PER_TOKEN != 0));

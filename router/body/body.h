@@ -42,6 +42,10 @@ typedef struct {
     char *context;             /* heap, only with keep_canonical: a chat request's tools, as */
     size_t context_len;        /* hashed (compact JSON, strings as sent); "" without tools */
     int stream_options;        /* "stream_options" is present (pcrouter then adds none) */
+    uint64_t max_tokens;       /* "max_tokens" (or "max_completion_tokens"), 0 when absent or
+                                  not a whole number */
+    uint64_t user_hash;        /* XXH3-64 of "user" when has_user (a session key) */
+    int has_user;              /* "user" is a non-empty string of at most 512 bytes */
 } pcr_body_t;
 
 /* The key to route on, a view into `b` (valid while b is). */

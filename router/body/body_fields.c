@@ -7,6 +7,8 @@
  * tell at finish, and what follows it is only parsed. */
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "body_int.h"
 #include "pcr/common.h"
 
@@ -113,6 +115,11 @@ static int root_value(pcr_body_reader_t *r, level_t *L, int vt, int *mode)
         return push(r, K_MESSAGES, 0, 0);
     case KEY_TOOLS:
         return vt == VT_NULL ? 1 : emit_value(r, vt, SINK_CONTEXT, mode);
+    case KEY_USER:
+        if (vt != VT_STRING)
+            break;
+        r->want_short = NAME_MAX_BYTES;
+        return 1;
     case KEY_STREAM_OPTIONS:
         r->stream_options = 1;
         if (vt == VT_MAP)
@@ -244,6 +251,17 @@ static int on_null(void *ud)
 
 static int on_number(void *ud, const char *s, size_t n)
 {
+    pcr_body_reader_t *r = ud;
+    /* max_tokens: a whole number of up to 12 digits (more is no real request's). */
+    if (r->depth > 0 && !r->inval && top(r)->kind == K_ROOT && top(r)->key == KEY_MAX_TOKENS &&
+        n > 0 && n <= 12) {
+        uint64_t v = 0;
+        size_t i = 0;
+        for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+            v = v * 10 + (uint64_t)(s[i] - '0');
+        if (i == n)
+            r->max_tokens = v;
+    }
     return scalar(ud, VT_NUMBER, s, n);
 }
 
@@ -273,6 +291,9 @@ static int on_string(void *ud, const unsigned char *s, size_t n)
             memcpy(r->model, s, n);
             r->model[n] = '\0';
             r->model_len = n;
+        } else if (L->kind == K_ROOT && L->key == KEY_USER) {
+            r->has_user = !r->str_long && n > 0;
+            r->user_hash = r->has_user ? XXH3_64bits(s, n) : 0;
         } else if (L->kind == K_MESSAGE && L->key == KEY_ROLE) {
             if (r->role.over)
                 pcr_body_inval(r, "'messages[%zu].role' is longer than %d bytes", r->msg_i,
@@ -306,6 +327,9 @@ static const struct {
     {K_ROOT, KEY_TOOLS, "tools"},
     {K_ROOT, KEY_STREAM, "stream"},
     {K_ROOT, KEY_STREAM_OPTIONS, "stream_options"},
+    {K_ROOT, KEY_MAX_TOKENS, "max_tokens"},
+    {K_ROOT, KEY_MAX_TOKENS, "max_completion_tokens"},
+    {K_ROOT, KEY_USER, "user"},
     {K_STREAM_OPTS, KEY_INCLUDE_USAGE, "include_usage"},
     {K_MESSAGE, KEY_ROLE, "role"},
     {K_MESSAGE, KEY_CONTENT, "content"},

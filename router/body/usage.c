@@ -119,6 +119,9 @@ static int read_usage(pcr_usage_t *u, const cJSON *root)
         token_count(cJSON_GetObjectItemCaseSensitive(details, "cached_tokens"), &cached) < 0)
         return 0;
     (void)token_count(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens"), &prompt);
+    uint64_t completion = 0;
+    (void)token_count(cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens"), &completion);
+    u->completion_tokens = completion;
     u->found = 1;
     u->cached_tokens = cached;
     u->prompt_tokens = prompt;

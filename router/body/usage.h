@@ -52,6 +52,7 @@ typedef struct {
     /* What was found. */
     int found;              /* a usage object with prompt_tokens_details.cached_tokens */
     uint64_t prompt_tokens, cached_tokens;
+    uint64_t completion_tokens; /* usage.completion_tokens, 0 when absent */
 } pcr_usage_t;
 
 /* The mode for a response: its status and the values of its Content-Type and

@@ -75,6 +75,12 @@ typedef enum {
     FT_CHOICE,      /* one of `names` into int (its index) */
     FT_ZMQ,         /* "tcp://HOST:PORT" of a ZMQ socket into char * (heap) */
     FT_OBJECT,      /* object read with `sub` into the same struct as its parent */
+    FT_INT,         /* integer into int */
+    FT_HEADER_NAME, /* an HTTP field name (a token), lower-cased, "" allowed, into char * */
+    FT_SHA256,      /* 64 hex digits into unsigned char[32] */
+    FT_AUTH,        /* auth object: sets pcr_auth_conf_t's enabled, reads auth_fields */
+    FT_KEYS,        /* the keys array of pcr_auth_conf_t */
+    FT_TENANTS,     /* the tenants object of pcr_config_t: name -> tenant_fields */
 } field_type_t;
 
 enum { F_REQUIRED = 1, F_NONEMPTY = 2 };
@@ -194,6 +200,9 @@ static const field_t routing_fields[] = {
     F_INT(pcr_routing_conf_t, tokenize_cache_entries, FT_UINT, 0, 1000000),
     F_INT(pcr_routing_conf_t, tokenize_max_bytes, FT_SIZE, 1024, 1LL << 30),
     F_INT(pcr_routing_conf_t, kv_block_tokens, FT_UINT, 1, 65536),
+    F_OF(pcr_routing_conf_t, session_header, FT_HEADER_NAME, 0),
+    F_OF(pcr_routing_conf_t, tenant_header, FT_HEADER_NAME, 0),
+    F_OF(pcr_routing_conf_t, objective_header, FT_HEADER_NAME, 0),
 };
 
 static const field_t pd_fields[] = {
@@ -201,6 +210,34 @@ static const field_t pd_fields[] = {
     F_INT(pcr_pd_opts_t, min_uncached_tokens, FT_U64, 0, 1LL << 40),
     F_DBL(pcr_pd_opts_t, max_ttft_ratio, 0.0, INFINITY),
     F_DBL(pcr_pd_opts_t, transfer_us_per_token, 0.0, 1e9),
+};
+
+static const field_t tenant_fields[] = {
+    F_INT(pcr_tenant_conf_t, priority, FT_INT, -1000, 1000),
+    F_DBL(pcr_tenant_conf_t, weight, 1e-6, 1e6),
+    F_DBL(pcr_tenant_conf_t, requests_per_s, 0.0, 1e9),
+    F_INT(pcr_tenant_conf_t, tokens_per_min, FT_U64, 0, 1LL << 50),
+    F_INT(pcr_tenant_conf_t, max_concurrent, FT_UINT, 0, 1000000),
+};
+
+static const field_t key_fields[] = {
+    F_OF(pcr_key_conf_t, sha256, FT_SHA256, F_REQUIRED),
+    F_OF(pcr_key_conf_t, tenant, FT_STRING, F_NONEMPTY),
+};
+
+static const field_t auth_fields[] = {
+    F_OF(pcr_auth_conf_t, keys, FT_KEYS, F_REQUIRED),
+};
+
+static const field_t flow_fields[] = {
+    F_OF(pcr_flow_conf_t, enabled, FT_BOOL, 0),
+    F_INT(pcr_flow_conf_t, max_queue_requests, FT_SIZE, 0, 10000000),
+    F_INT(pcr_flow_conf_t, max_queue_bytes, FT_U64, 0, 1LL << 40),
+    F_INT(pcr_flow_conf_t, ttl_ms, FT_UINT, 1, DAY_MS),
+    F_DBL(pcr_flow_conf_t, output_weight, 0.0, 1000.0),
+    F_DBL(pcr_flow_conf_t, queue_threshold, 0.0, 1e6),
+    F_DBL(pcr_flow_conf_t, kv_threshold, 0.0, 1.0),
+    F_INT(pcr_flow_conf_t, inflight_per_pod, FT_UINT, 0, 1000000),
 };
 
 static const field_t limits_fields[] = {
@@ -300,6 +337,9 @@ static const field_t root_fields[] = {
     F_SECTION(admin, admin_fields),
     F_OF(pcr_config_t, redis, FT_REDIS, 0),
     F_SECTION(pd, pd_fields),
+    F_OF(pcr_config_t, auth, FT_AUTH, 0),
+    F_OF(pcr_config_t, tenants, FT_TENANTS, 0),
+    F_SECTION(flow_control, flow_fields),
 };
 
 static const char *const log_level_names[] = {
@@ -415,7 +455,9 @@ static void read_integer(pcr_cfg_ctx_t *c, void *slot, const field_t *f, const j
             pcr_cfg_err(c, "must be between %lld and %lld, got %lld", f->min, f->max, x);
         return;
     }
-    if (f->type == FT_UINT)
+    if (f->type == FT_INT)
+        *(int *)slot = (int)x;
+    else if (f->type == FT_UINT)
         *(unsigned *)slot = (unsigned)x;
     else if (f->type == FT_SIZE)
         *(size_t *)slot = (size_t)x;
@@ -617,6 +659,86 @@ static void read_backends(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
     }
 }
 
+/* An API key's SHA-256, as 64 hex digits (either case): the config never holds a key. */
+static void read_sha256(pcr_cfg_ctx_t *c, unsigned char *out, const json_t *v)
+{
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    if (s == NULL) {
+        pcr_cfg_err_type(c, "string", v);
+        return;
+    }
+    if (strlen(s) != 64 || strspn(s, "0123456789abcdefABCDEF") != 64) {
+        pcr_cfg_err(c, "expected the key's SHA-256 as 64 hex digits (sha256sum's output), got "
+                       "%zu characters", strlen(s));
+        return;
+    }
+    for (size_t i = 0; i < 32; i++) {
+        unsigned hi = (unsigned)(isdigit((unsigned char)s[2 * i]) ? s[2 * i] - '0'
+                                                                : (tolower((unsigned char)s[2 * i]) - 'a' + 10));
+        unsigned lo = (unsigned)(isdigit((unsigned char)s[2 * i + 1]) ? s[2 * i + 1] - '0'
+                                                                    : (tolower((unsigned char)s[2 * i + 1]) - 'a' + 10));
+        out[i] = (unsigned char)(hi << 4 | lo);
+    }
+}
+
+static void tenant_default(pcr_cfg_ctx_t *c, pcr_tenant_conf_t *t, const char *name)
+{
+    *t = (pcr_tenant_conf_t){ .weight = 1 };
+    set_string(c, &t->name, name);
+}
+
+/* "tenants": {"NAME": {...}}. tenants[0] is "default", configured or not. */
+static void read_tenants(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
+{
+    if (!json_is_object(v)) {
+        pcr_cfg_err_type(c, "object", v);
+        return;
+    }
+    size_t n = json_object_size(v);
+    if (n + 1 > PCR_MAX_TENANTS) {
+        pcr_cfg_err(c, "at most %d tenants, got %zu", PCR_MAX_TENANTS - 1, n);
+        return;
+    }
+    pcr_tenant_conf_t *t = calloc(n + 1, sizeof *t);
+    if (t == NULL) {
+        c->nomem = 1;
+        return;
+    }
+    for (size_t i = 0; i < cfg->ntenants; i++)
+        free(cfg->tenants[i].name);
+    free(cfg->tenants);
+    cfg->tenants = t;
+    cfg->ntenants = 1;
+    tenant_default(c, &t[0], "default");
+    const char *name;
+    json_t *el;
+    json_object_foreach((json_t *)v, name, el) {
+        size_t mark = pcr_cfg_path_push_key(&c->path, name);
+        size_t len = strlen(name);
+        pcr_tenant_conf_t *dst = strcmp(name, "default") == 0 ? &t[0] : &t[cfg->ntenants++];
+        if (dst != &t[0])
+            tenant_default(c, dst, name);
+        if (len == 0 || len > PCR_TENANT_NAME_MAX ||
+            strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") != len)
+            pcr_cfg_err_key(c, "a tenant's name is 1 to %d letters, digits or \"-_.\" (it is a "
+                               "metrics label)", PCR_TENANT_NAME_MAX);
+        if (!json_is_object(el))
+            pcr_cfg_err_type(c, "object", el);
+        else
+            read_fields(c, el, dst, tenant_fields, PCR_ARRAY_SIZE(tenant_fields));
+        pcr_cfg_path_pop(&c->path, mark);
+    }
+}
+
+/* The index of tenant `name` in cfg->tenants, or -1. */
+static int tenant_index(const pcr_config_t *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->ntenants; i++)
+        if (strcmp(cfg->tenants[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
 /* Reads one value `v` of field `f` into the struct at `base`; the path names `v`. */
 static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const json_t *v)
 {
@@ -628,7 +750,39 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
     case FT_UINT:
     case FT_SIZE:
     case FT_U64:
+    case FT_INT:
         read_integer(c, slot, f, v);
+        break;
+    case FT_HEADER_NAME:
+        if ((s = get_text(c, v, 0)) == NULL)
+            break;
+        if (s[0] != '\0' && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789!#$%&'*+-.^_`|~") != strlen(s)) {
+            pcr_cfg_err(c, "expected an HTTP header name, got %s", pcr_cfg_quote(q, sizeof q, s));
+        } else if (set_string(c, (char **)slot, s) == 0) {
+            for (char *p = *(char **)slot; *p; p++)
+                *p = (char)tolower((unsigned char)*p);
+        }
+        break;
+    case FT_SHA256:
+        read_sha256(c, slot, v);
+        break;
+    case FT_AUTH:
+        if (!json_is_object(v)) {
+            pcr_cfg_err_type(c, "object", v);
+            break;
+        }
+        ((pcr_auth_conf_t *)slot)->enabled = 1;
+        read_fields(c, v, slot, auth_fields, PCR_ARRAY_SIZE(auth_fields));
+        break;
+    case FT_KEYS: {
+        pcr_auth_conf_t *a = base;
+        a->keys = read_object_array(c, v, "key", sizeof *a->keys, key_fields,
+                                    PCR_ARRAY_SIZE(key_fields), NULL, &a->nkeys);
+        break;
+    }
+    case FT_TENANTS:
+        read_tenants(c, base, v);
         break;
     case FT_DOUBLE:
         if (!json_is_number(v)) {
@@ -964,6 +1118,20 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .reconnect_min_ms = 100, .reconnect_max_ms = 5000, .max_pending_bytes = (size_t)8 << 20,
     };
     pcr_pd_opts_default(&cfg->pd);
+    cfg->flow_control = (pcr_flow_conf_t){
+        .max_queue_requests = 1000, .max_queue_bytes = (uint64_t)64 << 20, .ttl_ms = 30000,
+        .output_weight = 2, .queue_threshold = 5, .kv_threshold = 0.8,
+    };
+    cfg->tenants = calloc(1, sizeof *cfg->tenants);
+    if (cfg->tenants == NULL)
+        c->nomem = 1;
+    else {
+        cfg->ntenants = 1;
+        tenant_default(c, &cfg->tenants[0], "default");
+    }
+    set_string(c, &cfg->routing.session_header, "");
+    set_string(c, &cfg->routing.tenant_header, "");
+    set_string(c, &cfg->routing.objective_header, "");
     set_string(c, &cfg->redis.channel, "pcrouter");
     set_string(c, &cfg->path, name);
     set_string(c, &cfg->routing.zone, "");
@@ -1078,6 +1246,22 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
             pcr_cfg_path_pop(&c->path, mark);
             break;
         }
+    }
+    /* Each key names a tenant of "tenants" (or "default"). */
+    for (size_t i = 0; i < cfg->auth.nkeys; i++) {
+        pcr_key_conf_t *k = &cfg->auth.keys[i];
+        int t = tenant_index(cfg, k->tenant != NULL ? k->tenant : "default");
+        if (t >= 0) {
+            k->tenant_index = (unsigned)t;
+            continue;
+        }
+        char q[PCR_CFG_QBUF];
+        size_t mark = pcr_cfg_path_push_key(&c->path, "auth");
+        pcr_cfg_path_push_key(&c->path, "keys");
+        pcr_cfg_path_push_index(&c->path, i);
+        pcr_cfg_path_push_key(&c->path, "tenant");
+        pcr_cfg_err(c, "no tenant %s in \"tenants\"", pcr_cfg_quote(q, sizeof q, k->tenant));
+        pcr_cfg_path_pop(&c->path, mark);
     }
     for (size_t i = 0; i < cfg->nbackends; i++)
         if (cfg->backends[i].max_connections == 0)
@@ -1299,6 +1483,15 @@ void pcr_config_free(pcr_config_t *cfg)
     free(cfg->log.access_log_path);
     free(cfg->admin.address);
     pcr_redis_conf_dispose(&cfg->redis);
+    for (size_t i = 0; i < cfg->auth.nkeys; i++)
+        free(cfg->auth.keys[i].tenant);
+    free(cfg->auth.keys);
+    for (size_t i = 0; i < cfg->ntenants; i++)
+        free(cfg->tenants[i].name);
+    free(cfg->tenants);
+    free(cfg->routing.session_header);
+    free(cfg->routing.tenant_header);
+    free(cfg->routing.objective_header);
     free(cfg->path);
     free(cfg);
 }

@@ -103,7 +103,52 @@ typedef struct {
     unsigned tokenize_cache_entries; /* tokenizations kept per worker, default 4096 */
     size_t tokenize_max_bytes;     /* the longest tokenize answer read, default 4194304 */
     unsigned kv_block_tokens;      /* tokens per block of the pods (vLLM's --block-size), 16 */
+    char *session_header;          /* keeps a conversation on its pod; "" (default): the body's
+                                      "user" only */
+    char *tenant_header;           /* names the tenant when no API key does (a trusted gateway
+                                      in front); "" (default): none */
+    char *objective_header;        /* names a tenants entry whose priority the request takes
+                                      (llm-d's x-gateway-inference-objective); "": none */
 } pcr_routing_conf_t;
+
+/* Tenants (router/http/tenancy.c): who shares the pool, in what order, within what limits.
+ * tenants[0] is always "default" (configured or not): requests with no known tenant. */
+#define PCR_MAX_TENANTS 64
+#define PCR_TENANT_NAME_MAX 63
+typedef struct {
+    char *name;                    /* letters, digits, "-_.", at most 63 bytes */
+    int priority;                  /* higher first; negative is sheddable; default 0 */
+    double weight;                 /* its share within its priority, default 1, > 0 */
+    double requests_per_s;         /* 0 (default): no limit */
+    uint64_t tokens_per_min;       /* prompt (bytes / 4) plus max_tokens; 0: no limit */
+    unsigned max_concurrent;       /* requests at once; 0: no limit */
+    unsigned slot;                 /* its state in the process (pcr_server_t.tenants), set by
+                                      whoever runs the config (pcr_tenancy_assign) */
+} pcr_tenant_conf_t;
+
+typedef struct {
+    unsigned char sha256[32];      /* SHA-256 of the key; the key itself is never stored */
+    char *tenant;                  /* as written; "default" when absent */
+    unsigned tenant_index;         /* into pcr_config_t.tenants */
+} pcr_key_conf_t;
+
+typedef struct {
+    int enabled;                   /* an "auth" section is present: every request needs a key */
+    pcr_key_conf_t *keys;
+    size_t nkeys;
+} pcr_auth_conf_t;
+
+/* Flow control: while the pool is saturated, requests wait in pcrouter (pcr/flowq.h). */
+typedef struct {
+    int enabled;                   /* default false */
+    size_t max_queue_requests;     /* waiting per tenant per worker, default 1000 */
+    uint64_t max_queue_bytes;      /* request bodies waiting per tenant per worker, default 64 MiB */
+    unsigned ttl_ms;               /* longest wait, then 429; default 30000 */
+    double output_weight;          /* an output token in the fairness counters, default 2 */
+    double queue_threshold;        /* a pod's waiting requests that saturate it, default 5; 0 off */
+    double kv_threshold;           /* a pod's KV-cache usage that saturates it, default 0.8; 0 off */
+    unsigned inflight_per_pod;     /* requests in flight that saturate a pod, default 0 (off) */
+} pcr_flow_conf_t;
 
 typedef struct {
     size_t max_body_bytes;         /* default 33554432 (32 MiB); larger bodies get 413 */
@@ -220,6 +265,10 @@ typedef struct {
     /* pd: prefill/decode disaggregation (pcr/pd.h): used when some backend has a role of
      * prefill or decode; defaults are the library's. */
     pcr_pd_opts_t pd;
+    pcr_auth_conf_t auth;
+    pcr_tenant_conf_t *tenants;    /* [0] is "default" */
+    size_t ntenants;
+    pcr_flow_conf_t flow_control;
 } pcr_config_t;
 
 /* Reads and validates `path`. On success returns a config (free with pcr_config_free).

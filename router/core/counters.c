@@ -3,6 +3,13 @@
 #include "atomic.h"
 #include "counters.h"
 
+const char *const pcr_reject_names[PCR_REJECT__COUNT] = {
+    [PCR_REJECT_AUTH] = "unauthorized", [PCR_REJECT_RATE] = "rate-limit",
+    [PCR_REJECT_TOKENS] = "token-limit", [PCR_REJECT_CONCURRENCY] = "concurrency",
+    [PCR_REJECT_SHED] = "shed", [PCR_REJECT_QUEUE_FULL] = "queue-full",
+    [PCR_REJECT_TTL] = "rejected-ttl-expired",
+};
+
 const pcr_hist_spec_t pcr_hist_latency_us = {
     {5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000,
      30000000, 60000000, 120000000, 300000000, 600000000},

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "pcr/pd.h"
+#include "config.h"
 #include "pcr/policy.h"
 
 #define PCR_HIST_BUCKETS 16
@@ -54,6 +55,31 @@ typedef enum {
 
 /* One worker's counters. Only that worker writes them (PCR_INC, atomic.h); /metrics, rendered
  * by whichever worker got the scrape, sums every worker's with relaxed loads. */
+/* Why a tenant's request was refused (429, or 401 for auth), as /metrics names them. */
+typedef enum {
+    PCR_REJECT_AUTH = 0,      /* "unauthorized": no known API key */
+    PCR_REJECT_RATE,          /* "rate-limit": requests_per_s */
+    PCR_REJECT_TOKENS,        /* "token-limit": tokens_per_min */
+    PCR_REJECT_CONCURRENCY,   /* "concurrency": max_concurrent */
+    PCR_REJECT_SHED,          /* "shed": sheddable at saturation, flow control off */
+    PCR_REJECT_QUEUE_FULL,    /* "queue-full": the tenant's flow-control queue is at a bound */
+    PCR_REJECT_TTL,           /* "rejected-ttl-expired": waited past flow_control.ttl_ms */
+    PCR_REJECT__COUNT
+} pcr_reject_t;
+
+extern const char *const pcr_reject_names[PCR_REJECT__COUNT];
+
+/* One worker's counts of one tenant (by its slot, pcr_server_t.tenants). */
+typedef struct {
+    uint64_t requests;                           /* admitted to the pool (sent or queued) */
+    uint64_t prompt_tokens;                      /* their prompts, bytes / PCR_BYTES_PER_TOKEN */
+    uint64_t output_tokens;                      /* what pods reported generating */
+    uint64_t rejected[PCR_REJECT__COUNT];
+    uint64_t waiting;                            /* gauge: in this worker's flow queue now */
+    uint64_t waited;                             /* left the queue for a pod */
+    uint64_t wait_us;                            /* ... the time they waited, summed */
+} pcr_tenant_counts_t;
+
 typedef struct {
     uint64_t requests_by_code[600];
     uint64_t decisions[PCR_REASON__COUNT];      /* by reason, for the configured policy */
@@ -87,6 +113,7 @@ typedef struct {
     pcr_hist_t ttft;                             /* request start -> a stream's first token (us) */
     pcr_hist_t decision[PCR_PHASE__COUNT];       /* routing decision phases (ns) */
     pcr_hist_t cached_error;                     /* predicted - delivered cached tokens */
+    pcr_tenant_counts_t tenants[PCR_MAX_TENANTS];
 } pcr_metrics_t;
 
 /* Records one value in the unit of `spec` (owner thread only). */

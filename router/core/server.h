@@ -58,6 +58,18 @@ typedef struct pcr_dns pcr_dns_t;
 typedef struct pcr_reload pcr_reload_t;
 typedef struct pcr_accesslog pcr_accesslog_t;
 struct pcr_watch;
+struct pcr_exchange;
+struct pcr_flowq;
+
+/* A tenant's state in the process, by slot: slots are given to tenant names as configs name
+ * them (pcr_tenancy_assign, on the control thread) and never change hands, so a request
+ * admitted under one config releases what it holds under the next. Slot 0 is "default". */
+typedef struct {
+    char name[PCR_TENANT_NAME_MAX + 1];  /* control thread only; "" = free */
+    uint64_t tat_requests;        /* atomic: requests_per_s's GCRA (pcr/tenancy.h), in us */
+    uint64_t tat_tokens;          /* atomic: tokens_per_min's, in us */
+    uint32_t concurrent;          /* atomic: requests admitted and not finished */
+} pcr_tenant_state_t;
 
 /* A reload's new config and listeners, waiting for every worker to take them (reload.c). */
 typedef struct {
@@ -117,6 +129,9 @@ typedef struct pcr_server {
     pcr_switch_t *switching;      /* control: waiting for every worker */
     uint64_t cfg_gen;             /* atomic: reloads applied */
     uint64_t reloads_ok, reloads_failed;  /* atomic */
+    pcr_tenant_state_t tenants[PCR_MAX_TENANTS];
+    uint64_t session_words_n;     /* the session table (tenancy.c): 2 x this many words */
+    uint64_t *session_words;      /* atomic words, pcr/tenancy.h's affinity format */
 } pcr_server_t;
 
 struct pcr_worker {
@@ -158,6 +173,14 @@ struct pcr_worker {
     int hold_wake;                /* atomic: an 'H' (pools.c) is in cmd_fd */
     struct event *cmd_event;
     struct event *tick;
+
+    /* Flow control (tenancy.c): the requests waiting while the pool is saturated, and the
+     * event that releases them (a timer while any waits; made active when a request leaves
+     * a pod). */
+    struct pcr_flowq *flowq;
+    struct event *flow_ev;
+    const pcr_config_t *flow_cfg; /* the config the queue was tuned to */
+    int (*flow_go)(struct pcr_exchange *ex);  /* sends a released request on (proxy.c) */
 };
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once

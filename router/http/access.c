@@ -78,6 +78,18 @@ static void add_num(cJSON *o, const char *key, int known, double v)
         cJSON_AddNullToObject(o, key);
 }
 
+/* The path as logged. With auth, a query string may carry a key a client put in the URL (which
+ * pcrouter refuses): the log keeps the path and shows only that a query was there. */
+static const char *logged_path(const pcr_exchange_t *ex, char *buf, size_t cap)
+{
+    const char *p = ex->path;
+    const char *q = p != NULL ? strchr(p, '?') : NULL;
+    if (q == NULL || !ex->w->cfg->auth.enabled)
+        return p;
+    snprintf(buf, cap, "%.*s?...", (int)(q - p), p);
+    return buf;
+}
+
 static size_t json_line(const pcr_exchange_t *ex, int status, uint64_t now, char *line, size_t cap)
 {
     char t[40];
@@ -91,7 +103,8 @@ static size_t json_line(const pcr_exchange_t *ex, int status, uint64_t now, char
     cJSON_AddNumberToObject(o, "worker", ex->w->id);
     add_str(o, "protocol", ex->proto);
     add_str(o, "method", ex->method);
-    add_str(o, "path", ex->path);
+    char pbuf[2048];
+    add_str(o, "path", logged_path(ex, pbuf, sizeof pbuf));
     add_str(o, "model", ex->req.model);
     cJSON_AddNumberToObject(o, "status", status);
     add_str(o, "backend", routed ? ex->be->conf.name : NULL);
@@ -121,10 +134,12 @@ static size_t json_line(const pcr_exchange_t *ex, int status, uint64_t now, char
 static size_t text_line(const pcr_exchange_t *ex, int status, uint64_t now, char *line, size_t cap)
 {
     size_t t = pcr_log_time(line, cap);
+    char pbuf[2048];
+    const char *path = logged_path(ex, pbuf, sizeof pbuf);
     int n = snprintf(line + t, cap - t,
                      " info access %s %s %s %.2048s %d %llu backend=%s route=%s blocks=%u/%u "
                      "attempts=%u %.3fs\n",
-                     ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, ex->path ? ex->path : "-",
+                     ex->peer[0] ? ex->peer : "-", ex->proto, ex->method, path ? path : "-",
                      status, (unsigned long long)ex->resp_bytes, ex->be ? ex->be->conf.name : "-",
                      ex->be ? pcr_reason_name(ex->decision.reason) : "-", ex->decision.matched_blocks,
                      ex->decision.total_blocks, ex->attempts, (double)(now - ex->t_start) / 1e6);

@@ -260,6 +260,8 @@ int pcr_endpoint_models(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
     pcr_server_t *srv = w->srv;
+    if (pcr_tenancy_identify(ex) < 0) /* the model list needs a key as any API call does */
+        return 0;
     pcr_models_fanout_t *f = calloc(1, sizeof(*f));
     if (f == NULL)
         return PCR_ERR_NOMEM;

@@ -189,8 +189,11 @@ void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to)
         PCR_SUB(be->queued_prefill, ex->prefill);
         pending_leave(ex);
     }
-    if (holds_backend(from) && !holds_backend(to))
+    if (holds_backend(from) && !holds_backend(to)) {
         PCR_SUB(be->inflight, 1);
+        if (w->flow_ev != NULL) /* a pod has room: the flow queue may release a request */
+            event_active(w->flow_ev, EV_TIMEOUT, 1);
+    }
     if (!holds_backend(from) && holds_backend(to))
         PCR_ADD(be->inflight, 1);
     if (!holds_prefill(from) && holds_prefill(to)) {
@@ -200,8 +203,13 @@ void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to)
     ex->state = to;
     if (to == EX_ABORTED)
         PCR_INC(w->metrics.responses_aborted);
-    if (to == EX_DONE || to == EX_ABORTED || to == EX_GONE)
+    if (to == EX_DONE || to == EX_ABORTED || to == EX_GONE) {
+        if (ex->admitted) {
+            PCR_SUB(w->srv->tenants[ex->tslot].concurrent, 1);
+            ex->admitted = 0;
+        }
         record(ex, ex->status, to != EX_GONE && holds_backend(from));
+    }
 }
 
 /* An unstreamed completion's expected first token has come: its prefill leaves the pod's queue
@@ -380,7 +388,7 @@ void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type
 
 /* The OpenAI-style error body; cJSON writes the message with every escape JSON needs. */
 static void error_reply(pcr_exchange_t *ex, int status, const char *type, const char *code,
-                        const char *msg)
+                        const char *msg, const pcr_hdr_t *with, size_t nwith)
 {
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "message", msg);
@@ -390,8 +398,10 @@ static void error_reply(pcr_exchange_t *ex, int status, const char *type, const 
     cJSON_Delete(root);
     static const char fallback[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":\"internal\"}}";
     const char *body = text ? text : fallback;
-    pcr_hdr_t extra[1];
+    pcr_hdr_t extra[4];
     size_t nextra = 0;
+    for (size_t i = 0; i < nwith && nextra + 1 < PCR_ARRAY_SIZE(extra); i++)
+        extra[nextra++] = with[i];
     if (status == 405 && ex->route != NULL) {
         const char *allow = ex->route->method; /* the route that refused the method */
         extra[nextra++] = (pcr_hdr_t){"allow", 5, allow, strlen(allow)};
@@ -401,11 +411,11 @@ static void error_reply(pcr_exchange_t *ex, int status, const char *type, const 
 }
 
 static void error_v(pcr_exchange_t *ex, int status, const char *type, const char *code,
-                    const char *fmt, va_list ap)
+                    const pcr_hdr_t *with, size_t nwith, const char *fmt, va_list ap)
 {
     char msg[512];
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    error_reply(ex, status, type, code, msg);
+    error_reply(ex, status, type, code, msg, with, nwith);
 }
 
 void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const char *code,
@@ -413,7 +423,16 @@ void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const 
 {
     va_list ap;
     va_start(ap, fmt);
-    error_v(ex, status, type, code, fmt, ap);
+    error_v(ex, status, type, code, NULL, 0, fmt, ap);
+    va_end(ap);
+}
+
+void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, const char *code,
+                             const pcr_hdr_t *extra, size_t nextra, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    error_v(ex, status, type, code, extra, nextra, fmt, ap);
     va_end(ap);
 }
 
@@ -514,6 +533,10 @@ void pcr_exchange_free(pcr_exchange_t *ex)
         ex->route->cancel(ex);
     if (ex->tok != NULL)
         pcr_tokenize_cancel(ex);
+    if (ex->fentry.queued && w->flowq != NULL) { /* its client left while it waited for the pool */
+        pcr_flowq_remove(w->flowq, &ex->fentry);
+        PCR_SUB(w->metrics.tenants[ex->tslot].waiting, 1);
+    }
     if (ex->state != EX_RECEIVING && !pcr_exchange_finished(ex)) {
         /* 499: the client went away before the response ended (nginx's convention). */
         ex->status = 499;

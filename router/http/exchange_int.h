@@ -7,6 +7,7 @@
 #include <event2/buffer.h>
 
 #include "backend.h"
+#include "pcr/flowq.h"
 #include "exchange.h"
 #include "pcr/pd.h"
 #include "spare.h"
@@ -126,6 +127,16 @@ struct pcr_exchange {
     int paused;
     pcr_models_fanout_t *fanout;
 
+    /* Tenancy (tenancy.c): who asked, in what order it goes, what it holds. */
+    int identified;                   /* tenant and priority are set (pcr_tenancy_identify) */
+    unsigned tslot;                   /* the tenant's slot (pcr_server_t.tenants) */
+    int priority;                     /* the tenant's, or its objective's */
+    int admitted;                     /* counted in its tenant's concurrency */
+    uint64_t tokens;                  /* prompt plus max_tokens, as the limits count them */
+    pcr_flowq_entry_t fentry;         /* waiting in the worker's flow queue when queued */
+    uint64_t t_queued;                /* when it began waiting, us */
+    uint64_t session;                 /* hash of its session key, 0: none */
+
     /* Response. */
     int status;
     uint64_t resp_bytes;
@@ -188,6 +199,10 @@ int pcr_exchange_reader_start(pcr_exchange_t *ex);
 void pcr_exchange_respond_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n,
                                int64_t clen);
 void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len);
+/* pcr_exchange_error with response fields of its own (Retry-After, WWW-Authenticate). */
+void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, const char *code,
+                             const pcr_hdr_t *extra, size_t nextra, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
 
 /* proxy.c: a routed request (a prompt: its key, then the decision) and any request to a pod;
  * the route table names them. Both return 0: what goes wrong is answered to the client. */
@@ -210,6 +225,19 @@ enum { PD_NONE = 0, PD_PREFILL, PD_DECODE, PD_LOCAL };
  * decode pod). The exchange frees pd_resp and pd_body. */
 int pcr_pd_roles(pcr_exchange_t *ex, unsigned char *roles, size_t n);
 void pcr_pd_prefill(pcr_exchange_t *ex, const pcr_pd_decision_t *pdd, uint64_t now);
+int pcr_proxy_plain(pcr_exchange_t *ex);      /* other POST /v1/...: identify, admit, dispatch */
+
+/* tenancy.c: who the request is (API key, tenant header, objective): 0 to go on, -1 when it
+ * was answered (401). Then its admission once its tokens are known: the tenant's limits
+ * (429), the pool's saturation (shed, or wait in the flow queue). 0: send it now with `go`;
+ * 1: it waits and `go` sends it when released; -1: answered. */
+int pcr_tenancy_identify(pcr_exchange_t *ex);
+int pcr_tenancy_admit(pcr_exchange_t *ex, int (*go)(pcr_exchange_t *ex));
+/* What the request was served, for flow control's fairness and the tenant's counters. */
+void pcr_tenancy_served(pcr_exchange_t *ex, uint64_t output_tokens);
+/* A session's pod for the decision (-1: none or not to be kept), and the pod it went to. */
+int pcr_tenancy_session_pod(pcr_exchange_t *ex, const pcr_backend_load_t *loads, size_t n);
+void pcr_tenancy_session_went(pcr_exchange_t *ex, int backend);
 
 /* access.c: the request's access-log line (log.access_log), handed to the writer. */
 void pcr_access_record(const pcr_exchange_t *ex, int status, uint64_t now_us);

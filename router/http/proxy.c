@@ -49,6 +49,13 @@ static char *request_connection(const pcr_exchange_t *ex)
     return s;
 }
 
+/* With auth, pcrouter is the one that checks keys: the pods never see them. */
+static int is_api_key_field(const char *name, size_t n)
+{
+    return (n == 13 && strncasecmp(name, "authorization", 13) == 0) ||
+           (n == 9 && strncasecmp(name, "x-api-key", 9) == 0);
+}
+
 static char *put(char *p, const char *s, size_t n)
 {
     memcpy(p, s, n);
@@ -82,8 +89,10 @@ struct evbuffer *pcr_proxy_request(pcr_exchange_t *ex, pcr_backend_t *be, struct
     size_t rlen = strlen(ex->pd_reqid);
     size_t need = mlen + 1 + plen + 17 + hlen + 2 + 2 + (clen ? 16 + 20 + 2 : 0) +
                   (rlen ? 14 + rlen + 2 : 0);
+    int strip_keys = ex->w->cfg->auth.enabled;
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
-        keep[i / 2] = !pcr_http_hop_by_hop(ex->hbuf + ex->hoff[i], ex->hsz[i], conn);
+        keep[i / 2] = !pcr_http_hop_by_hop(ex->hbuf + ex->hoff[i], ex->hsz[i], conn) &&
+                      !(strip_keys && is_api_key_field(ex->hbuf + ex->hoff[i], ex->hsz[i]));
         if (keep[i / 2])
             need += ex->hsz[i] + 2 + ex->hsz[i + 1] + 2;
     }
@@ -294,6 +303,12 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
             }
         } else {
             fill_loads(ex, loads, n, now, pd ? roles : NULL);
+            /* A session stays on its pod while that pod is within its bounds: the decision
+             * is then among that pod alone (its cached blocks and costs as usual). */
+            int sp = ex->attempts == 0 ? pcr_tenancy_session_pod(ex, loads, n) : -1;
+            for (size_t i = 0; sp >= 0 && i < n; i++)
+                if ((int)i != sp)
+                    loads[i].usable = 0;
             rc = pcr_policy_decide(w->policy, ex->has_key ? &ex->key : NULL, loads, now, &d);
         }
         match_ns += d.match_ns;
@@ -346,6 +361,7 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
         PCR_INC(w->metrics.retries);
     }
     ex->decision = d;
+    pcr_tenancy_session_went(ex, d.backend);
     ex->predicted = predicted_tokens(ex);
     ex->attempts++;
     ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
@@ -576,6 +592,7 @@ static void on_up_done(void *ctx)
     ex->up = NULL;
     if (pcr_usage_finish(&ex->usage, emit_body, ex))
         observe_delivered(ex, ex->usage.cached_tokens, ex->usage.prompt_tokens);
+    pcr_tenancy_served(ex, ex->usage.completion_tokens);
     pcr_usage_dispose(&ex->usage);
     pcr_exchange_to(ex, EX_DONE);
     ex->ops->send_end(ex);
@@ -664,6 +681,15 @@ static const pcr_upstream_cbs_t proxy_cbs = {on_up_head,  on_up_body,       on_u
                                              on_up_error, on_up_owner,      on_up_prefill_us,
                                              on_up_prefill_due};
 
+/* Once admitted: in precise mode the prompt's tokens first (at once from the cache, or later
+ * from a pod, which then dispatches), then the decision. */
+static int tokenize_then_dispatch(pcr_exchange_t *ex)
+{
+    if (pcr_tokenize_start(ex))
+        pcr_proxy_dispatch(ex);
+    return 0;
+}
+
 /* POST /v1/completions and /v1/chat/completions: the prompt picks the backend. The body was
  * parsed and its prompt hashed while it arrived (pcr_exchange_add_body): what is left is the
  * reader's last step and the decision. */
@@ -671,6 +697,8 @@ int pcr_proxy_routed(pcr_exchange_t *ex)
 {
     /* The body was read and its prefix hashed as it came (ns_parse); from here on is the time
      * after its last byte: the reader's last step (ns_hash), then the decision. */
+    if (pcr_tenancy_identify(ex) < 0)
+        return 0;
     ex->t_parse_ns = pcr_now_ns();
     if (ex->reader == NULL && pcr_exchange_reader_start(ex) < 0) {
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
@@ -701,8 +729,17 @@ int pcr_proxy_routed(pcr_exchange_t *ex)
      * build_upstream_request finds). */
     ex->inject_usage = ex->w->cfg->upstream.request_usage && ex->req.stream &&
                        !ex->req.stream_options;
-    /* Precise mode: the prompt's tokens first (at once from the cache, or later from a pod). */
-    if (pcr_tokenize_start(ex))
-        pcr_proxy_dispatch(ex);
+    if (pcr_tenancy_admit(ex, tokenize_then_dispatch) == 0)
+        tokenize_then_dispatch(ex);
+    return 0;
+}
+
+/* Other POST /v1/...: no prompt to route on, the caller's key and limits all the same. */
+int pcr_proxy_plain(pcr_exchange_t *ex)
+{
+    /* The same release path as a prompt's: a worker's flow queue sends everything it released
+     * on one way (tokenizing is skipped without a prompt). */
+    if (pcr_tenancy_identify(ex) == 0 && pcr_tenancy_admit(ex, tokenize_then_dispatch) == 0)
+        tokenize_then_dispatch(ex);
     return 0;
 }

@@ -11,7 +11,7 @@ static const pcr_route_t routes[] = {
     {"/health", "GET", PCR_ROUTE_ANSWER, 1, -1, pcr_endpoint_health, NULL},
     {"/metrics", "GET", PCR_ROUTE_ANSWER, 1, -1, pcr_endpoint_metrics, NULL},
     /* embeddings, tokenize, ...: balanced by load, no prefix key */
-    {"/v1/", "POST", PCR_ROUTE_PROXY, 0, -1, pcr_proxy_dispatch, NULL},
+    {"/v1/", "POST", PCR_ROUTE_PROXY, 0, -1, pcr_proxy_plain, NULL},
 };
 
 const pcr_route_table_t pcr_routes = {routes, sizeof(routes) / sizeof(routes[0])};

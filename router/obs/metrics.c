@@ -298,6 +298,79 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
             SUM(srv, precise_decisions));
 }
 
+/* Per tenant of the config in force (so the series are bounded by it), summed over workers;
+ * a tenant's priority is a label too, so a queue is read by band. */
+static void tenants_render(pcr_worker_t *w, struct evbuffer *out)
+{
+    const pcr_server_t *srv = w->srv;
+    const pcr_config_t *cfg = w->cfg;
+    HEADER(out, "pcrouter_pool_saturation", "gauge",
+           "The pool's saturation, 0..1 (1: every usable pod at a flow_control threshold).");
+    evbuffer_add_printf(out, "pcrouter_pool_saturation %.6f\n",
+                        pcr_backends_saturation((pcr_server_t *)srv, cfg));
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } per_tenant[] = {
+        {"pcrouter_tenant_requests_total", "counter",
+         "Requests of the tenant admitted (sent to a pod, or queued for one).",
+         offsetof(pcr_tenant_counts_t, requests)},
+        {"pcrouter_tenant_prompt_tokens_total", "counter",
+         "Prompt tokens of those requests (canonical prompt bytes / 4).",
+         offsetof(pcr_tenant_counts_t, prompt_tokens)},
+        {"pcrouter_tenant_output_tokens_total", "counter",
+         "Output tokens the pods reported for the tenant's requests (usage.completion_tokens).",
+         offsetof(pcr_tenant_counts_t, output_tokens)},
+        {"pcrouter_tenant_queue_requests", "gauge",
+         "The tenant's requests waiting in pcrouter's flow-control queues now.",
+         offsetof(pcr_tenant_counts_t, waiting)},
+        {"pcrouter_tenant_queue_released_total", "counter",
+         "The tenant's requests that left a flow-control queue for a pod.",
+         offsetof(pcr_tenant_counts_t, waited)},
+    };
+    for (size_t k = 0; k < PCR_ARRAY_SIZE(per_tenant); k++) {
+        evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", per_tenant[k].name,
+                            per_tenant[k].help, per_tenant[k].name, per_tenant[k].type);
+        for (size_t t = 0; t < cfg->ntenants; t++) {
+            uint64_t v = 0;
+            for (unsigned i = 0; i < srv->nworkers; i++)
+                v += PCR_LOAD(*(const uint64_t *)((const char *)
+                    &srv->workers[i].metrics.tenants[cfg->tenants[t].slot] + per_tenant[k].off));
+            char extra[32];
+            snprintf(extra, sizeof extra, ",priority=\"%d\"", cfg->tenants[t].priority);
+            row(out, per_tenant[k].name, "tenant", cfg->tenants[t].name, extra, v);
+        }
+    }
+    HEADER(out, "pcrouter_tenant_queue_wait_seconds_total", "counter",
+           "Time the tenant's released requests waited in flow-control queues, summed.");
+    for (size_t t = 0; t < cfg->ntenants; t++) {
+        uint64_t us = 0;
+        for (unsigned i = 0; i < srv->nworkers; i++)
+            us += PCR_LOAD(srv->workers[i].metrics.tenants[cfg->tenants[t].slot].wait_us);
+        evbuffer_add_printf(out, "pcrouter_tenant_queue_wait_seconds_total{tenant=\"%s\",priority=\"%d\"} %.6f\n",
+                            cfg->tenants[t].name, cfg->tenants[t].priority, us / 1e6);
+    }
+    HEADER(out, "pcrouter_tenant_rejected_total", "counter",
+           "The tenant's requests refused, by reason: unauthorized (401), rate-limit, token-limit, concurrency, shed, queue-full, rejected-ttl-expired (429).");
+    for (size_t t = 0; t < cfg->ntenants; t++) {
+        for (int r = 0; r < PCR_REJECT__COUNT; r++) {
+            uint64_t v = 0;
+            for (unsigned i = 0; i < srv->nworkers; i++)
+                v += PCR_LOAD(srv->workers[i].metrics.tenants[cfg->tenants[t].slot].rejected[r]);
+            char extra[64];
+            snprintf(extra, sizeof extra, ",priority=\"%d\",reason=\"%s\"",
+                     cfg->tenants[t].priority, pcr_reject_names[r]);
+            row(out, "pcrouter_tenant_rejected_total", "tenant", cfg->tenants[t].name, extra, v);
+        }
+    }
+    HEADER(out, "pcrouter_tenant_concurrent_requests", "gauge",
+           "The tenant's requests in flight in the process (what max_concurrent bounds).");
+    for (size_t t = 0; t < cfg->ntenants; t++)
+        evbuffer_add_printf(out, "pcrouter_tenant_concurrent_requests{tenant=\"%s\"} %u\n",
+                            cfg->tenants[t].name,
+                            PCR_LOAD(srv->tenants[cfg->tenants[t].slot].concurrent));
+}
+
 void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
 {
     const pcr_server_t *srv = w->srv;
@@ -548,4 +621,5 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     hist_render(out, srv, "pcrouter_cached_tokens_error",
                 "Per request, predicted minus delivered cached tokens (requests whose pod reported usage): above 0, the index believed the pod held more than it did.",
                 offsetof(pcr_metrics_t, cached_error), &pcr_hist_tokens_error);
+    tenants_render(w, out);
 }

@@ -26,6 +26,7 @@
 #include "bus.h"
 #include "dns.h"
 #include "log.h"
+#include "pcr/tenancy.h"
 #include "tls.h"
 
 /* ---- slots and lifetime -------------------------------------------------------------- */
@@ -605,4 +606,28 @@ void pcr_backends_close(pcr_server_t *srv)
     srv->backends = NULL;
     srv->slot_taken = NULL;
     srv->nslots = 0;
+}
+
+double pcr_backends_saturation(pcr_server_t *srv, const pcr_config_t *cfg)
+{
+    size_t n = pcr_backend_slots(srv);
+    pcr_sat_pod_t pods[n ? n : 1];
+    uint64_t now = pcr_now_us();
+    for (size_t i = 0; i < n; i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        pods[i] = (pcr_sat_pod_t){0};
+        if (be == NULL)
+            continue;
+        pods[i].usable = PCR_LOAD(be->up) && !pcr_backend_ejected(be, now);
+        pods[i].inflight = PCR_LOAD(be->inflight);
+        pods[i].waiting = PCR_LOAD(be->pod_waiting);
+        pods[i].kv_usage = PCR_LOAD(be->pod_kv_usage_known) ? PCR_LOAD(be->pod_kv_usage_ppm) / 1e6
+                                                            : -1;
+    }
+    pcr_sat_opts_t o = {
+        .queue_threshold = cfg->flow_control.queue_threshold,
+        .kv_threshold = cfg->flow_control.kv_threshold,
+        .inflight_threshold = cfg->flow_control.inflight_per_pod,
+    };
+    return pcr_saturation(pods, n, &o);
 }

@@ -228,6 +228,11 @@ void pcr_backend_ejection_served(pcr_backend_t *be, uint64_t until);
 
 /* Number of backends currently up, and in all (any thread). */
 size_t pcr_backends_up(const pcr_server_t *srv);
+
+/* The pool's saturation now, 0..1 (pcr_saturation over every backend's counters: the router's
+ * requests in flight, the pod's scraped queue and KV usage), with flow_control's thresholds. */
+double pcr_backends_saturation(pcr_server_t *srv, const pcr_config_t *cfg);
+
 size_t pcr_backends_count(const pcr_server_t *srv);
 
 /* Whether `be` serves `model`: any model when the request names none; else a model its config

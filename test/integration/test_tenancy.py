@@ -1,0 +1,263 @@
+"""Sharing one pool: API keys (auth), tenants and their limits, sessions, the pool's saturation
+and flow control (router/http/tenancy.c, hashring/tenancy.c, hashring/flowq.c)."""
+import threading
+
+import pytest
+
+from conftest import (assert_error, completion, curl, get_metrics, metric, sha256, wait_for)
+
+KEY_A = "sk-tenant-a-0123456789abcdef"
+KEY_B = "sk-tenant-b-fedcba9876543210"
+UNKNOWN = "sk-not-a-key-5555555555555555"
+
+AUTH = {"keys": [{"sha256": sha256(KEY_A.encode()), "tenant": "a"},
+                 {"sha256": sha256(KEY_B.encode()), "tenant": "b"}]}
+
+
+def post(c, body, headers=(), proto="h1", path="/v1/completions", timeout=30):
+    return curl(c.url(path), data=body, headers=list(headers), proto=proto, timeout=timeout)
+
+
+def hdr(resp, name):
+    v = resp.headers.get(name)
+    return v[0] if isinstance(v, list) else v
+
+
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_auth_refuses_every_request_without_a_known_key(cluster, proto):
+    c = cluster(n=1, auth=AUTH, tenants={"a": {}, "b": {}}, workers=1)
+    body = completion("hello")
+    cases = {
+        "missing": [],
+        "unknown": ["Authorization: Bearer " + UNKNOWN],
+        "unknown x-api-key": ["x-api-key: " + UNKNOWN],
+        "malformed scheme": ["Authorization: Basic " + KEY_A],
+        "malformed no key": ["Authorization: Bearer"],
+        "empty": ["Authorization: Bearer "],
+        "empty x-api-key": ["x-api-key;"],
+        "two different keys": ["Authorization: Bearer " + KEY_A, "x-api-key: " + KEY_B],
+        "prefix of a key": ["Authorization: Bearer " + KEY_A[:-1]],
+    }
+    if proto == "h2c":
+        del cases["empty"]  # a value ending in a space is an HTTP/2 protocol error of its own
+    for what, headers in cases.items():
+        r = post(c, body, headers, proto)
+        assert r.status == 401, (what, r.rc, r.stderr)
+        assert_error(r, 401, "invalid_api_key", "invalid_request_error")
+        assert hdr(r, "www-authenticate", ).startswith("Bearer"), (what, r.headers)
+    # A key in the URL is not a key: pcrouter takes keys from headers only.
+    r = curl(c.url("/v1/completions?api_key=" + KEY_A), data=body, proto=proto)
+    assert_error(r, 401, "invalid_api_key")
+    r = curl(c.url("/v1/models"), proto=proto)
+    assert_error(r, 401, "invalid_api_key")
+    # Known keys pass, in either header, and the same key in both.
+    for headers in (["Authorization: Bearer " + KEY_A], ["authorization: bearer " + KEY_B],
+                    ["x-api-key: " + KEY_A],
+                    ["Authorization: Bearer " + KEY_A, "x-api-key: " + KEY_A]):
+        r = post(c, body, headers, proto)
+        assert r.status == 200, (headers, r)
+    # The pod never sees the key: pcrouter is the one that checks it.
+    last = c.stubs[0].stats()["last"]
+    assert not any(k.lower() in ("authorization", "x-api-key") for k in last["headers"]), last
+    # Health and metrics are the router's own and need no key; neither holds a key.
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_tenant_rejected_total", tenant="default",
+                  reason="unauthorized") == len(cases) + 2
+    assert metric(text, "pcrouter_tenant_requests_total", tenant="a") == 3
+    c.router.stop()
+    logged = c.router.stderr_text()
+    for secret in (KEY_A, KEY_B, UNKNOWN, KEY_A[:-1]):
+        assert secret not in logged and secret not in text, secret
+    assert "/v1/completions?api_key=" not in logged
+
+
+def test_config_refuses_a_key_in_clear(tmp_path):
+    from conftest import PCROUTER
+    import json
+    import subprocess
+    cfg = {"listen": [{"address": "127.0.0.1:0"}],
+           "backends": [{"name": "a", "url": "http://127.0.0.1:1"}],
+           "auth": {"keys": [{"sha256": KEY_A, "tenant": "a"}, {"sha256": "00" * 32, "tenant": "nobody"}]},
+           "tenants": {"a": {"priority": 1}}}
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(cfg))
+    out = subprocess.run([PCROUTER, "--check-config", str(p)], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "auth.keys[0].sha256: expected the key's SHA-256 as 64 hex digits" in out.stderr
+    assert KEY_A not in out.stderr  # not even in the error about it
+    assert "auth.keys[1].tenant: no tenant \"nobody\"" in out.stderr
+
+
+def test_tenant_limits_answer_429_with_retry_after(cluster):
+    c = cluster(n=1, workers=2, routing={"tenant_header": "x-tenant"},
+                tenants={"slow": {"requests_per_s": 0.5}, "small": {"tokens_per_min": 100},
+                         "one": {"max_concurrent": 1}})
+    # requests_per_s 0.5: one passes, the next within the second is refused.
+    assert post(c, completion("r1"), ["x-tenant: slow"]).status == 200
+    r = post(c, completion("r2"), ["x-tenant: slow"])
+    assert_error(r, 429, "rate-limit")
+    assert hdr(r, "x-pcrouter-reject") == "rate-limit" and int(hdr(r, "retry-after")) >= 1
+    # Another tenant (and the default one) is not held back by it.
+    assert post(c, completion("r3"), ["x-tenant: small"]).status == 200
+    # tokens_per_min 100: a request of 8 output tokens and a 400-byte prompt (100 tokens)...
+    big = dict(completion("x" * 400), max_tokens=50)
+    r = post(c, big, ["x-tenant: small"])
+    assert_error(r, 429, "token-limit")
+    assert hdr(r, "x-pcrouter-reject") == "token-limit" and int(hdr(r, "retry-after")) >= 1
+    # max_concurrent 1: a second request while the first is held is refused, then passes.
+    held = {}
+    t = threading.Thread(target=lambda: held.setdefault("r", post(c, completion("g", gate="g1"), ["x-tenant: one"])))
+    t.start()
+    wait_for(lambda: c.stubs[0].stats()["active"] == 1, 10, what="the held request at the pod")
+    r = post(c, completion("c2"), ["x-tenant: one"])
+    assert_error(r, 429, "concurrency")
+    assert hdr(r, "x-pcrouter-reject") == "concurrency"
+    assert post(c, completion("c3"), ["x-tenant: other"]).status == 200  # unknown: default
+    c.stubs[0].release("g1")
+    t.join(30)
+    assert held["r"].status == 200
+    assert post(c, completion("c4"), ["x-tenant: one"]).status == 200
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_tenant_rejected_total", tenant="one", reason="concurrency") == 1
+    assert metric(text, "pcrouter_tenant_rejected_total", tenant="slow", reason="rate-limit") == 1
+    assert metric(text, "pcrouter_tenant_concurrent_requests", tenant="one") == 0
+
+
+def test_session_stays_on_its_pod_when_its_prompt_changes(cluster):
+    c = cluster(n=3, policy="round_robin", routing={"session_header": "x-session-id"}, workers=1)
+    pods = set()
+    for i in range(6):
+        r = post(c, completion("turn %d of a conversation, rewritten" % i), ["x-session-id: conv-1"])
+        assert r.status == 200
+        pods.add(hdr(r, "x-pcrouter-backend"))
+    assert len(pods) == 1, pods
+    # The body's "user" is a session key too.
+    pods = set()
+    for i in range(6):
+        r = post(c, dict(completion("another %d" % i), user="user-42"))
+        pods.add(hdr(r, "x-pcrouter-backend"))
+    assert len(pods) == 1, pods
+    # Without one, round robin spreads them.
+    pods = {hdr(post(c, completion("free %d" % i)), "x-pcrouter-backend") for i in range(6)}
+    assert len(pods) == 3
+
+
+def saturating(**flow):
+    """One pod, one worker; the pool is saturated with one request in flight."""
+    return dict(n=1, workers=1, routing={"tenant_header": "x-tenant"},
+                flow_control=dict({"inflight_per_pod": 1}, **flow),
+                tenants={"batch": {"priority": -1}, "hi": {"priority": 5}, "lo": {"priority": 0},
+                         "t1": {}, "t2": {}})
+
+
+def hold_pod(c, gate="g"):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", post(c, completion("holder", gate=gate))))
+    t.start()
+    wait_for(lambda: c.stubs[0].stats()["active"] == 1, 10, what="the holder at the pod")
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_pool_saturation") == 1.0
+    return t, out
+
+
+def test_sheddable_request_is_shed_at_saturation_without_flow_control(cluster):
+    c = cluster(**saturating(enabled=False))
+    assert metric(get_metrics(c.router), "pcrouter_pool_saturation") == 0
+    t, out = hold_pod(c)
+    r = post(c, completion("shed me"), ["x-tenant: batch"])
+    assert_error(r, 429, "shed")
+    assert hdr(r, "x-pcrouter-reject") == "shed"
+    # Not sheddable: goes to the pod (flow control is off) and waits there.
+    t2 = threading.Thread(target=lambda: out.setdefault("r2", post(c, completion("keep me"), ["x-tenant: lo"])))
+    t2.start()
+    wait_for(lambda: c.stubs[0].stats()["requests"].get("/v1/completions", 0) == 2, 10, what="lo at the pod")
+    c.stubs[0].release("g")
+    t.join(30)
+    t2.join(30)
+    assert out["r"].status == 200 and out["r2"].status == 200
+
+
+def queue_len(c, **labels):
+    return metric(get_metrics(c.router), "pcrouter_tenant_queue_requests", **labels) or 0
+
+
+def send_async(c, results, tag, tenant, timeout=30):
+    def run():
+        results[tag] = post(c, completion("queued " + tag, tag=tag), ["x-tenant: " + tenant],
+                            timeout=timeout)
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_flow_control_orders_by_priority_then_fairness(cluster):
+    c = cluster(**saturating(enabled=True))
+    t, out = hold_pod(c)
+    res, threads = {}, []
+    # Two low-priority requests, then two of equal tenants, then a high-priority one.
+    for i, (tag, tenant) in enumerate([("lo1", "lo"), ("lo2", "lo"), ("a1", "t1"), ("a2", "t1"),
+                                       ("a3", "t1"), ("b1", "t2"), ("b2", "t2"), ("hi1", "hi")]):
+        threads.append(send_async(c, res, tag, tenant))
+        wait_for(lambda: queue_len(c) == i + 1, 10, what="%s queued" % tag)
+    assert queue_len(c, tenant="hi", priority=5) == 1
+    c.stubs[0].release("g")
+    for th in threads + [t]:
+        th.join(60)
+    assert all(r.status == 200 for r in res.values()), res
+    order = [e["tag"] for e in c.stubs[0].stats()["log"] if e["tag"] is not None]
+    assert order[0] == "hi1", order
+    # t1, t2 and lo share priority 0: they take turns by tokens served (t1 queued three first,
+    # FIFO would send a1 a2 a3 before b1).
+    fair = order[1:]
+    assert fair.index("b1") < fair.index("a3"), order
+    assert fair.index("b2") < len(fair) - 1 or fair[-1] == "b2", order
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_tenant_queue_released_total") == 8
+    assert metric(text, "pcrouter_tenant_queue_requests") == 0
+
+
+def test_flow_control_ttl_and_leaving_clients(cluster):
+    c = cluster(**saturating(enabled=True, ttl_ms=1500))
+    t, out = hold_pod(c)
+    # Past its TTL a waiting request gets 429 rejected-ttl-expired.
+    r = post(c, completion("waits too long"), ["x-tenant: t1"])
+    assert_error(r, 429, "rejected-ttl-expired")
+    assert hdr(r, "x-pcrouter-reject") == "rejected-ttl-expired" and hdr(r, "retry-after")
+    # A client that leaves is dropped from the queue: the pod never sees its request.
+    res = {}
+    th = threading.Thread(target=lambda: res.setdefault("g", curl(
+        c.url("/v1/completions"), data=completion("leaves", tag="gone"),
+        headers=["x-tenant: t2"], timeout=1)))
+    th.start()
+    wait_for(lambda: queue_len(c, tenant="t2") == 1, 10, what="the leaving client queued")
+    th.join(10)
+    wait_for(lambda: queue_len(c, tenant="t2") == 0, 10, what="the leaving client dropped")
+    c.stubs[0].release("g")
+    t.join(30)
+    assert out["r"].status == 200
+    assert "gone" not in [e["tag"] for e in c.stubs[0].stats()["log"]]
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_tenant_rejected_total", reason="rejected-ttl-expired") == 1
+    assert metric(text, "pcrouter_tenant_queue_requests") == 0
+
+
+def test_flow_control_queue_bounds(cluster):
+    c = cluster(**saturating(enabled=True, max_queue_requests=2))
+    t, out = hold_pod(c)
+    # Bounds: max_queue_requests 2 per tenant; the third waits not.
+    res2, threads = {}, []
+    for i in range(2):
+        threads.append(send_async(c, res2, "q%d" % i, "t1"))
+        wait_for(lambda: queue_len(c, tenant="t1") == i + 1, 10, what="q%d queued" % i)
+    r = post(c, completion("over the bound"), ["x-tenant: t1"])
+    assert_error(r, 429, "queue-full")
+    # Another tenant has its own bound.
+    threads.append(send_async(c, res2, "other", "t2"))
+    wait_for(lambda: queue_len(c, tenant="t2") == 1, 10, what="t2 queued")
+    c.stubs[0].release("g")
+    for x in threads + [t]:
+        x.join(60)
+    assert all(r.status == 200 for r in res2.values()), res2
+    text = get_metrics(c.router)
+    assert metric(text, "pcrouter_tenant_rejected_total", reason="queue-full") == 1
+    assert metric(text, "pcrouter_tenant_queue_requests") == 0

@@ -28,7 +28,7 @@
 #include "config.h"
 #include "log.h"
 #include "reload.h"
-#include "tenancy.h"
+#include "tenants.h"
 #include "session.h"
 #include "share.h"
 #include "sock.h"

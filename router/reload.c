@@ -28,7 +28,7 @@
 #include "log.h"
 #include "precise.h"
 #include "reload.h"
-#include "tenancy.h"
+#include "tenants.h"
 #include "session.h"
 #include "tls.h"
 #include "worker.h"

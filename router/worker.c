@@ -28,7 +28,7 @@
 #include "sock.h"
 #include "tokenize.h"
 #include "worker.h"
-#include "tenancy.h"
+#include "tenants.h"
 
 #define TICK_MS 20
 

@@ -25,7 +25,7 @@
 
 #include "exchange_int.h"
 #include "log.h"
-#include "tenancy.h"
+#include "tenants.h"
 #include "pcr/tenancy.h"
 
 /* How often a worker looks at its flow queue while something waits: TTLs and the capacity

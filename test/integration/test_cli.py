@@ -197,7 +197,9 @@ CONFIG_OBJECTS = {
     "discovery[].tls.": 'discovery[0].tls',
     "discovery[].kv_events.": 'discovery[0].kv_events',
     **{s + ".": s for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape",
-                            "outlier", "log", "admin", "redis", "pd")},
+                            "outlier", "log", "admin", "redis", "pd", "auth", "flow_control")},
+    "auth.keys[].": "auth.keys[0]",
+    "tenants.NAME.": "tenants.NAME",
 }
 
 
@@ -211,8 +213,11 @@ def loader_keys(tmp_path):
            "discovery": [{"dns": "pods.example", "tls": {"zzz": 1}, "zzz": 1,
                           "kv_events": {"port": 1, "zzz": 1}}],
            "admin": {"address": "127.0.0.1:0", "zzz": 1},
-           "redis": {"url": "redis://127.0.0.1", "zzz": 1}, "zzz": 1}
-    for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape", "outlier", "log", "pd"):
+           "redis": {"url": "redis://127.0.0.1", "zzz": 1},
+           "auth": {"keys": [{"sha256": "0" * 64, "zzz": 1}], "zzz": 1},
+           "tenants": {"NAME": {"zzz": 1}}, "zzz": 1}
+    for s in ("dns", "routing", "limits", "timeouts", "upstream", "health", "scrape", "outlier", "log",
+              "pd", "flow_control"):
         cfg[s] = {"zzz": 1}
     path = tmp_path / "every.json"
     path.write_text(json.dumps(cfg))

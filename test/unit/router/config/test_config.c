@@ -127,6 +127,14 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK(memcmp(&full->limits, &min->limits, sizeof full->limits) == 0);
         PCR_CHECK(memcmp(&full->timeouts, &min->timeouts, sizeof full->timeouts) == 0);
         PCR_CHECK(memcmp(&full->upstream, &min->upstream, sizeof full->upstream) == 0);
+        PCR_CHECK(memcmp(&full->flow_control, &min->flow_control, sizeof full->flow_control) == 0);
+        PCR_CHECK_EQ_INT(min->flow_control.enabled, 0);
+        PCR_CHECK_STR(full->routing.session_header, min->routing.session_header);
+        PCR_CHECK_STR(full->routing.tenant_header, min->routing.tenant_header);
+        PCR_CHECK_STR(full->routing.objective_header, min->routing.objective_header);
+        PCR_CHECK_EQ_INT(min->ntenants, 1);
+        PCR_CHECK_STR(min->tenants[0].name, "default");
+        PCR_CHECK_EQ_INT(min->auth.enabled, 0);
         PCR_CHECK_EQ_INT(full->routing.policy, min->routing.policy);
         PCR_CHECK_STR(full->routing.zone, min->routing.zone);
         PCR_CHECK_EQ_INT(full->routing.block_bytes, min->routing.block_bytes);
@@ -640,13 +648,13 @@ static void test_error_unknown_keys(void)
                 "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
                 "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd)");
+                "(allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
-                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_max_bytes, kv_block_tokens)\n"
+                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_max_bytes, kv_block_tokens, session_header, tenant_header, objective_header)\n"
                 "t.json:3:37: routing.foo: unknown key \"foo\" (allowed: policy, zone, block_bytes, "
-                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_max_bytes, kv_block_tokens)");
+                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_max_bytes, kv_block_tokens, session_header, tenant_header, objective_header)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a'},\n"
                 "{'name': 'b', 'url': 'http://b', 'wieght': 2}]}",
                 "t.json:3:34: backends[1].wieght: unknown key \"wieght\"; did you mean \"weight\"? "
@@ -930,7 +938,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "consistent_hash, cache_aware, random\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
         "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
-        "upstream, health, scrape, outlier, log, admin, redis, pd)\n";
+        "upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)\n";
     PCR_CHECK_STR(e, want);
     free(e);
 }
@@ -949,7 +957,7 @@ static void test_positions_survive_awkward_text(void)
                 "t.json:3:42: routing.vnodes: must be between 1 and 10000, got 0");
     CHECK_ERROR(HEAD "'routing': {'zone': '\\ud83d\\ude00 😀', '\\ud83d\\ude00': 1}}",
                 "t.json:3:39: routing.\xf0\x9f\x98\x80: unknown key \"\xf0\x9f\x98\x80\" (allowed: policy, zone, "
-                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_max_bytes, kv_block_tokens)");
+                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_max_bytes, kv_block_tokens, session_header, tenant_header, objective_header)");
     /* Tabs and CRLF line ends: a tab is one column, a CR is not a line end. */
     CHECK_ERROR("{'listen': [{'address': '127.0.0.1:0'}],\r\n" BACKENDS_OK ",\r\n\t'log': {'level': 1}}",
                 "t.json:3:19: log.level: expected string, got integer 1");
@@ -958,7 +966,7 @@ static void test_positions_survive_awkward_text(void)
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
                 "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
-                "upstream, health, scrape, outlier, log, admin, redis, pd)");
+                "upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)");
 }
 
 /* A key holding a newline or a control character still makes one error line. */
@@ -966,9 +974,53 @@ static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
                 "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, "
-                "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd)");
+                "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");
+}
+
+/* auth and tenants: digests only, "default" first, keys resolved to tenants. */
+static void test_auth_and_tenants(void)
+{
+    char *errors = NULL;
+    pcr_config_t *cfg = parse("{'listen': [{'address': '127.0.0.1:8080'}], " BACKENDS_OK ", "
+        "'routing': {'session_header': 'X-Session-ID'}, "
+        "'auth': {'keys': [{'sha256': '00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff', "
+        "'tenant': 'batch'}, {'sha256': '" "ff00000000000000000000000000000000000000000000000000000000000000'}]}, "
+        "'tenants': {'chat': {'priority': 5, 'weight': 2, 'max_concurrent': 3}, "
+        "'batch': {'priority': -1, 'requests_per_s': 0.5, 'tokens_per_min': 1000}, "
+        "'default': {'weight': 0.5}}}", &errors);
+    PCR_CHECK(cfg != NULL && errors == NULL);
+    if (errors != NULL)
+        printf("# %s", errors);
+    if (cfg != NULL) {
+        PCR_CHECK_EQ_INT(cfg->ntenants, 3);
+        PCR_CHECK_STR(cfg->tenants[0].name, "default");
+        PCR_CHECK(cfg->tenants[0].weight == 0.5);
+        PCR_CHECK_STR(cfg->tenants[1].name, "chat");
+        PCR_CHECK_EQ_INT(cfg->tenants[1].priority, 5);
+        PCR_CHECK_EQ_INT(cfg->tenants[1].max_concurrent, 3);
+        PCR_CHECK_EQ_INT(cfg->tenants[2].priority, -1);
+        PCR_CHECK_EQ_U64(cfg->tenants[2].tokens_per_min, 1000);
+        PCR_CHECK_EQ_INT(cfg->auth.enabled, 1);
+        PCR_CHECK_EQ_INT(cfg->auth.nkeys, 2);
+        PCR_CHECK_EQ_INT(cfg->auth.keys[0].tenant_index, 2);
+        PCR_CHECK_EQ_INT(cfg->auth.keys[0].sha256[0], 0x00);
+        PCR_CHECK_EQ_INT(cfg->auth.keys[0].sha256[10], 0xaa);
+        PCR_CHECK_EQ_INT(cfg->auth.keys[0].sha256[31], 0xff);
+        PCR_CHECK_EQ_INT(cfg->auth.keys[1].tenant_index, 0);
+        PCR_CHECK_STR(cfg->routing.session_header, "x-session-id");
+    }
+    pcr_config_free(cfg);
+    free(errors);
+    char *e = errors_of("{'listen': [{'address': '127.0.0.1:8080'}], " BACKENDS_OK ", "
+        "'auth': {'keys': [{'sha256': 'abc'}]}, 'tenants': {'a b': {}, 'x': {'weight': 0}}, "
+        "'routing': {'tenant_header': 'bad header'}}");
+    PCR_CHECK(strstr(e, "auth.keys[0].sha256: expected the key's SHA-256 as 64 hex digits") != NULL);
+    PCR_CHECK(strstr(e, "tenants.a b") != NULL);
+    PCR_CHECK(strstr(e, "tenants.x.weight: must be between") != NULL);
+    PCR_CHECK(strstr(e, "routing.tenant_header: expected an HTTP header name") != NULL);
+    free(e);
 }
 
 int main(void)
@@ -1002,5 +1054,6 @@ int main(void)
     PCR_RUN(test_multiple_errors_all_reported_in_order);
     PCR_RUN(test_positions_survive_awkward_text);
     PCR_RUN(test_error_lines_stay_one_line);
+    PCR_RUN(test_auth_and_tenants);
     return pcr_test_done();
 }

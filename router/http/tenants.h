@@ -1,4 +1,4 @@
-/* router/http/tenancy.h: what the process and its workers do for tenancy (tenancy.c): give
+/* router/http/tenants.h: what the process and its workers do for tenancy (tenancy.c): give
  * the tenants of a config their slots, and free a worker's flow queue. The request's side is
  * in exchange_int.h (pcr_tenancy_identify, pcr_tenancy_admit). */
 #ifndef PCR_ROUTER_TENANCY_H

@@ -35,7 +35,7 @@ FUZZ_PKGS  := clang-14 libclang-rt-14-dev llvm-14
 
 .PHONY: all build build-asan build-tsan build-fuzz deps deps-test deps-bench deps-fuzz run test \
         install fuzz bench bench-routing bench-sweep bench-proxies bench-proxies-tls bench-hashring bench-kv bench-attacks bench-metrics \
-        bench-resilience clean
+        bench-resilience bench-tenancy clean
 
 all: build
 
@@ -109,7 +109,7 @@ install: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	meson install -C $(BUILD) --no-rebuild $(if $(DESTDIR),--destdir "$(abspath $(DESTDIR))")
 
-bench: deps-bench build bench-hashring bench-kv bench-metrics bench-proxies bench-routing bench-attacks \
+bench: deps-bench build bench-hashring bench-kv bench-metrics bench-proxies bench-routing bench-attacks bench-tenancy \
        bench-resilience
 
 bench-hashring: build
@@ -163,6 +163,12 @@ bench-attacks: deps-test build
 
 bench-resilience: deps-bench build
 	$(PY) bench/resilience.py --build $(BUILD)
+
+# Tenants sharing the pool through flow control (bench/tenancy.py): an interactive tenant beside
+# a batch flood, and two equal tenants with long and short prompts. QUICK=1: 10 s runs;
+# REPEAT=N: medians of N runs of each setup.
+bench-tenancy: deps-bench build
+	$(PY) bench/tenancy.py --build $(BUILD) $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

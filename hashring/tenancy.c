@@ -37,6 +37,8 @@ double pcr_saturation_pod(const pcr_sat_pod_t *p, const pcr_sat_opts_t *o)
         level = p->kv_usage / o->kv_threshold;
     if (o->inflight_threshold > 0 && p->inflight / o->inflight_threshold > level)
         level = p->inflight / o->inflight_threshold;
+    if (o->prefill_threshold > 0 && (double)p->prefill / o->prefill_threshold > level)
+        level = (double)p->prefill / o->prefill_threshold;
     return level;
 }
 

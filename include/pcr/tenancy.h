@@ -8,7 +8,8 @@
  * word of state, so a caller may keep it in an atomic and update it with compare-and-swap.
  *
  * Saturation follows llm-d's detector: a pod is saturated when its waiting queue, its KV-cache
- * usage or the router's own count of requests in flight on it reaches its threshold; the pool
+ * usage, or the router's own count of requests in flight on it or of the prefill it sent there
+ * and that has not reached its first token, reaches its threshold; the pool
  * is saturated when every usable pod is. The level is the least loaded usable pod's highest
  * ratio to a threshold, clipped to 0..1: 1 means saturated.
  *
@@ -31,6 +32,8 @@ typedef struct {
     int usable;                   /* up, not ejected: counts toward the pool */
     uint32_t inflight;            /* the router's requests on it */
     uint32_t waiting;             /* the pod's queue (vllm:num_requests_waiting) */
+    uint64_t prefill;             /* the router's uncached prefill on it, tokens, until first
+                                     tokens (held streams included) */
     double kv_usage;              /* 0..1, < 0 unknown */
 } pcr_sat_pod_t;
 
@@ -38,6 +41,7 @@ typedef struct {
     double queue_threshold;       /* waiting requests; <= 0 off (llm-d: 5) */
     double kv_threshold;          /* KV usage, 0..1; <= 0 off (llm-d: 0.8) */
     double inflight_threshold;    /* requests in flight per pod; <= 0 off */
+    double prefill_threshold;     /* prefill tokens per pod; <= 0 off */
 } pcr_sat_opts_t;
 
 /* The pool's level, 0..1 (1: saturated). No usable pod, or no threshold on: 0. */

@@ -238,6 +238,7 @@ static const field_t flow_fields[] = {
     F_DBL(pcr_flow_conf_t, queue_threshold, 0.0, 1e6),
     F_DBL(pcr_flow_conf_t, kv_threshold, 0.0, 1.0),
     F_INT(pcr_flow_conf_t, inflight_per_pod, FT_UINT, 0, 1000000),
+    F_INT(pcr_flow_conf_t, prefill_per_pod, FT_U64, 0, 1LL << 40),
 };
 
 static const field_t limits_fields[] = {

@@ -148,6 +148,8 @@ typedef struct {
     double queue_threshold;        /* a pod's waiting requests that saturate it, default 5; 0 off */
     double kv_threshold;           /* a pod's KV-cache usage that saturates it, default 0.8; 0 off */
     unsigned inflight_per_pod;     /* requests in flight that saturate a pod, default 0 (off) */
+    uint64_t prefill_per_pod;      /* prefill tokens sent and not at their first token that
+                                      saturate a pod, default 0 (off) */
 } pcr_flow_conf_t;
 
 typedef struct {

@@ -269,6 +269,7 @@ static void sat_opts(const pcr_config_t *cfg, pcr_sat_opts_t *o)
     o->queue_threshold = cfg->flow_control.queue_threshold;
     o->kv_threshold = cfg->flow_control.kv_threshold;
     o->inflight_threshold = cfg->flow_control.inflight_per_pod;
+    o->prefill_threshold = (double)cfg->flow_control.prefill_per_pod;
 }
 
 static void flow_tenants(const pcr_config_t *cfg, pcr_flow_tenant_t *t, pcr_flowq_opts_t *o)
@@ -452,7 +453,7 @@ int pcr_tenancy_session_pod(pcr_exchange_t *ex, const pcr_backend_load_t *loads,
     pcr_backend_t *b = pcr_backend_at(srv, (size_t)be);
     pcr_sat_pod_t p = {1, loads[be].inflight, loads[be].pod_waiting,
                        b != NULL && PCR_LOAD(b->pod_kv_usage_known)
-                           ? PCR_LOAD(b->pod_kv_usage_ppm) / 1e6 : -1};
+                           ? PCR_LOAD(b->pod_kv_usage_ppm) / 1e6 : -1, loads[be].queued_prefill};
     double mean = usable ? sum / (double)usable : 0;
     if (!pcr_affinity_keep(loads[be].inflight, mean, ex->w->cfg->routing.load_factor,
                            pcr_saturation_pod(&p, &o)))

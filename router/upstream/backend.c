@@ -621,6 +621,7 @@ double pcr_backends_saturation(pcr_server_t *srv, const pcr_config_t *cfg)
         pods[i].usable = PCR_LOAD(be->up) && !pcr_backend_ejected(be, now);
         pods[i].inflight = PCR_LOAD(be->inflight);
         pods[i].waiting = PCR_LOAD(be->pod_waiting);
+        pods[i].prefill = PCR_LOAD(be->queued_prefill);
         pods[i].kv_usage = PCR_LOAD(be->pod_kv_usage_known) ? PCR_LOAD(be->pod_kv_usage_ppm) / 1e6
                                                             : -1;
     }
@@ -628,6 +629,7 @@ double pcr_backends_saturation(pcr_server_t *srv, const pcr_config_t *cfg)
         .queue_threshold = cfg->flow_control.queue_threshold,
         .kv_threshold = cfg->flow_control.kv_threshold,
         .inflight_threshold = cfg->flow_control.inflight_per_pod,
+        .prefill_threshold = (double)cfg->flow_control.prefill_per_pod,
     };
     return pcr_saturation(pods, n, &o);
 }

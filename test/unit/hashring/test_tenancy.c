@@ -66,14 +66,14 @@ static void test_gcra_retry_after(void)
 
 static void test_saturation(void)
 {
-    pcr_sat_opts_t o = {5, 0.8, 0};
+    pcr_sat_opts_t o = {5, 0.8, 0, 0};
     pcr_sat_pod_t p[3] = {{1, 0, 10, 0.1}, {1, 0, 0, 0.9}, {0, 0, 0, 0}};
     PCR_CHECK(pcr_saturation(p, 3, &o) == 1.0);  /* every usable pod at a threshold */
     p[1].kv_usage = 0.4;
     PCR_CHECK(pcr_saturation(p, 3, &o) == 0.5);  /* the least loaded pod's level */
     p[1].kv_usage = -1;                          /* unknown: not counted */
     PCR_CHECK(pcr_saturation(p, 3, &o) == 0.0);
-    pcr_sat_opts_t inflight = {0, 0, 4};
+    pcr_sat_opts_t inflight = {0, 0, 4, 0};
     p[0].inflight = 4, p[1].inflight = 2;
     PCR_CHECK(pcr_saturation(p, 3, &inflight) == 0.5);
     p[1].inflight = 9;
@@ -81,8 +81,13 @@ static void test_saturation(void)
     PCR_CHECK(pcr_saturation(p, 0, &inflight) == 0.0); /* no pod: nothing to wait for */
     p[0].usable = p[1].usable = 0;
     PCR_CHECK(pcr_saturation(p, 3, &inflight) == 0.0);
-    pcr_sat_opts_t off = {0, 0, 0};
+    pcr_sat_opts_t off = {0, 0, 0, 0};
     PCR_CHECK(pcr_saturation(p, 3, &off) == 0.0);
+    pcr_sat_opts_t prefill = {0, 0, 0, 1000};
+    pcr_sat_pod_t q[2] = {{1, 0, 0, -1, 3000}, {1, 0, 0, -1, 500}};
+    PCR_CHECK(pcr_saturation(q, 2, &prefill) == 0.5);
+    q[1].prefill = 1000;
+    PCR_CHECK(pcr_saturation(q, 2, &prefill) == 1.0);
 }
 
 static void test_affinity_words(void)

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Tenants sharing one pool through pcrouter's flow control (make bench-tenancy).
+
+Simulated vLLM pods (bench/sim/vllm_sim, one process) behind pcrouter with two tenants named
+by a header (routing.tenant_header). Two experiments, each a set of runs in this invocation so
+every ratio is against a baseline measured alongside it:
+
+  1. Priority. An interactive tenant (priority 10) at a steady rate, a batch tenant (priority
+     0) flooding at --flood times the pool's prefill capacity. Runs: interactive alone, batch
+     alone, both with flow control, both without. Reported: the interactive tenant's TTFT p99
+     against its run alone, its rejections, the batch tenant's rejections and its output
+     tokens a second against its run alone.
+  2. Fairness. Two tenants of equal priority and weight, one sending long prompts and one
+     short, both flooding. Runs: with flow control, without. Reported: tokens served to each
+     (prompt plus output, as the pods reported them) and their ratio, and the hit rate (cached
+     over prompt tokens) against the run without flow control.
+
+Load is open-loop (Poisson arrivals), each request a streamed completion on its own
+connection, measured by asyncio in this process. --quick for a short smoke run.
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from routing import Router, Sims  # noqa: E402
+
+MODEL = "sim-8b"
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+         "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo"]
+
+
+def text(rng, tokens):
+    """About `tokens` tokens of text (4 bytes a token, as pcrouter and the simulator count)."""
+    out, n = [], 0
+    while n < tokens * 4:
+        w = rng.choice(WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)[:tokens * 4]
+
+
+class Stats:
+    def __init__(self):
+        self.ttft = []          # seconds, requests that got a first token
+        self.status = {}        # status -> count
+        self.prompt = 0         # tokens the pods reported
+        self.cached = 0
+        self.output = 0
+        self.done = 0
+
+    def count(self, status):
+        self.status[status] = self.status.get(status, 0) + 1
+
+
+def dechunk(b):
+    out, i = [], 0
+    while i < len(b):
+        j = b.find(b"\r\n", i)
+        if j < 0:
+            break
+        try:
+            n = int(b[i:j].split(b";")[0], 16)
+        except ValueError:
+            break
+        if n == 0:
+            break
+        out.append(b[j + 2:j + 2 + n])
+        i = j + 2 + n + 2
+    return b"".join(out)
+
+
+async def one_request(host, port, tenant, prompt, max_tokens, stats, timeout):
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            "x-tenant: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+            % (tenant, len(body))).encode()
+    t0 = time.monotonic()
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        w.write(head + body)
+        data = b""
+        status = None
+        first = None
+        deadline = t0 + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise asyncio.TimeoutError()
+            chunk = await asyncio.wait_for(r.read(65536), left)
+            if not chunk:
+                break
+            data += chunk
+            if status is None and b"\r\n" in data:
+                status = int(data.split(b" ", 2)[1])
+            if first is None and status == 200 and b"\r\n\r\n" in data and \
+                    b"data:" in data.split(b"\r\n\r\n", 1)[1]:
+                first = time.monotonic()
+        w.close()
+    except (OSError, asyncio.TimeoutError, ValueError, IndexError):
+        stats.count("error")
+        return
+    stats.count(status)
+    if status != 200:
+        return
+    stats.done += 1
+    if first is not None:
+        stats.ttft.append(first - t0)
+    # The usage event (include_usage): the pod's own token counts.
+    head, _, payload = data.partition(b"\r\n\r\n")
+    if b"chunked" in head.lower():
+        payload = dechunk(payload)
+    for line in payload.split(b"\n"):
+        if line.startswith(b"data:") and b'"usage"' in line and b"prompt_tokens" in line:
+            try:
+                u = json.loads(line[5:]).get("usage") or {}
+            except ValueError:
+                continue
+            stats.prompt += u.get("prompt_tokens", 0)
+            stats.output += u.get("completion_tokens", 0)
+            stats.cached += (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+async def open_loop(host, port, tenant, rate, duration, make_prompt, max_tokens, stats, seed,
+                    timeout):
+    """Poisson arrivals at `rate` a second for `duration` seconds."""
+    rng = random.Random(seed)
+    tasks = []
+    t_end = time.monotonic() + duration
+    nxt = time.monotonic()
+    while True:
+        nxt += rng.expovariate(rate)
+        if nxt >= t_end:
+            break
+        await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+        tasks.append(asyncio.ensure_future(one_request(host, port, tenant, make_prompt(rng),
+                                                       max_tokens, stats, timeout)))
+    if tasks:
+        await asyncio.gather(*tasks)
+
+
+def p(values, q):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def run(args, tmp, flow, loads):
+    """One run: fresh pods and router; `loads` is [(tenant, rate, make_prompt, max_tokens)]."""
+    names = ["pod-%d" % i for i in range(args.pods)]
+    sims = Sims(args.build, names, 1.0, extra=["--max-num-seqs", "64"])
+    router = None
+    try:
+        cfg = {
+            "listen": [{"address": "127.0.0.1:0"}],
+            "backends": [{"name": n, "url": u} for n, u in sims.urls.items()],
+            "workers": 1,
+            "routing": {"policy": "cache_aware", "tenant_header": "x-tenant"},
+            "tenants": {"interactive": {"priority": 10}, "batch": {"priority": 0},
+                        "long": {"priority": 0}, "short": {"priority": 0}},
+            "flow_control": {"enabled": flow, "prefill_per_pod": args.prefill_per_pod,
+                             "ttl_ms": args.ttl_ms, "max_queue_requests": args.max_queue},
+            "health": {"interval_ms": 1000},
+            "log": {"access_log": False},
+        }
+        router = Router(args.build, cfg, tmp)
+        host, port = router.url[len("http://"):].split(":")
+        stats = {t: Stats() for t, _, _, _ in loads}
+        t0 = time.monotonic()
+
+        async def main():
+            await asyncio.gather(*[
+                open_loop(host, int(port), t, rate, args.duration, mk, mt, stats[t], 11 + i,
+                          args.ttl_ms / 1000 + 60)
+                for i, (t, rate, mk, mt) in enumerate(loads)])
+        asyncio.run(main())
+        elapsed = time.monotonic() - t0
+        return stats, elapsed
+    finally:
+        if router:
+            router.stop()
+        sims.stop()
+
+
+def experiment_priority(args, tmp):
+    cap = args.pods * 1e6 / (70 * args.batch_tokens)   # batch prompts a second the pods prefill
+    inter = ("interactive", args.interactive_rate, lambda r: text(r, args.interactive_tokens), 32)
+    batch = ("batch", args.flood * cap, lambda r: text(r, args.batch_tokens), 64)
+    rows = {}
+    for label, flow, loads in (("interactive alone", True, [inter]),
+                               ("batch alone", True, [batch]),
+                               ("both, flow control", True, [inter, batch]),
+                               ("both, no flow control", False, [inter, batch])):
+        runs = [run(args, tmp, flow, loads) for _ in range(args.repeat)]
+        rows[label] = runs
+        for stats, el in runs:
+            print("# %-22s %s" % (label, {t: (len(s.ttft), s.status) for t, s in stats.items()}),
+                  file=sys.stderr, flush=True)
+    return cap, rows
+
+
+def med(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report_priority(args, cap, rows):
+    base_p99 = med([p(s["interactive"].ttft, 0.99) for s, _ in rows["interactive alone"]])
+    base_tput = med([s["batch"].output / el for s, el in rows["batch alone"]])
+    print("\n## Priority: interactive at %.1f req/s, batch flooding at %.0fx the pool's prefill "
+          "capacity (%.1f req/s of %d-token prompts), %d pods, %ds runs, median of %d"
+          % (args.interactive_rate, args.flood, cap, args.batch_tokens, args.pods, args.duration,
+             args.repeat))
+    print("\n| run | interactive TTFT p50 | p99 | p99 / alone | interactive rejected | "
+          "batch rejected | batch output tok/s | / batch alone |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label, runs in rows.items():
+        def col(t, f):
+            return med([f(s[t], el) for s, el in runs]) if t in runs[0][0] else float("nan")
+        p50 = col("interactive", lambda s, el: p(s.ttft, 0.5))
+        p99 = col("interactive", lambda s, el: p(s.ttft, 0.99))
+        irej = col("interactive", lambda s, el: sum(v for k, v in s.status.items() if k != 200))
+        brej = col("batch", lambda s, el: sum(v for k, v in s.status.items() if k != 200))
+        tput = col("batch", lambda s, el: s.output / el)
+        print("| %s | %.3f s | %.3f s | %s | %s | %s | %s | %s |" % (
+            label, p50, p99, "%.2fx" % (p99 / base_p99) if p99 == p99 else "-",
+            "%d" % irej if irej == irej else "-", "%d" % brej if brej == brej else "-",
+            "%.0f" % tput if tput == tput else "-",
+            "%.2fx" % (tput / base_tput) if tput == tput else "-"))
+
+
+def experiment_fairness(args, tmp):
+    # Each tenant asks about a few documents of its own (half of each prompt, the part the pods
+    # can reuse) at the same request rate: without fairness by tokens the long prompts take
+    # about long/short times the short ones' share.
+    half_l, half_s = args.long_tokens // 2, args.short_tokens // 2
+    docs_long = [text(random.Random(100 + i), half_l) for i in range(4)]
+    docs_short = [text(random.Random(200 + i), half_s) for i in range(4)]
+    loads = [("long", args.fair_rate, lambda r: r.choice(docs_long) + " " + text(r, half_l), 32),
+             ("short", args.fair_rate, lambda r: r.choice(docs_short) + " " + text(r, half_s), 32)]
+    rows = {}
+    for label, flow in (("flow control", True), ("no flow control", False)):
+        rows[label] = [run(args, tmp, flow, loads) for _ in range(args.repeat)]
+        for stats, el in rows[label]:
+            print("# %-16s %s" % (label, {t: (s.done, s.status) for t, s in stats.items()}),
+                  file=sys.stderr, flush=True)
+    return rows
+
+
+def report_fairness(args, rows):
+    print("\n## Fairness: tenants `long` (%d-token prompts) and `short` (%d), half of each a "
+          "shared document, equal priority and weight, %.1f req/s each, %d pods, %ds runs, "
+          "median of %d" % (args.long_tokens, args.short_tokens, args.fair_rate, args.pods,
+                            args.duration, args.repeat))
+    print("\n| run | long: tokens served | short: tokens served | short / long | "
+          "long rejected | short rejected | hit rate | / no flow control |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    hit_base = med([(s["long"].cached + s["short"].cached) / max(1, s["long"].prompt + s["short"].prompt)
+                    for s, _ in rows["no flow control"]])
+    for label, runs in rows.items():
+        served = {t: med([s[t].prompt + s[t].output for s, _ in runs]) for t in ("long", "short")}
+        rej = {t: med([sum(v for k, v in s[t].status.items() if k != 200) for s, _ in runs])
+               for t in ("long", "short")}
+        hit = med([(s["long"].cached + s["short"].cached) / max(1, s["long"].prompt + s["short"].prompt)
+                   for s, _ in runs])
+        print("| %s | %d | %d | %.2f | %d | %d | %.3f | %.2fx |" % (
+            label, served["long"], served["short"], served["short"] / max(1, served["long"]),
+            rej["long"], rej["short"], hit, hit / hit_base if hit_base else float("nan")))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--pods", type=int, default=2)
+    ap.add_argument("--duration", type=int, default=30, help="seconds of load per run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each setup (medians)")
+    ap.add_argument("--flood", type=float, default=5.0, help="batch load, times the capacity")
+    ap.add_argument("--interactive-rate", type=float, default=2.0)
+    ap.add_argument("--interactive-tokens", type=int, default=1000)
+    ap.add_argument("--batch-tokens", type=int, default=4000)
+    ap.add_argument("--long-tokens", type=int, default=8000)
+    ap.add_argument("--short-tokens", type=int, default=1000)
+    ap.add_argument("--fair-rate", type=float, default=8.0,
+                    help="requests a second of each tenant in the fairness runs")
+    ap.add_argument("--prefill-per-pod", type=int, default=4000,
+                    help="flow_control.prefill_per_pod")
+    ap.add_argument("--ttl-ms", type=int, default=10000)
+    ap.add_argument("--max-queue", type=int, default=400)
+    ap.add_argument("--only", choices=["priority", "fairness"])
+    ap.add_argument("--quick", action="store_true", help="10 s runs")
+    args = ap.parse_args()
+    if args.quick:
+        args.duration = 10
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "priority"):
+            cap, rows = experiment_priority(args, tmp)
+            report_priority(args, cap, rows)
+        if args.only in (None, "fairness"):
+            rows = experiment_fairness(args, tmp)
+            report_fairness(args, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -235,7 +235,7 @@ def report_priority(args, cap, rows):
             label, p50, p99, "%.2fx" % (p99 / base_p99) if p99 == p99 else "-",
             "%d" % irej if irej == irej else "-", "%d" % brej if brej == brej else "-",
             "%.0f" % tput if tput == tput else "-",
-            "%.2fx" % (tput / base_tput) if tput == tput else "-"))
+            "%.2fx" % (tput / base_tput) if tput == tput and base_tput else "-"))
 
 
 def experiment_fairness(args, tmp):

@@ -326,7 +326,7 @@ void sim_api_stream_event(const sim_req_t *r, size_t first_tok, size_t ntok, int
         /* vLLM's usage event: no choices, the whole request's usage. */
         evbuffer_add(out, "data: ", 6);
         add_head(r, r->chat ? "chat.completion.chunk" : "text_completion", out);
-        evbuffer_add(out, "\"choices\":[],", 14);
+        evbuffer_add(out, "\"choices\":[],", 13);
         add_usage(r, first_tok + ntok, out);
         evbuffer_add(out, "}\n\n", 3);
     }

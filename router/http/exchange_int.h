@@ -131,6 +131,8 @@ struct pcr_exchange {
     int identified;                   /* tenant and priority are set (pcr_tenancy_identify) */
     unsigned tslot;                   /* the tenant's slot (pcr_server_t.tenants) */
     int priority;                     /* the tenant's, or its objective's */
+    unsigned qslot;                   /* whose band and fairness counter it waits in: its
+                                         tenant's, or its objective's entry's */
     int admitted;                     /* counted in its tenant's concurrency */
     uint64_t tokens;                  /* prompt plus max_tokens, as the limits count them */
     pcr_flowq_entry_t fentry;         /* waiting in the worker's flow queue when queued */

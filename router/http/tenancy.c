@@ -162,7 +162,7 @@ int pcr_tenancy_identify(pcr_exchange_t *ex)
                 t = 0;
         }
     }
-    ex->tslot = cfg->tenants[t].slot;
+    ex->tslot = ex->qslot = cfg->tenants[t].slot;
     ex->priority = cfg->tenants[t].priority;
     if (cfg->routing.objective_header[0] != '\0') {
         const char *v;
@@ -170,8 +170,10 @@ int pcr_tenancy_identify(pcr_exchange_t *ex)
         if (header_one(ex, cfg->routing.objective_header, &v, &n) > 0) {
             trim(&v, &n);
             int o = tenant_named(cfg, v, n);
-            if (o >= 0)
+            if (o >= 0) {
                 ex->priority = cfg->tenants[o].priority;
+                ex->qslot = cfg->tenants[o].slot;
+            }
         }
     }
     if (cfg->routing.session_header[0] != '\0') {
@@ -335,7 +337,7 @@ static void on_flow(evutil_socket_t fd, short what, void *arg)
         PCR_INC(tc->waited);
         PCR_ADD(tc->wait_us, waited);
         ex->t_parse_ns += waited * 1000u; /* the decision's phases leave the wait out */
-        pcr_flowq_served(w->flowq, ex->tslot, ex->tokens, 0);
+        pcr_flowq_served(w->flowq, ex->qslot, ex->tokens, 0);
         w->flow_go(ex);
     }
     if (pcr_flowq_total(w->flowq) > 0)
@@ -394,7 +396,7 @@ int pcr_tenancy_admit(pcr_exchange_t *ex, int (*go)(pcr_exchange_t *ex))
      * tenant's fairness counter all the same, so a later wait sees it). */
     if (!flow || (sat < 1 && !waiting)) {
         if (w->flowq != NULL)
-            pcr_flowq_served(w->flowq, ex->tslot, ex->tokens, 0);
+            pcr_flowq_served(w->flowq, ex->qslot, ex->tokens, 0);
         return 0;
     }
     if (flow_init(w) < 0) {
@@ -403,7 +405,7 @@ int pcr_tenancy_admit(pcr_exchange_t *ex, int (*go)(pcr_exchange_t *ex))
     }
     w->flow_go = go;
     ex->t_queued = pcr_now_us();
-    int rc = pcr_flowq_push(w->flowq, &ex->fentry, ex->tslot, ex->body_counted, ex->t_queued);
+    int rc = pcr_flowq_push(w->flowq, &ex->fentry, ex->qslot, ex->body_counted, ex->t_queued);
     if (rc < 0) {
         reject(ex, PCR_REJECT_QUEUE_FULL, 1000000,
                "tenant '%s' has flow_control.max_queue_requests (or _bytes) waiting", t->name);
@@ -421,7 +423,7 @@ void pcr_tenancy_served(pcr_exchange_t *ex, uint64_t output_tokens)
     pcr_worker_t *w = ex->w;
     PCR_ADD(w->metrics.tenants[ex->tslot].output_tokens, output_tokens);
     if (w->flowq != NULL && output_tokens > 0)
-        pcr_flowq_served(w->flowq, ex->tslot, 0, output_tokens);
+        pcr_flowq_served(w->flowq, ex->qslot, 0, output_tokens);
 }
 
 /* ---- sessions -------------------------------------------------------------------------- */

@@ -144,7 +144,8 @@ def test_session_stays_on_its_pod_when_its_prompt_changes(cluster):
 
 def saturating(**flow):
     """One pod, one worker; the pool is saturated with one request in flight."""
-    return dict(n=1, workers=1, routing={"tenant_header": "x-tenant"},
+    return dict(n=1, workers=1, routing={"tenant_header": "x-tenant",
+                                         "objective_header": "x-gateway-inference-objective"},
                 flow_control=dict({"inflight_per_pod": 1}, **flow),
                 tenants={"batch": {"priority": -1}, "hi": {"priority": 5}, "lo": {"priority": 0},
                          "t1": {}, "t2": {}})
@@ -181,10 +182,10 @@ def queue_len(c, **labels):
     return metric(get_metrics(c.router), "pcrouter_tenant_queue_requests", **labels) or 0
 
 
-def send_async(c, results, tag, tenant, timeout=30):
+def send_async(c, results, tag, tenant, timeout=30, headers=()):
     def run():
-        results[tag] = post(c, completion("queued " + tag, tag=tag), ["x-tenant: " + tenant],
-                            timeout=timeout)
+        results[tag] = post(c, completion("queued " + tag, tag=tag),
+                            ["x-tenant: " + tenant] + list(headers), timeout=timeout)
     t = threading.Thread(target=run)
     t.start()
     return t
@@ -194,10 +195,14 @@ def test_flow_control_orders_by_priority_then_fairness(cluster):
     c = cluster(**saturating(enabled=True))
     t, out = hold_pod(c)
     res, threads = {}, []
-    # Two low-priority requests, then two of equal tenants, then a high-priority one.
-    for i, (tag, tenant) in enumerate([("lo1", "lo"), ("lo2", "lo"), ("a1", "t1"), ("a2", "t1"),
-                                       ("a3", "t1"), ("b1", "t2"), ("b2", "t2"), ("hi1", "hi")]):
-        threads.append(send_async(c, res, tag, tenant))
+    # Two low-priority requests, then three and two of two equal tenants, then one whose
+    # objective (llm-d's header) names the high band, then one of the high band's own tenant.
+    objective = ["x-gateway-inference-objective: hi"]
+    for i, (tag, tenant, extra) in enumerate([
+            ("lo1", "lo", []), ("lo2", "lo", []), ("a1", "t1", []), ("a2", "t1", []),
+            ("a3", "t1", []), ("b1", "t2", []), ("b2", "t2", []), ("obj1", "lo", objective),
+            ("hi1", "hi", [])]):
+        threads.append(send_async(c, res, tag, tenant, headers=extra))
         wait_for(lambda: queue_len(c) == i + 1, 10, what="%s queued" % tag)
     assert queue_len(c, tenant="hi", priority=5) == 1
     c.stubs[0].release("g")
@@ -205,14 +210,17 @@ def test_flow_control_orders_by_priority_then_fairness(cluster):
         th.join(60)
     assert all(r.status == 200 for r in res.values()), res
     order = [e["tag"] for e in c.stubs[0].stats()["log"] if e["tag"] is not None]
-    assert order[0] == "hi1", order
+    assert order[:2] == ["obj1", "hi1"], order
     # t1, t2 and lo share priority 0: they take turns by tokens served (t1 queued three first,
     # FIFO would send a1 a2 a3 before b1).
-    fair = order[1:]
+    fair = order[2:]
     assert fair.index("b1") < fair.index("a3"), order
-    assert fair.index("b2") < len(fair) - 1 or fair[-1] == "b2", order
+    tenant_of = {"l": "lo", "a": "t1", "b": "t2"}
+    assert {tenant_of[t[0]] for t in fair[:3]} == {"lo", "t1", "t2"}, order
+    assert {tenant_of[t[0]] for t in fair[3:5]} == {"t1", "t2"} or \
+        {tenant_of[t[0]] for t in fair[3:6]} == {"lo", "t1", "t2"}, order
     text = get_metrics(c.router)
-    assert metric(text, "pcrouter_tenant_queue_released_total") == 8
+    assert metric(text, "pcrouter_tenant_queue_released_total") == 9
     assert metric(text, "pcrouter_tenant_queue_requests") == 0
 
 

@@ -166,9 +166,10 @@ bench-resilience: deps-bench build
 
 # Tenants sharing the pool through flow control (bench/tenancy.py): an interactive tenant beside
 # a batch flood, and two equal tenants with long and short prompts. QUICK=1: 10 s runs;
-# REPEAT=N: medians of N runs of each setup.
+# REPEAT=N: medians of N runs of each setup; ENGINE=step: pods with chunked prefill.
 bench-tenancy: deps-bench build
-	$(PY) bench/tenancy.py --build $(BUILD) $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+	$(PY) bench/tenancy.py --build $(BUILD) $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT)) \
+	  $(if $(ENGINE),--engine $(ENGINE))
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

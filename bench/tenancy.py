@@ -20,6 +20,9 @@ connection, measured by asyncio in this process. --quick for a short smoke run.
 """
 import argparse
 import asyncio
+import contextlib
+import hashlib
+import http.client
 import json
 import os
 import random
@@ -154,41 +157,47 @@ def p(values, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def run(args, tmp, flow, loads):
-    """One run: fresh pods and router; `loads` is [(tenant, rate, make_prompt, max_tokens)]."""
-    names = ["pod-%d" % i for i in range(args.pods)]
-    sims = Sims(args.build, names, 1.0, extra=["--max-num-seqs", "64"])
+@contextlib.contextmanager
+def pool(args, tmp, npods, settings):
+    """Fresh simulated pods and a pcrouter in front (`settings` added to its config); yields
+    the router's (host, port)."""
+    sims = Sims(args.build, ["pod-%d" % i for i in range(npods)], 1.0,
+                extra=["--max-num-seqs", "64", "--engine", args.engine])
     router = None
     try:
-        cfg = {
-            "listen": [{"address": "127.0.0.1:0"}],
-            "backends": [{"name": n, "url": u} for n, u in sims.urls.items()],
-            "workers": 1,
-            "routing": {"policy": "cache_aware", "tenant_header": "x-tenant"},
-            "tenants": {"interactive": {"priority": 10}, "batch": {"priority": 0},
-                        "long": {"priority": 0}, "short": {"priority": 0}},
-            "flow_control": {"enabled": flow, "prefill_per_pod": args.prefill_per_pod,
-                             "ttl_ms": args.ttl_ms, "max_queue_requests": args.max_queue},
-            "health": {"interval_ms": 1000},
-            "log": {"access_log": False},
-        }
+        cfg = dict({"listen": [{"address": "127.0.0.1:0"}],
+                    "backends": [{"name": n, "url": u} for n, u in sims.urls.items()],
+                    "workers": 1, "health": {"interval_ms": 1000},
+                    "log": {"access_log": False}}, **settings)
         router = Router(args.build, cfg, tmp)
         host, port = router.url[len("http://"):].split(":")
+        yield host, int(port)
+    finally:
+        if router:
+            router.stop()
+        sims.stop()
+
+
+def run(args, tmp, flow, loads, npods=None):
+    """One run: fresh pods and router; `loads` is [(tenant, rate, make_prompt, max_tokens)]."""
+    settings = {
+        "routing": {"policy": "cache_aware", "tenant_header": "x-tenant"},
+        "tenants": {"interactive": {"priority": 10}, "batch": {"priority": 0},
+                    "long": {"priority": 0}, "short": {"priority": 0}},
+        "flow_control": {"enabled": flow, "prefill_per_pod": args.prefill_per_pod,
+                         "ttl_ms": args.ttl_ms, "max_queue_requests": args.max_queue},
+    }
+    with pool(args, tmp, npods or args.pods, settings) as (host, port):
         stats = {t: Stats() for t, _, _, _ in loads}
         t0 = time.monotonic()
 
         async def main():
             await asyncio.gather(*[
-                open_loop(host, int(port), t, rate, args.duration, mk, mt, stats[t], 11 + i,
+                open_loop(host, port, t, rate, args.duration, mk, mt, stats[t], 11 + i,
                           args.ttl_ms / 1000 + 60)
                 for i, (t, rate, mk, mt) in enumerate(loads)])
         asyncio.run(main())
-        elapsed = time.monotonic() - t0
-        return stats, elapsed
-    finally:
-        if router:
-            router.stop()
-        sims.stop()
+        return stats, time.monotonic() - t0
 
 
 def experiment_priority(args, tmp):
@@ -240,16 +249,16 @@ def report_priority(args, cap, rows):
 
 def experiment_fairness(args, tmp):
     # Each tenant asks about a few documents of its own (half of each prompt, the part the pods
-    # can reuse) at the same request rate: without fairness by tokens the long prompts take
-    # about long/short times the short ones' share.
+    # can reuse), both more than the pool serves: served first come first served, each gets
+    # what it offers in proportion; by tokens, as much as the other.
     half_l, half_s = args.long_tokens // 2, args.short_tokens // 2
     docs_long = [text(random.Random(100 + i), half_l) for i in range(4)]
     docs_short = [text(random.Random(200 + i), half_s) for i in range(4)]
     loads = [("long", args.fair_rate, lambda r: r.choice(docs_long) + " " + text(r, half_l), 32),
-             ("short", args.fair_rate, lambda r: r.choice(docs_short) + " " + text(r, half_s), 32)]
+             ("short", args.short_rate, lambda r: r.choice(docs_short) + " " + text(r, half_s), 32)]
     rows = {}
     for label, flow in (("flow control", True), ("no flow control", False)):
-        rows[label] = [run(args, tmp, flow, loads) for _ in range(args.repeat)]
+        rows[label] = [run(args, tmp, flow, loads, args.fair_pods) for _ in range(args.repeat)]
         for stats, el in rows[label]:
             print("# %-16s %s" % (label, {t: (s.done, s.status) for t, s in stats.items()}),
                   file=sys.stderr, flush=True)
@@ -257,10 +266,10 @@ def experiment_fairness(args, tmp):
 
 
 def report_fairness(args, rows):
-    print("\n## Fairness: tenants `long` (%d-token prompts) and `short` (%d), half of each a "
-          "shared document, equal priority and weight, %.1f req/s each, %d pods, %ds runs, "
-          "median of %d" % (args.long_tokens, args.short_tokens, args.fair_rate, args.pods,
-                            args.duration, args.repeat))
+    print("\n## Fairness: tenants `long` (%d-token prompts, %.1f req/s) and `short` (%d, %.1f "
+          "req/s), half of each a shared document, equal priority and weight, %d pod(s), %ds "
+          "runs, median of %d" % (args.long_tokens, args.fair_rate, args.short_tokens,
+                                  args.short_rate, args.fair_pods, args.duration, args.repeat))
     print("\n| run | long: tokens served | short: tokens served | short / long | "
           "long rejected | short rejected | hit rate | / no flow control |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -277,6 +286,41 @@ def report_fairness(args, rows):
             rej["long"], rej["short"], hit, hit / hit_base if hit_base else float("nan")))
 
 
+def experiment_auth(args, tmp):
+    """401s: keys that match nothing, keys that differ from a configured one in their last
+    byte only, and no key, interleaved over one keep-alive connection; the time of each."""
+    keys = ["sk-bench-%064d" % i for i in range(args.auth_keys)]
+    auth = {"keys": [{"sha256": hashlib.sha256(k.encode()).hexdigest()} for k in keys]}
+    with pool(args, tmp, 1, {"auth": auth}) as (host, port):
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1})
+        rng = random.Random(5)
+        times = {"random key": [], "a key but its last byte": [], "no key": []}
+        for i in range(args.auth_requests):
+            kind = list(times)[i % 3]
+            h = {"Content-Type": "application/json"}
+            if kind == "random key":
+                h["Authorization"] = "Bearer sk-bench-%064x" % rng.getrandbits(256)
+            elif kind != "no key":
+                h["Authorization"] = "Bearer " + rng.choice(keys)[:-1] + "x"
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/completions", body, h)
+            r = conn.getresponse()
+            r.read()
+            times[kind].append(time.perf_counter() - t0)
+            assert r.status == 401, r.status
+        return times
+
+
+def report_auth(args, times):
+    print("\n## Auth: %d configured keys, %d requests over one keep-alive connection, all 401"
+          % (args.auth_keys, args.auth_requests))
+    print("\n| key | requests | p50 | p99 |")
+    print("| --- | --- | --- | --- |")
+    for k, v in times.items():
+        print("| %s | %d | %.0f us | %.0f us |" % (k, len(v), p(v, 0.5) * 1e6, p(v, 0.99) * 1e6))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -289,13 +333,21 @@ def main():
     ap.add_argument("--batch-tokens", type=int, default=4000)
     ap.add_argument("--long-tokens", type=int, default=8000)
     ap.add_argument("--short-tokens", type=int, default=1000)
-    ap.add_argument("--fair-rate", type=float, default=8.0,
-                    help="requests a second of each tenant in the fairness runs")
+    ap.add_argument("--fair-rate", type=float, default=6.0,
+                    help="long prompts a second in the fairness runs")
+    ap.add_argument("--short-rate", type=float, default=24.0,
+                    help="short prompts a second in the fairness runs")
+    ap.add_argument("--fair-pods", type=int, default=1)
     ap.add_argument("--prefill-per-pod", type=int, default=4000,
                     help="flow_control.prefill_per_pod")
     ap.add_argument("--ttl-ms", type=int, default=10000)
     ap.add_argument("--max-queue", type=int, default=400)
-    ap.add_argument("--only", choices=["priority", "fairness"])
+    ap.add_argument("--engine", default="latency", choices=["latency", "step"],
+                    help="vllm_sim's engine: FIFO prefill (latency) or vLLM's steps with "
+                         "chunked prefill (step)")
+    ap.add_argument("--auth-keys", type=int, default=1000)
+    ap.add_argument("--auth-requests", type=int, default=30000)
+    ap.add_argument("--only", choices=["priority", "fairness", "auth"])
     ap.add_argument("--quick", action="store_true", help="10 s runs")
     args = ap.parse_args()
     if args.quick:
@@ -307,6 +359,8 @@ def main():
         if args.only in (None, "fairness"):
             rows = experiment_fairness(args, tmp)
             report_fairness(args, rows)
+        if args.only in (None, "auth"):
+            report_auth(args, experiment_auth(args, tmp))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
  * which key matched or how much of one did. The key is never copied out of the request's
  * headers: not into a log, a metric or an error message. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 

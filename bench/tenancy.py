@@ -271,8 +271,9 @@ def report_fairness(args, rows):
           "runs, median of %d" % (args.long_tokens, args.fair_rate, args.short_tokens,
                                   args.short_rate, args.fair_pods, args.duration, args.repeat))
     print("\n| run | long: tokens served | short: tokens served | short / long | "
-          "long rejected | short rejected | hit rate | / no flow control |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "long rejected | short rejected | served a second (until the last answer) | hit rate | "
+          "/ no flow control |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     hit_base = med([(s["long"].cached + s["short"].cached) / max(1, s["long"].prompt + s["short"].prompt)
                     for s, _ in rows["no flow control"]])
     for label, runs in rows.items():
@@ -281,9 +282,10 @@ def report_fairness(args, rows):
                for t in ("long", "short")}
         hit = med([(s["long"].cached + s["short"].cached) / max(1, s["long"].prompt + s["short"].prompt)
                    for s, _ in runs])
-        print("| %s | %d | %d | %.2f | %d | %d | %.3f | %.2fx |" % (
+        rate = med([sum(x.prompt + x.output for x in s.values()) / el for s, el in runs])
+        print("| %s | %d | %d | %.2f | %d | %d | %.0f | %.3f | %.2fx |" % (
             label, served["long"], served["short"], served["short"] / max(1, served["long"]),
-            rej["long"], rej["short"], hit, hit / hit_base if hit_base else float("nan")))
+            rej["long"], rej["short"], rate, hit, hit / hit_base if hit_base else float("nan")))
 
 
 def experiment_auth(args, tmp):

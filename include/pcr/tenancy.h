@@ -32,9 +32,9 @@ typedef struct {
     int usable;                   /* up, not ejected: counts toward the pool */
     uint32_t inflight;            /* the router's requests on it */
     uint32_t waiting;             /* the pod's queue (vllm:num_requests_waiting) */
+    double kv_usage;              /* 0..1, < 0 unknown */
     uint64_t prefill;             /* the router's uncached prefill on it, tokens, until first
                                      tokens (held streams included) */
-    double kv_usage;              /* 0..1, < 0 unknown */
 } pcr_sat_pod_t;
 
 typedef struct {

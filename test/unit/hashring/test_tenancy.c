@@ -67,7 +67,7 @@ static void test_gcra_retry_after(void)
 static void test_saturation(void)
 {
     pcr_sat_opts_t o = {5, 0.8, 0, 0};
-    pcr_sat_pod_t p[3] = {{1, 0, 10, 0.1}, {1, 0, 0, 0.9}, {0, 0, 0, 0}};
+    pcr_sat_pod_t p[3] = {{1, 0, 10, 0.1, 0}, {1, 0, 0, 0.9, 0}, {0, 0, 0, 0, 0}};
     PCR_CHECK(pcr_saturation(p, 3, &o) == 1.0);  /* every usable pod at a threshold */
     p[1].kv_usage = 0.4;
     PCR_CHECK(pcr_saturation(p, 3, &o) == 0.5);  /* the least loaded pod's level */

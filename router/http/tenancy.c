@@ -250,7 +250,10 @@ static int limits(pcr_exchange_t *ex, const pcr_tenant_conf_t *t)
     /* Tolerances: a second's requests, a minute's tokens (the buckets' sizes). */
     uint64_t rq_cost = t->requests_per_s > 0 ? (uint64_t)(1e6 / t->requests_per_s) : 0;
     uint64_t rq_tol = rq_cost > 1000000 ? rq_cost : 1000000;
-    uint64_t tk_cost = t->tokens_per_min > 0 ? ex->tokens * 60000000ull / t->tokens_per_min : 0;
+    /* A request larger than a bucket costs a bucket (pcr_gcra_take): the cap keeps the product
+     * in range for a max_tokens of any size. */
+    uint64_t tokens = ex->tokens < (1ull << 32) ? ex->tokens : (1ull << 32);
+    uint64_t tk_cost = t->tokens_per_min > 0 ? tokens * 60000000ull / t->tokens_per_min : 0;
     int pass_rq = t->requests_per_s <= 0 || gcra(&st->tat_requests, now, rq_cost, rq_tol, &retry, 0);
     if (!pass_rq) {
         reject(ex, PCR_REJECT_RATE, retry, "tenant '%s' is over its requests_per_s", t->name);

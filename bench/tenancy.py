@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Tenants sharing one pool through pcrouter's flow control (make bench-tenancy).
 
 Simulated vLLM pods (bench/sim/vllm_sim, one process) behind pcrouter with two tenants named

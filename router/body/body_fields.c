@@ -252,14 +252,17 @@ static int on_null(void *ud)
 static int on_number(void *ud, const char *s, size_t n)
 {
     pcr_body_reader_t *r = ud;
-    /* max_tokens: a whole number of up to 12 digits (more is no real request's). */
-    if (r->depth > 0 && !r->inval && top(r)->kind == K_ROOT && top(r)->key == KEY_MAX_TOKENS &&
+    /* max_tokens or max_completion_tokens (a chat request may carry both, the second being
+     * the newer name): a whole number of up to 12 digits (more is no real request's); the
+     * larger of the two is what the request may cost. */
+    if (r->depth > 0 && !r->inval && top(r)->kind == K_ROOT &&
+        (top(r)->key == KEY_MAX_TOKENS || top(r)->key == KEY_MAX_COMPLETION_TOKENS) &&
         n > 0 && n <= 12) {
         uint64_t v = 0;
         size_t i = 0;
         for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
             v = v * 10 + (uint64_t)(s[i] - '0');
-        if (i == n)
+        if (i == n && v > r->max_tokens)
             r->max_tokens = v;
     }
     return scalar(ud, VT_NUMBER, s, n);
@@ -328,7 +331,7 @@ static const struct {
     {K_ROOT, KEY_STREAM, "stream"},
     {K_ROOT, KEY_STREAM_OPTIONS, "stream_options"},
     {K_ROOT, KEY_MAX_TOKENS, "max_tokens"},
-    {K_ROOT, KEY_MAX_TOKENS, "max_completion_tokens"},
+    {K_ROOT, KEY_MAX_COMPLETION_TOKENS, "max_completion_tokens"},
     {K_ROOT, KEY_USER, "user"},
     {K_STREAM_OPTS, KEY_INCLUDE_USAGE, "include_usage"},
     {K_MESSAGE, KEY_ROLE, "role"},

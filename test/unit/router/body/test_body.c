@@ -95,6 +95,21 @@ static void test_stream_options(void)
     pcr_body_dispose(&b);
 }
 
+/* max_tokens and max_completion_tokens may come together (a chat request from a client that
+ * sends both names); the larger is what the request may cost. Each name twice is refused. */
+static void test_max_tokens_both_names(void)
+{
+    pcr_body_t b;
+    PCR_CHECK_EQ_INT(parse(PCR_API_CHAT, "{\"messages\":[],\"max_tokens\":16,"
+                           "\"max_completion_tokens\":32}", &b), 0);
+    PCR_CHECK_EQ_INT(b.max_tokens, 32);
+    pcr_body_dispose(&b);
+    PCR_CHECK_EQ_INT(parse(PCR_API_CHAT, "{\"messages\":[],\"max_completion_tokens\":8}", &b), 0);
+    PCR_CHECK_EQ_INT(b.max_tokens, 8);
+    pcr_body_dispose(&b);
+    PCR_CHECK(parse(PCR_API_CHAT, "{\"messages\":[],\"max_tokens\":1,\"max_tokens\":2}", &b) < 0);
+}
+
 static void test_chat_format(void)
 {
     pcr_body_t b;
@@ -362,6 +377,7 @@ int main(void)
     PCR_RUN(test_completions_string);
     PCR_RUN(test_completions_arrays);
     PCR_RUN(test_stream_options);
+    PCR_RUN(test_max_tokens_both_names);
     PCR_RUN(test_chat_format);
     PCR_RUN(test_chat_multipart);
     PCR_RUN(test_chat_unambiguous);

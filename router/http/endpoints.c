@@ -291,7 +291,7 @@ int pcr_endpoint_models(pcr_exchange_t *ex)
         f->nlegs++;
         evbuffer_add_printf(req, "GET /v1/models HTTP/1.1\r\nHost: %s\r\nAccept: application/json\r\n\r\n",
                             be->host_header);
-        leg->up = pcr_upstream_send(pool, req, &leg_cbs, leg);
+        leg->up = pcr_upstream_send(pool, &(pcr_up_send_t){.head = req}, &leg_cbs, leg);
         if (leg->up)
             f->pending++;
         else

@@ -557,7 +557,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     if (ex->be != NULL)
         pcr_backend_unref(ex->be);
     /* Kept for the next exchange: the buffers, emptied. A body still referenced by a pod
-     * connection's output (pcr_upstream_send_body) keeps its chains alive there. A path or a
+     * connection's output (pcr_up_send_t.body) keeps its chains alive there. A path or a
      * header buffer grown past what requests usually need is not kept. */
     int keep = ex->body != NULL && ex->path_cap <= 4096 && ex->hcap <= 16384;
     if (keep)

@@ -398,21 +398,21 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
      * shows nothing before its answer, which vLLM sends whole once generated: its prefill
      * counts in the pod's queue until the time the policy expects its first token, not for
      * the whole generation. */
+    pcr_up_send_t send = {.head = req, .body = body};
+    pcr_up_prefix_t prefix;
     if (ex->has_key) {
         /* The key lives as long as the exchange, the upstream request no longer. */
-        pcr_up_prefix_t prefix = {
+        prefix = (pcr_up_prefix_t){
             .blocks = ex->key.blocks,
             .nblocks = (uint32_t)ex->key.nblocks,
             .matched = d.matched_blocks,
             .added_from = ex->committed ? (uint32_t)ex->added_from : (uint32_t)ex->key.nblocks,
         };
-        ex->up = ex->req.stream ? pcr_upstream_send_stream(pool, req, body, ex->prefill,
-                                                           &prefix, &proxy_cbs, ex)
-                                : pcr_upstream_send_unstreamed(pool, req, body, ex->prefill,
-                                                               &prefix, &proxy_cbs, ex);
-    } else {
-        ex->up = pcr_upstream_send_body(pool, req, body, &proxy_cbs, ex);
+        send.kind = ex->req.stream ? PCR_UP_STREAM : PCR_UP_UNSTREAMED;
+        send.prefill = ex->prefill;
+        send.prefix = &prefix;
     }
+    ex->up = pcr_upstream_send(pool, &send, &proxy_cbs, ex);
     if (ex->up == NULL) {
         pcr_exchange_to(ex, EX_ROUTING);
         pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");

@@ -91,7 +91,7 @@ pcr_probe_t *pcr_probe_get(pcr_backend_t *be, const char *path, const char *agen
     if (accept != NULL)
         evbuffer_add_printf(req, "Accept: %s\r\n", accept);
     evbuffer_add(req, "\r\n", 2);
-    p->req = pcr_upstream_send(be->check_pool, req, &probe_cbs, p);
+    p->req = pcr_upstream_send(be->check_pool, &(pcr_up_send_t){.head = req}, &probe_cbs, p);
     req = NULL; /* taken */
     if (p->req == NULL)
         goto fail;

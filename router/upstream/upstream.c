@@ -1,15 +1,17 @@
 /* router/upstream/upstream.c: owns the upstream pool of one thread to one backend (upstream.h)
- * and the requests on it: their entry, their handle, their end. The module is three files
- * behind upstream_int.h: this one, the hold queue (upstream_queue.c: who waits for a slot or
- * for the pod's prefill budget, and who goes next) and the HTTP/1.1 client (upstream_h1.c: the
- * connections and the response parser), the place a TLS or HTTP/2 client to the pods will go.
+ * and the requests on it: their one entry (pcr_upstream_send), their handle, their end. The
+ * module is three files behind upstream_int.h: this one, the hold queue (upstream_queue.c: who
+ * waits for a slot or for the pod's prefill budget, and who goes next) and the HTTP/1.1 client
+ * (upstream_h1.c: the connections and the response parser), which this file and the queue
+ * reach only through the pool's transport table (pcr_up_transport_t): the seam a TLS or
+ * HTTP/2 client to the pods will plug into.
  *
  * Each backend has a bounded pool: idle keep-alive connections (reused most recent first, so
  * the rest age out), and a FIFO of requests waiting for a slot when all `max_connections` are
  * busy. A connection carries one request at a time; its response is parsed by http-parser and
  * handed to the caller as it arrives.
  *
- *   pcr_upstream_send -> [idle conn | new conn (connect) | wait queue]
+ *   pcr_upstream_send -> transport->dispatch -> [idle conn | new conn (connect) | wait queue]
  *        -> write request -> on_head -> on_body* -> on_done -> conn back to the pool
  *
  * A pooled connection the backend closed just as it was reused fails before any response byte;
@@ -36,6 +38,7 @@ void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
     pool->cfg = cfg;
     pool->max_connections = max_connections ? max_connections : 1;
     pool->owner_slot = -1;
+    pool->transport = &pcr_up_h1;
     TAILQ_INIT(&pool->idle);
     TAILQ_INIT(&pool->waiters);
 }
@@ -71,69 +74,37 @@ void pcr_upreq_free(pcr_upreq_t *r)
     pcr_evmem_free(r);
 }
 
-/* Detaches the request from its connection and reports the failure to its owner. */
+/* Reports the failure of a request that has no connection (any was detached) to its owner. */
 void pcr_upreq_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head)
 {
     const pcr_upstream_cbs_t *cbs = r->cbs;
     void *ctx = r->ctx;
-    if (r->conn)
-        r->conn->req = NULL;
-    r->conn = NULL;
     pcr_upreq_free(r);
     cbs->on_error(ctx, err, got_head);
 }
 
-pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
+pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, const pcr_up_send_t *req,
                                const pcr_upstream_cbs_t *cbs, void *ctx)
-{
-    return pcr_upstream_send_body(pool, request, NULL, cbs, ctx);
-}
-
-static pcr_upreq_t *send_req(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
-                             int budgeted, int estimated, uint64_t prefill,
-                             const pcr_up_prefix_t *prefix, const pcr_upstream_cbs_t *cbs,
-                             void *ctx)
 {
     pcr_upreq_t *r = pcr_evmem_calloc(1, sizeof(*r)); /* per request: evmem.h */
     if (r == NULL) {
-        evbuffer_free(head);
+        evbuffer_free(req->head);
         return NULL;
     }
     r->pool = pool;
-    r->request = head;
-    r->body = body;
+    r->request = req->head;
+    r->body = req->body;
     r->cbs = cbs;
     r->ctx = ctx;
     r->owner = cbs->owner != NULL ? cbs->owner(ctx) : NULL;
-    r->budgeted = budgeted;
-    r->estimated = estimated && prefill > 0;
-    r->prefill = prefill;
-    if (prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
+    r->budgeted = req->kind != PCR_UP_PLAIN;
+    r->estimated = req->kind == PCR_UP_UNSTREAMED && req->prefill > 0;
+    r->prefill = r->budgeted ? req->prefill : 0;
+    const pcr_up_prefix_t *prefix = req->prefix;
+    if (r->budgeted && prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
         r->prefix = *prefix;
-    pcr_uph1_dispatch(r);
+    pool->transport->dispatch(r);
     return r;
-}
-
-pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
-                                    const pcr_upstream_cbs_t *cbs, void *ctx)
-{
-    return send_req(pool, head, body, 0, 0, 0, NULL, cbs, ctx);
-}
-
-pcr_upreq_t *pcr_upstream_send_unstreamed(pcr_pool_t *pool, struct evbuffer *head,
-                                          struct evbuffer *body, uint64_t prefill,
-                                          const pcr_up_prefix_t *prefix,
-                                          const pcr_upstream_cbs_t *cbs, void *ctx)
-{
-    return send_req(pool, head, body, 1, 1, prefill, prefix, cbs, ctx);
-}
-
-pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
-                                      struct evbuffer *body, uint64_t prefill,
-                                      const pcr_up_prefix_t *prefix,
-                                      const pcr_upstream_cbs_t *cbs, void *ctx)
-{
-    return send_req(pool, head, body, 1, 0, prefill, prefix, cbs, ctx);
 }
 
 int pcr_upstream_prefill_done(pcr_upreq_t *r)
@@ -167,19 +138,10 @@ void pcr_upstream_cancel(pcr_upreq_t *r)
     if (r == NULL)
         return;
     pcr_pool_t *pool = r->pool;
-    pcr_upconn_t *c = r->conn;
-    if (c != NULL) {
-        c->req = NULL;
-        r->conn = NULL;
-        /* Inside its own read callback the connection sees req == NULL once the parser
-         * returns and closes itself there; otherwise close it now. Either way the pod sees
-         * the connection close and stops generating. */
+    if (r->conn != NULL)
+        pool->transport->abort(r);
+    else
         pcr_upreq_free(r);
-        if (!c->in_read)
-            pcr_uph1_close(c);
-    } else {
-        pcr_upreq_free(r);
-    }
     pcr_upq_freed(pool); /* its prefill may have left the budget */
 }
 
@@ -188,10 +150,8 @@ void pcr_upstream_pause(pcr_upreq_t *r)
     if (r == NULL || r->paused)
         return;
     r->paused = 1;
-    if (r->conn) {
-        pcr_sock_read_stop(r->conn->sock);
-        evtimer_del(r->conn->timer); /* the client is slow, not the pod */
-    }
+    if (r->conn)
+        r->pool->transport->pause(r);
 }
 
 void pcr_upstream_resume(pcr_upreq_t *r)
@@ -199,18 +159,11 @@ void pcr_upstream_resume(pcr_upreq_t *r)
     if (r == NULL || !r->paused)
         return;
     r->paused = 0;
-    if (r->conn) {
-        pcr_sock_read_start(r->conn->sock);
-        pcr_uph1_arm(r->conn, r->conn->timer_ms);
-        /* Bytes read before the pause are still in the input buffer. */
-        if (evbuffer_get_length(pcr_sock_input(r->conn->sock)) > 0 && !r->conn->in_read)
-            pcr_uph1_parse(r->conn);
-    }
+    if (r->conn)
+        r->pool->transport->resume(r);
 }
 
 void pcr_upstream_close_idle(pcr_pool_t *pool)
 {
-    pcr_upconn_t *c;
-    while ((c = TAILQ_FIRST(&pool->idle)) != NULL)
-        pcr_uph1_close(c);
+    pool->transport->close_idle(pool);
 }

@@ -48,7 +48,7 @@ typedef struct {
     /* Optional: the count of requests on pod connections of the client this one is for, which
      * it keeps while it has a connection. Waiters whose client has fewer go first. */
     unsigned *(*owner)(void *ctx);
-    /* Optional, for pcr_upstream_send_unstreamed(): how long after its send the pod is
+    /* Optional, for PCR_UP_UNSTREAMED: how long after its send the pod is
      * expected to reach a first token behind `tokens` of prefill (what was sent it before the
      * request and not finished, and the request's own), in microseconds; and the call made
      * when that time has come, before the answer (never after on_done, on_error or
@@ -63,8 +63,10 @@ typedef struct {
  * queue is full (pcr/hold.h). Owned by one event loop, never shared. */
 struct pcr_upconn;
 struct pcr_upreq;
+struct pcr_up_transport;
 typedef struct pcr_pool {
     pcr_backend_t *be;
+    const struct pcr_up_transport *transport; /* how requests reach the pod (upstream_int.h) */
     struct event_base *base;
     const int *draining;             /* the owner's flag: no new idle connections once set */
     const pcr_config_t *const *cfg;  /* the owner's config (a reload swaps it) */
@@ -97,17 +99,6 @@ void pcr_pool_set_owner(pcr_pool_t *pool, int slot, void (*on_budget_open)(void 
 /* Closes the idle connections; the busy ones end with their requests. */
 void pcr_pool_dispose(pcr_pool_t *pool);
 
-/* Sends `request` (taken: the full request bytes, head and body) over `pool`. Returns the
- * request handle, or NULL when out of memory (no callback is made then). Callbacks never run
- * inside this call. */
-pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, struct evbuffer *request,
-                               const pcr_upstream_cbs_t *cbs, void *ctx);
-/* The same with the request in two parts: `head` (taken) and then `body` (NULL for none), whose
- * bytes are sent by reference, not copied. The caller leaves `body` unchanged (nothing added or
- * drained) until the request ends: on_done, on_error, or pcr_upstream_cancel(). */
-pcr_upreq_t *pcr_upstream_send_body(pcr_pool_t *pool, struct evbuffer *head, struct evbuffer *body,
-                                    const pcr_upstream_cbs_t *cbs, void *ctx);
-
 /* The prefix a completion was routed with, for the order among held ones: a held completion
  * goes before one that counts as cached the blocks it brings to the pod (pcr_hold_depends).
  * `blocks` is the caller's and stays unchanged until the request ends; NULL (or nblocks 0): no
@@ -119,28 +110,44 @@ typedef struct {
     uint32_t added_from;             /* first block it did not hold before (nblocks: none) */
 } pcr_up_prefix_t;
 
-/* As pcr_upstream_send_body(), for a streamed completion with `prefill` tokens of uncached
- * prefill, routed with `prefix` (NULL: none). It counts against routing.hold_tokens, with every
- * worker's completions to the backend, from when it is sent until pcr_upstream_prefill_done()
- * or its end. While the budget is spent, such requests wait in the pool and go highest
- * pcr_hold_rank first over every worker (pcr/hold.h), except that a completion held on this
- * worker whose blocks the first counts on goes before it; or they fail with PCR_UP_HELD after
- * timeouts.response_ms. */
-pcr_upreq_t *pcr_upstream_send_stream(pcr_pool_t *pool, struct evbuffer *head,
-                                      struct evbuffer *body, uint64_t prefill,
-                                      const pcr_up_prefix_t *prefix,
-                                      const pcr_upstream_cbs_t *cbs, void *ctx);
+/* What a request is to the pod's prefill budget (routing.hold_tokens). */
+typedef enum {
+    /* Not a completion (a probe, a models list, a pass-through): never held, counts nothing. */
+    PCR_UP_PLAIN = 0,
+    /* A streamed completion with `prefill` tokens of uncached prefill. It counts against
+     * routing.hold_tokens, with every worker's completions to the backend, from when it is
+     * sent until pcr_upstream_prefill_done() or its end. While the budget is spent, such
+     * requests wait in the pool and go highest pcr_hold_rank first over every worker
+     * (pcr/hold.h), except that a completion held on this worker whose blocks the first counts
+     * on goes before it; or they fail with PCR_UP_HELD after timeouts.response_ms. */
+    PCR_UP_STREAM,
+    /* A completion that is not streamed. It shows no first token before its whole answer, yet
+     * its prefill is in the pod's queue: it is held and counts against routing.hold_tokens (and
+     * in pcr_upstream_sent_ahead() of what is sent after it) as a stream does, from when it is
+     * sent until cbs->prefill_us() later (then cbs->on_prefill_due()), its answer's first body
+     * byte (pcr_upstream_prefill_done) or its end, whichever comes first. */
+    PCR_UP_UNSTREAMED,
+} pcr_up_kind_t;
 
-/* As pcr_upstream_send_stream(), for a completion that is not streamed. It shows no first
- * token before its whole answer, yet its prefill is in the pod's queue: it is held and counts
- * against routing.hold_tokens (and in pcr_upstream_sent_ahead() of what is sent after it) as a
- * stream does, from when it is sent until cbs->prefill_us() later (then
- * cbs->on_prefill_due()), its answer's first body byte (pcr_upstream_prefill_done) or its end,
- * whichever comes first. */
-pcr_upreq_t *pcr_upstream_send_unstreamed(pcr_pool_t *pool, struct evbuffer *head,
-                                          struct evbuffer *body, uint64_t prefill,
-                                          const pcr_up_prefix_t *prefix,
-                                          const pcr_upstream_cbs_t *cbs, void *ctx);
+/* One request to a pod, as the caller describes it to pcr_upstream_send(). */
+typedef struct {
+    struct evbuffer *head;           /* taken: the request's head, or its whole bytes */
+    /* Sent after `head` by reference, not copied (NULL: none). The caller leaves it unchanged
+     * (nothing added or drained) until the request ends: on_done, on_error, or
+     * pcr_upstream_cancel(). */
+    struct evbuffer *body;
+    pcr_up_kind_t kind;
+    uint64_t prefill;                /* its uncached prefill, tokens (completions only) */
+    const pcr_up_prefix_t *prefix;   /* what it was routed with (copied; NULL: none) */
+} pcr_up_send_t;
+
+/* The one way a request goes to a pod: over `pool`, through the pool's transport (today the
+ * HTTP/1.1 client, upstream_h1.c), after any wait for a connection slot or, for a completion,
+ * for the pod's prefill budget. `req->head` is taken whatever the result. Returns the request
+ * handle, or NULL when out of memory (no callback is made then). Callbacks never run inside
+ * this call. */
+pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, const pcr_up_send_t *req,
+                               const pcr_upstream_cbs_t *cbs, void *ctx);
 
 /* The stream's first event came back: its prefill is done and leaves the budget; held requests
  * may go. Returns 1 when the request itself had been held (others may have gone ahead of it),

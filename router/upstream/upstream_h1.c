@@ -1,6 +1,6 @@
-/* router/upstream/upstream_h1.c: owns the HTTP/1.1 client of the upstream pools
- * (upstream_int.h): the connections to a pod, the request written on one, the response read
- * back with http-parser and handed to the caller as it arrives.
+/* router/upstream/upstream_h1.c: owns the HTTP/1.1 client of the upstream pools, the transport
+ * table pcr_up_h1 (upstream_int.h): the connections to a pod, the request written on one, the
+ * response read back with http-parser and handed to the caller as it arrives.
  *
  * Pods are checked as strictly as clients (http1.h): a status outside 100-599, 101, a header
  * name that is not a token, a value with CR/LF/NUL, folded lines, a Transfer-Encoding other
@@ -13,7 +13,7 @@
  * the client side paused reading), idle in the pool (timeouts.upstream_keepalive_ms).
  *
  * Freeing: a callback may cancel its own request; the connection notices through `req == NULL`
- * after the parser returns, never touching freed memory (one close path, pcr_uph1_close()). */
+ * after the parser returns, never touching freed memory (one close path, conn_close()). */
 
 #include <errno.h>
 #include <limits.h>
@@ -30,9 +30,12 @@
 #include "upstream_int.h"
 
 static void conn_to_pool(pcr_upconn_t *c);
+static void conn_close(pcr_upconn_t *c);
+static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r);
+static void h1_dispatch(pcr_upreq_t *r);
 
 /* (Re)arms the connection's deadline, unless the response is paused by the client side. */
-void pcr_uph1_arm(pcr_upconn_t *c, unsigned ms)
+static void conn_arm(pcr_upconn_t *c, unsigned ms)
 {
     c->timer_ms = ms;
     if (c->req != NULL && c->req->paused)
@@ -138,7 +141,7 @@ static int on_headers_complete(http_parser *p)
         clen = (int64_t)p->content_length;
     c->got_head = 1;
     /* The response started: from here on, silence is measured by the stream idle timeout,
-     * armed when this read is parsed (pcr_uph1_parse), unless the response ended in it. */
+     * armed when this read is parsed (conn_parse), unless the response ended in it. */
     c->timer_ms = tmo(c->pool)->stream_idle_ms;
     r->cbs->on_head(r->ctx, (int)status, hdrs, n, clen);
     return status == 204 || status == 304;
@@ -183,23 +186,23 @@ static void conn_to_pool(pcr_upconn_t *c)
     pcr_upreq_t *w = pcr_upq_next(pool);
     if (w != NULL && !w->fresh) {
         pcr_upq_take(w);
-        pcr_uph1_assign(c, w);
+        conn_assign(c, w);
         return;
     }
     if (w != NULL || *pool->draining) {
         /* The oldest waiter needs a fresh connection: closing this one makes room for it. */
-        pcr_uph1_close(c);
+        conn_close(c);
         return;
     }
     /* Idle: keep reading so a close by the backend is seen, and age out after keepalive. */
     pcr_sock_read_start(c->sock);
-    pcr_uph1_arm(c, tmo(c->pool)->upstream_keepalive_ms);
+    conn_arm(c, tmo(c->pool)->upstream_keepalive_ms);
     TAILQ_INSERT_HEAD(&pool->idle, c, idle_link);
     c->in_idle = 1;
     pool->nidle++;
 }
 
-void pcr_uph1_close(pcr_upconn_t *c)
+static void conn_close(pcr_upconn_t *c)
 {
     pcr_pool_t *pool = c->pool;
     if (c->in_idle) {
@@ -216,7 +219,7 @@ void pcr_uph1_close(pcr_upconn_t *c)
     pcr_upreq_t *w = pcr_upq_next(pool);
     if (w != NULL && !*pool->draining) {
         pcr_upq_take(w);
-        pcr_uph1_dispatch(w);
+        h1_dispatch(w);
     }
 }
 
@@ -237,13 +240,13 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
         else if (!stale)
             PCR_ADD(c->be->upstream_errors, 1);
     }
-    pcr_uph1_close(c);
+    conn_close(c);
     if (r == NULL)
         return;
     if (stale && !r->resent) {
         r->resent = 1;
         r->fresh = 1;
-        pcr_uph1_dispatch(r); /* still charged: it is not held again */
+        h1_dispatch(r); /* still charged: it is not held again */
         return;
     }
     pcr_upq_uncharge(r);
@@ -264,13 +267,13 @@ static void conn_done(pcr_upconn_t *c, int keep)
     if (keep)
         conn_to_pool(c);
     else
-        pcr_uph1_close(c);
+        conn_close(c);
     pcr_upq_freed(pool);
     cbs->on_done(ctx);
 }
 
 /* Parses what the input holds; the connection may be closed or back in the pool after. */
-void pcr_uph1_parse(pcr_upconn_t *c)
+static void conn_parse(pcr_upconn_t *c)
 {
     struct evbuffer *in = pcr_sock_input(c->sock);
     c->got_bytes = 1;
@@ -294,7 +297,7 @@ void pcr_uph1_parse(pcr_upconn_t *c)
     c->in_read = 0;
     if (c->req == NULL) {
         /* Cancelled from inside a callback: close, so the pod stops generating. */
-        pcr_uph1_close(c);
+        conn_close(c);
     } else if (e != HPE_OK && e != HPE_PAUSED) {
         if (!c->malformed)
             pcr_log_warn("backend %s: malformed response: %s", c->be->conf.name,
@@ -309,7 +312,7 @@ void pcr_uph1_parse(pcr_upconn_t *c)
         /* Inside a body, silence is measured from the last byte. Before the head, the deadline
          * stays where it was set: a pod dribbling its head, or sending 1xx after 1xx, still
          * gets its 504 at timeouts.response_ms. */
-        pcr_uph1_arm(c, c->timer_ms);
+        conn_arm(c, c->timer_ms);
     }
 }
 
@@ -318,10 +321,10 @@ static void on_sock_read(pcr_sock_t *sock, void *arg)
     pcr_upconn_t *c = arg;
     if (c->req == NULL) {
         /* Bytes on an idle connection: the backend broke the protocol. */
-        pcr_uph1_close(c);
+        conn_close(c);
         return;
     }
-    pcr_uph1_parse(c);
+    conn_parse(c);
 }
 
 /* The read side ended (EOF, error): a close-delimited body may be complete, else it failed. */
@@ -333,7 +336,7 @@ static void on_sock_end(pcr_sock_t *sock, pcr_sock_end_t why, void *arg)
         pcr_log_warn("backend %s: TLS to the pod failed: %s", c->be->conf.name, pcr_sock_failure(sock));
     }
     if (c->req == NULL) {
-        pcr_uph1_close(c); /* an idle connection the backend closed */
+        conn_close(c); /* an idle connection the backend closed */
         return;
     }
     if (why == PCR_SOCK_EOF && c->got_head) {
@@ -353,7 +356,7 @@ static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
     pcr_upconn_t *c = arg;
     if (err != 0) {
         if (c->req == NULL) {
-            pcr_uph1_close(c);
+            conn_close(c);
             return;
         }
         const char *tls_why = pcr_sock_failure(sock);
@@ -374,7 +377,7 @@ static void on_sock_ready(pcr_sock_t *sock, int err, void *arg)
     }
     pcr_sock_flush(c->sock);
     pcr_sock_read_start(c->sock);
-    pcr_uph1_arm(c, tmo(c->pool)->response_ms);
+    conn_arm(c, tmo(c->pool)->response_ms);
 }
 
 static const pcr_sock_cbs_t up_sock_cbs = {on_sock_read, on_sock_drain, on_sock_end, on_sock_ready};
@@ -383,7 +386,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     pcr_upconn_t *c = arg;
     if (c->req == NULL)
-        pcr_uph1_close(c); /* idle past upstream_keepalive_ms */
+        conn_close(c); /* idle past upstream_keepalive_ms */
     else
         conn_fail(c, PCR_UP_TIMEOUT);
 }
@@ -403,7 +406,7 @@ static void add_copy(struct evbuffer *out, struct evbuffer *src)
     }
 }
 
-void pcr_uph1_assign(pcr_upconn_t *c, pcr_upreq_t *r)
+static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
     r->conn = c;
@@ -430,7 +433,7 @@ void pcr_uph1_assign(pcr_upconn_t *c, pcr_upreq_t *r)
         add_copy(out, r->body);
     if (c->connected) {
         pcr_sock_read_start(c->sock);
-        pcr_uph1_arm(c, tmo(c->pool)->response_ms);
+        conn_arm(c, tmo(c->pool)->response_ms);
         pcr_sock_flush_soon(c->sock);
     }
 }
@@ -468,7 +471,7 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
     return c;
 }
 
-void pcr_uph1_dispatch(pcr_upreq_t *r)
+static void h1_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
     if (r->budgeted && !r->charged &&
@@ -483,18 +486,64 @@ void pcr_uph1_dispatch(pcr_upreq_t *r)
         TAILQ_REMOVE(&pool->idle, c, idle_link);
         c->in_idle = 0;
         pool->nidle--;
-        pcr_uph1_assign(c, r);
+        conn_assign(c, r);
         return;
     }
     if (pool->nconns >= pool->max_connections && r->fresh &&
         (c = TAILQ_LAST(&pool->idle, pcr_upconn_idle)) != NULL)
-        pcr_uph1_close(c); /* room for the fresh connection: the oldest idle one goes */
+        conn_close(c); /* room for the fresh connection: the oldest idle one goes */
     if (pool->nconns < pool->max_connections) {
         c = conn_open(pool);
         if (c != NULL) {
-            pcr_uph1_assign(c, r);
+            conn_assign(c, r);
             return;
         }
     }
     pcr_upq_add(r, 0); /* wait for a slot */
 }
+
+/* ---- the transport table ------------------------------------------------------------- */
+
+static void h1_abort(pcr_upreq_t *r)
+{
+    pcr_upconn_t *c = r->conn;
+    c->req = NULL;
+    r->conn = NULL;
+    /* Inside its own read callback the connection sees req == NULL once the parser returns and
+     * closes itself there; otherwise close it now. Either way the pod sees the connection
+     * close and stops generating. */
+    pcr_upreq_free(r);
+    if (!c->in_read)
+        conn_close(c);
+}
+
+static void h1_pause(pcr_upreq_t *r)
+{
+    pcr_sock_read_stop(r->conn->sock);
+    evtimer_del(r->conn->timer); /* the client is slow, not the pod */
+}
+
+static void h1_resume(pcr_upreq_t *r)
+{
+    pcr_upconn_t *c = r->conn;
+    pcr_sock_read_start(c->sock);
+    conn_arm(c, c->timer_ms);
+    /* Bytes read before the pause are still in the input buffer. */
+    if (evbuffer_get_length(pcr_sock_input(c->sock)) > 0 && !c->in_read)
+        conn_parse(c);
+}
+
+static void h1_close_idle(pcr_pool_t *pool)
+{
+    pcr_upconn_t *c;
+    while ((c = TAILQ_FIRST(&pool->idle)) != NULL)
+        conn_close(c);
+}
+
+const pcr_up_transport_t pcr_up_h1 = {
+    .dispatch = h1_dispatch,
+    .abort = h1_abort,
+    .pause = h1_pause,
+    .resume = h1_resume,
+    .close_idle = h1_close_idle,
+};

@@ -1,6 +1,7 @@
 /* router/upstream/upstream_int.h: the upstream module's own: a request and a connection as the
- * three files of the module see them (upstream.c, upstream_queue.c, upstream_h1.c), and the
- * calls between them. Nothing else includes it. */
+ * three files of the module see them (upstream.c, upstream_queue.c, upstream_h1.c), the
+ * transport table between the generic half and the HTTP/1.1 client, and the calls between
+ * them. Nothing else includes it. */
 #ifndef PCR_ROUTER_UPSTREAM_INT_H
 #define PCR_ROUTER_UPSTREAM_INT_H
 
@@ -66,7 +67,7 @@ struct pcr_upconn {
     int got_head;
     int done;                        /* on_message_complete seen */
     int malformed;                   /* a check of ours refused the response */
-    int in_read;                     /* inside pcr_uph1_parse: the parser's callbacks may run */
+    int in_read;                     /* inside conn_parse: the parser's callbacks may run */
     /* Response headers as parsed: a flat buffer and offsets into it. */
     char *hbuf;
     size_t hlen, hcap;
@@ -74,6 +75,26 @@ struct pcr_upconn {
     size_t nh;                       /* names + values stored */
     int last_was_value;
 };
+
+/* A transport to the pods: how a request reaches one over the pool's connections. The generic
+ * half of the module (upstream.c, upstream_queue.c) calls only these; the HTTP/1.1 client
+ * (upstream_h1.c) is the one there is, and a TLS or HTTP/2 client would be another table. A
+ * transport reports each request's end with pcr_upreq_free / pcr_upreq_fail and the callbacks,
+ * and gives a freed slot to pcr_upq_next()'s choice. */
+typedef struct pcr_up_transport {
+    /* To an idle connection, a new one, or the queue (for a slot or the prefill budget). */
+    void (*dispatch)(pcr_upreq_t *r);
+    /* `r` is cancelled while it has a connection: detach and free it, and end the connection
+     * so the pod sees the client leave (later, when inside the connection's own read). */
+    void (*abort)(pcr_upreq_t *r);
+    /* Backpressure on the response of a request that has a connection. */
+    void (*pause)(pcr_upreq_t *r);
+    void (*resume)(pcr_upreq_t *r);
+    /* Closes the pool's idle connections. */
+    void (*close_idle)(pcr_pool_t *pool);
+} pcr_up_transport_t;
+
+extern const pcr_up_transport_t pcr_up_h1;
 
 /* The timeouts of the thread that owns the pool: a worker's config may be newer than what the
  * control thread reads (a reload is seen by each thread in turn). */
@@ -101,13 +122,5 @@ pcr_upreq_t *pcr_upq_next(pcr_pool_t *pool);
 pcr_upreq_t *pcr_upq_bringer(pcr_pool_t *pool, const pcr_upreq_t *r);
 void pcr_upq_freed(pcr_pool_t *pool);
 
-/* upstream_h1.c: a request to a connection (idle, new, or the queue); one assigned to a
- * connection; a connection closed (its slot to the next waiter); its deadline (re)armed; what
- * its input holds, parsed. */
-void pcr_uph1_dispatch(pcr_upreq_t *r);
-void pcr_uph1_assign(pcr_upconn_t *c, pcr_upreq_t *r);
-void pcr_uph1_close(pcr_upconn_t *c);
-void pcr_uph1_arm(pcr_upconn_t *c, unsigned ms);
-void pcr_uph1_parse(pcr_upconn_t *c);
 
 #endif

@@ -8,7 +8,7 @@
  * no first token before its whole answer, yet its prefill is in the pod's queue all the same:
  * it counts until the time the caller estimates for its first token behind what was sent
  * before it (cbs->prefill_us, a timer: prefill_due), or its answer, whichever comes first
- * (pcr_upstream_send_unstreamed). While the backend's count is at the budget, new completions
+ * (PCR_UP_UNSTREAMED). While the backend's count is at the budget, new completions
  * join the wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first, save
  * that a held one goes before one of this worker's that counts on the blocks it brings
  * (held_bringer). Other requests rank as no prefill and are never held; they and small
@@ -304,7 +304,7 @@ static void pool_kick(pcr_pool_t *pool)
     pcr_upreq_t *w;
     while (slot_free(pool) && (w = pcr_upq_next(pool)) != NULL) {
         pcr_upq_take(w);
-        pcr_uph1_dispatch(w);
+        pool->transport->dispatch(w);
         if (w->queued)
             break; /* no connection after all (out of memory): it waits again */
     }

@@ -310,7 +310,7 @@ static void run_once(h1p_t *t, uint32_t seed, outcome_t *o)
     struct evbuffer *req = evbuffer_new();
     FUZZ_CHECK(req != NULL);
     evbuffer_add(req, request1, sizeof(request1) - 1);
-    t->req = pcr_upstream_send(&t->pool, req, &cbs, t);
+    t->req = pcr_upstream_send(&t->pool, &(pcr_up_send_t){.head = req}, &cbs, t);
     FUZZ_CHECK(t->req != NULL);
     read_request(t, sizeof(request1) - 1);
     FUZZ_CHECK(fuzz_mem_eq(t->in.p, request1, t->in.len));
@@ -362,7 +362,7 @@ static void run_once(h1p_t *t, uint32_t seed, outcome_t *o)
         FUZZ_CHECK(req != NULL);
         evbuffer_add(req, request2, sizeof(request2) - 1);
         t->in.len = 0;
-        FUZZ_CHECK(pcr_upstream_send(&t->pool, req, &second_cbs, &s) != NULL);
+        FUZZ_CHECK(pcr_upstream_send(&t->pool, &(pcr_up_send_t){.head = req}, &second_cbs, &s) != NULL);
         read_request(t, sizeof(request2) - 1);
         FUZZ_CHECK(fuzz_mem_eq(t->in.p, request2, t->in.len));
         FUZZ_CHECK(fuzz_write(t->fd, answer2, sizeof(answer2) - 1) == sizeof(answer2) - 1);

@@ -14,12 +14,20 @@
  * 400 and the connection closes, since the rest of the stream cannot be trusted to be in sync.
  * An absolute-form target is taken as its path.
  *
- * Deadlines, one timer in one of four modes:
- *   IDLE  no request begun: closed quietly after timeouts.client_idle_ms
- *   HEAD  a request head is arriving: 408 unless complete within timeouts.request_header_ms
- *   BODY  the body is arriving: 408 when no byte came for timeouts.client_idle_ms
- *   BUSY  the request is being answered: the client may be silent (a stream can take minutes);
- *         a client that accepts no bytes for timeouts.client_write_ms is cut by the transport.
+ * Where the connection stands is one state (h1_state_t), changed only by h1_to(), which also
+ * sets the one timer's deadline for it:
+ *   IDLE    no request begun: closed quietly after timeouts.client_idle_ms
+ *   HEAD    a request head is arriving: 408 unless complete within timeouts.request_header_ms
+ *   BODY    the body is arriving: 408 when no byte came for timeouts.client_idle_ms
+ *   BUSY    the request is being answered (or refused): the client may be silent (a stream can
+ *           take minutes); a client that accepts no bytes for timeouts.client_write_ms is cut by
+ *           the transport
+ *   LINGER  a refused request's answer is out: half-closed, input discarded for LINGER_MS
+ *
+ *   IDLE -> HEAD -> BODY -> BUSY -> IDLE (keep-alive: the next request)
+ *   IDLE | HEAD | BODY -> BUSY (refused) -> LINGER -> closed
+ * Any state may end in h1_close(). What is not where the connection stands stays a flag: how
+ * the current response is framed, and decisions about its end (close after it, linger).
  * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
  * connection receiving a body past its first PCR_BODY_FREE_BYTES stops reading until some is
  * released (budget.h: the first MiB of a request, and one request at a time, go on).
@@ -51,7 +59,7 @@
 #include "log.h"
 #include "session.h"
 
-typedef enum { T_IDLE, T_HEAD, T_BODY, T_BUSY, T_LINGER } timer_mode_t;
+typedef enum { H1_IDLE, H1_HEAD, H1_BODY, H1_BUSY, H1_LINGER } h1_state_t;
 
 /* How long a rejected request's connection keeps reading (and discarding) after its answer. */
 #define LINGER_MS 2000
@@ -69,8 +77,8 @@ typedef struct {
     http_parser parser;
     pcr_exchange_t *ex;            /* the request being parsed or answered */
     struct event *advance;         /* deferred: the response ended or broke */
-    struct event *timer;
-    timer_mode_t mode;
+    struct event *timer;           /* the deadline of `state` (h1_to) */
+    h1_state_t state;
     pcr_budget_waiter_t budget;
     char *url;
     size_t url_len, url_cap;
@@ -82,20 +90,24 @@ typedef struct {
     unsigned n_host, n_cl, n_te;
     int te_bad;
     int expect_continue;
-    int in_body;                   /* the head is complete, the body is arriving */
     int reject_status;             /* decided by a callback: 400, 413, 431 */
     const char *reject_why;
     pcr_fold_t fold;               /* obs-fold detection across reads */
+    /* The current request's and response's framing: properties of what is being answered, read
+     * by the response ops in whatever state. */
     int keep_alive;                /* of the current request */
     int head_only;
     int bodiless;                  /* the response has no body whatever its length: 1xx, 204, 304 */
     int chunked;                   /* the current response is chunked */
     int sse;                       /* the current response is an SSE stream */
+    /* Decisions about how the connection ends, taken at any time while it is answered (the
+     * request's Connection, HTTP/1.0 close-delimiting, a refusal, a drain) and acted on when the
+     * answer is out: not states of their own, since the answer goes on the same way meanwhile. */
     int closing;                   /* close once the output is written */
     int linger;                    /* a rejected request: half-close, then discard input */
-    int lingering;
-    int draining;
-    int read_paused;               /* reading stopped: pipelined bytes wait, or budget */
+    int draining;                  /* the worker drains: no further request */
+    /* Reading stopped (pipelined bytes wait, or the body budget): in BODY or BUSY alike. */
+    int read_paused;
     /* Body bytes of the chunk being parsed that are moved, not copied, to the request once
      * http_parser_execute returns (see on_body). */
     const char *take_base;         /* the chunk */
@@ -108,7 +120,7 @@ typedef struct {
 
 static void h1_close(h1_sess_t *s);
 static void parse_input(h1_sess_t *s);
-static void update_timer(h1_sess_t *s);
+static void h1_to(h1_sess_t *s, h1_state_t to);
 
 #define PIPELINE_MAX_BYTES (1024 * 1024)
 
@@ -346,11 +358,12 @@ static int on_message_begin(http_parser *p)
     pcr_exchange_set_client(s->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
                             &s->base.pod_busy);
     s->url_len = s->name_len = s->value_len = s->header_bytes = 0;
-    s->in_value = s->expect_continue = s->reject_status = s->in_body = 0;
+    s->in_value = s->expect_continue = s->reject_status = 0;
     s->n_host = s->n_cl = s->n_te = 0;
     s->te_bad = 0;
     s->reject_why = NULL;
     pcr_fold_reset(&s->fold);
+    h1_to(s, H1_HEAD);
     return 0;
 }
 
@@ -433,7 +446,7 @@ static int on_headers_complete(http_parser *p)
         evbuffer_add(pcr_sock_output(s->sock), "HTTP/1.1 100 Continue\r\n\r\n", 25);
         pcr_sock_flush(s->sock);
     }
-    s->in_body = 1;
+    h1_to(s, H1_BODY);
     return 0;
 }
 
@@ -520,9 +533,7 @@ static void reject(h1_sess_t *s, int status, const char *detail)
         h1_close(s);
         return;
     }
-    s->mode = T_BUSY;
-    event_del(s->timer);
-    pcr_session_set_waiting(&s->base, 0);
+    h1_to(s, H1_BUSY);
     switch (status) {
     case 413:
         pcr_exchange_error(s->ex, 413, "invalid_request_error", "body_too_large",
@@ -571,10 +582,9 @@ static void parse_input(h1_sess_t *s)
         if (e == HPE_PAUSED) {
             /* The response may finish synchronously (a local endpoint): `advance` runs later,
              * from the loop. */
-            s->mode = T_BUSY;
-            update_timer(s);
+            h1_to(s, H1_BUSY);
             pcr_exchange_run(s->ex);
-            break;
+            return;
         }
         if (e != HPE_OK) {
             evbuffer_drain(in, evbuffer_get_length(in));
@@ -589,7 +599,8 @@ static void parse_input(h1_sess_t *s)
             return;
         }
     }
-    update_timer(s);
+    if (s->state == H1_BODY)
+        h1_to(s, H1_BODY); /* a read that brought body bytes restarts the body's idle time */
 }
 
 /* ---- deadlines and reading ----------------------------------------------------------- */
@@ -600,30 +611,39 @@ static void arm(h1_sess_t *s, unsigned ms)
     evtimer_add(s->timer, &tv);
 }
 
-/* Sets the timer's mode from where the connection stands (see the header comment). BODY is
- * re-armed on every call: each read that brought body bytes restarts its idle time. */
-static void update_timer(h1_sess_t *s)
+static const char *const h1_state_name[] = {"IDLE", "HEAD", "BODY", "BUSY", "LINGER"};
+
+/* Which states each state may move to (bit per h1_state_t): the picture in the header. */
+static const unsigned h1_next[] = {
+    [H1_IDLE] = 1u << H1_HEAD | 1u << H1_BUSY,
+    [H1_HEAD] = 1u << H1_BODY | 1u << H1_BUSY,
+    [H1_BODY] = 1u << H1_BODY | 1u << H1_BUSY,
+    [H1_BUSY] = 1u << H1_IDLE | 1u << H1_LINGER,
+    [H1_LINGER] = 0,
+};
+
+/* The one place the connection's state changes: it sets the timer for the new state and
+ * whether the session waits for its client (first to go when connections run short). BODY to
+ * BODY re-arms: each read that brought body bytes restarts its idle time; any other move to
+ * the same state changes nothing. A move the picture does not have is a bug: logged, and made
+ * anyway so the connection still ends by its deadlines. */
+static void h1_to(h1_sess_t *s, h1_state_t to)
 {
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
-    timer_mode_t want;
-    if (s->lingering)
+    h1_state_t from = s->state;
+    if (from == to && to != H1_BODY)
         return;
-    if (s->ex == NULL)
-        want = T_IDLE;
-    else if (pcr_exchange_running(s->ex))
-        want = T_BUSY;
-    else
-        want = s->in_body ? T_BODY : T_HEAD;
-    if (want == s->mode && want != T_BODY)
-        return;
-    s->mode = want;
-    pcr_session_set_waiting(&s->base, want != T_BUSY);
-    switch (want) {
-    case T_IDLE: arm(s, t->client_idle_ms); break;
-    case T_HEAD: arm(s, t->request_header_ms); break;
-    case T_BODY: arm(s, t->client_idle_ms); break;
-    case T_BUSY: event_del(s->timer); break;
-    case T_LINGER: break;
+    if (!(h1_next[from] & (1u << to)))
+        pcr_log_warn("client %s: invalid state transition of its HTTP/1.1 session: %s -> %s",
+                     pcr_sock_peer(s->sock), h1_state_name[from], h1_state_name[to]);
+    s->state = to;
+    pcr_session_set_waiting(&s->base, to != H1_BUSY);
+    switch (to) {
+    case H1_IDLE: arm(s, t->client_idle_ms); break;
+    case H1_HEAD: arm(s, t->request_header_ms); break;
+    case H1_BODY: arm(s, t->client_idle_ms); break;
+    case H1_BUSY: event_del(s->timer); break;
+    case H1_LINGER: arm(s, LINGER_MS); break;
     }
 }
 
@@ -632,23 +652,23 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     h1_sess_t *s = arg;
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     char msg[160];
-    switch (s->mode) {
-    case T_IDLE:
+    switch (s->state) {
+    case H1_IDLE:
         h1_close(s); /* idle past client_idle_ms */
         break;
-    case T_HEAD:
+    case H1_HEAD:
         snprintf(msg, sizeof(msg), "the request head was not complete within %u ms "
                  "(timeouts.request_header_ms)", t->request_header_ms);
         reject(s, 408, msg);
         break;
-    case T_BODY:
+    case H1_BODY:
         snprintf(msg, sizeof(msg), "no byte of the request body arrived for %u ms "
                  "(timeouts.client_idle_ms)", t->client_idle_ms);
         reject(s, 408, msg);
         break;
-    case T_BUSY:
+    case H1_BUSY:
         break;
-    case T_LINGER:
+    case H1_LINGER:
         h1_close(s);
         break;
     }
@@ -661,12 +681,9 @@ static void close_written(h1_sess_t *s)
         h1_close(s);
         return;
     }
-    s->lingering = 1;
-    s->mode = T_LINGER;
+    h1_to(s, H1_LINGER); /* waiting: first to go when connections run short */
     pcr_sock_shutdown_write(s->sock);
     evbuffer_drain(pcr_sock_input(s->sock), evbuffer_get_length(pcr_sock_input(s->sock)));
-    pcr_session_set_waiting(&s->base, 1); /* first to go when connections run short */
-    arm(s, LINGER_MS);
     pcr_sock_read_start(s->sock);
 }
 
@@ -701,7 +718,7 @@ static void check_pause(h1_sess_t *s)
 static void on_read(pcr_sock_t *sock, void *arg)
 {
     h1_sess_t *s = arg;
-    if (s->lingering) {
+    if (s->state == H1_LINGER) {
         evbuffer_drain(pcr_sock_input(sock), evbuffer_get_length(pcr_sock_input(sock)));
         return;
     }
@@ -717,7 +734,7 @@ static void on_drain(pcr_sock_t *sock, void *arg)
     h1_sess_t *s = arg;
     if (s->ex != NULL)
         pcr_exchange_on_writable(s->ex);
-    if (s->closing && !s->lingering && s->ex == NULL && pcr_sock_pending(sock) == 0)
+    if (s->closing && s->state != H1_LINGER && s->ex == NULL && pcr_sock_pending(sock) == 0)
         close_written(s);
 }
 
@@ -754,6 +771,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
             pcr_sock_want_drain(s->sock, 0); /* on_drain closes once the output is out */
         return;
     }
+    h1_to(s, H1_IDLE);
     http_parser_pause(&s->parser, 0);
     if (s->read_paused) {
         s->read_paused = 0;
@@ -769,7 +787,7 @@ static void h1_drain(pcr_session_t *base)
 {
     h1_sess_t *s = (h1_sess_t *)base;
     s->draining = 1;
-    if (s->lingering || s->ex == NULL || !pcr_exchange_running(s->ex))
+    if (s->state == H1_LINGER || s->ex == NULL || !pcr_exchange_running(s->ex))
         h1_close(s); /* idle: nothing to finish */
     else
         s->closing = 1;
@@ -817,12 +835,11 @@ int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     pcr_session_register(w, &s->base, &h1_session_ops);
     pcr_sock_set_cbs(sock, &h1_sock_cbs, s);
     pcr_sock_set_write_timeout(sock, w->cfg->timeouts.client_write_ms);
-    s->mode = T_BUSY; /* so that the first update arms the right deadline */
+    s->state = H1_BUSY; /* entering IDLE arms its deadline and puts it on the waiting list */
+    h1_to(s, H1_IDLE);
     pcr_sock_read_start(sock);
     /* The handshake already read the first bytes of a request head. */
     if (evbuffer_get_length(pcr_sock_input(sock)) > 0)
         on_read(sock, s);
-    else
-        update_timer(s);
     return 0;
 }

@@ -25,6 +25,7 @@
 #include <event2/event.h>
 
 #include "evmem.h"
+#include "log.h"
 #include "upstream_int.h"
 
 void pcr_pool_init(pcr_pool_t *pool, pcr_backend_t *be, struct event_base *base,
@@ -56,11 +57,53 @@ void pcr_pool_dispose(pcr_pool_t *pool)
     pcr_upstream_close_idle(pool);
 }
 
+static const char *const upr_state_name[] = {"READY", "WAITING", "HELD", "ON_CONN"};
+
+/* Which states each state may move to (bit per pcr_upr_state_t): the picture in upstream_int.h. */
+static const unsigned upr_next[] = {
+    [UPR_READY] = 1u << UPR_WAITING | 1u << UPR_HELD | 1u << UPR_ON_CONN,
+    [UPR_WAITING] = 1u << UPR_READY,
+    [UPR_HELD] = 1u << UPR_READY,
+    [UPR_ON_CONN] = 1u << UPR_READY,
+};
+
+/* The one place a request's state changes, with what is counted per state: the backend's and
+ * the pool's held gauges and the time spent held; its client's requests on pod connections
+ * from its first connection on. A move the picture does not have is a bug: logged, and made. */
+void pcr_upreq_to(pcr_upreq_t *r, pcr_upr_state_t to)
+{
+    pcr_upr_state_t from = r->state;
+    pcr_pool_t *pool = r->pool;
+    if (from == to)
+        return;
+    if (!(upr_next[from] & (1u << to)))
+        pcr_log_warn("backend %s: invalid state transition of an upstream request: %s -> %s",
+                     pool->be->conf.name, upr_state_name[from], upr_state_name[to]);
+    if (from == UPR_HELD) {
+        uint64_t now = pcr_now_us();
+        r->held_us += now > r->t_queued ? now - r->t_queued : 0;
+        pool->nheld--;
+        PCR_SUB(pool->be->held, 1);
+    }
+    if (to == UPR_HELD) {
+        r->held = 1;
+        pool->nheld++;
+        PCR_ADD(pool->be->held, 1);
+        PCR_ADD(pool->be->held_total, 1);
+    }
+    if (to == UPR_ON_CONN && !r->busy) {
+        r->busy = 1;
+        if (r->owner != NULL)
+            (*r->owner)++;
+    }
+    r->state = to;
+}
+
 void pcr_upreq_free(pcr_upreq_t *r)
 {
     if (r == NULL)
         return;
-    if (r->queued)
+    if (pcr_upreq_queued(r))
         pcr_upq_take(r);
     if (r->busy && r->owner != NULL)
         (*r->owner)--;
@@ -97,11 +140,10 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, const pcr_up_send_t *req,
     r->cbs = cbs;
     r->ctx = ctx;
     r->owner = cbs->owner != NULL ? cbs->owner(ctx) : NULL;
-    r->budgeted = req->kind != PCR_UP_PLAIN;
-    r->estimated = req->kind == PCR_UP_UNSTREAMED && req->prefill > 0;
-    r->prefill = r->budgeted ? req->prefill : 0;
+    r->kind = req->kind;
+    r->prefill = pcr_upreq_budgeted(r) ? req->prefill : 0;
     const pcr_up_prefix_t *prefix = req->prefix;
-    if (r->budgeted && prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
+    if (pcr_upreq_budgeted(r) && prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
         r->prefix = *prefix;
     pool->transport->dispatch(r);
     return r;

@@ -184,7 +184,7 @@ static void conn_to_pool(pcr_upconn_t *c)
     c->req = NULL;
     c->reused = 1;
     pcr_upreq_t *w = pcr_upq_next(pool);
-    if (w != NULL && !w->fresh) {
+    if (w != NULL && !w->resent) {
         pcr_upq_take(w);
         conn_assign(c, w);
         return;
@@ -245,7 +245,7 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
         return;
     if (stale && !r->resent) {
         r->resent = 1;
-        r->fresh = 1;
+        pcr_upreq_to(r, UPR_READY);
         h1_dispatch(r); /* still charged: it is not held again */
         return;
     }
@@ -410,11 +410,7 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
     r->conn = c;
-    if (!r->busy) {
-        r->busy = 1;
-        if (r->owner != NULL)
-            (*r->owner)++;
-    }
+    pcr_upreq_to(r, UPR_ON_CONN);
     pcr_upq_charge(r);
     c->got_bytes = c->got_head = c->done = c->malformed = 0;
     c->nh = c->hlen = 0;
@@ -474,14 +470,14 @@ static pcr_upconn_t *conn_open(pcr_pool_t *pool)
 static void h1_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
-    if (r->budgeted && !r->charged &&
+    if (pcr_upreq_budgeted(r) && !r->charged &&
         ((!pcr_upq_open(pool) && !pcr_hold_small(r->prefill)) || pcr_upq_bringer(pool, r) != NULL)) {
         /* The backend's prefill queue is full (and this one's own prefill is not too small
          * to matter), or what it counts on waits. */
         pcr_upq_add(r, 1);
         return;
     }
-    pcr_upconn_t *c = r->fresh ? NULL : TAILQ_FIRST(&pool->idle);
+    pcr_upconn_t *c = r->resent ? NULL : TAILQ_FIRST(&pool->idle);
     if (c != NULL) {
         TAILQ_REMOVE(&pool->idle, c, idle_link);
         c->in_idle = 0;
@@ -489,7 +485,7 @@ static void h1_dispatch(pcr_upreq_t *r)
         conn_assign(c, r);
         return;
     }
-    if (pool->nconns >= pool->max_connections && r->fresh &&
+    if (pool->nconns >= pool->max_connections && r->resent &&
         (c = TAILQ_LAST(&pool->idle, pcr_upconn_idle)) != NULL)
         conn_close(c); /* room for the fresh connection: the oldest idle one goes */
     if (pool->nconns < pool->max_connections) {

@@ -20,8 +20,23 @@
 #define HOLD_SCAN 1024
 #define MAX_RESP_HEADER_BYTES 65536
 
+/* Where a request stands; pcr_upreq_to() alone changes it.
+ *
+ *   READY -> WAITING | HELD -> READY -> ON_CONN -> (end)
+ *   READY -> ON_CONN -> READY (a stale pooled connection: re-sent once) -> ...
+ *
+ * A request ends (pcr_upreq_free) from any state. */
+typedef enum {
+    UPR_READY,    /* neither queued nor on a connection: new, taken off the queue, or re-sent */
+    UPR_WAITING,  /* in pool->waiters for a connection slot */
+    UPR_HELD,     /* in pool->waiters because the pod's prefill budget is spent (or what it
+                     counts on waits): the backend's `held` gauge */
+    UPR_ON_CONN,  /* on a connection (r->conn): connecting, written, or its answer arriving */
+} pcr_upr_state_t;
+
 struct pcr_upreq {
     pcr_pool_t *pool;
+    pcr_upr_state_t state;
     pcr_upconn_t *conn;              /* NULL while waiting for a slot */
     struct evbuffer *request;        /* the bytes to send, kept for the one stale-conn re-send */
     struct evbuffer *body;           /* the caller's, sent after them by reference (or NULL) */
@@ -37,18 +52,30 @@ struct pcr_upreq {
     uint64_t ahead;                  /* the backend's sent_prefill when it was charged */
     uint64_t t_sent;                 /* when it was charged (went to the pod), us */
     pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
-    int budgeted;                    /* a completion: counts against routing.hold_tokens, may
-                                        be held */
-    int estimated;                   /* not streamed: its prefill leaves at an estimate */
+    pcr_up_kind_t kind;              /* what it is to the prefill budget (fixed) */
+    /* Flags that are not where it stands. `charged` follows its prefill, which leaves the count
+     * at the first token (or the estimate) while the request stays on its connection, and stays
+     * counted through a re-send; the next three are its history; `paused` is the client side's
+     * backpressure, in whatever state. */
     int charged;                     /* its prefill is in pool->sent_prefill */
-    int held;                        /* was queued because the budget was spent */
-    int in_hold;                     /* ... and still is (the backend's `held` gauge) */
-    int queued;
-    int resent;                      /* already re-sent once after a stale pooled connection */
-    int busy;                        /* counted in *owner: it has had a connection */
-    int fresh;                       /* must go on a new connection */
+    int held;                        /* has been HELD (pcr_upstream_prefill_done reports it) */
+    int resent;                      /* re-sent once after a stale pooled connection: it goes on
+                                        a new connection */
+    int busy;                        /* counted in *owner: it has been ON_CONN */
     int paused;
 };
+
+/* A completion: counts against routing.hold_tokens and may be held. */
+static inline int pcr_upreq_budgeted(const pcr_upreq_t *r) { return r->kind != PCR_UP_PLAIN; }
+/* Not streamed: its prefill leaves the count at the caller's estimate (cbs->prefill_us). */
+static inline int pcr_upreq_estimated(const pcr_upreq_t *r)
+{
+    return r->kind == PCR_UP_UNSTREAMED && r->prefill > 0;
+}
+static inline int pcr_upreq_queued(const pcr_upreq_t *r)
+{
+    return r->state == UPR_WAITING || r->state == UPR_HELD;
+}
 
 struct pcr_upconn {
     pcr_pool_t *pool;
@@ -103,8 +130,10 @@ static inline const pcr_timeouts_conf_t *tmo(const pcr_pool_t *pool)
     return &(*pool->cfg)->timeouts;
 }
 
-/* upstream.c: a request's end. free: no callback; fail: detached from its connection, then its
- * owner's on_error. */
+/* upstream.c: a request's move to another state (the accounting that goes with it: the owner's
+ * count on its first connection, the held gauges and time); a request's end. free: no callback;
+ * fail: a request with no connection, then its owner's on_error. */
+void pcr_upreq_to(pcr_upreq_t *r, pcr_upr_state_t to);
 void pcr_upreq_free(pcr_upreq_t *r);
 void pcr_upreq_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head);
 

@@ -68,13 +68,13 @@ static void prefill_arm(pcr_upreq_t *r)
 
 void pcr_upq_charge(pcr_upreq_t *r)
 {
-    if (r->budgeted && !r->charged) {
+    if (pcr_upreq_budgeted(r) && !r->charged) {
         r->ahead = PCR_LOAD(r->pool->be->sent_prefill);
         r->t_sent = pcr_now_us();
         r->pool->sent_prefill += r->prefill;
         PCR_ADD(r->pool->be->sent_prefill, r->prefill);
         r->charged = 1;
-        if (r->estimated)
+        if (pcr_upreq_estimated(r))
             prefill_arm(r);
     }
 }
@@ -116,11 +116,12 @@ static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go
     double rank = 0;
     unsigned seen = 0, fewest = 0;
     for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
-        if ((held_only && !w->in_hold) ||
-            (w->budgeted && !streams_go && (w->in_hold || !pcr_hold_small(w->prefill))))
+        int held = w->state == UPR_HELD;
+        if ((held_only && !held) ||
+            (pcr_upreq_budgeted(w) && !streams_go && (held || !pcr_hold_small(w->prefill))))
             continue;
         unsigned busy = owner_busy(w);
-        double k = rank_at(now, w->t_queued, w->budgeted ? w->prefill : 0);
+        double k = rank_at(now, w->t_queued, w->prefill);
         if (best == NULL || busy < fewest || (busy == fewest && k > rank)) {
             best = w;
             rank = k;
@@ -220,13 +221,9 @@ void pcr_upq_add(pcr_upreq_t *r, int hold)
         evtimer_add(r->wait_timer, &wt);
     }
     TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);
-    r->queued = 1;
     r->t_queued = pcr_upq_budget(pool) ? pcr_now_us() : 0;
+    pcr_upreq_to(r, hold ? UPR_HELD : UPR_WAITING);
     if (hold) {
-        r->held = r->in_hold = 1;
-        pool->nheld++;
-        PCR_ADD(pool->be->held, 1);
-        PCR_ADD(pool->be->held_total, 1);
         if (pool->best_held == NULL && slot_free(pool))
             publish(pool, r); /* it ranks 0 now: an older one, if any, stays the next */
     }
@@ -236,18 +233,12 @@ void pcr_upq_add(pcr_upreq_t *r, int hold)
 void pcr_upq_take(pcr_upreq_t *r)
 {
     TAILQ_REMOVE(&r->pool->waiters, r, wait_link);
-    r->queued = 0;
     if (r->wait_timer)
         evtimer_del(r->wait_timer);
-    if (r->in_hold) {
-        uint64_t now = pcr_now_us();
-        r->held_us += now > r->t_queued ? now - r->t_queued : 0;
-        r->in_hold = 0;
-        r->pool->nheld--;
-        PCR_SUB(r->pool->be->held, 1);
-        if (r == r->pool->best_held)
-            publish_best(r->pool);
-    }
+    int was_held = r->state == UPR_HELD;
+    pcr_upreq_to(r, UPR_READY);
+    if (was_held && r == r->pool->best_held)
+        publish_best(r->pool);
 }
 
 /* Who waits and may go next, or NULL: of the waiters whose client has fewest requests on pod
@@ -272,7 +263,7 @@ pcr_upreq_t *pcr_upq_bringer(pcr_pool_t *pool, const pcr_upreq_t *r)
     unsigned seen = 0;
     for (pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters); w != NULL && seen < HOLD_SCAN;
          w = TAILQ_NEXT(w, wait_link), seen++) {
-        if (w != r && w->in_hold && w->prefix.blocks != NULL &&
+        if (w != r && w->state == UPR_HELD && w->prefix.blocks != NULL &&
             pcr_hold_depends(r->prefix.blocks, r->prefix.nblocks, r->prefix.matched,
                              w->prefix.blocks, w->prefix.nblocks, w->prefix.added_from))
             return w;
@@ -287,7 +278,7 @@ pcr_upreq_t *pcr_upq_bringer(pcr_pool_t *pool, const pcr_upreq_t *r)
 pcr_upreq_t *pcr_upq_next(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = waiter_next(pool);
-    if (w == NULL || !w->in_hold)
+    if (w == NULL || w->state != UPR_HELD)
         return w;
     if (other_goes_first(pool, w))
         return NULL;
@@ -305,7 +296,7 @@ static void pool_kick(pcr_pool_t *pool)
     while (slot_free(pool) && (w = pcr_upq_next(pool)) != NULL) {
         pcr_upq_take(w);
         pool->transport->dispatch(w);
-        if (w->queued)
+        if (pcr_upreq_queued(w))
             break; /* no connection after all (out of memory): it waits again */
     }
     publish_best(pool);
@@ -343,7 +334,7 @@ static void prefill_due(evutil_socket_t fd, short what, void *arg)
 static void on_wait_timeout(evutil_socket_t fd, short what, void *arg)
 {
     pcr_upreq_t *r = arg;
-    pcr_upreq_fail(r, r->in_hold ? PCR_UP_HELD : PCR_UP_POOL_FULL, 0);
+    pcr_upreq_fail(r, r->state == UPR_HELD ? PCR_UP_HELD : PCR_UP_POOL_FULL, 0);
 }
 
 void pcr_upstream_fail_held(pcr_pool_t *pool)
@@ -352,7 +343,7 @@ void pcr_upstream_fail_held(pcr_pool_t *pool)
      * so no pointer is kept across one. */
     while (pool->nheld > 0) {
         pcr_upreq_t *r = TAILQ_FIRST(&pool->waiters);
-        while (r != NULL && !r->in_hold)
+        while (r != NULL && r->state != UPR_HELD)
             r = TAILQ_NEXT(r, wait_link);
         if (r == NULL)
             break;

@@ -5,6 +5,10 @@
 #ifndef PCR_COMMON_H
 #define PCR_COMMON_H
 
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
 enum {
     PCR_OK            = 0,
     PCR_ERR_NOMEM     = -1,  /* an allocation failed; the structure is left valid */
@@ -37,6 +41,33 @@ static inline const char *pcr_strerror(int err)
 }
 
 #define PCR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* A growable buffer's one way to grow, with a hard cap: makes the buffer `*bufp` (a pointer to
+ * any pointer to bytes, e.g. `&b->p`) hold at least `need` bytes, its capacity `*cap` doubling
+ * from `first` but never past `max`. `re` is the allocator's realloc (NULL: realloc). Returns 0;
+ * PCR_ERR_TOO_LARGE when `need` is over `max`, PCR_ERR_NOMEM when the allocation fails: then
+ * the buffer and `*cap` are unchanged. */
+static inline int pcr_grow(void *bufp, size_t *cap, size_t need, size_t first, size_t max,
+                           void *(*re)(void *, size_t))
+{
+    if (need <= *cap)
+        return PCR_OK;
+    if (need > max)
+        return PCR_ERR_TOO_LARGE;
+    size_t ncap = *cap ? *cap : (first ? first : 1);
+    while (ncap < need)
+        ncap = ncap > max / 2 ? max : ncap * 2;
+    if (ncap > max)
+        ncap = max;
+    void *old, *nb;
+    memcpy(&old, bufp, sizeof(old));
+    nb = (re != NULL ? re : realloc)(old, ncap);
+    if (nb == NULL)
+        return PCR_ERR_NOMEM;
+    memcpy(bufp, &nb, sizeof(nb));
+    *cap = ncap;
+    return PCR_OK;
+}
 
 /* A token as pcrouter counts one before a pod says: 4 bytes of canonical prompt. Capacities in
  * tokens become blocks with it, and predicted cached tokens come from matched blocks with it. */

@@ -86,16 +86,10 @@ int pcr_body_nomem(pcr_body_reader_t *r)
 
 static int buf_put(buf_t *b, const void *data, size_t n)
 {
-    if (b->len + n + 1 > b->cap) {
-        size_t ncap = b->cap ? b->cap : 256;
-        while (ncap < b->len + n + 1)
-            ncap *= 2;
-        char *np = realloc(b->p, ncap);
-        if (np == NULL)
-            return PCR_ERR_NOMEM;
-        b->p = np;
-        b->cap = ncap;
-    }
+    /* Kept for tests and tools only (keep_canonical), which read bodies far below the cap. */
+    int rc = pcr_grow(&b->p, &b->cap, b->len + n + 1, 256, (size_t)1 << 30, NULL);
+    if (rc != 0)
+        return rc;
     memcpy(b->p + b->len, data, n);
     b->len += n;
     b->p[b->len] = '\0';

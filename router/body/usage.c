@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "pcr/common.h"
 #include "evmem.h"
 #include "usage.h"
 
@@ -80,20 +81,10 @@ void pcr_usage_dispose(pcr_usage_t *u)
  * ran out: then the copy is given up the same way). */
 static int buf_add(pcr_usage_t *u, const char *data, size_t n, size_t max)
 {
-    if (u->len + n > max)
+    /* From the thread's kept blocks (evmem.h): one of these per answer, 2-4 KiB for a short
+     * completion, is past malloc's per-thread caches. */
+    if (pcr_grow(&u->buf, &u->cap, u->len + n, 4096, max, pcr_evmem_realloc) != 0)
         return -1;
-    if (u->len + n > u->cap) {
-        /* From the thread's kept blocks (evmem.h): one of these per answer, 2-4 KiB for a
-         * short completion, is past malloc's per-thread caches. */
-        size_t ncap = u->cap ? u->cap : 4096;
-        while (ncap < u->len + n)
-            ncap *= 2;
-        char *nb = pcr_evmem_realloc(u->buf, ncap > max ? max : ncap);
-        if (nb == NULL)
-            return -1;
-        u->buf = nb;
-        u->cap = ncap > max ? max : ncap;
-    }
     memcpy(u->buf + u->len, data, n);
     u->len += n;
     return 0;

@@ -1331,14 +1331,12 @@ pcr_config_t *pcr_config_load(const char *path, char **errors)
     }
     for (;;) {
         if (len == cap) {
-            cap = cap ? cap * 2 : 16384;
-            char *nb = cap <= CONFIG_MAX_FILE_BYTES + 1 ? realloc(buf, cap) : NULL;
-            if (nb == NULL) {
-                pcr_cfg_err_at(&c, 0, 0, "cannot read: %s", cap > CONFIG_MAX_FILE_BYTES + 1
+            int rc = pcr_grow(&buf, &cap, len + 1, 16384, CONFIG_MAX_FILE_BYTES + 1, NULL);
+            if (rc != 0) {
+                pcr_cfg_err_at(&c, 0, 0, "cannot read: %s", rc == PCR_ERR_TOO_LARGE
                                ? "larger than 16 MiB, surely not a config file" : strerror(ENOMEM));
                 goto cleanup;
             }
-            buf = nb;
         }
         size_t got = fread(buf + len, 1, cap - len, f);
         len += got;

@@ -17,17 +17,10 @@
 
 int pcr_cfg_path_append(pcr_cfg_path_t *pb, const char *add, size_t n)
 {
-    if (pb->len + n + 1 > pb->cap) {
-        size_t cap = pb->cap ? pb->cap : 64;
-        while (cap < pb->len + n + 1)
-            cap *= 2;
-        char *s = realloc(pb->s, cap);
-        if (s == NULL) {
-            pb->nomem = 1;
-            return PCR_ERR_NOMEM;
-        }
-        pb->s = s;
-        pb->cap = cap;
+    /* A key path names keys of one config file, which is at most 16 MiB (config.c). */
+    if (pcr_grow(&pb->s, &pb->cap, pb->len + n + 1, 64, 16u * 1024 * 1024 + 1, NULL) != 0) {
+        pb->nomem = 1;
+        return PCR_ERR_NOMEM;
     }
     memcpy(pb->s + pb->len, add, n);
     pb->len += n;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pcr/common.h"
 #include "bus.h"
 #include "server.h"
 
@@ -94,18 +95,10 @@ static void put(pcr_bus_t *bus, inbox_t *ib, const msg_t *m, const uint64_t *blo
         PCR_ADD(bus->dropped, 1);
         return;
     }
-    if (ib->len + need > ib->cap) {
-        size_t ncap = ib->cap ? ib->cap * 2 : 16384;
-        while (ncap < ib->len + need)
-            ncap *= 2;
-        unsigned char *nb = realloc(ib->buf, ncap);
-        if (nb == NULL) {
-            pthread_mutex_unlock(&ib->mu);
-            PCR_ADD(bus->dropped, 1);
-            return;
-        }
-        ib->buf = nb;
-        ib->cap = ncap;
+    if (pcr_grow(&ib->buf, &ib->cap, ib->len + need, 16384, PCR_BUS_MAX_BYTES, NULL) != 0) {
+        pthread_mutex_unlock(&ib->mu);
+        PCR_ADD(bus->dropped, 1);
+        return;
     }
     memcpy(ib->buf + ib->len, m, sizeof(*m));
     if (m->nblocks && blocks != NULL)

@@ -25,6 +25,7 @@
 #include <cjson/cJSON.h>
 #include <http_parser.h>
 
+#include "pcr/common.h"
 #include "budget.h"
 #include "bus.h"
 #include "exchange_int.h"
@@ -238,14 +239,11 @@ int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len)
 
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
 {
-    if (len + 1 > ex->path_cap) {
-        size_t cap = len + 1 > 128 ? len + 1 : 128;
-        char *p = realloc(ex->path_buf, cap);
-        if (p == NULL)
-            return PCR_ERR_NOMEM;
-        ex->path_buf = p;
-        ex->path_cap = cap;
-    }
+    /* The sessions keep a request's head within limits.max_header_bytes, its path included. */
+    int rc = pcr_grow(&ex->path_buf, &ex->path_cap, len + 1, 128,
+                      ex->w->cfg->limits.max_header_bytes + 1, NULL);
+    if (rc != 0)
+        return rc;
     memcpy(ex->path_buf, path, len);
     ex->path_buf[len] = '\0';
     ex->path = ex->path_buf;
@@ -265,16 +263,11 @@ void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin, un
 
 static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)
 {
-    if (ex->hlen + len > ex->hcap) {
-        size_t ncap = ex->hcap ? ex->hcap * 2 : 512;
-        while (ncap < ex->hlen + len)
-            ncap *= 2;
-        char *nb = realloc(ex->hbuf, ncap);
-        if (nb == NULL)
-            return PCR_ERR_NOMEM;
-        ex->hbuf = nb;
-        ex->hcap = ncap;
-    }
+    /* The sessions keep a request's header fields within limits.max_header_bytes. */
+    int rc = pcr_grow(&ex->hbuf, &ex->hcap, ex->hlen + len, 512,
+                      ex->w->cfg->limits.max_header_bytes, NULL);
+    if (rc != 0)
+        return rc;
     ex->hoff[ex->nh] = ex->hlen;
     ex->hsz[ex->nh] = len;
     memcpy(ex->hbuf + ex->hlen, s, len);
@@ -290,9 +283,8 @@ int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, c
         return PCR_ERR_INVAL;
     if (ex->nh + 2 > PCR_MAX_REQ_HEADERS * 2)
         return PCR_ERR_TOO_LARGE;
-    if (hbuf_put(ex, name, nlen) < 0 || hbuf_put(ex, value, vlen) < 0)
-        return PCR_ERR_NOMEM;
-    return 0;
+    int rc = hbuf_put(ex, name, nlen);
+    return rc != 0 ? rc : hbuf_put(ex, value, vlen);
 }
 
 static const pcr_route_t *route_find(const pcr_exchange_t *ex);

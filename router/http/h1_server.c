@@ -53,6 +53,7 @@
 #include <event2/event.h>
 #include <http_parser.h>
 
+#include "pcr/common.h"
 #include "budget.h"
 #include "exchange.h"
 #include "http1.h"
@@ -281,18 +282,12 @@ static const pcr_exchange_ops_t h1_ops = {op_send_head, op_send_body, op_send_en
 
 /* ---- request parsing ----------------------------------------------------------------- */
 
-static int grow_append(char **buf, size_t *len, size_t *cap, const char *at, size_t n)
+/* Appends to the target, a header name or a value: count_header_bytes() has kept the head's
+ * bytes within limits.max_header_bytes. */
+static int grow_append(h1_sess_t *s, char **buf, size_t *len, size_t *cap, const char *at, size_t n)
 {
-    if (*len + n + 1 > *cap) {
-        size_t ncap = *cap ? *cap * 2 : 256;
-        while (ncap < *len + n + 1)
-            ncap *= 2;
-        char *nb = realloc(*buf, ncap);
-        if (nb == NULL)
-            return -1;
-        *buf = nb;
-        *cap = ncap;
-    }
+    if (pcr_grow(buf, cap, *len + n + 1, 256, s->w->cfg->limits.max_header_bytes + 1, NULL) != 0)
+        return -1;
     memcpy(*buf + *len, at, n);
     *len += n;
     (*buf)[*len] = '\0';
@@ -372,7 +367,7 @@ static int on_url(http_parser *p, const char *at, size_t n)
     h1_sess_t *s = p->data;
     if (count_header_bytes(s, n) < 0)
         return -1;
-    return grow_append(&s->url, &s->url_len, &s->url_cap, at, n);
+    return grow_append(s, &s->url, &s->url_len, &s->url_cap, at, n);
 }
 
 static int on_header_field(http_parser *p, const char *at, size_t n)
@@ -385,7 +380,7 @@ static int on_header_field(http_parser *p, const char *at, size_t n)
     if (s->in_value && flush_header(s) < 0)
         return -1;
     pcr_fold_field(&s->fold);
-    return grow_append(&s->name, &s->name_len, &s->name_cap, at, n);
+    return grow_append(s, &s->name, &s->name_len, &s->name_cap, at, n);
 }
 
 static int on_header_value(http_parser *p, const char *at, size_t n)
@@ -398,7 +393,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
     if (pcr_fold_value(&s->fold, at, n) < 0)
         return refuse(s, 400, "obsolete line folding (obs-fold) in a header field");
     s->in_value = 1;
-    return grow_append(&s->value, &s->value_len, &s->value_cap, at, n);
+    return grow_append(s, &s->value, &s->value_len, &s->value_cap, at, n);
 }
 
 /* The request target: origin-form as is; absolute-form ("http://host/path") as its path. */

@@ -25,6 +25,7 @@
 #include <event2/event.h>
 #include <http_parser.h>
 
+#include "pcr/common.h"
 #include "log.h"
 #include "pcr/hold.h"
 #include "upstream_int.h"
@@ -68,16 +69,8 @@ static int hdr_append(pcr_upconn_t *c, const char *at, size_t len, int is_value)
         c->nh++;
         c->last_was_value = is_value;
     }
-    if (c->hlen + len > c->hcap) {
-        size_t ncap = c->hcap ? c->hcap * 2 : 1024;
-        while (ncap < c->hlen + len)
-            ncap *= 2;
-        char *nb = realloc(c->hbuf, ncap);
-        if (nb == NULL)
-            return -1;
-        c->hbuf = nb;
-        c->hcap = ncap;
-    }
+    if (pcr_grow(&c->hbuf, &c->hcap, c->hlen + len, 1024, MAX_RESP_HEADER_BYTES, NULL) != 0)
+        return -1;
     memcpy(c->hbuf + c->hlen, at, len);
     c->hlen += len;
     c->hsz[c->nh - 1] += len;

@@ -145,7 +145,8 @@ void pcr_backends_retime(pcr_server_t *srv)
     const pcr_config_t *cfg = srv->cfg;
     struct timeval ptv = pcr_ms_to_tv(cfg->outlier.probe_ms);
     event_add(srv->probe_tick, &ptv);
-    /* A backend whose health checks were off starts them, whatever the scrape does. */
+    /* Each backend's checks follow health.interval_ms (started, stopped, started again), whatever
+     * the scrape does. */
     for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);
         if (be != NULL)

@@ -73,12 +73,20 @@ void pcr_health_first(pcr_backend_t *be)
     }
 }
 
+/* A reload may turn checks on (a backend without a timer gets one), off (the timer stops; a
+ * check in flight ends without scheduling another), or on again: then the timer of the first
+ * turn is idle, neither pending nor behind a check in flight, and is armed again. */
 void pcr_health_retime(pcr_backend_t *be)
 {
-    if (be->srv->cfg->health.interval_ms > 0 && be->health_timer == NULL) {
-        be->health_timer = evtimer_new(be->srv->base, on_health_timer, be);
-        health_schedule(be);
+    if (be->srv->cfg->health.interval_ms == 0) {
+        pcr_health_stop(be);
+        return;
     }
+    if (be->health_timer == NULL)
+        be->health_timer = evtimer_new(be->srv->base, on_health_timer, be);
+    if (be->health_timer != NULL && be->health_req == NULL &&
+        !evtimer_pending(be->health_timer, NULL))
+        health_schedule(be);
 }
 
 void pcr_health_stop(pcr_backend_t *be)

@@ -13,7 +13,8 @@ int pcr_health_init(pcr_backend_t *be);
 void pcr_health_first(pcr_backend_t *be);
 /* Sends one check now, unless one is in flight (a probe of an ejected backend). */
 void pcr_health_start(pcr_backend_t *be);
-/* Checks were turned on by a reload: a backend without a timer gets one and is checked. */
+/* A reload set health.interval_ms: 0 stops the checks; otherwise a backend whose checks are not
+ * running (never started, or stopped by an earlier reload) is checked after one interval. */
 void pcr_health_retime(pcr_backend_t *be);
 /* The backend left: no further check is scheduled (one in flight ends on its own). */
 void pcr_health_stop(pcr_backend_t *be);

@@ -9,6 +9,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import time
 
 from conftest import (QUIET_SCRAPE, CurlStream, Load, RawConn, assert_error, completion, curl,
                       get_metrics, http_request, make_config, metric, wait_for)
@@ -361,4 +362,31 @@ def test_reload_turns_health_checks_on_with_scraping_off(stub_factory, router_fa
     wait_for(lambda: since(r, start, r"backend pod-a is down after"), 10,
              what="pod-a marked down by the checks the reload started")
     assert a.stats()["requests"].get("/health", 0) >= 2
+    assert curl(r.url("/health")).status == 503
+
+
+def test_reload_turns_health_checks_on_off_and_on_again(stub_factory, router_factory):
+    """Checks turned on, off, then on again by reloads run again: the checks of the second
+    turn find the pod failing and mark it down. Before the fix the timer of the first turn,
+    left idle when the checks were turned off, was never armed again."""
+    a = stub_factory("pod-a")
+    on = dict(interval_ms=100, timeout_ms=1000, fall=2)
+    r = router_factory(make_config([a], health=on, scrape=QUIET_SCRAPE))
+    checks = lambda: a.stats()["requests"].get("/health", 0)
+    wait_for(lambda: checks() >= 2, 10, what="the first turn's checks")
+    reload(r, make_config([a], health={"interval_ms": 0}, scrape=QUIET_SCRAPE))
+    # Off: the check in flight or due at the reload is the last. Seen once no check came for
+    # ten intervals.
+    last = {"n": -1, "at": 0.0}
+
+    def quiet():
+        n, now = checks(), time.monotonic()
+        if n != last["n"]:
+            last.update(n=n, at=now)
+        return now - last["at"] >= 1.0
+    wait_for(quiet, 15, 0.05, "no check while they are off")
+    a.configure(health_status=503)
+    start = reload(r, make_config([a], health=on, scrape=QUIET_SCRAPE))
+    wait_for(lambda: since(r, start, r"backend pod-a is down after"), 10,
+             what="pod-a marked down by the checks of the second turn")
     assert curl(r.url("/health")).status == 503

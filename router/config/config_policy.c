@@ -18,7 +18,7 @@ void pcr_config_policy_opts(const pcr_config_t *cfg, unsigned nworkers, pcr_poli
     o->index_events = cfg->routing.index_events;
     o->kv_block_tokens = cfg->routing.kv_block_tokens;
     /* The workers' replicas see each other's decisions only at their next one: two at the same
-     * moment may both take a pod's last request under the share bound (live, 138 where the
-     * bound is 137, in 6 of 87 runs with two workers, in none of 26 with one). */
+     * moment may both take a pod's last request under the share bound, so each keeps one
+     * request in hand per other worker (what was seen live: docs/TUNING.md). */
     o->share_margin = nworkers > 1 ? nworkers - 1 : 0;
 }

@@ -42,16 +42,18 @@ static inline const char *pcr_strerror(int err)
 
 #define PCR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
-/* A growable buffer's one way to grow, with a hard cap: makes the buffer `*bufp` (a pointer to
- * any pointer to bytes, e.g. `&b->p`) hold at least `need` bytes, its capacity `*cap` doubling
- * from `first` but never past `max`. `re` is the allocator's realloc (NULL: realloc). Returns 0;
- * PCR_ERR_TOO_LARGE when `need` is over `max`, PCR_ERR_NOMEM when the allocation fails: then
- * the buffer and `*cap` are unchanged. */
-static inline int pcr_grow(void *bufp, size_t *cap, size_t need, size_t first, size_t max,
-                           void *(*re)(void *, size_t))
+/* A growable array's one way to grow, with a hard cap: makes the array `*bufp` (a pointer to
+ * any pointer to `elem`-byte elements, e.g. `&b->p`) hold at least `need` elements, its
+ * capacity `*cap` (in elements) doubling from `first` but never past `max`. `re` is the
+ * allocator's realloc (NULL: realloc). Returns 0; PCR_ERR_TOO_LARGE when `need` is over `max`,
+ * PCR_ERR_NOMEM when the allocation fails: then the array and `*cap` are unchanged. */
+static inline int pcr_grow_elems(void *bufp, size_t *cap, size_t need, size_t elem, size_t first,
+                                 size_t max, void *(*re)(void *, size_t))
 {
     if (need <= *cap)
         return PCR_OK;
+    if (elem == 0 || max > (size_t)-1 / elem)
+        max = elem ? (size_t)-1 / elem : 0;
     if (need > max)
         return PCR_ERR_TOO_LARGE;
     size_t ncap = *cap ? *cap : (first ? first : 1);
@@ -61,12 +63,19 @@ static inline int pcr_grow(void *bufp, size_t *cap, size_t need, size_t first, s
         ncap = max;
     void *old, *nb;
     memcpy(&old, bufp, sizeof(old));
-    nb = (re != NULL ? re : realloc)(old, ncap);
+    nb = (re != NULL ? re : realloc)(old, ncap * elem);
     if (nb == NULL)
         return PCR_ERR_NOMEM;
     memcpy(bufp, &nb, sizeof(nb));
     *cap = ncap;
     return PCR_OK;
+}
+
+/* pcr_grow_elems() for a buffer of bytes. */
+static inline int pcr_grow(void *bufp, size_t *cap, size_t need, size_t first, size_t max,
+                           void *(*re)(void *, size_t))
+{
+    return pcr_grow_elems(bufp, cap, need, 1, first, max, re);
 }
 
 /* A token as pcrouter counts one before a pod says: 4 bytes of canonical prompt. Capacities in

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pcr/common.h"
 #include "config_err.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -16,15 +17,11 @@
 
 static pcr_cfg_err_t *err_new(pcr_cfg_ctx_t *c)
 {
-    if (c->nerrs == c->caperrs) {
-        size_t cap = c->caperrs ? c->caperrs * 2 : 8;
-        pcr_cfg_err_t *e = realloc(c->errs, cap * sizeof *e);
-        if (e == NULL) {
-            c->nomem = 1;
-            return NULL;
-        }
-        c->errs = e;
-        c->caperrs = cap;
+    /* At most one error per byte of a config file, which is at most 16 MiB (config.c). */
+    if (pcr_grow_elems(&c->errs, &c->caperrs, c->nerrs + 1, sizeof(*c->errs), 8,
+                       16u * 1024 * 1024, NULL) != 0) {
+        c->nomem = 1;
+        return NULL;
     }
     pcr_cfg_err_t *e = &c->errs[c->nerrs];
     memset(e, 0, sizeof *e);

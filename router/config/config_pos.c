@@ -92,14 +92,9 @@ static void scan_ws(scan_t *s)
 static int scan_record(scan_t *s, int kline, int kcol)
 {
     pcr_cfg_posmap_t *m = s->m;
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        pcr_cfg_pos_t *v = realloc(m->v, cap * sizeof *v);
-        if (v == NULL)
-            goto nomem;
-        m->v = v;
-        m->cap = cap;
-    }
+    /* One position per key of a config file, which is at most 16 MiB (config.c). */
+    if (pcr_grow_elems(&m->v, &m->cap, m->n + 1, sizeof(*m->v), 64, 16u * 1024 * 1024, NULL) != 0)
+        goto nomem;
     pcr_cfg_pos_t *e = &m->v[m->n];
     e->path = strdup(pcr_cfg_path_str(&s->path));
     if (e->path == NULL)

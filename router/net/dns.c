@@ -101,14 +101,11 @@ static void on_sock_state(void *data, ares_socket_t fd, int readable, int writab
     }
     if (what == 0)
         return;
-    if (dns->nsocks == dns->capsocks) {
-        size_t cap = dns->capsocks ? dns->capsocks * 2 : 4;
-        dns_sock_t *s = realloc(dns->socks, cap * sizeof(*s));
-        if (s == NULL)
-            return; /* unwatched: the query times out through the timer */
-        dns->socks = s;
-        dns->capsocks = cap;
-    }
+    /* Bounded by the descriptors c-ares opens, each watched once. Unwatched (no memory): the
+     * query times out through the timer. */
+    if (pcr_grow_elems(&dns->socks, &dns->capsocks, dns->nsocks + 1, sizeof(*dns->socks), 4,
+                       65536, NULL) != 0)
+        return;
     struct event *ev = event_new(dns->base, fd, (short)(what | EV_PERSIST), on_sock, dns);
     if (ev == NULL || event_add(ev, NULL) != 0) {
         if (ev != NULL)

@@ -91,20 +91,11 @@ void pcr_share_enc_reset(pcr_share_enc_t *e)
 }
 
 /* Grows the array *buf of `elem`-byte elements to hold `need` of them; 0 or PCR_ERR_NOMEM
- * (the array unchanged). */
+ * (the array unchanged). No cap of its own: a batch is as large as its caller lets it grow
+ * before it sends it (share.c sends at redis.batch_max_bytes). */
 static int grow(void **buf, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap)
-        return 0;
-    size_t ncap = *cap ? *cap : 512;
-    while (ncap < need)
-        ncap *= 2;
-    void *nb = realloc(*buf, ncap * elem);
-    if (nb == NULL)
-        return PCR_ERR_NOMEM;
-    *buf = nb;
-    *cap = ncap;
-    return 0;
+    return pcr_grow_elems(buf, cap, need, elem, 512, (size_t)-1, NULL) == 0 ? 0 : PCR_ERR_NOMEM;
 }
 
 int pcr_share_enc_add(pcr_share_enc_t *e, pcr_share_opcode_t op, unsigned backend,

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pcr/common.h"
 #include "backend.h"
 #include "pools.h"
 
@@ -28,15 +29,10 @@ static void wake_held(void *arg)
 static pcr_pool_t **table_slot(pcr_pool_t ***pools, size_t *npools, size_t id)
 {
     if (id >= *npools) {
-        size_t n = *npools ? *npools : 8;
-        while (n <= id)
-            n *= 2;
-        pcr_pool_t **np = realloc(*pools, n * sizeof(*np));
-        if (np == NULL)
+        size_t old = *npools;
+        if (pcr_grow_elems(pools, npools, id + 1, sizeof(**pools), 8, PCR_MAX_BACKENDS, NULL) != 0)
             return NULL;
-        memset(np + *npools, 0, (n - *npools) * sizeof(*np));
-        *pools = np;
-        *npools = n;
+        memset(*pools + old, 0, (*npools - old) * sizeof(**pools));
     }
     return &(*pools)[id];
 }

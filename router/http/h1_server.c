@@ -375,8 +375,8 @@ static int on_header_field(http_parser *p, const char *at, size_t n)
     h1_sess_t *s = p->data;
     if (count_header_bytes(s, n) < 0)
         return -1;
-    if (s->in_body)
-        return 0; /* a chunked body's trailer field: dropped, never merged into the headers */
+    if (s->state != H1_HEAD)
+        return 0; /* past the head: a chunked body's trailer field, dropped, never merged */
     if (s->in_value && flush_header(s) < 0)
         return -1;
     pcr_fold_field(&s->fold);
@@ -388,7 +388,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
     h1_sess_t *s = p->data;
     if (count_header_bytes(s, n) < 0)
         return -1;
-    if (s->in_body)
+    if (s->state != H1_HEAD)
         return 0; /* a trailer's value (on_header_field) */
     if (pcr_fold_value(&s->fold, at, n) < 0)
         return refuse(s, 400, "obsolete line folding (obs-fold) in a header field");

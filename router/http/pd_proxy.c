@@ -215,7 +215,9 @@ void pcr_pd_prefill(pcr_exchange_t *ex, const pcr_pd_decision_t *pdd, uint64_t n
         .matched = pdd->prefill.matched_blocks,
         .added_from = ex->pd_committed ? ex->pd_added_from : (uint32_t)ex->key.nblocks,
     };
-    ex->up = pcr_upstream_send_unstreamed(pool, req, ref, ex->prefill, &prefix, &pd_cbs, ex);
+    pcr_up_send_t send = {.head = req, .body = ref, .kind = PCR_UP_UNSTREAMED,
+                          .prefill = ex->prefill, .prefix = &prefix};
+    ex->up = pcr_upstream_send(pool, &send, &pd_cbs, ex);
     if (ex->up == NULL || ex->pd_resp == NULL) {
         if (ex->up != NULL)
             pcr_upstream_cancel(ex->up);

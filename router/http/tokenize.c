@@ -379,7 +379,7 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
     t->t0_ns = t0;
     ex->tok = t;
     PCR_INC(w->metrics.tokenize_calls);
-    t->up = pcr_upstream_send(pool, req, &tok_cbs, ex);
+    t->up = pcr_upstream_send(pool, &(pcr_up_send_t){.head = req}, &tok_cbs, ex);
     if (t->up == NULL) {
         pcr_tokenize_cancel(ex);
         ex->tokenized = 0;

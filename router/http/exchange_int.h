@@ -210,6 +210,12 @@ void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, c
  * the route table names them. Both return 0: what goes wrong is answered to the client. */
 int pcr_proxy_routed(pcr_exchange_t *ex);
 int pcr_proxy_dispatch(pcr_exchange_t *ex);
+/* proxy.c's upstream callbacks that pd_proxy.c's prefill leg shares (arg: the exchange): the
+ * pod-busy count it owns, its expected first token behind `tokens` of prefill, and that
+ * moment come. */
+unsigned *pcr_proxy_up_owner(void *arg);
+uint64_t pcr_proxy_up_prefill_us(void *arg, uint64_t tokens);
+void pcr_proxy_up_prefill_due(void *arg);
 /* proxy.c, for pd_proxy.c: the request for `be` with `src` as its body (taken by reference
  * when nothing is added: *body is then src, else NULL), and pcrouter's own X-Request-Id when
  * ex->pd_reqid is set. NULL when out of memory. `usage`: add stream_options as

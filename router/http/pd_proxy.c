@@ -357,17 +357,7 @@ static void on_leg_error(void *ctx, pcr_up_error_t err, int got_head)
     leg_failed(ex, PCR_PD_FAIL_ERROR);
 }
 
-static unsigned *on_leg_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
-
-static uint64_t on_leg_prefill_us(void *arg, uint64_t tokens)
-{
-    pcr_exchange_t *ex = arg;
-    double us = pcr_policy_estimate_ttft(ex->w->policy, ex->be->id, tokens);
-    return us > 0 ? (uint64_t)us : 0;
-}
-
-static void on_leg_prefill_due(void *arg) { pcr_exchange_prefill_due(arg); }
-
-static const pcr_upstream_cbs_t pd_cbs = {on_leg_head,  on_leg_body,       on_leg_done,
-                                          on_leg_error, on_leg_owner,      on_leg_prefill_us,
-                                          on_leg_prefill_due};
+/* The leg is held and timed as the exchange's own unstreamed completions are (proxy.c). */
+static const pcr_upstream_cbs_t pd_cbs = {on_leg_head,  on_leg_body,         on_leg_done,
+                                          on_leg_error, pcr_proxy_up_owner,  pcr_proxy_up_prefill_us,
+                                          pcr_proxy_up_prefill_due};

@@ -662,12 +662,12 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     fail_unrouted(ex);
 }
 
-static unsigned *on_up_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
+unsigned *pcr_proxy_up_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
 
 /* An unstreamed completion's first token, as the policy expects it of its pod behind `tokens`
  * of prefill (what was sent before it, and its own): at the rate learned from streams, or the
  * policy's starting one. */
-static uint64_t on_up_prefill_us(void *arg, uint64_t tokens)
+uint64_t pcr_proxy_up_prefill_us(void *arg, uint64_t tokens)
 {
     pcr_exchange_t *ex = arg;
     double us = pcr_policy_estimate_ttft(ex->w->policy, ex->be->id, tokens);
@@ -675,11 +675,11 @@ static uint64_t on_up_prefill_us(void *arg, uint64_t tokens)
 }
 
 /* ... has come: its prefill leaves the pod's queue (pcr_exchange_prefill_due). */
-static void on_up_prefill_due(void *arg) { pcr_exchange_prefill_due(arg); }
+void pcr_proxy_up_prefill_due(void *arg) { pcr_exchange_prefill_due(arg); }
 
-static const pcr_upstream_cbs_t proxy_cbs = {on_up_head,  on_up_body,       on_up_done,
-                                             on_up_error, on_up_owner,      on_up_prefill_us,
-                                             on_up_prefill_due};
+static const pcr_upstream_cbs_t proxy_cbs = {on_up_head,  on_up_body,         on_up_done,
+                                             on_up_error, pcr_proxy_up_owner, pcr_proxy_up_prefill_us,
+                                             pcr_proxy_up_prefill_due};
 
 /* Once admitted: in precise mode the prompt's tokens first (at once from the cache, or later
  * from a pod, which then dispatches), then the decision. */

@@ -188,17 +188,9 @@ static pcr_backend_t *pick_pod(pcr_exchange_t *ex)
 /* Ends the tokenization (a failure `why`, or -1 with the key's chains made) and routes. */
 static void finish(pcr_exchange_t *ex, int why)
 {
-    struct pcr_tokreq *t = ex->tok;
     pcr_worker_t *w = ex->w;
-    ex->ns_tokenize = pcr_now_ns() - t->t0_ns;
-    if (t->up != NULL)
-        pcr_upstream_cancel(t->up);
-    if (t->deadline != NULL)
-        event_free(t->deadline);
-    if (t->answer != NULL)
-        evbuffer_free(t->answer);
-    free(t);
-    ex->tok = NULL;
+    ex->ns_tokenize = pcr_now_ns() - ex->tok->t0_ns;
+    pcr_tokenize_cancel(ex);
     ex->t_hashed_ns = 0; /* the decision reads the clock anew */
     if (why >= 0) {
         PCR_INC(w->metrics.tokenize_failures[why]);

@@ -152,13 +152,23 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
     pcr_server_t *srv = r->srv;
     const pcr_config_t *cfg = r->cfg;
     char *seen = calloc(cfg->nbackends ? cfg->nbackends : 1, 1);
-    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+    /* Backends whose names the new config lacks leave after the new ones have joined, so that
+     * a worker never finds the pool empty between the two (a request would get 404 or 503).
+     * One replaced in place (same name, another url) leaves first: two of one name would
+     * share a ring position and a metrics label. */
+    size_t nslots = pcr_backend_slots(srv), nleaving = 0;
+    pcr_backend_t **leaving = calloc(nslots ? nslots : 1, sizeof(*leaving));
+    for (size_t i = 0; i < nslots; i++) {
         pcr_backend_t *be = pcr_backend_at(srv, i);
         if (be == NULL || be->discovered)
             continue;
         size_t j = 0;
         while (j < cfg->nbackends && strcmp(cfg->backends[j].name, be->conf.name) != 0)
             j++;
+        if (j == cfg->nbackends && leaving != NULL) {
+            leaving[nleaving++] = be;
+            continue;
+        }
         if (j == cfg->nbackends || !same_place(&be->conf, &cfg->backends[j])) {
             pcr_log_info("reload: backend %s leaves (it drains what it has)", be->conf.name);
             pcr_backend_remove(be);
@@ -221,6 +231,12 @@ static void apply_backends(pcr_reload_t *r, size_t *added, size_t *removed, size
             (*added)++;
         }
     }
+    for (size_t k = 0; k < nleaving; k++) {
+        pcr_log_info("reload: backend %s leaves (it drains what it has)", leaving[k]->conf.name);
+        pcr_backend_remove(leaving[k]);
+        (*removed)++;
+    }
+    free(leaving);
     free(seen);
 }
 

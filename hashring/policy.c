@@ -373,6 +373,35 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
     return 0;
 }
 
+pcr_policy_t *pcr_policy_renew(const pcr_policy_t *old, const pcr_policy_opts_t *opts)
+{
+    if (old == NULL)
+        return NULL;
+    pcr_policy_t *p = pcr_policy_new(opts, NULL, 0);
+    if (p == NULL)
+        return NULL;
+    p->clock_ns = old->clock_ns;
+    for (size_t b = 0; b < old->n; b++) {
+        const pcr_pbackend_t *ob = &old->be[b];
+        if (ob->name == NULL)
+            continue;
+        /* Blocks of the old size, counted in the new one until the caller says again. */
+        uint64_t cap = old->cap_conf[b] == PCR_INDEX_UNLIMITED ? 0 : old->cap_conf[b];
+        if (cap != 0 && opts->block_bytes != old->o.block_bytes)
+            cap = (cap * old->o.block_bytes + opts->block_bytes - 1) / opts->block_bytes;
+        pcr_backend_desc_t d = {ob->name, ob->zone, ob->weight, cap};
+        if (pcr_policy_backend_set(p, (int)b, &d) != 0) {
+            pcr_policy_free(p);
+            return NULL;
+        }
+        if (ob->down_since != 0) {
+            p->be[b].down_since = ob->down_since;
+            p->ndown++;
+        }
+    }
+    return p;
+}
+
 int pcr_policy_backend_remove(pcr_policy_t *p, int id)
 {
     if (p == NULL || id < 0 || (size_t)id >= p->n)

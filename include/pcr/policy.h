@@ -145,6 +145,12 @@ pcr_policy_t *pcr_policy_new(const pcr_policy_opts_t *opts, const pcr_backend_de
                              size_t n);
 void pcr_policy_free(pcr_policy_t *p);  /* NULL is a no-op */
 
+/* A new policy under `opts` (whose keys may mean something else: another kind, block_bytes or
+ * max_prefix_bytes, pcr_policy_tune) with `old`'s backends in the same slots: names, zones,
+ * weights, configured capacities and unavailability. It knows nothing of their caches. `old`
+ * is left as it was. NULL when out of memory or `opts` is invalid. */
+pcr_policy_t *pcr_policy_renew(const pcr_policy_t *old, const pcr_policy_opts_t *opts);
+
 /* The prefix key of one request: its canonical prompt bytes, hashed into chained blocks. */
 typedef struct {
     uint64_t *blocks;          /* chained block hashes; blocks[i] names the prefix 0..i */

@@ -409,11 +409,12 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
         break;
     case PCR_BUS_OP_TUNE:
         if (m->opts != NULL && pcr_policy_tune(policy, m->opts) != 0) {
-            /* The keys change meaning: a new, empty policy; the control thread publishes every
-             * slot's membership right after. Kept as is when even that fails. */
-            pcr_policy_t *fresh = pcr_policy_new(m->opts, NULL, 0);
+            /* The keys change meaning: a new policy with an empty index and the same
+             * backends, so that a request decided before the control thread's next messages
+             * (every slot's membership, published after the tune) still finds its pods. Kept as
+             * is when even that fails. */
+            pcr_policy_t *fresh = pcr_policy_renew(policy, m->opts);
             if (fresh != NULL) {
-                pcr_policy_set_clock(fresh, pcr_now_ns); /* as worker.c gave the first */
                 pcr_policy_free(policy);
                 *pp = fresh;
             }

@@ -113,6 +113,7 @@ struct pcr_exchange {
     uint64_t model_hash;              /* of req.model, for the pods' model lists */
     unsigned attempts;
     int panic;                        /* routed while every candidate was down or ejected */
+    int resynced;                     /* found no pod, and decided again after the bus */
     uint64_t held_us;                 /* how long it was held, over its attempts */
     int held;                         /* waited in the pool while the pod's prefill queue was
                                          full (routing.hold_tokens): no feedback from it */

@@ -200,6 +200,12 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
         /* It left between the two reads: never again for this request. */
         ex->tried[(size_t)d.backend / 64] |= 1ull << ((size_t)d.backend % 64);
     }
+    /* No pod, with the control thread's news of a reload (pods that joined, the rest of its
+     * slots) published after this worker's sync: once more with them. */
+    if (be == NULL && !ex->resynced && pcr_bus_drain(srv->bus, w->id, &w->policy) > 0) {
+        ex->resynced = 1;
+        return pcr_proxy_dispatch(ex);
+    }
     if (ex->attempts == 0 && ex->has_key && ex->pd_state == PD_NONE && ex->pd_attempts == 0)
         observe_decision(ex, match_ns, cost_ns, t_end != 0 ? t_end : pcr_now_ns());
     if (be != NULL && pd && ex->has_key && ex->pd_state == PD_NONE && ex->attempts == 0) {

@@ -1223,6 +1223,65 @@ static void test_fresh_policy_refilled_past_a_hole(void)
     }
 }
 
+/* A reload that changes the keys renews the policy: the new one knows the same backends in the
+ * same slots at once (a request decided before the control thread's messages still finds a
+ * pod), their capacities counted in the new blocks, and nothing of their caches. */
+static void test_renew_keeps_the_backends(void)
+{
+    static const pcr_policy_kind_t kinds[] = {PCR_POLICY_CACHE_AWARE, PCR_POLICY_ROUND_ROBIN,
+                                              PCR_POLICY_CONSISTENT_HASH, PCR_POLICY_LEAST_LOADED,
+                                              PCR_POLICY_CACHE_AWARE};
+    pcr_policy_t *p = make(kinds[0], NULL, 0, NULL);
+    PCR_CHECK(p != NULL);
+    pcr_backend_desc_t one = four[1], three = four[3];
+    one.capacity_blocks = three.capacity_blocks = 100;
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 1, &one), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 3, &three), 0);
+    pcr_backend_load_t l[NB];
+    memset(l, 0, sizeof(l));
+    l[1].usable = l[3].usable = 1;
+    keybuf_t kb;
+    const char *text = "a prompt the old policy saw";
+    pcr_decision_t d;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key_of(p, &kb, text, strlen(text)), l, 1, &d), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, d.backend, &kb.k, 1, NULL), 0);
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    uint64_t cap = 100; /* slot 1's, in blocks of o.block_bytes */
+    for (size_t k = 1; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        size_t old_bytes = o.block_bytes;
+        o.kind = kinds[k];
+        o.block_bytes = k % 2 ? old_bytes / 2 : old_bytes * 2;
+        cap = (cap * old_bytes + o.block_bytes - 1) / o.block_bytes;
+        PCR_CHECK_EQ_INT(pcr_policy_tune(p, &o), PCR_ERR_INVAL); /* the keys change */
+        pcr_policy_t *q = pcr_policy_renew(p, &o);
+        PCR_CHECK(q != NULL);
+        if (q == NULL)
+            break;
+        PCR_CHECK_EQ_INT(pcr_policy_backend_slots(q), 4);
+        for (int i = 0; i < 16; i++) {
+            char t[32];
+            int n = snprintf(t, sizeof(t), "prompt %d", i);
+            PCR_CHECK_EQ_INT(pcr_policy_decide(q, key_of(q, &kb, t, (size_t)n), l, 2, &d), 0);
+            PCR_CHECK(d.backend == 1 || d.backend == 3);
+        }
+        if (kinds[k] == PCR_POLICY_CACHE_AWARE) {
+            /* Nothing of the old index: the prompt the old policy placed is cold. */
+            PCR_CHECK_EQ_INT(pcr_policy_decide(q, key_of(q, &kb, text, strlen(text)), l, 3, &d), 0);
+            PCR_CHECK_EQ_INT(d.matched_blocks, 0);
+            /* The configured capacity, counted in the new blocks. */
+            PCR_CHECK_EQ_INT(pcr_policy_backend_capacity(q, 1), cap);
+        }
+        pcr_policy_free(p);
+        p = q;
+    }
+    o.block_bytes = 0; /* invalid: no policy, the old one untouched */
+    PCR_CHECK(pcr_policy_renew(p, &o) == NULL);
+    PCR_CHECK(pcr_policy_renew(NULL, &o) == NULL);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_slots(p), 4);
+    pcr_policy_free(p);
+}
+
 /* Precise mode: a key with the prompt's token chains is matched on what the pods said they
  * hold; one without them on the approximate index; a request sent counts for its pod until
  * the TTL; a restarted pod loses its entries. */
@@ -1408,6 +1467,7 @@ int main(void)
     PCR_RUN(test_cold_avoids_long_prefill_queue);
     PCR_RUN(test_membership);
     PCR_RUN(test_fresh_policy_refilled_past_a_hole);
+    PCR_RUN(test_renew_keeps_the_backends);
     PCR_RUN(test_precise_mode);
     PCR_RUN(test_backend_states);
     PCR_RUN(test_decision_timing_reads_the_clock_three_times);

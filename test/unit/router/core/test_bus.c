@@ -280,6 +280,34 @@ static void test_kv_events_reach_every_replica(void)
     pcr_bus_free(bus);
 }
 
+/* A tune that changes the keys (another policy, another block size), drained before the
+ * control thread's messages that follow it (every slot's membership): the fresh replica still
+ * knows its pods and routes. Before, it started empty and every request in between got 404. */
+static void test_tune_that_changes_the_keys_keeps_the_pods(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(1);
+    pcr_policy_t *w0 = replica();
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.kind = PCR_POLICY_LEAST_LOADED;
+    o.block_bytes *= 2;
+    pcr_bus_tune(bus, &o);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(bus, 0, &w0), 1);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_slots(w0), 3);
+    pcr_backend_load_t loads[3];
+    memset(loads, 0, sizeof(loads));
+    loads[2].usable = 1;
+    uint64_t blocks[1024];
+    pcr_key_t key;
+    memset(prompt, 'k', sizeof(prompt) - 1);
+    make_key(w0, prompt, &key, blocks);
+    pcr_decision_t d;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(w0, &key, loads, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.backend, 2);
+    pcr_policy_free(w0);
+    pcr_bus_free(bus);
+}
+
 static int tapped[8];
 
 static void on_tap(const pcr_bus_msg_t *m, void *arg)
@@ -334,6 +362,7 @@ int main(void)
     PCR_RUN(test_tune_carries_the_share_exemption);
     PCR_RUN(test_tune_carries_the_share_reserve);
     PCR_RUN(test_kv_events_reach_every_replica);
+    PCR_RUN(test_tune_that_changes_the_keys_keeps_the_pods);
     PCR_RUN(test_tap_sees_the_workers_updates_only);
     PCR_RUN(test_undrained_inbox_is_bounded);
     return pcr_test_done();

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -153,10 +154,20 @@ def attack_big_window(ctx):
     return "64 MiB responses over h2c, windows never updated: %d of %d arrived whole" % (whole, n)
 
 
-def attack_zero_window(ctx):
-    body = json.dumps(C.completion("zero window", stream=True, gate="never", events=4)).encode()
+def in_flight_to_pods(router):
+    """pcrouter_backend_in_flight over the pods: requests until their answer's end at the pod."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(router.url("/metrics"), timeout=5) as r:
+        return C.metric(r.read().decode(), "pcrouter_backend_in_flight") or 0
+
+
+def zero_window_readers(ctx, stub, sample=False):
+    """300 h2c streams whose window stays 0, topped up ten times a second as the router resets
+    them (client_write_ms), each asking the stub pod for `stub` (its controls). With `sample`,
+    the requests in flight to the pods at each top-up. Returns (opened, reset, samples)."""
+    body = json.dumps(C.completion("zero window", stream=True, **stub)).encode()
     hs = H2.H2Streams(ctx["port"], window=0, ack=False, per_conn=150)
-    n, opened = 300, 0
+    n, opened, active = 300, 0, []
     end = time.monotonic() + ctx["duration"]
     try:
         while time.monotonic() < end:
@@ -165,12 +176,31 @@ def attack_zero_window(ctx):
                 hs.open("/v1/completions", body)
                 opened += 1
             time.sleep(0.1)  # pacing: top up the 300 streams ten times a second
+            if sample:
+                active.append(in_flight_to_pods(ctx["router"]))
         resets = sum(1 for v in hs.snapshot().values() if v["reset"] is not None)
     finally:
         hs.close()
+    return opened, resets, active
+
+
+def attack_zero_window(ctx):
+    """Readers of answers that never end (the pod sends a first event, then waits)."""
+    opened, resets, _ = zero_window_readers(ctx, {"gate": "never", "events": 4})
     aborted = sum(s.stats()["aborted"] for s in ctx["stubs"])
     return "300 kept open, 2 pods x 128 connections: %d opened, %d reset, %d pod requests cancelled" % (
         opened, resets, aborted)
+
+
+def attack_zero_window_answers(ctx):
+    """Readers of answers the pod finishes (384 KiB, more than the 256 KiB a response may queue
+    for writing): with response buffering the pod's connection is free at the answer's end,
+    without it at the reader's reset after client_write_ms."""
+    opened, resets, active = zero_window_readers(ctx, {"bytes": 384 << 10}, sample=True)
+    mean = sum(active) / len(active) if active else 0
+    return ("300 kept open, 384 KiB answers, 2 pods x 128 connections: %d opened, %d reset; "
+            "requests in flight to the pods: %.0f on average, %d at most" % (
+                opened, resets, mean, max(active or [0])))
 
 
 def attack_uploads(ctx):
@@ -225,6 +255,9 @@ SCENARIOS = [
     ("zero_window", "300 zero-window h2 readers",
      {"pod": {"max_connections": 128}, "config": {"timeouts": {"client_write_ms": 2000}}},
      attack_zero_window),
+    ("zero_window_answers", "300 zero-window h2 readers of answers that end",
+     {"pod": {"max_connections": 128}, "config": {"timeouts": {"client_write_ms": 2000}}},
+     attack_zero_window_answers),
     ("uploads", "256 x 32 MiB slow uploads", {}, attack_uploads),
     ("slowloris", "2,000 slowloris connections",
      {"config": {"limits": {"max_client_connections": 1000}, "timeouts": {"request_header_ms": 2000}}},

@@ -247,6 +247,8 @@ static const field_t limits_fields[] = {
     F_INT(pcr_limits_conf_t, max_concurrent_streams, FT_UINT, 1, 100000),
     F_INT(pcr_limits_conf_t, max_client_connections, FT_UINT, 1, 1000000),
     F_INT(pcr_limits_conf_t, max_buffered_body_bytes, FT_SIZE, 1024, 1LL << 40),
+    F_INT(pcr_limits_conf_t, max_response_buffer_bytes, FT_SIZE, 0, 1LL << 32),
+    F_INT(pcr_limits_conf_t, max_buffered_response_bytes, FT_SIZE, 0, 1LL << 40),
 };
 
 /* Every network wait has a timeout (house rule 7): no timeout accepts 0 but drain_ms, where 0
@@ -1097,6 +1099,8 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     cfg->limits = (pcr_limits_conf_t){
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,
         .max_client_connections = 10000, .max_buffered_body_bytes = (size_t)512 << 20,
+        .max_response_buffer_bytes = (size_t)1 << 20,
+        .max_buffered_response_bytes = (size_t)256 << 20,
     };
     cfg->timeouts = (pcr_timeouts_conf_t){
         .connect_ms = 2000, .response_ms = 600000, .stream_idle_ms = 300000,
@@ -1194,6 +1198,24 @@ static void read_root(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *root)
         pcr_cfg_path_push_key(&c->path, "index");
         pcr_cfg_err(c, "\"events\" needs routing.policy \"cache_aware\" (got \"%s\"): only it "
                        "keeps an index", pcr_policy_kind_name(cfg->routing.policy));
+        pcr_cfg_path_pop(&c->path, mark);
+    }
+    /* One response's buffer larger than all of them together could never fill. */
+    const json_t *limits = json_object_get(root, "limits");
+    const pcr_limits_conf_t *lim = &cfg->limits;
+    if (json_is_object(limits) && lim->max_response_buffer_bytes > lim->max_buffered_response_bytes) {
+        size_t mark = pcr_cfg_path_push_key(&c->path, "limits");
+        if (json_object_get(limits, "max_response_buffer_bytes") != NULL) {
+            pcr_cfg_path_push_key(&c->path, "max_response_buffer_bytes");
+            pcr_cfg_err(c, "must be <= limits.max_buffered_response_bytes (%zu), got %zu "
+                           "(0 turns response buffering off)",
+                        lim->max_buffered_response_bytes, lim->max_response_buffer_bytes);
+        } else {
+            pcr_cfg_path_push_key(&c->path, "max_buffered_response_bytes");
+            pcr_cfg_err(c, "must be >= limits.max_response_buffer_bytes (%zu), got %zu "
+                           "(set that to 0 to turn response buffering off)",
+                        lim->max_response_buffer_bytes, lim->max_buffered_response_bytes);
+        }
         pcr_cfg_path_pop(&c->path, mark);
     }
     const json_t *redis = json_object_get(root, "redis");

@@ -158,6 +158,9 @@ typedef struct {
     unsigned max_concurrent_streams; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, default 256 */
     unsigned max_client_connections; /* default 10000; at the limit the longest-waiting idle one goes */
     size_t max_buffered_body_bytes; /* all request bodies held at once, default 536870912 (512 MiB) */
+    size_t max_response_buffer_bytes; /* a response held for a client slower than its pod, past
+                                         the write watermark, default 1048576 (1 MiB); 0: none */
+    size_t max_buffered_response_bytes; /* all of those at once, default 268435456 (256 MiB) */
 } pcr_limits_conf_t;
 
 typedef struct {

@@ -97,6 +97,9 @@ typedef struct {
     uint64_t request_timeouts;                   /* 408: head or body not received in time */
     uint64_t write_timeouts;                     /* clients that accepted no bytes in time */
     uint64_t responses_aborted;                  /* broken after their head went out */
+    uint64_t responses_buffered;                 /* ended at the pod while part was kept for
+                                                    a slow client (http/respond.c) */
+    uint64_t response_backpressure;              /* pod reads paused: a slow client's buffer full */
     uint64_t index_bytes;                        /* this worker's replica, set on its tick */
     uint64_t index_evictions;                    /* its evictions, added up on its tick */
     uint64_t io_submits;                         /* io_uring submits of batched socket I/O */

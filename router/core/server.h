@@ -116,6 +116,9 @@ typedef struct pcr_server {
     /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
     size_t body_buffered;         /* atomic */
     const void *body_exempt;      /* atomic: the one request allowed past the budget, or NULL */
+    /* Response bytes kept for clients slower than their pods, by all workers, against
+     * limits.max_buffered_response_bytes (http/respond.c). */
+    size_t resp_buffered;         /* atomic */
     pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
 
     /* Names, DNS discovery and reloads (control thread). */

@@ -6,7 +6,7 @@
  *   json  one object: time, client, worker, protocol, method, path, model, status, backend, route,
  *         matched_blocks, total_blocks, predicted_cached_tokens, delivered_cached_tokens,
  *         ttfb_ms, ttft_ms, held_ms, prefill_ahead_tokens, duration_ms, bytes_in, bytes_out,
- *         retries (null where a request has none: no backend, no prefix key, no usage from the
+ *         unsent_bytes, retries (null where a request has none: no backend, no prefix key, no usage from the
  *         pod, no response head, not a stream or no token, never held)
  *
  * JSON goes through cJSON. Strings that come from the client (path, model) are cut at
@@ -120,6 +120,7 @@ static size_t json_line(const pcr_exchange_t *ex, int status, uint64_t now, char
     cJSON_AddNumberToObject(o, "duration_ms", (double)(now - ex->t_start) / 1e3);
     cJSON_AddNumberToObject(o, "bytes_in", (double)ex->body_counted);
     cJSON_AddNumberToObject(o, "bytes_out", (double)ex->resp_bytes);
+    cJSON_AddNumberToObject(o, "unsent_bytes", (double)ex->unsent_at_end);
     cJSON_AddNumberToObject(o, "retries", ex->attempts > 1 ? ex->attempts - 1 : 0);
     /* Room for the newline: a line that does not fit is not written (and counted). */
     int ok = cJSON_PrintPreallocated(o, line, (int)cap - 1, 0);

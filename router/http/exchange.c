@@ -50,6 +50,8 @@ static void exchange_destroy(pcr_exchange_t *ex)
     free(ex->tblocks);
     if (ex->body)
         evbuffer_free(ex->body);
+    if (ex->kept)
+        evbuffer_free(ex->kept);
     free(ex);
 }
 
@@ -66,7 +68,7 @@ static pcr_exchange_t *exchange_alloc(void)
     if (link == NULL)
         return calloc(1, sizeof(pcr_exchange_t));
     pcr_exchange_t *ex = PCR_SPARE_OBJ(link, pcr_exchange_t, spare);
-    struct evbuffer *body = ex->body;
+    struct evbuffer *body = ex->body, *kept = ex->kept;
     char *path_buf = ex->path_buf, *hbuf = ex->hbuf;
     size_t path_cap = ex->path_cap, hcap = ex->hcap, tblocks_cap = ex->tblocks_cap;
     uint64_t *tblocks = ex->tblocks;
@@ -74,6 +76,7 @@ static pcr_exchange_t *exchange_alloc(void)
     ex->tblocks = tblocks;
     ex->tblocks_cap = tblocks_cap;
     ex->body = body;
+    ex->kept = kept;
     ex->path_buf = path_buf;
     ex->path_cap = path_cap;
     ex->hbuf = hbuf;
@@ -138,6 +141,7 @@ static void record(pcr_exchange_t *ex, int status, int via_backend)
         pcr_hist_observe(&m->ttfb, &pcr_hist_latency_us, (int64_t)(ex->t_head - ex->t_start));
     if (ex->t_first)
         pcr_hist_observe(&m->ttft, &pcr_hist_latency_us, (int64_t)(ex->t_first - ex->t_start));
+    ex->unsent_at_end = pcr_exchange_unsent(ex);
     pcr_access_record(ex, status, now);
 }
 
@@ -354,12 +358,6 @@ void pcr_exchange_respond_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *
     ex->ops->send_head(ex, status, h, n, clen);
 }
 
-void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len)
-{
-    ex->resp_bytes += len;
-    ex->ops->send_body(ex, data, len);
-}
-
 void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type, const char *body,
                         size_t len, const pcr_hdr_t *extra, size_t nextra)
 {
@@ -375,7 +373,7 @@ void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type
     if (len > 0)
         pcr_exchange_respond_body(ex, body, len);
     pcr_exchange_to(ex, EX_DONE);
-    ex->ops->send_end(ex);
+    pcr_exchange_respond_end(ex, RESPOND_END);
 }
 
 /* The OpenAI-style error body; cJSON writes the message with every escape JSON needs. */
@@ -426,14 +424,6 @@ void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, c
     va_start(ap, fmt);
     error_v(ex, status, type, code, extra, nextra, fmt, ap);
     va_end(ap);
-}
-
-void pcr_exchange_on_writable(pcr_exchange_t *ex)
-{
-    if (ex->paused && ex->ops->pending(ex) <= PCR_WRITE_LOW) {
-        ex->paused = 0;
-        pcr_upstream_resume(ex->up);
-    }
 }
 
 static int path_is(const char *path, const char *want)
@@ -536,6 +526,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->state != EX_RECEIVING)
         PCR_STORE(w->inflight, w->inflight - 1);
+    pcr_exchange_kept_release(ex);
     pcr_budget_forget(w, ex);
     if (ex->body_counted)
         pcr_budget_account(w, -(ptrdiff_t)ex->body_counted);

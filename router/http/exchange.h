@@ -29,8 +29,10 @@ typedef struct {
     size_t (*pending)(pcr_exchange_t *ex);
 } pcr_exchange_ops_t;
 
-/* Output above this many queued bytes pauses the upstream; the session calls
- * pcr_exchange_on_writable() once it drained below PCR_WRITE_LOW. */
+/* Past this many queued bytes the exchange keeps the answer's further bytes itself (up to
+ * limits.max_response_buffer_bytes; past that the upstream pauses); the session calls
+ * pcr_exchange_on_writable() whenever its output drained (to PCR_WRITE_LOW, or for HTTP/2 as
+ * each DATA frame takes a stream's bytes), and the exchange moves kept bytes on. */
 #define PCR_WRITE_HIGH (256 * 1024)
 #define PCR_WRITE_LOW (64 * 1024)
 

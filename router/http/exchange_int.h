@@ -1,6 +1,7 @@
 /* router/http/exchange_int.h: the exchange's fields, shared by exchange.c (the container and
- * the state machine), proxy.c (the way to a pod), the route table (routes.c), the router's own
- * endpoints (endpoints.c) and the access-log line (access.c). Nothing else includes it. */
+ * the state machine), respond.c (the answer's way to the client), proxy.c (the way to a pod),
+ * the route table (routes.c), the router's own endpoints (endpoints.c) and the access-log line
+ * (access.c). Nothing else includes it. */
 #ifndef PCR_ROUTER_EXCHANGE_INT_H
 #define PCR_ROUTER_EXCHANGE_INT_H
 
@@ -64,6 +65,8 @@ extern const pcr_route_table_t pcr_routes;
  *     the request's own prefill  UP_WAIT, UP_HEAD (released when the first body byte arrives)
  *   status recorded              on entering DONE, ABORTED or GONE (as 499, nginx's "client
  *                                closed request"); per backend only for DONE and ABORTED
+ * DONE and ABORTED are the pod's end: what respond.c keeps for a slow client may still be on its
+ * way, and the session's end of the answer waits for it.
  */
 typedef enum {
     EX_RECEIVING = 0,
@@ -143,6 +146,13 @@ struct pcr_exchange {
     /* Response. */
     int status;
     uint64_t resp_bytes;
+    /* Its bytes kept for a client slower than its pod (respond.c): after whatever the session
+     * has queued, before any later byte. Counted in the process's response budget while held;
+     * the buffer (NULL until first needed) is kept when the exchange is recycled. */
+    struct evbuffer *kept;
+    int end_waits;                    /* the end (RESPOND_END) or abort (RESPOND_ABORT) waits
+                                         for `kept` to go out */
+    uint64_t unsent_at_end;           /* kept or queued bytes not yet written when it ended */
     uint64_t t_start, t_head;
     uint64_t t_first;                 /* a stream's first token: its first body byte (0: none) */
     uint64_t prefill_ahead;           /* a stream's: the prefill its pod had been sent and had
@@ -201,7 +211,17 @@ void pcr_exchange_prefill_due(pcr_exchange_t *ex);
 int pcr_exchange_reader_start(pcr_exchange_t *ex);
 void pcr_exchange_respond_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n,
                                int64_t clen);
+/* respond.c: the answer's body and its end, through the exchange's own buffer when the
+ * client is slower than the pod (limits.max_response_buffer_bytes); whether the pod's reading
+ * must pause now (the client is slow and the buffer, or the process's budget, is full); the
+ * buffer's bytes released when the exchange goes. */
 void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len);
+enum { RESPOND_END = 1, RESPOND_ABORT };
+void pcr_exchange_respond_end(pcr_exchange_t *ex, int how);
+int pcr_exchange_out_full(pcr_exchange_t *ex);
+void pcr_exchange_kept_release(pcr_exchange_t *ex);
+/* Bytes of the answer not yet written to the client's connection: kept, or queued for writing. */
+size_t pcr_exchange_unsent(pcr_exchange_t *ex);
 /* pcr_exchange_error with response fields of its own (Retry-After, WWW-Authenticate). */
 void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, const char *code,
                              const pcr_hdr_t *extra, size_t nextra, const char *fmt, ...)

@@ -5,8 +5,9 @@
  * Pipelined requests are answered in order, one at a time: when a request is complete the
  * parser is paused, later bytes wait in the input buffer (reading stops past PIPELINE_MAX_BYTES),
  * and parsing resumes once the response has ended. Responses of unknown length are chunked (an
- * SSE stream reaches the client event by event). Output above PCR_WRITE_HIGH pauses the upstream;
- * the transport's drain notification at PCR_WRITE_LOW resumes it.
+ * SSE stream reaches the client event by event). Past PCR_WRITE_HIGH of output the exchange
+ * keeps the answer itself (respond.c), up to a bound, then pauses the upstream; the transport's
+ * drain notification at PCR_WRITE_LOW (pcr_exchange_on_writable) takes more of it.
  *
  * Framing: header names must be tokens (no whitespace before the colon), values free of CR, LF
  * and NUL, obs-fold is refused, Transfer-Encoding must be exactly "chunked" and never comes with

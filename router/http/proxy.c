@@ -1,9 +1,9 @@
 /* router/http/proxy.c: owns the way of a request to a pod: its prefix key once its body is in,
  * the live load of every backend, the policy's decision and its commit, the request written for
- * the pod and sent through the worker's pool, the answer streamed back (paused above a
- * watermark), what the pod reported of its cache, and the retry on another pod when one failed
- * before anything reached the client. The states it moves the exchange through are
- * exchange.c's (pcr_exchange_to).
+ * the pod and sent through the worker's pool, the answer streamed back (kept for a slow client
+ * up to a bound, respond.c, and the pod's reading paused past it), what the pod reported of
+ * its cache, and the retry on another pod when one failed before anything reached the client.
+ * The states it moves the exchange through are exchange.c's (pcr_exchange_to).
  *
  * The request's bytes for the pod are written by proxy_req.c.
  *
@@ -465,8 +465,11 @@ static void on_up_body(void *ctx, const char *data, size_t len)
     }
     pcr_exchange_to(ex, EX_UP_BODY); /* the pod has started answering: its prefill is done */
     pcr_usage_feed(&ex->usage, data, len, emit_body, ex);
-    if (!ex->paused && ex->ops->pending(ex) > PCR_WRITE_HIGH) {
+    /* A client slower than its pod: the answer is kept for it (respond.c) up to its bound and
+     * the budget, and only past them does the pod's reading pause. */
+    if (!ex->paused && pcr_exchange_out_full(ex)) {
         ex->paused = 1;
+        PCR_INC(ex->w->metrics.response_backpressure);
         pcr_upstream_pause(ex->up);
     }
 }
@@ -480,7 +483,7 @@ static void on_up_done(void *ctx)
     pcr_tenancy_served(ex, ex->usage.completion_tokens);
     pcr_usage_dispose(&ex->usage);
     pcr_exchange_to(ex, EX_DONE);
-    ex->ops->send_end(ex);
+    pcr_exchange_respond_end(ex, RESPOND_END); /* after what is kept for a slow client */
 }
 
 /* Another backend that could take the request, without choosing it yet. */
@@ -517,7 +520,7 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
                                               : "connection lost",
                      (unsigned long long)ex->resp_bytes);
         pcr_exchange_to(ex, EX_ABORTED);
-        ex->ops->send_abort(ex);
+        pcr_exchange_respond_end(ex, RESPOND_ABORT);
         return;
     }
     pcr_exchange_to(ex, EX_ROUTING);

@@ -481,6 +481,19 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
             SUM(srv, write_timeouts));
     counter(out, "pcrouter_responses_aborted_total",
             "Responses the pod broke after their head reached the client.", SUM(srv, responses_aborted));
+    counter(out, "pcrouter_responses_buffered_total",
+            "Responses whose pod finished while pcrouter still kept part of them for a slow client "
+            "(limits.max_response_buffer_bytes): the pod's connection was freed first.",
+            SUM(srv, responses_buffered));
+    counter(out, "pcrouter_response_backpressure_total",
+            "Times the reading of a pod's response paused because its client read slower and "
+            "the response's buffer, or limits.max_buffered_response_bytes, was full.",
+            SUM(srv, response_backpressure));
+    HEADER(out, "pcrouter_response_buffered_bytes", "gauge",
+           "Response bytes kept for clients slower than their pods, against "
+           "limits.max_buffered_response_bytes.");
+    evbuffer_add_printf(out, "pcrouter_response_buffered_bytes %llu\n",
+                        (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->resp_buffered));
     HEADER(out, "pcrouter_request_body_buffered_bytes", "gauge",
            "Request body bytes held in memory, against limits.max_buffered_body_bytes.");
     evbuffer_add_printf(out, "pcrouter_request_body_buffered_bytes %llu\n",

@@ -230,6 +230,8 @@ static void test_defaults(void)
     PCR_CHECK_EQ_INT(cfg->limits.max_header_bytes, 16384);
     PCR_CHECK_EQ_INT(cfg->limits.max_concurrent_streams, 256);
     PCR_CHECK_EQ_INT(cfg->limits.max_client_connections, 10000);
+    PCR_CHECK_EQ_INT(cfg->limits.max_response_buffer_bytes, 1048576);
+    PCR_CHECK_EQ_INT(cfg->limits.max_buffered_response_bytes, 268435456);
     PCR_CHECK_EQ_INT(cfg->timeouts.connect_ms, 2000);
     PCR_CHECK_EQ_INT(cfg->timeouts.response_ms, 600000);
     PCR_CHECK_EQ_INT(cfg->timeouts.stream_idle_ms, 300000);
@@ -912,6 +914,13 @@ static void test_error_out_of_range(void)
                 "t.json:3:28: timeouts.connect_ms: must be between 1 and 86400000, got 0");
     CHECK_ERROR(HEAD "'limits': {'max_header_bytes': 100}}",
                 "t.json:3:32: limits.max_header_bytes: must be between 1024 and 1048576, got 100");
+    CHECK_ERROR(HEAD "'limits': {'max_response_buffer_bytes': 2048, 'max_buffered_response_bytes': 1024}}",
+                "t.json:3:41: limits.max_response_buffer_bytes: must be <= "
+                "limits.max_buffered_response_bytes (1024), got 2048 (0 turns response buffering off)");
+    CHECK_ERROR(HEAD "'limits': {'max_buffered_response_bytes': 1024}}",
+                "t.json:3:43: limits.max_buffered_response_bytes: must be >= "
+                "limits.max_response_buffer_bytes (1048576), got 1024 (set that to 0 to turn "
+                "response buffering off)");
     CHECK_ERROR(HEAD "'upstream': {'retries': 17}}",
                 "t.json:3:25: upstream.retries: must be between 0 and 16, got 17");
     CHECK_ERROR(HEAD "'health': {'fall': 0}}",

@@ -241,3 +241,24 @@ def test_budget_bounds_what_all_keep(stub_factory, router_factory):
             s.close()
     wait_for(lambda: metric(get_metrics(r), "pcrouter_response_buffered_bytes") == 0, 10,
              what="the kept bytes released")
+
+
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_reader_that_never_reads_is_cut(stub_factory, router_factory, proto):
+    """An answer that fits is read whole from the pod, but a client that never takes any of it
+    still loses it at client_write_ms: the connection (h1) or the stream (h2) is cut, and what
+    was kept for it leaves the budget. The pod's request completed: nothing was cancelled."""
+    stub, r = start(stub_factory, router_factory, timeouts={"client_write_ms": 1500})
+    slow = SLOW[proto](r.port, ask("bytes"))
+    try:
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_responses_buffered_total") == 1, 30,
+                 0.1, "the pod's answer ended, kept for the client")
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_client_write_timeouts_total") == 1, 20,
+                 what="the client cut at client_write_ms")
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_response_buffered_bytes") == 0, 10,
+                 what="the kept bytes released")
+    finally:
+        slow.close()
+    st = stub.stats()
+    assert st["completed"].get("/v1/completions") == 1 and st["aborted"] == 0, st["outcomes"]
+    assert metric(get_metrics(r), "pcrouter_requests_in_flight") == 0

@@ -27,9 +27,12 @@
  * Over 700 lines, kept whole: nghttp2's callbacks, the flow control taken by hand and the
  * referenced DATA pieces all work on one session and its streams. */
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -54,6 +57,16 @@ typedef struct {
     struct evbuffer *buf;          /* the read chain, moved whole */
     unsigned refs;                 /* body references, and on_read's own while it feeds */
 } h2_hold_t;
+
+/* nghttp2 keeps a 16 KiB frame buffer per session for its whole life, most of an idle
+ * connection's memory. The session's allocator (ng_mem) gives blocks of at least BIG_MIN bytes
+ * made while the session is created (that buffer) whole pages of their own, and once no stream
+ * has been open for IDLE_TRIM_MS and nghttp2 has nothing left to send, their pages go back to
+ * the system (madvise MADV_DONTNEED): the buffer holds no state between frames, and the next
+ * frame written there takes the pages back, zeroed, at a page fault each. */
+#define BIG_MIN 16384
+#define NBIG 2
+#define IDLE_TRIM_MS 1000
 
 /* After the last frame (a GOAWAY), how long input is read and thrown away before closing. */
 #define LINGER_MS 2000
@@ -112,6 +125,15 @@ struct h2_sess {
     const uint8_t *seg;
     size_t seg_len;
     h2_hold_t *hold;               /* the chain, once moved out of the input; NULL before */
+    /* nghttp2's memory (ng_mem): its large blocks made at creation, whose pages are given
+     * back while the session is idle (trim_idle). */
+    nghttp2_mem mem;
+    int creating;                  /* inside nghttp2_session_server_new3 */
+    struct {
+        void *p;
+        size_t n;
+    } big[NBIG];
+    int trimmed;                   /* idle, and the pages went back; a new stream clears it */
 };
 
 
@@ -120,6 +142,88 @@ static void flush_now(h2_sess_t *s);
 static void arm_timer(h2_sess_t *s);
 
 static void schedule_flush(h2_sess_t *s) { event_active(s->flush, 0, 0); }
+
+/* ---- nghttp2's memory ---------------------------------------------------------------- */
+
+static long page_size(void)
+{
+    static long page;
+    if (page == 0)
+        page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    return page;
+}
+
+static int big_find(const h2_sess_t *s, const void *p)
+{
+    for (int i = 0; p != NULL && i < NBIG; i++)
+        if (s->big[i].p == p)
+            return i;
+    return -1;
+}
+
+static void *ng_realloc(void *p, size_t n, void *user)
+{
+    h2_sess_t *s = user;
+    if (p == NULL && n >= BIG_MIN && s->creating) {
+        for (int i = 0; i < NBIG; i++) {
+            if (s->big[i].p != NULL)
+                continue;
+            size_t pg = (size_t)page_size();
+            void *q = NULL;
+            if (posix_memalign(&q, pg, (n + pg - 1) / pg * pg) != 0)
+                return NULL;
+            s->big[i].p = q;
+            s->big[i].n = n;
+            return q;
+        }
+    }
+    int i = big_find(s, p);
+    void *q = realloc(p, n);
+    if (q != NULL && i >= 0) {
+        s->big[i].p = q;
+        s->big[i].n = n;
+    }
+    return q;
+}
+
+static void *ng_malloc(size_t n, void *user) { return ng_realloc(NULL, n, user); }
+
+static void *ng_calloc(size_t k, size_t n, void *user)
+{
+    if (n != 0 && k > SIZE_MAX / n)
+        return NULL;
+    void *p = ng_realloc(NULL, k * n, user);
+    if (p != NULL)
+        memset(p, 0, k * n);
+    return p;
+}
+
+static void ng_free(void *p, void *user)
+{
+    h2_sess_t *s = user;
+    int i = big_find(s, p);
+    if (i >= 0)
+        s->big[i].p = NULL;
+    free(p);
+}
+
+/* The session is idle (no stream, nothing to send): the large blocks' whole pages go back to
+ * the system. Their bytes are no state of nghttp2's between frames. */
+static void trim_idle(h2_sess_t *s)
+{
+    uintptr_t pg = (uintptr_t)page_size();
+    s->trimmed = 1;
+    if (s->ng == NULL || nghttp2_session_want_write(s->ng))
+        return;
+    for (int i = 0; i < NBIG; i++) {
+        if (s->big[i].p == NULL)
+            continue;
+        uintptr_t a = ((uintptr_t)s->big[i].p + pg - 1) / pg * pg;
+        uintptr_t b = ((uintptr_t)s->big[i].p + s->big[i].n) / pg * pg;
+        if (b > a)
+            (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    }
+}
 
 static void stream_free(h2_stream_t *st)
 {
@@ -382,6 +486,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
     pcr_exchange_set_client(st->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
                             &s->base.pod_busy);
     nghttp2_session_set_stream_user_data(ng, st->id, st);
+    s->trimmed = 0;
     if (s->nstreams == 1) {
         pcr_session_set_waiting(&s->base, 0);
         arm_timer(s);
@@ -641,6 +746,8 @@ static void arm_timer(h2_sess_t *s)
 {
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     unsigned ms = s->nstreams == 0 ? t->client_idle_ms : tick_ms(t);
+    if (s->nstreams == 0 && !s->trimmed && !s->lingering && ms > IDLE_TRIM_MS)
+        ms = IDLE_TRIM_MS; /* on_timer trims, then waits for the rest of the idle time */
     struct timeval tv = pcr_ms_to_tv(ms);
     evtimer_add(s->timer, &tv);
 }
@@ -658,6 +765,13 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     h2_sess_t *s = arg;
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
+    if (s->nstreams == 0 && !s->lingering && !s->trimmed &&
+        t->client_idle_ms > IDLE_TRIM_MS) {
+        trim_idle(s);
+        struct timeval tv = pcr_ms_to_tv(t->client_idle_ms - IDLE_TRIM_MS);
+        evtimer_add(s->timer, &tv);
+        return;
+    }
     if (s->nstreams == 0 || s->lingering) {
         h2_close(s); /* idle past client_idle_ms with no stream open, or the linger is over */
         return;
@@ -888,7 +1002,13 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     /* Request bodies are buffered against a process-wide budget: windows are given back by
      * hand (consume_pending), never automatically. */
     nghttp2_option_set_no_auto_window_update(opt, 1);
-    int rc = nghttp2_session_server_new2(&s->ng, cbs, s, opt);
+    /* Closed streams are not kept for the priority tree (which the router does not use): an
+     * idle connection holds no stream of its last request. */
+    nghttp2_option_set_no_closed_streams(opt, 1);
+    s->mem = (nghttp2_mem){s, ng_malloc, ng_free, ng_calloc, ng_realloc};
+    s->creating = 1;
+    int rc = nghttp2_session_server_new3(&s->ng, cbs, s, opt, &s->mem);
+    s->creating = 0;
     nghttp2_session_callbacks_del(cbs);
     cbs = NULL;
     nghttp2_option_del(opt);

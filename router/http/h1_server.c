@@ -397,6 +397,18 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
     return grow_append(s, &s->value, &s->value_len, &s->value_cap, at, n);
 }
 
+/* The head's buffers go while the connection waits for its next request: an idle keep-alive
+ * connection holds none of them, and the next head takes new ones from malloc's per-thread
+ * cache (three small blocks). */
+static void head_bufs_free(h1_sess_t *s)
+{
+    free(s->url);
+    free(s->name);
+    free(s->value);
+    s->url = s->name = s->value = NULL;
+    s->url_len = s->url_cap = s->name_len = s->name_cap = s->value_len = s->value_cap = 0;
+}
+
 /* The request target: origin-form as is; absolute-form ("http://host/path") as its path. */
 static int set_target(h1_sess_t *s)
 {
@@ -768,6 +780,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
         return;
     }
     h1_to(s, H1_IDLE);
+    head_bufs_free(s);
     http_parser_pause(&s->parser, 0);
     if (s->read_paused) {
         s->read_paused = 0;
@@ -801,9 +814,7 @@ static void h1_close(h1_sess_t *s)
     event_free(s->advance);
     event_free(s->timer);
     pcr_sock_free(s->sock);
-    free(s->url);
-    free(s->name);
-    free(s->value);
+    head_bufs_free(s);
     pcr_session_unregister(&s->base);
     free(s);
 }

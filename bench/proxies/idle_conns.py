@@ -8,6 +8,9 @@ closes them all and exits. Every wait has a deadline (--deadline bounds the open
 connections opened by then are the ones held). Standard library, plus the h2 package for --h2.
 
     idle_conns.py --port P --count 10000 [--tls] [--h2] [--body FILE] [--deadline S]
+
+A line "again" on stdin makes one more request on every held connection (the same h2
+session, its next stream) and prints "AGAIN ok FAILED n"; they are held again after it.
 """
 
 import argparse
@@ -51,13 +54,17 @@ def one_h1(s, body, deadline):
     return recv_response_h1(s, deadline)
 
 
-def one_h2(s, body, deadline):
+def one_h2(s, body, deadline, c=None):
+    """One POST on a new h2 connection, or on `c` (the same socket's, from an earlier call)
+    with the next stream id. Returns (status, c)."""
     import h2.config
     import h2.connection
     import h2.events
-    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    c.initiate_connection()
-    c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "https"),
+    if c is None:
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        c.initiate_connection()
+    sid = c.get_next_available_stream_id()
+    c.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "https"),
                        (":authority", "bench"), ("content-type", "application/json"),
                        ("content-length", str(len(body)))])
     s.sendall(c.data_to_send())
@@ -66,13 +73,13 @@ def one_h2(s, body, deadline):
     status, sent = None, 0
     while True:
         while sent < len(body):
-            n = min(len(body) - sent, c.max_outbound_frame_size, c.local_flow_control_window(1))
+            n = min(len(body) - sent, c.max_outbound_frame_size, c.local_flow_control_window(sid))
             if n <= 0:
                 break
-            c.send_data(1, body[sent:sent + n], end_stream=sent + n == len(body))
+            c.send_data(sid, body[sent:sent + n], end_stream=sent + n == len(body))
             sent += n
         if not body and sent == 0:
-            c.end_stream(1)
+            c.end_stream(sid)
             sent = -1
         s.sendall(c.data_to_send())
         if time.monotonic() > deadline:
@@ -81,13 +88,14 @@ def one_h2(s, body, deadline):
         if not data:
             raise ConnectionError("closed before the response")
         for ev in c.receive_data(data):
-            if isinstance(ev, h2.events.ResponseReceived):
+            if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
                 status = int(dict(ev.headers)[b":status"])
             elif isinstance(ev, h2.events.DataReceived):
                 c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)) and \
+                    ev.stream_id == sid:
                 s.sendall(c.data_to_send())
-                return status or 0
+                return status or 0, c
         s.sendall(c.data_to_send())
 
 
@@ -114,17 +122,19 @@ def main():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    socks, bad, err = [], 0, ""
+    socks, conns, bad, err = [], [], 0, ""
     end = time.monotonic() + a.deadline
     while len(socks) < a.count and time.monotonic() < end:
         try:
             s = socket.create_connection(("127.0.0.1", a.port), timeout=10)
             if ctx:
                 s = ctx.wrap_socket(s)
-            st = (one_h2 if a.h2 else one_h1)(s, body, min(end, time.monotonic() + 10))
+            dl = min(end, time.monotonic() + 10)
+            st, c = one_h2(s, body, dl) if a.h2 else (one_h1(s, body, dl), None)
             if st != 200:
                 bad += 1
             socks.append(s)
+            conns.append(c)
         except (OSError, ValueError, TimeoutError) as e:
             if time.monotonic() >= end:
                 break  # cut by the deadline: not a failure of the proxy
@@ -135,7 +145,19 @@ def main():
     print("OPEN %d FAILED %d %s" % (len(socks), bad, err[:200]), flush=True)
     # Held until the harness has measured: a line on stdin (or EOF), or --hold seconds.
     import select
-    select.select([sys.stdin], [], [], a.hold)
+    hold_end = time.monotonic() + a.hold
+    while select.select([sys.stdin], [], [], max(0.0, hold_end - time.monotonic()))[0]:
+        if sys.stdin.readline().strip() != "again":
+            break
+        ok = failed = 0
+        for s, c in zip(socks, conns):
+            try:
+                dl = time.monotonic() + 10
+                st = one_h2(s, body, dl, c)[0] if c is not None else one_h1(s, body, dl)
+                ok, failed = ok + (st == 200), failed + (st != 200)
+            except (OSError, ValueError, TimeoutError):
+                failed += 1
+        print("AGAIN %d FAILED %d" % (ok, failed), flush=True)
     for s in socks:
         try:
             s.close()

@@ -255,6 +255,24 @@ void pcr_kvcache_release(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
     }
 }
 
+void pcr_kvcache_release_uncomputed(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
+                                    size_t computed, size_t private_blocks)
+{
+    pcr_kvcache_release(kv, hashes, n, private_blocks);
+    for (size_t i = n; i-- > computed;) {
+        uint32_t s = lookup(kv, hashes[i]);
+        if (s == NIL || kv->slots[s].ref != 0)
+            continue;
+        lru_unlink(kv, s);
+        table_remove(kv, hashes[i]);
+        kv->slots[s].next = kv->free_head;
+        kv->free_head = s;
+        kv->cached--;
+        if (kv->obs.removed)
+            kv->obs.removed(kv->obs.arg, hashes[i]);
+    }
+}
+
 size_t pcr_kvcache_capacity(const pcr_kvcache_t *kv) { return kv->capacity; }
 size_t pcr_kvcache_cached(const pcr_kvcache_t *kv) { return kv->cached; }
 size_t pcr_kvcache_pinned(const pcr_kvcache_t *kv) { return kv->pinned; }

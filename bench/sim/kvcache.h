@@ -52,6 +52,12 @@ int pcr_kvcache_acquire(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
 void pcr_kvcache_release(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
                          size_t private_blocks);
 
+/* Undoes one acquire as release does, for a request preempted before it computed its blocks
+ * from `computed` on: those of them no other request holds leave the cache at once (the
+ * observer hears them removed), since what was never computed cannot be hit. */
+void pcr_kvcache_release_uncomputed(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
+                                    size_t computed, size_t private_blocks);
+
 /* Would acquire succeed now? (Same test as acquire, without side effects.) */
 int pcr_kvcache_fits(const pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
                      size_t private_blocks);

@@ -45,7 +45,8 @@ typedef struct {
                                      --overhead-ms, --itl-ms, --itl-per-seq-us, --max-num-seqs */
     int step;                     /* --engine step: pods run in engine steps (step_engine.c) */
     sim_step_conf_t sc;           /* --max-num-batched-tokens, --step-base-ms, --step-seq-us,
-                                     --step-kv-ns-per-token, and the two flags shared with m */
+                                     --step-kv-ns-per-token, and the two flags shared with m;
+                                     sc.priority: --scheduling-policy priority (both engines) */
     double rtt_us;                /* --rtt-ms: a round trip to another zone, model time */
     uint64_t capacity_tokens;     /* --capacity-tokens: KV cache size */
     uint64_t max_model_len;       /* --max-model-len: prompt + max_tokens limit */
@@ -80,7 +81,8 @@ struct sim_req {
     sim_req_t *prev, *next;     /* on the pod's waiting or running list */
     int state;
     int chat, stream, include_usage;   /* usage: always in a full answer, on request in a stream */
-    uint64_t seq;               /* id number, per pod */
+    uint64_t seq;               /* id number, per pod: arrival order */
+    int priority;               /* the body's "priority": lower first (priority scheduling) */
     size_t prompt_tokens, max_tokens;
     uint64_t *hashes;           /* full prompt blocks, chained */
     unsigned char *prompt;      /* --kv-events: the full blocks' bytes, for their token ids */
@@ -90,6 +92,8 @@ struct sim_req {
     size_t drop_at;             /* close the connection after this many tokens (0: never) */
     double arrival_us;          /* wall clock, monotonic */
     double first_token_us;      /* wall clock at which the first token is due */
+    double prefill_end_us;      /* wall clock at which its prefill ends (latency engine) */
+    size_t hit_blocks;          /* cached at its admission (latency engine) */
     double next_token_us;
     struct event *timer;
     struct event *rtt_timer;    /* --rtt-ms: the request reaches the engine when it fires */
@@ -125,6 +129,7 @@ struct sim_pod {
     uint64_t prefix_queries, prefix_hits;   /* tokens */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t success, failed_injected, dropped, stalled, cancelled, rejected;
+    uint64_t preemptions;       /* latency engine, priority scheduling: prefills preempted */
     uint64_t ttft_buckets[SIM_TTFT_BUCKETS + 1];
     double ttft_sum;
     uint64_t ttft_count;

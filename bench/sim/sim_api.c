@@ -184,6 +184,7 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
     sim_pod_t *pod = c->pod;
     const sim_conf_t *conf = pod->conf;
     const char *why = NULL;
+    char msg[96];
     struct evbuffer *prompt = NULL;
     sim_req_t *r = NULL;
     cJSON *root = cJSON_ParseWithLength(body, len);
@@ -249,6 +250,24 @@ sim_req_t *sim_api_parse(sim_conn_t *c, int chat, const char *body, size_t len)
         r->text = evbuffer_new();
         if (!r->text) {
             why = "out of memory";
+            goto bad;
+        }
+    }
+    /* vLLM's "priority": an integer, lower served earlier; anything but 0 is refused by a
+     * server without priority scheduling, in vLLM's words. */
+    const cJSON *prio = cJSON_GetObjectItemCaseSensitive(root, "priority");
+    if (prio && !cJSON_IsNull(prio)) {
+        if (!cJSON_IsNumber(prio) || !(prio->valuedouble >= -2147483648.0) ||
+            !(prio->valuedouble <= 2147483647.0) ||
+            prio->valuedouble != (double)(int)prio->valuedouble) {
+            why = "priority must be an integer";
+            goto bad;
+        }
+        r->priority = (int)prio->valuedouble;
+        if (r->priority != 0 && !conf->sc.priority) {
+            snprintf(msg, sizeof msg, "Got priority %d but Priority scheduling is not enabled.",
+                     r->priority);
+            why = msg;
             goto bad;
         }
     }
@@ -410,6 +429,9 @@ void sim_api_metrics(const sim_pod_t *pod, struct evbuffer *out)
            (double)pod->prefix_queries);
     metric(out, "vllm:prefix_cache_hits_total", "counter",
            "Prefix cache hits, in terms of number of cached tokens.", m, (double)pod->prefix_hits);
+    metric(out, "vllm:num_preemptions_total", "counter",
+           "Cumulative number of preemption from the engine.", m,
+           (double)(pod->conf->step ? pod->eng.preemptions : pod->preemptions));
     metric(out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", m,
            (double)pod->prompt_tokens);
     metric(out, "vllm_sim:kv_handed_total", "counter",

@@ -21,6 +21,15 @@
  * way out, taken together before the first byte. Every later write is then that much later
  * than from a pod in the router's zone, and the gaps between them are the same.
  *
+ * Priority scheduling (--scheduling-policy priority): the waiting queue is kept in order of
+ * priority (lower first), then arrival; and a request that arrives preempts every admitted
+ * request of a strictly worse priority whose prefill has not ended (the one prefilling now
+ * and those queued behind it, which by this rule are all worse than what goes before them):
+ * they give back their slots and blocks, the blocks they had not found cached leave the cache
+ * (their prefill's progress is lost), and they wait again in their order. The prefill queue
+ * then ends where the last one kept ends, so the new request prefills next. What a request
+ * already decoding holds is never taken.
+ *
  * With --engine step the pod runs step_engine.c instead: one timer per pod fires at the end of
  * each engine step (its model time over time_scale after the step before ended, so a late
  * timer is caught up), every sequence that sampled a token writes it (one SSE event per token
@@ -60,6 +69,19 @@ static void list_push(sim_list_t *l, sim_req_t *r)
     r->prev = l->tail;
     if (l->tail) l->tail->next = r; else l->head = r;
     l->tail = r;
+    l->n++;
+}
+
+/* Priority scheduling: r goes after every waiting request of the same or a better priority. */
+static void list_insert_ordered(sim_list_t *l, sim_req_t *r)
+{
+    sim_req_t *at = l->tail;
+    while (at && (r->priority != at->priority ? r->priority < at->priority : r->seq < at->seq))
+        at = at->prev;
+    r->prev = at;
+    r->next = at ? at->next : l->head;
+    if (r->next) r->next->prev = r; else l->tail = r;
+    if (at) at->next = r; else l->head = r;
     l->n++;
 }
 
@@ -113,6 +135,8 @@ static void schedule(sim_pod_t *pod)
             break;   /* FIFO: the head waits for finished requests to free blocks */
         list_remove(&pod->waiting, r);
         r->hit_tokens = a.hit_tokens;
+        r->hit_blocks = a.hit_tokens / PCR_KV_BLOCK_TOKENS;
+        r->prefill_end_us = pod->prefill_busy_until_us;
         pod->prefix_queries += r->prompt_tokens;
         pod->prefix_hits += r->hit_tokens;
         pod->prompt_tokens += r->prompt_tokens;
@@ -145,6 +169,35 @@ static void step_next(sim_pod_t *pod, double from_us)
 static void step_kick(sim_pod_t *pod)
 {
     step_next(pod, sim_now_us());
+}
+
+/* Priority scheduling: r arrives; admitted requests of a worse priority whose prefill has not
+ * ended go back to waiting, their progress lost (the header says why this is the whole rule). */
+static void preempt_worse(sim_pod_t *pod, const sim_req_t *r)
+{
+    double now = sim_now_us(), busy = now;
+    for (sim_req_t *q = pod->running.head, *next; q; q = next) {
+        next = q->next;
+        if (q->prefill_end_us <= now)
+            continue;
+        if (q->priority <= r->priority) {
+            if (q->prefill_end_us > busy)
+                busy = q->prefill_end_us;
+            continue;
+        }
+        evtimer_del(q->timer);
+        list_remove(&pod->running, q);
+        pcr_kvcache_release_uncomputed(pod->kv, q->hashes, q->nblocks, q->hit_blocks,
+                                       q->private_blocks);
+        /* Counted again when it is admitted again. */
+        pod->prefix_queries -= q->prompt_tokens;
+        pod->prefix_hits -= q->hit_tokens;
+        pod->prompt_tokens -= q->prompt_tokens;
+        q->state = SIM_REQ_WAITING;
+        list_insert_ordered(&pod->waiting, q);
+        pod->preemptions++;
+    }
+    pod->prefill_busy_until_us = busy;
 }
 
 static void on_rtt(evutil_socket_t fd, short what, void *arg)
@@ -189,7 +242,12 @@ void sim_engine_submit(sim_req_t *r)
         step_kick(pod);
         return;
     }
-    list_push(&pod->waiting, r);
+    if (pod->conf->sc.priority) {
+        preempt_worse(pod, r);
+        list_insert_ordered(&pod->waiting, r);
+    } else {
+        list_push(&pod->waiting, r);
+    }
     schedule(pod);
 }
 
@@ -424,7 +482,7 @@ void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep)
     /* A new process: its counters start from zero, its start time is now. */
     pod->prefix_queries = pod->prefix_hits = pod->prompt_tokens = pod->generation_tokens = 0;
     pod->success = pod->failed_injected = pod->dropped = pod->stalled = 0;
-    pod->cancelled = pod->rejected = 0;
+    pod->cancelled = pod->rejected = pod->preemptions = 0;
     memset(pod->ttft_buckets, 0, sizeof pod->ttft_buckets);
     pod->ttft_sum = 0;
     pod->ttft_count = 0;

@@ -1,8 +1,11 @@
 /* bench/sim/step_engine.c: the step engine of step_engine.h.
  *
- * The scheduling follows vLLM v1's Scheduler.schedule() with chunked prefill, FCFS and no
+ * The scheduling follows vLLM v1's Scheduler.schedule() with chunked prefill and no
  * long_prefill_token_threshold: running sequences first, in the order they were admitted,
- * then the waiting queue while the budget, max_num_seqs and the cache allow. */
+ * then the waiting queue (FCFS, or by priority) while the budget, max_num_seqs and the cache
+ * allow; with priority scheduling, a waiting sequence may preempt worse running ones (the
+ * header says how far this goes beyond vLLM v1). */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "step_engine.h"
@@ -22,6 +25,29 @@ static void list_push_head(sim_step_list_t *l, sim_step_seq_t *s)
     s->next = l->head;
     if (l->head) l->head->prev = s; else l->tail = s;
     l->head = s;
+    l->n++;
+}
+
+/* Does a go before b: a better priority, or the same and an earlier arrival? */
+static int before(const sim_step_seq_t *a, const sim_step_seq_t *b)
+{
+    return a->priority != b->priority ? a->priority < b->priority : a->arrival < b->arrival;
+}
+
+/* Priority scheduling: s goes after every waiting sequence that goes before it. */
+static void list_insert_ordered(sim_step_list_t *l, sim_step_seq_t *s)
+{
+    sim_step_seq_t *at = l->tail;
+    while (at && before(s, at))
+        at = at->prev;
+    if (!at) {
+        list_push_head(l, s);
+        return;
+    }
+    s->prev = at;
+    s->next = at->next;
+    if (at->next) at->next->prev = s; else l->tail = s;
+    at->next = s;
     l->n++;
 }
 
@@ -65,7 +91,11 @@ void sim_step_add(sim_step_t *e, sim_step_seq_t *s)
     s->computed = s->generated = s->hit_tokens = s->private_blocks = s->scheduled = 0;
     s->preemptions = 0;
     s->admitted = 0;
-    list_push_tail(&e->waiting, s);
+    s->arrival = e->next_arrival++;
+    if (e->c.priority)
+        list_insert_ordered(&e->waiting, s);
+    else
+        list_push_tail(&e->waiting, s);
 }
 
 /* Gives back every block s holds. */
@@ -89,19 +119,71 @@ void sim_step_abort(sim_step_t *e, sim_step_seq_t *s)
     s->state = SIM_SEQ_FINISHED;
 }
 
-/* The newest running sequence goes back to the waiting head with nothing computed. */
-static sim_step_seq_t *preempt_newest(sim_step_t *e)
+/* What the step being composed holds so far: its budget left and the context it reads. */
+typedef struct {
+    size_t budget;
+    double ctx;
+} compose_t;
+
+/* Takes s out of the step being composed, giving back what schedule() counted for it. */
+static void unschedule(sim_step_t *e, sim_step_seq_t *s, compose_t *k)
+{
+    for (unsigned i = 0; i < e->nbatch; i++) {
+        if (e->batch[i] != s)
+            continue;
+        size_t total = s->prompt_tokens + s->generated;
+        if (s->generated > 0 && s->computed + 1 == total)
+            e->step_decodes--;
+        else
+            e->step_prefill_tokens -= s->scheduled;
+        k->ctx -= (double)(s->computed + s->scheduled);
+        k->budget += s->scheduled;
+        s->scheduled = 0;
+        e->batch[i] = e->batch[--e->nbatch];
+        return;
+    }
+}
+
+/* The running sequence a preemption takes: the newest (FCFS), or the one of the worst
+ * priority, latest arrival (priority scheduling, as vLLM's max over (priority, arrival)). */
+static sim_step_seq_t *victim(const sim_step_t *e)
 {
     sim_step_seq_t *v = e->running.tail;
+    if (e->c.priority)
+        for (sim_step_seq_t *s = e->running.head; s; s = s->next)
+            if (before(v, s))
+                v = s;
+    return v;
+}
+
+/* v goes back to waiting with nothing computed (to the head under FCFS, in its order under
+ * priority scheduling); the full prompt blocks it had computed stay cached, as in vLLM, the
+ * others go. */
+static void preempt(sim_step_t *e, sim_step_seq_t *v, compose_t *k)
+{
+    unschedule(e, v, k);
     list_remove(&e->running, v);
-    release(e, v);
+    size_t done = v->computed / PCR_KV_BLOCK_TOKENS;
+    pcr_kvcache_release_uncomputed(e->kv, v->hashes, v->nblocks,
+                                   done < v->nblocks ? done : v->nblocks, v->private_blocks);
+    v->private_blocks = 0;
     v->computed = 0;
     v->scheduled = 0;
     v->state = SIM_SEQ_WAITING;
     v->preemptions++;
     e->preemptions++;
-    list_push_head(&e->waiting, v);
-    return v;
+    if (e->c.priority)
+        list_insert_ordered(&e->waiting, v);
+    else
+        list_push_head(&e->waiting, v);
+}
+
+/* Priority scheduling: the running sequence a waiting one of priority p may displace, the
+ * worst of those strictly worse than p, or NULL. */
+static sim_step_seq_t *worse_than(const sim_step_t *e, int p)
+{
+    sim_step_seq_t *v = victim(e);
+    return v && v->priority > p ? v : NULL;
 }
 
 /* Makes room for s to compute n more tokens: 0, or nonzero when the cache is full. */
@@ -118,7 +200,7 @@ static int grow(sim_step_t *e, sim_step_seq_t *s, size_t n)
 }
 
 /* Puts s in the step with n tokens, and adds what it costs. */
-static void schedule(sim_step_t *e, sim_step_seq_t *s, size_t n, double *ctx)
+static void schedule(sim_step_t *e, sim_step_seq_t *s, size_t n, compose_t *k)
 {
     size_t total = s->prompt_tokens + s->generated;
     s->scheduled = n;
@@ -126,63 +208,87 @@ static void schedule(sim_step_t *e, sim_step_seq_t *s, size_t n, double *ctx)
         e->step_decodes++;
     else
         e->step_prefill_tokens += n;
-    *ctx += (double)(s->computed + n);
+    k->ctx += (double)(s->computed + n);
+    k->budget -= n;
     e->batch[e->nbatch++] = s;
+}
+
+/* Admits the waiting head s with as many tokens as the budget allows: 0, or nonzero when the
+ * budget, max_num_seqs or the cache keep it out. */
+static int admit(sim_step_t *e, sim_step_seq_t *s, compose_t *k)
+{
+    if (k->budget == 0 || e->running.n >= e->c.max_num_seqs)
+        return -1;
+    size_t total = s->prompt_tokens + s->generated;
+    size_t hit = pcr_kvcache_hit_tokens(pcr_kvcache_match(e->kv, s->hashes, s->nblocks),
+                                        s->prompt_tokens);
+    size_t n = total - hit < k->budget ? total - hit : k->budget;
+    size_t priv = private_for(s, hit + n), hit_blocks;
+    if (pcr_kvcache_acquire(e->kv, s->hashes, s->nblocks, priv, &hit_blocks) != 0)
+        return -1;
+    list_remove(&e->waiting, s);
+    s->computed = hit;
+    s->private_blocks = priv;
+    if (!s->admitted) {
+        s->admitted = 1;
+        s->hit_tokens = hit;
+        e->prefix_queries += s->prompt_tokens;
+        e->prefix_hits += hit;
+    }
+    s->state = SIM_SEQ_RUNNING;
+    list_push_tail(&e->running, s);
+    schedule(e, s, n, k);
+    return 0;
 }
 
 double sim_step_begin(sim_step_t *e)
 {
-    size_t budget = e->c.max_batched_tokens;
-    double ctx = 0;
+    compose_t k = {.budget = e->c.max_batched_tokens, .ctx = 0};
     int preempted = 0;
     e->nbatch = 0;
     e->step_prefill_tokens = 0;
     e->step_decodes = 0;
-    for (sim_step_seq_t *s = e->running.head; s && budget > 0; s = s->next) {
+    for (sim_step_seq_t *s = e->running.head, *next; s && k.budget > 0; s = next) {
         size_t left = s->prompt_tokens + s->generated - s->computed;
-        size_t n = left < budget ? left : budget;
+        size_t n = left < k.budget ? left : k.budget;
         int lost = 0;
         while (grow(e, s, n) != 0) {
+            sim_step_seq_t *v = victim(e);
             preempted = 1;
-            if (preempt_newest(e) == s) {
+            preempt(e, v, &k);   /* one scheduled already gives its tokens back */
+            if (v == s) {
                 lost = 1;
                 break;
             }
+            n = left < k.budget ? left : k.budget;
         }
         if (lost)
             break;
-        schedule(e, s, n, &ctx);
-        budget -= n;
+        next = s->next;
+        schedule(e, s, n, &k);
     }
-    while (!preempted && budget > 0 && e->waiting.head && e->running.n < e->c.max_num_seqs) {
-        sim_step_seq_t *s = e->waiting.head;
-        size_t total = s->prompt_tokens + s->generated;
-        size_t hit = pcr_kvcache_hit_tokens(pcr_kvcache_match(e->kv, s->hashes, s->nblocks),
-                                            s->prompt_tokens);
-        size_t n = total - hit < budget ? total - hit : budget;
-        size_t priv = private_for(s, hit + n), hit_blocks;
-        if (pcr_kvcache_acquire(e->kv, s->hashes, s->nblocks, priv, &hit_blocks) != 0)
+    /* Priority scheduling: a waiting sequence that cannot go in displaces worse running ones;
+     * after that, only sequences better than every one displaced are admitted. */
+    int cut = INT_MAX;
+    while (!preempted && e->waiting.head) {
+        sim_step_seq_t *s = e->waiting.head, *v;
+        if (e->c.priority && s->priority >= cut)
+            break;
+        if (admit(e, s, &k) == 0)
+            continue;
+        if (!e->c.priority || (v = worse_than(e, s->priority)) == NULL)
             break;   /* FIFO: the head waits for blocks to be given back */
-        list_remove(&e->waiting, s);
-        s->computed = hit;
-        s->private_blocks = priv;
-        if (!s->admitted) {
-            s->admitted = 1;
-            s->hit_tokens = hit;
-            e->prefix_queries += s->prompt_tokens;
-            e->prefix_hits += hit;
-        }
-        s->state = SIM_SEQ_RUNNING;
-        list_push_tail(&e->running, s);
-        schedule(e, s, n, &ctx);
-        budget -= n;
+        preempt(e, v, &k);
+        e->priority_preemptions++;
+        if (v->priority < cut)
+            cut = v->priority;
     }
     if (e->nbatch == 0)
         return 0;
     e->in_step = 1;
     e->steps++;
     double t = e->c.base_us + (double)e->step_prefill_tokens * e->c.prefill_us_per_token +
-               (double)e->step_decodes * e->c.decode_us_per_seq + ctx * e->c.ctx_us_per_token;
+               (double)e->step_decodes * e->c.decode_us_per_seq + k.ctx * e->c.ctx_us_per_token;
     return t > 0 ? t : 1e-3;   /* a step always takes some time: 0 means idle */
 }
 

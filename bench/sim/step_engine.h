@@ -10,6 +10,18 @@
  * recomputes its prompt and its output so far when admitted again (vLLM's recompute mode).
  * In a step where something was preempted, nobody new is admitted, as in vLLM.
  *
+ * With priority scheduling (vLLM's --scheduling-policy priority; `priority` in the conf) each
+ * sequence has a priority, lower served earlier, ties by arrival: the waiting queue is kept in
+ * that order (a preempted sequence goes back into it by its own priority and arrival, not to
+ * the head), and a running sequence that needs a block preempts the running sequence of the
+ * worst priority, latest arrival (which may be itself), as vLLM v1 does. Beyond vLLM v1 (its
+ * waiting requests never displace running ones; vLLM v0's priority scheduler did): a waiting
+ * sequence that cannot be admitted (no budget left in the step, max_num_seqs running, or no
+ * room in the cache) preempts running sequences of a strictly worse priority, worst first,
+ * until it can; a sequence preempted so gives back the step's tokens it was given, and in
+ * that step only sequences better than every one preempted are admitted after it. A
+ * preempted sequence keeps cached only the full prompt blocks it had computed.
+ *
  * A step's time is base + prefill tokens * prefill_us_per_token + decode sequences *
  * decode_us_per_seq + context tokens read * ctx_us_per_token: a decode step is bound by
  * reading the weights (base) and each sequence's KV cache (context); prefill tokens are
@@ -36,10 +48,11 @@ typedef struct {
     double decode_us_per_seq;      /* per decoding sequence (--step-seq-us) */
     double ctx_us_per_token;       /* per context token a scheduled sequence reads
                                     * (--step-kv-ns-per-token / 1000) */
+    int priority;                  /* --scheduling-policy priority (0: fcfs) */
 } sim_step_conf_t;
 
 /* Llama-3.1-8B in BF16 on one H100 SXM (docs/BENCH_ENGINE.md says where each comes from). */
-#define SIM_STEP_DEFAULTS {256, 8192, 7400.0, 70.0, 30.0, 0.039}
+#define SIM_STEP_DEFAULTS {256, 8192, 7400.0, 70.0, 30.0, 0.039, 0}
 
 enum { SIM_SEQ_NEW, SIM_SEQ_WAITING, SIM_SEQ_RUNNING, SIM_SEQ_FINISHED };
 
@@ -49,6 +62,7 @@ struct sim_step_seq {
     const uint64_t *hashes;        /* the prompt's full blocks, chained (kvcache.h) */
     size_t nblocks;
     size_t prompt_tokens, max_tokens;   /* max_tokens >= 1 */
+    int priority;                  /* lower first (priority scheduling only) */
     void *owner;
     /* The engine's; the caller reads them. */
     int state;
@@ -61,6 +75,7 @@ struct sim_step_seq {
     size_t private_blocks;         /* held beyond the named prompt blocks */
     size_t scheduled;              /* tokens it computes in the current step */
     int admitted;                  /* it was admitted once (its hit is counted) */
+    uint64_t arrival;              /* order of sim_step_add: ties of priority */
 };
 
 typedef struct {
@@ -81,6 +96,8 @@ typedef struct {
     unsigned step_decodes;
     /* Totals. */
     uint64_t steps, preemptions;
+    uint64_t priority_preemptions; /* of them, made for a waiting sequence of better priority */
+    uint64_t next_arrival;
     uint64_t prefix_queries, prefix_hits;   /* tokens, at first admissions */
 } sim_step_t;
 
@@ -91,7 +108,8 @@ void sim_step_dispose(sim_step_t *e);
 /* Can a sequence of this size ever run alone on this cache? */
 int sim_step_fits(const sim_step_t *e, size_t nblocks, size_t prompt_tokens, size_t max_tokens);
 
-/* Queues s at the waiting tail (its fields above the line set). */
+/* Queues s (its fields above the line set): at the waiting tail, or with priority scheduling
+ * after every waiting sequence of the same or a better priority. */
 void sim_step_add(sim_step_t *e, sim_step_seq_t *s);
 
 /* Takes s out wherever it is (the client left): gives back its blocks. s is the caller's

@@ -53,6 +53,11 @@ static void usage(FILE *f)
 "  --step-seq-us F              step: time per decoding sequence, us (default 30)\n"
 "  --step-kv-ns-per-token F     step: time per context token a sequence reads, ns\n"
 "                               (default 39)\n"
+"  --scheduling-policy P        fcfs (default) or priority: as vLLM's flag, a request's\n"
+"                               integer \"priority\" (lower first, default 0) orders the\n"
+"                               waiting queue and a better one preempts worse ones\n"
+"                               (bench/README.md says how, per engine); with fcfs a body\n"
+"                               with a priority other than 0 gets 400, as from vLLM\n"
 "  --overhead-ms F              fixed time to first token, ms (default 15)\n"
 "  --itl-ms F                   inter-token latency at batch 1, ms (default 12)\n"
 "  --itl-per-seq-us F           inter-token latency added per running request, us (default 60)\n"
@@ -173,7 +178,7 @@ int main(int argc, char **argv)
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
            O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT, O_TOKDELAY,
            O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK, O_CAPSCHED, O_ROLE, O_KVTPS, O_KVGBPS,
-           O_KVHOST };
+           O_KVHOST, O_SCHED };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -192,7 +197,7 @@ int main(int argc, char **argv)
         {"foreign-load", 1, 0, O_FOREIGN}, {"foreign-tokens", 1, 0, O_FTOK},
         {"capacity-schedule", 1, 0, O_CAPSCHED}, {"role", 1, 0, O_ROLE},
         {"kv-transfer-tokens-per-s", 1, 0, O_KVTPS}, {"kv-transfer-gbps", 1, 0, O_KVGBPS},
-        {"kv-advertise-host", 1, 0, O_KVHOST},
+        {"kv-advertise-host", 1, 0, O_KVHOST}, {"scheduling-policy", 1, 0, O_SCHED},
         {0, 0, 0, 0},
     };
     int o;
@@ -226,6 +231,10 @@ int main(int argc, char **argv)
         case O_ENGINE:
             bad = strcmp(optarg, "step") != 0 && strcmp(optarg, "latency") != 0;
             conf.step = strcmp(optarg, "step") == 0;
+            break;
+        case O_SCHED:
+            bad = strcmp(optarg, "fcfs") != 0 && strcmp(optarg, "priority") != 0;
+            conf.sc.priority = strcmp(optarg, "priority") == 0;
             break;
         case O_MNBT:
             bad = parse_double(optarg, 1, 1e7, &v);
@@ -402,9 +411,9 @@ int main(int argc, char **argv)
         }
     }
     fprintf(stderr, "vllm-sim: ready (model %s, %d pod%s, capacity %llu tokens, time scale %g, "
-            "%s engine)\n", conf.model, nports, nports > 1 ? "s" : "",
+            "%s engine, %s scheduling)\n", conf.model, nports, nports > 1 ? "s" : "",
             (unsigned long long)conf.capacity_tokens, conf.time_scale,
-            conf.step ? "step" : "latency");
+            conf.step ? "step" : "latency", conf.sc.priority ? "priority" : "fcfs");
     event_base_dispatch(base);
     rc = 0;
 out:

@@ -1,7 +1,9 @@
 /* test/unit/bench/test_step_engine.c: the simulator's step engine (bench/sim/step_engine.c):
  * a step's make-up under the token budget, chunked prefill, the max_num_seqs bound, the step
  * time, preemption of the newest running sequence when the cache runs out, blocks given back
- * at the end, aborts, and the same inputs giving the same steps. */
+ * at the end, aborts, and the same inputs giving the same steps; with priority scheduling,
+ * the waiting order, a better waiting sequence displacing worse running ones, and the victim
+ * of a full cache. */
 #include <stdlib.h>
 
 #include "pcr_test.h"
@@ -47,7 +49,7 @@ static double run_step(sim_step_t *e, fixture_t *f)
 
 static sim_step_conf_t conf(unsigned seqs, unsigned budget)
 {
-    sim_step_conf_t c = {seqs, budget, 1000.0, 10.0, 100.0, 1.0};
+    sim_step_conf_t c = {seqs, budget, 1000.0, 10.0, 100.0, 1.0, 0};
     return c;
 }
 
@@ -227,6 +229,165 @@ static void test_abort_gives_back_its_blocks(void)
     pcr_kvcache_free(kv);
 }
 
+/* Three sequences queued at once on one slot: FCFS serves them in arrival order, priority
+ * scheduling the better one first, ties by arrival. */
+static void serve_order(int priority, unsigned order[3])
+{
+    static fixture_t f;
+    memset(&f, 0, sizeof f);
+    pcr_kvcache_t *kv = pcr_kvcache_new(1000);
+    sim_step_conf_t c = conf(1, 8192);
+    c.priority = priority;
+    sim_step_t e;
+    sim_step_init(&e, &c, kv);
+    int prio[3] = {5, 5, 1};
+    for (unsigned k = 0; k < 3; k++) {
+        make(&f, k, 64, 2);
+        f.s[k].priority = prio[k];
+        sim_step_add(&e, &f.s[k]);
+    }
+    for (unsigned n = 0; n < 100 && run_step(&e, &f) > 0; n++)
+        ;
+    for (unsigned k = 0; k < 3; k++) {
+        PCR_CHECK_EQ_INT(f.emitted[k], 2);
+        PCR_CHECK_EQ_INT(f.s[k].preemptions, 0);   /* nobody runs when the better one comes */
+        order[k] = f.first_step[k];
+    }
+    sim_step_dispose(&e);
+    pcr_kvcache_free(kv);
+}
+
+static void test_priority_orders_the_waiting_queue(void)
+{
+    unsigned fcfs[3], prio[3];
+    serve_order(0, fcfs);
+    serve_order(1, prio);
+    PCR_CHECK(fcfs[0] < fcfs[1] && fcfs[1] < fcfs[2]);
+    PCR_CHECK(prio[2] < prio[0] && prio[0] < prio[1]);
+}
+
+/* A long prompt of priority 5 in chunked prefill takes the whole budget; a short one of
+ * priority 0 arrives. FCFS: it waits for a share of the budget. Priority: it displaces the
+ * long one at once (which gives back its step's tokens, its blocks past what it computed, and
+ * is not admitted again in that step), and the long one runs again after. */
+static void displaced(int priority)
+{
+    static fixture_t f;
+    memset(&f, 0, sizeof f);
+    pcr_kvcache_t *kv = pcr_kvcache_new(1000);
+    sim_step_conf_t c = conf(16, 64);
+    c.priority = priority;
+    sim_step_t e;
+    sim_step_init(&e, &c, kv);
+    make(&f, 0, 640, 3);
+    f.s[0].priority = 5;
+    make(&f, 1, 32, 3);
+    f.s[1].priority = 0;
+    sim_step_add(&e, &f.s[0]);
+    run_step(&e, &f);
+    run_step(&e, &f);                  /* 128 of its 640 tokens computed */
+    PCR_CHECK_EQ_INT(f.s[0].computed, 128);
+    sim_step_add(&e, &f.s[1]);
+    PCR_CHECK(sim_step_begin(&e) > 0);
+    if (!priority) {
+        PCR_CHECK_EQ_INT(f.s[0].state, SIM_SEQ_RUNNING);
+        PCR_CHECK_EQ_INT(f.s[1].state, SIM_SEQ_WAITING);
+        PCR_CHECK_EQ_INT(e.step_prefill_tokens, 64);
+    } else {
+        PCR_CHECK_EQ_INT(f.s[0].state, SIM_SEQ_WAITING);
+        PCR_CHECK_EQ_INT(f.s[0].computed, 0);
+        PCR_CHECK_EQ_INT(f.s[0].preemptions, 1);
+        PCR_CHECK_EQ_INT(e.priority_preemptions, 1);
+        PCR_CHECK_EQ_INT(f.s[1].state, SIM_SEQ_RUNNING);
+        PCR_CHECK_EQ_INT(e.step_prefill_tokens, 32);   /* its own tokens only */
+        PCR_CHECK_EQ_INT(e.nbatch, 1);
+        /* The 8 blocks it computed stay cached, the 32 it never computed are gone. */
+        PCR_CHECK_EQ_INT(pcr_kvcache_match(kv, f.h[0], 40), 8);
+    }
+    sim_step_end(&e, on_emit, &f);
+    for (unsigned n = 0; n < 100 && run_step(&e, &f) > 0; n++)
+        ;
+    PCR_CHECK_EQ_INT(f.emitted[0], 3);
+    PCR_CHECK_EQ_INT(f.emitted[1], 3);
+    if (priority)
+        PCR_CHECK(f.first_step[1] < f.first_step[0]);
+    else
+        PCR_CHECK(f.first_step[0] < f.first_step[1]);
+    PCR_CHECK_EQ_INT(pcr_kvcache_pinned(kv), 0);
+    PCR_CHECK_EQ_INT(pcr_kvcache_reserved(kv), 0);
+    sim_step_dispose(&e);
+    pcr_kvcache_free(kv);
+}
+
+static void test_a_better_waiting_sequence_displaces_a_worse_running_one(void)
+{
+    displaced(0);
+    displaced(1);
+}
+
+/* One slot, a decode of priority 5 running; a sequence of the same priority waits for it, one
+ * of priority 0 displaces it. */
+static void test_only_a_strictly_better_priority_displaces(void)
+{
+    static fixture_t f;
+    memset(&f, 0, sizeof f);
+    pcr_kvcache_t *kv = pcr_kvcache_new(1000);
+    sim_step_conf_t c = conf(1, 8192);
+    c.priority = 1;
+    sim_step_t e;
+    sim_step_init(&e, &c, kv);
+    make(&f, 0, 64, 10);
+    f.s[0].priority = 5;
+    make(&f, 1, 64, 2);
+    f.s[1].priority = 5;
+    make(&f, 2, 64, 2);
+    f.s[2].priority = 0;
+    sim_step_add(&e, &f.s[0]);
+    run_step(&e, &f);
+    sim_step_add(&e, &f.s[1]);
+    run_step(&e, &f);
+    PCR_CHECK_EQ_INT(f.s[1].state, SIM_SEQ_WAITING);
+    PCR_CHECK_EQ_INT(e.preemptions, 0);
+    sim_step_add(&e, &f.s[2]);
+    run_step(&e, &f);
+    PCR_CHECK_EQ_INT(f.s[0].state, SIM_SEQ_WAITING);
+    PCR_CHECK_EQ_INT(f.s[2].state, SIM_SEQ_RUNNING);
+    PCR_CHECK_EQ_INT(e.priority_preemptions, 1);
+    /* Back in its order: before the one of its priority that arrived after it. */
+    PCR_CHECK_EQ_INT(e.waiting.head == &f.s[0] && f.s[0].next == &f.s[1], 1);
+    sim_step_dispose(&e);
+    pcr_kvcache_free(kv);
+}
+
+/* The cache scenario above with the older sequence of the worse priority: priority scheduling
+ * preempts it (vLLM's max over priority, arrival), not the newest. */
+static void test_a_full_cache_preempts_the_worst_priority(void)
+{
+    static fixture_t f;
+    memset(&f, 0, sizeof f);
+    pcr_kvcache_t *kv = pcr_kvcache_new(8);
+    sim_step_conf_t c = conf(16, 8192);
+    c.priority = 1;
+    sim_step_t e;
+    sim_step_init(&e, &c, kv);
+    make(&f, 0, 48, 40);
+    f.s[0].priority = 5;
+    make(&f, 1, 48, 40);
+    f.s[1].priority = 0;
+    sim_step_add(&e, &f.s[0]);
+    sim_step_add(&e, &f.s[1]);
+    for (unsigned n = 0; n < 400 && run_step(&e, &f) > 0; n++)
+        ;
+    PCR_CHECK(f.s[0].preemptions >= 1);
+    PCR_CHECK_EQ_INT(f.s[1].preemptions, 0);
+    PCR_CHECK_EQ_INT(f.emitted[0], 40);
+    PCR_CHECK_EQ_INT(f.emitted[1], 40);
+    PCR_CHECK_EQ_INT(pcr_kvcache_pinned(kv), 0);
+    PCR_CHECK_EQ_INT(pcr_kvcache_reserved(kv), 0);
+    sim_step_dispose(&e);
+    pcr_kvcache_free(kv);
+}
+
 int main(void)
 {
     PCR_RUN(test_prefill_is_chunked_under_the_budget);
@@ -234,5 +395,9 @@ int main(void)
     PCR_RUN(test_decode_time_grows_with_batch_and_context);
     PCR_RUN(test_preempts_the_newest_when_the_cache_runs_out);
     PCR_RUN(test_abort_gives_back_its_blocks);
+    PCR_RUN(test_priority_orders_the_waiting_queue);
+    PCR_RUN(test_a_better_waiting_sequence_displaces_a_worse_running_one);
+    PCR_RUN(test_only_a_strictly_better_priority_displaces);
+    PCR_RUN(test_a_full_cache_preempts_the_worst_priority);
     return pcr_test_done();
 }

@@ -237,7 +237,8 @@ void sim_engine_submit(sim_req_t *r)
     if (pod->conf->step) {
         r->step = (sim_step_seq_t){.hashes = r->hashes, .nblocks = r->nblocks,
                                   .prompt_tokens = r->prompt_tokens,
-                                  .max_tokens = r->max_tokens, .owner = r};
+                                  .max_tokens = r->max_tokens, .priority = r->priority,
+                                  .owner = r};
         sim_step_add(&pod->eng, &r->step);
         step_kick(pod);
         return;

@@ -323,6 +323,7 @@ int pcr_body_reader_finish(pcr_body_reader_t *r, pcr_body_t *out)
     out->max_tokens = r->max_tokens;
     out->user_hash = r->user_hash;
     out->has_user = r->has_user;
+    out->has_priority = r->has_priority;
     uint64_t bytes = pcr_prefix_stream_bytes(r->key);
     out->prompt_tokens =
         (size_t)(bytes / PCR_BYTES_PER_TOKEN + (bytes % PCR_BYTES_PER_TOKEN != 0));

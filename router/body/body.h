@@ -46,6 +46,7 @@ typedef struct {
                                   not a whole number */
     uint64_t user_hash;        /* XXH3-64 of "user" when has_user (a session key) */
     int has_user;              /* "user" is a non-empty string of at most 512 bytes */
+    int has_priority;          /* "priority" is present (the pods' scheduling priority) */
 } pcr_body_t;
 
 /* The key to route on, a view into `b` (valid while b is). */

@@ -120,6 +120,9 @@ static int root_value(pcr_body_reader_t *r, level_t *L, int vt, int *mode)
             break;
         r->want_short = NAME_MAX_BYTES;
         return 1;
+    case KEY_PRIORITY:
+        r->has_priority = 1;
+        break;
     case KEY_STREAM_OPTIONS:
         r->stream_options = 1;
         if (vt == VT_MAP)
@@ -333,6 +336,7 @@ static const struct {
     {K_ROOT, KEY_MAX_TOKENS, "max_tokens"},
     {K_ROOT, KEY_MAX_COMPLETION_TOKENS, "max_completion_tokens"},
     {K_ROOT, KEY_USER, "user"},
+    {K_ROOT, KEY_PRIORITY, "priority"},
     {K_STREAM_OPTS, KEY_INCLUDE_USAGE, "include_usage"},
     {K_MESSAGE, KEY_ROLE, "role"},
     {K_MESSAGE, KEY_CONTENT, "content"},

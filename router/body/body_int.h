@@ -25,7 +25,7 @@ enum { K_ROOT, K_MESSAGES, K_MESSAGE, K_PARTS, K_PART, K_STREAM_OPTS, K_EMIT, K_
 
 enum { KEY_NONE, KEY_OTHER, KEY_MODEL, KEY_PROMPT, KEY_MESSAGES, KEY_TOOLS, KEY_STREAM,
        KEY_STREAM_OPTIONS, KEY_INCLUDE_USAGE, KEY_ROLE, KEY_CONTENT, KEY_TOOL_CALLS, KEY_TEXT,
-       KEY_TYPE, KEY_MAX_TOKENS, KEY_MAX_COMPLETION_TOKENS, KEY_USER, KEY__COUNT };
+       KEY_TYPE, KEY_MAX_TOKENS, KEY_MAX_COMPLETION_TOKENS, KEY_USER, KEY_PRIORITY, KEY__COUNT };
 
 /* Level flags past the key bits. */
 #define SEEN_ROLE_OK (1u << 24)   /* message: a role string was read */
@@ -85,6 +85,7 @@ struct pcr_body_reader {
     uint64_t max_tokens;       /* "max_tokens" or "max_completion_tokens", 0 when absent */
     uint64_t user_hash;        /* XXH3 of "user" (a session key), when has_user */
     int has_user;
+    int has_priority;          /* "priority" is present, whatever its value */
     buf_t canon, context;      /* kept with o.keep_canonical only */
     char cpend[256];           /* context bytes not yet hashed: the tools come a few bytes */
     size_t cplen;              /* at a time, and each XXH3 update has a fixed cost */

@@ -218,6 +218,7 @@ static const field_t tenant_fields[] = {
     F_DBL(pcr_tenant_conf_t, requests_per_s, 0.0, 1e9),
     F_INT(pcr_tenant_conf_t, tokens_per_min, FT_U64, 0, 1LL << 50),
     F_INT(pcr_tenant_conf_t, max_concurrent, FT_UINT, 0, 1000000),
+    F_INT(pcr_tenant_conf_t, pod_priority, FT_INT, -1000000000, 1000000000),
 };
 
 static const field_t key_fields[] = {
@@ -712,6 +713,7 @@ static void read_tenants(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
     free(cfg->tenants);
     cfg->tenants = t;
     cfg->ntenants = 1;
+    cfg->pod_priorities = 0;
     tenant_default(c, &t[0], "default");
     const char *name;
     json_t *el;
@@ -729,6 +731,11 @@ static void read_tenants(pcr_cfg_ctx_t *c, pcr_config_t *cfg, const json_t *v)
             pcr_cfg_err_type(c, "object", el);
         else
             read_fields(c, el, dst, tenant_fields, PCR_ARRAY_SIZE(tenant_fields));
+        /* Absent and 0 differ: a pod without priority scheduling refuses any priority but 0,
+         * and one that has it is sent nothing for a tenant that sets none. */
+        dst->has_pod_priority = json_is_object(el) && json_object_get(el, "pod_priority");
+        if (dst->has_pod_priority)
+            cfg->pod_priorities = 1;
         pcr_cfg_path_pop(&c->path, mark);
     }
 }

@@ -122,6 +122,9 @@ typedef struct {
     double requests_per_s;         /* 0 (default): no limit */
     uint64_t tokens_per_min;       /* prompt (bytes / 4) plus max_tokens; 0: no limit */
     unsigned max_concurrent;       /* requests at once; 0: no limit */
+    int pod_priority;              /* the body's "priority" the pods get (vLLM's priority
+                                      scheduling: lower first), when has_pod_priority */
+    int has_pod_priority;          /* "pod_priority" is set; absent: the field is not sent */
     unsigned slot;                 /* its state in the process (pcr_server_t.tenants), set by
                                       whoever runs the config (pcr_tenancy_assign) */
 } pcr_tenant_conf_t;
@@ -273,6 +276,8 @@ typedef struct {
     pcr_auth_conf_t auth;
     pcr_tenant_conf_t *tenants;    /* [0] is "default" */
     size_t ntenants;
+    int pod_priorities;            /* some tenant has pod_priority: pcrouter owns the body's
+                                      "priority" (a client's own is never forwarded) */
     pcr_flow_conf_t flow_control;
 } pcr_config_t;
 

@@ -135,6 +135,9 @@ struct pcr_exchange {
     int identified;                   /* tenant and priority are set (pcr_tenancy_identify) */
     unsigned tslot;                   /* the tenant's slot (pcr_server_t.tenants) */
     int priority;                     /* the tenant's, or its objective's */
+    int pod_priority;                 /* the body's "priority" for the pods, when */
+    int has_pod_priority;             /* the same entry has pod_priority */
+    int pod_body_done;                /* the body is as the pods get it (proxy_req.c) */
     unsigned qslot;                   /* whose band and fairness counter it waits in: its
                                          tenant's, or its objective's entry's */
     int admitted;                     /* counted in its tenant's concurrency */
@@ -241,6 +244,12 @@ void pcr_proxy_up_prefill_due(void *arg);
  * when nothing is added: *body is then src, else NULL), and pcrouter's own X-Request-Id when
  * ex->pd_reqid is set. NULL when out of memory. `usage`: add stream_options as
  * upstream.request_usage asks. */
+/* Once, before the first attempt: where the config gives the pods a priority
+ * (tenants.NAME.pod_priority), the body's top-level "priority" becomes the request's, or goes
+ * when its tenant sets none (a client never picks its own); re-encoded with jansson, nothing
+ * else changed but its spelling. Returns 0, or -1 having answered the error itself. */
+int pcr_proxy_pod_body(pcr_exchange_t *ex);
+
 struct evbuffer *pcr_proxy_request(pcr_exchange_t *ex, pcr_backend_t *be, struct evbuffer *src,
                                    int usage, struct evbuffer **body);
 /* Fills loads[0..n) for the policy (usable = up, not ejected, not tried, serves the model);

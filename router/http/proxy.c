@@ -150,6 +150,8 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
     pcr_worker_t *w = ex->w;
     pcr_server_t *srv = w->srv;
     const char *model = ex->req.model ? ex->req.model : "";
+    if (pcr_proxy_pod_body(ex) < 0)
+        return 0;
     pcr_worker_sync(w); /* what the other workers (and the control thread) published meanwhile */
     size_t n = pcr_backend_slots(srv);
     pcr_backend_load_t loads[n ? n : 1];

@@ -1,13 +1,64 @@
 /* router/http/proxy_req.c: the request as a pod gets it (pcr_proxy_request, exchange_int.h):
  * the client's method, path and fields less the hop-by-hop ones (and the API key, which only
  * pcrouter checks), the pod's Host, a disaggregated request's X-Request-Id, its length, and its
- * body, with stream_options added where pcrouter asks the pod for usage. */
+ * body, with stream_options added where pcrouter asks the pod for usage, and with the priority
+ * the config gives the pods for the request's tenant. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "exchange_int.h"
 #include "http1.h"
+
+int pcr_proxy_pod_body(pcr_exchange_t *ex)
+{
+    const pcr_config_t *cfg = ex->w->cfg;
+    if (ex->pod_body_done || !cfg->pod_priorities)
+        return 0;
+    ex->pod_body_done = 1;
+    /* A prompt's body was read as it came: nothing to do for a tenant without pod_priority
+     * whose client sent none. Another endpoint's body was not read: look. */
+    if (!ex->has_pod_priority && ex->has_key && !ex->req.has_priority)
+        return 0;
+    size_t len = evbuffer_get_length(ex->body);
+    const char *raw = len ? (const char *)evbuffer_pullup(ex->body, -1) : "";
+    json_error_t err;
+    json_t *o = json_loadb(raw, len, 0, &err);
+    char *s = NULL;
+    int rc = -1;
+    if (!json_is_object(o)) {
+        if (!ex->has_key) { /* not JSON at all: the pod answers it as it would */
+            rc = 0;
+            goto done;
+        }
+        pcr_exchange_error(ex, 400, "invalid_request_error", "invalid_json",
+                           "request body cannot be re-encoded to set its priority (%s)",
+                           o == NULL ? err.text : "not an object");
+        goto done;
+    }
+    if (!ex->has_pod_priority && json_object_get(o, "priority") == NULL) {
+        rc = 0;
+        goto done;
+    }
+    if (ex->has_pod_priority
+            ? json_object_set_new(o, "priority", json_integer(ex->pod_priority)) != 0
+            : json_object_del(o, "priority") != 0)
+        goto oom;
+    if ((s = json_dumps(o, JSON_COMPACT)) == NULL)
+        goto oom;
+    evbuffer_drain(ex->body, len);
+    if (evbuffer_add(ex->body, s, strlen(s)) != 0)
+        goto oom;
+    rc = 0;
+    goto done;
+oom:
+    pcr_exchange_error(ex, 500, "server_error", "internal", "out of memory");
+done:
+    free(s);
+    json_decref(o);
+    return rc;
+}
 
 /* The values of every Connection field of the request, joined by commas (NULL when none). */
 static char *request_connection(const pcr_exchange_t *ex)

@@ -5,7 +5,8 @@
  *
  *   identify: API key (Authorization: Bearer K, x-api-key: K) -> tenant, else the tenant
  *             header (a trusted gateway in front), else "default"; the objective header may
- *             name a tenant whose priority the request takes. A missing or unknown key: 401.
+ *             name a tenant whose priority the request takes (its pod_priority too: what
+ *             the pods are told, proxy_req.c). A missing or unknown key: 401.
  *   admit:    max_concurrent, requests_per_s, tokens_per_min (process-wide, atomics) -> 429;
  *             saturated pool: a sheddable request (priority < 0) gets 429 at once without flow
  *             control; with it, the request waits in the worker's flow queue, released by
@@ -165,6 +166,8 @@ int pcr_tenancy_identify(pcr_exchange_t *ex)
     }
     ex->tslot = ex->qslot = cfg->tenants[t].slot;
     ex->priority = cfg->tenants[t].priority;
+    ex->pod_priority = cfg->tenants[t].pod_priority;
+    ex->has_pod_priority = cfg->tenants[t].has_pod_priority;
     if (cfg->routing.objective_header[0] != '\0') {
         const char *v;
         size_t n;
@@ -174,6 +177,8 @@ int pcr_tenancy_identify(pcr_exchange_t *ex)
             if (o >= 0) {
                 ex->priority = cfg->tenants[o].priority;
                 ex->qslot = cfg->tenants[o].slot;
+                ex->pod_priority = cfg->tenants[o].pod_priority;
+                ex->has_pod_priority = cfg->tenants[o].has_pod_priority;
             }
         }
     }

@@ -1,10 +1,18 @@
 """Sharing one pool: API keys (auth), tenants and their limits, sessions, the pool's saturation
 and flow control (router/http/tenancy.c, hashring/tenancy.c, hashring/flowq.c)."""
+import json
+import os
+import re
+import signal
+import subprocess
 import threading
 
 import pytest
 
-from conftest import (assert_error, completion, curl, get_metrics, metric, sha256, wait_for)
+from conftest import (BUILD, LineReader, assert_error, chat, completion, curl, get_metrics,
+                      make_config, metric, sha256, wait_for)
+
+SIM = os.path.join(BUILD, "bench", "sim", "vllm_sim")
 
 KEY_A = "sk-tenant-a-0123456789abcdef"
 KEY_B = "sk-tenant-b-fedcba9876543210"
@@ -269,3 +277,144 @@ def test_flow_control_queue_bounds(cluster):
     text = get_metrics(c.router)
     assert metric(text, "pcrouter_tenant_rejected_total", reason="queue-full") == 1
     assert metric(text, "pcrouter_tenant_queue_requests") == 0
+
+
+# ---- the pods' priority (tenants.NAME.pod_priority) -----------------------------------------
+
+def pod_priority_cluster(cluster, tenants=None):
+    return cluster(n=1, workers=1,
+                   routing={"tenant_header": "x-tenant",
+                            "objective_header": "x-gateway-inference-objective"},
+                   tenants=tenants or {"interactive": {"priority": 10, "pod_priority": -5},
+                                       "batch": {"pod_priority": 3}, "plain": {}})
+
+
+def pod_got(c, body, tenant, proto="h1", headers=(), path="/v1/completions"):
+    """What the pod received for `body` sent as `tenant`: the body, parsed, after checking its
+    Content-Length."""
+    r = post(c, body, ["x-tenant: " + tenant] + list(headers), proto, path=path)
+    assert r.status == 200, r
+    last = c.stubs[0].stats()["last"]
+    assert int(last["hdrs"]["content-length"]) == len(last["body"].encode()), last
+    return json.loads(last["body"])
+
+
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_pods_get_the_tenants_priority_never_the_clients(cluster, proto):
+    c = pod_priority_cluster(cluster)
+    assert pod_got(c, completion("an interactive question"), "interactive", proto)["priority"] == -5
+    # A client's own priority is replaced, and everything else reaches the pod as it was sent.
+    sent = dict(completion("a batch document \u00e9\u4e2d"), priority=-100, temperature=0.5,
+                stop=["\n", "END"], logit_bias={"42": -1}, n=1)
+    got = pod_got(c, sent, "batch", proto)
+    assert got.pop("priority") == 3
+    assert got == {k: v for k, v in sent.items() if k != "priority"}
+    # A tenant without pod_priority: nothing is sent, and a client's own goes.
+    assert "priority" not in pod_got(c, completion("plain"), "plain", proto)
+    assert "priority" not in pod_got(c, dict(completion("plain 2"), priority=-100), "plain", proto)
+    assert "priority" not in pod_got(c, dict(completion("nobody"), priority=-1), "unknown", proto)
+    # The objective header names the entry whose pod_priority the request takes.
+    got = pod_got(c, completion("through a gateway"), "plain", proto,
+                  ["x-gateway-inference-objective: interactive"])
+    assert got["priority"] == -5
+    # A chat, and an endpoint without a prompt, alike.
+    got = pod_got(c, dict(chat([{"role": "user", "content": "hi"}]), priority=9), "batch", proto,
+                  path="/v1/chat/completions")
+    assert got["priority"] == 3
+    got = pod_got(c, {"model": "stub-model", "input": "x", "priority": 9}, "interactive", proto,
+                  path="/v1/embeddings")
+    assert got["priority"] == -5
+
+
+def test_pod_priority_is_validated_and_reloaded(cluster, tmp_path):
+    from conftest import PCROUTER
+    import subprocess
+    cfg = {"listen": [{"address": "127.0.0.1:0"}],
+           "backends": [{"name": "a", "url": "http://127.0.0.1:1"}],
+           "tenants": {"a": {"pod_priority": "high"}, "b": {"pod_priority": 1.5},
+                       "c": {"pod_priority": 1 << 40}}}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(cfg))
+    out = subprocess.run([PCROUTER, "--check-config", str(path)], capture_output=True, text=True,
+                         timeout=10)
+    assert out.returncode != 0
+    for t in "abc":
+        assert "tenants.%s.pod_priority" % t in out.stderr, out.stderr
+    # Without pod_priority anywhere, a client's priority is its own business (as before).
+    c = pod_priority_cluster(cluster, {"plain": {}})
+    assert pod_got(c, dict(completion("mine"), priority=7), "plain")["priority"] == 7
+    # A reload that gives the tenant one: pcrouter owns the field from then on.
+    cfg = dict(c.router.config, tenants={"plain": {"pod_priority": 2}})
+    with open(c.router.path, "w") as f:
+        json.dump(cfg, f)
+    c.router.send_signal(signal.SIGHUP)
+    wait_for(lambda: metric(get_metrics(c.router), "pcrouter_config_reloads_total",
+                            result="ok") == 1, 15, 0.05, "the reload")
+    assert pod_got(c, dict(completion("mine"), priority=7), "plain")["priority"] == 2
+
+
+class PrioSim:
+    """One vllm_sim pod with priority scheduling, at the wall clock's pace."""
+
+    def __init__(self, engine, policy="priority"):
+        self.p = subprocess.Popen([SIM, "--port", "0", "--engine", engine,
+                                   "--scheduling-policy", policy], stderr=subprocess.PIPE)
+        self.err = LineReader(self.p.stderr, "vllm_sim")
+        assert self.err.wait_line(r"ready", 15) is not None, self.err.text()
+        m = self.err.wait_line(r"listening on 127\.0\.0\.1:(\d+)", 5)
+        self.port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", self.err.text()).group(1))
+
+    def metric(self, name):
+        return metric(curl("http://127.0.0.1:%d/metrics" % self.port).body.decode(), name)
+
+    def close(self):
+        self.p.terminate()
+        self.p.wait(10)
+
+
+@pytest.mark.parametrize("engine", ["latency", "step"])
+def test_an_interactive_request_behind_a_batch_prompt_is_served_first(router_factory, engine):
+    sim = PrioSim(engine)
+    try:
+        cfg = make_config([{"name": "pod", "url": "http://127.0.0.1:%d" % sim.port}], workers=1)
+        cfg["routing"] = {"tenant_header": "x-tenant"}
+        cfg["tenants"] = {"interactive": {"priority": 10, "pod_priority": 0},
+                          "batch": {"pod_priority": 10}}
+        router = router_factory(cfg)
+        wait_for(lambda: curl(router.url("/health")).status == 200, 15, 0.05, "/health 200")
+        done, lock = [], threading.Lock()
+
+        def send(tag, prompt):
+            body = {"model": "sim-8b", "prompt": prompt, "max_tokens": 1}
+            r = post(router, body, ["x-tenant: " + tag], timeout=60)
+            with lock:
+                done.append((tag, r.status))
+
+        # A 20000-token batch prompt: over a second of prefill (chunked in three engine steps
+        # by the step engine); the interactive one is sent once the batch one runs.
+        tb = threading.Thread(target=send, args=("batch", "b" * 80000))
+        tb.start()
+        wait_for(lambda: sim.metric("vllm:num_requests_running") == 1, 15, 0.01,
+                 "the batch prompt in prefill")
+        ti = threading.Thread(target=send, args=("interactive", "an interactive question"))
+        ti.start()
+        ti.join(60)
+        tb.join(60)
+        assert done == [("interactive", 200), ("batch", 200)], done
+        assert sim.metric("vllm:num_preemptions_total") == 1
+    finally:
+        sim.close()
+
+
+def test_sim_refuses_a_priority_without_priority_scheduling():
+    sim = PrioSim("latency", "fcfs")
+    try:
+        url = "http://127.0.0.1:%d/v1/completions" % sim.port
+        body = {"model": "sim-8b", "prompt": "hello", "max_tokens": 1}
+        assert curl(url, data=json.dumps(dict(body, priority=0)).encode()).status == 200
+        r = curl(url, data=json.dumps(dict(body, priority=3)).encode())
+        assert r.status == 400
+        assert r.json()["error"]["message"] == \
+            "Got priority 3 but Priority scheduling is not enabled."
+    finally:
+        sim.close()

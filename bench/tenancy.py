@@ -7,7 +7,11 @@ every ratio is against a baseline measured alongside it:
 
   1. Priority. An interactive tenant (priority 10) at a steady rate, a batch tenant (priority
      0) flooding at --flood times the pool's prefill capacity. Runs: interactive alone, batch
-     alone, both with flow control, both without. Reported: the interactive tenant's TTFT p99
+     alone, both with flow control, both without, and (unless --scheduling-policy fcfs) both
+     with flow control and the pods' priority scheduling: vllm_sim --scheduling-policy
+     priority, the tenants' pod_priority set (interactive 0, batch 10: lower is served
+     first), so a pod serves an interactive prompt before the batch prompts it holds. Every
+     run but the last has fcfs pods and no pod_priority, as before. Reported: the interactive tenant's TTFT p99
      against its run alone, its rejections, the batch tenant's rejections and its output
      tokens a second against its run alone.
   2. Fairness. Two tenants of equal priority and weight, one sending long prompts and one
@@ -158,11 +162,12 @@ def p(values, q):
 
 
 @contextlib.contextmanager
-def pool(args, tmp, npods, settings):
-    """Fresh simulated pods and a pcrouter in front (`settings` added to its config); yields
-    the router's (host, port)."""
+def pool(args, tmp, npods, settings, policy="fcfs"):
+    """Fresh simulated pods (scheduling `policy`) and a pcrouter in front (`settings` added to
+    its config); yields the router's (host, port)."""
     sims = Sims(args.build, ["pod-%d" % i for i in range(npods)], 1.0,
-                extra=["--max-num-seqs", "64", "--engine", args.engine])
+                extra=["--max-num-seqs", "64", "--engine", args.engine,
+                       "--scheduling-policy", policy])
     router = None
     try:
         cfg = dict({"listen": [{"address": "127.0.0.1:0"}],
@@ -178,8 +183,9 @@ def pool(args, tmp, npods, settings):
         sims.stop()
 
 
-def run(args, tmp, flow, loads, npods=None):
-    """One run: fresh pods and router; `loads` is [(tenant, rate, make_prompt, max_tokens)]."""
+def run(args, tmp, flow, loads, npods=None, pod_priority=False):
+    """One run: fresh pods and router; `loads` is [(tenant, rate, make_prompt, max_tokens)].
+    pod_priority: the pods schedule by priority and the tenants give theirs."""
     settings = {
         "routing": {"policy": "cache_aware", "tenant_header": "x-tenant"},
         "tenants": {"interactive": {"priority": 10}, "batch": {"priority": 0},
@@ -187,7 +193,11 @@ def run(args, tmp, flow, loads, npods=None):
         "flow_control": {"enabled": flow, "prefill_per_pod": args.prefill_per_pod,
                          "ttl_ms": args.ttl_ms, "max_queue_requests": args.max_queue},
     }
-    with pool(args, tmp, npods or args.pods, settings) as (host, port):
+    if pod_priority:
+        settings["tenants"]["interactive"]["pod_priority"] = 0
+        settings["tenants"]["batch"]["pod_priority"] = 10
+    with pool(args, tmp, npods or args.pods, settings,
+              "priority" if pod_priority else "fcfs") as (host, port):
         stats = {t: Stats() for t, _, _, _ in loads}
         t0 = time.monotonic()
 
@@ -205,14 +215,17 @@ def experiment_priority(args, tmp):
     inter = ("interactive", args.interactive_rate, lambda r: text(r, args.interactive_tokens), 32)
     batch = ("batch", args.flood * cap, lambda r: text(r, args.batch_tokens), 64)
     rows = {}
-    for label, flow, loads in (("interactive alone", True, [inter]),
-                               ("batch alone", True, [batch]),
-                               ("both, flow control", True, [inter, batch]),
-                               ("both, no flow control", False, [inter, batch])):
-        runs = [run(args, tmp, flow, loads) for _ in range(args.repeat)]
+    setups = [("interactive alone", True, [inter], False),
+              ("batch alone", True, [batch], False),
+              ("both, flow control", True, [inter, batch], False),
+              ("both, no flow control", False, [inter, batch], False)]
+    if args.scheduling_policy == "priority":
+        setups.append(("both, flow control + pod priority", True, [inter, batch], True))
+    for label, flow, loads, prio in setups:
+        runs = [run(args, tmp, flow, loads, pod_priority=prio) for _ in range(args.repeat)]
         rows[label] = runs
         for stats, el in runs:
-            print("# %-22s %s" % (label, {t: (len(s.ttft), s.status) for t, s in stats.items()}),
+            print("# %-34s %s" % (label, {t: (len(s.ttft), s.status) for t, s in stats.items()}),
                   file=sys.stderr, flush=True)
     return cap, rows
 
@@ -347,6 +360,9 @@ def main():
     ap.add_argument("--engine", default="latency", choices=["latency", "step"],
                     help="vllm_sim's engine: FIFO prefill (latency) or vLLM's steps with "
                          "chunked prefill (step)")
+    ap.add_argument("--scheduling-policy", default="priority", choices=["fcfs", "priority"],
+                    help="priority (default): the priority experiment adds a run with the "
+                         "pods' priority scheduling and the tenants' pod_priority; fcfs: not")
     ap.add_argument("--auth-keys", type=int, default=1000)
     ap.add_argument("--auth-requests", type=int, default=30000)
     ap.add_argument("--only", choices=["priority", "fairness", "auth"])

@@ -130,7 +130,7 @@ void pcr_flowq_remove(pcr_flowq_t *q, pcr_flowq_entry_t *e)
     e->queued = 0;
 }
 
-pcr_flowq_entry_t *pcr_flowq_pop(pcr_flowq_t *q)
+pcr_flowq_entry_t *pcr_flowq_peek(const pcr_flowq_t *q)
 {
     if (q == NULL || q->total == 0)
         return NULL;
@@ -150,8 +150,14 @@ pcr_flowq_entry_t *pcr_flowq_pop(pcr_flowq_t *q)
                                        : t->head->since < b->head->since)
             best = i;
     }
-    pcr_flowq_entry_t *e = q->t[best].head;
-    pcr_flowq_remove(q, e);
+    return q->t[best].head;
+}
+
+pcr_flowq_entry_t *pcr_flowq_pop(pcr_flowq_t *q)
+{
+    pcr_flowq_entry_t *e = pcr_flowq_peek(q);
+    if (e != NULL)
+        pcr_flowq_remove(q, e);
     return e;
 }
 

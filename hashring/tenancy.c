@@ -57,6 +57,15 @@ double pcr_saturation(const pcr_sat_pod_t *pods, size_t n, const pcr_sat_opts_t 
     return least > 1 ? 1 : least;
 }
 
+uint64_t pcr_pod_preemptible(const int *prio, size_t n, int p)
+{
+    uint64_t set = 0;
+    for (size_t i = 0; i < n && i < 64; i++)
+        if (prio[i] > p)
+            set |= 1ull << i;
+    return set;
+}
+
 #define TAG_SHIFT 28
 #define BACKEND_SHIFT 16
 

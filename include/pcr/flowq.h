@@ -64,6 +64,8 @@ int pcr_flowq_push(pcr_flowq_t *q, pcr_flowq_entry_t *e, unsigned tenant, uint64
 void pcr_flowq_remove(pcr_flowq_t *q, pcr_flowq_entry_t *e);
 /* The next entry to send, taken out; NULL when nothing waits. */
 pcr_flowq_entry_t *pcr_flowq_pop(pcr_flowq_t *q);
+/* The entry pcr_flowq_pop would take, left queued; NULL when nothing waits. */
+pcr_flowq_entry_t *pcr_flowq_peek(const pcr_flowq_t *q);
 /* The oldest entry whose wait passed the TTL at `now`, taken out; NULL when none. Call until
  * NULL (each gets its 429). */
 pcr_flowq_entry_t *pcr_flowq_expired(pcr_flowq_t *q, uint64_t now);

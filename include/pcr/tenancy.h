@@ -65,4 +65,11 @@ int pcr_affinity_keep(uint32_t inflight, double mean_inflight, double factor, do
 /* One pod's level as pcr_saturation counts it (unclipped). */
 double pcr_saturation_pod(const pcr_sat_pod_t *p, const pcr_sat_opts_t *o);
 
+/* Pods that schedule by priority (vLLM's priority scheduling: lower served first) serve a
+ * request before every request of a strictly worse pod priority, preempting their prefill for
+ * it; so, for the saturation a request of pod priority `p` sees, their prefill leaves no pod
+ * full. Of n classes (n <= 64; class i of pod priority prio[i]), the set whose prefill `p`
+ * passes: bit i set when prio[i] > p. */
+uint64_t pcr_pod_preemptible(const int *prio, size_t n, int p);
+
 #endif

@@ -192,6 +192,8 @@ void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to)
         PCR_INC(w->inflight);
     if (holds_prefill(from) && !holds_prefill(to)) {
         PCR_SUB(be->queued_prefill, ex->prefill);
+        if (ex->pod_pslot)
+            PCR_SUB(be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
         pending_leave(ex);
     }
     if (holds_backend(from) && !holds_backend(to)) {
@@ -203,6 +205,8 @@ void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to)
         PCR_ADD(be->inflight, 1);
     if (!holds_prefill(from) && holds_prefill(to)) {
         PCR_ADD(be->queued_prefill, ex->prefill);
+        if (ex->pod_pslot)
+            PCR_ADD(be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
         pending_join(ex);
     }
     ex->state = to;
@@ -226,6 +230,8 @@ void pcr_exchange_prefill_due(pcr_exchange_t *ex)
     if (!holds_prefill(ex->state))
         return;
     PCR_SUB(ex->be->queued_prefill, ex->prefill);
+    if (ex->pod_pslot)
+        PCR_SUB(ex->be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
     ex->prefill = 0;
     pending_leave(ex);
 }

@@ -138,6 +138,8 @@ struct pcr_exchange {
     int pod_priority;                 /* the body's "priority" for the pods, when */
     int has_pod_priority;             /* the same entry has pod_priority */
     int pod_body_done;                /* the body is as the pods get it (proxy_req.c) */
+    unsigned pod_pslot;               /* its prefill is counted in the backend's
+                                         prefill_by_slot[pod_pslot - 1]; 0: not */
     unsigned qslot;                   /* whose band and fairness counter it waits in: its
                                          tenant's, or its objective's entry's */
     int admitted;                     /* counted in its tenant's concurrency */

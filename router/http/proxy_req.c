@@ -17,6 +17,9 @@ int pcr_proxy_pod_body(pcr_exchange_t *ex)
     if (ex->pod_body_done || !cfg->pod_priorities)
         return 0;
     ex->pod_body_done = 1;
+    /* Its prefill is counted by the entry that gives its pod priority: flow control leaves out
+     * what the pods would preempt for a better request (tenancy.c). */
+    ex->pod_pslot = ex->qslot + 1;
     /* A prompt's body was read as it came: nothing to do for a tenant without pod_priority
      * whose client sent none. Another endpoint's body was not read: look. */
     if (!ex->has_pod_priority && ex->has_key && !ex->req.has_priority)

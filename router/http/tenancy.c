@@ -16,6 +16,7 @@
  * digest in constant time (CRYPTO_memcmp, no early exit), so the time taken does not depend on
  * which key matched or how much of one did. The key is never copied out of the request's
  * headers: not into a log, a metric or an error message. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,6 +304,26 @@ static pcr_exchange_t *of_entry(pcr_flowq_entry_t *e)
     return (pcr_exchange_t *)((char *)e - offsetof(pcr_exchange_t, fentry));
 }
 
+/* The pool's saturation as `ex` sees it. With pod priorities the pods serve it before the
+ * requests of a worse pod priority, preempting their prefill: that prefill fills no pod for
+ * it (pcr_pod_preemptible), so an interactive request goes while batch prompts fill the
+ * pods, and they wait for it there. */
+static double saturation_for(const pcr_exchange_t *ex)
+{
+    const pcr_config_t *cfg = ex->w->cfg;
+    if (!cfg->pod_priorities)
+        return pcr_backends_saturation(ex->w->srv, cfg);
+    int prio[PCR_MAX_TENANTS];
+    for (unsigned i = 0; i < PCR_MAX_TENANTS; i++)
+        prio[i] = INT_MIN;   /* no tenant: nothing of it to pass */
+    for (size_t i = 0; i < cfg->ntenants; i++)
+        prio[cfg->tenants[i].slot] = cfg->tenants[i].has_pod_priority
+                                         ? cfg->tenants[i].pod_priority : 0; /* vLLM's default */
+    uint64_t passes = pcr_pod_preemptible(prio, PCR_MAX_TENANTS,
+                                          ex->has_pod_priority ? ex->pod_priority : 0);
+    return pcr_backends_saturation_for(ex->w->srv, cfg, passes);
+}
+
 static void flow_arm(pcr_worker_t *w)
 {
     struct timeval tv = {0, FLOW_TICK_US};
@@ -334,11 +355,9 @@ static void on_flow(evutil_socket_t fd, short what, void *arg)
                "the pool stayed saturated for flow_control.ttl_ms while the request waited");
     }
     /* Without flow control (a reload turned it off) everything waiting goes. */
-    while (pcr_flowq_total(w->flowq) > 0 &&
-           (!cfg->flow_control.enabled || pcr_backends_saturation(w->srv, cfg) < 1)) {
-        e = pcr_flowq_pop(w->flowq);
-        if (e == NULL)
-            break;
+    while ((e = pcr_flowq_peek(w->flowq)) != NULL &&
+           (!cfg->flow_control.enabled || saturation_for(of_entry(e)) < 1)) {
+        pcr_flowq_remove(w->flowq, e);
         pcr_exchange_t *ex = of_entry(e);
         pcr_tenant_counts_t *tc = &w->metrics.tenants[ex->tslot];
         uint64_t waited = now - ex->t_queued;
@@ -393,7 +412,7 @@ int pcr_tenancy_admit(pcr_exchange_t *ex, int (*go)(pcr_exchange_t *ex))
     pcr_tenant_counts_t *tc = &w->metrics.tenants[ex->tslot];
     int flow = cfg->flow_control.enabled;
     int waiting = w->flowq != NULL && pcr_flowq_total(w->flowq) > 0;
-    double sat = (flow || ex->priority < 0) ? pcr_backends_saturation(w->srv, cfg) : 0;
+    double sat = (flow || ex->priority < 0) ? saturation_for(ex) : 0;
     if (!flow && ex->priority < 0 && sat >= 1) {
         reject(ex, PCR_REJECT_SHED, 1000000,
                "tenant '%s' is sheddable (priority < 0) and the pool is saturated", t->name);
@@ -421,7 +440,9 @@ int pcr_tenancy_admit(pcr_exchange_t *ex, int (*go)(pcr_exchange_t *ex))
         return -1;
     }
     PCR_INC(tc->waiting);
-    if (!waiting) /* the first to wait: see at once whether it may go */
+    /* The first to wait, or one with room of its own (pod priorities): see at once whether
+     * it may go. */
+    if (!waiting || sat < 1)
         event_active(w->flow_ev, EV_TIMEOUT, 1);
     flow_arm(w);
     return 1;

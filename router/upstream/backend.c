@@ -610,6 +610,11 @@ void pcr_backends_close(pcr_server_t *srv)
 
 double pcr_backends_saturation(pcr_server_t *srv, const pcr_config_t *cfg)
 {
+    return pcr_backends_saturation_for(srv, cfg, 0);
+}
+
+double pcr_backends_saturation_for(pcr_server_t *srv, const pcr_config_t *cfg, uint64_t passes)
+{
     size_t n = pcr_backend_slots(srv);
     pcr_sat_pod_t pods[n ? n : 1];
     uint64_t now = pcr_now_us();
@@ -622,6 +627,10 @@ double pcr_backends_saturation(pcr_server_t *srv, const pcr_config_t *cfg)
         pods[i].inflight = PCR_LOAD(be->inflight);
         pods[i].waiting = PCR_LOAD(be->pod_waiting);
         pods[i].prefill = PCR_LOAD(be->queued_prefill);
+        for (uint64_t m = passes; m != 0; m &= m - 1) {
+            uint64_t p = PCR_LOAD(be->prefill_by_slot[__builtin_ctzll(m)]);
+            pods[i].prefill = pods[i].prefill > p ? pods[i].prefill - p : 0;
+        }
         pods[i].kv_usage = PCR_LOAD(be->pod_kv_usage_known) ? PCR_LOAD(be->pod_kv_usage_ppm) / 1e6
                                                             : -1;
     }

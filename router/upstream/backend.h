@@ -73,6 +73,9 @@ struct pcr_backend {
     /* Load as the router counts it, fed to the policy (atomic: every worker updates it). */
     uint32_t inflight;
     uint64_t queued_prefill;                 /* uncached prefill tokens of in-flight requests */
+    uint64_t prefill_by_slot[PCR_MAX_TENANTS]; /* of them, those sent while some tenant had a
+                                              pod_priority, by the slot of the tenant whose
+                                              pod_priority they carry (exchange.c) */
     uint32_t conns;                          /* request connections, all workers */
     uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
     uint64_t held_total;                     /* ... ever */
@@ -232,6 +235,9 @@ size_t pcr_backends_up(const pcr_server_t *srv);
 /* The pool's saturation now, 0..1 (pcr_saturation over every backend's counters: the router's
  * requests in flight, the pod's scraped queue and KV usage), with flow_control's thresholds. */
 double pcr_backends_saturation(pcr_server_t *srv, const pcr_config_t *cfg);
+/* The same for a request that the pods serve before the requests of the tenant slots in
+ * `passes` (pcr_pod_preemptible): their prefill is left out of each pod's. */
+double pcr_backends_saturation_for(pcr_server_t *srv, const pcr_config_t *cfg, uint64_t passes);
 
 size_t pcr_backends_count(const pcr_server_t *srv);
 

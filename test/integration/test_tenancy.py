@@ -353,6 +353,39 @@ def test_pod_priority_is_validated_and_reloaded(cluster, tmp_path):
     assert pod_got(c, dict(completion("mine"), priority=7), "plain")["priority"] == 2
 
 
+def test_flow_control_lets_a_better_pod_priority_pass_what_the_pods_preempt(cluster):
+    """With pod priorities, the prefill of requests the pods would preempt for a request fills
+    no pod for it: an interactive request goes while batch prompts saturate the pool."""
+    c = cluster(n=1, workers=1, policy="cache_aware", routing={"tenant_header": "x-tenant"},
+                flow_control={"enabled": True, "prefill_per_pod": 500},
+                tenants={"interactive": {"priority": 10, "pod_priority": 0},
+                         "batch": {"pod_priority": 10}})
+    res = {}
+
+    def send(tag, prompt, tenant, gate=None):
+        extra = {"prefill_gate": gate} if gate else {}
+        res[tag] = post(c, completion(prompt, stream=True, **extra), ["x-tenant: " + tenant])
+
+    # A 1000-token batch prompt held at the pod: the pool is saturated for the batch tenant.
+    threads = [threading.Thread(target=send, args=("b1", "b" * 4000, "batch", "g"))]
+    threads[0].start()
+    wait_for(lambda: c.stubs[0].stats()["active"] == 1, 10, what="the batch prompt at the pod")
+    assert metric(get_metrics(c.router), "pcrouter_pool_saturation") == 1.0
+    threads.append(threading.Thread(target=send, args=("b2", "c" * 4000, "batch", "g")))
+    threads[1].start()
+    wait_for(lambda: queue_len(c, tenant="batch") == 1, 10, what="the second batch prompt waiting")
+    # The interactive request passes both: the pod would serve it first.
+    threads.append(threading.Thread(target=send, args=("i", "i" * 400, "interactive")))
+    threads[2].start()
+    threads[2].join(15)
+    assert "i" in res and res["i"].status == 200, res.get("i")
+    assert queue_len(c, tenant="batch") == 1   # the batch one still waits
+    c.stubs[0].release("g")
+    for t in threads:
+        t.join(30)
+    assert res["b1"].status == 200 and res["b2"].status == 200
+
+
 class PrioSim:
     """One vllm_sim pod with priority scheduling, at the wall clock's pace."""
 

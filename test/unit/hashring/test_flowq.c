@@ -27,14 +27,16 @@ static void test_priority_bands(void)
     pcr_flowq_served(q, 1, 1000000, 0); /* the high band's counter means nothing to the others */
     int order[9];
     for (int i = 0; i < 9; i++) {
+        pcr_flowq_entry_t *p = pcr_flowq_peek(q);   /* what pop takes, left in place */
+        PCR_CHECK(p != NULL && pcr_flowq_peek(q) == p && pcr_flowq_total(q) == (size_t)(9 - i));
         pcr_flowq_entry_t *e = pcr_flowq_pop(q);
-        PCR_CHECK(e != NULL);
+        PCR_CHECK(e != NULL && e == p);
         order[i] = e ? of(e)->id : -1;
     }
     PCR_CHECK(order[0] == 1 && order[1] == 4 && order[2] == 7);  /* priority 5 */
     PCR_CHECK(order[3] == 0 && order[4] == 3 && order[5] == 6);  /* priority 0 */
     PCR_CHECK(order[6] == 2 && order[7] == 5 && order[8] == 8);  /* sheddable, last */
-    PCR_CHECK(pcr_flowq_pop(q) == NULL);
+    PCR_CHECK(pcr_flowq_pop(q) == NULL && pcr_flowq_peek(q) == NULL);
     pcr_flowq_free(q);
 }
 

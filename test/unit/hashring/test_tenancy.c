@@ -113,11 +113,27 @@ static void test_affinity_words(void)
     PCR_CHECK(!pcr_affinity_keep(0, 2, 1.25, 1.0));  /* saturated */
 }
 
+/* A request passes the prefill of strictly worse (greater) pod priorities only. */
+static void test_pod_preemptible(void)
+{
+    int prio[5] = {0, 10, -5, 0, 3};
+    PCR_CHECK(pcr_pod_preemptible(prio, 5, 0) == (1u << 1 | 1u << 4));
+    PCR_CHECK(pcr_pod_preemptible(prio, 5, -5) == (1u << 0 | 1u << 1 | 1u << 3 | 1u << 4));
+    PCR_CHECK(pcr_pod_preemptible(prio, 5, 10) == 0);   /* the worst passes nobody */
+    PCR_CHECK(pcr_pod_preemptible(prio, 5, 3) == 1u << 1);
+    int many[64];
+    for (int i = 0; i < 64; i++)
+        many[i] = i;
+    PCR_CHECK(pcr_pod_preemptible(many, 64, -1) == ~0ull);
+    PCR_CHECK(pcr_pod_preemptible(many, 64, 62) == 1ull << 63);
+}
+
 int main(void)
 {
     PCR_RUN(test_gcra_is_a_token_bucket);
     PCR_RUN(test_gcra_retry_after);
     PCR_RUN(test_saturation);
     PCR_RUN(test_affinity_words);
+    PCR_RUN(test_pod_preemptible);
     return pcr_test_done();
 }

@@ -167,7 +167,9 @@ def pool(args, tmp, npods, settings, policy="fcfs"):
     its config); yields the router's (host, port)."""
     sims = Sims(args.build, ["pod-%d" % i for i in range(npods)], 1.0,
                 extra=["--max-num-seqs", "64", "--engine", args.engine,
-                       "--scheduling-policy", policy])
+                       "--scheduling-policy", policy] +
+                      (["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+                       if args.max_num_batched_tokens else []))
     router = None
     try:
         cfg = dict({"listen": [{"address": "127.0.0.1:0"}],
@@ -363,6 +365,9 @@ def main():
     ap.add_argument("--scheduling-policy", default="priority", choices=["fcfs", "priority"],
                     help="priority (default): the priority experiment adds a run with the "
                          "pods' priority scheduling and the tenants' pod_priority; fcfs: not")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=0,
+                    help="step engine: the pods' token budget per step (vllm_sim's default "
+                         "8192 when 0): smaller steps, shorter waits for a step's end")
     ap.add_argument("--auth-keys", type=int, default=1000)
     ap.add_argument("--auth-requests", type=int, default=30000)
     ap.add_argument("--only", choices=["priority", "fairness", "auth"])

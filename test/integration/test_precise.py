@@ -207,11 +207,16 @@ def test_pod_restart_clears_its_entries(pods, router_factory):
     r = subscribed(p, router_factory(config(p)), ["p1"])
     seed(p, "p1", prompt_of("restart"))
     wait_for(lambda: kv_blocks(r, "p1") >= 32, timeout=5, what="p1's blocks in the index")
+    scraped = 'pcrouter_backend_restarts_total{backend="p1"}'
+    before = metric(r, scraped)
     p.post("p1", "/sim/restart", {})
     # AllBlocksCleared and a sequence back at 0: the index forgets p1 at once.
     t0 = time.monotonic()
     wait_for(lambda: kv_blocks(r, "p1") == 0, timeout=5, what="p1's entries gone after restart")
     assert time.monotonic() - t0 < 1.5
+    # The scrape sees the restart later, and drops p1's entries again: what the new life
+    # published before then goes with them. Seeded after it, they stay.
+    wait_for(lambda: metric(r, scraped) > before, timeout=10, what="the scrape saw p1 restart")
     # Its new life is followed from there (once the subscription has connected to the new
     # publisher: what it sends before is lost, as from any PUB socket).
     wait_for(lambda: _alive(p, "p1"), timeout=10, what="p1 back")

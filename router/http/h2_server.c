@@ -145,12 +145,16 @@ static void schedule_flush(h2_sess_t *s) { event_active(s->flush, 0, 0); }
 
 /* ---- nghttp2's memory ---------------------------------------------------------------- */
 
+/* Read by every worker: the first to ask stores it, relaxed (each stores the same value). */
 static long page_size(void)
 {
     static long page;
-    if (page == 0)
-        page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
-    return page;
+    long pg = __atomic_load_n(&page, __ATOMIC_RELAXED);
+    if (pg == 0) {
+        pg = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+        __atomic_store_n(&page, pg, __ATOMIC_RELAXED);
+    }
+    return pg;
 }
 
 static int big_find(const h2_sess_t *s, const void *p)

@@ -73,6 +73,8 @@
 #include "control.h"
 #include "fuzz.h"
 #include "fuzz_net.h"
+#include "fuzz_pod.h"
+#include "fuzz_router.h"
 #include "log.h"
 #include "session.h"
 #include "sock.h"
@@ -81,7 +83,6 @@
 
 #define CTRL 4
 #define MAX_INPUT_BYTES (64 * 1024)
-#define MAX_PODS 32              /* pod connections open at once */
 #define TURNS (200 * 1000)       /* event-loop turns in one input, all phases */
 #define FINAL_STEP_MS 500        /* virtual time let pass at once at the end */
 #define FINAL_STEPS 600          /* 300 s: every deadline of the config below, many times */
@@ -460,21 +461,6 @@ out:
 
 /* ---- the pod ----------------------------------------------------------------------------- */
 
-typedef struct {
-    h2r_t *t;
-    int fd;
-    int eof;
-    int silent;             /* answered with a silent kind: read and ignore the rest */
-    fuzz_buf_t outq;        /* the answer, as the socket takes it */
-    int close_when_sent;
-    http_parser p;
-    fuzz_buf_t in;          /* not parsed yet */
-    fuzz_buf_t name, value, url, body;
-    int in_value;
-    unsigned n_host, n_cl, n_te;
-    char cl[32];
-} pod_t;
-
 struct h2r {
     const uint8_t *ctl;
     fuzz_buf_t req;              /* the client's bytes: the preface (unless its own), the input */
@@ -483,109 +469,21 @@ struct h2r {
     streams_t streams;
     client_seen_t seen;
     /* The server under test. */
-    pcr_config_t *cfg;
-    pcr_server_t srv;
-    pcr_worker_t w;
-    pcr_listen_plan_t plan;
+    fuzz_router_t rt;
     int sock_fd;                 /* the client's end */
     int client_eof, client_closed, client_shut;
     fuzz_buf_t out;              /* what the router wrote to the client */
     /* The pod. */
     int lfd;
-    pod_t pods[MAX_PODS];
-    size_t npods;
+    fuzz_pods_t pods;
     unsigned pod_requests;       /* requests the pod has answered or ignored */
     unsigned turns;
 };
 
-static void pod_flush_header(pod_t *c)
-{
-    if (c->name.len == 0 && !c->in_value)
-        return;
-    const char *n = (const char *)c->name.p;
-    size_t len = c->name.len;
-    if (len == 4 && strncasecmp(n, "host", 4) == 0) {
-        c->n_host++;
-        FUZZ_CHECKF(c->value.len == strlen(c->t->host) &&
-                        fuzz_mem_eq(c->value.p, c->t->host, c->value.len),
-                    "the pod's Host is %.*s", (int)c->value.len, (char *)c->value.p);
-    } else if (len == 14 && strncasecmp(n, "content-length", 14) == 0) {
-        c->n_cl++;
-        snprintf(c->cl, sizeof(c->cl), "%.*s", (int)c->value.len, (char *)c->value.p);
-    } else if (len == 17 && strncasecmp(n, "transfer-encoding", 17) == 0) {
-        c->n_te++;
-    }
-    static const char *const hop[] = {"connection", "keep-alive", "proxy-connection", "te",
-                                      "trailer", "upgrade", "expect", "http2-settings"};
-    for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        FUZZ_CHECKF(!(strlen(hop[i]) == len && strncasecmp(n, hop[i], len) == 0),
-                    "a hop-by-hop field reached the pod: %.*s", (int)len, n);
-    FUZZ_CHECKF(len > 0 && n[0] != ':', "field name \"%.*s\" reached the pod", (int)len, n);
-    c->name.len = c->value.len = 0;
-    c->in_value = 0;
-}
-
-static int pod_begin(http_parser *p)
-{
-    pod_t *c = p->data;
-    c->name.len = c->value.len = c->url.len = c->body.len = 0;
-    c->in_value = 0;
-    c->n_host = c->n_cl = c->n_te = 0;
-    c->cl[0] = '\0';
-    return 0;
-}
-
-static int pod_url(http_parser *p, const char *at, size_t n)
-{
-    fuzz_buf_add(&((pod_t *)p->data)->url, at, n);
-    return 0;
-}
-
-static int pod_field(http_parser *p, const char *at, size_t n)
-{
-    pod_t *c = p->data;
-    if (c->in_value)
-        pod_flush_header(c);
-    fuzz_buf_add(&c->name, at, n);
-    return 0;
-}
-
-static int pod_value(http_parser *p, const char *at, size_t n)
-{
-    pod_t *c = p->data;
-    c->in_value = 1;
-    fuzz_buf_add(&c->value, at, n);
-    return 0;
-}
-
-static int pod_headers_complete(http_parser *p)
-{
-    pod_flush_header(p->data);
-    return 0;
-}
-
-static int pod_body(http_parser *p, const char *at, size_t n)
-{
-    fuzz_buf_add(&((pod_t *)p->data)->body, at, n);
-    return 0;
-}
-
-static int pod_complete(http_parser *p)
-{
-    http_parser_pause(p, 1);
-    return 0;
-}
-
-static const http_parser_settings pod_settings = {
-    .on_message_begin = pod_begin, .on_url = pod_url, .on_header_field = pod_field,
-    .on_header_value = pod_value, .on_headers_complete = pod_headers_complete,
-    .on_body = pod_body, .on_message_complete = pod_complete,
-};
-
 /* A whole request reached the pod: framed as it should be, and one a client stream carried. */
-static void pod_check(pod_t *c)
+static void pod_check(fuzz_pod_t *c)
 {
-    h2r_t *t = c->t;
+    h2r_t *t = c->owner;
     http_parser *p = &c->p;
     FUZZ_CHECKF(p->http_major == 1 && p->http_minor == 1, "the pod got HTTP/%d.%d", p->http_major,
                 p->http_minor);
@@ -615,9 +513,9 @@ static void pod_check(pod_t *c)
                 method, (int)c->url.len, (char *)c->url.p, c->body.len);
 }
 
-static void pod_answer(pod_t *c)
+static void pod_answer(fuzz_pod_t *c)
 {
-    h2r_t *t = c->t;
+    h2r_t *t = c->owner;
     t->pod_requests++;
     unsigned base = t->ctl[0] & 15, stride = t->ctl[0] >> 4;
     const answer_t *a = &answers[(base + (t->pod_requests - 1) * stride) % NANSWERS];
@@ -626,49 +524,7 @@ static void pod_answer(pod_t *c)
     c->silent = a->silent;
 }
 
-/* Writes what the socket takes of the answer; closes once it is out, for a closing one. */
-static int pod_send(pod_t *c)
-{
-    size_t n = c->outq.len ? fuzz_write(c->fd, c->outq.p, c->outq.len) : 0;
-    fuzz_buf_consume(&c->outq, n);
-    if (c->outq.len == 0 && c->close_when_sent) {
-        close(c->fd);
-        c->fd = -1;
-        return 1;
-    }
-    return n > 0;
-}
-
-static int pod_step(pod_t *c)
-{
-    if (c->fd < 0)
-        return 0;
-    size_t got = fuzz_read(c->fd, &c->in, &c->eof);
-    size_t off = 0;
-    while (off < c->in.len && !c->silent && !c->close_when_sent) {
-        size_t n = http_parser_execute(&c->p, &pod_settings, (const char *)c->in.p + off,
-                                       c->in.len - off);
-        off += n;
-        enum http_errno e = HTTP_PARSER_ERRNO(&c->p);
-        FUZZ_CHECKF(e == HPE_OK || e == HPE_PAUSED, "the router sent the pod a malformed "
-                    "request: %s", http_errno_description(e));
-        if (e != HPE_PAUSED)
-            break;
-        http_parser_pause(&c->p, 0);
-        pod_check(c);
-        pod_answer(c);
-    }
-    if (c->silent || c->close_when_sent)
-        off = c->in.len;
-    fuzz_buf_consume(&c->in, off);
-    int sent = pod_send(c);
-    if (c->eof && c->fd >= 0) {
-        close(c->fd);
-        c->fd = -1;
-        return 1;
-    }
-    return got > 0 || sent;
-}
+static const fuzz_pod_ops_t pod_ops = {pod_check, pod_answer};
 
 /* ---- the harness's turn ------------------------------------------------------------------ */
 
@@ -678,31 +534,14 @@ static int step(void *arg)
     int moved = 0;
     if (!t->client_closed && !t->client_eof)
         moved |= fuzz_read(t->sock_fd, &t->out, &t->client_eof) > 0 || t->client_eof;
-    int fd;
-    while ((fd = fuzz_accept(t->lfd)) >= 0) {
-        size_t i = 0;
-        while (i < t->npods && t->pods[i].fd >= 0)
-            i++;
-        FUZZ_CHECKF(i < MAX_PODS, "more than %d pod connections open at once", MAX_PODS);
-        if (i == t->npods)
-            t->npods++;
-        pod_t *c = &t->pods[i];
-        c->t = t;
-        c->fd = fd;
-        c->eof = c->silent = c->close_when_sent = 0;
-        c->in.len = c->outq.len = 0;
-        http_parser_init(&c->p, HTTP_REQUEST);
-        c->p.data = c;
-        moved = 1;
-    }
-    for (size_t i = 0; i < t->npods; i++)
-        moved |= pod_step(&t->pods[i]);
+    moved |= fuzz_pods_accept(&t->pods, t->lfd, &pod_ops, t, t->host);
+    moved |= fuzz_pods_step(&t->pods);
     return moved;
 }
 
 static void run(h2r_t *t)
 {
-    FUZZ_CHECKF(fuzz_run(t->w.base, step, t, &t->turns) == 0,
+    FUZZ_CHECKF(fuzz_run(t->rt.w.base, step, t, &t->turns) == 0,
                 "the router did not go quiet within %u event-loop turns", TURNS);
 }
 
@@ -969,49 +808,14 @@ static void setup(h2r_t *t)
     char text[2048];
     snprintf(text, sizeof(text), config_fmt, port, t->small ? 1024 : 33554432,
              t->small ? 1024 : 16384, t->small ? 4 : 256);
-    char *errors = NULL;
-    t->cfg = pcr_config_parse(text, "fuzz.json", &errors);
-    FUZZ_CHECKF(t->cfg != NULL, "%s", errors ? errors : "config");
-    pcr_server_t *srv = &t->srv;
-    srv->cfg = t->cfg;
-    srv->nworkers = 1;
-    srv->workers = &t->w;
-    srv->base = event_base_new();      /* the control loop's: never run here */
-    srv->bus = pcr_bus_new(1);
-    FUZZ_CHECK(srv->base != NULL && srv->bus != NULL);
-    FUZZ_CHECK(pcr_backends_init(srv) == 0);
-    t->plan.nworkers = 1;              /* no listener: the connection is made here */
-    srv->listen_plan = &t->plan;
-    FUZZ_CHECK(pcr_worker_init(srv, &t->w, 0) == 0);
-
-    int sv[2];
-    FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
-    t->sock_fd = sv[0];
-    pcr_sock_t *sock = pcr_sock_plain_new(t->w.base, sv[1]);
-    FUZZ_CHECK(sock != NULL);
-    FUZZ_CHECK(pcr_h2_session_start(&t->w, sock) == 0);
+    pcr_sock_t *sock = fuzz_router_start(&t->rt, text, &t->sock_fd);
+    FUZZ_CHECK(pcr_h2_session_start(&t->rt.w, sock) == 0);
 }
 
 static void teardown(h2r_t *t)
 {
-    pcr_server_t *srv = &t->srv;
-    pcr_worker_dispose(&t->w);
-    pcr_worker_release(&t->w);
-    pcr_backends_dispose(srv);
-    pcr_bus_free(srv->bus);
-    event_base_free(srv->base);
-    pcr_config_free(t->cfg);
-    for (size_t i = 0; i < t->npods; i++) {
-        pod_t *c = &t->pods[i];
-        if (c->fd >= 0)
-            fuzz_close_reset(c->fd);
-        fuzz_buf_free(&c->in);
-        fuzz_buf_free(&c->name);
-        fuzz_buf_free(&c->value);
-        fuzz_buf_free(&c->url);
-        fuzz_buf_free(&c->body);
-        fuzz_buf_free(&c->outq);
-    }
+    fuzz_router_stop(&t->rt);
+    fuzz_pods_free(&t->pods);
     int fd;
     while ((fd = fuzz_accept(t->lfd)) >= 0)
         close(fd);
@@ -1021,31 +825,6 @@ static void teardown(h2r_t *t)
     fuzz_buf_free(&t->out);
     fuzz_buf_free(&t->req);
     streams_free(&t->streams);
-}
-
-/* Every count the state machine keeps is back to zero once nothing is left. */
-static void check_accounting(h2r_t *t)
-{
-    pcr_server_t *srv = &t->srv;
-    FUZZ_CHECKF(t->w.nsessions == 0, "%zu sessions left", t->w.nsessions);
-    FUZZ_CHECKF(t->w.inflight == 0, "%llu requests still in flight",
-                (unsigned long long)t->w.inflight);
-    FUZZ_CHECKF(srv->body_buffered == 0, "%zu body bytes still counted", srv->body_buffered);
-    FUZZ_CHECK(srv->body_exempt == NULL);
-    FUZZ_CHECK(TAILQ_EMPTY(&t->w.budget_waiters));
-    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
-        pcr_backend_t *be = pcr_backend_at(srv, i);
-        if (be == NULL)
-            continue;
-        FUZZ_CHECKF(be->inflight == 0 && be->queued_prefill == 0,
-                    "backend %s: %u in flight, %llu prefill queued", be->conf.name, be->inflight,
-                    (unsigned long long)be->queued_prefill);
-        FUZZ_CHECKF(be->conns == 0, "backend %s: %u connections open", be->conf.name, be->conns);
-    }
-    for (size_t i = 0; i < t->w.npools; i++) {
-        pcr_pool_t *pool = t->w.pools[i];
-        FUZZ_CHECK(pool == NULL || (pool->nconns == 0 && TAILQ_EMPTY(&pool->waiters)));
-    }
 }
 
 static void finish_client(h2r_t *t, int end)
@@ -1109,21 +888,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     run(t);
     finish_client(t, t->client_end);
     /* Let time pass until the router closed the connection and every deadline fired. */
-    for (int i = 0; i < FINAL_STEPS && (t->w.nsessions > 0 || !(t->client_eof || t->client_closed)); i++) {
+    for (int i = 0; i < FINAL_STEPS && (t->rt.w.nsessions > 0 || !(t->client_eof || t->client_closed)); i++) {
         fuzz_clock_advance(FINAL_STEP_MS);
         run(t);
     }
-    FUZZ_CHECKF(t->w.nsessions == 0 && (t->client_eof || t->client_closed),
+    FUZZ_CHECKF(t->rt.w.nsessions == 0 && (t->client_eof || t->client_closed),
                 "the client connection was still open after %u s", FINAL_STEPS * FINAL_STEP_MS / 1000);
     /* The pod closes its connections; the router's idle ones notice. */
-    for (size_t i = 0; i < t->npods; i++) {
-        if (t->pods[i].fd >= 0) {
-            close(t->pods[i].fd);
-            t->pods[i].fd = -1;
-        }
-    }
+    fuzz_pods_close(&t->pods);
     run(t);
-    check_accounting(t);
+    fuzz_router_check_accounting(&t->rt);
     check_output(t);
     teardown(t);
     fuzz_clock_stop();

@@ -1,0 +1,79 @@
+/* test/fuzz/fuzz_router.c: the router under test (fuzz_router.h). */
+#include <sys/socket.h>
+
+#include <event2/event.h>
+
+#include "accesslog.h"
+#include "backend.h"
+#include "bus.h"
+#include "control.h"
+#include "fuzz.h"
+#include "fuzz_router.h"
+#include "upstream.h"
+
+pcr_sock_t *fuzz_router_start(fuzz_router_t *r, const char *config, int *client_fd)
+{
+    char *errors = NULL;
+    r->cfg = pcr_config_parse(config, "fuzz.json", &errors);
+    FUZZ_CHECKF(r->cfg != NULL, "%s", errors ? errors : "config");
+    pcr_server_t *srv = &r->srv;
+    srv->cfg = r->cfg;
+    srv->nworkers = 1;
+    srv->workers = &r->w;
+    srv->base = event_base_new();      /* the control loop's: never run here */
+    srv->bus = pcr_bus_new(1);
+    FUZZ_CHECK(srv->base != NULL && srv->bus != NULL);
+    if (r->cfg->log.access_log) {
+        char err[256];
+        srv->access_log = pcr_accesslog_new(r->cfg->log.access_log_path, 1,
+                                            PCR_ACCESSLOG_QUEUE_BYTES, err, sizeof(err));
+        FUZZ_CHECKF(srv->access_log != NULL, "%s", err);
+    }
+    FUZZ_CHECK(pcr_backends_init(srv) == 0);
+    r->plan.nworkers = 1;              /* no listener: the connection is made here */
+    srv->listen_plan = &r->plan;
+    FUZZ_CHECK(pcr_worker_init(srv, &r->w, 0) == 0);
+
+    int sv[2];
+    FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+    *client_fd = sv[0];
+    pcr_sock_t *sock = pcr_sock_plain_new(r->w.base, sv[1]);
+    FUZZ_CHECK(sock != NULL);
+    return sock;
+}
+
+void fuzz_router_stop(fuzz_router_t *r)
+{
+    pcr_server_t *srv = &r->srv;
+    pcr_worker_dispose(&r->w);
+    pcr_worker_release(&r->w);
+    pcr_backends_dispose(srv);
+    pcr_bus_free(srv->bus);
+    pcr_accesslog_free(srv->access_log);
+    event_base_free(srv->base);
+    pcr_config_free(r->cfg);
+}
+
+void fuzz_router_check_accounting(fuzz_router_t *r)
+{
+    pcr_server_t *srv = &r->srv;
+    FUZZ_CHECKF(r->w.nsessions == 0, "%zu sessions left", r->w.nsessions);
+    FUZZ_CHECKF(r->w.inflight == 0, "%llu requests still in flight",
+                (unsigned long long)r->w.inflight);
+    FUZZ_CHECKF(srv->body_buffered == 0, "%zu body bytes still counted", srv->body_buffered);
+    FUZZ_CHECK(srv->body_exempt == NULL);
+    FUZZ_CHECK(TAILQ_EMPTY(&r->w.budget_waiters));
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be == NULL)
+            continue;
+        FUZZ_CHECKF(be->inflight == 0 && be->queued_prefill == 0,
+                    "backend %s: %u in flight, %llu prefill queued", be->conf.name, be->inflight,
+                    (unsigned long long)be->queued_prefill);
+        FUZZ_CHECKF(be->conns == 0, "backend %s: %u connections open", be->conf.name, be->conns);
+    }
+    for (size_t i = 0; i < r->w.npools; i++) {
+        pcr_pool_t *pool = r->w.pools[i];
+        FUZZ_CHECK(pool == NULL || (pool->nconns == 0 && TAILQ_EMPTY(&pool->waiters)));
+    }
+}

@@ -180,6 +180,24 @@ static void pending_leave(pcr_exchange_t *ex)
     pending_publish(pd);
 }
 
+/* The request's uncached prefill joins its backend's queue, and its pod priority's share of
+ * it (pod_pslot, flow control's saturation); leaving undoes both. */
+static void prefill_join(pcr_exchange_t *ex)
+{
+    PCR_ADD(ex->be->queued_prefill, ex->prefill);
+    if (ex->pod_pslot)
+        PCR_ADD(ex->be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
+    pending_join(ex);
+}
+
+static void prefill_leave(pcr_exchange_t *ex)
+{
+    PCR_SUB(ex->be->queued_prefill, ex->prefill);
+    if (ex->pod_pslot)
+        PCR_SUB(ex->be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
+    pending_leave(ex);
+}
+
 /* The one place a request changes state; see the table in exchange_int.h. */
 void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to)
 {
@@ -190,12 +208,8 @@ void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to)
         return;
     if (from == EX_RECEIVING)
         PCR_INC(w->inflight);
-    if (holds_prefill(from) && !holds_prefill(to)) {
-        PCR_SUB(be->queued_prefill, ex->prefill);
-        if (ex->pod_pslot)
-            PCR_SUB(be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
-        pending_leave(ex);
-    }
+    if (holds_prefill(from) && !holds_prefill(to))
+        prefill_leave(ex);
     if (holds_backend(from) && !holds_backend(to)) {
         PCR_SUB(be->inflight, 1);
         if (w->flow_ev != NULL) /* a pod has room: the flow queue may release a request */
@@ -203,12 +217,8 @@ void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to)
     }
     if (!holds_backend(from) && holds_backend(to))
         PCR_ADD(be->inflight, 1);
-    if (!holds_prefill(from) && holds_prefill(to)) {
-        PCR_ADD(be->queued_prefill, ex->prefill);
-        if (ex->pod_pslot)
-            PCR_ADD(be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
-        pending_join(ex);
-    }
+    if (!holds_prefill(from) && holds_prefill(to))
+        prefill_join(ex);
     ex->state = to;
     if (to == EX_ABORTED)
         PCR_INC(w->metrics.responses_aborted);
@@ -229,11 +239,8 @@ void pcr_exchange_prefill_due(pcr_exchange_t *ex)
 {
     if (!holds_prefill(ex->state))
         return;
-    PCR_SUB(ex->be->queued_prefill, ex->prefill);
-    if (ex->pod_pslot)
-        PCR_SUB(ex->be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
+    prefill_leave(ex);
     ex->prefill = 0;
-    pending_leave(ex);
 }
 
 /* ---- the request --------------------------------------------------------------------- */

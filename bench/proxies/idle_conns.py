@@ -10,7 +10,7 @@ connections opened by then are the ones held). Standard library, plus the h2 pac
     idle_conns.py --port P --count 10000 [--tls] [--h2] [--body FILE] [--deadline S]
 
 A line "again" on stdin makes one more request on every held connection (the same h2
-session, its next stream) and prints "AGAIN ok FAILED n"; they are held again after it.
+session, its next stream) and prints "AGAIN n FAILED m"; they are held again after it.
 """
 
 import argparse

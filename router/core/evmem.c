@@ -19,10 +19,13 @@
 #define EVMEM_KEEP 1
 #endif
 
-#define MIN_SHIFT 6                          /* 64 bytes */
+#define MIN_SIZE 64
+#define SMALL_MAX 256                        /* classes 16 bytes apart up to here */
 #define MAX_SHIFT 16                         /* 64 KiB */
-#define NCLASS (MAX_SHIFT - MIN_SHIFT + 1)
-#define KEEP_BYTES (1u << 20)                /* per size and thread */
+#define NSMALL ((SMALL_MAX - MIN_SIZE) / 16 + 1)
+#define NCLASS (NSMALL + 2 * (MAX_SHIFT - 8))
+#define KEEP_SMALL 2048u                     /* blocks of a small class kept per thread */
+#define KEEP_BYTES (512u << 10)              /* bytes of a larger class kept per thread */
 #define NO_CLASS 0xFFFFu
 #define MAGIC 0x6576u                        /* "ev": a block of ours */
 
@@ -50,14 +53,34 @@ static __thread cache_t cache;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
+/* Size classes: 64 to 256 bytes in steps of 16 (an evbuffer, an event, an upstream request
+ * each take close to what they ask for), then two per power of two up to 64 KiB (384, 512,
+ * 768, 1024, ...), so that a block wastes at most a third of itself. */
 static int class_of(size_t n)
 {
     if (n > ((size_t)1 << MAX_SHIFT))
         return -1;
-    if (n <= ((size_t)1 << MIN_SHIFT))
+    if (n <= MIN_SIZE)
         return 0;
-    /* The smallest power of two >= n: n - 1 has its top bit just below it. */
-    return (int)(sizeof(unsigned long) * 8) - __builtin_clzl((unsigned long)(n - 1)) - MIN_SHIFT;
+    if (n <= SMALL_MAX)
+        return (int)((n + 15) / 16) - MIN_SIZE / 16;
+    /* 2^k < n <= 2^(k+1), k >= 8: the lower half's class holds up to 1.5 x 2^k. */
+    int k = (int)(sizeof(unsigned long) * 8) - 1 - __builtin_clzl((unsigned long)(n - 1));
+    size_t half = ((size_t)3) << (k - 1);
+    return NSMALL + 2 * (k - 8) + (n > half);
+}
+
+static size_t class_size(int cls)
+{
+    if (cls < NSMALL)
+        return MIN_SIZE + 16 * (size_t)cls;
+    int j = cls - NSMALL, k = 8 + j / 2;
+    return j % 2 == 0 ? ((size_t)3) << (k - 1) : (size_t)1 << (k + 1);
+}
+
+static unsigned class_keep(int cls)
+{
+    return cls < NSMALL ? KEEP_SMALL : (unsigned)(KEEP_BYTES / class_size(cls));
 }
 
 static void cache_clear(cache_t *c)
@@ -90,14 +113,14 @@ static void exit_key_make(void)
 
 void *pcr_evmem_malloc(size_t n)
 {
-    int cls = EVMEM_KEEP && n >= ((size_t)1 << MIN_SHIFT) / 2 ? class_of(n) : -1;
+    int cls = EVMEM_KEEP && n >= MIN_SIZE / 2 ? class_of(n) : -1;
     if (cls >= 0 && cache.head[cls] != NULL) {
         block_t *b = cache.head[cls];
         cache.head[cls] = b->next;
         cache.n[cls]--;
         return b;
     }
-    size_t size = cls >= 0 ? (size_t)1 << (cls + MIN_SHIFT) : n;
+    size_t size = cls >= 0 ? class_size(cls) : n;
     if (size > SIZE_MAX - sizeof(head_t))
         return NULL;
     head_t *h = malloc(sizeof(head_t) + size);
@@ -128,7 +151,7 @@ void pcr_evmem_free(void *p)
     if (h->magic != MAGIC)
         abort(); /* not ours: a libevent block freed elsewhere, or a corrupted heap */
     unsigned cls = h->cls;
-    if (cls < NCLASS && (cache.n[cls] + 1u) << (cls + MIN_SHIFT) <= KEEP_BYTES) {
+    if (cls < NCLASS && cache.n[cls] < class_keep((int)cls)) {
         if (!cache.registered) {
             (void)pthread_once(&exit_once, exit_key_make);
             cache.registered = pthread_setspecific(exit_key, &cache) == 0;
@@ -154,7 +177,7 @@ void *pcr_evmem_realloc(void *p, size_t n)
     if (h->magic != MAGIC)
         abort();
     if (n <= h->size && h->cls != NO_CLASS)
-        return p; /* fits the power of two it has */
+        return p; /* fits the class it has */
     if (h->cls == NO_CLASS && class_of(n) < 0) {
         /* Large to large: malloc's realloc may grow in place. */
         if (n > SIZE_MAX - sizeof(head_t))

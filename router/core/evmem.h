@@ -7,10 +7,12 @@
  * or wrote, a few percent of the proxy's CPU. HAProxy and nginx keep such buffers in pools;
  * this is that, for libevent's blocks.
  *
- * How: blocks of 32 bytes to 64 KiB are rounded up to a power of two (64 bytes at least) and
- * kept, when freed, on the freeing thread's list for that size (at most 1 MiB of each of the
- * 11 sizes per thread); any other size goes to malloc as it is. A block made by one thread may
- * be freed by another (the bus hands buffers over): it joins the freeing thread's list. A thread's lists are freed when it
+ * How: blocks of 32 bytes to 64 KiB are rounded up to a size class (64 to 256 bytes in steps
+ * of 16, then 384, 512, 768, 1024, ... 64 KiB) and kept, when freed, on the freeing thread's
+ * list for that class (at most 2048 blocks of a class up to 256 bytes, 512 KiB of a larger
+ * one); any other size goes to malloc as it is. Classes this close keep an idle connection's
+ * evbuffers near their own size. A block made by one thread may be freed by another (the bus
+ * hands buffers over): it joins the freeing thread's list. A thread's lists are freed when it
  * ends; the process's own thread's when pcr_evmem_thread_clear() is called.
  *
  * The small blocks are libevent's per-request evbuffers and events. With 64 requests in

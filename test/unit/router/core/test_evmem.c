@@ -44,11 +44,27 @@ static void test_reuse_by_size(void)
     memset(s1, 0xCD, 100);
     pcr_evmem_free(s1);
     PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 3);
-    unsigned char *s2 = pcr_evmem_calloc(1, 120);  /* the 128-byte class: the same block */
+    unsigned char *s2 = pcr_evmem_calloc(1, 110);  /* the 112-byte class: the same block */
     PCR_CHECK(s2 == s1);
-    for (int i = 0; i < 120; i++)
+    for (int i = 0; i < 110; i++)
         PCR_CHECK_EQ_INT(s2[i], 0);
     pcr_evmem_free(s2);
+    /* Close classes: 136 bytes (an evbuffer) take a 144-byte block, not a 256-byte one, and
+     * 300 bytes a 384-byte one. realloc within the block's class keeps the block. */
+    int keeps = pcr_evmem_keeps();
+    unsigned char *e = pcr_evmem_malloc(136);
+    PCR_CHECK(e != NULL);
+    unsigned char *e1 = pcr_evmem_realloc(e, 144);
+    PCR_CHECK(e1 != NULL && (e1 == e || !keeps));
+    unsigned char *e2 = pcr_evmem_realloc(e1, 145);
+    PCR_CHECK(e2 != NULL && e2 != e1);
+    pcr_evmem_free(e2);
+    unsigned char *f = pcr_evmem_malloc(300);
+    unsigned char *f1 = f != NULL ? pcr_evmem_realloc(f, 384) : NULL;
+    PCR_CHECK(f1 != NULL && (f1 == f || !keeps));
+    unsigned char *f2 = pcr_evmem_realloc(f1, 385);
+    PCR_CHECK(f2 != NULL && f2 != f1);
+    pcr_evmem_free(f2);
     PCR_CHECK(pcr_evmem_calloc(SIZE_MAX / 2, 4) == NULL);  /* n x size overflows */
     pcr_evmem_thread_clear();
     PCR_CHECK_EQ_INT((int)pcr_evmem_thread_kept(), 0);

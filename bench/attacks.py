@@ -25,7 +25,10 @@ import argparse
 import json
 import os
 import resource
+import shutil
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -154,6 +157,94 @@ def attack_big_window(ctx):
     return "64 MiB responses over h2c, windows never updated: %d of %d arrived whole" % (whole, n)
 
 
+NGINX_PODS = """daemon off;
+master_process off;
+worker_processes 1;
+pid %(dir)s/pods.pid;
+error_log %(dir)s/pods-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path %(dir)s/tmp;
+    proxy_temp_path %(dir)s/tmp;
+    fastcgi_temp_path %(dir)s/tmp;
+    uwsgi_temp_path %(dir)s/tmp;
+    scgi_temp_path %(dir)s/tmp;
+    keepalive_requests 100000000;
+    keepalive_timeout 300s;
+    default_type application/json;
+%(servers)s
+}
+"""
+
+NGINX_SERVER = """    server {
+        listen 127.0.0.1:%(port)d backlog=4096;
+        # An answer of `big.json` for a request with `X-Answer: big`, a small completion for
+        # any other (the 405 a static file gives a POST is turned into the file itself).
+        location = /v1/completions {
+            if ($http_x_answer = "big") { rewrite ^ /big.json last; }
+            return 200 '{"id":"c","object":"text_completion","model":"stub-model","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}';
+        }
+        location = /big.json { internal; root %(dir)s; error_page 405 =200 $uri; }
+        location = /health { return 200 'ok'; }
+        location = /v1/models { return 200 '{"object":"list","data":[{"id":"stub-model","object":"model"}]}'; }
+    }
+"""
+
+
+class NginxPods:
+    """Two pods in one nginx process (one worker): the well-behaved client's small answer at
+    nginx's speed, and a `big_bytes` answer for requests carrying `X-Answer: big`. The Python
+    stub pods cost a core between them under a zero-window top-up; these leave the CPU to the
+    router, so that the row measures the router rather than its pods."""
+
+    def __init__(self, tmp, big_bytes):
+        if shutil.which("nginx") is None:
+            raise OSError("nginx is not installed (make bench installs it)")
+        self.dir = tempfile.mkdtemp(dir=tmp, prefix="nginx-pods-")
+        os.makedirs(os.path.join(self.dir, "tmp"))
+        with open(os.path.join(self.dir, "big.json"), "wb") as f:
+            f.write(b"x" * big_bytes)
+        socks = []
+        for _ in range(2):
+            sk = socket.socket()
+            sk.bind(("127.0.0.1", 0))
+            socks.append(sk)
+        self.ports = [sk.getsockname()[1] for sk in socks]
+        for sk in socks:
+            sk.close()  # nginx binds them next; a bench, not a test, may take that race
+        servers = "".join(NGINX_SERVER % {"port": p, "dir": self.dir} for p in self.ports)
+        conf = os.path.join(self.dir, "pods.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_PODS % {"dir": self.dir, "servers": servers})
+        self.proc = subprocess.Popen(["nginx", "-c", conf, "-p", self.dir], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        end = time.monotonic() + 10
+        for port in self.ports:
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                    break
+                except OSError:
+                    if self.proc.poll() is not None or time.monotonic() > end:
+                        self.close()
+                        raise OSError("nginx pods did not start (see %s/pods-error.log)" % self.dir)
+                    time.sleep(0.05)  # bounded poll for nginx's listening sockets
+
+    def backends(self, extra):
+        return [dict({"name": "pod-%d" % i, "url": "http://127.0.0.1:%d" % p,
+                      "models": ["stub-model"]}, **extra) for i, p in enumerate(self.ports)]
+
+    def close(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
 def in_flight_to_pods(router):
     """pcrouter_backend_in_flight over the pods: requests until their answer's end at the pod."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -161,7 +252,7 @@ def in_flight_to_pods(router):
         return C.metric(r.read().decode(), "pcrouter_backend_in_flight") or 0
 
 
-def zero_window_readers(ctx, stub, sample=False):
+def zero_window_readers(ctx, stub, sample=False, extra=()):
     """300 h2c streams whose window stays 0, topped up ten times a second as the router resets
     them (client_write_ms), each asking the stub pod for `stub` (its controls). With `sample`,
     the requests in flight to the pods at each top-up. Returns (opened, reset, samples)."""
@@ -173,7 +264,7 @@ def zero_window_readers(ctx, stub, sample=False):
         while time.monotonic() < end:
             live = sum(1 for v in hs.snapshot().values() if v["reset"] is None and not v["ended"])
             for _ in range(n - live):
-                hs.open("/v1/completions", body)
+                hs.open("/v1/completions", body, extra=extra)
                 opened += 1
             time.sleep(0.1)  # pacing: top up the 300 streams ten times a second
             if sample:
@@ -200,6 +291,15 @@ def attack_zero_window_answers(ctx):
     mean = sum(active) / len(active) if active else 0
     return ("300 kept open, 384 KiB answers, 2 pods x 128 connections: %d opened, %d reset; "
             "requests in flight to the pods: %.0f on average, %d at most" % (
+                opened, resets, mean, max(active or [0])))
+
+
+def attack_zero_window_nginx(ctx):
+    """The same readers against nginx pods: 384 KiB answers at nginx's speed."""
+    opened, resets, active = zero_window_readers(ctx, {}, sample=True, extra=[("x-answer", "big")])
+    mean = sum(active) / len(active) if active else 0
+    return ("300 kept open, 384 KiB answers from nginx pods, 2 pods x 128 connections: %d opened, "
+            "%d reset; requests in flight to the pods: %.0f on average, %d at most" % (
                 opened, resets, mean, max(active or [0])))
 
 
@@ -258,6 +358,11 @@ SCENARIOS = [
     ("zero_window_answers", "300 zero-window h2 readers of answers that end",
      {"pod": {"max_connections": 128}, "config": {"timeouts": {"client_write_ms": 2000}}},
      attack_zero_window_answers),
+    ("none_nginx", "no attack, nginx pods (reference)", {"nginx": True}, None),
+    ("zero_window_nginx", "300 zero-window h2 readers of answers that end, nginx pods",
+     {"nginx": True, "pod": {"max_connections": 128},
+      "config": {"timeouts": {"client_write_ms": 2000}}},
+     attack_zero_window_nginx),
     ("uploads", "256 x 32 MiB slow uploads", {}, attack_uploads),
     ("slowloris", "2,000 slowloris connections",
      {"config": {"limits": {"max_client_connections": 1000}, "timeouts": {"request_header_ms": 2000}}},
@@ -267,11 +372,14 @@ SCENARIOS = [
 
 
 def run_scenario(name, what, setup, fn, duration, tmp):
-    stubs = [C.Stub(p, None, tmp) for p in ("pod-a", "pod-b")]
+    nginx = NginxPods(tmp, 384 << 10) if setup.get("nginx") else None
+    stubs = [] if nginx else [C.Stub(p, None, tmp) for p in ("pod-a", "pod-b")]
     raw = attack_pod.RawPod(lambda req: attack_pod.ok_response()) if setup.get("raw") else None
     router = None
     try:
         backends = [dict({"name": s.name, "url": s.url}, **setup.get("pod", {})) for s in stubs]
+        if nginx is not None:
+            backends = nginx.backends(setup.get("pod", {}))
         if raw is not None:
             backends = [{"name": "pod-a", "url": stubs[0].url, "models": ["stub-model"]},
                         {"name": "pod-raw", "url": raw.url, "models": ["bad-model"]}]
@@ -294,6 +402,8 @@ def run_scenario(name, what, setup, fn, duration, tmp):
             router.kill()
         if raw is not None:
             raw.close()
+        if nginx is not None:
+            nginx.close()
         for s in stubs:
             s.close()
 

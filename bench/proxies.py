@@ -435,7 +435,7 @@ class Bench:
             "io_uring": io_uring,
             "routing": {"policy": policy},
             "limits": {"max_body_bytes": 4 << 20, "max_client_connections": self.maxconn},
-            "timeouts": {"client_idle_ms": 300000},
+            "timeouts": {"client_idle_ms": 900000},
             "log": {"access_log": False},
             "health": {"interval_ms": 1000},
             "scrape": {"interval_ms": 0, "models_interval_ms": 0},

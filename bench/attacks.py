@@ -173,6 +173,7 @@ http {
     keepalive_requests 100000000;
     keepalive_timeout 300s;
     default_type application/json;
+    sendfile on;
 %(servers)s
 }
 """

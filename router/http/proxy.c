@@ -279,6 +279,12 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
         pcr_backend_unref(ex->be);
     ex->be = be;
     ex->prefill = d.uncached_prefill;
+    /* A decode leg with parameters pulls the prompt's blocks: its pod prefills none of it.
+     * Counted, it would stand in the pod's queue for the decisions beside it, be held behind
+     * the pod's prefill budget (routing.hold_tokens) for nothing, and count as queued ahead
+     * of the local prefills that teach the pod's rate. */
+    if (ex->pd_state == PD_DECODE)
+        ex->prefill = 0;
     pcr_exchange_to(ex, EX_UP_WAIT);
     /* A stream's first event tells when its prefill is done, so the pool can hold completions
      * while the pod's prefill queue is full (routing.hold_tokens). One that is not streamed

@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from conftest import (BUILD, PCROUTER, QUIET_SCRAPE, LineReader, curl, get_metrics, make_config,
-                      metric, sse_events, wait_for)
+from conftest import (BUILD, PCROUTER, QUIET_SCRAPE, CurlStream, LineReader, completion, curl,
+                      get_metrics, make_config, metric, sse_events, wait_for)
 
 SIM = os.path.join(BUILD, "bench", "sim", "vllm_sim")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
@@ -240,6 +240,36 @@ def test_modes_never_auto(pods, router_factory):
     m = get_metrics(router)
     assert metric(m, "pcrouter_pd_decisions_total", outcome="local_cached") == 1
     assert metric(m, "pcrouter_pd_decisions_total", outcome="remote_prefill") == 1
+
+
+def test_decode_leg_counts_no_prefill(pods, router_factory):
+    """A decode leg with parameters pulls its prompt: the decode pod prefills none of it, so
+    none stands in its queue, and it is never held behind the pod's prefill budget. Two long
+    prompts whose decode legs wait for their first event both reach the decode pod, which
+    counts nothing queued, under a budget either prompt alone would fill."""
+    pf, dc = pods
+    pf[1].kill()
+    router = router_factory(pd_config(pf[:1], dc, upstream={"retries": 0},
+                                      routing={"hold_tokens": 1000}))
+    streams = []
+    try:
+        for tag in ("one", "two"):
+            prompt = ("%s: " % tag + LONG)
+            streams.append(CurlStream(router.url("/v1/completions"),
+                                      completion(prompt, stream=True, tag=tag,
+                                                 prefill_gate="first")))
+        wait_for(lambda: len(v1_log(dc[0])) == 2, what="both decode legs at the decode pod")
+        assert len(v1_log(pf[0])) == 2
+        m = get_metrics(router)
+        assert metric(m, "pcrouter_backend_queued_prefill_tokens", backend="dc-1") == 0
+        assert metric(m, "pcrouter_backend_held_requests", backend="dc-1") in (0, None)
+        dc[0].release("first")
+        for s in streams:
+            rc, out = s.finish(30)
+            assert rc == 0 and b"[DONE]" in out, out[-500:]
+    finally:
+        for s in streams:
+            s.kill()
 
 
 def test_prefill_pods_down_fall_back(pods, router_factory):

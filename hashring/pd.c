@@ -1,7 +1,8 @@
 /* hashring/pd.c: prefill/decode disaggregation, the decision (include/pcr/pd.h). Two
  * cache-aware decisions over the same policy, each over the pods of one role (the others
- * marked unusable in a copy of the loads), and the comparison of their expected first tokens
- * in the time the policy learned (pcr_policy_estimate_ttft). */
+ * marked unusable in a copy of the loads), and the comparison of their costs in the time the
+ * policy learned (pcr_policy_estimate_ttft): each side's expected first token, and on the
+ * local side the stall its prefill inflicts on the decode pod's running streams. */
 #include <string.h>
 
 #include "pcr/pd.h"
@@ -12,6 +13,7 @@ void pcr_pd_opts_default(pcr_pd_opts_t *o)
     o->min_uncached_tokens = 512;
     o->max_ttft_ratio = 1.5;
     o->transfer_us_per_token = 5;
+    o->itl_weight = 0.05;
 }
 
 const char *pcr_pd_outcome_name(pcr_pd_outcome_t o)
@@ -84,7 +86,16 @@ int pcr_pd_decide(pcr_policy_t *p, const pcr_pd_opts_t *o, const pcr_key_t *key,
                              p, f, loads[f].queued_prefill + out->prefill.uncached_prefill) +
                          o->transfer_us_per_token * (double)out->decode.uncached_prefill +
                          (decode_wait > 0 ? decode_wait : 0);
-        if (out->remote_us > o->max_ttft_ratio * out->local_us) {
+        /* A local prefill holds every stream the decode pod is running for as long as it
+         * takes (each engine step carries its chunks beside their next tokens): that many
+         * streams, each stalled by that time, are what a remote prefill spares them. The
+         * pod's own count sees other routers' streams, the router's is fresher. */
+        double stall = out->local_us - pcr_policy_estimate_ttft(p, d, loads[d].queued_prefill);
+        uint32_t streams = loads[d].inflight > loads[d].pod_running ? loads[d].inflight
+                                                                     : loads[d].pod_running;
+        out->stall_us = stall > 0 ? stall : 0;
+        out->itl_us = (double)streams * out->stall_us;
+        if (out->remote_us > o->max_ttft_ratio * out->local_us + o->itl_weight * out->itl_us) {
             out->prefill.backend = -1;
             out->outcome = PCR_PD_LOCAL_BUSY;
             return 0;

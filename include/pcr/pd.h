@@ -12,8 +12,10 @@
  *     token would come more than max_ttft_ratio times later than prefilling locally (their
  *     queue, the prompt's own prefill there, the transfer of the blocks the decode pod
  *     pulls and the decode pod's own queue, which the decode leg then waits behind, against
- *     that queue and the prefill on the decode pod, each in the time the policy learned); else
- *     on a prefill pod.
+ *     that queue and the prefill on the decode pod, each in the time the policy learned), plus
+ *     itl_weight times what the local prefill costs the decode pod's running streams (each
+ *     stalled for the prefill's time: the inter-token latency the split is for); else on a
+ *     prefill pod.
  * A fixed rule ("always past N tokens") can make the first token many times later when the
  * prefill pods queue; this one keeps the gain where there is one. Pure, as policy.h. */
 #ifndef PCR_PD_H
@@ -36,6 +38,9 @@ typedef struct {
                                    * local's; default 1.5 */
     double transfer_us_per_token; /* pulling one token's KV blocks, us; default 5 (about
                                    * 128 KiB a token at 25 GB/s) */
+    double itl_weight;            /* auto: a microsecond of one running stream's stall on the
+                                   * decode pod against one of this request's first token
+                                   * (0: first tokens alone); default 0.05 */
 } pcr_pd_opts_t;
 
 void pcr_pd_opts_default(pcr_pd_opts_t *o);
@@ -56,6 +61,10 @@ typedef struct {
     pcr_decision_t decode;     /* the decode pod's decision (commit it, feed it back) */
     pcr_decision_t prefill;    /* the prefill pod's, when outcome is REMOTE (backend -1 else) */
     double local_us, remote_us;/* auto: the two expected first tokens compared (0 otherwise) */
+    double stall_us;           /* auto: how long a local prefill would stall each of the
+                                * decode pod's running streams (its prefill time there) */
+    double itl_us;             /* auto: that, times those streams (max of the router's
+                                * in-flight count and the pod's scraped running count) */
 } pcr_pd_decision_t;
 
 /* Decides for `key` given every backend's load and role (roles[n], n = the loads' count, as

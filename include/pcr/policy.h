@@ -134,6 +134,7 @@ typedef struct {
     uint32_t inflight;         /* requests sent and not finished */
     uint64_t queued_prefill;   /* uncached prefill tokens of those in-flight requests */
     uint32_t pod_waiting;      /* vllm:num_requests_waiting as the pod last reported (0 if unknown) */
+    uint32_t pod_running;      /* vllm:num_requests_running as the pod last reported (0 if unknown) */
 } pcr_backend_load_t;
 
 typedef struct pcr_policy pcr_policy_t;

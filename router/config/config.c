@@ -210,6 +210,7 @@ static const field_t pd_fields[] = {
     F_INT(pcr_pd_opts_t, min_uncached_tokens, FT_U64, 0, 1LL << 40),
     F_DBL(pcr_pd_opts_t, max_ttft_ratio, 0.0, INFINITY),
     F_DBL(pcr_pd_opts_t, transfer_us_per_token, 0.0, 1e9),
+    F_DBL(pcr_pd_opts_t, itl_weight, 0.0, 1e6),
 };
 
 static const field_t tenant_fields[] = {

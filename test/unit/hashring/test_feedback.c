@@ -41,7 +41,7 @@ static pcr_key_t *key_of(keybuf_t *kb, uint64_t base, size_t n)
 
 static uint32_t held(pcr_policy_t *p, pcr_key_t *k)
 {
-    pcr_backend_load_t l = {1, 0, 0, 0};
+    pcr_backend_load_t l = {.usable = 1};
     pcr_decision_t d;
     pcr_policy_decide(p, k, &l, 0, &d);
     return d.matched_blocks;
@@ -50,7 +50,7 @@ static uint32_t held(pcr_policy_t *p, pcr_key_t *k)
 /* decide + commit at `now`, as the router does when it sends a request. */
 static pcr_decision_t send(pcr_policy_t *p, pcr_key_t *k, uint64_t now)
 {
-    pcr_backend_load_t l = {1, 0, 0, 0};
+    pcr_backend_load_t l = {.usable = 1};
     pcr_decision_t d;
     uint32_t from;
     pcr_policy_decide(p, k, &l, now, &d);

@@ -133,6 +133,50 @@ static void test_remote_waits_for_the_decode_queue(void)
     pcr_policy_free(p);
 }
 
+/* What a local prefill costs the decode pod's running streams: with the prefill pods' queues
+ * long enough that the first token alone would keep a long prompt local, a decode pod running
+ * many streams sends it remote all the same, counting its streams as the router does (in
+ * flight) or as the pod says (running), whichever is more; with itl_weight 0, first tokens
+ * alone decide again. */
+static void test_auto_weighs_the_streams_stalled(void)
+{
+    pcr_policy_t *p = make();
+    pcr_pd_opts_t o;
+    pcr_pd_opts_default(&o);
+    pcr_backend_load_t l[NB], scratch[NB];
+    idle(l);
+    l[0].queued_prefill = l[1].queued_prefill = 20000;
+    keybuf_t kb;
+    pcr_key_t *k = key_of(p, &kb, 40000, 's'); /* 10k tokens, all uncached */
+    pcr_pd_decision_t d;
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.outcome, PCR_PD_LOCAL_BUSY);   /* an idle decode pod: nothing stalls */
+    PCR_CHECK(d.itl_us == 0 && d.stall_us > 0);
+    double stall = d.stall_us;
+    /* The stall is the prefill's own time on the decode pod, whatever is queued there. */
+    l[2].queued_prefill = l[3].queued_prefill = 3000;
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &d), 0);
+    PCR_CHECK(d.stall_us > stall * 0.99 && d.stall_us < stall * 1.01);
+    l[2].queued_prefill = l[3].queued_prefill = 0;
+    l[2].inflight = l[3].inflight = 20;   /* a few streams: not worth the wait */
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.outcome, PCR_PD_LOCAL_BUSY);
+    PCR_CHECK(d.itl_us > 19.9 * stall && d.itl_us < 20.1 * stall);
+    l[2].inflight = l[3].inflight = 60;   /* many: the stall outweighs the later first token */
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.outcome, PCR_PD_REMOTE);
+    PCR_CHECK(d.remote_us > o.max_ttft_ratio * d.local_us);
+    PCR_CHECK(d.remote_us <= o.max_ttft_ratio * d.local_us + o.itl_weight * d.itl_us);
+    l[2].inflight = l[3].inflight = 0;   /* the pods' own count, when it is the larger */
+    l[2].pod_running = l[3].pod_running = 60;
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.outcome, PCR_PD_REMOTE);
+    o.itl_weight = 0;
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &d), 0);
+    PCR_CHECK_EQ_INT(d.outcome, PCR_PD_LOCAL_BUSY);
+    pcr_policy_free(p);
+}
+
 /* No prefill pod usable: the decode pod prefills (fallback). No decode pod: unavailable. */
 static void test_fallbacks(void)
 {
@@ -165,6 +209,7 @@ int main(void)
     PCR_RUN(test_modes);
     PCR_RUN(test_auto_keeps_the_gain);
     PCR_RUN(test_remote_waits_for_the_decode_queue);
+    PCR_RUN(test_auto_weighs_the_streams_stalled);
     PCR_RUN(test_fallbacks);
     return pcr_test_done();
 }

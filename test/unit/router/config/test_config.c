@@ -868,7 +868,7 @@ static void test_roles_and_pd(void)
         "              {'name': 'b', 'url': 'http://127.0.0.1:3'}],\n"
         " 'discovery': [{'dns': 'pods.local', 'role': 'prefill'}],\n"
         " 'pd': {'mode': 'always', 'min_uncached_tokens': 7, 'max_ttft_ratio': 2.5,\n"
-        "        'transfer_us_per_token': 0.5}}", &errors);
+        "        'transfer_us_per_token': 0.5, 'itl_weight': 0.25}}", &errors);
     PCR_CHECK(cfg != NULL && errors == NULL);
     free(errors);
     if (cfg != NULL) {
@@ -880,6 +880,7 @@ static void test_roles_and_pd(void)
         PCR_CHECK_EQ_U64(cfg->pd.min_uncached_tokens, 7);
         PCR_CHECK(cfg->pd.max_ttft_ratio == 2.5);
         PCR_CHECK(cfg->pd.transfer_us_per_token == 0.5);
+        PCR_CHECK(cfg->pd.itl_weight == 0.25);
     }
     pcr_config_free(cfg);
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'role': 'prefil'}]}",

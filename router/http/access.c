@@ -117,6 +117,15 @@ static size_t json_line(const pcr_exchange_t *ex, int status, uint64_t now, char
     add_num(o, "ttft_ms", ex->t_first != 0, (double)(ex->t_first - ex->t_start) / 1e3);
     add_num(o, "held_ms", ex->held, (double)ex->held_us / 1e3);
     add_num(o, "prefill_ahead_tokens", ex->has_prefill_ahead, (double)ex->prefill_ahead);
+    /* Disaggregation: where the prompt was decided to be prefilled, the prefill pod the decode
+     * pod pulled from, and when that pod's answer came (the prefill leg, held time included). */
+    int pd = ex->pd_state != PD_NONE;
+    add_str(o, "pd", pd ? pcr_pd_outcome_name(ex->pd_outcome) : NULL);
+    pcr_backend_t *pf = ex->pd_state == PD_DECODE
+                            ? pcr_backend_at(ex->w->srv, (size_t)ex->pd_prefill_slot) : NULL;
+    add_str(o, "prefill_backend", pf != NULL ? pf->conf.name : NULL);
+    add_num(o, "prefill_leg_ms", ex->pd_t_answer != 0,
+            (double)(ex->pd_t_answer - ex->t_start) / 1e3);
     cJSON_AddNumberToObject(o, "duration_ms", (double)(now - ex->t_start) / 1e3);
     cJSON_AddNumberToObject(o, "bytes_in", (double)ex->body_counted);
     cJSON_AddNumberToObject(o, "bytes_out", (double)ex->resp_bytes);

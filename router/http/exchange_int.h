@@ -200,6 +200,7 @@ struct pcr_exchange {
     uint64_t pd_cached;               /* the prefill pod's cached tokens, told to the client */
     int pd_has_cached;
     int pd_prefill_slot;              /* the prefill pod that the decode leg pulls from */
+    uint64_t pd_t_answer;             /* when the last prefill leg's answer began, us (0: none) */
     char pd_reqid[40];                /* X-Request-Id pcrouter made for both legs ("": the
                                          client's own is forwarded) */
 

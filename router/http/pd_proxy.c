@@ -241,6 +241,7 @@ static void on_leg_head(void *ctx, int status, const pcr_hdr_t *hdrs, size_t n, 
     (void)clen;
     ex->pd_status = status;
     uint64_t now = pcr_now_us();
+    ex->pd_t_answer = now;
     pcr_backend_report(ex->be, &ex->w->cfg->outlier,
                        status >= 500 ? PCR_OUTCOME_5XX : PCR_OUTCOME_OK, now);
     if (pcr_upstream_prefill_done(ex->up)) /* held: others may have gone ahead of it */

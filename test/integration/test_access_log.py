@@ -19,7 +19,9 @@ JSON_FIELDS = {
     "total_blocks": (int, type(None)), "predicted_cached_tokens": (int, type(None)),
     "delivered_cached_tokens": (int, type(None)), "ttfb_ms": (int, float, type(None)),
     "ttft_ms": (int, float, type(None)), "held_ms": (int, float, type(None)),
-    "prefill_ahead_tokens": (int, type(None)), "duration_ms": (int, float), "bytes_in": int, "bytes_out": int,
+    "prefill_ahead_tokens": (int, type(None)), "pd": (str, type(None)),
+    "prefill_backend": (str, type(None)), "prefill_leg_ms": (int, float, type(None)),
+    "duration_ms": (int, float), "bytes_in": int, "bytes_out": int,
     "unsent_bytes": int, "retries": int,
 }
 

@@ -98,12 +98,14 @@ def test_golden_chat_stream_both_legs(pods, router_factory):
     assert usage and usage[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 7
 
 
-def test_golden_completion_client_request_id_and_cached_rewrite(pods, router_factory):
+def test_golden_completion_client_request_id_and_cached_rewrite(pods, router_factory, tmp_path):
     pf, dc = pods
     pf[1].kill()
     pf[0].configure(defaults={"cached_tokens": 640})
     dc[0].configure(defaults={"cached_tokens": 3392})   # what a pod that pulled would say
-    router = router_factory(pd_config(pf[:1], dc, upstream={"retries": 0}))
+    log = str(tmp_path / "access.log")
+    router = router_factory(pd_config(pf[:1], dc, upstream={"retries": 0},
+                                      log={"access_log_path": log, "access_log_format": "json"}))
     body = {"model": "stub-model", "prompt": LONG, "max_tokens": 9}
     r = post(router, "/v1/completions", body, {"X-Request-Id": "client-id-1"})
     assert r.status == 200, r
@@ -123,6 +125,12 @@ def test_golden_completion_client_request_id_and_cached_rewrite(pods, router_fac
     # count of what it pulled is nobody's prediction.
     assert metric(m, "pcrouter_cached_tokens_delivered_total", backend="pf-1") == 640
     assert metric(m, "pcrouter_cached_tokens_delivered_total", backend="dc-1") in (0, None)
+    # The access log says where the prompt was prefilled, and when the prefill pod answered.
+    (line,) = wait_for(lambda: [o for o in (json.loads(x) for x in open(log))
+                                if o["path"] == "/v1/completions"], what="the access line")
+    assert line["backend"] == "dc-1" and line["pd"] == "remote_prefill"
+    assert line["prefill_backend"] == "pf-1"
+    assert 0 < line["prefill_leg_ms"] <= line["duration_ms"]
 
 
 # ---- failures ------------------------------------------------------------------------------

@@ -78,9 +78,12 @@ int pcr_pd_decide(pcr_policy_t *p, const pcr_pd_opts_t *o, const pcr_key_t *key,
         int d = out->decode.backend, f = out->prefill.backend;
         out->local_us = pcr_policy_estimate_ttft(
             p, d, loads[d].queued_prefill + out->decode.uncached_prefill);
-        /* The decode leg then waits behind what the decode pod has queued (its scheduler
-         * is first come, first served), as a local prefill would. */
-        double decode_wait = pcr_policy_estimate_ttft(p, d, loads[d].queued_prefill) -
+        /* The decode leg then waits behind what the decode pod's engine has queued (its
+         * scheduler is first come, first served), but not behind what the router holds for
+         * it: a decode leg prefills nothing, so it is never held (routing.hold_tokens). */
+        uint64_t engine_q = loads[d].sent_prefill < loads[d].queued_prefill
+                                ? loads[d].sent_prefill : loads[d].queued_prefill;
+        double decode_wait = pcr_policy_estimate_ttft(p, d, engine_q) -
                              pcr_policy_estimate_ttft(p, d, 0);
         out->remote_us = pcr_policy_estimate_ttft(
                              p, f, loads[f].queued_prefill + out->prefill.uncached_prefill) +

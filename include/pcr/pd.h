@@ -11,7 +11,8 @@
  *     short one costs them little), or when the prefill pods are busy enough that the first
  *     token would come more than max_ttft_ratio times later than prefilling locally (their
  *     queue, the prompt's own prefill there, the transfer of the blocks the decode pod
- *     pulls and the decode pod's own queue, which the decode leg then waits behind, against
+ *     pulls and the decode pod's engine queue (sent, not held), which the decode leg then
+ *     waits behind, against
  *     that queue and the prefill on the decode pod, each in the time the policy learned), plus
  *     itl_weight times what the local prefill costs the decode pod's running streams (each
  *     stalled for the prefill's time: the inter-token latency the split is for); else on a

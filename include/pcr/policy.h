@@ -133,6 +133,8 @@ typedef struct {
     int usable;                /* healthy and serves the request's model; 0 = never chosen */
     uint32_t inflight;         /* requests sent and not finished */
     uint64_t queued_prefill;   /* uncached prefill tokens of those in-flight requests */
+    uint64_t sent_prefill;     /* the part of them sent to the pod (the rest is held in the
+                                * router, routing.hold_tokens): what its engine has queued */
     uint32_t pod_waiting;      /* vllm:num_requests_waiting as the pod last reported (0 if unknown) */
     uint32_t pod_running;      /* vllm:num_requests_running as the pod last reported (0 if unknown) */
 } pcr_backend_load_t;

@@ -84,6 +84,7 @@ size_t pcr_proxy_fill_loads(pcr_exchange_t *ex, pcr_backend_load_t *loads, size_
         loads[i].usable = serves && !pcr_backend_ejected(be, now);
         loads[i].inflight = PCR_LOAD(be->inflight);
         loads[i].queued_prefill = PCR_LOAD(be->queued_prefill);
+        loads[i].sent_prefill = PCR_LOAD(be->sent_prefill);
         loads[i].pod_waiting = PCR_LOAD(be->pod_waiting);
         loads[i].pod_running = PCR_LOAD(be->pod_running);
         loads[i].usable |= serves ? 2 : 0; /* a candidate, for panic below */

@@ -113,7 +113,8 @@ static void test_auto_keeps_the_gain(void)
 }
 
 /* A remote prefill's decode leg waits behind the decode pod's queue as a local prefill does:
- * a busy decode pod makes both expected first tokens later by the same time. */
+ * a busy decode pod makes both expected first tokens later by the same time. Not behind
+ * what the router holds for that pod: a decode leg prefills nothing and is never held. */
 static void test_remote_waits_for_the_decode_queue(void)
 {
     pcr_policy_t *p = make();
@@ -126,10 +127,18 @@ static void test_remote_waits_for_the_decode_queue(void)
     pcr_pd_decision_t idle_d, busy_d;
     PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &idle_d), 0);
     l[2].queued_prefill = l[3].queued_prefill = 50000;
+    l[2].sent_prefill = l[3].sent_prefill = 50000;
     PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &busy_d), 0);
     double dl = busy_d.local_us - idle_d.local_us, dr = busy_d.remote_us - idle_d.remote_us;
     PCR_CHECK(dl > 0);
     PCR_CHECK(dr > dl * 0.99 && dr < dl * 1.01);
+    /* Nine tenths of it held in the router: the local prefill waits for all of it, the decode
+     * leg for the tenth in the engine. */
+    l[2].sent_prefill = l[3].sent_prefill = 5000;
+    PCR_CHECK_EQ_INT(pcr_pd_decide(p, &o, k, l, roles, scratch, NB, 1, &busy_d), 0);
+    double hl = busy_d.local_us - idle_d.local_us, hr = busy_d.remote_us - idle_d.remote_us;
+    PCR_CHECK(hl > dl * 0.99 && hl < dl * 1.01);
+    PCR_CHECK(hr > dl * 0.099 && hr < dl * 0.101);
     pcr_policy_free(p);
 }
 

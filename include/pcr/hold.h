@@ -8,7 +8,8 @@
  * pcr_hold_rank first. That is the highest response ratio next rule, (waited + own prefill) /
  * own prefill: a short prompt passes long ones, and a long one's rank grows as it waits, so
  * none waits forever; but a held request goes before one that counts on the blocks it brings
- * (pcr_hold_depends). Routing is unchanged: a held request counts on its pod as if sent.
+ * (pcr_hold_depends), and before the rank come the tenants' priority bands and their fairness
+ * (pcr_hold_before). Routing is unchanged: a held request counts on its pod as if sent.
  *
  * Pure; implemented in hashring/hold.c. The router (router/upstream/upstream.c) and the offline
  * simulator (bench/sim/offline_run.c) order their held requests with it. */
@@ -30,6 +31,31 @@
  * `prefill_tokens`: waited / (prefill + PCR_HOLD_BASE_TOKENS). Higher goes first; equal ranks
  * go in arrival order (the caller's tie-break). */
 double pcr_hold_rank(uint64_t waited_us, uint64_t prefill_tokens);
+
+/* A held request's place in the order, strictest first: its band (its tenant's priority,
+ * higher first: a held interactive request goes before every held batch one), its tenant's
+ * fairness counter within the band (the flow queue's virtual token counter, pcr/flowq.h, lower
+ * first; equal when there is none), the requests its client has on pod connections (fewer
+ * first, so one client's many streams do not keep the pod from the others), and its
+ * pcr_hold_rank (higher first). */
+typedef struct {
+    int priority;
+    double fair;
+    unsigned busy;
+    double rank;
+} pcr_hold_key_t;
+
+/* Whether `a` goes before `b`; on a full tie not (the caller passes the older as `b`). */
+static inline int pcr_hold_before(const pcr_hold_key_t *a, const pcr_hold_key_t *b)
+{
+    if (a->priority != b->priority)
+        return a->priority > b->priority;
+    if (a->fair != b->fair)
+        return a->fair < b->fair;
+    if (a->busy != b->busy)
+        return a->busy < b->busy;
+    return a->rank > b->rank;
+}
 
 /* Whether a pod with `sent_tokens` of uncached prefill in flight takes another streamed request
  * under a budget of `budget_tokens` (0: no budget, always). Whatever its size, a request goes

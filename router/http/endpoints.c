@@ -254,7 +254,7 @@ static void on_leg_error(void *ctx, pcr_up_error_t err, int got_head)
 }
 
 static const pcr_upstream_cbs_t leg_cbs = {on_leg_head, on_leg_body, on_leg_done, on_leg_error,
-                                          NULL,        NULL,        NULL};
+                                          NULL,        NULL,        NULL,        NULL};
 
 int pcr_endpoint_models(pcr_exchange_t *ex)
 {

@@ -238,10 +238,11 @@ void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, c
 int pcr_proxy_routed(pcr_exchange_t *ex);
 int pcr_proxy_dispatch(pcr_exchange_t *ex);
 /* proxy.c's upstream callbacks that pd_proxy.c's prefill leg shares (arg: the exchange): the
- * pod-busy count it owns, its expected first token behind `tokens` of prefill, and that
- * moment come. */
+ * pod-busy count it owns, its expected first token behind `tokens` of prefill, its tenant's
+ * fairness counter, and that moment come. */
 unsigned *pcr_proxy_up_owner(void *arg);
 uint64_t pcr_proxy_up_prefill_us(void *arg, uint64_t tokens);
+double pcr_proxy_up_fair(void *arg);
 void pcr_proxy_up_prefill_due(void *arg);
 /* proxy.c, for pd_proxy.c: the request for `be` with `src` as its body (taken by reference
  * when nothing is added: *body is then src, else NULL), and pcrouter's own X-Request-Id when
@@ -276,6 +277,11 @@ int pcr_tenancy_identify(pcr_exchange_t *ex);
 int pcr_tenancy_admit(pcr_exchange_t *ex, int (*go)(pcr_exchange_t *ex));
 /* What the request was served, for flow control's fairness and the tenant's counters. */
 void pcr_tenancy_served(pcr_exchange_t *ex, uint64_t output_tokens);
+/* For the pools' hold queue: the pod priority classes (slots) whose prefill the pods preempt
+ * for this request (0 without pod priorities), and its tenant's fairness counter now (0
+ * without flow control's queue). */
+uint64_t pcr_tenancy_passes(const pcr_exchange_t *ex);
+double pcr_tenancy_fair(const pcr_exchange_t *ex);
 /* A session's pod for the decision (-1: none or not to be kept), and the pod it went to. */
 int pcr_tenancy_session_pod(pcr_exchange_t *ex, const pcr_backend_load_t *loads, size_t n);
 void pcr_tenancy_session_went(pcr_exchange_t *ex, int backend);

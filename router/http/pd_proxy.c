@@ -216,7 +216,9 @@ void pcr_pd_prefill(pcr_exchange_t *ex, const pcr_pd_decision_t *pdd, uint64_t n
         .added_from = ex->pd_committed ? ex->pd_added_from : (uint32_t)ex->key.nblocks,
     };
     pcr_up_send_t send = {.head = req, .body = ref, .kind = PCR_UP_UNSTREAMED,
-                          .prefill = ex->prefill, .prefix = &prefix};
+                          .prefill = ex->prefill, .prefix = &prefix,
+                          .priority = ex->priority, .pclass = ex->pod_pslot,
+                          .passes = pcr_tenancy_passes(ex)};
     ex->up = pcr_upstream_send(pool, &send, &pd_cbs, ex);
     if (ex->up == NULL || ex->pd_resp == NULL) {
         if (ex->up != NULL)
@@ -361,4 +363,4 @@ static void on_leg_error(void *ctx, pcr_up_error_t err, int got_head)
 /* The leg is held and timed as the exchange's own unstreamed completions are (proxy.c). */
 static const pcr_upstream_cbs_t pd_cbs = {on_leg_head,  on_leg_body,         on_leg_done,
                                           on_leg_error, pcr_proxy_up_owner,  pcr_proxy_up_prefill_us,
-                                          pcr_proxy_up_prefill_due};
+                                          pcr_proxy_up_prefill_due, pcr_proxy_up_fair};

@@ -307,6 +307,11 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
         send.prefill = ex->prefill;
         send.prefix = &prefix;
     }
+    /* Held, it waits in its band and its tenant's turn, and not behind the prefill the pod
+     * preempts for it. */
+    send.priority = ex->priority;
+    send.pclass = ex->pod_pslot;
+    send.passes = pcr_tenancy_passes(ex);
     ex->up = pcr_upstream_send(pool, &send, &proxy_cbs, ex);
     if (ex->up == NULL) {
         pcr_exchange_to(ex, EX_ROUTING);
@@ -575,9 +580,12 @@ uint64_t pcr_proxy_up_prefill_us(void *arg, uint64_t tokens)
 /* ... has come: its prefill leaves the pod's queue (pcr_exchange_prefill_due). */
 void pcr_proxy_up_prefill_due(void *arg) { pcr_exchange_prefill_due(arg); }
 
+/* Its tenant's fairness counter, for its turn among held completions of its band. */
+double pcr_proxy_up_fair(void *arg) { return pcr_tenancy_fair(arg); }
+
 static const pcr_upstream_cbs_t proxy_cbs = {on_up_head,  on_up_body,         on_up_done,
                                              on_up_error, pcr_proxy_up_owner, pcr_proxy_up_prefill_us,
-                                             pcr_proxy_up_prefill_due};
+                                             pcr_proxy_up_prefill_due, pcr_proxy_up_fair};
 
 /* Once admitted: in precise mode the prompt's tokens first (at once from the cache, or later
  * from a pod, which then dispatches), then the decision. */

@@ -313,15 +313,26 @@ static double saturation_for(const pcr_exchange_t *ex)
     const pcr_config_t *cfg = ex->w->cfg;
     if (!cfg->pod_priorities)
         return pcr_backends_saturation(ex->w->srv, cfg);
+    return pcr_backends_saturation_for(ex->w->srv, cfg, pcr_tenancy_passes(ex));
+}
+
+uint64_t pcr_tenancy_passes(const pcr_exchange_t *ex)
+{
+    const pcr_config_t *cfg = ex->w->cfg;
+    if (!cfg->pod_priorities)
+        return 0;
     int prio[PCR_MAX_TENANTS];
     for (unsigned i = 0; i < PCR_MAX_TENANTS; i++)
         prio[i] = INT_MIN;   /* no tenant: nothing of it to pass */
     for (size_t i = 0; i < cfg->ntenants; i++)
         prio[cfg->tenants[i].slot] = cfg->tenants[i].has_pod_priority
                                          ? cfg->tenants[i].pod_priority : 0; /* vLLM's default */
-    uint64_t passes = pcr_pod_preemptible(prio, PCR_MAX_TENANTS,
-                                          ex->has_pod_priority ? ex->pod_priority : 0);
-    return pcr_backends_saturation_for(ex->w->srv, cfg, passes);
+    return pcr_pod_preemptible(prio, PCR_MAX_TENANTS, ex->has_pod_priority ? ex->pod_priority : 0);
+}
+
+double pcr_tenancy_fair(const pcr_exchange_t *ex)
+{
+    return pcr_flowq_counter(ex->w->flowq, ex->qslot);
 }
 
 static void flow_arm(pcr_worker_t *w)

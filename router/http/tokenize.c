@@ -304,7 +304,7 @@ static void on_tok_error(void *ctx, pcr_up_error_t err, int got_head)
 }
 
 static const pcr_upstream_cbs_t tok_cbs = {on_tok_head, on_tok_body, on_tok_done, on_tok_error,
-                                           NULL, NULL, NULL};
+                                           NULL, NULL, NULL, NULL};
 
 /* Room for the policy's chains in the exchange (kept when it is recycled). */
 static int tblocks_room(pcr_exchange_t *ex, size_t room)

@@ -42,15 +42,16 @@ typedef struct pcr_upconn pcr_upconn_t;
  * each). `list`: its requests that carry a prefix and have not reached their first token (or
  * their end), oldest commit first: the prefixes the pod may not have computed yet (exchange.c);
  * `since` is what the others read of it. `held_at`, `held_prefill`: its held stream that goes
- * next (the highest pcr_hold_rank when it last looked), so that a release on any worker goes in
- * one rank order (upstream_queue.c). */
+ * next (the first by pcr_hold_before when it last looked) and its priority `held_prio`, so that a
+ * release on any worker goes in one order of bands and ranks (upstream_queue.c). */
 struct pcr_exchange;
 typedef struct pcr_pending {
     TAILQ_HEAD(pcr_pending_list, pcr_exchange) list;
     uint64_t since;                          /* atomic: the oldest's commit time, UINT64_MAX none */
     uint64_t held_at;                        /* atomic: when it was held, us; 0: none held */
     uint64_t held_prefill;                   /* atomic: its prefill, tokens */
-    char pad[64 - sizeof(struct pcr_pending_list) - 3 * sizeof(uint64_t)];
+    int64_t held_prio;                       /* atomic: its priority */
+    char pad[64 - sizeof(struct pcr_pending_list) - 4 * sizeof(uint64_t)];
 } pcr_pending_t;
 typedef struct pcr_upreq pcr_upreq_t;
 
@@ -80,6 +81,8 @@ struct pcr_backend {
     uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
     uint64_t held_total;                     /* ... ever */
     uint64_t sent_prefill;                   /* the pools' sent_prefill, summed (upstream_queue.c) */
+    uint64_t sent_by_class[PCR_MAX_TENANTS]; /* of it, by the pod priority class the requests
+                                              carry (pcr_up_send_t.pclass) */
     pcr_pending_t *pending;                  /* [npending]: each worker's own (exchange.c) */
     unsigned npending;                       /* srv->nworkers when it was made */
     /* What the pod reports, from the control thread's scrape (atomic). */

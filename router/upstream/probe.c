@@ -63,7 +63,7 @@ static void on_done(void *ctx) { probe_end(ctx, 1); }
 
 static void on_error(void *ctx, pcr_up_error_t err, int got_head) { probe_end(ctx, 0); }
 
-static const pcr_upstream_cbs_t probe_cbs = {on_head, on_body, on_done, on_error, NULL, NULL, NULL};
+static const pcr_upstream_cbs_t probe_cbs = {on_head, on_body, on_done, on_error, NULL, NULL, NULL, NULL};
 
 /* Not answered in time: the check connection is free for the next probe. */
 static void on_deadline(evutil_socket_t fd, short what, void *arg)

@@ -142,6 +142,9 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, const pcr_up_send_t *req,
     r->owner = cbs->owner != NULL ? cbs->owner(ctx) : NULL;
     r->kind = req->kind;
     r->prefill = pcr_upreq_budgeted(r) ? req->prefill : 0;
+    r->priority = req->priority;
+    r->pclass = req->pclass <= PCR_MAX_TENANTS ? req->pclass : 0;
+    r->passes = req->passes;
     const pcr_up_prefix_t *prefix = req->prefix;
     if (pcr_upreq_budgeted(r) && prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
         r->prefix = *prefix;

@@ -56,6 +56,9 @@ typedef struct {
      * on_prefill_due must not end the request. */
     uint64_t (*prefill_us)(void *ctx, uint64_t tokens);
     void (*on_prefill_due)(void *ctx);
+    /* Optional: the fairness counter of the request's tenant now (pcr/flowq.h), lower first
+     * among held completions of one priority. */
+    double (*fair)(void *ctx);
 } pcr_upstream_cbs_t;
 
 /* The connections of one thread to one backend: idle keep-alive connections (most recently
@@ -139,6 +142,13 @@ typedef struct {
     pcr_up_kind_t kind;
     uint64_t prefill;                /* its uncached prefill, tokens (completions only) */
     const pcr_up_prefix_t *prefix;   /* what it was routed with (copied; NULL: none) */
+    /* For the order of held completions (pcr_hold_before) and their budget: its priority
+     * (higher first), the class of pod priority its prefill is counted in (1 + the class's
+     * index below PCR_MAX_TENANTS; 0: none), and the classes whose prefill a pod preempts for
+     * it (bit i: class i + 1), which its budget leaves out. */
+    int priority;
+    unsigned pclass;
+    uint64_t passes;
 } pcr_up_send_t;
 
 /* The one way a request goes to a pod: over `pool`, through the pool's transport (today the

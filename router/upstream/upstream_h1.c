@@ -464,7 +464,7 @@ static void h1_dispatch(pcr_upreq_t *r)
 {
     pcr_pool_t *pool = r->pool;
     if (pcr_upreq_budgeted(r) && !r->charged &&
-        ((!pcr_upq_open(pool) && !pcr_hold_small(r->prefill)) || pcr_upq_bringer(pool, r) != NULL)) {
+        ((!pcr_upq_open(pool, r) && !pcr_hold_small(r->prefill)) || pcr_upq_bringer(pool, r) != NULL)) {
         /* The backend's prefill queue is full (and this one's own prefill is not too small
          * to matter), or what it counts on waits. */
         pcr_upq_add(r, 1);

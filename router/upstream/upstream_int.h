@@ -45,7 +45,7 @@ struct pcr_upreq {
     unsigned *owner;                 /* its client's requests on pod connections (cbs->owner) */
     struct event *wait_timer;        /* while queued for a slot */
     struct event *prefill_timer;     /* unstreamed: when its prefill is taken as done */
-    TAILQ_ENTRY(pcr_upreq) wait_link;
+    TAILQ_ENTRY(pcr_upreq) wait_link; /* waiters, higher priority first, else in arrival order */
     uint64_t t_queued;               /* when it joined the queue, us */
     uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
     uint64_t prefill;                /* its uncached prefill, tokens (streams and unstreamed) */
@@ -53,6 +53,9 @@ struct pcr_upreq {
     uint64_t t_sent;                 /* when it was charged (went to the pod), us */
     pcr_up_prefix_t prefix;          /* what it was routed with (pcr_hold_depends) */
     pcr_up_kind_t kind;              /* what it is to the prefill budget (fixed) */
+    int priority;                    /* its band among waiters (pcr_up_send_t) */
+    unsigned pclass;                 /* its pod priority class + 1, 0: none */
+    uint64_t passes;                 /* the classes its budget leaves out */
     /* Flags that are not where it stands. `charged` follows its prefill, which leaves the count
      * at the first token (or the estimate) while the request stays on its connection, and stays
      * counted through a re-send; the next three are its history; `paused` is the client side's
@@ -137,12 +140,13 @@ void pcr_upreq_to(pcr_upreq_t *r, pcr_upr_state_t to);
 void pcr_upreq_free(pcr_upreq_t *r);
 void pcr_upreq_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head);
 
-/* upstream_queue.c: the budget (routing.hold_tokens, 0: none) and whether it is open; a
+/* upstream_queue.c: the budget (routing.hold_tokens, 0: none) and whether it is open (for `r`,
+ * the classes it passes left out; NULL: none); a
  * request's prefill in and out of the count; into the queue (`hold`: because the budget is
  * spent) and out of it; who goes next (NULL: nobody may); the held stream whose blocks `r`
  * counts on; and, once a prefill left the budget, the kick of this pool and of the others. */
 uint64_t pcr_upq_budget(const pcr_pool_t *pool);
-int pcr_upq_open(const pcr_pool_t *pool);
+int pcr_upq_open(const pcr_pool_t *pool, const pcr_upreq_t *r);
 void pcr_upq_charge(pcr_upreq_t *r);
 void pcr_upq_uncharge(pcr_upreq_t *r);
 void pcr_upq_add(pcr_upreq_t *r, int hold);

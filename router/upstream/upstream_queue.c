@@ -37,10 +37,17 @@ uint64_t pcr_upq_budget(const pcr_pool_t *pool)
 
 /* Whether a stream may go to the pod now: the prefill every worker has sent it and not seen
  * finish is under the budget. Whichever worker's stream brings that under it wakes the others
- * (pcr_upq_freed), so a worker with nothing of its own in flight there is not left waiting. */
-int pcr_upq_open(const pcr_pool_t *pool)
+ * (pcr_upq_freed), so a worker with nothing of its own in flight there is not left waiting.
+ * For `r`, the prefill of the pod priority classes it passes is left out: the pod preempts it
+ * for `r`, so holding `r` behind it would spare it nothing. */
+int pcr_upq_open(const pcr_pool_t *pool, const pcr_upreq_t *r)
 {
-    return pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pcr_upq_budget(pool));
+    uint64_t sent = PCR_LOAD(pool->be->sent_prefill);
+    for (uint64_t m = r != NULL ? r->passes : 0; m != 0 && sent > 0; m &= m - 1) {
+        uint64_t p = PCR_LOAD(pool->be->sent_by_class[__builtin_ctzll(m)]);
+        sent = sent > p ? sent - p : 0;
+    }
+    return pcr_hold_open(sent, pcr_upq_budget(pool));
 }
 
 static void prefill_due(evutil_socket_t fd, short what, void *arg);
@@ -73,6 +80,8 @@ void pcr_upq_charge(pcr_upreq_t *r)
         r->t_sent = pcr_now_us();
         r->pool->sent_prefill += r->prefill;
         PCR_ADD(r->pool->be->sent_prefill, r->prefill);
+        if (r->pclass)
+            PCR_ADD(r->pool->be->sent_by_class[r->pclass - 1], r->prefill);
         r->charged = 1;
         if (pcr_upreq_estimated(r))
             prefill_arm(r);
@@ -84,6 +93,8 @@ void pcr_upq_uncharge(pcr_upreq_t *r)
     if (r->charged) {
         r->pool->sent_prefill -= r->prefill;
         PCR_SUB(r->pool->be->sent_prefill, r->prefill);
+        if (r->pclass)
+            PCR_SUB(r->pool->be->sent_by_class[r->pclass - 1], r->prefill);
         r->charged = 0;
         if (r->prefill_timer != NULL)
             evtimer_del(r->prefill_timer);
@@ -102,42 +113,57 @@ static double rank_at(uint64_t now, uint64_t t_queued, uint64_t prefill)
  * connections from everyone else: a connection that frees goes to whoever holds fewest. */
 static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r->owner : 0; }
 
-/* The waiter of highest rank now among the HOLD_SCAN oldest whose client has fewest requests on
- * pod connections (ties: the older, first in the queue): of the held completions only
- * (`held_only`), or of all, completions only while `streams_go`. Small completions
- * (pcr_hold_small) that only wait for a connection slot may go whatever the budget; one held
- * because it counts on a held one's blocks waits for the budget as before, so that it reaches
- * the pod after that one's prefill, not beside it on another connection. Requests that are not
- * completions rank as no prefill. */
-static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int streams_go)
+/* `w`'s place in the order at `now` (pcr_hold_before). */
+static pcr_hold_key_t key_of(const pcr_upreq_t *w, uint64_t now)
+{
+    return (pcr_hold_key_t){
+        .priority = w->priority,
+        .fair = w->cbs->fair != NULL ? w->cbs->fair(w->ctx) : 0,
+        .busy = owner_busy(w),
+        .rank = rank_at(now, w->t_queued, w->prefill),
+    };
+}
+
+/* The first by pcr_hold_before now (the highest band, then its tenant with the lowest
+ * fairness counter, then whose client has fewest requests on pod connections, then the highest
+ * rank; ties: the older) among the HOLD_SCAN first waiters, which are the highest bands' (the
+ * queue is kept in band order): of the held completions only (`held_only`), or of all,
+ * completions only while the budget lets them go (`budget`: pcr_upq_open for each). Small
+ * completions (pcr_hold_small) that only wait for a connection slot may go whatever the budget;
+ * one held because it counts on a held one's blocks waits for the budget as before, so that it
+ * reaches the pod after that one's prefill, not beside it on another connection. Requests that
+ * are not completions rank as no prefill. */
+static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int budget)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
     uint64_t now = pcr_now_us();
-    double rank = 0;
-    unsigned seen = 0, fewest = 0;
+    pcr_hold_key_t bk = {0};
+    unsigned seen = 0;
     for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
         int held = w->state == UPR_HELD;
+        if (best != NULL && w->priority < bk.priority)
+            break; /* a lower band: the best is found */
         if ((held_only && !held) ||
-            (pcr_upreq_budgeted(w) && !streams_go && (held || !pcr_hold_small(w->prefill))))
+            (budget && pcr_upreq_budgeted(w) && !pcr_upq_open(pool, w) &&
+             (held || !pcr_hold_small(w->prefill))))
             continue;
-        unsigned busy = owner_busy(w);
-        double k = rank_at(now, w->t_queued, w->prefill);
-        if (best == NULL || busy < fewest || (busy == fewest && k > rank)) {
+        pcr_hold_key_t k = key_of(w, now);
+        if (best == NULL || pcr_hold_before(&k, &bk)) {
             best = w;
-            rank = k;
-            fewest = busy;
+            bk = k;
         }
     }
     return best;
 }
 
-/* The oldest of the HOLD_SCAN oldest waiters whose client has fewest requests on pod
- * connections. */
+/* The oldest of the highest band's HOLD_SCAN first waiters whose client has fewest requests
+ * on pod connections. */
 static pcr_upreq_t *oldest_fewest(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = w;
     unsigned seen = 0, fewest = w != NULL ? owner_busy(w) : 0;
-    for (; w != NULL && fewest > 0 && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
+    for (; w != NULL && fewest > 0 && seen < HOLD_SCAN && w->priority == best->priority;
+         w = TAILQ_NEXT(w, wait_link), seen++) {
         if (owner_busy(w) < fewest) {
             best = w;
             fewest = owner_busy(w);
@@ -169,9 +195,9 @@ static int slot_free(const pcr_pool_t *pool)
     return pool->nidle > 0 || pool->nconns < pool->max_connections;
 }
 
-/* `r` (or none) is this worker's next held stream, as the others see it. The two words are read
- * apart: a reader between two publications may pair one stream's time with the other's prefill,
- * and misorder one release; nothing waits on it. */
+/* `r` (or none) is this worker's next held stream, as the others see it. The three words are
+ * read apart: a reader between two publications may pair one stream's time with the other's
+ * prefill or priority, and misorder one release; nothing waits on it. */
 static void publish(pcr_pool_t *pool, pcr_upreq_t *r)
 {
     pcr_pending_t *slot = own_slot(pool);
@@ -179,32 +205,41 @@ static void publish(pcr_pool_t *pool, pcr_upreq_t *r)
     pool->best_held = r;
     if (slot == NULL || same)
         return;
-    if (r != NULL)
+    if (r != NULL) {
         PCR_STORE(slot->held_prefill, r->prefill);
+        PCR_STORE(slot->held_prio, (int64_t)r->priority);
+    }
     PCR_STORE(slot->held_at, r != NULL ? (r->t_queued ? r->t_queued : 1) : 0);
 }
 
-/* Publishes the held stream of highest rank now (of the HOLD_SCAN oldest), or none. */
+/* Publishes the held stream that goes first now (of the HOLD_SCAN first), or none. */
 static void publish_best(pcr_pool_t *pool)
 {
     if (pool->nheld > 0 && slot_free(pool))
-        publish(pool, highest_rank(pool, 1, 1));
+        publish(pool, highest_rank(pool, 1, 0));
     else if (pool->best_held != NULL)
         publish(pool, NULL);
 }
 
-/* Whether another worker's published held stream for this backend ranks above `r` now. */
+/* Whether another worker's published held stream for this backend goes before `r` now: of a
+ * higher band, or of the same band and a higher rank (the tenants' fairness counters are each
+ * worker's own, so they order a worker's streams only). */
 static int other_goes_first(const pcr_pool_t *pool, const pcr_upreq_t *r)
 {
     const pcr_pending_t *own = own_slot(pool);
     if (own == NULL)
         return 0;
     uint64_t now = pcr_now_us();
-    double mine = rank_at(now, r->t_queued, r->prefill);
+    pcr_hold_key_t mine = {.priority = r->priority,
+                           .rank = rank_at(now, r->t_queued, r->prefill)};
     for (unsigned i = 0; i < pool->be->npending; i++) {
         const pcr_pending_t *o = &pool->be->pending[i];
         uint64_t at = o == own ? 0 : PCR_LOAD(o->held_at);
-        if (at != 0 && rank_at(now, at, PCR_LOAD(o->held_prefill)) > mine)
+        if (at == 0)
+            continue;
+        pcr_hold_key_t k = {.priority = (int)PCR_LOAD(o->held_prio),
+                            .rank = rank_at(now, at, PCR_LOAD(o->held_prefill))};
+        if (pcr_hold_before(&k, &mine))
             return 1;
     }
     return 0;
@@ -220,7 +255,15 @@ void pcr_upq_add(pcr_upreq_t *r, int hold)
         struct timeval wt = pcr_ms_to_tv(tmo(pool)->response_ms);
         evtimer_add(r->wait_timer, &wt);
     }
-    TAILQ_INSERT_TAIL(&pool->waiters, r, wait_link);
+    /* In band order, so that the HOLD_SCAN first are the highest bands': behind the last
+     * waiter of its priority or a higher one. Walked from the tail, past the lower bands only. */
+    pcr_upreq_t *after = TAILQ_LAST(&pool->waiters, pcr_upreq_wait);
+    while (after != NULL && after->priority < r->priority)
+        after = TAILQ_PREV(after, pcr_upreq_wait, wait_link);
+    if (after != NULL)
+        TAILQ_INSERT_AFTER(&pool->waiters, after, r, wait_link);
+    else
+        TAILQ_INSERT_HEAD(&pool->waiters, r, wait_link);
     r->t_queued = pcr_upq_budget(pool) ? pcr_now_us() : 0;
     pcr_upreq_to(r, hold ? UPR_HELD : UPR_WAITING);
     if (hold) {
@@ -241,15 +284,15 @@ void pcr_upq_take(pcr_upreq_t *r)
         publish_best(r->pool);
 }
 
-/* Who waits and may go next, or NULL: of the waiters whose client has fewest requests on pod
- * connections, with no budget the oldest; else the highest pcr_hold_rank among those the
- * budget lets go (of the HOLD_SCAN oldest). */
+/* Who waits and may go next, or NULL: with no budget, of the highest band's waiters whose
+ * client has fewest requests on pod connections, the oldest; else the first by
+ * pcr_hold_before among those the budget lets go (of the HOLD_SCAN first). */
 static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
     if (w == NULL || pcr_upq_budget(pool) == 0)
         return oldest_fewest(pool);
-    return highest_rank(pool, 0, pcr_upq_open(pool));
+    return highest_rank(pool, 0, 1);
 }
 
 /* A stream held in this pool (of the HOLD_SCAN oldest) that brings blocks `r` counts as cached
@@ -315,7 +358,7 @@ void pcr_upq_freed(pcr_pool_t *pool)
 {
     pool_kick(pool);
     if (pool->on_budget_open != NULL && PCR_LOAD(pool->be->held) > pool->nheld &&
-        pcr_hold_open(PCR_LOAD(pool->be->sent_prefill), pcr_upq_budget(pool)))
+        pcr_upq_open(pool, NULL))
         pool->on_budget_open(pool->owner);
 }
 

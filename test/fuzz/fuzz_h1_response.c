@@ -224,7 +224,7 @@ static void on_error(void *ctx, pcr_up_error_t err, int got_head)
     t->req = NULL;
 }
 
-static const pcr_upstream_cbs_t cbs = {on_head, on_body, on_done, on_error, NULL, NULL, NULL};
+static const pcr_upstream_cbs_t cbs = {on_head, on_body, on_done, on_error, NULL, NULL, NULL, NULL};
 
 /* The second request's own callbacks: a plain 200 with "ok". */
 typedef struct {
@@ -247,7 +247,7 @@ static void s_done(void *ctx) { ((second_t *)ctx)->done++; }
 static void s_error(void *ctx, pcr_up_error_t err, int got_head) { ((second_t *)ctx)->error++; }
 
 static const pcr_upstream_cbs_t second_cbs = {s_head, s_body, s_done, s_error, NULL, NULL,
-                                               NULL};
+                                               NULL, NULL};
 
 static int step(void *arg)
 {

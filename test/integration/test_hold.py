@@ -734,3 +734,68 @@ def test_streams_held_for_a_pod_that_goes_down_are_routed_again(stub_factory, ro
     assert metric(get_metrics(r), "pcrouter_backend_held_requests", backend=name) == 0
     pods[name].release("ga")
     all_done([first])
+
+
+TENANTS = {"routing": {"tenant_header": "x-tenant"},
+           "tenants": {"batch": {"priority": 0}, "chat": {"priority": 10}}}
+
+
+def start_as(streams, r, tenant, tag, nbytes, **stub):
+    s = CurlStream(r.url("/v1/completions"),
+                   completion(text(tag, nbytes), stream=True, tag=tag, **stub),
+                   extra=["-H", "x-tenant: " + tenant])
+    streams.append(s)
+    return s
+
+
+def test_a_held_interactive_request_goes_before_held_batch_ones(stub_factory, router_factory,
+                                                                streams):
+    """The hold queue orders by the tenants' priority bands before the rank: batch's A fills the
+    budget, its B1 and B2 are held, then the interactive tenant's I, of the same size, is held
+    too; when A's prefill ends, I goes first although B1 and B2 have waited longer (their
+    rank is higher), and fills the budget again, so they wait for it."""
+    a, r = one_pod(stub_factory, router_factory, **TENANTS)
+    start_as(streams, r, "batch", "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    for n, tag in enumerate(("B1", "B2")):
+        start_as(streams, r, "batch", tag, 4400, prefill_gate="g" + tag)
+        wait_for(lambda: held(r) == n + 1, 15, what=tag + " held")
+    start_as(streams, r, "chat", "I", 4400, prefill_gate="gi")
+    wait_for(lambda: held(r) == 3, 15, what="I held")
+    a.release("ga")
+    wait_for(lambda: len(tags_seen(a)) == 2, 15, what="one held stream sent once A's ended")
+    assert tags_seen(a) == ["A", "I"] and held(r) == 2, tags_seen(a)
+    a.release("gi")
+    wait_for(lambda: len(tags_seen(a)) == 3, 15, what="B1 sent once I's prefill ended")
+    a.release("gB1")
+    wait_for(lambda: len(tags_seen(a)) == 4, 15, what="B2 sent once B1's prefill ended")
+    assert tags_seen(a) == ["A", "I", "B1", "B2"]
+    a.release("gB2")
+    all_done(streams)
+    assert metric(get_metrics(r), "pcrouter_backend_held_requests", backend="pod-a") == 0
+
+
+def test_the_prefill_a_pod_preempts_for_a_request_does_not_hold_it(stub_factory, router_factory,
+                                                                     streams):
+    """With pod priorities, a pod serves the interactive tenant's request before the batch
+    tenant's, preempting their prefill: so the budget an interactive request sees leaves the
+    batch prefill out. Batch's A fills the budget and its B is held; the interactive I goes to
+    the pod at once, B still waits for A's prefill."""
+    sections = {"routing": TENANTS["routing"],
+                "tenants": {"batch": {"priority": 0, "pod_priority": 10},
+                            "chat": {"priority": 10, "pod_priority": 0}}}
+    a, r = one_pod(stub_factory, router_factory, **sections)
+    start_as(streams, r, "batch", "A", 8000, prefill_gate="ga")
+    wait_for(lambda: tags_seen(a) == ["A"], 15, what="A at the pod")
+    start_as(streams, r, "batch", "B", 4400, prefill_gate="gb")
+    wait_for(lambda: held(r) == 1, 15, what="B held")
+    start_as(streams, r, "chat", "I", 4400, prefill_gate="gi")
+    wait_for(lambda: "I" in tags_seen(a), 15, what="I at the pod while batch fills the budget")
+    assert tags_seen(a) == ["A", "I"] and held(r) == 1
+    # I's own prefill now counts for everyone: B waits for both.
+    a.release("ga")
+    a.release("gi")
+    wait_for(lambda: "B" in tags_seen(a), 15, what="B sent once the prefill ahead ended")
+    a.release("gb")
+    all_done(streams)
+    assert metric(get_metrics(r), "pcrouter_backend_held_total", backend="pod-a") == 1

@@ -62,6 +62,22 @@ static void test_what_a_held_request_brings(void)
     PCR_CHECK(!pcr_hold_depends(ext, 5, 0, one, 4, 0));
 }
 
+/* Bands first, then the tenants' counters, then the client's load, then the rank. */
+static void test_the_order(void)
+{
+    pcr_hold_key_t batch_old = {.priority = 0, .fair = 10, .busy = 0, .rank = 1e9};
+    pcr_hold_key_t chat_new = {.priority = 10, .fair = 1e9, .busy = 5, .rank = 0};
+    PCR_CHECK(pcr_hold_before(&chat_new, &batch_old));
+    PCR_CHECK(!pcr_hold_before(&batch_old, &chat_new));
+    pcr_hold_key_t behind = {.priority = 0, .fair = 20, .busy = 0, .rank = 1e9};
+    PCR_CHECK(pcr_hold_before(&batch_old, &behind));  /* the lower counter, within a band */
+    pcr_hold_key_t busy = {.priority = 0, .fair = 10, .busy = 1, .rank = 1e9};
+    PCR_CHECK(pcr_hold_before(&batch_old, &busy));
+    pcr_hold_key_t lower = {.priority = 0, .fair = 10, .busy = 0, .rank = 1};
+    PCR_CHECK(pcr_hold_before(&batch_old, &lower));
+    PCR_CHECK(!pcr_hold_before(&batch_old, &batch_old)); /* a tie: the older stays first */
+}
+
 int main(void)
 {
     PCR_RUN(test_shorter_prefill_ranks_higher_at_equal_wait);
@@ -70,5 +86,6 @@ int main(void)
     PCR_RUN(test_the_budget);
     PCR_RUN(test_too_small_to_hold);
     PCR_RUN(test_what_a_held_request_brings);
+    PCR_RUN(test_the_order);
     return pcr_test_done();
 }

@@ -60,7 +60,7 @@ static void on_error(void *ctx, pcr_up_error_t err, int got_head)
 }
 static unsigned *owner_of(void *ctx) { return ((req_ctx_t *)ctx)->owner; }
 
-static const pcr_upstream_cbs_t cbs = {on_head, on_body, on_done, on_error, owner_of, NULL, NULL};
+static const pcr_upstream_cbs_t cbs = {on_head, on_body, on_done, on_error, owner_of, NULL, NULL, NULL};
 
 static void open_pool(void)
 {

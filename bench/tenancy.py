@@ -19,6 +19,14 @@ every ratio is against a baseline measured alongside it:
      (prompt plus output, as the pods reported them) and their ratio, and the hit rate (cached
      over prompt tokens) against the run without flow control.
 
+  3. Memory (--only memory). --waiting requests (100,000 by default) wait in the flow queue
+     at once: one pod that never answers (vllm_sim --stall-rate 1) and flow_control's
+     inflight_per_pod keep the pool saturated, and h2load opens the requests as HTTP/2
+     streams over --h2-connections connections. Reported: pcrouter's RSS before, with all of
+     them waiting, and after; the bytes per waiting request, against the bound docs/TENANCY.md
+     states; then the clients leave (h2load is stopped) and every queue gauge must return to
+     0 and RSS come back down.
+
 Load is open-loop (Poisson arrivals), each request a streamed completion on its own
 connection, measured by asyncio in this process. --quick for a short smoke run.
 """
@@ -338,6 +346,151 @@ def report_auth(args, times):
         print("| %s | %d | %.0f us | %.0f us |" % (k, len(v), p(v, 0.5) * 1e6, p(v, 0.99) * 1e6))
 
 
+def rss_bytes(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def scrape(host, port):
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text
+
+
+def gauge_sum(text, name):
+    """The sum of a metric's samples (every label set)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# What must be 0 once the waiting clients are gone: every queue and what it holds.
+QUEUE_GAUGES = ["pcrouter_tenant_queue_requests", "pcrouter_tenant_concurrent_requests",
+                "pcrouter_backend_held_requests", "pcrouter_request_body_buffered_bytes",
+                "pcrouter_backend_queued_prefill_tokens", "pcrouter_requests_in_flight"]
+
+
+def poll(what, fn, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v or time.monotonic() > deadline:
+            if not v:
+                raise RuntimeError("timed out waiting for " + what)
+            return v
+        time.sleep(0.2)
+
+
+def experiment_memory(args, tmp):
+    """--waiting requests in the flow queue at once; RSS, then the clients leave."""
+    import subprocess
+    n, conns = args.waiting, args.h2_connections
+    streams = -(-n // conns)
+    sims = Sims(args.build, ["pod-0"], 1.0, extra=["--stall-rate", "1"])
+    router = None
+    h2 = None
+    try:
+        cfg = {"listen": [{"address": "127.0.0.1:0"}],
+               "backends": [{"name": nm, "url": u} for nm, u in sims.urls.items()],
+               "workers": 1, "health": {"interval_ms": 1000},
+               "log": {"access_log": False},
+               "routing": {"policy": "cache_aware", "tenant_header": "x-tenant"},
+               "tenants": {"batch": {"priority": 0}},
+               "limits": {"max_concurrent_streams": streams},
+               "timeouts": {"response_ms": 600000, "stream_idle_ms": 600000,
+                            "client_idle_ms": 600000},
+               "flow_control": {"enabled": True, "inflight_per_pod": 1,
+                                "ttl_ms": 600000, "max_queue_requests": n + 10,
+                                "max_queue_bytes": 1 << 34}}
+        router = Router(args.build, cfg, tmp)
+        host, port = router.url[len("http://"):].split(":")
+        port = int(port)
+        pid = router.proc.p.pid
+        body = os.path.join(tmp, "body.json")
+        rng = random.Random(3)
+        with open(body, "w") as f:
+            json.dump({"model": MODEL, "prompt": text(rng, args.waiting_tokens),
+                       "max_tokens": 16, "stream": True}, f)
+        # Warm: one request through, so the pools and allocator arenas exist before the base.
+        scrape(host, port)
+        base = rss_bytes(pid)
+        t0 = time.monotonic()
+        h2 = subprocess.Popen(["h2load", "-c", str(conns), "-m", str(streams), "-n",
+                               str(streams * conns), "-t", "1", "-d", body,
+                               "-H", "x-tenant: batch", "-H", "content-type: application/json",
+                               "http://%s:%d/v1/completions" % (host, port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+        want = streams * conns - 1   # one is at the (stalled) pod
+        poll("%d waiting" % want,
+             lambda: gauge_sum(scrape(host, port), "pcrouter_tenant_queue_requests") >= want,
+             args.waiting_timeout)
+        t_fill = time.monotonic() - t0
+        time.sleep(1)  # reading RSS, not synchronising: let the last streams' buffers settle
+        text_m = scrape(host, port)
+        waiting = gauge_sum(text_m, "pcrouter_tenant_queue_requests")
+        body_bytes = gauge_sum(text_m, "pcrouter_request_body_buffered_bytes")
+        loaded = rss_bytes(pid)
+        h2.kill()
+        h2.wait(30)
+        h2 = None
+        t1 = time.monotonic()
+        # The one at the stalled pod is gone with its client too: everything is 0.
+        def empty():
+            t = scrape(host, port)
+            return t if all(gauge_sum(t, g) == 0 for g in QUEUE_GAUGES) else None
+        m = poll("every queue gauge at 0", empty, 120)
+        t_empty = time.monotonic() - t1
+        # RSS comes back as the control thread trims (pcr_budget_trim): poll for it.
+        after = rss_bytes(pid)
+        deadline = time.monotonic() + 30
+        while after > base + (loaded - base) * 0.25 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            after = rss_bytes(pid)
+        return dict(n=int(waiting), base=base, loaded=loaded, after=after, body=body_bytes,
+                    t_fill=t_fill, t_empty=t_empty, conns=conns, streams=streams,
+                    gauges={g: gauge_sum(m, g) for g in QUEUE_GAUGES})
+    finally:
+        if h2 is not None:
+            h2.kill()
+        if router:
+            router.stop()
+        sims.stop()
+
+
+def report_memory(args, r):
+    per = (r["loaded"] - r["base"]) / max(1, r["n"])
+    body = r["body"] / max(1, r["n"])
+    bound = args.bound + body
+    print("\n## Memory: %d requests waiting in the flow queue (%d h2c connections x %d streams, "
+          "prompts of %d tokens)" % (r["n"], r["conns"], r["streams"], args.waiting_tokens))
+    print("\n| | value |")
+    print("| --- | --- |")
+    print("| RSS before | %.1f MiB |" % (r["base"] / 2**20))
+    print("| RSS with them waiting | %.1f MiB (filled in %.1f s) |" % (r["loaded"] / 2**20,
+                                                                      r["t_fill"]))
+    print("| bytes per waiting request | %.0f (bound %.0f: %d + its body) |" % (per, bound,
+                                                                              args.bound))
+    print("| of which request bodies | %.0f |" % body)
+    print("| clients gone: every queue gauge 0 after | %.1f s |" % r["t_empty"])
+    print("| RSS after | %.1f MiB |" % (r["after"] / 2**20))
+    ok = per <= bound and all(v == 0 for v in r["gauges"].values()) and \
+        r["after"] <= r["base"] + (r["loaded"] - r["base"]) * 0.25
+    print("\n%s: per request %s the bound, queues %s, RSS %s" % (
+        "PASS" if ok else "FAIL", "within" if per <= bound else "over",
+        "empty" if all(v == 0 for v in r["gauges"].values()) else "NOT empty",
+        "back down" if r["after"] <= r["base"] + (r["loaded"] - r["base"]) * 0.25
+        else "still up"))
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -370,7 +523,16 @@ def main():
                          "8192 when 0): smaller steps, shorter waits for a step's end")
     ap.add_argument("--auth-keys", type=int, default=1000)
     ap.add_argument("--auth-requests", type=int, default=30000)
-    ap.add_argument("--only", choices=["priority", "fairness", "auth"])
+    ap.add_argument("--waiting", type=int, default=100000,
+                    help="memory: requests waiting at once")
+    ap.add_argument("--waiting-tokens", type=int, default=256,
+                    help="memory: each waiting request's prompt, tokens (4 bytes each)")
+    ap.add_argument("--h2-connections", type=int, default=20)
+    ap.add_argument("--waiting-timeout", type=float, default=300)
+    ap.add_argument("--bound", type=int, default=6144,
+                    help="memory: the bytes a waiting request may cost over its body's "
+                         "(docs/TENANCY.md)")
+    ap.add_argument("--only", choices=["priority", "fairness", "auth", "memory"])
     ap.add_argument("--quick", action="store_true", help="10 s runs")
     args = ap.parse_args()
     if args.quick:
@@ -384,6 +546,9 @@ def main():
             report_fairness(args, rows)
         if args.only in (None, "auth"):
             report_auth(args, experiment_auth(args, tmp))
+        if args.only == "memory":
+            if not report_memory(args, experiment_memory(args, tmp)):
+                sys.exit(1)
 
 
 if __name__ == "__main__":

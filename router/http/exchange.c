@@ -47,6 +47,7 @@ static void exchange_destroy(pcr_exchange_t *ex)
 {
     free(ex->path_buf);
     free(ex->hbuf);
+    free(ex->hf);
     free(ex->tblocks);
     if (ex->body)
         evbuffer_free(ex->body);
@@ -71,8 +72,12 @@ static pcr_exchange_t *exchange_alloc(void)
     struct evbuffer *body = ex->body, *kept = ex->kept;
     char *path_buf = ex->path_buf, *hbuf = ex->hbuf;
     size_t path_cap = ex->path_cap, hcap = ex->hcap, tblocks_cap = ex->tblocks_cap;
+    pcr_hfield_t *hf = ex->hf;
+    size_t hf_cap = ex->hf_cap;
     uint64_t *tblocks = ex->tblocks;
-    memset(ex, 0, offsetof(pcr_exchange_t, hoff));
+    memset(ex, 0, sizeof(*ex));
+    ex->hf = hf;
+    ex->hf_cap = hf_cap;
     ex->tblocks = tblocks;
     ex->tblocks_cap = tblocks_cap;
     ex->body = body;
@@ -283,10 +288,12 @@ static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)
     /* The sessions keep a request's header fields within limits.max_header_bytes. */
     int rc = pcr_grow(&ex->hbuf, &ex->hcap, ex->hlen + len, 512,
                       ex->w->cfg->limits.max_header_bytes, NULL);
+    if (rc == 0)
+        rc = pcr_grow_elems(&ex->hf, &ex->hf_cap, ex->nh + 1, sizeof(*ex->hf), 16,
+                            PCR_MAX_REQ_HEADERS * 2, NULL);
     if (rc != 0)
         return rc;
-    ex->hoff[ex->nh] = ex->hlen;
-    ex->hsz[ex->nh] = len;
+    ex->hf[ex->nh] = (pcr_hfield_t){(uint32_t)ex->hlen, (uint32_t)len};
     memcpy(ex->hbuf + ex->hlen, s, len);
     ex->hlen += len;
     ex->nh++;

@@ -16,6 +16,11 @@
 
 #define PCR_MAX_REQ_HEADERS 100
 
+/* A header name or value in an exchange's hbuf (at most limits.max_header_bytes, 1 MiB). */
+typedef struct {
+    uint32_t off, len;
+} pcr_hfield_t;
+
 typedef struct pcr_models_fanout pcr_models_fanout_t;
 
 /* What a path is (routes.c holds the table, the exchange walks it): an answer of the router's
@@ -88,13 +93,18 @@ struct pcr_exchange {
     const char *proto;                /* "HTTP/1.1", "HTTP/2" */
     pcr_ex_state_t state;
 
-    /* The request. Header names and values live in `hbuf` at the offsets hoff/hsz (below). */
+    /* The request. Header names and values live in `hbuf`, where `hf` says. */
     char method[16];
     char *path;                       /* NULL until set; then path_buf */
     char *path_buf;                   /* path_cap bytes, kept when the exchange is recycled */
     size_t path_cap;
     char *hbuf;
     size_t hlen, hcap;
+    /* Where each name and value lies in hbuf: hf[0..nh), names at even indexes. Grown as fields
+     * come (up to PCR_MAX_REQ_HEADERS * 2) and kept when the exchange is recycled, so a request
+     * that waits holds room for the fields it has, not for the most it may have. */
+    pcr_hfield_t *hf;
+    size_t hf_cap;
     size_t nh;
     struct evbuffer *body;
     size_t body_counted;              /* bytes of `body` counted in the process's body budget */
@@ -205,8 +215,6 @@ struct pcr_exchange {
                                          client's own is forwarded) */
 
     pcr_spare_link_t spare;           /* on its thread's list of spare exchanges (exchange.c) */
-    /* Last: a recycled exchange is cleared up to here (entries past nh are never read). */
-    size_t hoff[PCR_MAX_REQ_HEADERS * 2], hsz[PCR_MAX_REQ_HEADERS * 2];
 };
 
 /* exchange.c, for proxy.c: a state change (the one transition function, which owns the

@@ -53,7 +53,7 @@ int pcr_pd_roles(pcr_exchange_t *ex, unsigned char *roles, size_t n)
 static void request_id(pcr_exchange_t *ex)
 {
     for (size_t i = 0; i + 1 < ex->nh; i += 2)
-        if (ex->hsz[i] == 12 && strncasecmp(ex->hbuf + ex->hoff[i], "x-request-id", 12) == 0)
+        if (ex->hf[i].len == 12 && strncasecmp(ex->hbuf + ex->hf[i].off, "x-request-id", 12) == 0)
             return;
     unsigned char r[16];
     if (RAND_bytes(r, sizeof r) != 1)

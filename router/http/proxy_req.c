@@ -68,11 +68,11 @@ static char *request_connection(const pcr_exchange_t *ex)
 {
     struct evbuffer *b = NULL;
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
-        if (ex->hsz[i] == 10 && strncasecmp(ex->hbuf + ex->hoff[i], "connection", 10) == 0) {
+        if (ex->hf[i].len == 10 && strncasecmp(ex->hbuf + ex->hf[i].off, "connection", 10) == 0) {
             if (b == NULL && (b = evbuffer_new()) == NULL)
                 return NULL;
             evbuffer_add(b, ",", 1);
-            evbuffer_add(b, ex->hbuf + ex->hoff[i + 1], ex->hsz[i + 1]);
+            evbuffer_add(b, ex->hbuf + ex->hf[i + 1].off, ex->hf[i + 1].len);
         }
     }
     if (b == NULL)
@@ -129,10 +129,10 @@ struct evbuffer *pcr_proxy_request(pcr_exchange_t *ex, pcr_backend_t *be, struct
                   (rlen ? 14 + rlen + 2 : 0);
     int strip_keys = ex->w->cfg->auth.enabled;
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
-        keep[i / 2] = !pcr_http_hop_by_hop(ex->hbuf + ex->hoff[i], ex->hsz[i], conn) &&
-                      !(strip_keys && is_api_key_field(ex->hbuf + ex->hoff[i], ex->hsz[i]));
+        keep[i / 2] = !pcr_http_hop_by_hop(ex->hbuf + ex->hf[i].off, ex->hf[i].len, conn) &&
+                      !(strip_keys && is_api_key_field(ex->hbuf + ex->hf[i].off, ex->hf[i].len));
         if (keep[i / 2])
-            need += ex->hsz[i] + 2 + ex->hsz[i + 1] + 2;
+            need += ex->hf[i].len + 2 + ex->hf[i + 1].len + 2;
     }
     free(conn);
     struct evbuffer *b = evbuffer_new();
@@ -152,9 +152,9 @@ struct evbuffer *pcr_proxy_request(pcr_exchange_t *ex, pcr_backend_t *be, struct
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
         if (!keep[i / 2])
             continue;
-        p = put(p, ex->hbuf + ex->hoff[i], ex->hsz[i]);
+        p = put(p, ex->hbuf + ex->hf[i].off, ex->hf[i].len);
         p = put(p, ": ", 2);
-        p = put(p, ex->hbuf + ex->hoff[i + 1], ex->hsz[i + 1]);
+        p = put(p, ex->hbuf + ex->hf[i + 1].off, ex->hf[i + 1].len);
         p = put(p, "\r\n", 2);
     }
     if (rlen) { /* a disaggregated request's id, the same on both legs (pd_proxy.c) */

@@ -48,13 +48,13 @@ static int header_one(const pcr_exchange_t *ex, const char *name, const char **v
     size_t nlen = strlen(name);
     int found = 0;
     for (size_t i = 0; i + 1 < ex->nh; i += 2) {
-        if (ex->hsz[i] != nlen || strncasecmp(ex->hbuf + ex->hoff[i], name, nlen) != 0)
+        if (ex->hf[i].len != nlen || strncasecmp(ex->hbuf + ex->hf[i].off, name, nlen) != 0)
             continue;
         if (found)
             return -1;
         found = 1;
-        *v = ex->hbuf + ex->hoff[i + 1];
-        *vlen = ex->hsz[i + 1];
+        *v = ex->hbuf + ex->hf[i + 1].off;
+        *vlen = ex->hf[i + 1].len;
     }
     return found;
 }

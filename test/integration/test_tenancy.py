@@ -451,3 +451,70 @@ def test_sim_refuses_a_priority_without_priority_scheduling():
             "Got priority 3 but Priority scheduling is not enabled."
     finally:
         sim.close()
+
+
+# What a request waiting in the flow queue may cost pcrouter, over its body's own bytes
+# (docs/TENANCY.md states it; bench/tenancy.py --only memory measures it at 100,000).
+WAITING_BYTES = 6144
+QUEUE_GAUGES = ["pcrouter_tenant_queue_requests", "pcrouter_tenant_concurrent_requests",
+                "pcrouter_backend_held_requests", "pcrouter_request_body_buffered_bytes",
+                "pcrouter_backend_queued_prefill_tokens", "pcrouter_requests_in_flight"]
+
+
+def gauge_sum(text, name):
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith(name + "{") or l.startswith(name + " "))
+
+
+def test_thousands_of_waiting_requests_stay_within_their_bound_and_the_queues_empty(cluster,
+                                                                                    tmp_path):
+    """2000 requests wait in the flow queue at once, as HTTP/2 streams over 4 connections
+    (h2load), while one request holds the only pod: pcrouter's RSS grows by at most
+    WAITING_BYTES a request over the bodies it holds. Their clients leave: every queue gauge
+    returns to 0, and once the holder ends, nothing is left in flight. Under a sanitizer, RSS
+    says nothing of pcrouter's own memory: the bound is not checked."""
+    from attack import proc_rss_kb, sanitized
+    from conftest import PCROUTER
+    n, conns = 2000, 4
+    cfg = saturating(enabled=True, max_queue_requests=n)
+    cfg["limits"] = {"max_concurrent_streams": n // conns}
+    c = cluster(**cfg)
+    t, out = hold_pod(c)
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps(completion("waiting " * 128)))
+    pid = c.router.proc.pid
+    base = proc_rss_kb(pid)
+    h2 = subprocess.Popen(["h2load", "-c", str(conns), "-m", str(n // conns), "-n", str(n),
+                           "-t", "1", "-T", "120", "-d", str(body), "-H", "x-tenant: lo",
+                           "-H", "content-type: application/json",
+                           c.url("/v1/completions")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: gauge_sum(get_metrics(c.router), "pcrouter_tenant_queue_requests") == n,
+                 60, 0.1, "%d requests waiting" % n)
+        text = get_metrics(c.router)
+        per = (proc_rss_kb(pid) - base) * 1024 / n
+        bodies = gauge_sum(text, "pcrouter_request_body_buffered_bytes") / n
+        assert bodies > 1000, bodies
+        if not (sanitized(PCROUTER, "asan") or sanitized(PCROUTER, "tsan")):
+            assert per <= WAITING_BYTES + bodies, (per, bodies)
+    finally:
+        h2.kill()
+        h2.wait(30)
+
+    def only_the_holder():
+        m = get_metrics(c.router)
+        return (gauge_sum(m, "pcrouter_tenant_queue_requests") == 0 and
+                gauge_sum(m, "pcrouter_tenant_concurrent_requests") == 1 and
+                gauge_sum(m, "pcrouter_request_body_buffered_bytes") <= 1000)
+    wait_for(only_the_holder, 30, 0.1, "the waiting requests gone with their clients")
+    c.stubs[0].release("g")
+    t.join(30)
+    assert out["r"].status == 200
+
+    def empty():
+        m = get_metrics(c.router)
+        return all(gauge_sum(m, g) == 0 for g in QUEUE_GAUGES)
+    wait_for(empty, 30, 0.1, "every queue gauge at 0")
+    assert metric(get_metrics(c.router), "pcrouter_tenant_rejected_total", tenant="lo",
+                  reason="queue-full") in (None, 0)

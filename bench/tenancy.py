@@ -448,12 +448,13 @@ def experiment_memory(args, tmp):
             return t if all(gauge_sum(t, g) == 0 for g in QUEUE_GAUGES) else None
         m = poll("every queue gauge at 0", empty, 120)
         t_empty = time.monotonic() - t1
-        # RSS comes back as the control thread trims (pcr_budget_trim): poll for it.
+        # RSS comes back as the control thread trims (pcr_budget_trim, on its tick): the
+        # lowest of 10 s of readings, or the first within 32 MiB of the base.
         after = rss_bytes(pid)
-        deadline = time.monotonic() + 30
-        while after > base + (loaded - base) * 0.25 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10
+        while after > base + (32 << 20) and time.monotonic() < deadline:
             time.sleep(0.5)
-            after = rss_bytes(pid)
+            after = min(after, rss_bytes(pid))
         return dict(n=int(waiting), base=base, loaded=loaded, after=after, body=body_bytes,
                     t_fill=t_fill, t_empty=t_empty, conns=conns, streams=streams,
                     gauges={g: gauge_sum(m, g) for g in QUEUE_GAUGES})

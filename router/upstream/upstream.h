@@ -120,8 +120,8 @@ typedef enum {
     /* A streamed completion with `prefill` tokens of uncached prefill. It counts against
      * routing.hold_tokens, with every worker's completions to the backend, from when it is
      * sent until pcr_upstream_prefill_done() or its end. While the budget is spent, such
-     * requests wait in the pool and go highest pcr_hold_rank first over every worker
-     * (pcr/hold.h), except that a completion held on this worker whose blocks the first counts
+     * requests wait in the pool and go in their priority bands, then highest pcr_hold_rank
+     * first over every worker (pcr/hold.h), except that a completion held on this worker whose blocks the first counts
      * on goes before it; or they fail with PCR_UP_HELD after timeouts.response_ms. */
     PCR_UP_STREAM,
     /* A completion that is not streamed. It shows no first token before its whole answer, yet

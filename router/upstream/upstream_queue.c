@@ -9,9 +9,11 @@
  * it counts until the time the caller estimates for its first token behind what was sent
  * before it (cbs->prefill_us, a timer: prefill_due), or its answer, whichever comes first
  * (PCR_UP_UNSTREAMED). While the backend's count is at the budget, new completions
- * join the wait queue too ("held"), and whoever waits goes highest pcr_hold_rank first, save
+ * join the wait queue too ("held"), and whoever waits goes first by pcr_hold_before (the
+ * tenant's priority band, its fairness counter, its client's load, then pcr_hold_rank), save
  * that a held one goes before one of this worker's that counts on the blocks it brings
- * (held_bringer). Other requests rank as no prefill and are never held; they and small
+ * (pcr_upq_bringer). A request's budget leaves out the prefill of the pod priority classes it
+ * passes (pcr_upq_open). Other requests rank as no prefill and are never held; they and small
  * completions (pcr_hold_small, unless they count on a held one) go while the budget is spent.
  * With no budget the queue stays FIFO. A queued request keeps its place until
  * timeouts.response_ms (PCR_UP_POOL_FULL, or PCR_UP_HELD for a held one), and a held one until

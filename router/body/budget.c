@@ -1,6 +1,6 @@
-/* router/body/budget.c: owns the request-body budget (budget.h): one atomic count of the bytes all
- * workers hold, the one request allowed past it, and each worker's queue of sessions waiting
- * for it, woken oldest first from the worker's own loop. */
+/* router/body/budget.c: owns the request-body budget (budget.h): the atomic counts of the bytes all
+ * workers reserved and hold, the one request allowed past the budget, and each worker's queue
+ * of sessions waiting for it, woken oldest first from the worker's own loop. */
 #include <malloc.h>
 
 #include <event2/event.h>
@@ -27,21 +27,31 @@ int pcr_budget_trim(pcr_server_t *srv)
 
 int pcr_budget_ok(const pcr_worker_t *w)
 {
-    return PCR_LOAD(w->srv->body_buffered) < w->cfg->limits.max_buffered_body_bytes;
+    return PCR_LOAD(w->srv->body_reserved) < w->cfg->limits.max_buffered_body_bytes;
 }
 
-int pcr_budget_may_grow(pcr_worker_t *w, const void *req)
+int pcr_budget_reserve(pcr_worker_t *w, const void *req, size_t n)
 {
-    if (pcr_budget_ok(w))
-        return 1;
+    size_t max = w->cfg->limits.max_buffered_body_bytes;
+    size_t cur = __atomic_load_n(&w->srv->body_reserved, __ATOMIC_RELAXED);
+    while (n <= max && cur <= max - n)
+        if (__atomic_compare_exchange_n(&w->srv->body_reserved, &cur, cur + n, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return 1;
     const void *held = __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE);
-    if (held == req)
-        return 1;
-    if (held != NULL)
+    if (held == req) {
+        PCR_ADD(w->srv->body_reserved, n);
+        return 2;
+    }
+    if (held != NULL ||
+        !__atomic_compare_exchange_n(&w->srv->body_exempt, &held, req, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
         return 0;
-    return __atomic_compare_exchange_n(&w->srv->body_exempt, &held, req, 0, __ATOMIC_ACQ_REL,
-                                       __ATOMIC_ACQUIRE);
+    PCR_ADD(w->srv->body_reserved, n);
+    return 2;
 }
+
+void pcr_budget_force(pcr_worker_t *w, size_t n) { PCR_ADD(w->srv->body_reserved, n); }
 
 void pcr_budget_forget(pcr_worker_t *w, const void *req)
 {
@@ -60,12 +70,17 @@ static int budget_open(const pcr_worker_t *w)
 
 void pcr_budget_account(pcr_worker_t *w, ptrdiff_t delta)
 {
-    if (delta >= 0) {
+    if (delta >= 0)
         PCR_ADD(w->srv->body_buffered, (size_t)delta);
+    else
+        PCR_SUB(w->srv->body_buffered, (size_t)-delta);
+}
+
+void pcr_budget_release(pcr_worker_t *w, size_t n)
+{
+    if (n == 0)
         return;
-    }
-    PCR_SUB(w->srv->body_buffered, (size_t)-delta);
-    /* This worker's waiters hear of it now; the others' at their next tick. */
+    PCR_SUB(w->srv->body_reserved, n);
     if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
         event_active(w->budget_event, 0, 0);
 }

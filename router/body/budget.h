@@ -1,7 +1,9 @@
-/* router/body/budget.h: the request-body budget, shared by every worker: the bytes of request
- * bodies held in memory in the process, against limits.max_buffered_body_bytes, and each worker's
- * sessions waiting for some of it to be released. The sessions (h1_server.c, h2_server.c) ask
- * before they read more of a body; the exchange counts what it holds (exchange.c). */
+/* router/body/budget.h: the request-body budget, shared by every worker. Two counts: the bytes
+ * sessions have reserved (what clients were allowed to send beyond each connection's allowance),
+ * bounded by limits.max_buffered_body_bytes; and the bytes of request bodies actually held
+ * (exchange.c counts them, for the gauge and the allocator trim). The sessions (h1_server.c,
+ * h2_server.c) reserve before they let a client send more of a body (HTTP/2 window, HTTP/1.1
+ * read), wait when the budget is taken, and give their reservation back as bodies are freed. */
 #ifndef PCR_ROUTER_BUDGET_H
 #define PCR_ROUTER_BUDGET_H
 
@@ -10,10 +12,11 @@
 
 #include "server.h"
 
-/* Every request may buffer this much of its body whatever the budget: an HTTP/2 stream's
- * initial window, and as much for an HTTP/1.1 request, so that uploads holding the budget
- * cannot stall the small requests (most prompts) of other clients. */
-#define PCR_BODY_FREE_BYTES (1024 * 1024)
+/* Each client connection may hold this much request body without a reservation: HTTP/2's
+ * connection window before any WINDOW_UPDATE (RFC 9113, 6.9.2: it cannot be made smaller), and
+ * as much for HTTP/1.1. So a small body (most prompts) never waits for the budget, even while
+ * uploads hold all of it; the memory bound is the budget plus this per connection. */
+#define PCR_BODY_ALLOWANCE 65535
 
 /* A session waiting for request-body budget: `resume` runs from its worker's loop once some was
  * released (it may find the budget taken again and wait anew). */
@@ -35,13 +38,20 @@ void pcr_budget_tick(pcr_worker_t *w);
  * memory the allocator keeps in every worker's arena. Returns 1 when it trimmed. */
 int pcr_budget_trim(pcr_server_t *srv);
 
-/* Whether request bodies may grow: less than limits.max_buffered_body_bytes is held. */
+/* Whether anything may be reserved: less than limits.max_buffered_body_bytes is. */
 int pcr_budget_ok(const pcr_worker_t *w);
-/* Whether the body of request `req` (an exchange) may grow. Under the budget, any may. Past
- * it, one request at a time in the process still may (the first to ask, until it is freed): a
- * budget filled by partial bodies, none of which could complete, would otherwise stall every
- * upload until each timed out. The overshoot is at most one limits.max_body_bytes. */
-int pcr_budget_may_grow(pcr_worker_t *w, const void *req);
+/* Reserves `n` bytes for the body of request `req` (an exchange); 1 when reserved. Within the
+ * budget any request may. Past it, one request at a time in the process still may (the first
+ * to ask, until it is freed, with its body): a budget filled by partial bodies, none
+ * of which could complete, would otherwise stall every upload until each timed out. That
+ * reserve is at most one limits.max_body_bytes (and its connection's windows). Returns 1 when
+ * reserved within the budget, 2 when past it (`req` is the request allowed), 0 when not. */
+int pcr_budget_reserve(pcr_worker_t *w, const void *req, size_t n);
+/* Reserves `n` bytes whatever the budget: bytes a client may send on a window that must be
+ * given back for the connection to go on (bounded by the caller). */
+void pcr_budget_force(pcr_worker_t *w, size_t n);
+/* Gives back `n` reserved bytes; this worker's waiters hear of it now, the others' at their tick. */
+void pcr_budget_release(pcr_worker_t *w, size_t n);
 /* `req` is being freed: it stops being the request allowed past the budget. */
 void pcr_budget_forget(pcr_worker_t *w, const void *req);
 /* Bytes of body held (delta > 0) or released (< 0) by this worker's requests. */

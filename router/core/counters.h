@@ -95,6 +95,7 @@ typedef struct {
     uint64_t accept_fd_exhausted;                /* accept failed for lack of descriptors */
     uint64_t bad_requests;                       /* unparseable HTTP from clients */
     uint64_t request_timeouts;                   /* 408: head or body not received in time */
+    uint64_t body_budget_refusals;               /* 503: no body budget within client_idle_ms */
     uint64_t write_timeouts;                     /* clients that accepted no bytes in time */
     uint64_t responses_aborted;                  /* broken after their head went out */
     uint64_t responses_buffered;                 /* ended at the pod while part was kept for

@@ -113,7 +113,9 @@ typedef struct pcr_server {
     unsigned workers_running;     /* atomic */
     int wake_fd[2];               /* workers_done's pipe */
 
-    /* Request bodies held in memory by all workers, against limits.max_buffered_body_bytes. */
+    /* Request-body bytes reserved by all workers' sessions, against
+     * limits.max_buffered_body_bytes, and the bytes of bodies held (router/body/budget.h). */
+    size_t body_reserved;         /* atomic */
     size_t body_buffered;         /* atomic */
     const void *body_exempt;      /* atomic: the one request allowed past the budget, or NULL */
     /* Response bytes kept for clients slower than their pods, by all workers, against

@@ -437,6 +437,17 @@ void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const 
     va_end(ap);
 }
 
+void pcr_exchange_budget_refused(pcr_exchange_t *ex)
+{
+    pcr_worker_t *w = ex->w;
+    PCR_INC(w->metrics.body_budget_refusals);
+    pcr_exchange_error(ex, 503, "service_unavailable", "body_budget_exhausted",
+                       "the request body could not be buffered within %u ms "
+                       "(timeouts.client_idle_ms): the memory for request bodies, "
+                       "limits.max_buffered_body_bytes (%zu bytes), is taken by other requests",
+                       w->cfg->timeouts.client_idle_ms, w->cfg->limits.max_buffered_body_bytes);
+}
+
 void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, const char *code,
                              const pcr_hdr_t *extra, size_t nextra, const char *fmt, ...)
 {

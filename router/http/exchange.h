@@ -85,6 +85,10 @@ void pcr_exchange_run(pcr_exchange_t *ex);
 void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const char *code,
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* Refuses a request whose body got no budget (budget.h) within timeouts.client_idle_ms: 503,
+ * counted in pcrouter_request_body_budget_refusals_total. */
+void pcr_exchange_budget_refused(pcr_exchange_t *ex);
+
 /* Answers with a complete body. */
 void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type,
                         const char *body, size_t len, const pcr_hdr_t *extra, size_t nextra);

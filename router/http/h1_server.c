@@ -29,9 +29,11 @@
  *   IDLE | HEAD | BODY -> BUSY (refused) -> LINGER -> closed
  * Any state may end in h1_close(). What is not where the connection stands stays a flag: how
  * the current response is framed, and decisions about its end (close after it, linger).
- * Body budget: while the process holds limits.max_buffered_body_bytes of request bodies, a
- * connection receiving a body past its first PCR_BODY_FREE_BYTES stops reading until some is
- * released (budget.h: the first MiB of a request, and one request at a time, go on).
+ * Body budget (budget.h): a connection reads a body only while what it holds plus one more read
+ * fits its allowance (PCR_BODY_ALLOWANCE) and what it reserved; past that it reserves more
+ * (BODY_GRANT at a time) before reading on, or stops reading and waits for budget. A body that
+ * cannot get budget for timeouts.client_idle_ms is answered 503. A body that fits the
+ * allowance (most prompts) never asks; the reservation goes back when the request is freed.
  *
  * Lingering close: a request refused before its body was read (400, 408, 413, 431) leaves
  * unread bytes behind; closing then would make the kernel answer them with a reset that can
@@ -72,6 +74,13 @@ typedef enum { H1_IDLE, H1_HEAD, H1_BODY, H1_BUSY, H1_LINGER } h1_state_t;
  * the rest are copied). */
 #define TAKE_MAX 8
 
+/* The most a read brings: the plain transport's read size (sock_plain.c); TLS reads a record
+ * or so at a time. */
+#define READ_UNIT 16384
+/* Budget is reserved this much at a time, so that an upload asks the shared count once every
+ * few reads. */
+#define BODY_GRANT (64 * 1024)
+
 typedef struct {
     pcr_session_t base;
     pcr_worker_t *w;
@@ -82,6 +91,7 @@ typedef struct {
     struct event *timer;           /* the deadline of `state` (h1_to) */
     h1_state_t state;
     pcr_budget_waiter_t budget;
+    size_t reserved;               /* body budget reserved for the current request */
     char *url;
     size_t url_len, url_cap;
     char *name, *value;            /* the header being parsed */
@@ -535,6 +545,7 @@ static void reject(h1_sess_t *s, int status, const char *detail)
     s->closing = 1;
     s->linger = 1;
     pcr_sock_read_stop(s->sock);
+    pcr_budget_unwait(w, &s->budget);
     if (s->ex == NULL)
         s->ex = pcr_exchange_new(w, &h1_ops, s, "HTTP/1.1");
     if (s->ex == NULL) {
@@ -552,6 +563,9 @@ static void reject(h1_sess_t *s, int status, const char *detail)
         pcr_exchange_error(s->ex, 431, "invalid_request_error", "headers_too_large",
                            "request headers are larger than limits.max_header_bytes (%zu bytes)",
                            w->cfg->limits.max_header_bytes);
+        break;
+    case 503:
+        pcr_exchange_budget_refused(s->ex);
         break;
     case 408:
         PCR_INC(w->metrics.request_timeouts);
@@ -670,6 +684,10 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         reject(s, 408, msg);
         break;
     case H1_BODY:
+        if (s->budget.queued) {
+            reject(s, 503, NULL); /* it was the router that stopped reading */
+            break;
+        }
         snprintf(msg, sizeof(msg), "no byte of the request body arrived for %u ms "
                  "(timeouts.client_idle_ms)", t->client_idle_ms);
         reject(s, 408, msg);
@@ -695,19 +713,37 @@ static void close_written(h1_sess_t *s)
     pcr_sock_read_start(s->sock);
 }
 
-static void budget_resume(pcr_budget_waiter_t *w)
+/* Whether the body being read may take one more read: what it holds and a read fit the
+ * connection's allowance and its reservation, or more budget could be reserved. A body of
+ * known length reserves all the rest of it at once: the budget then goes to bodies that can
+ * complete, instead of being spread over partial ones none of which could. */
+static int body_room(h1_sess_t *s)
 {
-    h1_sess_t *s = (h1_sess_t *)((char *)w - offsetof(h1_sess_t, budget));
-    if (s->read_paused && !s->closing) {
-        s->read_paused = 0;
-        pcr_sock_read_start(s->sock);
-        parse_input(s);
-    }
+    size_t held = pcr_exchange_body_bytes(s->ex);
+    size_t next = READ_UNIT;
+    if (s->parser.flags & F_CONTENTLENGTH)
+        next = (size_t)s->parser.content_length; /* what is left of the body */
+    size_t have = PCR_BODY_ALLOWANCE + s->reserved;
+    if (held + next <= have)
+        return 1;
+    size_t n = held + next - have;
+    if (n < BODY_GRANT)
+        n = BODY_GRANT;
+    if (!pcr_budget_reserve(s->w, s->ex, n))
+        return 0;
+    s->reserved += n;
+    return 1;
+}
+
+/* The request's body is freed: its reservation goes back. */
+static void reserved_drop(h1_sess_t *s)
+{
+    pcr_budget_release(s->w, s->reserved);
+    s->reserved = 0;
 }
 
 /* After a read: pause reading while pipelined bytes pile up behind a running request, or while
- * a body past its first PCR_BODY_FREE_BYTES is arriving and the process is over its body
- * budget. */
+ * a body arrives that has no budget for its next read. */
 static void check_pause(h1_sess_t *s)
 {
     size_t queued = evbuffer_get_length(pcr_sock_input(s->sock));
@@ -715,12 +751,27 @@ static void check_pause(h1_sess_t *s)
     if (running && queued > PIPELINE_MAX_BYTES) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
-    } else if (!running && s->ex != NULL && pcr_exchange_body_bytes(s->ex) >= PCR_BODY_FREE_BYTES &&
-               !pcr_budget_may_grow(s->w, s->ex)) {
+    } else if (!running && s->state == H1_BODY && !body_room(s)) {
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
         pcr_budget_wait(s->w, &s->budget);
     }
+}
+
+static void budget_resume(pcr_budget_waiter_t *w)
+{
+    h1_sess_t *s = (h1_sess_t *)((char *)w - offsetof(h1_sess_t, budget));
+    if (!s->read_paused || s->closing || s->ex == NULL || s->state != H1_BODY)
+        return;
+    if (!body_room(s)) {
+        pcr_budget_wait(s->w, &s->budget); /* taken again: at the back of the queue */
+        return;
+    }
+    s->read_paused = 0;
+    pcr_sock_read_start(s->sock);
+    parse_input(s);
+    if (!s->closing && s->ex != NULL)
+        check_pause(s);
 }
 
 static void on_read(pcr_sock_t *sock, void *arg)
@@ -770,6 +821,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
         return;
     pcr_exchange_free(s->ex);
     s->ex = NULL;
+    reserved_drop(s);
     s->head_only = 0; /* the next request's, once its head is read: a refusal may come first */
     if (s->closing) {
         pcr_sock_read_stop(s->sock);
@@ -810,6 +862,7 @@ static void h1_close(h1_sess_t *s)
 {
     pcr_exchange_free(s->ex);
     s->ex = NULL;
+    reserved_drop(s);
     pcr_budget_unwait(s->w, &s->budget);
     event_free(s->advance);
     event_free(s->timer);

@@ -11,13 +11,17 @@
  * closed (and its exchange freed) while the exchange's own code is on the stack.
  *
  * Budgets and deadlines:
- * - Flow control is consumed by hand (no automatic WINDOW_UPDATE): a DATA frame's bytes are
- *   given back to the client's window only while the process holds less than
- *   limits.max_buffered_body_bytes of request bodies, so streams over the budget wait on their
- *   windows instead of growing memory, and resume when some is released. Past the budget one
- *   request at a time may still finish its body (budget.h); the session it belongs to then
- *   stops holding its connection window, which the other streams' held bytes would otherwise
- *   keep shut: only stream windows hold those bytes back (at most one initial window each).
+ * - Flow control is consumed by hand (no automatic WINDOW_UPDATE) against the body budget
+ *   (budget.h). The connection window stays at its initial 65535 bytes (PCR_BODY_ALLOWANCE), as
+ *   does each stream's. What the session holds of request bodies plus the window the client
+ *   still has may pass that allowance only by what the session reserved from the budget: a DATA
+ *   frame's bytes are given back to the client's windows once the session could reserve them,
+ *   so streams over the budget wait on their windows instead of growing memory, and resume
+ *   when some is released. A body that fits a window (most prompts) never waits. Past the
+ *   budget one request at a time may still finish its body (budget.h); the session it belongs
+ *   to then stops holding its connection window, which the other streams' held bytes would
+ *   otherwise keep shut: only stream windows hold those bytes back (one window each). A stream
+ *   that waited for budget for timeouts.client_idle_ms is answered 503.
  * - One timer per connection: with no stream open it is the idle timeout
  *   (timeouts.client_idle_ms); with streams it ticks, and a stream whose head is not complete
  *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
@@ -81,6 +85,7 @@ typedef struct h2_stream {
     size_t header_bytes;
     size_t unconsumed;             /* DATA bytes not yet given back to the stream window (budget) */
     size_t conn_held;              /* of those, not yet given back to the connection window */
+    size_t held;                   /* DATA bytes of this stream in its request body */
     uint64_t t_begin;              /* begin-headers */
     uint64_t t_recv;               /* last request byte */
     uint64_t t_progress;           /* last response byte taken by nghttp2 (or output began) */
@@ -108,6 +113,9 @@ struct h2_sess {
     struct event *timer;           /* idle timeout, or the streams' deadline tick */
     pcr_budget_waiter_t budget;
     h2_stream_t *exempt;           /* the stream allowed past the body budget, if it is ours */
+    size_t held;                   /* request-body bytes its streams hold */
+    size_t window;                 /* connection window the client may still use (at most) */
+    size_t reserved;               /* body budget reserved: held + window - allowance, or more */
     h2_stream_t *streams;
     size_t nstreams;
     size_t nqueued;                /* streams with run_queued set */
@@ -243,6 +251,7 @@ static void stream_free(h2_stream_t *st)
         s->nqueued--;
     if (s->exempt == st)
         s->exempt = NULL;
+    s->held -= st->held;
     pcr_exchange_free(st->ex);
     if (st->rst_timer)
         event_free(st->rst_timer);
@@ -420,36 +429,108 @@ static const pcr_exchange_ops_t h2_ops = {op_send_head, op_send_body, op_send_en
 
 /* ---- flow control against the body budget -------------------------------------------- */
 
-/* Whether the stream's body may grow (budget.h). When it becomes the request allowed past the
- * budget, the connection window its session holds for the other streams is given back, or the
- * client could not send it a byte. */
-static int stream_may_grow(h2_sess_t *s, h2_stream_t *st)
+/* Reserves what giving `extra` bytes back to the connection window needs: held + window past
+ * the allowance. `req` asks (budget.h); NULL forces it (bytes the session must give back, bounded
+ * by the windows). Returns what pcr_budget_reserve does (1 when nothing more was needed). */
+static int reserve_for(h2_sess_t *s, size_t extra, const void *req)
 {
-    if (!pcr_budget_may_grow(s->w, st->ex))
+    size_t total = s->held + s->window + extra;
+    size_t need = total > PCR_BODY_ALLOWANCE ? total - PCR_BODY_ALLOWANCE : 0;
+    if (need <= s->reserved)
+        return 1;
+    size_t n = need - s->reserved;
+    int rc = 1;
+    if (req == NULL)
+        pcr_budget_force(s->w, n);
+    else if ((rc = pcr_budget_reserve(s->w, req, n)) == 0)
         return 0;
-    if (!pcr_budget_ok(s->w) && s->exempt != st) {
+    s->reserved += n;
+    return rc;
+}
+
+/* Gives bytes back to the client's windows: `sn` to stream `id`'s, `cn` to the connection's
+ * (reserved first, reserve_for). */
+static void give_back(h2_sess_t *s, int32_t id, size_t sn, size_t cn)
+{
+    if (sn > 0)
+        nghttp2_session_consume_stream(s->ng, id, sn);
+    if (cn > 0) {
+        nghttp2_session_consume_connection(s->ng, cn);
+        s->window += cn;
+    }
+}
+
+/* What the session reserved past what it needs goes back: its streams' bodies were freed. */
+static void reserved_trim(h2_sess_t *s)
+{
+    size_t total = s->held + s->window;
+    size_t need = total > PCR_BODY_ALLOWANCE ? total - PCR_BODY_ALLOWANCE : 0;
+    if (s->reserved > need) {
+        pcr_budget_release(s->w, s->reserved - need);
+        s->reserved = need;
+    }
+}
+
+/* Whether the stream's `n` held bytes may go back to the client's windows: the budget for them
+ * was reserved. When the stream becomes the request allowed past the budget, the connection
+ * window its session holds for the other streams is given back, or the client could not send
+ * it a byte (those streams' own windows stay shut). */
+static int stream_may_grow(h2_sess_t *s, h2_stream_t *st, size_t n)
+{
+    if (s->exempt != NULL && s->exempt != st) {
+        /* The connection window goes back whatever the others send (below): what they may
+         * send is bounded by their stream windows only, so each opening of one takes budget
+         * of its own, never room the session already reserved. */
+        if (pcr_budget_reserve(s->w, st->ex, n) == 0)
+            return 0;
+        s->reserved += n;
+        return 1;
+    }
+    int rc = reserve_for(s, n, st->ex);
+    if (rc == 0)
+        return 0;
+    if (rc == 2 && s->exempt != st) {
         s->exempt = st;
         for (h2_stream_t *o = s->streams; o != NULL; o = o->next) {
-            nghttp2_session_consume_connection(s->ng, o->conn_held);
+            if (o->conn_held == 0)
+                continue;
+            reserve_for(s, o->conn_held, NULL);
+            give_back(s, o->id, 0, o->conn_held);
             o->conn_held = 0;
         }
     }
     return 1;
 }
 
-/* Gives DATA bytes back to the client's windows, to the streams whose bodies may grow. */
+/* Whether a stream of the session waits for budget: a newer one asking then waits behind it. */
+static int any_waiting(const h2_sess_t *s)
+{
+    for (const h2_stream_t *st = s->streams; st != NULL; st = st->next)
+        if (st->unconsumed > 0 && !st->rejected)
+            return 1;
+    return 0;
+}
+
+/* Gives DATA bytes back to the client's windows, to the streams whose bodies may grow, oldest
+ * first: budget goes to the bodies begun first, which then complete, rather than being spread
+ * over partial bodies none of which can (the list is newest first). */
 static void consume_pending(h2_sess_t *s)
 {
     int wait = 0;
-    for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
-        if (st->unconsumed == 0)
+    h2_stream_t *last = s->streams;
+    while (last != NULL && last->next != NULL)
+        last = last->next;
+    for (h2_stream_t *st = last; st != NULL; st = st->prev) {
+        if (st->unconsumed == 0 || st->rejected)
             continue;
-        if (!stream_may_grow(s, st)) {
+        /* Reserved for what the stream may send on the window given back, not only for the
+         * connection's: in the session of the request past the budget, the connection
+         * window was given back without reserving, and only stream windows bound it. */
+        if (!stream_may_grow(s, st, st->unconsumed)) {
             wait = 1;
             continue;
         }
-        nghttp2_session_consume_stream(s->ng, st->id, st->unconsumed);
-        nghttp2_session_consume_connection(s->ng, st->conn_held);
+        give_back(s, st->id, st->unconsumed, st->conn_held);
         st->unconsumed = st->conn_held = 0;
     }
     if (wait)
@@ -673,26 +754,36 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
 {
     h2_sess_t *s = user;
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
+    /* The bytes came out of the connection window (nghttp2 checked they fit it). */
+    s->window = s->window > len ? s->window - len : 0;
     if (st == NULL || st->reject_status || pcr_exchange_running(st->ex)) {
-        /* Dropped: the window is given back at once. */
-        nghttp2_session_consume(ng, id, len);
+        /* Dropped: the windows are given back at once, which needs no budget (nothing held). */
+        give_back(s, id, len, len);
         return 0;
     }
     st->t_recv = pcr_now_us();
-    if (add_data(s, st, data, len) == PCR_ERR_TOO_LARGE) {
-        nghttp2_session_consume(ng, id, len);
+    int rc = add_data(s, st, data, len);
+    if (rc == PCR_ERR_TOO_LARGE) {
+        give_back(s, id, len, len);
         st->reject_status = 413;
         reject(st);
         return 0;
     }
-    if (st->unconsumed == 0 && stream_may_grow(s, st)) {
-        nghttp2_session_consume(ng, id, len);
+    if (rc == 0) {
+        st->held += len;
+        s->held += len;
+    }
+    if (st->unconsumed == 0 && (st == s->exempt || !any_waiting(s)) &&
+        stream_may_grow(s, st, len)) {
+        give_back(s, id, len, len);
     } else {
         st->unconsumed += len;
-        if (s->exempt != NULL)
-            nghttp2_session_consume_connection(ng, len); /* see stream_may_grow */
-        else
+        if (s->exempt != NULL) {
+            reserve_for(s, len, NULL); /* see stream_may_grow */
+            give_back(s, id, 0, len);
+        } else {
             st->conn_held += len;
+        }
         pcr_budget_wait(s->w, &s->budget);
     }
     return 0;
@@ -720,11 +811,12 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code,
     if (st == NULL)
         return 0;
     nghttp2_session_set_stream_user_data(ng, id, NULL);
-    if (st->conn_held)
-        nghttp2_session_consume_connection(ng, st->conn_held);
+    /* Its bytes are freed below, more than the window given back: no budget needed. */
+    give_back(s, 0, 0, st->conn_held);
     /* A reset by the client, or the natural end: either way the exchange ends here; if its
      * upstream request is still running it is closed, so the pod stops generating. */
     stream_free(st);
+    reserved_trim(s);
     if (s->nstreams == 0) {
         pcr_session_set_waiting(&s->base, 1);
         arm_timer(s);
@@ -756,10 +848,20 @@ static void arm_timer(h2_sess_t *s)
     evtimer_add(s->timer, &tv);
 }
 
-static void stream_timeout_408(h2_stream_t *st, unsigned ms)
+/* The body stalled for `ms`: 503 when it was the router that kept a window shut (no budget:
+ * the stream's own, or the connection's while the session waits), else 408. */
+static void stream_timeout(h2_stream_t *st, unsigned ms)
 {
-    st->reject_status = 408;
     st->rejected = 1;
+    int shut = st->unconsumed > 0 || st->sess->budget.queued;
+    for (const h2_stream_t *o = st->sess->streams; o != NULL && !shut; o = o->next)
+        shut = o->conn_held > 0;
+    if (shut) {
+        st->reject_status = 503;
+        pcr_exchange_budget_refused(st->ex);
+        return;
+    }
+    st->reject_status = 408;
     PCR_INC(st->sess->w->metrics.request_timeouts);
     pcr_exchange_error(st->ex, 408, "invalid_request_error", "request_timeout",
                        "no byte of the request body arrived for %u ms (timeouts.client_idle_ms)", ms);
@@ -794,7 +896,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
                 return;
             }
             if (st->headers_done && now - st->t_recv >= (uint64_t)t->client_idle_ms * 1000)
-                stream_timeout_408(st, t->client_idle_ms);
+                stream_timeout(st, t->client_idle_ms);
         } else if (evbuffer_get_length(st->out) > 0 && !st->abort &&
                    now - st->t_progress >= (uint64_t)t->client_write_ms * 1000 &&
                    (nghttp2_session_get_stream_remote_window_size(s->ng, st->id) <= 0 ||
@@ -976,6 +1078,8 @@ static void h2_close(h2_sess_t *s)
 {
     while (s->streams)
         stream_free(s->streams);
+    pcr_budget_release(s->w, s->reserved);
+    s->reserved = 0;
     pcr_budget_unwait(s->w, &s->budget);
     nghttp2_session_del(s->ng);
     event_free(s->flush);
@@ -995,6 +1099,7 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     s->w = w;
     s->sock = sock;
     s->budget.resume = budget_resume;
+    s->window = PCR_BODY_ALLOWANCE; /* the connection window a client starts with */
     nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
     nghttp2_session_callbacks_set_on_begin_frame_callback(cbs, on_begin_frame);
@@ -1025,12 +1130,11 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
         goto fail;
     nghttp2_settings_entry iv[] = {
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, w->cfg->limits.max_concurrent_streams},
-        /* Prompts are large: 1 MiB per stream, granted whatever the body budget. */
-        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, PCR_BODY_FREE_BYTES},
+        /* As the connection's: a stream may use the whole allowance (budget.h). */
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, PCR_BODY_ALLOWANCE},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)w->cfg->limits.max_header_bytes},
     };
     nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));
-    nghttp2_session_set_local_window_size(s->ng, NGHTTP2_FLAG_NONE, 0, 16 << 20);
     pcr_session_register(w, &s->base, &h2_session_ops);
     pcr_session_set_waiting(&s->base, 1);
     pcr_sock_set_cbs(sock, &h2_sock_cbs, s);

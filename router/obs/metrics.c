@@ -476,6 +476,10 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_request_timeouts_total",
             "Requests answered 408: head not complete within timeouts.request_header_ms, or body stalled.",
             SUM(srv, request_timeouts));
+    counter(out, "pcrouter_request_body_budget_refusals_total",
+            "Requests answered 503 because their body got no budget "
+            "(limits.max_buffered_body_bytes) within timeouts.client_idle_ms.",
+            SUM(srv, body_budget_refusals));
     counter(out, "pcrouter_client_write_timeouts_total",
             "Streams or connections ended because the client accepted no bytes for timeouts.client_write_ms.",
             SUM(srv, write_timeouts));
@@ -495,9 +499,15 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     evbuffer_add_printf(out, "pcrouter_response_buffered_bytes %llu\n",
                         (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->resp_buffered));
     HEADER(out, "pcrouter_request_body_buffered_bytes", "gauge",
-           "Request body bytes held in memory, against limits.max_buffered_body_bytes.");
+           "Request body bytes held in memory: at most limits.max_buffered_body_bytes, one "
+           "body past it, and each client connection's allowance.");
     evbuffer_add_printf(out, "pcrouter_request_body_buffered_bytes %llu\n",
                         (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->body_buffered));
+    HEADER(out, "pcrouter_request_body_reserved_bytes", "gauge",
+           "Request body bytes clients were allowed to send beyond their connections' "
+           "allowances, against limits.max_buffered_body_bytes.");
+    evbuffer_add_printf(out, "pcrouter_request_body_reserved_bytes %llu\n",
+                        (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->body_reserved));
     HEADER(out, "pcrouter_config_reloads_total", "counter",
            "Config reloads (SIGHUP) by result: ok, or error (the previous config kept running).");
     evbuffer_add_printf(out, "pcrouter_config_reloads_total{result=\"ok\"} %llu\n"

@@ -51,10 +51,10 @@
  *      client gets the same responses as when it sends everything in one write (the same
  *      statuses, bodies and closes; only which refusal ends the stream may differ).
  *
- * Not reached: the body budget's pause (budget.h). The first PCR_BODY_FREE_BYTES (1 MiB) of a
- * request are taken whatever the budget, and one request at a time may grow past it, so a
- * pause needs two connections with more than a MiB of body each; an input here is at most
- * MAX_INPUT_BYTES bytes on one connection. The accounting the budget rests on is checked (6). */
+ * Not reached: the body budget's pause (budget.h). A connection's first PCR_BODY_ALLOWANCE
+ * bytes of body need no budget, and one request at a time may grow past it, so a pause needs
+ * two connections with bodies past the allowance; an input here is at most MAX_INPUT_BYTES
+ * bytes on one connection. The accounting the budget rests on is checked (6). */
 #include <arpa/inet.h>
 #include <signal.h>
 #include <stdio.h>

@@ -61,6 +61,7 @@ void fuzz_router_check_accounting(fuzz_router_t *r)
     FUZZ_CHECKF(r->w.inflight == 0, "%llu requests still in flight",
                 (unsigned long long)r->w.inflight);
     FUZZ_CHECKF(srv->body_buffered == 0, "%zu body bytes still counted", srv->body_buffered);
+    FUZZ_CHECKF(srv->body_reserved == 0, "%zu body bytes still reserved", srv->body_reserved);
     FUZZ_CHECK(srv->body_exempt == NULL);
     FUZZ_CHECK(TAILQ_EMPTY(&r->w.budget_waiters));
     for (size_t i = 0; i < pcr_backend_slots(srv); i++) {

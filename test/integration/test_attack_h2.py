@@ -41,19 +41,19 @@ def test_big_window_reader_gets_every_byte(cluster):
 
 
 def test_slow_uploads_stay_within_budget_and_complete(stub_factory, router_factory):
-    """64 streams x 2 MiB on one connection against an 8 MiB body budget: the router's RSS stays
-    within the budget plus what it has granted as flow-control windows (64 x 1 MiB initial
-    windows), the copies of the body on its way to the pod, and a fixed overhead; and every
+    """32 streams x 2 MiB on one connection against an 8 MiB body budget: the router's RSS stays
+    within the budget, the one body allowed past it, the windows of the connection's streams
+    (64 KiB each), the copies of the body on its way to the pod, and a fixed overhead; and every
     upload still completes. They used to deadlock: partial bodies filled the budget, none could finish, the
     shut connection window kept even the exempt stream from sending, and all got 408."""
     stub = stub_factory("pod-a")
-    budget, streams, size = 8 * MiB, 64, 2 * MiB
+    budget, streams, size = 8 * MiB, 32, 2 * MiB
     r = router_factory(make_config([stub], limits={"max_buffered_body_bytes": budget,
                                                    "max_body_bytes": 64 * MiB},
-                                   timeouts={"client_idle_ms": 20000}), env=router_env())
+                                   timeouts={"client_idle_ms": 60000}), env=router_env())
     wait_for(lambda: stub.stats()["requests"].get("/health"), 15, what="a health check")
     with Watch(r, proto="h1", rate=10) as w:
-        hs, sent = slow_uploads(r.port, streams, size, rate=64 * MiB, duration=40)
+        hs, sent = slow_uploads(r.port, streams, size, rate=64 * MiB, duration=60)
         try:
             snap = hs.wait(lambda sn: all(v["ended"] or v["reset"] is not None for v in sn.values()),
                            40, "every upload answered")
@@ -64,13 +64,13 @@ def test_slow_uploads_stay_within_budget_and_complete(stub_factory, router_facto
     assert got == ["200"] * streams, (got, describe(figs))
     done = [e for e in stub.stats()["log"] if e["path"] == "/v1/completions" and e["body_bytes"] == size]
     assert len(done) == streams, "the pod got %d whole uploads" % len(done)
-    # What the router may hold: the budget, the windows it granted, and the copies of a body
-    # being sent to the pod (parsed prompt, upstream request, socket output: 4 bodies in all,
-    # one of them the body past the budget).
-    granted_mb = (budget + streams * MiB + 4 * size) / MiB
+    # What the router may hold: the budget, the stream windows, and the copies of a body being
+    # sent to the pod (parsed prompt, upstream request, socket output: 4 bodies in all, one of
+    # them the body past the budget).
+    granted_mb = (budget + streams * 64 * 1024 + 4 * size) / MiB
     limit = figs["rss_first_mb"] + RSS_FACTOR * granted_mb + RSS_OVERHEAD_MB
     assert TSAN or figs["rss_peak_mb"] <= limit, (
-        "RSS peak %.0f MiB > %.0f MiB first + %.1f x (%d MiB budget + %d x 1 MiB windows + "
+        "RSS peak %.0f MiB > %.0f MiB first + %.1f x (%d MiB budget + %d x 64 KiB windows + "
         "4 x %d MiB body) + %d MiB overhead"
         % (figs["rss_peak_mb"], figs["rss_first_mb"], RSS_FACTOR, budget // MiB, streams,
            size // MiB, RSS_OVERHEAD_MB))
@@ -80,9 +80,9 @@ def test_slow_uploads_stay_within_budget_and_complete(stub_factory, router_facto
 
 def test_stalled_uploads_do_not_starve_small_requests(stub_factory, router_factory):
     """Uploads that fill the body budget and then stop sending hold it until client_idle_ms;
-    meanwhile small requests on other connections are served: an HTTP/2 stream has its initial
-    window whatever the budget, and an HTTP/1.1 request its first MiB. HTTP/1.1 requests whose
-    body came in a read of its own used to wait for the stalled uploads' 408."""
+    meanwhile small requests on other connections are served: a connection's first 64 KiB of
+    body need no budget (budget.h). HTTP/1.1 requests whose body came in a read of its own used
+    to wait for the stalled uploads' 408."""
     stub = stub_factory("pod-a")
     r = router_factory(make_config([stub], limits={"max_buffered_body_bytes": 8 * MiB,
                                                    "max_body_bytes": 64 * MiB},
@@ -111,8 +111,9 @@ def test_stalled_uploads_do_not_starve_small_requests(stub_factory, router_facto
         hs.close()
     for w in (w1, w2):
         assert w.figures["client"]["failed"] == 0, describe(w.figures)
-    # The uploads themselves were not answered: they are still waiting, not lost.
-    assert not any(v["ended"] for v in hs.snapshot().values())
+    # The uploads themselves were not refused: those whose whole body got budget were answered,
+    # the others are still waiting, not lost.
+    assert all(v["status"] in (None, "200") for v in hs.snapshot().values())
 
 
 def test_zero_window_readers_are_reset_and_free_the_pod(stub_factory, router_factory):
@@ -208,14 +209,14 @@ def test_memory_of_finished_uploads_goes_back_to_the_system(stub_factory, router
     worker, as if the flood were still there)."""
     from attack import proc_rss_kb as rss_kib
     stub = stub_factory("pod-a")
-    budget, streams, size = 256 * MiB, 96, 2 * MiB
+    budget, streams, size = 256 * MiB, 96, 1 * MiB
     r = router_factory(make_config([stub], workers=2,
                                    limits={"max_buffered_body_bytes": budget, "max_body_bytes": 64 * MiB},
                                    timeouts={"client_idle_ms": 20000}), env=router_env())
     wait_for(lambda: stub.stats()["requests"].get("/health"), 15, what="a health check")
     before = rss_kib(r.proc.pid) / 1024
     for _ in range(2):
-        hs, sent = slow_uploads(r.port, streams, size, rate=1024 * MiB, duration=40)
+        hs, sent = slow_uploads(r.port, streams, size, rate=1024 * MiB, duration=60)
         try:
             snap = hs.wait(lambda sn: all(v["ended"] or v["reset"] is not None for v in sn.values()),
                            40, "every upload answered")
@@ -224,7 +225,7 @@ def test_memory_of_finished_uploads_goes_back_to_the_system(stub_factory, router
         assert sorted(v["status"] for v in snap.values()) == ["200"] * streams
     wait_for(lambda: metric(get_metrics(r), "pcrouter_request_body_buffered_bytes") == 0, 10,
              what="every body freed")
-    # The flood held about streams x size of bodies (192 MiB), several copies of each on the way.
+    # The flood held up to streams x size of bodies (96 MiB), several copies of each on the way.
     limit = before + RSS_FACTOR * 48 + RSS_OVERHEAD_MB
     if TSAN:
         return

@@ -14,8 +14,8 @@ assert on them.
 Where that scale does not fit a few seconds here, a setting is changed, and the row's note
 says so: slowloris uses timeouts.request_header_ms 2000 and a byte every 500 ms (reported
 with 10 s and 5 s); zero-window readers use timeouts.client_write_ms 2000 (default 30000).
-The uploads use the default 512 MiB budget. Each attack lasts 10 s (the 64 MiB response is
-read again and again for that long), the uploads 30 s.
+The first uploads use the default 512 MiB budget, the others 128 MiB. Each attack lasts 10 s
+(the 64 MiB response is read again and again for that long), the uploads 30 s.
 
 Usage: bench/attacks.py --build build [--only name,name] [--duration S]
 QUICK=1 shortens every attack to 3 s (a smoke run, not a measurement).
@@ -315,6 +315,56 @@ def attack_uploads(ctx):
         sent // MiB, done)
 
 
+def attack_uploads_128(ctx):
+    hs, sent = H2.slow_uploads(ctx["port"], 256, 32 * MiB, rate=400 * MiB, duration=3 * ctx["duration"])
+    snap = hs.snapshot()
+    hs.close()
+    done = sum(1 for v in snap.values() if v["status"] == "200")
+    refused = sum(1 for v in snap.values() if v["status"] == "503")
+    return "one h2c connection, budget 128 MiB: %d MiB sent, %d uploads complete, %d got 503" % (
+        sent // MiB, done, refused)
+
+
+def _h1_upload(port, size, deadline, res):
+    """One HTTP/1.1 POST of `size` bytes with Content-Length, sent in 64 KiB pieces until done
+    or `deadline`; res gets the status (0: none)."""
+    body = H2.upload_body(size)
+    status = 0
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body))
+            off = 0
+            while off < len(body) and time.monotonic() < deadline:
+                try:
+                    off += s.send(body[off:off + 65536])
+                except socket.timeout:
+                    continue  # the router is not reading: its budget is taken
+            s.settimeout(max(1.0, deadline - time.monotonic()))
+            head = s.recv(4096)
+            if head.startswith(b"HTTP/1.1 "):
+                status = int(head[9:12])
+        finally:
+            s.close()
+    except OSError:
+        pass
+    res.append(status)
+
+
+def attack_h1_uploads(ctx):
+    res = []
+    deadline = time.monotonic() + 3 * ctx["duration"]
+    ts = [threading.Thread(target=_h1_upload, args=(ctx["port"], 32 * MiB, deadline, res), daemon=True)
+          for _ in range(200)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(max(0.1, deadline + 10 - time.monotonic()))
+    return "200 connections, budget 128 MiB: %d uploads complete, %d got 503, %d unanswered" % (
+        res.count(200), res.count(503), 200 - res.count(200) - res.count(503))
+
+
 def attack_slowloris(ctx):
     sl = attack_conn.Slowloris(ctx["port"], 2000, 0.5, reconnect=True).start()
     time.sleep(ctx["duration"])  # the attack's length: the attackers run in their thread
@@ -365,6 +415,10 @@ SCENARIOS = [
       "config": {"timeouts": {"client_write_ms": 2000}}},
      attack_zero_window_nginx),
     ("uploads", "256 x 32 MiB slow uploads", {}, attack_uploads),
+    ("uploads_128", "256 x 32 MiB slow uploads, budget 128 MiB",
+     {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB}}}, attack_uploads_128),
+    ("uploads_h1", "200 x 32 MiB HTTP/1.1 uploads, budget 128 MiB",
+     {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB}}}, attack_h1_uploads),
     ("slowloris", "2,000 slowloris connections",
      {"config": {"limits": {"max_client_connections": 1000}, "timeouts": {"request_header_ms": 2000}}},
      attack_slowloris),

@@ -74,16 +74,17 @@ def test_h2_streams_flood_stays_within_budget(stub_factory, router_factory):
     """128 streams on one h2c connection, 4 MiB each, against an 8 MiB budget: the reservation
     stays within the budget, one body past it and the windows of the connection's streams; what
     is held within that and the connection's allowance; RSS within those plus a fixed overhead.
-    Every stream is answered 200 or 503, none hangs. On the tree before the bound, each stream
+    Every stream is answered (200, 503 when it waited for budget, 408 when the client left it
+    unfed), none hangs. On the tree before the bound, each stream
     had its 1 MiB window whatever the budget: 128 MiB and more."""
     budget, max_body, streams, size = 8 * MiB, 4 * MiB, 128, 4 * MiB
-    stub, r = start(stub_factory, router_factory, budget, max_body, idle_ms=3000)
+    stub, r = start(stub_factory, router_factory, budget, max_body, idle_ms=5000)
     reserve = max_body + streams * ALLOWANCE
     with Sampler(r) as smp:
         hs, sent = slow_uploads(r.port, streams, size, rate=512 * MiB, duration=60)
         try:
             snap = hs.wait(lambda sn: all(v["ended"] or v["reset"] is not None for v in sn.values()),
-                           20, "every stream answered")
+                           30, "every stream answered")
         finally:
             hs.close()
     assert smp.peak["buffered"] <= budget + reserve + ALLOWANCE, smp.peak
@@ -91,7 +92,9 @@ def test_h2_streams_flood_stays_within_budget(stub_factory, router_factory):
     assert TSAN or smp.peak["rss_mb"] <= limit, (smp.peak, limit)
     assert smp.peak["reserved"] <= budget + reserve, smp.peak
     got = sorted(v["status"] for v in snap.values())
-    assert set(got) <= {"200", "503"}, [g for g in got if g != "200"]
+    # 408: a stream whose windows were open but which this client left unfed (it sends on the
+    # first streams that have window, so the last ones can starve behind them).
+    assert set(got) <= {"200", "503", "408"}, [g for g in got if g != "200"]
     assert got.count("200") >= 2, "no upload completed: %s" % got
     m = get_metrics(r)
     assert metric(m, "pcrouter_request_body_budget_refusals_total") == got.count("503")

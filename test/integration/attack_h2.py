@@ -240,7 +240,8 @@ def upload_body(size):
 
 
 def slow_uploads(port, streams, size, rate, duration, window=65535, stop_after=None):
-    """`streams` POSTs of `size` bytes each on one h2c connection, sent round robin in 16 KiB
+    """`streams` POSTs of `size` bytes each on one h2c connection, sent in turn (the stream
+    that sent last goes to the back, so the connection window is shared) in 16 KiB
     pieces at most `rate` bytes a second in all, as flow control allows, for at most
     `duration` seconds or until `stop_after` bytes are sent (the uploads then stall). Returns
     the H2Streams (whose snapshot tells each stream's fate) and the bytes sent."""
@@ -248,13 +249,15 @@ def slow_uploads(port, streams, size, rate, duration, window=65535, stop_after=N
     hs = H2Streams(port, window=window, per_conn=streams)
     keys = [hs.open("/v1/completions", b"", end_stream=False, length=len(body))
             for _ in range(streams)]
-    offs = {k: 0 for k in keys}
+    offs = {k: 0 for k in keys}  # in turn order: a stream that sent goes to the back
     sent_total = 0
     t0 = time.monotonic()
     end = t0 + duration
     while time.monotonic() < end and offs and (stop_after is None or sent_total < stop_after):
         progressed = False
         for k in list(offs):
+            if k not in offs:
+                continue
             allowed = rate * (time.monotonic() - t0) - sent_total
             if allowed < 16384:
                 break
@@ -266,9 +269,9 @@ def slow_uploads(port, streams, size, rate, duration, window=65535, stop_after=N
             if n > 0:
                 progressed = True
                 sent_total += n
-                offs[k] = off + n
-                if offs[k] >= len(body):
-                    del offs[k]
+                del offs[k]
+                if off + n < len(body):
+                    offs[k] = off + n  # to the back of the turn
         if not progressed:
             time.sleep(0.01)  # pacing: windows closed or the rate reached
     return hs, sent_total

@@ -502,6 +502,20 @@ void pcr_kvtable_clear(pcr_kvtable_t *t, unsigned backend)
             holder_drop(t, (uint32_t)h);
 }
 
+size_t pcr_kvtable_clear_speculative(pcr_kvtable_t *t, unsigned backend)
+{
+    size_t dropped = 0;
+    if (t == NULL || backend >= t->o.nbackends || *count(t, backend, 2) == 0)
+        return 0;
+    /* Their expiry queue entries stay: the generation a drop bumps makes them miss. */
+    for (size_t h = 0; h < t->holders_cap; h++)
+        if (t->holders[h].state == H_SPEC && t->holders[h].backend == backend) {
+            holder_drop(t, (uint32_t)h);
+            dropped++;
+        }
+    return dropped;
+}
+
 /* Room for one more entry in the expiry queue. */
 static int queue_reserve(pcr_kvtable_t *t)
 {

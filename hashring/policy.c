@@ -677,8 +677,14 @@ int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t s
         }
         break;
     case PCR_BACKEND_RESTARTED:
-        if (p->index != NULL)
+        /* In events mode the pod's events report a restart themselves (AllBlocksCleared, a
+         * sequence from 0), and what it published since is true: only the guesses go. */
+        if (p->kvt != NULL) {
+            pcr_index_remove_backend(p->index, (unsigned)backend);
+            pcr_kvtable_clear_speculative(p->kvt, (unsigned)backend);
+        } else if (p->index != NULL) {
             drop_backend(p, (unsigned)backend);
+        }
         break;
     default:
         return PCR_ERR_INVAL;

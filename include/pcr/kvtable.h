@@ -85,6 +85,9 @@ size_t pcr_kvtable_removed(pcr_kvtable_t *t, unsigned backend, const uint64_t *h
 /* Drops every entry of a backend, speculative ones too (AllBlocksCleared, a restart, a
  * backend that left, a subscription that lost its place). */
 void pcr_kvtable_clear(pcr_kvtable_t *t, unsigned backend);
+/* Drops a backend's speculative entries only, leaving what its events reported (a restart
+ * seen by other means than the events, which report it themselves). Returns how many. */
+size_t pcr_kvtable_clear_speculative(pcr_kvtable_t *t, unsigned backend);
 
 /* A request was just sent to `backend` with this key: its blocks the backend does not hold
  * become speculative entries until now + speculative_ttl. 0, PCR_ERR_FULL or PCR_ERR_NOMEM. */

@@ -251,7 +251,10 @@ void pcr_policy_backend_reset(pcr_policy_t *p, int backend);
 /* What the router saw of a backend, and what it means for its entries (decided here, not in
  * the router): UNAVAILABLE (down, ejected) keeps them for opts.unavailable_keep from `now`,
  * then drops them; AVAILABLE again keeps them; RESTARTED (the pod's counters went back, its
- * start time or cache geometry changed) drops them at once: its cache is empty. */
+ * start time or cache geometry changed) drops them at once: its cache is empty. In events
+ * mode it drops the approximate entries and the speculative ones only: the pod's own events
+ * report its restart (AllBlocksCleared, a sequence from 0), and the blocks it published since
+ * are true, however late the scrape notices. */
 typedef enum {
     PCR_BACKEND_AVAILABLE = 0,
     PCR_BACKEND_UNAVAILABLE,

@@ -169,6 +169,18 @@ static void test_speculative(void)
     PCR_CHECK_EQ_INT(pcr_kvtable_match(t, key, 3, gpu, any), 3);
     PCR_CHECK(any[1] == 0 && any[0] == 3);
     checked(t);
+    /* A restart seen by other means: the guesses go, what the pod reported stays. */
+    PCR_CHECK_EQ_INT(store(t, 1, h, 2, 0, 0, tok, PCR_KVT_GPU), 0);
+    PCR_CHECK_EQ_INT(pcr_kvtable_speculate(t, 1, key, 3, 4000), 0);
+    PCR_CHECK_EQ_INT(pcr_kvtable_speculative(t, 1), 1);
+    PCR_CHECK_EQ_INT(pcr_kvtable_clear_speculative(t, 1), 1);
+    PCR_CHECK_EQ_INT(pcr_kvtable_clear_speculative(t, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_kvtable_entries(t, 1, PCR_KVT_GPU), 2);
+    PCR_CHECK_EQ_INT(pcr_kvtable_speculative(t, 0), 3);
+    PCR_CHECK_EQ_INT(pcr_kvtable_match(t, key, 3, gpu, any), 3);
+    PCR_CHECK(any[1] == 2 && any[0] == 3);
+    PCR_CHECK_EQ_INT(pcr_kvtable_expire(t, 9000), 3); /* pod 0's; pod 1's queued ones miss */
+    checked(t);
     pcr_kvtable_free(t);
 }
 
@@ -364,6 +376,14 @@ static void test_random_against_model(void)
                 }
             PCR_CHECK_EQ_INT(pcr_kvtable_expire(t, now), want);
             expired += (int)want;
+        } else if (rand() % 16 == 0) {
+            size_t want = 0;
+            for (int i = 0; i < MAXE; i++)
+                if (model[i].used && model[i].b == b && model[i].spec) {
+                    model[i].used = 0;
+                    want++;
+                }
+            PCR_CHECK_EQ_INT(pcr_kvtable_clear_speculative(t, b), want);
         } else if (rand() % 8 == 0) {
             pcr_kvtable_clear(t, b);
             for (int i = 0; i < MAXE; i++)

@@ -1284,7 +1284,8 @@ static void test_renew_keeps_the_backends(void)
 
 /* Precise mode: a key with the prompt's token chains is matched on what the pods said they
  * hold; one without them on the approximate index; a request sent counts for its pod until
- * the TTL; a restarted pod loses its entries. */
+ * the TTL; a restart the events report drops the pod's entries, one only the scrape saw
+ * drops its guesses. */
 static void test_precise_mode(void)
 {
     pcr_policy_opts_t o;
@@ -1338,8 +1339,27 @@ static void test_precise_mode(void)
     PCR_CHECK_EQ_INT(pcr_policy_kv_removed(p, 1, hashes + 4, 4, PCR_KVT_GPU), 4);
     PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1030, &d), 0);
     PCR_CHECK(d.backend == 1 && d.matched_blocks == 4 && d.uncached_prefill == 18);
-    /* A restart the scrape saw drops its entries too. */
+    /* A restart the scrape saw drops pod 1's guesses (its speculative entries, what the
+     * approximate index learned) but not what its events reported: they tell of a restart
+     * themselves, and what the pod published after it is what it holds. */
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, key, 1035, NULL), 0);
+    PCR_CHECK_EQ_INT(pcr_kvtable_speculative(pcr_policy_kvtable(p), 1), 4);
+    keybuf_t kb2;
+    size_t len;
+    char *s = prompt(1, 4096, &len);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 1, key_of(p, &kb2, s, len), 1035, NULL), 0);
+    free(s);
+    PCR_CHECK(pcr_policy_backend_blocks(p, 1) > 0);
     PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 1, PCR_BACKEND_RESTARTED, 1040), 0);
+    PCR_CHECK_EQ_INT(pcr_kvtable_entries(pcr_policy_kvtable(p), 1, PCR_KVT_GPU), 4);
+    PCR_CHECK_EQ_INT(pcr_kvtable_speculative(pcr_policy_kvtable(p), 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 1045, &d), 0);
+    uint32_t gpu[NB], any[NB];
+    pcr_kvtable_match(pcr_policy_kvtable(p), key->tblocks, key->ntblocks, gpu, any);
+    PCR_CHECK(gpu[1] == 4 && any[1] == 4);
+    /* AllBlocksCleared (the events' own word) drops them. */
+    pcr_policy_kv_clear(p, 1);
     PCR_CHECK_EQ_INT(pcr_kvtable_entries(pcr_policy_kvtable(p), 1, PCR_KVT_GPU), 0);
     /* Turning precise mode off (or on) is a new policy: the keys mean something else. */
     pcr_policy_opts_t off = o;

@@ -1,4 +1,5 @@
-/* bench/sim/sim.h: the types vllm-sim's files share (one process, one event loop, 1..N pods).
+/* bench/sim/sim.h: the types vllm-sim's files share (one process, 1..N pods, one event loop
+ * for every pod's engine and streams, and one for the toy tokenizer).
  *
  *   vllm_sim.c    flags, pods, listeners, signals, main
  *   sim_http.c    HTTP/1.1 connections (http-parser), routing of paths, writing responses
@@ -11,6 +12,8 @@
  *   step_engine.c the step engine after vLLM's scheduler (shared with routing_offline)
  *   sim_kvev.c    --kv-events: the pod's KV-cache events on ZMQ, as vLLM publishes them
  *   sim_pd.c      --role prefill|decode: vLLM's NixlConnector pull mode between its pods
+ *   sim_tok.c     the toy tokenizer's thread: connections that ask for /tokenize or a render
+ *                 endpoint move to its loop
  *
  * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
  * by time_scale to get wall-clock time. */
@@ -125,7 +128,7 @@ struct sim_pod {
     struct event *step_timer;   /* under way ends (wall clock) */
     double step_due_us;
     uint64_t next_seq;
-    uint64_t next_render;       /* render answers' request ids */
+    uint64_t next_render;       /* render answers' request ids (the tokenizer's thread) */
     uint64_t prefix_queries, prefix_hits;   /* tokens */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t success, failed_injected, dropped, stalled, cancelled, rejected;
@@ -133,7 +136,8 @@ struct sim_pod {
     uint64_t ttft_buckets[SIM_TTFT_BUCKETS + 1];
     double ttft_sum;
     uint64_t ttft_count;
-    sim_conn_t *conns;          /* every open connection, for shutdown */
+    sim_conn_t *conns;          /* every open connection on the main loop, for shutdown */
+    sim_conn_t *tok_conns;      /* those on the tokenizer's thread (sim_tok.c): its own */
     sim_kvev_t *kvev;           /* --kv-events: the publisher, or NULL */
     struct event *foreign_timer;/* --foreign-load: the next foreign request's arrival */
     double foreign_due_us;
@@ -154,7 +158,11 @@ struct sim_pod {
 
 struct sim_conn {
     sim_pod_t *pod;
-    sim_conn_t *prev, *next;
+    sim_conn_t *prev, *next;    /* on pod->conns, or pod->tok_conns when on_tok */
+    struct event_base *base;    /* the loop that serves it */
+    int on_tok;                 /* the tokenizer's thread (sim_tok.c) */
+    struct event *move_ev;      /* fires to hand it to the other loop (to_tok) */
+    int to_tok;
     struct bufferevent *bev;
     http_parser parser;
     char *url;
@@ -175,8 +183,22 @@ struct sim_conn {
 
 extern const double sim_ttft_bounds[SIM_TTFT_BUCKETS];
 
+/* A connection between two loops: what it had read and not parsed, written and not sent, and
+ * the request it had just read (to dispatch on arrival). */
+typedef struct {
+    struct evbuffer *in, *out, *body;
+    char *url;
+    size_t url_len;
+    int method, keep_alive, too_large;
+} sim_conn_state_t;
+void sim_conn_state_dispose(sim_conn_state_t *st);
+
 /* sim_http.c */
 void sim_http_accept(sim_pod_t *pod, evutil_socket_t fd);
+/* A connection that moved here from the other loop (sim_tok.c), on `base`, the tokenizer's
+ * when `tok`: takes `fd` and `st`, then dispatches the request it carries. */
+void sim_http_adopt(sim_pod_t *pod, struct event_base *base, int tok, evutil_socket_t fd,
+                    sim_conn_state_t *st);
 void sim_conn_close(sim_conn_t *c);
 /* A whole response: status line, x-sim-pod, content type and length, body. Ends the exchange. */
 void sim_conn_respond(sim_conn_t *c, int status, const char *ctype, const char *body, size_t len);
@@ -230,6 +252,16 @@ void sim_engine_capacity_stop(sim_pod_t *pod);
  * with a new process_start_time_seconds, and the KV events start a new life at sequence 0
  * with AllBlocksCleared. */
 void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep);
+
+/* sim_tok.c: the tokenizer's thread. _start on the main thread before any connection (-1:
+ * none, the main loop tokenizes); _stop after the main loop ends. _move hands a connection's
+ * state to the tokenizer (to_tok) or back to the main loop; -1: it stays. _cut (the pod
+ * restarted) closes the pod's connections on the tokenizer's thread. */
+int sim_tok_start(struct event_base *main_base);
+void sim_tok_stop(sim_pod_t *pods, int npods);
+int sim_tok_move(sim_conn_t *c, int to_tok, sim_conn_state_t *st);
+void sim_tok_cut(sim_pod_t *pod);
+int sim_tok_running(void);
 
 /* sim_pd.c */
 const char *sim_pd_role_name(int role);

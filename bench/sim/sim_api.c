@@ -145,7 +145,8 @@ int sim_api_tokenize(sim_conn_t *c, int kind, const char *body, size_t len,
         long mt = max_tokens_of(root, chat);
         evbuffer_add_printf(out, "%s{\"request_id\":\"render-%s-%llu\",\"token_ids\":",
                             chat ? "" : "[", c->pod->name,
-                            (unsigned long long)++c->pod->next_render);
+                            (unsigned long long)__atomic_add_fetch(&c->pod->next_render, 1,
+                                                                       __ATOMIC_RELAXED));
         add_token_ids(out, p, plen);
         evbuffer_add_printf(out, ",\"features\":null,\"sampling_params\":{\"max_tokens\":%ld},"
                             "\"model\":\"%s\",\"stream\":false,\"stream_options\":null,"

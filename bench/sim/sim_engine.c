@@ -478,6 +478,7 @@ void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep)
         if (c != keep)
             sim_conn_close(c);   /* its request dies with the pod, its blocks unpinned */
     }
+    sim_tok_cut(pod);
     pcr_kvcache_clear(pod->kv);
     pod->prefill_busy_until_us = 0;
     /* A new process: its counters start from zero, its start time is now. */

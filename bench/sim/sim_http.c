@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "sim.h"
 
@@ -131,7 +132,7 @@ static void tokenize(sim_conn_t *c, int kind)
     }
     if (conf->tokenize_delay_us > 0) {
         if (!c->delay)
-            c->delay = evtimer_new(c->pod->base, send_delayed, c);
+            c->delay = evtimer_new(c->base, send_delayed, c);
         if (c->delay) {
             double d = conf->tokenize_delay_us / conf->time_scale;
             struct timeval tv = { (time_t)(d / 1e6), (suseconds_t)((long long)d % 1000000) };
@@ -145,7 +146,14 @@ static void tokenize(sim_conn_t *c, int kind)
     evbuffer_free(b);
 }
 
-static void dispatch(sim_conn_t *c)
+static int tokenizer_path(const sim_conn_t *c)
+{
+    return path_is(c, "/tokenize") || path_is(c, "/v1/completions/render") ||
+           path_is(c, "/v1/chat/completions/render");
+}
+
+/* The request just read, answered on this loop. */
+static void serve(sim_conn_t *c)
 {
     sim_pod_t *pod = c->pod;
     int method = c->parser.method;
@@ -200,6 +208,19 @@ static void dispatch(sim_conn_t *c)
         }
         c->req = r;
         sim_engine_submit(r);
+    } else if (path_is(c, "/sim/stall")) {
+        /* A test hook: the main loop does nothing else for ?ms=N (at most 10 s) of wall-clock
+         * time, as when every pod's streams keep it busy. */
+        const char *q = strchr(c->url, '?');
+        long ms = q && strncmp(q, "?ms=", 4) == 0 ? strtol(q + 4, NULL, 10) : 0;
+        if (method != HTTP_POST || ms < 0 || ms > 10000) {
+            sim_conn_error(c, 400, "BadRequestError", "POST /sim/stall?ms=N, N in 0..10000");
+            return;
+        }
+        struct timespec ts = {ms / 1000, ms % 1000 * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        sim_conn_respond(c, 200, "application/json", "{\"stalled\":true}", 16);
     } else if (path_is(c, "/sim/restart")) {
         if (method != HTTP_POST) {
             sim_conn_error(c, 405, "BadRequestError", "use POST");
@@ -210,6 +231,52 @@ static void dispatch(sim_conn_t *c)
     } else {
         sim_conn_error(c, 404, "NotFoundError", "no such path");
     }
+}
+
+void sim_conn_state_dispose(sim_conn_state_t *st)
+{
+    if (st->in) evbuffer_free(st->in);
+    if (st->out) evbuffer_free(st->out);
+    if (st->body) evbuffer_free(st->body);
+    free(st->url);
+    memset(st, 0, sizeof(*st));
+}
+
+/* The connection goes to the other loop with the request it has just read (sim_tok.c); run
+ * from the loop, never under parse_input, which would read the freed connection. */
+static void on_move(evutil_socket_t fd, short what, void *arg)
+{
+    sim_conn_t *c = arg;
+    sim_conn_state_t st = {evbuffer_new(), evbuffer_new(), c->body, c->url, c->url_len,
+                           c->parser.method, c->keep_alive, c->too_large};
+    c->body = NULL;
+    c->url = NULL;
+    c->url_len = 0;
+    int ok = st.in && st.out;
+    if (ok) {
+        evbuffer_add_buffer(st.in, bufferevent_get_input(c->bev));
+        evbuffer_add_buffer(st.out, bufferevent_get_output(c->bev));
+        ok = sim_tok_move(c, c->to_tok, &st) == 0;   /* takes st */
+    }
+    if (!ok)
+        sim_conn_state_dispose(&st);   /* out of memory: the connection is lost */
+    sim_conn_close(c);
+}
+
+static void dispatch(sim_conn_t *c)
+{
+    int tok = tokenizer_path(c);
+    if (tok != c->on_tok && sim_tok_running()) {
+        c->busy = 1;   /* nothing more is read here */
+        c->to_tok = tok;
+        if (!c->move_ev)
+            c->move_ev = evtimer_new(c->base, on_move, c);
+        if (c->move_ev) {
+            event_active(c->move_ev, EV_TIMEOUT, 1);
+            return;
+        }
+    }
+    serve(c);
 }
 
 /* Feeds buffered input to the parser until it pauses on a complete request or runs dry.
@@ -268,29 +335,66 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
         sim_conn_close(arg);
 }
 
-void sim_http_accept(sim_pod_t *pod, evutil_socket_t fd)
+/* A new connection on `base` (the tokenizer's when `tok`), linked on its pod's list. */
+static sim_conn_t *conn_new(sim_pod_t *pod, struct event_base *base, int tok, evutil_socket_t fd)
 {
     sim_conn_t *c = calloc(1, sizeof(*c));
     if (!c) {
         evutil_closesocket(fd);
-        return;
+        return NULL;
     }
     c->pod = pod;
-    c->bev = bufferevent_socket_new(pod->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    c->base = base;
+    c->on_tok = tok;
+    c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
     c->body = evbuffer_new();
     if (!c->bev || !c->body) {
         if (c->bev) bufferevent_free(c->bev); else evutil_closesocket(fd);
         if (c->body) evbuffer_free(c->body);
         free(c);
-        return;
+        return NULL;
     }
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
-    c->next = pod->conns;
-    if (pod->conns) pod->conns->prev = c;
-    pod->conns = c;
+    sim_conn_t **list = tok ? &pod->tok_conns : &pod->conns;
+    c->next = *list;
+    if (*list) (*list)->prev = c;
+    *list = c;
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    return c;
+}
+
+void sim_http_accept(sim_pod_t *pod, evutil_socket_t fd)
+{
+    conn_new(pod, pod->base, 0, fd);
+}
+
+void sim_http_adopt(sim_pod_t *pod, struct event_base *base, int tok, evutil_socket_t fd,
+                    sim_conn_state_t *st)
+{
+    sim_conn_t *c = conn_new(pod, base, tok, fd);
+    if (!c) {
+        sim_conn_state_dispose(st);
+        return;
+    }
+    evbuffer_free(c->body);
+    c->body = st->body;
+    c->url = st->url;
+    c->url_len = st->url_len;
+    c->parser.method = (unsigned)st->method;
+    c->keep_alive = st->keep_alive;
+    c->too_large = st->too_large;
+    evbuffer_add_buffer(bufferevent_get_output(c->bev), st->out);
+    evbuffer_add_buffer(bufferevent_get_input(c->bev), st->in);
+    st->body = NULL;
+    st->url = NULL;
+    sim_conn_state_dispose(st);
+    /* Its request first, then what followed it (the response that ends it resumes here). */
+    c->in_parse = 1;
+    serve(c);
+    c->in_parse = 0;
+    parse_input(c);
 }
 
 void sim_conn_close(sim_conn_t *c)
@@ -302,12 +406,15 @@ void sim_conn_close(sim_conn_t *c)
         r->conn = NULL;
         sim_engine_cancel(r);
     }
-    if (c->prev) c->prev->next = c->next; else pod->conns = c->next;
+    if (c->prev) c->prev->next = c->next; else *(c->on_tok ? &pod->tok_conns : &pod->conns) = c->next;
     if (c->next) c->next->prev = c->prev;
     bufferevent_free(c->bev);
-    evbuffer_free(c->body);
+    if (c->body)
+        evbuffer_free(c->body);
     if (c->delay)
         event_free(c->delay);
+    if (c->move_ev)
+        event_free(c->move_ev);
     if (c->delayed)
         evbuffer_free(c->delayed);
     free(c->url);

@@ -100,7 +100,10 @@ static void usage(FILE *f)
 "                               decode pod accepts only as --host\n"
 "  POST /sim/restart            (endpoint) the pod dies and comes back empty: connections\n"
 "                               cut, cache cleared, KV events restart at 0 with\n"
-"                               AllBlocksCleared\n");
+"                               AllBlocksCleared\n"
+"  POST /sim/stall?ms=N         (endpoint, for tests) the main loop, which runs every pod's\n"
+"                               streams, does nothing else for N ms; the tokenizer, on a\n"
+"                               thread of its own, still answers\n");
 }
 
 static int valid_name(const char *s)
@@ -356,6 +359,10 @@ int main(int argc, char **argv)
         goto out;
     event_add(sigint, NULL);
     event_add(sigterm, NULL);
+    /* The toy tokenizer on a thread of its own: the main loop, late under load, would make
+     * a router waiting for tokens late too. Without it the main loop tokenizes. */
+    if (sim_tok_start(base) != 0)
+        fprintf(stderr, "vllm-sim: no tokenizer thread: the main loop tokenizes\n");
     for (int i = 0; i < nports; i++) {
         sim_pod_t *pod = &pods[i];
         char dflt[32];
@@ -417,6 +424,7 @@ int main(int argc, char **argv)
     event_base_dispatch(base);
     rc = 0;
 out:
+    sim_tok_stop(pods, nports);
     for (int i = 0; i < nports; i++) {
         sim_pod_t *pod = &pods[i];
         while (pod->conns)

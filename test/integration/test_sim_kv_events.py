@@ -12,11 +12,13 @@ requests go out one at a time until a live batch arrives (each wait bounded), an
 every live batch must equal the replayed batch of the same sequence. Decoding uses
 python3-msgpack, sockets python3-zmq.
 """
+import http.client
 import json
 import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -303,6 +305,50 @@ def test_tokenize_delay_holds_the_answer_back(sims):
     assert time.monotonic() - t0 >= 0.8
     with _direct.open(sim.url + "/health", timeout=10) as r:
         assert r.status == 200
+
+
+def _keepalive_post(conn, path, body):
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, json.loads(r.read())
+
+
+def test_tokenizer_answers_while_the_main_loop_is_busy(sims):
+    """The tokenizer has a thread of its own: while the main loop (every pod's streams) is
+    held by POST /sim/stall, a connection that has tokenized before keeps getting answers.
+    Counted, not timed: on the main loop none would come back until the stall ended."""
+    sim = sims(kv=False)
+    host, port = sim.url[len("http://"):].split(":")
+    tok = http.client.HTTPConnection(host, int(port), timeout=30)
+    want = [int.from_bytes(b"abcd", "little"), int.from_bytes(b"efgh", "little")]
+    assert _keepalive_post(tok, "/tokenize", {"model": "sim-8b", "prompt": "abcdefgh"}) == \
+        (200, {"count": 2, "max_model_len": 131072, "tokens": want, "token_strs": None})
+    done = threading.Event()
+    result = {}
+
+    def stall():
+        result["stall"] = sim.post("/sim/stall?ms=2000", {})
+        done.set()
+
+    t = threading.Thread(target=stall)
+    t.start()
+    answered = 0
+    while not done.is_set():
+        st, body = _keepalive_post(tok, "/tokenize", {"model": "sim-8b", "prompt": "abcdefgh"})
+        assert st == 200 and body["tokens"] == want, body
+        answered += not done.is_set()
+    t.join(30)
+    assert result["stall"] == (200, {"stalled": True})
+    assert answered >= 50, "%d tokenizations answered during a 2 s stall" % answered
+    # The same connection moves back for anything else, and again for the tokenizer.
+    st, body = _keepalive_post(tok, "/v1/completions", {"model": "sim-8b", "prompt": "abcdefgh",
+                                                       "max_tokens": 2})
+    assert st == 200 and body["usage"]["completion_tokens"] == 2, body
+    st, r = _keepalive_post(tok, "/v1/completions/render", {"model": "sim-8b", "prompt": "abcd"})
+    assert st == 200 and r[0]["token_ids"] == want[:1], r
+    tok.request("GET", "/health")
+    assert tok.getresponse().status == 200
+    tok.close()
 
 
 @pytest.mark.parametrize("engine", ["latency", "step"])

@@ -198,6 +198,7 @@ static const field_t routing_fields[] = {
     F_CHOICE(pcr_routing_conf_t, tokenize, tokenize_render, tokenize_names),
     F_INT(pcr_routing_conf_t, tokenize_timeout_ms, FT_UINT, 1, 60000),
     F_INT(pcr_routing_conf_t, tokenize_cache_entries, FT_UINT, 0, 1000000),
+    F_INT(pcr_routing_conf_t, tokenize_cache_bytes, FT_SIZE, 0, 1LL << 34),
     F_INT(pcr_routing_conf_t, tokenize_max_bytes, FT_SIZE, 1024, 1LL << 30),
     F_INT(pcr_routing_conf_t, kv_block_tokens, FT_UINT, 1, 65536),
     F_OF(pcr_routing_conf_t, session_header, FT_HEADER_NAME, 0),
@@ -1102,6 +1103,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .unavailable_keep_ms = (unsigned)(po.unavailable_keep / 1000), .feedback = 1,
         .hold_tokens = PCR_HOLD_TOKENS_DEFAULT, .index_events = po.index_events,
         .tokenize_timeout_ms = 100, .tokenize_cache_entries = 4096,
+        .tokenize_cache_bytes = 8u << 20,
         .tokenize_max_bytes = (size_t)4 << 20, .kv_block_tokens = po.kv_block_tokens,
     };
     cfg->limits = (pcr_limits_conf_t){

@@ -101,6 +101,7 @@ typedef struct {
     unsigned tokenize_timeout_ms;  /* a tokenization's deadline, default 100; past it the
                                       request is routed on the approximate key */
     unsigned tokenize_cache_entries; /* tokenizations kept per worker, default 4096 */
+    size_t tokenize_cache_bytes;   /* their token blocks' bytes per worker, default 8 MiB */
     size_t tokenize_max_bytes;     /* the longest tokenize answer read, default 4194304 */
     unsigned kv_block_tokens;      /* tokens per block of the pods (vLLM's --block-size), 16 */
     char *session_header;          /* keeps a conversation on its pod; "" (default): the body's

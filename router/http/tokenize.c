@@ -11,7 +11,10 @@
  * The cache is direct-mapped, its slot the prompt's last chained text block (which names the
  * whole prompt: the model, a chat's tools and a last partial block are mixed in, pcr/prefix.h)
  * with the prompt's length: a colliding prompt replaces the older one. It holds the chains,
- * never the tokens, and at most routing.tokenize_cache_entries of them. */
+ * never the tokens, at most routing.tokenize_cache_entries of them and, all together, at most
+ * routing.tokenize_cache_bytes of chains (a prompt's chains are 8 bytes a block, up to
+ * max_prefix_bytes' worth: without the byte bound, the entries alone could hold 4096 long
+ * prompts' chains, 16 KiB each). A prompt whose chains would pass it is not kept. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +39,7 @@ typedef struct {
 struct pcr_tokcache {
     tokslot_t *slots;
     size_t n;
+    size_t bytes;                 /* the chains' bytes, at most routing.tokenize_cache_bytes */
 };
 
 struct pcr_tokreq {
@@ -96,11 +100,18 @@ static void cache_put(pcr_exchange_t *ex, const pcr_key_t *text)
     tokslot_t *s = cache_slot(ex->w, text, &check, 1);
     if (s == NULL)
         return;
+    struct pcr_tokcache *c = ex->w->tokcache;
+    size_t limit = ex->w->cfg->routing.tokenize_cache_bytes;
+    size_t old = s->chains != NULL ? s->nchains * sizeof(uint64_t) : 0;
+    size_t add = ex->key.ntblocks * sizeof(uint64_t);
+    if (limit != 0 && c->bytes - old + add > limit)
+        return; /* the slot keeps what it had */
     uint64_t *chains = malloc((ex->key.ntblocks ? ex->key.ntblocks : 1) * sizeof(uint64_t));
     if (chains == NULL)
         return;
     memcpy(chains, ex->key.tblocks, ex->key.ntblocks * sizeof(uint64_t));
     free(s->chains);
+    c->bytes = c->bytes - old + add;
     *s = (tokslot_t){text->blocks[text->nblocks - 1], check, ex->key.prompt_tokens, chains,
                      ex->key.ntblocks};
 }

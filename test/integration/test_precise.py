@@ -190,6 +190,20 @@ def test_requests_follow_the_pods_events(pods, router_factory):
     assert m["pcrouter_tokenize_requests_total"] == calls
 
 
+def test_tokenize_cache_is_bounded_in_bytes(pods, router_factory):
+    """routing.tokenize_cache_bytes: a prompt whose token blocks (8 bytes each) would pass it
+    is not kept, and the pod is asked again; one that fits is asked once."""
+    p = pods(2)
+    # 32 blocks are 256 bytes of chains: 300 keeps one such prompt, not two.
+    r = router_factory(config(p, workers=1, tokenize_cache_bytes=300))
+    first, second = prompt_of("bound-a"), prompt_of("bound-b")
+    for text in (first, first, second, second):
+        assert complete(r, text)[0] == 200
+    m = metrics(r)
+    assert m["pcrouter_tokenize_cache_hits_total"] == 1
+    assert m["pcrouter_tokenize_requests_total"] == 3
+
+
 def test_chat_and_render(pods, router_factory):
     p = pods(3)
     r = subscribed(p, router_factory(config(p, tokenize="render")), ["p1"])

@@ -618,16 +618,21 @@ def share_counters(router):
 
 
 def replica_run(args, build, trace, names, routing, tmp, n, mode, k=0):
-    label = "%d replica%s%s" % (n, "s" if n > 1 else "", ", shared" if mode == "redis" else "")
+    # --index events: every replica follows the pods' KV events (precise mode), no Redis needed.
+    events = args.index == "events"
+    label = "%d replica%s%s%s" % (n, "s" if n > 1 else "", ", shared" if mode == "redis" else "",
+                                  ", events" if events else "")
     sims, routers, rs = None, [], None
     t0 = time.monotonic()
     try:
         sims = Sims(build, names, args.time_scale, args.capacity_tokens,
-                    extra=["--engine", args.engine])
+                    extra=["--engine", args.engine] + (["--kv-events", "0"] if events else []))
         if mode == "redis":
             rs = RedisServer(tmp)
         for i in range(n):
-            cfg = router_config(sims.urls, "cache_aware", args.capacity_tokens, routing=routing)
+            cfg = router_config(sims.urls, "cache_aware", args.capacity_tokens,
+                                routing=dict(routing or {}, index="events") if events else routing,
+                                kv=sims.kv if events else None)
             cfg["workers"] = 1
             if rs:
                 cfg["redis"] = {"url": rs.url}
@@ -1166,7 +1171,8 @@ def main():
                     help="pcrouter's worker threads (default: its own, one per core)")
     ap.add_argument("--replicas", default="1,2,4",
                     help="after the policies (conversation trace only): cache_aware through this"
-                         " many replicas, one worker each (1 alone runs nothing more)")
+                         " many replicas, one worker each (1 alone runs nothing more); with"
+                         " --index events, every replica follows the pods' KV events")
     ap.add_argument("--share", choices=("both", "on", "off"), default="both",
                     help="replicas with and without sharing the index through Redis")
     ap.add_argument("--flush-ms", type=int, default=0,

@@ -120,7 +120,7 @@ struct sim_pod {
     struct event_base *base;
     char *name;
     int port;
-    struct evconnlistener *listener;
+    struct evconnlistener *listener;    /* on the tokenizer's loop when there is one */
     pcr_kvcache_t *kv;
     sim_list_t waiting, running;
     double prefill_busy_until_us;
@@ -253,11 +253,14 @@ void sim_engine_capacity_stop(sim_pod_t *pod);
  * with AllBlocksCleared. */
 void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep);
 
-/* sim_tok.c: the tokenizer's thread. _start on the main thread before any connection (-1:
- * none, the main loop tokenizes); _stop after the main loop ends. _move hands a connection's
- * state to the tokenizer (to_tok) or back to the main loop; -1: it stays. _cut (the pod
- * restarted) closes the pod's connections on the tokenizer's thread. */
-int sim_tok_start(struct event_base *main_base);
+/* sim_tok.c: the tokenizer's thread. _init on the main thread before the pods' listeners,
+ * which go on sim_tok_base() (-1: none, the main loop does everything); _run once they are
+ * made; _stop after the main loop ends (it frees the listeners too). _move hands a
+ * connection's state to the tokenizer (to_tok) or to the main loop; -1: it stays. _cut (the
+ * pod restarted) closes the pod's connections on the tokenizer's thread. */
+int sim_tok_init(struct event_base *main_base);
+struct event_base *sim_tok_base(void);
+int sim_tok_run(void);
 void sim_tok_stop(sim_pod_t *pods, int npods);
 int sim_tok_move(sim_conn_t *c, int to_tok, sim_conn_state_t *st);
 void sim_tok_cut(sim_pod_t *pod);

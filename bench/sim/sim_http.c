@@ -367,7 +367,8 @@ static sim_conn_t *conn_new(sim_pod_t *pod, struct event_base *base, int tok, ev
 
 void sim_http_accept(sim_pod_t *pod, evutil_socket_t fd)
 {
-    conn_new(pod, pod->base, 0, fd);
+    struct event_base *tok = sim_tok_base();   /* the listener's loop */
+    conn_new(pod, tok ? tok : pod->base, tok != NULL, fd);
 }
 
 void sim_http_adopt(sim_pod_t *pod, struct event_base *base, int tok, evutil_socket_t fd,

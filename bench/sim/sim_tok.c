@@ -2,11 +2,11 @@
  *
  * Every pod's streams run on the main loop, which under load is late by tens of milliseconds;
  * a router waits for tokens before it routes (precise mode), so the tokenizer gets a loop of
- * its own. A connection is accepted and read on the main loop; the first time it asks for a
- * tokenizer path it moves to the tokenizer's loop (its socket, its unread input, its unsent
- * output and the request just read go along), and a request for any other path moves it back.
- * A router keeps connections for tokenizing apart from its request pool, so in practice each
- * connection moves once.
+ * its own. The pods' listeners are on the tokenizer's loop too, so a new connection never
+ * waits for the main loop: it is accepted and read there, and its first request for another
+ * path moves it to the main loop (its socket, its unread input, its unsent output and the
+ * request just read go along); a tokenizer path moves it back. A router keeps connections for
+ * tokenizing apart from its request pool, so in practice a connection moves once at most.
  *
  * The two loops pass connections through an inbox each (a list under a mutex) and a pipe that
  * wakes the loop; neither touches the other's event base. The tokenizer reads only what never
@@ -41,7 +41,8 @@ typedef struct {
 
 static sim_loop_t loops[2];             /* the main loop, the tokenizer's */
 static pthread_t thread;
-static int running;
+static int running;                     /* the tokenizer's loop exists */
+static int started;                     /* its thread runs it */
 static sim_msg_t stop_msg = {.kind = MSG_STOP};
 
 static void msg_free(sim_msg_t *m)
@@ -137,11 +138,9 @@ static void *run(void *arg)
     return NULL;
 }
 
-int sim_tok_start(struct event_base *main_base)
+int sim_tok_init(struct event_base *main_base)
 {
-    if (loop_init(&loops[0], main_base, 0) != 0 ||
-        loop_init(&loops[1], event_base_new(), 1) != 0 ||
-        pthread_create(&thread, NULL, run, NULL) != 0) {
+    if (loop_init(&loops[0], main_base, 0) != 0 || loop_init(&loops[1], event_base_new(), 1) != 0) {
         struct event_base *b = loops[1].base;
         loop_dispose(&loops[0]);
         loop_dispose(&loops[1]);
@@ -153,16 +152,34 @@ int sim_tok_start(struct event_base *main_base)
     return 0;
 }
 
+struct event_base *sim_tok_base(void) { return running ? loops[1].base : NULL; }
+
+int sim_tok_run(void)
+{
+    if (!running || pthread_create(&thread, NULL, run, NULL) != 0)
+        return -1;
+    started = 1;
+    return 0;
+}
+
 void sim_tok_stop(sim_pod_t *pods, int npods)
 {
     if (!running)
         return;
-    post(&loops[1], &stop_msg);
-    pthread_join(thread, NULL);
+    if (started) {
+        post(&loops[1], &stop_msg);
+        pthread_join(thread, NULL);
+        started = 0;
+    }
     running = 0;
-    /* The thread is gone: its connections are closed from here. */
-    for (int i = 0; i < npods; i++)
+    /* The thread is gone: its connections and listeners are closed from here. */
+    for (int i = 0; i < npods; i++) {
         close_tok_conns(&pods[i]);
+        if (pods[i].listener) {
+            evconnlistener_free(pods[i].listener);
+            pods[i].listener = NULL;
+        }
+    }
     struct event_base *b = loops[1].base;
     loop_dispose(&loops[1]);
     event_base_free(b);

@@ -359,10 +359,12 @@ int main(int argc, char **argv)
         goto out;
     event_add(sigint, NULL);
     event_add(sigterm, NULL);
-    /* The toy tokenizer on a thread of its own: the main loop, late under load, would make
-     * a router waiting for tokens late too. Without it the main loop tokenizes. */
-    if (sim_tok_start(base) != 0)
+    /* The toy tokenizer on a thread of its own, with the listeners: the main loop, late under
+     * load, would make a router waiting for tokens late too. Without it the main loop does
+     * everything. */
+    if (sim_tok_init(base) != 0)
         fprintf(stderr, "vllm-sim: no tokenizer thread: the main loop tokenizes\n");
+    struct event_base *accept_base = sim_tok_base() ? sim_tok_base() : base;
     for (int i = 0; i < nports; i++) {
         sim_pod_t *pod = &pods[i];
         char dflt[32];
@@ -390,7 +392,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "vllm-sim: --host must be an IPv4 address: %s\n", host);
             goto out;
         }
-        pod->listener = evconnlistener_new_bind(base, on_accept, pod,
+        pod->listener = evconnlistener_new_bind(accept_base, on_accept, pod,
                                                 LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE, 1024,
                                                 (struct sockaddr *)&sin, sizeof sin);
         if (!pod->listener) {
@@ -416,6 +418,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "vllm-sim: out of memory\n");
             goto out;
         }
+    }
+    if (sim_tok_base() && sim_tok_run() != 0) {
+        fprintf(stderr, "vllm-sim: cannot start the tokenizer's thread\n");
+        goto out;
     }
     fprintf(stderr, "vllm-sim: ready (model %s, %d pod%s, capacity %llu tokens, time scale %g, "
             "%s engine, %s scheduling)\n", conf.model, nports, nports > 1 ? "s" : "",

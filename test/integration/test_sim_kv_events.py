@@ -314,9 +314,10 @@ def _keepalive_post(conn, path, body):
 
 
 def test_tokenizer_answers_while_the_main_loop_is_busy(sims):
-    """The tokenizer has a thread of its own: while the main loop (every pod's streams) is
-    held by POST /sim/stall, a connection that has tokenized before keeps getting answers.
-    Counted, not timed: on the main loop none would come back until the stall ended."""
+    """The tokenizer has a thread of its own, with the listeners: while the main loop (every
+    pod's streams) is held by POST /sim/stall, tokenizations keep getting answers, on a kept
+    connection and on new ones. Counted, not timed: were either on the main loop, none would
+    come back until the stall ended."""
     sim = sims(kv=False)
     host, port = sim.url[len("http://"):].split(":")
     tok = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -332,14 +333,21 @@ def test_tokenizer_answers_while_the_main_loop_is_busy(sims):
 
     t = threading.Thread(target=stall)
     t.start()
-    answered = 0
+    answered = fresh = 0
     while not done.is_set():
         st, body = _keepalive_post(tok, "/tokenize", {"model": "sim-8b", "prompt": "abcdefgh"})
         assert st == 200 and body["tokens"] == want, body
         answered += not done.is_set()
+        # A new connection too: the listeners are the tokenizer's, not the busy loop's.
+        new = http.client.HTTPConnection(host, int(port), timeout=30)
+        st, body = _keepalive_post(new, "/tokenize", {"model": "sim-8b", "prompt": "abcdefgh"})
+        new.close()
+        assert st == 200 and body["tokens"] == want, body
+        fresh += not done.is_set()
     t.join(30)
     assert result["stall"] == (200, {"stalled": True})
-    assert answered >= 50, "%d tokenizations answered during a 2 s stall" % answered
+    assert answered >= 30 and fresh >= 30, \
+        "%d (%d on new connections) tokenizations answered during a 2 s stall" % (answered, fresh)
     # The same connection moves back for anything else, and again for the tokenizer.
     st, body = _keepalive_post(tok, "/v1/completions", {"model": "sim-8b", "prompt": "abcdefgh",
                                                        "max_tokens": 2})

@@ -257,6 +257,21 @@ class Watch:
         return False
 
 
+def clients_served(router, n=10, rate=20.0, timeout=5.0, within=20.0):
+    """A well-behaved client over HTTP/1.1, then one over h2c, each until it has had `n`
+    answers (within `within` s, else AssertionError); returns their Watch figures."""
+    figs = []
+    for proto in ("h1", "h2c"):
+        with Watch(router, proto=proto, rate=rate, timeout=timeout) as w:
+            end = time.monotonic() + within
+            while w.client.count() < n:
+                if time.monotonic() > end:
+                    raise AssertionError("%d %s requests not answered within %ss" % (n, proto, within))
+                time.sleep(0.05)  # bounded poll of the client's count
+        figs.append(w.figures)
+    return figs
+
+
 def describe(figs):
     """One line of figures, for assertion messages and logs."""
     c = figs.get("client") or {}

@@ -179,18 +179,15 @@ def test_h1_connections_flood_stays_within_budget(stub_factory, router_factory):
 def test_small_bodies_need_no_budget(stub_factory, router_factory):
     """While stalled uploads hold the whole budget, a request whose body fits its connection's
     allowance is served at once on both protocols, its body in a read of its own."""
-    from attack import Watch
+    from attack import clients_served
     budget = 4 * MiB
     stub, r = start(stub_factory, router_factory, budget, 16 * MiB, idle_ms=30000)
     hs, sent = slow_uploads(r.port, 16, 8 * MiB, rate=256 * MiB, duration=10, stop_after=12 * MiB)
     try:
         wait_for(lambda: metric(get_metrics(r), "pcrouter_request_body_reserved_bytes") >= budget,
                  15, what="the budget taken by stalled uploads")
-        with Watch(r, proto="h1", rate=20, timeout=5) as w1:
-            wait_for(lambda: w1.client.count() >= 10, 20, what="10 HTTP/1.1 requests")
-        with Watch(r, proto="h2c", rate=20, timeout=5) as w2:
-            wait_for(lambda: w2.client.count() >= 10, 20, what="10 h2c requests")
+        figs = clients_served(r, rate=20)
     finally:
         hs.close()
-    for w in (w1, w2):
-        assert w.figures["client"]["failed"] == 0, w.figures
+    for f in figs:
+        assert f["client"]["failed"] == 0, f

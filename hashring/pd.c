@@ -13,7 +13,7 @@ void pcr_pd_opts_default(pcr_pd_opts_t *o)
     o->min_uncached_tokens = 512;
     o->max_ttft_ratio = 1.5;
     o->transfer_us_per_token = 5;
-    o->itl_weight = 0.05;
+    o->itl_weight = 0; /* off: docs/BENCHMARKS.md, the weights measured */
 }
 
 const char *pcr_pd_outcome_name(pcr_pd_outcome_t o)

@@ -145,13 +145,15 @@ static void test_remote_waits_for_the_decode_queue(void)
 /* What a local prefill costs the decode pod's running streams: with the prefill pods' queues
  * long enough that the first token alone would keep a long prompt local, a decode pod running
  * many streams sends it remote all the same, counting its streams as the router does (in
- * flight) or as the pod says (running), whichever is more; with itl_weight 0, first tokens
- * alone decide again. */
+ * flight) or as the pod says (running), whichever is more; with itl_weight 0 (the default),
+ * first tokens alone decide again. */
 static void test_auto_weighs_the_streams_stalled(void)
 {
     pcr_policy_t *p = make();
     pcr_pd_opts_t o;
     pcr_pd_opts_default(&o);
+    PCR_CHECK(o.itl_weight == 0);
+    o.itl_weight = 0.05;
     pcr_backend_load_t l[NB], scratch[NB];
     idle(l);
     l[0].queued_prefill = l[1].queued_prefill = 20000;

@@ -74,9 +74,6 @@ typedef enum { H1_IDLE, H1_HEAD, H1_BODY, H1_BUSY, H1_LINGER } h1_state_t;
  * the rest are copied). */
 #define TAKE_MAX 8
 
-/* The most a read brings: the plain transport's read size (sock_plain.c); TLS reads a record
- * or so at a time. */
-#define READ_UNIT 16384
 /* Budget is reserved this much at a time, so that an upload asks the shared count once every
  * few reads. */
 #define BODY_GRANT (64 * 1024)
@@ -720,7 +717,7 @@ static void close_written(h1_sess_t *s)
 static int body_room(h1_sess_t *s)
 {
     size_t held = pcr_exchange_body_bytes(s->ex);
-    size_t next = READ_UNIT;
+    size_t next = PCR_SOCK_READ_SIZE;
     if (s->parser.flags & F_CONTENTLENGTH)
         next = (size_t)s->parser.content_length; /* what is left of the body */
     size_t have = PCR_BODY_ALLOWANCE + s->reserved;

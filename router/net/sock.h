@@ -31,6 +31,9 @@ struct event_base;
 struct evbuffer;
 typedef struct pcr_sock pcr_sock_t;
 
+/* The most a plain socket's read brings (sock_plain.c); TLS reads a record or so at a time. */
+#define PCR_SOCK_READ_SIZE 16384
+
 typedef enum {
     PCR_SOCK_EOF = 1,           /* the peer closed its side */
     PCR_SOCK_ERROR,             /* a read or write failed (reset, broken pipe, ...) */

@@ -52,7 +52,6 @@
 #include "log.h"
 #include "sock.h"
 
-#define READ_SIZE 16384
 #define WRITE_IOV 64               /* chains per sendmsg; the rest goes with the next */
 
 typedef struct plain_s {
@@ -171,7 +170,7 @@ static void read_now(plain_t *p)
 {
     evutil_socket_t fd = p->base.fd;
     struct evbuffer_iovec v[2];
-    int nv = evbuffer_reserve_space(p->in, READ_SIZE, v, 2);
+    int nv = evbuffer_reserve_space(p->in, PCR_SOCK_READ_SIZE, v, 2);
     if (nv < 1) {
         end(p, PCR_SOCK_ERROR);
         return;
@@ -658,7 +657,7 @@ static unsigned prep_reads(batch_t *b, unsigned k)
         p->slot = k;
         struct evbuffer_iovec *v = b->slot[k].v;
         struct msghdr *mh = &b->slot[k].mh;
-        p->rnv = evbuffer_reserve_space(p->in, READ_SIZE, v, 2);
+        p->rnv = evbuffer_reserve_space(p->in, PCR_SOCK_READ_SIZE, v, 2);
         p->rres = NOT_RUN;
         TAILQ_INSERT_TAIL(&b->rdone, p, rlink);
         p->rbatched = 2;

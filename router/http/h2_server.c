@@ -429,13 +429,20 @@ static const pcr_exchange_ops_t h2_ops = {op_send_head, op_send_body, op_send_en
 
 /* ---- flow control against the body budget -------------------------------------------- */
 
-/* Reserves what giving `extra` bytes back to the connection window needs: held + window past
- * the allowance. `req` asks (budget.h); NULL forces it (bytes the session must give back, bounded
- * by the windows). Returns what pcr_budget_reserve does (1 when nothing more was needed). */
-static int reserve_for(h2_sess_t *s, size_t extra, const void *req)
+/* The reservation the session needs with `extra` more bytes of connection window given back:
+ * what it holds and what the client may still send, past the allowance. */
+static size_t reserve_need(const h2_sess_t *s, size_t extra)
 {
     size_t total = s->held + s->window + extra;
-    size_t need = total > PCR_BODY_ALLOWANCE ? total - PCR_BODY_ALLOWANCE : 0;
+    return total > PCR_BODY_ALLOWANCE ? total - PCR_BODY_ALLOWANCE : 0;
+}
+
+/* Reserves what giving `extra` bytes back to the connection window needs (reserve_need).
+ * `req` asks (budget.h); NULL forces it (bytes the session must give back, bounded by the
+ * windows). Returns what pcr_budget_reserve does (1 when nothing more was needed). */
+static int reserve_for(h2_sess_t *s, size_t extra, const void *req)
+{
+    size_t need = reserve_need(s, extra);
     if (need <= s->reserved)
         return 1;
     size_t n = need - s->reserved;
@@ -463,8 +470,7 @@ static void give_back(h2_sess_t *s, int32_t id, size_t sn, size_t cn)
 /* What the session reserved past what it needs goes back: its streams' bodies were freed. */
 static void reserved_trim(h2_sess_t *s)
 {
-    size_t total = s->held + s->window;
-    size_t need = total > PCR_BODY_ALLOWANCE ? total - PCR_BODY_ALLOWANCE : 0;
+    size_t need = reserve_need(s, 0);
     if (s->reserved > need) {
         pcr_budget_release(s->w, s->reserved - need);
         s->reserved = need;

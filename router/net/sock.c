@@ -43,10 +43,9 @@ struct evbuffer *pcr_sock_output(pcr_sock_t *s) { return s->ops->output(s); }
 void pcr_sock_flush(pcr_sock_t *s) { s->ops->flush(s); }
 void pcr_sock_flush_soon(pcr_sock_t *s) { s->ops->flush_soon(s); }
 
-size_t pcr_sock_pending(const pcr_sock_t *s)
-{
-    return evbuffer_get_length(s->ops->output((pcr_sock_t *)s));
-}
+size_t pcr_sock_pending(const pcr_sock_t *s) { return s->ops->pending(s); }
+
+void pcr_sock_idle(pcr_sock_t *s, int idle) { s->ops->idle(s, idle); }
 
 void pcr_sock_want_drain(pcr_sock_t *s, size_t low)
 {

@@ -114,6 +114,13 @@ void pcr_sock_flush(pcr_sock_t *s);
 void pcr_sock_flush_soon(pcr_sock_t *s);
 /* Output bytes not yet handed to the kernel. */
 size_t pcr_sock_pending(const pcr_sock_t *s);
+/* The owner waits for its peer's next request (1) or no longer (0). While idle, a plain
+ * socket frees both its buffers once they are empty, and makes them again when bytes arrive,
+ * before on_read; an idle keep-alive connection then holds none. The owner touches the
+ * buffers of an idle socket only from on_read: anywhere else they may have to be made again,
+ * and pcr_sock_input() and pcr_sock_output() return NULL if memory runs out then. TLS
+ * sockets keep theirs (bufferevent_openssl owns them). */
+void pcr_sock_idle(pcr_sock_t *s, int idle);
 /* Calls on_drain (from the event loop) once pending() <= low. */
 void pcr_sock_want_drain(pcr_sock_t *s, size_t low);
 /* While output is pending, a writer that makes no progress for `ms` ends the connection with
@@ -146,10 +153,12 @@ typedef struct {
     void (*read_stop)(pcr_sock_t *s);
     struct evbuffer *(*input)(pcr_sock_t *s);
     struct evbuffer *(*output)(pcr_sock_t *s);
+    size_t (*pending)(const pcr_sock_t *s);
     void (*flush)(pcr_sock_t *s);
     void (*flush_soon)(pcr_sock_t *s);
     void (*want_drain)(pcr_sock_t *s);
     void (*set_write_timeout)(pcr_sock_t *s);
+    void (*idle)(pcr_sock_t *s, int idle);
 } pcr_sock_ops_t;
 
 struct pcr_sock {

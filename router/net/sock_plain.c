@@ -44,6 +44,7 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 #include <sys/queue.h>
 #include <stddef.h>
 #include <liburing.h>
@@ -56,9 +57,12 @@
 
 typedef struct plain_s {
     pcr_sock_t base;
-    struct event *rev, *wev;
-    struct event *soon;        /* pcr_sock_flush_soon(): a write from the loop */
+    struct event rev, wev;     /* embedded: an idle connection makes no allocation for them */
+    struct event *soon;        /* pcr_sock_flush_soon() without batching: made on first use */
+    /* NULL while released: an idle socket (pcr_sock_idle) holds neither once both are empty;
+     * a read makes both again before it reports (bufs_make). */
     struct evbuffer *in, *out;
+    int idle;                  /* the owner waits for a request: buffers may go */
     int wev_added;
     int connecting;            /* connect in progress: the write event waits for it */
     int connect_err;           /* a connect that failed at once, reported from the loop */
@@ -73,6 +77,31 @@ typedef struct plain_s {
     int rnv;                   /* the vectors reserved for that read (< 1: none) */
     int rres, wres;            /* the batched read's and write's results */
 } plain_t;
+
+/* Output bytes waiting; none while the buffer is released. */
+static size_t out_len(const plain_t *p) { return p->out != NULL ? evbuffer_get_length(p->out) : 0; }
+
+/* Both buffers, made again after a release: 0, or -1 when memory ran out. */
+static int bufs_make(plain_t *p)
+{
+    if (p->in == NULL)
+        p->in = evbuffer_new();
+    if (p->out == NULL)
+        p->out = evbuffer_new();
+    return p->in != NULL && p->out != NULL ? 0 : -1;
+}
+
+/* An idle socket gives its buffers back once both are empty and no read or write of a batch
+ * counts on them: about 0.3 KB of every idle keep-alive connection. */
+static void bufs_release(plain_t *p)
+{
+    if (!p->idle || p->batched || p->rbatched || p->unreported || p->connecting ||
+        p->in == NULL || p->out == NULL || evbuffer_get_length(p->in) > 0 || out_len(p) > 0)
+        return;
+    evbuffer_free(p->in);
+    evbuffer_free(p->out);
+    p->in = p->out = NULL;
+}
 
 #define BATCH_RING 256
 typedef struct {
@@ -104,14 +133,14 @@ static void arm_write(plain_t *p, int restart)
         tv = pcr_ms_to_tv(ms);
         tvp = &tv;
     }
-    event_add(p->wev, tvp);
+    event_add(&p->wev, tvp);
     p->wev_added = 1;
 }
 
 static void disarm_write(plain_t *p)
 {
     if (p->wev_added) {
-        event_del(p->wev);
+        event_del(&p->wev);
         p->wev_added = 0;
     }
 }
@@ -121,7 +150,7 @@ static void end(plain_t *p, pcr_sock_end_t why)
     if (p->ended)
         return;
     p->ended = 1;
-    event_del(p->rev);
+    event_del(&p->rev);
     disarm_write(p);
     p->base.cbs->on_end(&p->base, why, p->base.arg);
 }
@@ -170,7 +199,7 @@ static void read_now(plain_t *p)
 {
     evutil_socket_t fd = p->base.fd;
     struct evbuffer_iovec v[2];
-    int nv = evbuffer_reserve_space(p->in, PCR_SOCK_READ_SIZE, v, 2);
+    int nv = bufs_make(p) == 0 ? evbuffer_reserve_space(p->in, PCR_SOCK_READ_SIZE, v, 2) : -1;
     if (nv < 1) {
         end(p, PCR_SOCK_ERROR);
         return;
@@ -209,13 +238,15 @@ static void write_done(plain_t *p, ssize_t n, int err)
         evbuffer_drain(p->out, (size_t)n);
     if (n < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
         p->write_err = err ? err : EIO;
-        event_active(p->wev, EV_WRITE, 0); /* reported from the loop */
+        event_active(&p->wev, EV_WRITE, 0); /* reported from the loop */
         return;
     }
-    if (evbuffer_get_length(p->out) > 0)
+    if (out_len(p) > 0) {
         arm_write(p, n > 0); /* the timeout restarts only when bytes left */
-    else
+    } else {
         disarm_write(p);
+        bufs_release(p);
+    }
 }
 
 /* The output's first WRITE_IOV chains, as vectors for one send; how many. */
@@ -227,7 +258,7 @@ static int out_vecs(plain_t *p, struct evbuffer_iovec v[WRITE_IOV])
 
 static void write_now(plain_t *p)
 {
-    if (evbuffer_get_length(p->out) == 0) {
+    if (out_len(p) == 0) {
         disarm_write(p);
         return;
     }
@@ -246,7 +277,7 @@ static void write_now(plain_t *p)
 static void write_some(plain_t *p)
 {
     batch_t *b = tls_batch;
-    if (b != NULL && evbuffer_get_length(p->out) > 0) {
+    if (b != NULL && out_len(p) > 0) {
         if (!p->batched) {
             TAILQ_INSERT_TAIL(&b->queue, p, batch_link);
             p->batched = 1;
@@ -275,7 +306,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
         p->connecting = 0;
         disarm_write(p);
         if (err == 0 && p->base.reading)
-            event_add(p->rev, NULL);
+            event_add(&p->rev, NULL);
         p->base.cbs->on_ready(&p->base, err, p->base.arg);
         return;
     }
@@ -283,7 +314,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
         end(p, PCR_SOCK_ERROR);
         return;
     }
-    if ((what & EV_TIMEOUT) && evbuffer_get_length(p->out) > 0) {
+    if ((what & EV_TIMEOUT) && out_len(p) > 0) {
         end(p, PCR_SOCK_WRITE_TIMEOUT);
         return;
     }
@@ -293,7 +324,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
         end(p, PCR_SOCK_ERROR);
         return;
     }
-    if (p->base.drain_wanted && evbuffer_get_length(p->out) <= p->base.drain_low) {
+    if (p->base.drain_wanted && out_len(p) <= p->base.drain_low) {
         p->base.drain_wanted = 0;
         p->base.cbs->on_drain(&p->base, p->base.arg);
     }
@@ -315,10 +346,8 @@ static void plain_free(pcr_sock_t *s)
         if (!p->ended && !p->write_err && !p->connecting)
             write_now(p); /* what the owner left in the output still goes, as unbatched */
     }
-    if (p->rev)
-        event_free(p->rev);
-    if (p->wev)
-        event_free(p->wev);
+    event_del(&p->rev);
+    event_del(&p->wev);
     if (p->soon)
         event_free(p->soon);
     if (p->in)
@@ -334,15 +363,38 @@ static void plain_read_start(pcr_sock_t *s)
 {
     plain_t *p = (plain_t *)s;
     if (!p->connecting && !p->ended) {
-        event_add(p->rev, NULL);
+        event_add(&p->rev, NULL);
         if (p->unreported)
-            event_active(p->rev, EV_READ, 0); /* bytes read while stopped: reported from the loop */
+            event_active(&p->rev, EV_READ, 0); /* bytes read while stopped: reported from the loop */
     }
 }
 
-static void plain_read_stop(pcr_sock_t *s) { event_del(((plain_t *)s)->rev); }
-static struct evbuffer *plain_input(pcr_sock_t *s) { return ((plain_t *)s)->in; }
-static struct evbuffer *plain_output(pcr_sock_t *s) { return ((plain_t *)s)->out; }
+static void plain_read_stop(pcr_sock_t *s) { event_del(&((plain_t *)s)->rev); }
+
+/* The buffers of a released socket are made again here only if its owner touches them between
+ * reads while idle, which it does not (pcr_sock_idle); NULL then when memory ran out. */
+static struct evbuffer *plain_input(pcr_sock_t *s)
+{
+    plain_t *p = (plain_t *)s;
+    (void)bufs_make(p);
+    return p->in;
+}
+
+static struct evbuffer *plain_output(pcr_sock_t *s)
+{
+    plain_t *p = (plain_t *)s;
+    (void)bufs_make(p);
+    return p->out;
+}
+
+static size_t plain_pending(const pcr_sock_t *s) { return out_len((const plain_t *)s); }
+
+static void plain_idle(pcr_sock_t *s, int idle)
+{
+    plain_t *p = (plain_t *)s;
+    p->idle = idle;
+    bufs_release(p);
+}
 
 static void plain_flush(pcr_sock_t *s)
 {
@@ -367,9 +419,11 @@ static void on_soon(evutil_socket_t fd, short what, void *arg)
 static void plain_flush_soon(pcr_sock_t *s)
 {
     plain_t *p = (plain_t *)s;
-    if (!p->connecting && !p->write_err && !p->ended && evbuffer_get_length(p->out) > 0) {
-        if (tls_batch != NULL)
-            write_some(p);
+    if (!p->connecting && !p->write_err && !p->ended && out_len(p) > 0) {
+        if (tls_batch == NULL && p->soon == NULL)
+            p->soon = event_new(event_get_base(&p->rev), -1, 0, on_soon, p);
+        if (tls_batch != NULL || p->soon == NULL)
+            write_some(p); /* batched; or out of memory for the event: written now */
         else
             event_active(p->soon, 0, 0);
     }
@@ -378,8 +432,8 @@ static void plain_flush_soon(pcr_sock_t *s)
 static void plain_want_drain(pcr_sock_t *s)
 {
     plain_t *p = (plain_t *)s;
-    if (!p->connecting && evbuffer_get_length(p->out) <= s->drain_low)
-        event_active(p->wev, 0, 0); /* already there: say so from the loop */
+    if (!p->connecting && out_len(p) <= s->drain_low)
+        event_active(&p->wev, 0, 0); /* already there: say so from the loop */
 }
 
 static void plain_set_write_timeout(pcr_sock_t *s)
@@ -390,8 +444,9 @@ static void plain_set_write_timeout(pcr_sock_t *s)
 }
 
 static const pcr_sock_ops_t plain_ops = {
-    plain_free, plain_read_start, plain_read_stop, plain_input,
-    plain_output, plain_flush, plain_flush_soon, plain_want_drain, plain_set_write_timeout,
+    plain_free,  plain_read_start, plain_read_stop,  plain_input,
+    plain_output, plain_pending,   plain_flush,      plain_flush_soon,
+    plain_want_drain, plain_set_write_timeout, plain_idle,
 };
 
 static plain_t *plain_make(struct event_base *base, int fd)
@@ -401,12 +456,9 @@ static plain_t *plain_make(struct event_base *base, int fd)
         return NULL;
     p->base.ops = &plain_ops;
     p->base.fd = fd;
-    p->rev = event_new(base, fd, EV_READ | EV_PERSIST, on_readable, p);
-    p->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, on_writable, p);
-    p->soon = event_new(base, -1, 0, on_soon, p);
-    p->in = evbuffer_new();
-    p->out = evbuffer_new();
-    if (p->rev == NULL || p->wev == NULL || p->soon == NULL || p->in == NULL || p->out == NULL) {
+    event_assign(&p->rev, base, fd, EV_READ | EV_PERSIST, on_readable, p);
+    event_assign(&p->wev, base, fd, EV_WRITE | EV_PERSIST, on_writable, p);
+    if (bufs_make(p) != 0) {
         p->base.fd = -1;
         plain_free(&p->base);
         return NULL;
@@ -443,11 +495,11 @@ pcr_sock_t *pcr_sock_connect(struct event_base *base, const struct sockaddr *sa,
     if (err != EINPROGRESS) {
         p->connect_err = err;
         /* Done (or failed) at once: still reported from the loop. */
-        event_active(p->wev, EV_WRITE, 0);
+        event_active(&p->wev, EV_WRITE, 0);
         return &p->base;
     }
     struct timeval tv = pcr_ms_to_tv(timeout_ms);
-    event_add(p->wev, &tv);
+    event_add(&p->wev, &tv);
     p->wev_added = 1;
     return &p->base;
 }
@@ -562,7 +614,7 @@ static unsigned prep_writes(batch_t *b, unsigned k, plain_t *chunk[], unsigned *
     while (k < BATCH_RING && (p = TAILQ_FIRST(&b->queue)) != NULL) {
         TAILQ_REMOVE(&b->queue, p, batch_link);
         p->batched = 0;
-        if (!can_write(p) || evbuffer_get_length(p->out) == 0)
+        if (!can_write(p) || out_len(p) == 0)
             continue;
         struct evbuffer_iovec *v = b->slot[k].v;
         int nv = out_vecs(p, v);
@@ -588,8 +640,8 @@ static unsigned prep_writes(batch_t *b, unsigned k, plain_t *chunk[], unsigned *
 /* A drain its owner waits for is reported from the loop. */
 static void drained(plain_t *q)
 {
-    if (!q->write_err && q->base.drain_wanted && evbuffer_get_length(q->out) <= q->base.drain_low)
-        event_active(q->wev, 0, 0);
+    if (!q->write_err && q->base.drain_wanted && out_len(q) <= q->base.drain_low)
+        event_active(&q->wev, 0, 0);
 }
 
 /* The results of the writes in `chunk`; a write the ring did not make goes with a call of its
@@ -657,7 +709,7 @@ static unsigned prep_reads(batch_t *b, unsigned k)
         p->slot = k;
         struct evbuffer_iovec *v = b->slot[k].v;
         struct msghdr *mh = &b->slot[k].mh;
-        p->rnv = evbuffer_reserve_space(p->in, PCR_SOCK_READ_SIZE, v, 2);
+        p->rnv = bufs_make(p) == 0 ? evbuffer_reserve_space(p->in, PCR_SOCK_READ_SIZE, v, 2) : -1;
         p->rres = NOT_RUN;
         TAILQ_INSERT_TAIL(&b->rdone, p, rlink);
         p->rbatched = 2;

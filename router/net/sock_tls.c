@@ -153,6 +153,13 @@ static void tls_read_stop(pcr_sock_t *s)
 
 static struct evbuffer *tls_input(pcr_sock_t *s) { return bufferevent_get_input(((tls_t *)s)->bev); }
 static struct evbuffer *tls_output(pcr_sock_t *s) { return bufferevent_get_output(((tls_t *)s)->bev); }
+
+static size_t tls_pending(const pcr_sock_t *s)
+{
+    return evbuffer_get_length(bufferevent_get_output(((const tls_t *)s)->bev));
+}
+
+static void tls_idle(pcr_sock_t *s, int idle) {}
 /* libevent's bufferevent_openssl adds its write event when output arrives and writes only once
  * epoll reports the socket writable: a loop turn later, and two epoll_ctl per response (add
  * EPOLLOUT, remove it). Flushing runs its write handler at once instead: the bytes the kernel
@@ -193,7 +200,7 @@ static void tls_set_write_timeout(pcr_sock_t *s)
 
 static const pcr_sock_ops_t tls_ops = {
     tls_free, tls_read_start, tls_read_stop, tls_input,
-    tls_output, tls_flush, tls_flush, tls_want_drain, tls_set_write_timeout,
+    tls_output, tls_pending, tls_flush, tls_flush, tls_want_drain, tls_set_write_timeout, tls_idle,
 };
 
 pcr_sock_t *pcr_sock_tls_new(struct event_base *base, int fd, SSL *ssl)

@@ -54,6 +54,7 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 #include <http_parser.h>
 
 #include "pcr/common.h"
@@ -78,17 +79,9 @@ typedef enum { H1_IDLE, H1_HEAD, H1_BODY, H1_BUSY, H1_LINGER } h1_state_t;
  * few reads. */
 #define BODY_GRANT (64 * 1024)
 
+/* What reading a request takes and an idle connection does not: made when bytes arrive
+ * (parse_input), freed with the head's buffers when the connection waits again (ps_free). */
 typedef struct {
-    pcr_session_t base;
-    pcr_worker_t *w;
-    pcr_sock_t *sock;
-    http_parser parser;
-    pcr_exchange_t *ex;            /* the request being parsed or answered */
-    struct event *advance;         /* deferred: the response ended or broke */
-    struct event *timer;           /* the deadline of `state` (h1_to) */
-    h1_state_t state;
-    pcr_budget_waiter_t budget;
-    size_t reserved;               /* body budget reserved for the current request */
     char *url;
     size_t url_len, url_cap;
     char *name, *value;            /* the header being parsed */
@@ -99,9 +92,31 @@ typedef struct {
     unsigned n_host, n_cl, n_te;
     int te_bad;
     int expect_continue;
+    pcr_fold_t fold;               /* obs-fold detection across reads */
+    /* Body bytes of the chunk being parsed that are moved, not copied, to the request once
+     * http_parser_execute returns (see on_body). */
+    const char *take_base;         /* the chunk */
+    struct {
+        size_t off, len;
+    } take[TAKE_MAX];
+    unsigned ntake;
+    int take_copy;                 /* this chunk's body bytes are copied, from here on */
+} h1_parse_t;
+
+typedef struct {
+    pcr_session_t base;
+    pcr_worker_t *w;
+    pcr_sock_t *sock;
+    http_parser parser;
+    pcr_exchange_t *ex;            /* the request being parsed or answered */
+    struct event advance;          /* deferred: the response ended or broke */
+    struct event timer;            /* the deadline of `state` (h1_to) */
+    h1_state_t state;
+    pcr_budget_waiter_t budget;
+    size_t reserved;               /* body budget reserved for the current request */
+    h1_parse_t *ps;                /* while reading: NULL while the connection is idle */
     int reject_status;             /* decided by a callback: 400, 413, 431 */
     const char *reject_why;
-    pcr_fold_t fold;               /* obs-fold detection across reads */
     /* The current request's and response's framing: properties of what is being answered, read
      * by the response ops in whatever state. */
     int keep_alive;                /* of the current request */
@@ -117,14 +132,6 @@ typedef struct {
     int draining;                  /* the worker drains: no further request */
     /* Reading stopped (pipelined bytes wait, or the body budget): in BODY or BUSY alike. */
     int read_paused;
-    /* Body bytes of the chunk being parsed that are moved, not copied, to the request once
-     * http_parser_execute returns (see on_body). */
-    const char *take_base;         /* the chunk */
-    struct {
-        size_t off, len;
-    } take[TAKE_MAX];
-    unsigned ntake;
-    int take_copy;                 /* this chunk's body bytes are copied, from here on */
 } h1_sess_t;
 
 static void h1_close(h1_sess_t *s);
@@ -258,7 +265,7 @@ static void op_send_end(pcr_exchange_t *ex)
     if (s->chunked && !s->head_only)
         evbuffer_add(pcr_sock_output(s->sock), "0\r\n\r\n", 5);
     pcr_sock_flush_soon(s->sock); /* written before on_advance runs: it was queued first */
-    event_active(s->advance, 0, 0);
+    event_active(&s->advance, 0, 0);
 }
 
 /* The last event of a stream the pod broke: an SSE client that ignores how the connection
@@ -280,7 +287,7 @@ static void op_send_abort(pcr_exchange_t *ex)
                             sse_error);
     s->closing = 1;
     pcr_sock_flush(s->sock);
-    event_active(s->advance, 0, 0);
+    event_active(&s->advance, 0, 0);
 }
 
 static size_t op_pending(pcr_exchange_t *ex) { return pcr_sock_pending(sess_of(ex)->sock); }
@@ -313,8 +320,8 @@ static int refuse(h1_sess_t *s, int status, const char *why)
 
 static int count_header_bytes(h1_sess_t *s, size_t n)
 {
-    s->header_bytes += n;
-    if (s->header_bytes > s->w->cfg->limits.max_header_bytes)
+    s->ps->header_bytes += n;
+    if (s->ps->header_bytes > s->w->cfg->limits.max_header_bytes)
         return refuse(s, 431, NULL);
     return 0;
 }
@@ -322,28 +329,28 @@ static int count_header_bytes(h1_sess_t *s, size_t n)
 static int name_is(const h1_sess_t *s, const char *want)
 {
     size_t n = strlen(want);
-    return s->name_len == n && strncasecmp(s->name, want, n) == 0;
+    return s->ps->name_len == n && strncasecmp(s->ps->name, want, n) == 0;
 }
 
 static int flush_header(h1_sess_t *s)
 {
-    if (s->name_len == 0)
+    if (s->ps->name_len == 0)
         return 0;
-    const char *v = s->value ? s->value : "";
-    size_t vlen = s->value_len;
+    const char *v = s->ps->value ? s->ps->value : "";
+    size_t vlen = s->ps->value_len;
     if (name_is(s, "host")) {
-        s->n_host++;
+        s->ps->n_host++;
     } else if (name_is(s, "content-length")) {
-        s->n_cl++;
+        s->ps->n_cl++;
     } else if (name_is(s, "transfer-encoding")) {
-        s->n_te++;
-        s->te_bad |= !pcr_http_te_is_chunked(v, vlen);
+        s->ps->n_te++;
+        s->ps->te_bad |= !pcr_http_te_is_chunked(v, vlen);
     } else if (name_is(s, "expect") && vlen == 12 && strncasecmp(v, "100-continue", 12) == 0) {
-        s->expect_continue = 1;
+        s->ps->expect_continue = 1;
     }
-    int rc = pcr_exchange_add_header(s->ex, s->name, s->name_len, v, vlen);
-    s->name_len = s->value_len = 0;
-    s->in_value = 0;
+    int rc = pcr_exchange_add_header(s->ex, s->ps->name, s->ps->name_len, v, vlen);
+    s->ps->name_len = s->ps->value_len = 0;
+    s->ps->in_value = 0;
     if (rc == PCR_ERR_TOO_LARGE)
         return refuse(s, 431, NULL);
     if (rc == PCR_ERR_INVAL)
@@ -360,12 +367,12 @@ static int on_message_begin(http_parser *p)
         return -1;
     pcr_exchange_set_client(s->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
                             &s->base.pod_busy);
-    s->url_len = s->name_len = s->value_len = s->header_bytes = 0;
-    s->in_value = s->expect_continue = s->reject_status = 0;
-    s->n_host = s->n_cl = s->n_te = 0;
-    s->te_bad = 0;
+    s->ps->url_len = s->ps->name_len = s->ps->value_len = s->ps->header_bytes = 0;
+    s->ps->in_value = s->ps->expect_continue = s->reject_status = 0;
+    s->ps->n_host = s->ps->n_cl = s->ps->n_te = 0;
+    s->ps->te_bad = 0;
     s->reject_why = NULL;
-    pcr_fold_reset(&s->fold);
+    pcr_fold_reset(&s->ps->fold);
     h1_to(s, H1_HEAD);
     return 0;
 }
@@ -375,7 +382,7 @@ static int on_url(http_parser *p, const char *at, size_t n)
     h1_sess_t *s = p->data;
     if (count_header_bytes(s, n) < 0)
         return -1;
-    return grow_append(s, &s->url, &s->url_len, &s->url_cap, at, n);
+    return grow_append(s, &s->ps->url, &s->ps->url_len, &s->ps->url_cap, at, n);
 }
 
 static int on_header_field(http_parser *p, const char *at, size_t n)
@@ -385,10 +392,10 @@ static int on_header_field(http_parser *p, const char *at, size_t n)
         return -1;
     if (s->state != H1_HEAD)
         return 0; /* past the head: a chunked body's trailer field, dropped, never merged */
-    if (s->in_value && flush_header(s) < 0)
+    if (s->ps->in_value && flush_header(s) < 0)
         return -1;
-    pcr_fold_field(&s->fold);
-    return grow_append(s, &s->name, &s->name_len, &s->name_cap, at, n);
+    pcr_fold_field(&s->ps->fold);
+    return grow_append(s, &s->ps->name, &s->ps->name_len, &s->ps->name_cap, at, n);
 }
 
 static int on_header_value(http_parser *p, const char *at, size_t n)
@@ -398,29 +405,31 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
         return -1;
     if (s->state != H1_HEAD)
         return 0; /* a trailer's value (on_header_field) */
-    if (pcr_fold_value(&s->fold, at, n) < 0)
+    if (pcr_fold_value(&s->ps->fold, at, n) < 0)
         return refuse(s, 400, "obsolete line folding (obs-fold) in a header field");
-    s->in_value = 1;
-    return grow_append(s, &s->value, &s->value_len, &s->value_cap, at, n);
+    s->ps->in_value = 1;
+    return grow_append(s, &s->ps->value, &s->ps->value_len, &s->ps->value_cap, at, n);
 }
 
-/* The head's buffers go while the connection waits for its next request: an idle keep-alive
- * connection holds none of them, and the next head takes new ones from malloc's per-thread
- * cache (three small blocks). */
-static void head_bufs_free(h1_sess_t *s)
+/* The head's buffers and the reading state go while the connection waits for its next
+ * request: an idle keep-alive connection holds none of them, and the next request takes new
+ * ones from malloc's per-thread cache. */
+static void ps_free(h1_sess_t *s)
 {
-    free(s->url);
-    free(s->name);
-    free(s->value);
-    s->url = s->name = s->value = NULL;
-    s->url_len = s->url_cap = s->name_len = s->name_cap = s->value_len = s->value_cap = 0;
+    if (s->ps == NULL)
+        return;
+    free(s->ps->url);
+    free(s->ps->name);
+    free(s->ps->value);
+    free(s->ps);
+    s->ps = NULL;
 }
 
 /* The request target: origin-form as is; absolute-form ("http://host/path") as its path. */
 static int set_target(h1_sess_t *s)
 {
-    const char *u = s->url ? s->url : "/";
-    size_t len = s->url ? s->url_len : 1;
+    const char *u = s->ps->url ? s->ps->url : "/";
+    size_t len = s->ps->url ? s->ps->url_len : 1;
     if (len > 0 && u[0] == '/')
         return pcr_exchange_set_path(s->ex, u, len);
     if (len == 1 && u[0] == '*')
@@ -447,17 +456,17 @@ static int on_headers_complete(http_parser *p)
     s->keep_alive = http_should_keep_alive(p);
     s->head_only = p->method == HTTP_HEAD;
     int http11 = p->http_major == 1 && p->http_minor >= 1;
-    if (http11 && s->n_host != 1)
-        return refuse(s, 400, s->n_host ? "more than one Host header" : "missing Host header");
-    if (s->n_te > 0 && (s->te_bad || s->n_te > 1))
+    if (http11 && s->ps->n_host != 1)
+        return refuse(s, 400, s->ps->n_host ? "more than one Host header" : "missing Host header");
+    if (s->ps->n_te > 0 && (s->ps->te_bad || s->ps->n_te > 1))
         return refuse(s, 400, "Transfer-Encoding must be exactly \"chunked\"");
-    if (s->n_te > 0 && s->n_cl > 0)
+    if (s->ps->n_te > 0 && s->ps->n_cl > 0)
         return refuse(s, 400, "Content-Length together with Transfer-Encoding");
-    if (s->n_cl > 1)
+    if (s->ps->n_cl > 1)
         return refuse(s, 400, "more than one Content-Length");
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->w->cfg->limits.max_body_bytes)
         return refuse(s, 413, NULL);
-    if (s->expect_continue) {
+    if (s->ps->expect_continue) {
         evbuffer_add(pcr_sock_output(s->sock), "HTTP/1.1 100 Continue\r\n\r\n", 25);
         pcr_sock_flush(s->sock);
     }
@@ -469,12 +478,12 @@ static int on_headers_complete(http_parser *p)
  * segments reach the body in the order they came. */
 static int take_as_copies(h1_sess_t *s)
 {
-    for (unsigned i = 0; i < s->ntake; i++)
-        if (evbuffer_add(pcr_exchange_body(s->ex), s->take_base + s->take[i].off,
-                         s->take[i].len) != 0)
+    for (unsigned i = 0; i < s->ps->ntake; i++)
+        if (evbuffer_add(pcr_exchange_body(s->ex), s->ps->take_base + s->ps->take[i].off,
+                         s->ps->take[i].len) != 0)
             return -1;
-    s->ntake = 0;
-    s->take_copy = 1;
+    s->ps->ntake = 0;
+    s->ps->take_copy = 1;
     return 0;
 }
 
@@ -488,11 +497,11 @@ static int on_body(http_parser *p, const char *at, size_t n)
         return -1;
     /* Moved after the parse (parse_input), or copied now; once one is to be moved, the ones
      * after it in this chunk are too, or all are copied, so the order holds. */
-    if (!s->take_copy && (s->ntake > 0 || n >= PCR_BODY_TAKE_MIN)) {
-        if (s->ntake < TAKE_MAX) {
-            s->take[s->ntake].off = (size_t)(at - s->take_base);
-            s->take[s->ntake].len = n;
-            s->ntake++;
+    if (!s->ps->take_copy && (s->ps->ntake > 0 || n >= PCR_BODY_TAKE_MIN)) {
+        if (s->ps->ntake < TAKE_MAX) {
+            s->ps->take[s->ps->ntake].off = (size_t)(at - s->ps->take_base);
+            s->ps->take[s->ps->ntake].len = n;
+            s->ps->ntake++;
             return 0;
         }
         if (take_as_copies(s) != 0)
@@ -507,12 +516,12 @@ static int consume(h1_sess_t *s, struct evbuffer *in, size_t n)
 {
     size_t at = 0;
     int rc = 0;
-    for (unsigned i = 0; i < s->ntake && rc == 0; i++) {
-        evbuffer_drain(in, s->take[i].off - at);
-        rc = pcr_exchange_take_body(s->ex, in, s->take[i].len);
-        at = s->take[i].off + s->take[i].len;
+    for (unsigned i = 0; i < s->ps->ntake && rc == 0; i++) {
+        evbuffer_drain(in, s->ps->take[i].off - at);
+        rc = pcr_exchange_take_body(s->ex, in, s->ps->take[i].len);
+        at = s->ps->take[i].off + s->ps->take[i].len;
     }
-    s->ntake = 0;
+    s->ps->ntake = 0;
     evbuffer_drain(in, rc == 0 ? n - at : evbuffer_get_length(in));
     return rc;
 }
@@ -582,18 +591,22 @@ static void parse_input(h1_sess_t *s)
     while (evbuffer_get_length(in) > 0) {
         if (s->ex != NULL && pcr_exchange_running(s->ex))
             break; /* answering; the next pipelined request waits its turn */
+        if (s->ps == NULL && (s->ps = calloc(1, sizeof(*s->ps))) == NULL) {
+            reject(s, 400, "out of memory while reading the request");
+            return;
+        }
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
-        pcr_fold_begin(&s->fold, v.iov_base, v.iov_len);
-        s->take_base = v.iov_base;
-        s->ntake = 0;
-        s->take_copy = 0;
+        pcr_fold_begin(&s->ps->fold, v.iov_base, v.iov_len);
+        s->ps->take_base = v.iov_base;
+        s->ps->ntake = 0;
+        s->ps->take_copy = 0;
         size_t n = http_parser_execute(&s->parser, &req_settings, v.iov_base, v.iov_len);
-        pcr_fold_end(&s->fold);
+        pcr_fold_end(&s->ps->fold);
         enum http_errno e = HTTP_PARSER_ERRNO(&s->parser);
         if (e != HPE_OK && e != HPE_PAUSED) {
-            s->ntake = 0; /* the request is refused: its body goes with the input, below */
+            s->ps->ntake = 0; /* the request is refused: its body goes with the input, below */
         } else if (consume(s, in, n) != 0) {
             reject(s, 400, "out of memory while reading the request body");
             return;
@@ -627,7 +640,7 @@ static void parse_input(h1_sess_t *s)
 static void arm(h1_sess_t *s, unsigned ms)
 {
     struct timeval tv = pcr_ms_to_tv(ms);
-    evtimer_add(s->timer, &tv);
+    evtimer_add(&s->timer, &tv);
 }
 
 static const char *const h1_state_name[] = {"IDLE", "HEAD", "BODY", "BUSY", "LINGER"};
@@ -656,12 +669,14 @@ static void h1_to(h1_sess_t *s, h1_state_t to)
         pcr_log_warn("client %s: invalid state transition of its HTTP/1.1 session: %s -> %s",
                      pcr_sock_peer(s->sock), h1_state_name[from], h1_state_name[to]);
     s->state = to;
+    if (from == H1_IDLE)
+        pcr_sock_idle(s->sock, 0);
     pcr_session_set_waiting(&s->base, to != H1_BUSY);
     switch (to) {
     case H1_IDLE: arm(s, t->client_idle_ms); break;
     case H1_HEAD: arm(s, t->request_header_ms); break;
     case H1_BODY: arm(s, t->client_idle_ms); break;
-    case H1_BUSY: event_del(s->timer); break;
+    case H1_BUSY: event_del(&s->timer); break;
     case H1_LINGER: arm(s, LINGER_MS); break;
     }
 }
@@ -829,7 +844,7 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
         return;
     }
     h1_to(s, H1_IDLE);
-    head_bufs_free(s);
+    ps_free(s);
     http_parser_pause(&s->parser, 0);
     if (s->read_paused) {
         s->read_paused = 0;
@@ -839,6 +854,8 @@ static void on_advance(evutil_socket_t fd, short what, void *arg)
     parse_input(s);
     if (!s->closing && s->ex != NULL)
         check_pause(s);
+    else if (s->state == H1_IDLE)
+        pcr_sock_idle(s->sock, 1); /* its buffers go once the answer is out */
 }
 
 static void h1_drain(pcr_session_t *base)
@@ -861,10 +878,10 @@ static void h1_close(h1_sess_t *s)
     s->ex = NULL;
     reserved_drop(s);
     pcr_budget_unwait(s->w, &s->budget);
-    event_free(s->advance);
-    event_free(s->timer);
+    event_del(&s->advance);
+    event_del(&s->timer);
     pcr_sock_free(s->sock);
-    head_bufs_free(s);
+    ps_free(s);
     pcr_session_unregister(&s->base);
     free(s);
 }
@@ -876,16 +893,8 @@ int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock)
         return PCR_ERR_NOMEM;
     s->w = w;
     s->sock = sock;
-    s->advance = event_new(w->base, -1, 0, on_advance, s);
-    s->timer = evtimer_new(w->base, on_timer, s);
-    if (s->advance == NULL || s->timer == NULL) {
-        if (s->advance)
-            event_free(s->advance);
-        if (s->timer)
-            event_free(s->timer);
-        free(s);
-        return PCR_ERR_NOMEM;
-    }
+    event_assign(&s->advance, w->base, -1, 0, on_advance, s);
+    evtimer_assign(&s->timer, w->base, on_timer, s);
     s->budget.resume = budget_resume;
     http_parser_init(&s->parser, HTTP_REQUEST);
     s->parser.data = s;

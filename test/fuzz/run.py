@@ -3,6 +3,7 @@
 
     test/fuzz/run.py BUILD SECONDS [TARGET...]
     FUZZ_RUNS=10000000 test/fuzz/run.py BUILD SECONDS [TARGET...]
+    FUZZ_TIMEOUT=60 ...   (seconds one input may take: 10 by default)
 
 Each target fuzz_NAME runs for SECONDS (with FUZZ_RUNS, until it has run that many inputs or
 SECONDS have passed, whichever comes first) (one after the other: the machine is shared) from the
@@ -44,7 +45,9 @@ def run_one(build, name, exe, seconds):
         os.makedirs(d, exist_ok=True)
     before = set(os.listdir(crashes))
     runs = int(os.environ.get("FUZZ_RUNS", "0") or 0)
-    cmd = [exe, f"-max_total_time={seconds}", "-print_final_stats=1", "-timeout=10",
+    # A machine busy with other work can stall one input past 10 s: FUZZ_TIMEOUT raises it.
+    timeout = int(os.environ.get("FUZZ_TIMEOUT", "10") or 10)
+    cmd = [exe, f"-max_total_time={seconds}", "-print_final_stats=1", f"-timeout={timeout}",
            "-rss_limit_mb=2048", f"-artifact_prefix={crashes}/"]
     if runs > 0:
         cmd.append(f"-runs={runs}")

@@ -36,6 +36,7 @@
 #include "config_addr.h"
 #include "config_err.h"
 #include "pcr/common.h"
+#include "pcr/connshare.h"
 #include "pcr/hold.h"
 
 /* A config file larger than this is a mistake (a log, a dump), not a config. */
@@ -271,6 +272,7 @@ static const field_t upstream_fields[] = {
     F_INT(pcr_upstream_conf_t, max_connections, FT_UINT, 1, 65535),
     F_INT(pcr_upstream_conf_t, retries, FT_UINT, 0, 16),
     F_OF(pcr_upstream_conf_t, request_usage, FT_BOOL, 0),
+    F_INT(pcr_upstream_conf_t, light_reserve_pct, FT_UINT, 0, PCR_LIGHT_RESERVE_PCT_MAX),
 };
 
 static const field_t health_fields[] = {
@@ -1117,7 +1119,8 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .upstream_keepalive_ms = 60000, .client_idle_ms = 120000, .drain_ms = 30000,
         .request_header_ms = 10000, .client_write_ms = 30000,
     };
-    cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1 };
+    cfg->upstream = (pcr_upstream_conf_t){ .max_connections = 256, .retries = 1,
+                                         .light_reserve_pct = PCR_LIGHT_RESERVE_PCT_DEFAULT };
     cfg->health = (pcr_health_conf_t){ .interval_ms = 2000, .timeout_ms = 1000, .fall = 2, .rise = 1 };
     cfg->scrape = (pcr_scrape_conf_t){ .interval_ms = 200, .timeout_ms = 1000,
                                        .models_interval_ms = 10000, .models_timeout_ms = 5000 };

@@ -187,6 +187,8 @@ typedef struct {
     int request_usage;             /* ask pods for usage on streams whose clients did not (and
                                       drop that usage event before the client sees it); default
                                       false */
+    unsigned light_reserve_pct;    /* of each pool's connections, kept for clients holding few
+                                      (pcr/connshare.h); default 10, 0: none */
 } pcr_upstream_conf_t;
 
 typedef struct {

@@ -77,6 +77,8 @@ typedef struct pcr_pool {
     TAILQ_HEAD(pcr_upreq_wait, pcr_upreq) waiters;
     unsigned nconns;                 /* open: connecting + idle + busy */
     unsigned nidle;
+    unsigned handing;                /* a connection on its way from its answer's end to the
+                                        next waiter (1 inside conn_to_pool): free to that one */
     unsigned max_connections;
     uint64_t sent_prefill;           /* uncached prefill sent, not yet at a first token: streams'
                                         and, until their estimate, unstreamed completions'

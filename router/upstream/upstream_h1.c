@@ -176,7 +176,9 @@ static void conn_to_pool(pcr_upconn_t *c)
     pcr_pool_t *pool = c->pool;
     c->req = NULL;
     c->reused = 1;
+    pool->handing = 1; /* `c` is free to whoever goes next */
     pcr_upreq_t *w = pcr_upq_next(pool);
+    pool->handing = 0;
     if (w != NULL && !w->resent) {
         pcr_upq_take(w);
         conn_assign(c, w);
@@ -468,6 +470,11 @@ static void h1_dispatch(pcr_upreq_t *r)
         /* The backend's prefill queue is full (and this one's own prefill is not too small
          * to matter), or what it counts on waits. */
         pcr_upq_add(r, 1);
+        return;
+    }
+    if (!pcr_upq_may_take(pool, r)) {
+        /* No connection free, or only the light clients' reserve and its client is heavy. */
+        pcr_upq_add(r, 0);
         return;
     }
     pcr_upconn_t *c = r->resent ? NULL : TAILQ_FIRST(&pool->idle);

@@ -27,6 +27,7 @@
 
 #include <event2/event.h>
 
+#include "pcr/connshare.h"
 #include "pcr/hold.h"
 #include "upstream_int.h"
 
@@ -115,6 +116,25 @@ static double rank_at(uint64_t now, uint64_t t_queued, uint64_t prefill)
  * connections from everyone else: a connection that frees goes to whoever holds fewest. */
 static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r->owner : 0; }
 
+/* The pool's connections carrying a request: the open ones but the idle ones and the one being
+ * handed to the next waiter. */
+static unsigned pool_busy(const pcr_pool_t *pool)
+{
+    unsigned busy = pool->nconns - pool->nidle;
+    return busy > pool->handing ? busy - pool->handing : 0;
+}
+
+/* Whether `r` may take a connection now (pcr/connshare.h): one is free and, when only the
+ * light clients' reserve is, its client holds fewer requests on pod connections than the
+ * reserve counts. A re-sent request had a connection: the reserve is not kept from it. */
+int pcr_upq_may_take(const pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    unsigned reserve = r->resent ? 0
+                                 : pcr_light_reserve(pool->max_connections,
+                                                     (*pool->cfg)->upstream.light_reserve_pct);
+    return pcr_light_may_take(owner_busy(r), pool_busy(pool), pool->max_connections, reserve);
+}
+
 /* `w`'s place in the order at `now` (pcr_hold_before). */
 static pcr_hold_key_t key_of(const pcr_upreq_t *w, uint64_t now)
 {
@@ -147,7 +167,8 @@ static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int budget)
             break; /* a lower band: the best is found */
         if ((held_only && !held) ||
             (budget && pcr_upreq_budgeted(w) && !pcr_upq_open(pool, w) &&
-             (held || !pcr_hold_small(w->prefill))))
+             (held || !pcr_hold_small(w->prefill))) ||
+            !pcr_upq_may_take(pool, w))
             continue;
         pcr_hold_key_t k = key_of(w, now);
         if (best == NULL || pcr_hold_before(&k, &bk)) {
@@ -288,12 +309,16 @@ void pcr_upq_take(pcr_upreq_t *r)
 
 /* Who waits and may go next, or NULL: with no budget, of the highest band's waiters whose
  * client has fewest requests on pod connections, the oldest; else the first by
- * pcr_hold_before among those the budget lets go (of the HOLD_SCAN first). */
+ * pcr_hold_before among those the budget lets go (of the HOLD_SCAN first). Either way one whose
+ * client may take a connection now (pcr_upq_may_take): when only the light clients' reserve is
+ * free, a heavy client's request waits for a connection past it. */
 static pcr_upreq_t *waiter_next(pcr_pool_t *pool)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters);
-    if (w == NULL || pcr_upq_budget(pool) == 0)
-        return oldest_fewest(pool);
+    if (w == NULL || pcr_upq_budget(pool) == 0) {
+        w = oldest_fewest(pool);
+        return w != NULL && pcr_upq_may_take(pool, w) ? w : NULL;
+    }
     return highest_rank(pool, 0, 1);
 }
 

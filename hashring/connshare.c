@@ -1,0 +1,19 @@
+/* hashring/connshare.c: the light clients' reserve of a pool's connections (pcr/connshare.h). */
+#include "pcr/connshare.h"
+
+unsigned pcr_light_reserve(unsigned max_connections, unsigned pct)
+{
+    if (pct > PCR_LIGHT_RESERVE_PCT_MAX)
+        pct = PCR_LIGHT_RESERVE_PCT_MAX;
+    return (unsigned)((unsigned long long)max_connections * pct / 100);
+}
+
+int pcr_light_may_take(unsigned client_busy, unsigned pool_busy, unsigned max_connections,
+                       unsigned reserve)
+{
+    if (pool_busy >= max_connections)
+        return 0;
+    if (max_connections - pool_busy > reserve)
+        return 1;
+    return client_busy < reserve;
+}

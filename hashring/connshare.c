@@ -8,12 +8,20 @@ unsigned pcr_light_reserve(unsigned max_connections, unsigned pct)
     return (unsigned)((unsigned long long)max_connections * pct / 100);
 }
 
+int pcr_light_needed(unsigned client_busy, unsigned pool_busy, unsigned max_connections,
+                     unsigned reserve)
+{
+    if (client_busy >= reserve)
+        return 0;
+    return pool_busy >= max_connections || max_connections - pool_busy <= reserve;
+}
+
 int pcr_light_may_take(unsigned client_busy, unsigned pool_busy, unsigned max_connections,
-                       unsigned reserve)
+                       unsigned reserve, int kept)
 {
     if (pool_busy >= max_connections)
         return 0;
-    if (max_connections - pool_busy > reserve)
+    if (!kept || max_connections - pool_busy > reserve)
         return 1;
     return client_busy < reserve;
 }

@@ -80,6 +80,8 @@ typedef struct pcr_pool {
     unsigned handing;                /* a connection on its way from its answer's end to the
                                         next waiter (1 inside conn_to_pool): free to that one */
     unsigned max_connections;
+    uint64_t light_needed_us;        /* when a light client last needed the reserve of light
+                                        clients (pcr/connshare.h), us; 0: never */
     uint64_t sent_prefill;           /* uncached prefill sent, not yet at a first token: streams'
                                         and, until their estimate, unstreamed completions'
                                         (this worker's; the backend's counts every worker's) */

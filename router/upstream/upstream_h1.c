@@ -472,8 +472,10 @@ static void h1_dispatch(pcr_upreq_t *r)
         pcr_upq_add(r, 1);
         return;
     }
+    pcr_upq_note_light(pool, r);
     if (!pcr_upq_may_take(pool, r)) {
-        /* No connection free, or only the light clients' reserve and its client is heavy. */
+        /* No connection free, or only the light clients' reserve, kept, and its client is
+         * heavy. */
         pcr_upq_add(r, 0);
         return;
     }

@@ -124,15 +124,30 @@ static unsigned pool_busy(const pcr_pool_t *pool)
     return busy > pool->handing ? busy - pool->handing : 0;
 }
 
+/* The light clients' reserve of this pool (pcr/connshare.h), as the owner's config says now. */
+static unsigned light_reserve(const pcr_pool_t *pool)
+{
+    return pcr_light_reserve(pool->max_connections, (*pool->cfg)->upstream.light_reserve_pct);
+}
+
 /* Whether `r` may take a connection now (pcr/connshare.h): one is free and, when only the
- * light clients' reserve is, its client holds fewer requests on pod connections than the
- * reserve counts. A re-sent request had a connection: the reserve is not kept from it. */
+ * light clients' reserve is and a light client needed it lately, its client is light. A
+ * re-sent request had a connection: the reserve is not kept from it. */
 int pcr_upq_may_take(const pcr_pool_t *pool, const pcr_upreq_t *r)
 {
-    unsigned reserve = r->resent ? 0
-                                 : pcr_light_reserve(pool->max_connections,
-                                                     (*pool->cfg)->upstream.light_reserve_pct);
-    return pcr_light_may_take(owner_busy(r), pool_busy(pool), pool->max_connections, reserve);
+    unsigned reserve = r->resent ? 0 : light_reserve(pool);
+    int kept = reserve > 0 && pool->light_needed_us != 0 &&
+               pcr_now_us() - pool->light_needed_us < (uint64_t)PCR_LIGHT_KEEP_MS * 1000;
+    return pcr_light_may_take(owner_busy(r), pool_busy(pool), pool->max_connections, reserve,
+                              kept);
+}
+
+void pcr_upq_note_light(pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    if (!r->resent &&
+        pcr_light_needed(owner_busy(r), pool_busy(pool), pool->max_connections,
+                         light_reserve(pool)))
+        pool->light_needed_us = pcr_now_us();
 }
 
 /* `w`'s place in the order at `now` (pcr_hold_before). */

@@ -82,6 +82,7 @@ typedef enum {
     FT_AUTH,        /* auth object: sets pcr_auth_conf_t's enabled, reads auth_fields */
     FT_KEYS,        /* the keys array of pcr_auth_conf_t */
     FT_TENANTS,     /* the tenants object of pcr_config_t: name -> tenant_fields */
+    FT_MEMORY,      /* "auto" (PCR_MEMORY_AUTO), 0, or bytes from `min` to `max`, into size_t */
 } field_type_t;
 
 enum { F_REQUIRED = 1, F_NONEMPTY = 2 };
@@ -253,6 +254,7 @@ static const field_t limits_fields[] = {
     F_INT(pcr_limits_conf_t, max_buffered_body_bytes, FT_SIZE, 1024, 1LL << 40),
     F_INT(pcr_limits_conf_t, max_response_buffer_bytes, FT_SIZE, 0, 1LL << 32),
     F_INT(pcr_limits_conf_t, max_buffered_response_bytes, FT_SIZE, 0, 1LL << 40),
+    F_INT(pcr_limits_conf_t, max_memory_bytes, FT_MEMORY, PCR_MEMORY_MIN, 1LL << 50),
 };
 
 /* Every network wait has a timeout (house rule 7): no timeout accepts 0 but drain_ms, where 0
@@ -471,6 +473,26 @@ static void read_integer(pcr_cfg_ctx_t *c, void *slot, const field_t *f, const j
         *(size_t *)slot = (size_t)x;
     else
         *(uint64_t *)slot = (uint64_t)x;
+}
+
+/* "auto", 0 (off), or a number of bytes in the field's range. */
+static void read_memory(pcr_cfg_ctx_t *c, void *slot, const field_t *f, const json_t *v)
+{
+    if (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0) {
+        *(size_t *)slot = PCR_MEMORY_AUTO;
+        return;
+    }
+    if (!json_is_integer(v)) {
+        pcr_cfg_err_type(c, "\"auto\" or an integer (bytes; 0: off)", v);
+        return;
+    }
+    long long x = json_integer_value(v);
+    if (x != 0 && (x < f->min || x > f->max)) {
+        pcr_cfg_err(c, "must be 0 (off), \"auto\", or between %lld and %lld bytes, got %lld",
+                    f->min, f->max, x);
+        return;
+    }
+    *(size_t *)slot = (size_t)x;
 }
 
 static void read_models(pcr_cfg_ctx_t *c, pcr_backend_conf_t *b, const json_t *v)
@@ -766,6 +788,9 @@ static void read_field(pcr_cfg_ctx_t *c, void *base, const field_t *f, const jso
     case FT_U64:
     case FT_INT:
         read_integer(c, slot, f, v);
+        break;
+    case FT_MEMORY:
+        read_memory(c, slot, f, v);
         break;
     case FT_HEADER_NAME:
         if ((s = get_text(c, v, 0)) == NULL)
@@ -1112,7 +1137,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .max_body_bytes = 33554432, .max_header_bytes = 16384, .max_concurrent_streams = 256,
         .max_client_connections = 10000, .max_buffered_body_bytes = (size_t)512 << 20,
         .max_response_buffer_bytes = (size_t)1 << 20,
-        .max_buffered_response_bytes = (size_t)256 << 20,
+        .max_buffered_response_bytes = (size_t)256 << 20, .max_memory_bytes = PCR_MEMORY_AUTO,
     };
     cfg->timeouts = (pcr_timeouts_conf_t){
         .connect_ms = 2000, .response_ms = 600000, .stream_idle_ms = 300000,

@@ -165,7 +165,18 @@ typedef struct {
     size_t max_response_buffer_bytes; /* a response held for a client slower than its pod, past
                                          the write watermark, default 1048576 (1 MiB); 0: none */
     size_t max_buffered_response_bytes; /* all of those at once, default 268435456 (256 MiB) */
+    size_t max_memory_bytes;       /* the memory pcrouter accounts for, against which the
+                                      overload actions start (router/overload.c); 0: off;
+                                      PCR_MEMORY_AUTO (default, "auto"): a share of the cgroup's
+                                      memory.max, off without one */
 } pcr_limits_conf_t;
+
+/* limits.max_memory_bytes "auto": PCR_MEMORY_AUTO_SHARE of the cgroup v2 memory.max the process
+ * runs under, read at start and at each reload; off (0) where none is set. */
+#define PCR_MEMORY_AUTO SIZE_MAX
+#define PCR_MEMORY_AUTO_SHARE 0.9
+/* The smallest limit other than 0: below it the idle process alone would pass the thresholds. */
+#define PCR_MEMORY_MIN ((size_t)1 << 20)
 
 typedef struct {
     unsigned connect_ms;           /* upstream connect, default 2000 */

@@ -1,7 +1,8 @@
 /* router/core/cpus.c: the CPUs `workers: 0` may use, from the affinity mask and the cgroup
- * quota (see cpus.h). It runs once at start, before any thread, so it reads files plainly. */
+ * quota, and the cgroup's memory limit for limits.max_memory_bytes "auto" (see cpus.h). It runs once at start, before any thread, so it reads files plainly. */
 #include "cpus.h"
 
+#include <errno.h>
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -203,6 +204,65 @@ void pcr_cpus_detect(pcr_cpus_t *out, const char *root, unsigned affinity)
             out->source = PCR_CPUS_CGROUP;
         }
     }
+}
+
+/* The memory.max in cgroup v2 folder `dir`, or 0 when it sets none ("max") or cannot be read
+ * as a plain number of bytes. */
+static uint64_t dir_memory_max(const char *dir)
+{
+    char path[2300], line[128];
+    snprintf(path, sizeof(path), "%s/memory.max", dir);
+    if (read_line(path, line, sizeof(line)) != 0 || line[0] < '0' || line[0] > '9')
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(line, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return 0;
+    return (uint64_t)v;
+}
+
+uint64_t pcr_cgroup_memory_max(const char *root, char *which, size_t wlen)
+{
+    if (wlen > 0)
+        which[0] = '\0';
+    char path[512], line[LINE_MAX_BYTES], cg[LINE_MAX_BYTES] = "";
+    snprintf(path, sizeof(path), "%s/proc/self/cgroup", root);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return 0;
+    while (cg[0] == '\0' && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "0::/", 4) == 0)
+            snprintf(cg, sizeof(cg), "%s", line + 3);
+    }
+    fclose(f);
+    char mnt[1024], mroot[1024];
+    if (cg[0] == '\0' || find_mount(root, 1, mnt, sizeof(mnt), mroot, sizeof(mroot)) != 0)
+        return 0;
+    char rel[1024];
+    size_t rl = strlen(mroot);
+    if (strcmp(mroot, "/") == 0)
+        snprintf(rel, sizeof(rel), "%s", cg);
+    else if (strncmp(cg, mroot, rl) == 0 && (cg[rl] == '/' || cg[rl] == '\0'))
+        snprintf(rel, sizeof(rel), "%s", cg + rl);
+    else
+        rel[0] = '\0'; /* a namespaced view: the mount is the process's own cgroup */
+    uint64_t best = 0;
+    for (;;) {
+        char dir[2200];
+        int n = snprintf(dir, sizeof(dir), "%s%s", mnt, strcmp(rel, "/") == 0 ? "" : rel);
+        uint64_t m = n > 0 && (size_t)n < sizeof(dir) ? dir_memory_max(dir) : 0;
+        if (m > 0 && (best == 0 || m < best)) {
+            best = m;
+            snprintf(which, wlen, "%s/memory.max", dir);
+        }
+        char *slash = strrchr(rel, '/');
+        if (slash == NULL || rel[0] == '\0')
+            break;
+        *slash = '\0';
+    }
+    return best;
 }
 
 const char *pcr_cpus_source_name(pcr_cpus_source_t s)

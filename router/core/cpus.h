@@ -11,6 +11,9 @@
 #ifndef PCR_ROUTER_CPUS_H
 #define PCR_ROUTER_CPUS_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 typedef enum {
     PCR_CPUS_AFFINITY = 0,  /* the affinity mask was the limit (or no quota was set) */
     PCR_CPUS_CGROUP,        /* the cgroup quota was smaller */
@@ -29,6 +32,12 @@ typedef struct {
  * affinity mask's CPU count, or 0 to ask the kernel. Never fails: what cannot be read is
  * treated as no limit. */
 void pcr_cpus_detect(pcr_cpus_t *out, const char *root, unsigned affinity);
+
+/* The tightest cgroup v2 memory.max (bytes) on the process's cgroup and its ancestors, found as
+ * the CPU quota is (same `root`), or 0 where none is set: no cgroup v2, "max", a file missing
+ * or holding anything but a number. `which` gets the file it came from ("" without one). Reads
+ * a few small files: for the start and reloads, not for an event loop's hot path. */
+uint64_t pcr_cgroup_memory_max(const char *root, char *which, size_t wlen);
 
 /* "affinity" or "cgroup_quota". */
 const char *pcr_cpus_source_name(pcr_cpus_source_t s);

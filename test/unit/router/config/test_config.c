@@ -78,6 +78,28 @@ static int count_lines(const char *s)
 
 /* ---------------------------------------------------------------------------------------- */
 
+/* limits.max_memory_bytes: "auto" (the default), 0 (off), or bytes. */
+static void test_max_memory_bytes(void)
+{
+    static const struct { const char *text; size_t want; } cases[] = {
+        {HEAD "'limits': {'max_memory_bytes': 'auto'}}", PCR_MEMORY_AUTO},
+        {HEAD "'limits': {'max_memory_bytes': 0}}", 0},
+        {HEAD "'limits': {'max_memory_bytes': 1048576}}", 1048576},
+        {HEAD "'limits': {'max_memory_bytes': 4294967296}}", (size_t)4 << 30},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *errors = NULL;
+        pcr_config_t *cfg = parse(cases[i].text, &errors);
+        PCR_CHECK(cfg != NULL);
+        if (errors != NULL)
+            printf("# %s", errors);
+        if (cfg != NULL)
+            PCR_CHECK(cfg->limits.max_memory_bytes == cases[i].want);
+        pcr_config_free(cfg);
+        free(errors);
+    }
+}
+
 static void test_example_configs_load(void)
 {
     char *errors = NULL;
@@ -232,6 +254,7 @@ static void test_defaults(void)
     PCR_CHECK_EQ_INT(cfg->limits.max_client_connections, 10000);
     PCR_CHECK_EQ_INT(cfg->limits.max_response_buffer_bytes, 1048576);
     PCR_CHECK_EQ_INT(cfg->limits.max_buffered_response_bytes, 268435456);
+    PCR_CHECK(cfg->limits.max_memory_bytes == PCR_MEMORY_AUTO);
     PCR_CHECK_EQ_INT(cfg->timeouts.connect_ms, 2000);
     PCR_CHECK_EQ_INT(cfg->timeouts.response_ms, 600000);
     PCR_CHECK_EQ_INT(cfg->timeouts.stream_idle_ms, 300000);
@@ -922,6 +945,18 @@ static void test_error_out_of_range(void)
                 "t.json:3:43: limits.max_buffered_response_bytes: must be >= "
                 "limits.max_response_buffer_bytes (1048576), got 1024 (set that to 0 to turn "
                 "response buffering off)");
+    CHECK_ERROR(HEAD "'limits': {'max_memory_bytes': 1000}}",
+                "t.json:3:32: limits.max_memory_bytes: must be 0 (off), \"auto\", or between "
+                "1048576 and 1125899906842624 bytes, got 1000");
+    CHECK_ERROR(HEAD "'limits': {'max_memory_bytes': -1}}",
+                "t.json:3:32: limits.max_memory_bytes: must be 0 (off), \"auto\", or between "
+                "1048576 and 1125899906842624 bytes, got -1");
+    CHECK_ERROR(HEAD "'limits': {'max_memory_bytes': 'lots'}}",
+                "t.json:3:32: limits.max_memory_bytes: expected \"auto\" or an integer (bytes; "
+                "0: off), got string \"lots\"");
+    CHECK_ERROR(HEAD "'limits': {'max_memory_bytes': 1.5e9}}",
+                "t.json:3:32: limits.max_memory_bytes: expected \"auto\" or an integer (bytes; "
+                "0: off), got number 1.5e+09");
     CHECK_ERROR(HEAD "'upstream': {'retries': 17}}",
                 "t.json:3:25: upstream.retries: must be between 0 and 16, got 17");
     CHECK_ERROR(HEAD "'health': {'fall': 0}}",
@@ -1036,6 +1071,7 @@ static void test_auth_and_tenants(void)
 int main(void)
 {
     PCR_RUN(test_example_configs_load);
+    PCR_RUN(test_max_memory_bytes);
     PCR_RUN(test_full_config_is_the_defaults);
     PCR_RUN(test_defaults);
     PCR_RUN(test_redis_section);

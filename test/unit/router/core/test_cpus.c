@@ -167,6 +167,40 @@ static void test_nonsense_and_missing_files(void)
     PCR_CHECK_EQ_INT(c.count, 4);
 }
 
+/* cgroup v2 memory.max, for limits.max_memory_bytes "auto": the tightest of the process's
+ * cgroup and its ancestors; "max", garbage, missing files and no cgroup v2 mean none. */
+static void test_memory_max(void)
+{
+    char which[512];
+    fresh();
+    PCR_CHECK_EQ_U64(pcr_cgroup_memory_max(root, which, sizeof(which)), 0); /* nothing */
+    PCR_CHECK_STR(which, "");
+    put("proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
+    put("proc/self/mountinfo", V2_MOUNT);
+    PCR_CHECK_EQ_U64(pcr_cgroup_memory_max(root, which, sizeof(which)), 0); /* no files */
+    put("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "max\n");
+    PCR_CHECK_EQ_U64(pcr_cgroup_memory_max(root, which, sizeof(which)), 0);
+    put("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "536870912\n");
+    PCR_CHECK_EQ_U64(pcr_cgroup_memory_max(root, which, sizeof(which)), 536870912);
+    PCR_CHECK(strstr(which, "kubepods/pod1/ctr/memory.max") != NULL);
+    put("sys/fs/cgroup/kubepods/pod1/memory.max", "268435456\n"); /* a tighter ancestor */
+    PCR_CHECK_EQ_U64(pcr_cgroup_memory_max(root, which, sizeof(which)), 268435456);
+    PCR_CHECK(strstr(which, "kubepods/pod1/memory.max") != NULL);
+    /* Hostile or odd contents count as no limit, never as a number they start with. */
+    static const char *const odd[] = {"", "garbage\n", "12abc\n", "-5\n", " 100\n",
+                                      "99999999999999999999999999\n", "0x1000\n"};
+    put("sys/fs/cgroup/kubepods/pod1/memory.max", "max\n");
+    for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+        put("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "%s", odd[i]);
+        PCR_CHECK_EQ_U64(pcr_cgroup_memory_max(root, which, sizeof(which)), 0);
+    }
+    /* cgroup v1 only: no v2 line in /proc/self/cgroup. */
+    fresh();
+    put("proc/self/cgroup", "4:memory:/kubepods/pod1\n");
+    put("proc/self/mountinfo", V1_MOUNT);
+    PCR_CHECK_EQ_U64(pcr_cgroup_memory_max(root, which, sizeof(which)), 0);
+}
+
 /* The real system: whatever it says, at least one CPU and never more than the mask. */
 static void test_real_system(void)
 {
@@ -186,6 +220,7 @@ int main(void)
     PCR_RUN(test_namespaced_mount_root);
     PCR_RUN(test_mount_root_prefix_cut);
     PCR_RUN(test_nonsense_and_missing_files);
+    PCR_RUN(test_memory_max);
     PCR_RUN(test_real_system);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);

@@ -27,13 +27,20 @@ int pcr_budget_trim(pcr_server_t *srv)
 
 int pcr_budget_ok(const pcr_worker_t *w)
 {
-    return PCR_LOAD(w->srv->body_reserved) < w->cfg->limits.max_buffered_body_bytes;
+    return PCR_LOAD(w->srv->body_reserved) < w->cfg->limits.max_buffered_body_bytes &&
+           !pcr_mem_action(w->srv, PCR_OVERLOAD_SHRINK_WINDOWS);
 }
 
 int pcr_budget_reserve(pcr_worker_t *w, const void *req, size_t n)
 {
     size_t max = w->cfg->limits.max_buffered_body_bytes;
     size_t cur = __atomic_load_n(&w->srv->body_reserved, __ATOMIC_RELAXED);
+    /* The memory account near its limit (pcr/overload.h): only the one request allowed past
+     * the budget may grow its body, so the clients' windows stay shut. */
+    if (n <= max && cur <= max - n && pcr_mem_action(w->srv, PCR_OVERLOAD_SHRINK_WINDOWS)) {
+        PCR_INC(w->metrics.overload_refusals[PCR_OVERLOAD_SHRINK_WINDOWS]);
+        max = 0;
+    }
     while (n <= max && cur <= max - n)
         if (__atomic_compare_exchange_n(&w->srv->body_reserved, &cur, cur + n, 1, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED))

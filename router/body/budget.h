@@ -38,7 +38,9 @@ void pcr_budget_tick(pcr_worker_t *w);
  * memory the allocator keeps in every worker's arena. Returns 1 when it trimmed. */
 int pcr_budget_trim(pcr_server_t *srv);
 
-/* Whether anything may be reserved: less than limits.max_buffered_body_bytes is. */
+/* Whether anything may be reserved: less than limits.max_buffered_body_bytes is, and the memory
+ * account's shrink_windows action (pcr/overload.h) is off; while it is on, only the request
+ * allowed past the budget gets more. */
 int pcr_budget_ok(const pcr_worker_t *w);
 /* Reserves `n` bytes for the body of request `req` (an exchange); 1 when reserved. Within the
  * budget any request may. Past it, one request at a time in the process still may (the first

@@ -34,6 +34,7 @@
 #include "config.h"
 #include "counters.h"
 #include "cpus.h"
+#include "memacct.h"
 #include "pcr/policy.h"
 
 typedef struct pcr_backend pcr_backend_t;
@@ -121,6 +122,13 @@ typedef struct pcr_server {
     /* Response bytes kept for clients slower than their pods, by all workers, against
      * limits.max_buffered_response_bytes (http/respond.c). */
     size_t resp_buffered;         /* atomic */
+    /* The memory account against limits.max_memory_bytes (memacct.h), added up by the control
+     * thread's tick (router/overload.c), and the overload actions it set off. */
+    uint64_t mem_limit;           /* atomic: the limit in force ("auto" resolved); 0: off */
+    uint64_t mem_parts[PCR_MEM__COUNT]; /* atomic: the account at the last tick, by part */
+    uint64_t mem_slow;            /* atomic: of it, the parts not read afresh at admission */
+    unsigned overload;            /* atomic: PCR_OVERLOAD_BIT of each action on */
+    const pcr_config_t *mem_cfg;  /* control thread: the config the limit was resolved for */
     pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
 
     /* Names, DNS discovery and reloads (control thread). */
@@ -165,7 +173,10 @@ struct pcr_worker {
     LIST_HEAD(, pcr_session) sessions;  /* every open client connection */
     TAILQ_HEAD(, pcr_session) waiting;  /* those waiting for their client, oldest first */
     size_t nsessions;             /* atomic: /metrics reads it */
+    uint64_t nconns[PCR_CONN__COUNT]; /* atomic: of them, by protocol (memacct.h) */
+    int accept_paused;            /* the overload's stop_accepting paused the public listeners */
     uint64_t inflight;            /* exchanges started and not finished (atomic reads) */
+    uint64_t nexchanges;          /* atomic: exchanges alive, those receiving included */
     int io_uring;                 /* its socket I/O batched through io_uring now (atomic) */
     TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;  /* budget.c */
     struct event *budget_event;
@@ -187,6 +198,15 @@ struct pcr_worker {
     const pcr_config_t *flow_cfg; /* the config the queue was tuned to */
     int (*flow_go)(struct pcr_exchange *ex);  /* sends a released request on (proxy.c) */
 };
+
+/* The overload actions on now (pcr/overload.h): the control thread's last account, with the
+ * request bodies and responses held read afresh, so an admission or a body's budget grant
+ * sees a flood without waiting for the tick (core/memacct.c). */
+unsigned pcr_mem_actions_now(const pcr_server_t *srv);
+static inline int pcr_mem_action(const pcr_server_t *srv, pcr_overload_action_t a)
+{
+    return (pcr_mem_actions_now(srv) & PCR_OVERLOAD_BIT(a)) != 0;
+}
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once
  * nothing is left. */

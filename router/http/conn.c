@@ -15,6 +15,10 @@
  * included; at the limit, the session that has waited longest for its client is closed to make
  * room (session.h), and only when every session has a request in flight is the new one refused.
  *
+ * Under memory pressure (the overload action stop_accepting, pcr/overload.h) the public
+ * listeners stop accepting until it ends: new connections wait in the kernel's backlog, and
+ * those past it are refused by the kernel. The admin listener goes on accepting.
+ *
  * The admin listener (admin.address) is one more listener of the same plan, after those of
  * `listen`: every worker accepts on it, so /metrics is answered by a loop that sees the
  * workers' counters as any public request would, a reload keeps or moves it like the others,
@@ -156,7 +160,8 @@ static void start_handshake(struct pcr_listener *lst, int fd)
         free(hs);
         return;
     }
-    pcr_session_register(w, &hs->base, &hs_ops);
+    pcr_session_register(w, &hs->base, &hs_ops,
+                         lst->ssl_ctx != NULL ? PCR_CONN_H1_TLS : PCR_CONN_H1);
     pcr_session_set_waiting(&hs->base, 1);
     PCR_INC(w->metrics.client_connections_total);
     unsigned ms = w->cfg->timeouts.request_header_ms;
@@ -195,11 +200,29 @@ static void spare_take(pcr_worker_t *w)
         w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
+void pcr_listeners_pause(pcr_worker_t *w, int pause)
+{
+    if (w->accept_paused == pause)
+        return;
+    w->accept_paused = pause;
+    if (pause)
+        PCR_INC(w->metrics.accept_pauses);
+    for (size_t i = 0; i < w->nlisteners; i++) {
+        struct pcr_listener *lst = &w->listeners[i];
+        if (lst->admin || lst->ev == NULL)
+            continue;
+        if (pause)
+            event_del(lst->ev);
+        else if (!w->draining && !evtimer_pending(lst->backoff, NULL))
+            event_add(lst->ev, NULL); /* a back-off that runs re-adds it itself */
+    }
+}
+
 static void on_backoff(evutil_socket_t fd, short what, void *arg)
 {
     struct pcr_listener *lst = arg;
     spare_take(lst->w);
-    if (lst->w->draining || lst->fd < 0)
+    if (lst->w->draining || lst->fd < 0 || (lst->w->accept_paused && !lst->admin))
         return;
     pcr_log_info("listen %s: accepting again after %u ms (%llu connection(s) refused meanwhile)",
                  lst->conf->address, lst->backoff_ms, (unsigned long long)lst->refused);
@@ -235,6 +258,11 @@ static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
 {
     struct pcr_listener *lst = arg;
     pcr_worker_t *w = lst->w;
+    /* The memory account past stop_accepting: connections wait in the kernel's backlog. */
+    if (!lst->admin && pcr_mem_action(w->srv, PCR_OVERLOAD_STOP_ACCEPTING)) {
+        pcr_listeners_pause(w, 1);
+        return;
+    }
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -474,7 +502,7 @@ int pcr_listeners_adopt(pcr_worker_t *w, pcr_listen_plan_t *plan, const pcr_conf
             continue;
         event_assign(lst->ev, w->base, lst->fd, EV_READ | EV_PERSIST, on_acceptable, lst);
         event_assign(lst->backoff, w->base, -1, 0, on_backoff, lst);
-        if (!w->draining)
+        if (!w->draining && !(w->accept_paused && !lst->admin))
             event_add(lst->ev, NULL);
     }
     return rc;

@@ -40,6 +40,9 @@
  * exchange is one of them, cleared. Up to SPARE_MAX, as many as a few HTTP/2 clients keep in
  * flight (at most about 0.5 MiB per worker). */
 #define SPARE_MAX 128
+/* A request refused for memory may come back in a second: the account is looked at every
+ * outlier.probe_ms, and an upload flood that ends frees its bodies at once. */
+#define OVERLOAD_RETRY_AFTER "1"
 
 static __thread pcr_spare_t spare;
 
@@ -100,6 +103,7 @@ pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops,
     ex->sess = sess;
     ex->proto = proto;
     ex->state = EX_RECEIVING;
+    PCR_STORE(w->nexchanges, w->nexchanges + 1);
     if (ex->body == NULL)
         ex->body = evbuffer_new();
     if (ex->body == NULL) {
@@ -457,6 +461,29 @@ void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, c
     va_end(ap);
 }
 
+int pcr_exchange_overloaded(pcr_exchange_t *ex)
+{
+    if (ex->admin || !pcr_mem_action(ex->w->srv, PCR_OVERLOAD_REFUSE_REQUESTS))
+        return 0;
+    const pcr_route_t *rt = route_find(ex);
+    return rt == NULL || !rt->own;
+}
+
+void pcr_exchange_overload_refused(pcr_exchange_t *ex)
+{
+    const pcr_server_t *srv = ex->w->srv;
+    PCR_INC(ex->w->metrics.overload_refusals[PCR_OVERLOAD_REFUSE_REQUESTS]);
+    uint64_t now = PCR_LOAD(srv->mem_slow) + PCR_LOAD(srv->body_buffered) +
+                   PCR_LOAD(srv->resp_buffered);
+    pcr_hdr_t h[1] = {{"retry-after", 11, OVERLOAD_RETRY_AFTER, sizeof(OVERLOAD_RETRY_AFTER) - 1}};
+    pcr_exchange_error_with(ex, 503, "server_overloaded", "memory_pressure", h, 1,
+                            "pcrouter is refusing new requests: the memory it accounts for, "
+                            "%llu bytes, is past %u%% of limits.max_memory_bytes (%llu bytes); "
+                            "retry later", (unsigned long long)now,
+                            pcr_overload_threshold(PCR_OVERLOAD_REFUSE_REQUESTS) / 10,
+                            (unsigned long long)PCR_LOAD(srv->mem_limit));
+}
+
 static int path_is(const char *path, const char *want)
 {
     size_t n = strlen(want);
@@ -557,6 +584,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     }
     if (ex->state != EX_RECEIVING)
         PCR_STORE(w->inflight, w->inflight - 1);
+    PCR_STORE(w->nexchanges, w->nexchanges - 1);
     pcr_exchange_kept_release(ex);
     pcr_budget_forget(w, ex);
     if (ex->body_counted)

@@ -89,6 +89,14 @@ void pcr_exchange_error(pcr_exchange_t *ex, int status, const char *type, const 
  * counted in pcrouter_request_body_budget_refusals_total. */
 void pcr_exchange_budget_refused(pcr_exchange_t *ex);
 
+/* Whether a new request is to be refused for memory (the overload action refuse_requests,
+ * pcr/overload.h): 1 while it is on, for every request but the router's own endpoints
+ * (/metrics, /health and the admin listener's), which stay answered. Needs the method and path. */
+int pcr_exchange_overloaded(pcr_exchange_t *ex);
+/* Refuses such a request: 503 server_overloaded / memory_pressure with Retry-After, counted in
+ * pcrouter_overload_refusals_total{action="refuse_requests"}. */
+void pcr_exchange_overload_refused(pcr_exchange_t *ex);
+
 /* Answers with a complete body. */
 void pcr_exchange_reply(pcr_exchange_t *ex, int status, const char *content_type,
                         const char *body, size_t len, const pcr_hdr_t *extra, size_t nextra);

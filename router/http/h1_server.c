@@ -115,7 +115,8 @@ typedef struct {
     pcr_budget_waiter_t budget;
     size_t reserved;               /* body budget reserved for the current request */
     h1_parse_t *ps;                /* while reading: NULL while the connection is idle */
-    int reject_status;             /* decided by a callback: 400, 413, 431 */
+    int reject_status;             /* decided by a callback: 400, 413, 431, 503 */
+    int overloaded;                /* the 503 is the memory account's (refuse_requests) */
     const char *reject_why;
     /* The current request's and response's framing: properties of what is being answered, read
      * by the response ops in whatever state. */
@@ -466,6 +467,11 @@ static int on_headers_complete(http_parser *p)
         return refuse(s, 400, "more than one Content-Length");
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > s->w->cfg->limits.max_body_bytes)
         return refuse(s, 413, NULL);
+    /* Refused before its body is read: the memory it would take is what is short. */
+    if (pcr_exchange_overloaded(s->ex)) {
+        s->overloaded = 1;
+        return refuse(s, 503, NULL);
+    }
     if (s->ps->expect_continue) {
         evbuffer_add(pcr_sock_output(s->sock), "HTTP/1.1 100 Continue\r\n\r\n", 25);
         pcr_sock_flush(s->sock);
@@ -571,7 +577,10 @@ static void reject(h1_sess_t *s, int status, const char *detail)
                            w->cfg->limits.max_header_bytes);
         break;
     case 503:
-        pcr_exchange_budget_refused(s->ex);
+        if (s->overloaded)
+            pcr_exchange_overload_refused(s->ex);
+        else
+            pcr_exchange_budget_refused(s->ex);
         break;
     case 408:
         PCR_INC(w->metrics.request_timeouts);
@@ -620,7 +629,7 @@ static void parse_input(h1_sess_t *s)
         }
         if (e != HPE_OK) {
             evbuffer_drain(in, evbuffer_get_length(in));
-            if (s->reject_status == 413 || s->reject_status == 431)
+            if (s->reject_status == 413 || s->reject_status == 431 || s->reject_status == 503)
                 reject(s, s->reject_status, NULL);
             else if (s->reject_status != 0)
                 reject(s, 400, s->reject_why ? s->reject_why : "invalid request");
@@ -898,7 +907,8 @@ int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     s->budget.resume = budget_resume;
     http_parser_init(&s->parser, HTTP_REQUEST);
     s->parser.data = s;
-    pcr_session_register(w, &s->base, &h1_session_ops);
+    pcr_session_register(w, &s->base, &h1_session_ops,
+                         pcr_sock_is_tls(sock) ? PCR_CONN_H1_TLS : PCR_CONN_H1);
     pcr_sock_set_cbs(sock, &h1_sock_cbs, s);
     pcr_sock_set_write_timeout(sock, w->cfg->timeouts.client_write_ms);
     s->state = H1_BUSY; /* entering IDLE arms its deadline and puts it on the waiting list */

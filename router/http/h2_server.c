@@ -91,7 +91,8 @@ typedef struct h2_stream {
     uint64_t t_progress;           /* last response byte taken by nghttp2 (or output began) */
     int headers_done;
     int req_done;                  /* END_STREAM from the client */
-    int reject_status;             /* 413 / 431 decided while receiving */
+    int reject_status;             /* 413 / 431 decided while receiving; 503: refused for
+                                      memory at its HEADERS (refuse_requests) */
     int rejected;                  /* the error response went out */
     int eof;                       /* the exchange sent its end */
     int deferred;                  /* the data source returned NGHTTP2_ERR_DEFERRED */
@@ -622,7 +623,9 @@ static void reject(h2_stream_t *st)
 {
     h2_sess_t *s = st->sess;
     st->rejected = 1;
-    if (st->reject_status == 413)
+    if (st->reject_status == 503)
+        pcr_exchange_overload_refused(st->ex);
+    else if (st->reject_status == 413)
         pcr_exchange_error(st->ex, 413, "invalid_request_error", "body_too_large",
                            "request body is larger than limits.max_body_bytes (%zu bytes)",
                            s->w->cfg->limits.max_body_bytes);
@@ -672,6 +675,9 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
     if (frame->hd.type == NGHTTP2_HEADERS) {
         st->t_recv = pcr_now_us();
         st->headers_done = 1;
+        /* A new stream while memory is short: refused before its body is taken. */
+        if (!st->reject_status && pcr_exchange_overloaded(st->ex))
+            st->reject_status = 503;
     }
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
         st->req_done = 1;
@@ -1141,7 +1147,8 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)w->cfg->limits.max_header_bytes},
     };
     nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));
-    pcr_session_register(w, &s->base, &h2_session_ops);
+    pcr_session_register(w, &s->base, &h2_session_ops,
+                         pcr_sock_is_tls(sock) ? PCR_CONN_H2_TLS : PCR_CONN_H2);
     pcr_session_set_waiting(&s->base, 1);
     pcr_sock_set_cbs(sock, &h2_sock_cbs, s);
     pcr_sock_set_write_timeout(sock, w->cfg->timeouts.client_write_ms);

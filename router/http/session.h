@@ -30,13 +30,15 @@ struct pcr_session {
     LIST_ENTRY(pcr_session) link;
     TAILQ_ENTRY(pcr_session) wait_link;
     int waiting;                   /* on w->waiting */
+    pcr_conn_kind_t kind;          /* its protocol, for the memory account (memacct.h) */
     unsigned pod_busy;             /* its requests on pod connections now: the fewer, the
                                     * sooner its next one gets a free one (upstream_queue.c) */
 };
 
 /* The worker's lists (sessions.c): a session joins at accept and leaves when it closes (which
- * may end a draining worker's loop). */
-void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops);
+ * may end a draining worker's loop). Its `kind` is counted in the worker's nconns. */
+void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops,
+                          pcr_conn_kind_t kind);
 void pcr_session_unregister(pcr_session_t *s);
 /* Moves the session onto (1) or off (0) the waiting list; going on puts it last (youngest). */
 void pcr_session_set_waiting(pcr_session_t *s, int waiting);
@@ -55,6 +57,9 @@ pcr_listen_plan_t *pcr_listen_plan_new(pcr_server_t *srv, const pcr_config_t *cf
 void pcr_listen_plan_free(pcr_listen_plan_t *plan);  /* sockets no worker took, TLS contexts */
 int pcr_listeners_adopt(pcr_worker_t *w, pcr_listen_plan_t *plan, const pcr_config_t *cfg);
 void pcr_listeners_stop(pcr_worker_t *w);      /* stop accepting */
+/* Pauses (1) or resumes (0) accepting on the public listeners, for the overload action
+ * stop_accepting; the admin listener is left accepting. */
+void pcr_listeners_pause(pcr_worker_t *w, int pause);
 void pcr_listeners_free(pcr_worker_t *w);
 
 #endif

@@ -4,11 +4,14 @@
  * and leaves when it closes, whichever protocol it speaks. */
 #include "session.h"
 
-void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops)
+void pcr_session_register(pcr_worker_t *w, pcr_session_t *s, const pcr_session_ops_t *ops,
+                          pcr_conn_kind_t kind)
 {
     s->w = w;
     s->ops = ops;
     s->waiting = 0;
+    s->kind = kind;
+    PCR_STORE(w->nconns[kind], w->nconns[kind] + 1);
     LIST_INSERT_HEAD(&w->sessions, s, link);
     PCR_STORE(w->nsessions, w->nsessions + 1);
 }
@@ -28,6 +31,7 @@ void pcr_session_unregister(pcr_session_t *s)
 {
     pcr_session_set_waiting(s, 0);
     LIST_REMOVE(s, link);
+    PCR_STORE(s->w->nconns[s->kind], s->w->nconns[s->kind] - 1);
     PCR_STORE(s->w->nsessions, s->w->nsessions - 1);
     pcr_worker_check_drained(s->w);
 }

@@ -112,6 +112,7 @@ static void cache_put(pcr_exchange_t *ex, const pcr_key_t *text)
     memcpy(chains, ex->key.tblocks, ex->key.ntblocks * sizeof(uint64_t));
     free(s->chains);
     c->bytes = c->bytes - old + add;
+    PCR_STORE(ex->w->metrics.tokcache_bytes, c->bytes + c->n * sizeof(*c->slots));
     *s = (tokslot_t){text->blocks[text->nblocks - 1], check, ex->key.prompt_tokens, chains,
                      ex->key.ntblocks};
 }

@@ -248,6 +248,40 @@ static const char *const phase_names[PCR_PHASE__COUNT] = {"parse", "hash", "matc
                                                               "total"};
 
 /* Precise mode: the subscriber's counters (0 while it never ran) and the tokenizations. */
+/* The memory account against limits.max_memory_bytes and its overload actions (memacct.h). */
+static void render_memory(const pcr_server_t *srv, struct evbuffer *out)
+{
+    HEADER(out, "pcrouter_memory_accounted_bytes", "gauge",
+           "Memory pcrouter accounts for, by part, at the control thread's last tick.");
+    for (int i = 0; i < PCR_MEM__COUNT; i++)
+        evbuffer_add_printf(out, "pcrouter_memory_accounted_bytes{part=\"%s\"} %llu\n",
+                            pcr_mem_part_names[i], (unsigned long long)PCR_LOAD(srv->mem_parts[i]));
+    HEADER(out, "pcrouter_memory_limit_bytes", "gauge",
+           "limits.max_memory_bytes in force (\"auto\" resolved); 0: no limit.");
+    evbuffer_add_printf(out, "pcrouter_memory_limit_bytes %llu\n",
+                        (unsigned long long)PCR_LOAD(srv->mem_limit));
+    unsigned on = PCR_LOAD(srv->overload);
+    HEADER(out, "pcrouter_overload_action_active", "gauge",
+           "1 while the overload action is on (the memory account past its threshold).");
+    for (int a = 0; a < PCR_OVERLOAD__COUNT; a++)
+        evbuffer_add_printf(out, "pcrouter_overload_action_active{action=\"%s\"} %d\n",
+                            pcr_overload_action_name((pcr_overload_action_t)a),
+                            (on & PCR_OVERLOAD_BIT(a)) != 0);
+    HEADER(out, "pcrouter_overload_refusals_total", "counter",
+           "What the overload actions refused: body budget grants (shrink_windows), requests "
+           "answered 503 (refuse_requests).");
+    for (int a = 0; a < PCR_OVERLOAD_STOP_ACCEPTING; a++) {
+        uint64_t v = sum_at(srv, offsetof(pcr_metrics_t, overload_refusals) +
+                                     (size_t)a * sizeof(uint64_t));
+        evbuffer_add_printf(out, "pcrouter_overload_refusals_total{action=\"%s\"} %llu\n",
+                            pcr_overload_action_name((pcr_overload_action_t)a),
+                            (unsigned long long)v);
+    }
+    counter(out, "pcrouter_overload_accept_pauses_total",
+            "Times a worker's public listeners stopped accepting for the overload action "
+            "stop_accepting.", SUM(srv, accept_pauses));
+}
+
 static void render_precise(pcr_worker_t *w, struct evbuffer *out)
 {
     const pcr_server_t *srv = w->srv;
@@ -508,6 +542,7 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
            "allowances, against limits.max_buffered_body_bytes.");
     evbuffer_add_printf(out, "pcrouter_request_body_reserved_bytes %llu\n",
                         (unsigned long long)PCR_LOAD(((pcr_server_t *)srv)->body_reserved));
+    render_memory(srv, out);
     HEADER(out, "pcrouter_config_reloads_total", "counter",
            "Config reloads (SIGHUP) by result: ok, or error (the previous config kept running).");
     evbuffer_add_printf(out, "pcrouter_config_reloads_total{result=\"ok\"} %llu\n"

@@ -1,0 +1,260 @@
+"""limits.max_memory_bytes: the memory pcrouter accounts for (request bodies, responses kept for
+slow clients, the index, requests in flight, connections, the tokenize cache) against a limit,
+with actions at 80% (no body budget past the one-request reserve), 90% (new requests and h2
+streams answered 503 server_overloaded / memory_pressure with Retry-After) and 95% (the public
+listeners stop accepting), each ending 5 points below where it starts.
+
+An upload held open (a client that sends part of a body of known length and waits) pushes the
+account over each threshold in turn; the requests already admitted still complete 200, a
+connection opened while accepting is paused is answered only once the load leaves, and the
+admin listener's /metrics is served throughout. Without the feature the key is unknown and the
+router does not start; without the actions the 503s, the pause and the gauges are missing."""
+import json
+import signal
+import socket
+import time
+
+from attack import router_env
+from attack_h2 import upload_body
+from conftest import (H2Client, completion, curl, http_request, make_config, metric, wait_for)
+
+MiB = 1 << 20
+KiB = 1 << 10
+LIMIT = 8 * MiB
+ACTIONS = ("shrink_windows", "refuse_requests", "stop_accepting")
+
+
+def admin_metrics(r):
+    resp = curl("http://127.0.0.1:%d/metrics" % r.ports[-1], timeout=10)
+    assert resp.status == 200, resp
+    return resp.body.decode()
+
+
+def active(r):
+    m = admin_metrics(r)
+    return {a: metric(m, "pcrouter_overload_action_active", action=a) for a in ACTIONS}
+
+
+def accounted(m):
+    return int(sum(v for n, v in parts(m).items()))
+
+
+def parts(m):
+    names = ("request_bodies", "responses", "index", "tokenize_cache", "requests", "connections")
+    return {p: metric(m, "pcrouter_memory_accounted_bytes", part=p) for p in names}
+
+
+def start(stub_factory, router_factory, limit=LIMIT, **extra):
+    stub = stub_factory("pod-a")
+    cfg = make_config([stub], admin={"address": "127.0.0.1:0"},
+                      limits={"max_memory_bytes": limit},
+                      # The account is added up on this tick: short, so the test is quick.
+                      outlier={"probe_ms": 20},
+                      health={"timeout_ms": 5000, "fall": 10}, **extra)
+    r = router_factory(cfg, env=router_env())
+    wait_for(lambda: stub.stats()["requests"].get("/health"), 15, what="a health check")
+    return stub, r
+
+
+class Upload:
+    """An HTTP/1.1 POST of a body of known length, sent a piece at a time on demand."""
+
+    def __init__(self, port, size):
+        self.body = upload_body(size)
+        self.sent = 0
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                          % len(self.body))
+
+    def send(self, n):
+        n = int(min(n, len(self.body) - self.sent))
+        self.sock.sendall(self.body[self.sent:self.sent + n])
+        self.sent += n
+
+    def finish(self):
+        """Sends the rest; returns the response's status and body."""
+        self.send(len(self.body))
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = self.sock.recv(65536)
+            assert chunk, "closed before a response: %r" % buf[:200]
+            buf += chunk
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                length = int(v)
+        while len(rest) < length:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        self.sock.close()
+        return int(head.split(b" ", 2)[1]), rest
+
+
+def push_to(r, up, fraction, others=()):
+    """Sends the upload's body until the account is `fraction` of the limit, and waits for the
+    router to hold what was sent (the bodies' gauge is read live, the account on its tick)."""
+    m = admin_metrics(r)
+    need = int(fraction * LIMIT) - accounted(m)
+    if need > 0:
+        up.send(need)
+    want = up.sent + sum(o.sent for o in others)
+    wait_for(lambda: (metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") or 0) >= want,
+             15, what="the router holding %d body bytes" % want)
+    wait_for(lambda: accounted(admin_metrics(r)) >= fraction * LIMIT * 0.99, 15,
+             what="the account at %.0f%% of the limit" % (fraction * 100))
+
+
+def assert_overloaded(resp):
+    assert resp.status == 503, resp
+    err = json.loads(resp.body)["error"]
+    assert err["type"] == "server_overloaded", err
+    assert err["code"] == "memory_pressure", err
+    assert "limits.max_memory_bytes" in err["message"] and str(LIMIT) in err["message"], err
+    assert resp.header("retry-after") == "1", resp
+
+
+def test_actions_at_each_threshold(stub_factory, router_factory):
+    stub, r = start(stub_factory, router_factory)
+    m = admin_metrics(r)
+    assert metric(m, "pcrouter_memory_limit_bytes") == LIMIT
+    assert active(r) == {a: 0 for a in ACTIONS}
+    idle = accounted(m)
+    assert 0 < idle < 0.5 * LIMIT, parts(m)
+
+    big = Upload(r.port, 10 * MiB)           # reserves its whole body at its first read
+    small = Upload(r.port, 48 * KiB)         # within a connection's allowance: needs no budget
+    small.send(16 * KiB)
+    push_to(r, big, 0.40, [small])
+    m = admin_metrics(r)
+    p = parts(m)
+    assert p["request_bodies"] >= big.sent + small.sent, p
+    assert p["connections"] >= 2 * 2000 and p["requests"] >= 2 * 5000, p
+
+    # 80%: no body budget past the one-request reserve; requests are still admitted.
+    push_to(r, big, 0.85, [small])
+    wait_for(lambda: active(r) == {"shrink_windows": 1, "refuse_requests": 0, "stop_accepting": 0},
+             10, what="shrink_windows alone")
+    late = Upload(r.port, 1 * MiB)           # asks for budget: refused, then takes the reserve
+    late.send(8 * KiB)
+    wait_for(lambda: (metric(admin_metrics(r), "pcrouter_overload_refusals_total",
+                             action="shrink_windows") or 0) >= 1, 10,
+             what="a budget grant refused by shrink_windows")
+    resp = curl(r.url("/v1/completions"), completion("admitted at 85%"))
+    assert resp.status == 200, resp
+
+    # 90%: new requests and new h2 streams get 503; what is in flight goes on.
+    push_to(r, big, 0.92, [small, late])
+    wait_for(lambda: active(r)["refuse_requests"] == 1, 10, what="refuse_requests")
+    assert_overloaded(curl(r.url("/v1/completions"), completion("refused at 92%")))
+    assert_overloaded(curl(r.url("/v1/chat/completions"), {"messages": []}, proto="h2c"))
+    h2 = H2Client(r.port)
+    try:
+        sid = h2.request("POST", "/v1/completions", completion("a new h2 stream"))
+        h2.wait(lambda: h2.streams[sid]["ended"] or h2.streams[sid]["reset"] is not None, 10,
+                "the refused stream's answer")
+        assert h2.streams[sid]["headers"][":status"] == "503", h2.streams[sid]
+        assert json.loads(bytes(h2.streams[sid]["data"]))["error"]["code"] == "memory_pressure"
+    finally:
+        h2.close()
+    status, body = small.finish()
+    assert status == 200, body[:300]
+
+    # 95%: the public listeners stop accepting; the admin listener does not.
+    push_to(r, big, 0.97, [late])
+    wait_for(lambda: active(r)["stop_accepting"] == 1, 10, what="stop_accepting")
+    m = admin_metrics(r)
+    assert metric(m, "pcrouter_overload_accept_pauses_total") >= 1
+    accepted = metric(m, "pcrouter_client_connections_total")
+    waiting = socket.create_connection(("127.0.0.1", r.port), timeout=10)   # the kernel's backlog
+    waiting.sendall(http_request("POST", "/v1/completions", completion("waited for accept")))
+    waiting.settimeout(1.0)
+    try:
+        got = waiting.recv(1)
+        raise AssertionError("answered while accepting is paused: %r" % got)
+    except socket.timeout:
+        pass
+    m = admin_metrics(r)
+    # Only the admin scrapes were accepted meanwhile.
+    assert metric(m, "pcrouter_client_connections_total") - accepted <= 3, m
+
+    # The load leaves: the uploads complete, every action ends, the waiting connection is served.
+    status, body = big.finish()
+    assert status == 200, body[:300]
+    status, body = late.finish()
+    assert status == 200, body[:300]
+    wait_for(lambda: active(r) == {a: 0 for a in ACTIONS}, 15, what="every action off")
+    waiting.settimeout(15)
+    buf = b""
+    while b"\r\n" not in buf:
+        chunk = waiting.recv(4096)
+        assert chunk, "closed unanswered"
+        buf += chunk
+    waiting.close()
+    assert buf.startswith(b"HTTP/1.1 200"), buf[:200]
+    m = admin_metrics(r)
+    assert metric(m, "pcrouter_overload_refusals_total", action="refuse_requests") >= 3
+    assert metric(m, "pcrouter_memory_accounted_bytes", part="request_bodies") == 0
+    assert "memory:" in r.stderr_text() and "stop_accepting on" in r.stderr_text()
+
+
+def test_hysteresis_and_off(stub_factory, router_factory):
+    """An action ends only 5 points below its threshold; with the limit at 0 nothing acts, and a
+    reload changes the limit in force."""
+    stub, r = start(stub_factory, router_factory)
+    big = Upload(r.port, 10 * MiB)
+    push_to(r, big, 0.82)
+    wait_for(lambda: active(r)["shrink_windows"] == 1, 10, what="shrink_windows")
+    # A reload to a limit the account is at 78% of: within the margin, the action stays on.
+    cfg = dict(r.config)
+    cfg["limits"] = {"max_memory_bytes": int(accounted(admin_metrics(r)) / 0.78)}
+    reload_config(r, cfg)
+    limit = cfg["limits"]["max_memory_bytes"]
+    wait_for(lambda: metric(admin_metrics(r), "pcrouter_memory_limit_bytes") == limit, 10,
+             what="the reloaded limit")
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:       # several ticks of 20 ms
+        assert active(r)["shrink_windows"] == 1
+    # Past the margin (under 75%), it ends.
+    cfg["limits"] = {"max_memory_bytes": int(accounted(admin_metrics(r)) / 0.70)}
+    reload_config(r, cfg)
+    wait_for(lambda: active(r)["shrink_windows"] == 0, 10, what="shrink_windows off")
+    # 0: off, whatever the account.
+    cfg["limits"] = {"max_memory_bytes": 0}
+    reload_config(r, cfg)
+    wait_for(lambda: metric(admin_metrics(r), "pcrouter_memory_limit_bytes") == 0, 10,
+             what="the limit off")
+    big.send(1 * MiB)
+    resp = curl(r.url("/v1/completions"), completion("no limit"))
+    assert resp.status == 200, resp
+    assert active(r) == {a: 0 for a in ACTIONS}
+    status, body = big.finish()
+    assert status == 200, body[:300]
+
+
+def reload_config(r, cfg):
+    m = admin_metrics(r)
+    ok = metric(m, "pcrouter_config_reloads_total", result="ok")
+    with open(r.path, "w") as f:
+        json.dump(cfg, f)
+    r.config = cfg
+    r.send_signal(signal.SIGHUP)
+    wait_for(lambda: metric(admin_metrics(r), "pcrouter_config_reloads_total", result="ok") == ok + 1,
+             15, 0.05, "the reload")
+
+
+def test_auto_without_a_cgroup_limit_is_off(stub_factory, router_factory):
+    """The default, "auto": 0.9 of the cgroup v2 memory.max, or off where there is none (as on
+    this machine when it has none; the unit tests read fake cgroup trees)."""
+    stub = stub_factory("pod-a")
+    r = router_factory(make_config([stub]))
+    limit = metric(curl(r.url("/metrics")).body.decode(), "pcrouter_memory_limit_bytes")
+    text = r.stderr_text()
+    if "no cgroup memory.max: off" in text:
+        assert limit == 0
+    else:
+        assert "\"auto\":" in text and limit > 0, text

@@ -14,7 +14,8 @@ assert on them.
 Where that scale does not fit a few seconds here, a setting is changed, and the row's note
 says so: slowloris uses timeouts.request_header_ms 2000 and a byte every 500 ms (reported
 with 10 s and 5 s); zero-window readers use timeouts.client_write_ms 2000 (default 30000).
-The first uploads use the default 512 MiB budget, the others 128 MiB. Each attack lasts 10 s
+The first uploads use the default 512 MiB budget, the others 128 MiB; the `_mem` rows add
+limits.max_memory_bytes 64 MiB. Each attack lasts 10 s
 (the 64 MiB response is read again and again for that long), the uploads 30 s.
 
 Usage: bench/attacks.py --build build [--only name,name] [--duration S]
@@ -325,6 +326,16 @@ def attack_uploads_128(ctx):
         sent // MiB, done, refused)
 
 
+def attack_uploads_mem(ctx):
+    hs, sent = H2.slow_uploads(ctx["port"], 256, 32 * MiB, rate=400 * MiB, duration=3 * ctx["duration"])
+    snap = hs.snapshot()
+    hs.close()
+    done = sum(1 for v in snap.values() if v["status"] == "200")
+    refused = sum(1 for v in snap.values() if v["status"] == "503")
+    return "one h2c connection, memory limit 64 MiB: %d MiB sent, %d uploads complete, %d got 503" % (
+        sent // MiB, done, refused)
+
+
 def _h1_upload(port, size, deadline, res):
     """One HTTP/1.1 POST of `size` bytes with Content-Length, sent in 64 KiB pieces until done
     or `deadline`; res gets the status (0: none)."""
@@ -419,6 +430,11 @@ SCENARIOS = [
      {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB}}}, attack_uploads_128),
     ("uploads_h1", "200 x 32 MiB HTTP/1.1 uploads, budget 128 MiB",
      {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB}}}, attack_h1_uploads),
+    ("uploads_mem", "256 x 32 MiB slow uploads, limits.max_memory_bytes 64 MiB",
+     {"config": {"limits": {"max_memory_bytes": 64 * MiB}}}, attack_uploads_mem),
+    ("uploads_h1_mem", "200 x 32 MiB HTTP/1.1 uploads, budget 128 MiB, limits.max_memory_bytes 64 MiB",
+     {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB, "max_memory_bytes": 64 * MiB}}},
+     attack_h1_uploads),
     ("slowloris", "2,000 slowloris connections",
      {"config": {"limits": {"max_client_connections": 1000}, "timeouts": {"request_header_ms": 2000}}},
      attack_slowloris),

@@ -42,6 +42,6 @@ typedef enum {
 /* What one item costs in the account, in bytes: an idle connection's memory and a waiting
  * request's, as measured (docs/BENCHMARKS.md; docs/ARCHITECTURE.md names the runs). */
 extern const uint64_t pcr_mem_conn_cost[PCR_CONN__COUNT];
-#define PCR_MEM_REQUEST_COST 5455u
+#define PCR_MEM_REQUEST_COST 4365u
 
 #endif

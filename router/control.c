@@ -14,7 +14,7 @@
 #include "control.h"
 #include "health.h"
 #include "models.h"
-#include "overload.h"
+#include "memguard.h"
 #include "precise.h"
 #include "reload.h"
 #include "scrape.h"
@@ -101,7 +101,7 @@ static void on_probe_tick(evutil_socket_t fd, short what, void *arg)
     pcr_backends_collect(srv);
     pcr_reload_collect(srv);
     pcr_budget_trim(srv);
-    pcr_overload_tick(srv);
+    pcr_memguard_tick(srv);
 }
 
 /* Every scrape.interval_ms, independent of the health checks: the pods' load, hit rate and

@@ -27,7 +27,7 @@
 #include "dns.h"
 #include "config.h"
 #include "log.h"
-#include "overload.h"
+#include "memguard.h"
 #include "reload.h"
 #include "tenants.h"
 #include "session.h"
@@ -255,7 +255,7 @@ static int run(const char *path)
     if (pcr_workers_start(&srv) < 0)
         goto out;
     started = 1;
-    pcr_overload_tick(&srv); /* the limit in force before the first request */
+    pcr_memguard_tick(&srv); /* the limit in force before the first request */
     pcr_share_start(srv.share);
     pcr_discovery_start(&srv);
     pcr_log_info("ready: pcrouter %s, %zu backend(s), policy %s, %u worker(s)", PCR_VERSION,

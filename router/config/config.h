@@ -166,7 +166,7 @@ typedef struct {
                                          the write watermark, default 1048576 (1 MiB); 0: none */
     size_t max_buffered_response_bytes; /* all of those at once, default 268435456 (256 MiB) */
     size_t max_memory_bytes;       /* the memory pcrouter accounts for, against which the
-                                      overload actions start (router/overload.c); 0: off;
+                                      overload actions start (router/memguard.c); 0: off;
                                       PCR_MEMORY_AUTO (default, "auto"): a share of the cgroup's
                                       memory.max, off without one */
 } pcr_limits_conf_t;

@@ -1,5 +1,5 @@
 /* router/core/memacct.h: the memory pcrouter accounts for, against limits.max_memory_bytes, and
- * the overload actions it sets off (pcr/overload.h decides them; router/overload.c adds the
+ * the overload actions it sets off (pcr/overload.h decides them; router/memguard.c adds the
  * account up on the control thread's tick; the sessions, the body budget and the listeners
  * apply them).
  *

@@ -123,7 +123,7 @@ typedef struct pcr_server {
      * limits.max_buffered_response_bytes (http/respond.c). */
     size_t resp_buffered;         /* atomic */
     /* The memory account against limits.max_memory_bytes (memacct.h), added up by the control
-     * thread's tick (router/overload.c), and the overload actions it set off. */
+     * thread's tick (router/memguard.c), and the overload actions it set off. */
     uint64_t mem_limit;           /* atomic: the limit in force ("auto" resolved); 0: off */
     uint64_t mem_parts[PCR_MEM__COUNT]; /* atomic: the account at the last tick, by part */
     uint64_t mem_slow;            /* atomic: of it, the parts not read afresh at admission */

@@ -16,7 +16,7 @@ ROUTER = os.path.join(ROOT, "router")
 # Lowest first; "" is router/ itself: the process (main, control, worker, reload).
 LADDER = ["config", "core", "net", "body", "kv", "upstream", "share", "obs", "http", ""]
 TOP_FILES = {"main.c", "control.c", "control.h", "worker.c", "worker.h", "reload.c", "reload.h",
-             "precise.c", "precise.h",
+             "precise.c", "precise.h", "memguard.c", "memguard.h",
              "meson.build"}
 # (file, what it uses) -> why this dependency runs back up. Keep it short; docs/ARCHITECTURE.md
 # names the same ones.

@@ -1,4 +1,4 @@
-/* router/overload.c: owns the memory account's tick (overload.h). The parts are counts other
+/* router/memguard.c: owns the memory account's tick (memguard.h). The parts are counts other
  * code keeps with relaxed atomics: the bytes of request bodies and kept responses, each
  * worker's index replica and tokenize cache, its requests in flight and its connections by
  * protocol (each times its cost, core/memacct.c). The workers apply the actions: the body
@@ -8,7 +8,7 @@
 
 #include "cpus.h"
 #include "log.h"
-#include "overload.h"
+#include "memguard.h"
 
 /* The limit for the config in force: an explicit number, or "auto"'s share of the cgroup's
  * memory.max (read now: at start and at each reload, never on a hot path). */
@@ -48,7 +48,7 @@ static void account(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT])
     }
 }
 
-void pcr_overload_tick(pcr_server_t *srv)
+void pcr_memguard_tick(pcr_server_t *srv)
 {
     if (srv->mem_cfg != srv->cfg) {
         srv->mem_cfg = srv->cfg;

@@ -1,8 +1,8 @@
-/* router/overload.h: the memory account against limits.max_memory_bytes, added up on the control
- * thread's tick (overload.c); core/memacct.h says what it is made of, pcr/overload.h which
+/* router/memguard.h: the memory account against limits.max_memory_bytes, added up on the control
+ * thread's tick (memguard.c); core/memacct.h says what it is made of, pcr/overload.h which
  * actions it sets off. */
-#ifndef PCR_ROUTER_OVERLOAD_H
-#define PCR_ROUTER_OVERLOAD_H
+#ifndef PCR_ROUTER_MEMGUARD_H
+#define PCR_ROUTER_MEMGUARD_H
 
 #include "server.h"
 
@@ -10,6 +10,6 @@
  * (start, reload: "auto" reads the cgroup's memory.max then), adds up the account, decides the
  * actions and publishes both for the workers and /metrics; logs each action that starts or
  * ends. */
-void pcr_overload_tick(pcr_server_t *srv);
+void pcr_memguard_tick(pcr_server_t *srv);
 
 #endif

@@ -14,7 +14,7 @@ assert on them.
 Where that scale does not fit a few seconds here, a setting is changed, and the row's note
 says so: slowloris uses timeouts.request_header_ms 2000 and a byte every 500 ms (reported
 with 10 s and 5 s); zero-window readers use timeouts.client_write_ms 2000 (default 30000).
-The first uploads use the default 512 MiB budget, the others 128 MiB; the `_mem` rows add
+The first uploads use the default 512 MiB budget, the others 128 MiB; `uploads_mem` adds
 limits.max_memory_bytes 64 MiB. Each attack lasts 10 s
 (the 64 MiB response is read again and again for that long), the uploads 30 s.
 
@@ -432,9 +432,6 @@ SCENARIOS = [
      {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB}}}, attack_h1_uploads),
     ("uploads_mem", "256 x 32 MiB slow uploads, limits.max_memory_bytes 64 MiB",
      {"config": {"limits": {"max_memory_bytes": 64 * MiB}}}, attack_uploads_mem),
-    ("uploads_h1_mem", "200 x 32 MiB HTTP/1.1 uploads, budget 128 MiB, limits.max_memory_bytes 64 MiB",
-     {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB, "max_memory_bytes": 64 * MiB}}},
-     attack_h1_uploads),
     ("slowloris", "2,000 slowloris connections",
      {"config": {"limits": {"max_client_connections": 1000}, "timeouts": {"request_header_ms": 2000}}},
      attack_slowloris),

@@ -1,5 +1,5 @@
 /* bench/sim/sim.h: the types vllm-sim's files share (one process, 1..N pods, one event loop
- * for every pod's engine and streams, and one for the toy tokenizer).
+ * for every pod's engine and streams, and --tokenize-threads for the toy tokenizer).
  *
  *   vllm_sim.c    flags, pods, listeners, signals, main
  *   sim_http.c    HTTP/1.1 connections (http-parser), routing of paths, writing responses
@@ -12,8 +12,8 @@
  *   step_engine.c the step engine after vLLM's scheduler (shared with routing_offline)
  *   sim_kvev.c    --kv-events: the pod's KV-cache events on ZMQ, as vLLM publishes them
  *   sim_pd.c      --role prefill|decode: vLLM's NixlConnector pull mode between its pods
- *   sim_tok.c     the toy tokenizer's thread: connections that ask for /tokenize or a render
- *                 endpoint move to its loop
+ *   sim_tok.c     the toy tokenizer's threads: connections that ask for /tokenize or a render
+ *                 endpoint move to their pod's tokenizer loop
  *
  * Every duration in sim_conf_t is model time (what a real pod would take); the engine divides
  * by time_scale to get wall-clock time. */
@@ -60,6 +60,7 @@ typedef struct {
     size_t metrics_pad_bytes;     /* --metrics-pad-bytes: /metrics grown to about this size */
     int hide_cache_config;        /* --hide-cache-config: no vllm:cache_config_info in /metrics */
     double tokenize_delay_us;     /* --tokenize-delay-ms: /tokenize and render answer this late */
+    int tokenize_threads;         /* --tokenize-threads: the tokenizer's loops (0: none) */
     int kv_events;                /* --kv-events PORT given: pods publish KV events (sim_kvev.h) */
     int kv_events_port;           /* pod i on PORT+2i, its replay on PORT+2i+1; 0: any */
     int kv_events_encoding;       /* --kv-events-encoding: SIM_KVEV_ARRAY, _MAP, _MAP_BATCH */
@@ -119,6 +120,7 @@ struct sim_pod {
     const sim_conf_t *conf;
     struct event_base *base;
     char *name;
+    int index;                  /* in --port order: its tokenizer loop is index % threads */
     int port;
     struct evconnlistener *listener;    /* on the tokenizer's loop when there is one */
     pcr_kvcache_t *kv;
@@ -137,7 +139,7 @@ struct sim_pod {
     double ttft_sum;
     uint64_t ttft_count;
     sim_conn_t *conns;          /* every open connection on the main loop, for shutdown */
-    sim_conn_t *tok_conns;      /* those on the tokenizer's thread (sim_tok.c): its own */
+    sim_conn_t *tok_conns;      /* those on its tokenizer's thread (sim_tok.c): that thread's */
     sim_kvev_t *kvev;           /* --kv-events: the publisher, or NULL */
     struct event *foreign_timer;/* --foreign-load: the next foreign request's arrival */
     double foreign_due_us;
@@ -160,7 +162,7 @@ struct sim_conn {
     sim_pod_t *pod;
     sim_conn_t *prev, *next;    /* on pod->conns, or pod->tok_conns when on_tok */
     struct event_base *base;    /* the loop that serves it */
-    int on_tok;                 /* the tokenizer's thread (sim_tok.c) */
+    int on_tok;                 /* on its pod's tokenizer thread (sim_tok.c) */
     struct event *move_ev;      /* fires to hand it to the other loop (to_tok) */
     int to_tok;
     struct bufferevent *bev;
@@ -253,13 +255,15 @@ void sim_engine_capacity_stop(sim_pod_t *pod);
  * with AllBlocksCleared. */
 void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep);
 
-/* sim_tok.c: the tokenizer's thread. _init on the main thread before the pods' listeners,
- * which go on sim_tok_base() (-1: none, the main loop does everything); _run once they are
- * made; _stop after the main loop ends (it frees the listeners too). _move hands a
- * connection's state to the tokenizer (to_tok) or to the main loop; -1: it stays. _cut (the
- * pod restarted) closes the pod's connections on the tokenizer's thread. */
-int sim_tok_init(struct event_base *main_base);
-struct event_base *sim_tok_base(void);
+/* sim_tok.c: the tokenizer's threads. _init on the main thread before the pods' listeners,
+ * with 1..SIM_TOK_THREADS_MAX loops (-1: none, the main loop does everything); a pod's
+ * listener goes on sim_tok_base(pod), its tokenizer's loop; _run once they are made; _stop
+ * after the main loop ends (it frees the listeners too). _move hands a connection's state to
+ * its pod's tokenizer (to_tok) or to the main loop; -1: it stays. _cut (the pod restarted)
+ * closes the pod's connections on its tokenizer's thread. */
+#define SIM_TOK_THREADS_MAX 64
+int sim_tok_init(struct event_base *main_base, int nthreads);
+struct event_base *sim_tok_base(const sim_pod_t *pod);
 int sim_tok_run(void);
 void sim_tok_stop(sim_pod_t *pods, int npods);
 int sim_tok_move(sim_conn_t *c, int to_tok, sim_conn_state_t *st);

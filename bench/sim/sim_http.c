@@ -367,7 +367,7 @@ static sim_conn_t *conn_new(sim_pod_t *pod, struct event_base *base, int tok, ev
 
 void sim_http_accept(sim_pod_t *pod, evutil_socket_t fd)
 {
-    struct event_base *tok = sim_tok_base();   /* the listener's loop */
+    struct event_base *tok = sim_tok_base(pod);   /* the listener's loop */
     conn_new(pod, tok ? tok : pod->base, tok != NULL, fd);
 }
 

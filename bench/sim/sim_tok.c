@@ -1,16 +1,20 @@
-/* bench/sim/sim_tok.c: the toy tokenizer's thread (/tokenize and the two render endpoints).
+/* bench/sim/sim_tok.c: the toy tokenizer's threads (/tokenize and the two render endpoints).
  *
  * Every pod's streams run on the main loop, which under load is late by tens of milliseconds;
- * a router waits for tokens before it routes (precise mode), so the tokenizer gets a loop of
- * its own. The pods' listeners are on the tokenizer's loop too, so a new connection never
- * waits for the main loop: it is accepted and read there, and its first request for another
- * path moves it to the main loop (its socket, its unread input, its unsent output and the
- * request just read go along); a tokenizer path moves it back. A router keeps connections for
- * tokenizing apart from its request pool, so in practice a connection moves once at most.
+ * a router waits for tokens before it routes (precise mode), so the tokenizer gets loops of
+ * its own, --tokenize-threads of them, each on a thread: pod i's on loop i modulo their
+ * number, as each vLLM API server tokenizes on its own, so one long prompt holds back only
+ * the pods that share its thread. The pods' listeners are on their tokenizer's loop too, so a
+ * new connection never waits for the main loop: it is accepted and read there, and its first
+ * request for another path moves it to the main loop (its socket, its unread input, its
+ * unsent output and the request just read go along); a tokenizer path moves it back. A router
+ * keeps connections for tokenizing apart from its request pool, so in practice a connection
+ * moves once at most.
  *
- * The two loops pass connections through an inbox each (a list under a mutex) and a pipe that
- * wakes the loop; neither touches the other's event base. The tokenizer reads only what never
- * changes after start (the configuration, the pod's name) and a counter of its own. */
+ * The loops pass connections through an inbox each (a list under a mutex) and a pipe that
+ * wakes the loop; none touches another's event base. A tokenizer reads only what never
+ * changes after start (the configuration, the pod's name), its pods' connections and a
+ * counter it increments atomically. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -36,14 +40,21 @@ typedef struct {
     int wake[2];
     pthread_mutex_t mu;
     sim_msg_t *head, **tail;
-    int tok;                            /* the tokenizer's loop */
+    int tok;                            /* a tokenizer's loop */
+    sim_msg_t stop;                     /* its MSG_STOP */
+    pthread_t thread;
+    int started;                        /* its thread runs it */
 } sim_loop_t;
 
-static sim_loop_t loops[2];             /* the main loop, the tokenizer's */
-static pthread_t thread;
-static int running;                     /* the tokenizer's loop exists */
-static int started;                     /* its thread runs it */
-static sim_msg_t stop_msg = {.kind = MSG_STOP};
+static sim_loop_t loops[1 + SIM_TOK_THREADS_MAX];   /* the main loop, then the tokenizers' */
+static int nloops;                      /* tokenizers' loops made */
+static int running;                     /* they all exist */
+
+/* The tokenizer's loop of a pod. */
+static sim_loop_t *loop_of(const sim_pod_t *pod)
+{
+    return &loops[1 + (unsigned)pod->index % (unsigned)nloops];
+}
 
 static void msg_free(sim_msg_t *m)
 {
@@ -92,7 +103,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
             close_tok_conns(m->pod);
             free(m);
         } else {
-            event_base_loopbreak(l->base);   /* stop_msg: static */
+            event_base_loopbreak(l->base);   /* l->stop: not freed */
         }
         m = next;
     }
@@ -105,6 +116,7 @@ static int loop_init(sim_loop_t *l, struct event_base *base, int tok)
     l->head = NULL;
     l->tail = &l->head;
     l->wake[0] = l->wake[1] = -1;
+    l->stop.kind = MSG_STOP;
     if (pthread_mutex_init(&l->mu, NULL) != 0)
         return -1;
     if (!base || pipe2(l->wake, O_NONBLOCK | O_CLOEXEC) != 0)
@@ -118,7 +130,7 @@ static void loop_dispose(sim_loop_t *l)
     while (l->head) {
         sim_msg_t *m = l->head;
         l->head = m->next;
-        if (m != &stop_msg)
+        if (m != &l->stop)
             msg_free(m);
     }
     if (l->ev)
@@ -133,32 +145,55 @@ static void loop_dispose(sim_loop_t *l)
 
 static void *run(void *arg)
 {
-    (void)arg;
-    event_base_dispatch(loops[1].base);
+    sim_loop_t *l = arg;
+    event_base_dispatch(l->base);
     return NULL;
 }
 
-int sim_tok_init(struct event_base *main_base)
+static void dispose_all(void)
 {
-    if (loop_init(&loops[0], main_base, 0) != 0 || loop_init(&loops[1], event_base_new(), 1) != 0) {
-        struct event_base *b = loops[1].base;
-        loop_dispose(&loops[0]);
-        loop_dispose(&loops[1]);
+    for (int i = 0; i <= nloops; i++) {
+        struct event_base *b = i ? loops[i].base : NULL;
+        loop_dispose(&loops[i]);
         if (b)
             event_base_free(b);
+    }
+    nloops = 0;
+}
+
+int sim_tok_init(struct event_base *main_base, int nthreads)
+{
+    if (nthreads < 1 || nthreads > SIM_TOK_THREADS_MAX)
         return -1;
+    if (loop_init(&loops[0], main_base, 0) != 0) {
+        dispose_all();
+        return -1;
+    }
+    for (int i = 1; i <= nthreads; i++) {
+        nloops = i;
+        if (loop_init(&loops[i], event_base_new(), 1) != 0) {
+            dispose_all();
+            return -1;
+        }
     }
     running = 1;
     return 0;
 }
 
-struct event_base *sim_tok_base(void) { return running ? loops[1].base : NULL; }
+struct event_base *sim_tok_base(const sim_pod_t *pod)
+{
+    return running ? loop_of(pod)->base : NULL;
+}
 
 int sim_tok_run(void)
 {
-    if (!running || pthread_create(&thread, NULL, run, NULL) != 0)
+    if (!running)
         return -1;
-    started = 1;
+    for (int i = 1; i <= nloops; i++) {
+        if (pthread_create(&loops[i].thread, NULL, run, &loops[i]) != 0)
+            return -1;   /* sim_tok_stop joins those that started */
+        loops[i].started = 1;
+    }
     return 0;
 }
 
@@ -166,13 +201,16 @@ void sim_tok_stop(sim_pod_t *pods, int npods)
 {
     if (!running)
         return;
-    if (started) {
-        post(&loops[1], &stop_msg);
-        pthread_join(thread, NULL);
-        started = 0;
+    for (int i = 1; i <= nloops; i++)
+        if (loops[i].started)
+            post(&loops[i], &loops[i].stop);
+    for (int i = 1; i <= nloops; i++) {
+        if (loops[i].started)
+            pthread_join(loops[i].thread, NULL);
+        loops[i].started = 0;
     }
     running = 0;
-    /* The thread is gone: its connections and listeners are closed from here. */
+    /* The threads are gone: their connections and listeners are closed from here. */
     for (int i = 0; i < npods; i++) {
         close_tok_conns(&pods[i]);
         if (pods[i].listener) {
@@ -180,10 +218,7 @@ void sim_tok_stop(sim_pod_t *pods, int npods)
             pods[i].listener = NULL;
         }
     }
-    struct event_base *b = loops[1].base;
-    loop_dispose(&loops[1]);
-    event_base_free(b);
-    loop_dispose(&loops[0]);
+    dispose_all();
 }
 
 void sim_tok_cut(sim_pod_t *pod)
@@ -193,7 +228,7 @@ void sim_tok_cut(sim_pod_t *pod)
         return;
     m->kind = MSG_CUT;
     m->pod = pod;
-    post(&loops[1], m);
+    post(loop_of(pod), m);
 }
 
 int sim_tok_move(sim_conn_t *c, int to_tok, sim_conn_state_t *st)
@@ -210,7 +245,7 @@ int sim_tok_move(sim_conn_t *c, int to_tok, sim_conn_state_t *st)
     m->pod = c->pod;
     m->fd = fd;
     m->st = *st;
-    post(&loops[to_tok ? 1 : 0], m);
+    post(to_tok ? loop_of(c->pod) : &loops[0], m);
     return 0;
 }
 

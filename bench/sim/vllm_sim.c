@@ -76,6 +76,9 @@ static void usage(FILE *f)
 "                               hides its KV capacity (the router then trusts its config)\n"
 "  --tokenize-delay-ms F        /tokenize and the render endpoints answer F ms (model time)\n"
 "                               late (default 0)\n"
+"  --tokenize-threads N         the toy tokenizer's threads, each with the listeners of its\n"
+"                               pods (pod i on thread i mod N); 0: none, the main loop\n"
+"                               tokenizes (default: one per pod, at most 8)\n"
 "  --kv-events PORT             publish vLLM's KV events: pod i on ZMQ PUB tcp://HOST:PORT+2i,\n"
 "                               its replay ROUTER on PORT+2i+1 (0: ports the OS picks)\n"
 "  --kv-events-encoding E       array (vLLM <= 0.23, default), map (vLLM 0.26 on: events\n"
@@ -168,6 +171,7 @@ int main(int argc, char **argv)
         .model = "sim-8b", .time_scale = 1, .m = SIM_MODEL_DEFAULTS, .sc = SIM_STEP_DEFAULTS,
         .capacity_tokens = 400000, .max_model_len = 131072,
         .tick_us = 1000, .max_body_bytes = 64u << 20, .foreign_tokens = 1024,
+        .tokenize_threads = -1,
         .kv_transfer_tps = 200000,
     };
     int roles[MAX_PODS] = {0}, nroles = 0;
@@ -181,7 +185,7 @@ int main(int argc, char **argv)
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
            O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT, O_TOKDELAY,
            O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK, O_CAPSCHED, O_ROLE, O_KVTPS, O_KVGBPS,
-           O_KVHOST, O_SCHED };
+           O_KVHOST, O_SCHED, O_TOKTHREADS };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -196,6 +200,7 @@ int main(int argc, char **argv)
         {"step-base-ms", 1, 0, O_SBASE}, {"step-seq-us", 1, 0, O_SSEQ},
         {"step-kv-ns-per-token", 1, 0, O_SKV}, {"rtt-ms", 1, 0, O_RTT},
         {"tokenize-delay-ms", 1, 0, O_TOKDELAY}, {"kv-events", 1, 0, O_KVEV},
+        {"tokenize-threads", 1, 0, O_TOKTHREADS},
         {"kv-events-encoding", 1, 0, O_KVENC}, {"kv-events-drop", 1, 0, O_KVDROP},
         {"foreign-load", 1, 0, O_FOREIGN}, {"foreign-tokens", 1, 0, O_FTOK},
         {"capacity-schedule", 1, 0, O_CAPSCHED}, {"role", 1, 0, O_ROLE},
@@ -267,6 +272,10 @@ int main(int argc, char **argv)
         case O_TOKDELAY:
             bad = parse_double(optarg, 0, 1e7, &v);
             conf.tokenize_delay_us = v * 1000;
+            break;
+        case O_TOKTHREADS:
+            bad = parse_double(optarg, 0, SIM_TOK_THREADS_MAX, &v);
+            conf.tokenize_threads = (int)v;
             break;
         case O_KVEV:
             bad = parse_double(optarg, 0, 65535, &v);
@@ -359,18 +368,24 @@ int main(int argc, char **argv)
         goto out;
     event_add(sigint, NULL);
     event_add(sigterm, NULL);
-    /* The toy tokenizer on a thread of its own, with the listeners: the main loop, late under
-     * load, would make a router waiting for tokens late too. Without it the main loop does
+    /* The toy tokenizer on threads of its own, with the listeners: the main loop, late under
+     * load, would make a router waiting for tokens late too. Without them the main loop does
      * everything. */
-    if (sim_tok_init(base) != 0)
+    if (conf.tokenize_threads < 0)
+        conf.tokenize_threads = nports < 8 ? nports : 8;
+    if (conf.tokenize_threads > nports)
+        conf.tokenize_threads = nports;   /* a thread without a pod would have nothing to do */
+    if (conf.tokenize_threads > 0 && sim_tok_init(base, conf.tokenize_threads) != 0) {
         fprintf(stderr, "vllm-sim: no tokenizer thread: the main loop tokenizes\n");
-    struct event_base *accept_base = sim_tok_base() ? sim_tok_base() : base;
+        conf.tokenize_threads = 0;
+    }
     for (int i = 0; i < nports; i++) {
         sim_pod_t *pod = &pods[i];
         char dflt[32];
         snprintf(dflt, sizeof dflt, "pod-%d", i);
         pod->conf = &conf;
         pod->base = base;
+        pod->index = i;
         pod->name = strdup(i < nnames ? names[i] : dflt);
         pod->start_time = conf.start_time;
         pod->role = nroles == 0 ? SIM_ROLE_BOTH : roles[nroles == 1 ? 0 : i];
@@ -392,6 +407,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "vllm-sim: --host must be an IPv4 address: %s\n", host);
             goto out;
         }
+        struct event_base *accept_base = sim_tok_base(pod) ? sim_tok_base(pod) : base;
         pod->listener = evconnlistener_new_bind(accept_base, on_accept, pod,
                                                 LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE, 1024,
                                                 (struct sockaddr *)&sin, sizeof sin);
@@ -419,14 +435,15 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if (sim_tok_base() && sim_tok_run() != 0) {
-        fprintf(stderr, "vllm-sim: cannot start the tokenizer's thread\n");
+    if (conf.tokenize_threads > 0 && sim_tok_run() != 0) {
+        fprintf(stderr, "vllm-sim: cannot start the tokenizer's threads\n");
         goto out;
     }
     fprintf(stderr, "vllm-sim: ready (model %s, %d pod%s, capacity %llu tokens, time scale %g, "
-            "%s engine, %s scheduling)\n", conf.model, nports, nports > 1 ? "s" : "",
-            (unsigned long long)conf.capacity_tokens, conf.time_scale,
-            conf.step ? "step" : "latency", conf.sc.priority ? "priority" : "fcfs");
+            "%s engine, %s scheduling, %d tokenizer thread%s)\n", conf.model, nports,
+            nports > 1 ? "s" : "", (unsigned long long)conf.capacity_tokens, conf.time_scale,
+            conf.step ? "step" : "latency", conf.sc.priority ? "priority" : "fcfs",
+            conf.tokenize_threads, conf.tokenize_threads == 1 ? "" : "s");
     event_base_dispatch(base);
     rc = 0;
 out:

@@ -367,8 +367,9 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
     }
     if (t == NULL || req == NULL || pool == NULL || t->answer == NULL || t->deadline == NULL ||
         evbuffer_add_printf(req, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
-                                 "\r\nContent-Length: %zu\r\n\r\n%s", path, be->host_header,
-                            strlen(body), body) < 0) {
+                                 "\r\nContent-Length: %zu\r\n\r\n", path, be->host_header,
+                            strlen(body)) < 0 ||
+        evbuffer_add(req, body, strlen(body)) != 0) {
         /* Out of memory: routed on the text key. */
         free(body);
         if (req != NULL)

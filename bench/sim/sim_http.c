@@ -149,7 +149,7 @@ static void tokenize(sim_conn_t *c, int kind)
 static int tokenizer_path(const sim_conn_t *c)
 {
     return path_is(c, "/tokenize") || path_is(c, "/v1/completions/render") ||
-           path_is(c, "/v1/chat/completions/render");
+           path_is(c, "/v1/chat/completions/render") || path_is(c, "/sim/tokenizer/stall");
 }
 
 /* The request just read, answered on this loop. */
@@ -208,9 +208,10 @@ static void serve(sim_conn_t *c)
         }
         c->req = r;
         sim_engine_submit(r);
-    } else if (path_is(c, "/sim/stall")) {
-        /* A test hook: the main loop does nothing else for ?ms=N (at most 10 s) of wall-clock
-         * time, as when every pod's streams keep it busy. */
+    } else if (path_is(c, "/sim/stall") || path_is(c, "/sim/tokenizer/stall")) {
+        /* A test hook: the loop that serves it (the main loop, every pod's streams; or the
+         * pod's tokenizer, as one long prompt would) does nothing else for ?ms=N (at most
+         * 10 s) of wall-clock time. */
         const char *q = strchr(c->url, '?');
         long ms = q && strncmp(q, "?ms=", 4) == 0 ? strtol(q + 4, NULL, 10) : 0;
         if (method != HTTP_POST || ms < 0 || ms > 10000) {

@@ -105,8 +105,10 @@ static void usage(FILE *f)
 "                               cut, cache cleared, KV events restart at 0 with\n"
 "                               AllBlocksCleared\n"
 "  POST /sim/stall?ms=N         (endpoint, for tests) the main loop, which runs every pod's\n"
-"                               streams, does nothing else for N ms; the tokenizer, on a\n"
-"                               thread of its own, still answers\n");
+"                               streams, does nothing else for N ms; the tokenizers, on\n"
+"                               threads of their own, still answer\n"
+"  POST /sim/tokenizer/stall?ms=N (endpoint, for tests) the pod's tokenizer thread does\n"
+"                               nothing else for N ms, as while it tokenizes a long prompt\n");
 }
 
 static int valid_name(const char *s)

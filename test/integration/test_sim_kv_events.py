@@ -37,10 +37,12 @@ STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_
 
 
 class Sim:
-    """One vllm_sim with one pod, --kv-events on ports the OS picks."""
+    """One vllm_sim with one pod (or `pods`: p0, p1, ...), --kv-events on ports the OS picks."""
 
-    def __init__(self, *extra, kv=True):
-        argv = [SIM, "--port", "0", "--name", "p0", "--time-scale", "100"] + list(extra)
+    def __init__(self, *extra, kv=True, pods=1):
+        argv = [SIM, "--time-scale", "100"] + list(extra)
+        for i in range(pods):
+            argv += ["--port", "0", "--name", "p%d" % i]
         if kv:
             argv += ["--kv-events", "0"]
         self.p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -48,9 +50,12 @@ class Sim:
         self.ctx = zmq.Context()
         self.socks = []
         try:
-            m = self.err.wait_line(r"pod p0 listening on ([\d.]+):(\d+)", 30)
-            assert m, self.err.text()
-            self.url = "http://%s:%s" % (m[1].group(1), m[1].group(2))
+            self.urls = []
+            for i in range(pods):
+                m = self.err.wait_line(r"pod p%d listening on ([\d.]+):(\d+)" % i, 30)
+                assert m, self.err.text()
+                self.urls.append("http://%s:%s" % (m[1].group(1), m[1].group(2)))
+            self.url = self.urls[0]
             if kv:
                 m = self.err.wait_line(r"pod p0 kv-events (tcp://\S+) replay (tcp://\S+)", 30)
                 assert m, self.err.text()
@@ -129,8 +134,8 @@ class Sim:
 def sims():
     started = []
 
-    def make(*extra, kv=True):
-        s = Sim(*extra, kv=kv)
+    def make(*extra, kv=True, pods=1):
+        s = Sim(*extra, kv=kv, pods=pods)
         started.append(s)
         return s
     yield make
@@ -293,6 +298,122 @@ def test_tokenize_and_render_answers(sims):
             ("/v1/completions/render", [1, 2], 400)]:
         st, e = sim.post(path, body)
         assert st == status and e["error"]["code"] == status and e["error"]["message"], (path, e)
+
+
+def _toy_ids(text):
+    """The toy tokenizer's ids: 4 bytes of UTF-8 a token, little-endian, the last zero-padded."""
+    b = text.encode()
+    b += b"\0" * (-len(b) % 4)
+    return [int.from_bytes(b[i:i + 4], "little") for i in range(0, len(b), 4)]
+
+
+def test_toy_tokenizer_gives_the_same_ids_as_before(sims):
+    """The ids are pinned: literal lists taken from the tokenizer as it was before its answers
+    were written in one pass (empty, non-ASCII, a chat with a part list, a one-digit id), and
+    a long prompt (every id width) against the rule; the three endpoints agree."""
+    sim = sims(kv=False)
+    chat = [{"role": "system", "content": "h\u00e9llo w\u00f6rld \u2014 \u65e5\u672c\u8a9e \U0001f642"},
+            {"role": "user", "content": [{"type": "text", "text": "ok?"}]}]
+    pinned = [
+        ({"prompt": ""}, []),
+        ({"prompt": "\u0001"}, [1]),
+        ({"prompt": "h\u00e9llo w\u00f6rld \u2014 \u65e5\u672c\u8a9e \U0001f642"},
+         [1823064936, 1998614380, 1819457219, 2162303076, 2548441236, 2895963813, 547269352,
+          2191106032]),
+        ({"messages": chat},
+         [2037611580, 1835365491, 3278388860, 1869376681, 3066263328, 543452274, 546603234,
+          3869612006, 2867375260, 2683314334, 2084340377, 1919251317, 1802452604, 63]),
+    ]
+    rng = __import__("random").Random(7)
+    long = "".join(chr(rng.choice([rng.randrange(1, 128), rng.randrange(128, 0x800),
+                                   rng.randrange(0x800, 0xd800), rng.randrange(0x10000, 0x10ffff)]))
+                   for _ in range(30000))
+    pinned.append(({"prompt": long}, _toy_ids(long)))
+    for body, want in pinned:
+        st, t = sim.post("/tokenize", dict(body, model="sim-8b"))
+        assert st == 200 and t["tokens"] == want and t["count"] == len(want), (body, t)
+        if "prompt" in body:
+            st, r = sim.post("/v1/completions/render", dict(body, model="sim-8b"))
+            assert st == 200 and r[0]["token_ids"] == want, r
+        else:
+            st, r = sim.post("/v1/chat/completions/render", dict(body, model="sim-8b"))
+            assert st == 200 and r["token_ids"] == want, r
+
+
+def _tokenize_on(url, text, timeout=30):
+    host, port = url[len("http://"):].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        return _keepalive_post(conn, "/tokenize", {"model": "sim-8b", "prompt": text})
+    finally:
+        conn.close()
+
+
+def test_concurrent_tokenizations_on_every_pod_are_answered(sims):
+    """Eight pods, a client per pod sending long prompts at once: every answer comes back,
+    right, within the clients' bounded wait."""
+    sim = sims(kv=False, pods=8)
+    text = "".join(chr(0x41 + i % 26) for i in range(24000))
+    want = _toy_ids(text)
+    results, errors = [], []
+
+    def client(url):
+        try:
+            for _ in range(10):
+                results.append(_tokenize_on(url, text) == (200, {
+                    "count": len(want), "max_model_len": 131072, "tokens": want,
+                    "token_strs": None}))
+        except Exception as e:   # reported below, with the rest
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(u,)) for u in sim.urls]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    for t in threads:
+        t.join(max(0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "tokenizations still unanswered after 60 s"
+    assert not errors and len(results) == 80 and all(results), (errors, results.count(False))
+
+
+@pytest.mark.parametrize("threads", [None, "1"])
+def test_a_held_tokenizer_holds_back_only_its_own_pods(sims, threads):
+    """POST /sim/tokenizer/stall holds pod p0's tokenizer thread for 2 s, as a long prompt
+    would. With a thread per pod (the default for 4 pods), p1..p3 keep answering meanwhile,
+    each at once; with --tokenize-threads 1 every pod waits behind p0: some tokenization sent
+    during the stall takes most of it. Counted against the stall's own answer, not timed
+    against a sleep."""
+    extra = ("--tokenize-threads", threads) if threads else ()
+    sim = sims(*extra, kv=False, pods=4)
+    assert "%s tokenizer thread" % (threads or 4) in sim.err.text(), sim.err.text()
+    want = _toy_ids("abcdefgh")
+    for u in sim.urls:
+        assert _tokenize_on(u, "abcdefgh")[1]["tokens"] == want
+    done = threading.Event()
+    result = {}
+
+    def stall():
+        result["stall"] = sim.post("/sim/tokenizer/stall?ms=2000", {})
+        done.set()
+
+    t = threading.Thread(target=stall)
+    t.start()
+    answered, slowest = 0, 0.0
+    while not done.is_set():
+        for u in sim.urls[1:]:
+            t0 = time.monotonic()
+            st, body = _tokenize_on(u, "abcdefgh")
+            slowest = max(slowest, time.monotonic() - t0)
+            assert st == 200 and body["tokens"] == want, body
+            answered += not done.is_set()
+    t.join(30)
+    assert result["stall"] == (200, {"stalled": True})
+    if threads == "1":
+        assert slowest >= 1.0, "the slowest tokenization took %.2f s" % slowest
+    else:
+        assert answered >= 20, "%d tokenizations answered during a 2 s stall" % answered
+    # p0 answers again once its thread is free.
+    assert _tokenize_on(sim.urls[0], "abcdefgh")[1]["tokens"] == want
 
 
 def test_tokenize_delay_holds_the_answer_back(sims):

@@ -1,7 +1,8 @@
 /* router/http/tokenize.c: owns precise mode's tokenization of a routed request (tokenize.h):
  * the worker's cache of token chains, the question to a pod that serves the model (its body
- * made and its answer read with jansson, both bounded), its deadline, and the return to the
- * decision (pcr_proxy_dispatch) with the key's token chains, or without them.
+ * made with jansson; its answer read as it arrives with yajl's callbacks, bounded), its
+ * deadline, and the return to the decision (pcr_proxy_dispatch) with the key's token chains,
+ * or without them.
  *
  *   routed -> key -> cache hit?  yes: chains into the key -> dispatch
  *                                no:  POST /tokenize (or .../render) on the worker's pool for
@@ -14,7 +15,12 @@
  * never the tokens, at most routing.tokenize_cache_entries of them and, all together, at most
  * routing.tokenize_cache_bytes of chains (a prompt's chains are 8 bytes a block, up to
  * max_prefix_bytes' worth: without the byte bound, the entries alone could hold 4096 long
- * prompts' chains, 16 KiB each). A prompt whose chains would pass it is not kept. */
+ * prompts' chains, 16 KiB each). A prompt whose chains would pass it is not kept.
+ *
+ * The answer is an array of thousands of integers (a 5,500-token chat prompt: 60 KB): a tree
+ * of it (a value allocated per id) costs several times what the ids are worth, so yajl's
+ * callbacks read it chunk by chunk as it arrives, keep only the ids the chains take, and keep
+ * neither the answer nor a tree of it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +28,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <jansson.h>
+#include <yajl/yajl_parse.h>
 
 #include "log.h"
 #include "pools.h"
@@ -42,11 +49,33 @@ struct pcr_tokcache {
     size_t bytes;                 /* the chains' bytes, at most routing.tokenize_cache_bytes */
 };
 
+/* The answer's reader: {"tokens": [...]} from /tokenize, {"token_ids": [...]} from the chat
+ * render, a list of one such object from the completion render. Unknown fields are skipped;
+ * the ids array must be there, hold only integers in 0..2^32-1, and (as in a tree, where the
+ * last of a repeated key wins) a repeated one replaces the earlier. */
+#define ANSWER_MAX_DEPTH 64
+
+typedef struct {
+    const char *key;              /* "tokens" or "token_ids" */
+    size_t keylen;
+    unsigned depth;               /* maps and arrays open */
+    unsigned obj_depth;           /* the answer object's depth: 1, or 2 in a list (0: not yet) */
+    unsigned elements;            /* of a list at the root */
+    int want_ids;                 /* the key was the ids': its value comes next */
+    int in_ids;                   /* in the ids array */
+    int seen;                     /* an ids array was read */
+    int bad;
+    uint32_t *ids;                /* the first `keep` of them */
+    size_t n, cap, keep;          /* n: all of them, counted */
+} answer_t;
+
 struct pcr_tokreq {
     pcr_exchange_t *ex;
     pcr_upreq_t *up;
     struct event *deadline;
-    struct evbuffer *answer;
+    yajl_handle y;                /* the answer's parser, once a 200 head came */
+    answer_t a;
+    size_t bytes;                 /* of the answer, at most routing.tokenize_max_bytes */
     int status;
     int too_large;
     int render;                   /* the answer is a render endpoint's */
@@ -221,8 +250,9 @@ void pcr_tokenize_cancel(pcr_exchange_t *ex)
         pcr_upstream_cancel(t->up);
     if (t->deadline != NULL)
         event_free(t->deadline);
-    if (t->answer != NULL)
-        evbuffer_free(t->answer);
+    if (t->y != NULL)
+        yajl_free(t->y);
+    free(t->a.ids);
     free(t);
     ex->tok = NULL;
 }
@@ -232,62 +262,145 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     finish(arg, FAIL_TIMEOUT);
 }
 
+/* ---- the answer ------------------------------------------------------------------------ */
+
+/* Every value: a scalar (start 0) or a map or array opening (start 1, array: is_array). The
+ * value of the ids key must be an array; in it, only integers. */
+static int answer_value(answer_t *a, int start, int is_array)
+{
+    if (a->want_ids) {
+        a->want_ids = 0;
+        if (!start || !is_array)
+            return 0;
+        a->in_ids = 1;
+        a->seen = 1;
+        a->n = 0; /* a repeated key: the last one wins */
+        return 1;
+    }
+    if (a->in_ids && a->depth == a->obj_depth + 1)
+        return 0; /* not an integer in the ids array */
+    if (a->depth == 0) {
+        /* The root: the object, or a list of it. */
+        if (!start)
+            return 0;
+        a->obj_depth = is_array ? 2 : 1;
+    } else if (a->depth == 1 && a->obj_depth == 2) {
+        /* An element of a list at the root: exactly one, the object. */
+        if (!start || is_array || a->elements++ != 0)
+            return 0;
+    }
+    return 1;
+}
+
+static int ans_open(answer_t *a, int is_array)
+{
+    if (!answer_value(a, 1, is_array) || a->depth >= ANSWER_MAX_DEPTH)
+        return 0;
+    a->depth++;
+    return 1;
+}
+
+static int ans_close(answer_t *a)
+{
+    if (a->in_ids && a->depth == a->obj_depth + 1)
+        a->in_ids = 0;
+    a->depth--;
+    return 1;
+}
+
+static int on_ans_null(void *ctx) { return answer_value(ctx, 0, 0); }
+static int on_ans_bool(void *ctx, int v) { return answer_value(ctx, 0, 0); }
+static int on_ans_double(void *ctx, double v) { return answer_value(ctx, 0, 0); }
+static int on_ans_string(void *ctx, const unsigned char *s, size_t n)
+{
+    return answer_value(ctx, 0, 0);
+}
+static int on_ans_start_map(void *ctx) { return ans_open(ctx, 0); }
+static int on_ans_start_array(void *ctx) { return ans_open(ctx, 1); }
+static int on_ans_end(void *ctx) { return ans_close(ctx); }
+
+static int on_ans_key(void *ctx, const unsigned char *k, size_t n)
+{
+    answer_t *a = ctx;
+    if (a->depth == a->obj_depth)
+        a->want_ids = n == a->keylen && memcmp(k, a->key, n) == 0;
+    return 1;
+}
+
+static int on_ans_integer(void *ctx, long long v)
+{
+    answer_t *a = ctx;
+    if (!a->in_ids || a->depth != a->obj_depth + 1)
+        return answer_value(a, 0, 0);
+    if (v < 0 || v > (long long)UINT32_MAX)
+        return 0;
+    if (a->n < a->keep) {
+        if (a->n == a->cap) {
+            size_t cap = a->cap ? a->cap * 2 : 1024;
+            cap = cap < a->keep ? cap : a->keep;
+            uint32_t *ids = realloc(a->ids, cap * sizeof(uint32_t));
+            if (ids == NULL)
+                return 0;
+            a->ids = ids;
+            a->cap = cap;
+        }
+        a->ids[a->n] = (uint32_t)v;
+    }
+    a->n++;
+    return 1;
+}
+
+static const yajl_callbacks answer_cbs = {
+    on_ans_null, on_ans_bool, on_ans_integer, on_ans_double, NULL, on_ans_string,
+    on_ans_start_map, on_ans_key, on_ans_end, on_ans_start_array, on_ans_end,
+};
+
 static void on_tok_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
 {
     pcr_exchange_t *ex = ctx;
-    ex->tok->status = status;
+    struct pcr_tokreq *t = ex->tok;
+    t->status = status;
+    if (status != 200)
+        return;
+    /* Only the tokens the chains take are kept; every one is checked and counted. */
+    t->a.key = t->render ? "token_ids" : "tokens";
+    t->a.keylen = strlen(t->a.key);
+    t->a.keep = pcr_policy_max_tblocks(ex->w->policy) * ex->w->cfg->routing.kv_block_tokens;
+    t->y = yajl_alloc(&answer_cbs, NULL, &t->a);
+    if (t->y == NULL)
+        t->a.bad = 1;
 }
 
 static void on_tok_body(void *ctx, const char *data, size_t len)
 {
     pcr_exchange_t *ex = ctx;
     struct pcr_tokreq *t = ex->tok;
-    if (t->too_large)
+    if (t->too_large || t->a.bad || t->y == NULL)
         return;
-    if (evbuffer_get_length(t->answer) + len > ex->w->cfg->routing.tokenize_max_bytes) {
+    if (t->bytes + len > ex->w->cfg->routing.tokenize_max_bytes) {
         t->too_large = 1;
         return;
     }
-    evbuffer_add(t->answer, data, len);
+    t->bytes += len;
+    if (yajl_parse(t->y, (const unsigned char *)data, len) != yajl_status_ok)
+        t->a.bad = 1;
 }
 
-/* The answer's token ids into the key's chains: {"tokens": [...]} from /tokenize,
- * {"token_ids": [...]} from the chat render, a list of those from the completion render. */
+/* The answer's ids, read, into the key's chains. */
 static int read_answer(pcr_exchange_t *ex)
 {
     struct pcr_tokreq *t = ex->tok;
-    size_t len = evbuffer_get_length(t->answer);
-    const char *raw = len ? (const char *)evbuffer_pullup(t->answer, -1) : "";
-    json_t *root = json_loadb(raw, len, 0, NULL);
-    json_t *obj = json_is_array(root) && json_array_size(root) == 1 ? json_array_get(root, 0)
-                                                                      : root;
-    json_t *ids = json_object_get(obj, t->render ? "token_ids" : "tokens");
-    int rc = -1;
-    size_t n = json_array_size(ids);
+    answer_t *a = &t->a;
     const pcr_policy_t *p = ex->w->policy;
     size_t room = pcr_policy_max_tblocks(p);
-    /* Only the tokens the chains take are copied; every one is checked and counted. */
-    size_t keep = room * ex->w->cfg->routing.kv_block_tokens;
-    uint32_t *tokens = malloc((n < keep ? n : keep) * sizeof(uint32_t) + 1);
-    if (!json_is_array(ids) || tokens == NULL || room == 0 || room > ex->tblocks_cap)
-        goto done;
-    for (size_t i = 0; i < n; i++) {
-        json_t *v = json_array_get(ids, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) > (json_int_t)UINT32_MAX)
-            goto done;
-        if (i < keep)
-            tokens[i] = (uint32_t)json_integer_value(v);
-    }
+    if (a->bad || t->y == NULL || yajl_complete_parse(t->y) != yajl_status_ok || !a->seen ||
+        room == 0 || room > ex->tblocks_cap)
+        return -1;
     ex->key.tblocks = ex->tblocks;
-    if (pcr_policy_key_tokens(p, 0, tokens, n < keep ? n : keep, &ex->key) != 0)
-        goto done;
-    ex->key.prompt_tokens = n;
-    rc = 0;
-done:
-    free(tokens);
-    json_decref(root);
-    return rc;
+    if (pcr_policy_key_tokens(p, 0, a->ids, a->n < a->keep ? a->n : a->keep, &ex->key) != 0)
+        return -1;
+    ex->key.prompt_tokens = a->n;
+    return 0;
 }
 
 static void on_tok_done(void *ctx)
@@ -361,11 +474,9 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
     struct evbuffer *req = evbuffer_new();
     pcr_pool_t *pool = pcr_pools_tokenize(w, be);
     ex->tok = t; /* from here on pcr_tokenize_cancel frees what was made */
-    if (t != NULL) {
-        t->answer = evbuffer_new();
+    if (t != NULL)
         t->deadline = evtimer_new(w->base, on_deadline, ex);
-    }
-    if (t == NULL || req == NULL || pool == NULL || t->answer == NULL || t->deadline == NULL ||
+    if (t == NULL || req == NULL || pool == NULL || t->deadline == NULL ||
         evbuffer_add_printf(req, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
                                  "\r\nContent-Length: %zu\r\n\r\n", path, be->host_header,
                             strlen(body)) < 0 ||

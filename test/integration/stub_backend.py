@@ -59,7 +59,9 @@ Control endpoints (never counted in stats)
   POST /stub/release  {"gate": name} or {} for every gate known so far
   POST /stub/reset    zero the counters
   POST /stub/config   {"models": [...], "health_status": 503, "defaults": {controls},
-                       "kv_usage": 0.25, "metrics_stall": true (GET /metrics never answers)}
+                       "kv_usage": 0.25, "metrics_stall": true (GET /metrics never answers),
+                       "tokenize_answer": TEXT (POST /tokenize and the two render
+                       endpoints answer 200 with TEXT as it is; 404 before)}
 """
 import argparse
 import ssl
@@ -84,6 +86,8 @@ class State:
         self.health_status = 200
         self.kv_usage = None
         self.metrics_stall = False     # GET /metrics never answers (until the peer closes)
+        self.tokenize_answer = None    # POST /tokenize's body, as it is (None: 404)
+        self.tokenize_calls = 0
         self.defaults = {}
         self.gates = {}
         self.reset()
@@ -161,6 +165,7 @@ class State:
                     completed[e["path"]] = completed.get(e["path"], 0) + 1
             return {
                 "pod": self.name,
+                "tokenize_calls": self.tokenize_calls,  # POST /tokenize or render answered
                 "requests": dict(self.requests),      # per path, /health included
                 "completed": completed,               # per path, answered to the end
                 "outcomes": dict(self.outcomes),      # completed|aborted|closed|stall_timeout
@@ -289,6 +294,17 @@ def make_handler(state):
             body = self.read_body()
             if path.startswith("/stub/"):
                 return self.control(path, body)
+            if path in ("/tokenize", "/v1/completions/render", "/v1/chat/completions/render") \
+                    and state.tokenize_answer is not None:
+                with state.lock:
+                    state.tokenize_calls += 1
+                data = state.tokenize_answer.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return None
             if not path.startswith("/v1/"):
                 return self.send_json(404, {"error": {"message": "no such path", "type": "invalid_request_error", "code": "not_found"}})
             try:
@@ -342,6 +358,8 @@ def make_handler(state):
                         state.kv_usage = float(arg["kv_usage"])
                     if "metrics_stall" in arg:
                         state.metrics_stall = bool(arg["metrics_stall"])
+                    if "tokenize_answer" in arg:
+                        state.tokenize_answer = arg["tokenize_answer"]
             else:
                 return self.send_json(404, {"error": "unknown control"})
             return self.send_json(200, {"ok": True})

@@ -312,6 +312,46 @@ def test_tokenize_timeout_falls_back(pods, router_factory):
     assert time.monotonic() - t0 < 5
 
 
+IDS = ",".join(str(i) for i in range(1, 33))   # two blocks of 16 tokens
+GOOD_ANSWERS = [
+    '{"count":32,"max_model_len":1000,"tokens":[%s],"token_strs":null}' % IDS,
+    '[{"tokens":[%s]}]' % IDS,                                  # a list of one, as a render
+    '{"tokens":[7],"x":{"tokens":"deeper: not it"},"tokens":[%s]}' % IDS,   # the last wins
+    '{"tokens":[%s,4294967295,0]}' % IDS,
+]
+BAD_ANSWERS = [
+    '{"tokens":[%s,-1]}' % IDS, '{"tokens":[%s,4294967296]}' % IDS,
+    '{"tokens":[%s,2.5]}' % IDS, '{"tokens":[%s,"2"]}' % IDS, '{"tokens":[%s,null]}' % IDS,
+    '{"tokens":[%s,[1]]}' % IDS, '{"tokens":[%s,99999999999999999999999]}' % IDS,
+    '{"tokens":5}', '{"count":32}', '[{"tokens":[%s]},{"tokens":[1]}]' % IDS, '[]', '"tokens"',
+    '{"tokens":[%s]} x' % IDS, '{"tokens":[%s' % IDS, '', '[' * 100 + ']' * 100,
+    '{"a":' * 100 + '1' + '}' * 100,
+]
+
+
+def test_tokenize_answers_are_read_strictly(stub_factory, router_factory):
+    """The pod's answer is read as it arrives, keeping only the ids: every well-formed shape
+    (a list of one, unknown and nested fields, a repeated key, the whole u32 range) gives a
+    precise decision; anything else (an id out of range or not an integer, no ids array, two
+    objects, truncated, trailing bytes, nesting past the bound) routes on the text key,
+    counted as a bad answer. A hostile pod gets no further."""
+    pod = stub_factory("tk", models=["sim-8b"])
+    r = router_factory(make_config([pod], routing={"policy": "cache_aware", "index": "events"},
+                                   workers=1))
+    for i, answer in enumerate(GOOD_ANSWERS + BAD_ANSWERS):
+        pod.configure(tokenize_answer=answer)
+        before = metrics(r)
+        status, backend, _ = complete(r, prompt_of("answer-%d" % i))
+        assert status == 200 and backend == "tk"
+        after = metrics(r)
+        bad = after.get('pcrouter_tokenize_failures_total{reason="answer"}', 0) - \
+            before.get('pcrouter_tokenize_failures_total{reason="answer"}', 0)
+        precise = after["pcrouter_precise_decisions_total"] - \
+            before.get("pcrouter_precise_decisions_total", 0)
+        assert (bad, precise) == ((0, 1) if answer in GOOD_ANSWERS else (1, 0)), answer[:80]
+    assert pod.stats()["tokenize_calls"] == len(GOOD_ANSWERS) + len(BAD_ANSWERS)
+
+
 def test_two_replicas_route_alike(pods, router_factory):
     p = pods(4)
     r1 = subscribed(p, router_factory(config(p)))

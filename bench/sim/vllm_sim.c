@@ -202,12 +202,12 @@ int main(int argc, char **argv)
         {"step-base-ms", 1, 0, O_SBASE}, {"step-seq-us", 1, 0, O_SSEQ},
         {"step-kv-ns-per-token", 1, 0, O_SKV}, {"rtt-ms", 1, 0, O_RTT},
         {"tokenize-delay-ms", 1, 0, O_TOKDELAY}, {"kv-events", 1, 0, O_KVEV},
-        {"tokenize-threads", 1, 0, O_TOKTHREADS},
         {"kv-events-encoding", 1, 0, O_KVENC}, {"kv-events-drop", 1, 0, O_KVDROP},
         {"foreign-load", 1, 0, O_FOREIGN}, {"foreign-tokens", 1, 0, O_FTOK},
         {"capacity-schedule", 1, 0, O_CAPSCHED}, {"role", 1, 0, O_ROLE},
         {"kv-transfer-tokens-per-s", 1, 0, O_KVTPS}, {"kv-transfer-gbps", 1, 0, O_KVGBPS},
         {"kv-advertise-host", 1, 0, O_KVHOST}, {"scheduling-policy", 1, 0, O_SCHED},
+        {"tokenize-threads", 1, 0, O_TOKTHREADS},
         {0, 0, 0, 0},
     };
     int o;

@@ -359,6 +359,14 @@ static void on_tok_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int
 {
     pcr_exchange_t *ex = ctx;
     struct pcr_tokreq *t = ex->tok;
+    /* A head is the start of an answer: nothing read before it counts. */
+    if (t->y != NULL)
+        yajl_free(t->y);
+    t->y = NULL;
+    free(t->a.ids);
+    t->a = (answer_t){0};
+    t->bytes = 0;
+    t->too_large = 0;
     t->status = status;
     if (status != 200)
         return;

@@ -244,6 +244,7 @@ static const field_t flow_fields[] = {
     F_DBL(pcr_flow_conf_t, kv_threshold, 0.0, 1.0),
     F_INT(pcr_flow_conf_t, inflight_per_pod, FT_UINT, 0, 1000000),
     F_INT(pcr_flow_conf_t, prefill_per_pod, FT_U64, 0, 1LL << 40),
+    F_INT(pcr_flow_conf_t, tick_ms, FT_UINT, 1, 60000),
 };
 
 static const field_t limits_fields[] = {
@@ -1163,7 +1164,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     pcr_pd_opts_default(&cfg->pd);
     cfg->flow_control = (pcr_flow_conf_t){
         .max_queue_requests = 1000, .max_queue_bytes = (uint64_t)64 << 20, .ttl_ms = 30000,
-        .output_weight = 2, .queue_threshold = 5, .kv_threshold = 0.8,
+        .output_weight = 2, .queue_threshold = 5, .kv_threshold = 0.8, .tick_ms = 5,
     };
     cfg->tenants = calloc(1, sizeof *cfg->tenants);
     if (cfg->tenants == NULL)

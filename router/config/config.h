@@ -154,6 +154,8 @@ typedef struct {
     unsigned inflight_per_pod;     /* requests in flight that saturate a pod, default 0 (off) */
     uint64_t prefill_per_pod;      /* prefill tokens sent and not at their first token that
                                       saturate a pod, default 0 (off) */
+    unsigned tick_ms;              /* a worker looks at its queue this often while something
+                                      waits (TTLs, room freed by other workers), default 5 */
 } pcr_flow_conf_t;
 
 typedef struct {

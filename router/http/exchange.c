@@ -205,6 +205,11 @@ static void prefill_leave(pcr_exchange_t *ex)
     if (ex->pod_pslot)
         PCR_SUB(ex->be->prefill_by_slot[ex->pod_pslot - 1], ex->prefill);
     pending_leave(ex);
+    /* Its pod's prefill has room again (flow_control.prefill_per_pod): the flow queue looks
+     * now, not at its next tick, so that the pod gets its next prompt while it decodes this
+     * one's first tokens rather than idling until then. */
+    if (ex->prefill > 0 && ex->w->flow_ev != NULL)
+        event_active(ex->w->flow_ev, EV_TIMEOUT, 1);
 }
 
 /* The one place a request changes state; see the table in exchange_int.h. */

@@ -31,9 +31,6 @@
 #include "tenants.h"
 #include "pcr/tenancy.h"
 
-/* How often a worker looks at its flow queue while something waits: TTLs and the capacity
- * other workers' requests free (its own free capacity wakes it at once). */
-#define FLOW_TICK_US 5000
 /* A session stays on its pod this long after its last request. */
 #define SESSION_TTL_S 600
 /* Sessions the process remembers (two ways per set). */
@@ -335,9 +332,13 @@ double pcr_tenancy_fair(const pcr_exchange_t *ex)
     return pcr_flowq_counter(ex->w->flowq, ex->qslot);
 }
 
+/* While something waits the worker looks at its queue every flow_control.tick_ms: TTLs and
+ * the room other workers' requests free. Its own requests wake it at once when they free room
+ * (a first token, the end of a request: exchange.c). */
 static void flow_arm(pcr_worker_t *w)
 {
-    struct timeval tv = {0, FLOW_TICK_US};
+    unsigned ms = w->cfg->flow_control.tick_ms ? w->cfg->flow_control.tick_ms : 5;
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
     if (!evtimer_pending(w->flow_ev, NULL))
         evtimer_add(w->flow_ev, &tv);
 }

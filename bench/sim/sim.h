@@ -96,8 +96,11 @@ struct sim_req {
     size_t drop_at;             /* close the connection after this many tokens (0: never) */
     double arrival_us;          /* wall clock, monotonic */
     double first_token_us;      /* wall clock at which the first token is due */
+    double prefill_start_us;    /* wall clock at which its prefill begins (latency engine) */
     double prefill_end_us;      /* wall clock at which its prefill ends (latency engine) */
     size_t hit_blocks;          /* cached at its admission (latency engine) */
+    int admitted;               /* admitted once: its hit and prompt are counted (latency
+                                   engine; a preempted request is not counted again) */
     double next_token_us;
     struct event *timer;
     struct event *rtt_timer;    /* --rtt-ms: the request reaches the engine when it fires */

@@ -25,8 +25,10 @@
  * priority (lower first), then arrival; and a request that arrives preempts every admitted
  * request of a strictly worse priority whose prefill has not ended (the one prefilling now
  * and those queued behind it, which by this rule are all worse than what goes before them):
- * they give back their slots and blocks, the blocks they had not found cached leave the cache
- * (their prefill's progress is lost), and they wait again in their order. The prefill queue
+ * they give back their slots and blocks, the full blocks their prefill had computed stay
+ * cached (as in vLLM, whose prefix cache keeps a preempted request's computed blocks, so it
+ * resumes where it was) while the blocks not yet computed leave the cache, and they wait again
+ * in their order. The prefill queue
  * then ends where the last one kept ends, so the new request prefills next. What a request
  * already decoding holds is never taken.
  *
@@ -129,17 +131,22 @@ static void schedule(sim_pod_t *pod)
         sim_req_t *r = pod->waiting.head;
         sim_admit_t a;
         double now = sim_now_us();
+        double start = pod->prefill_busy_until_us > now ? pod->prefill_busy_until_us : now;
         if (sim_model_admit(&c->m, pod->kv, r->hashes, r->nblocks, r->private_blocks,
                             r->prompt_tokens, pod->running.n, now, c->time_scale,
                             &pod->prefill_busy_until_us, &a) != 0)
             break;   /* FIFO: the head waits for finished requests to free blocks */
         list_remove(&pod->waiting, r);
-        r->hit_tokens = a.hit_tokens;
         r->hit_blocks = a.hit_tokens / PCR_KV_BLOCK_TOKENS;
+        r->prefill_start_us = start;
         r->prefill_end_us = pod->prefill_busy_until_us;
-        pod->prefix_queries += r->prompt_tokens;
-        pod->prefix_hits += r->hit_tokens;
-        pod->prompt_tokens += r->prompt_tokens;
+        if (!r->admitted) {   /* as vLLM, a request's hit is the one of its first admission */
+            r->admitted = 1;
+            r->hit_tokens = a.hit_tokens;
+            pod->prefix_queries += r->prompt_tokens;
+            pod->prefix_hits += r->hit_tokens;
+            pod->prompt_tokens += r->prompt_tokens;
+        }
         r->first_token_us = a.first_token_us;
         r->next_token_us = r->first_token_us;
         r->state = SIM_REQ_RUNNING;
@@ -172,7 +179,7 @@ static void step_kick(sim_pod_t *pod)
 }
 
 /* Priority scheduling: r arrives; admitted requests of a worse priority whose prefill has not
- * ended go back to waiting, their progress lost (the header says why this is the whole rule). */
+ * ended go back to waiting, keeping the full blocks they computed (the header says why this is the whole rule). */
 static void preempt_worse(sim_pod_t *pod, const sim_req_t *r)
 {
     double now = sim_now_us(), busy = now;
@@ -187,12 +194,19 @@ static void preempt_worse(sim_pod_t *pod, const sim_req_t *r)
         }
         evtimer_del(q->timer);
         list_remove(&pod->running, q);
-        pcr_kvcache_release_uncomputed(pod->kv, q->hashes, q->nblocks, q->hit_blocks,
-                                       q->private_blocks);
-        /* Counted again when it is admitted again. */
-        pod->prefix_queries -= q->prompt_tokens;
-        pod->prefix_hits -= q->hit_tokens;
-        pod->prompt_tokens -= q->prompt_tokens;
+        /* The full blocks its prefill computed so far stay cached (its progress is kept, as
+         * vLLM keeps a preempted request's computed blocks in its prefix cache); the rest
+         * leave. Prefill runs at an even rate from its start to its end. */
+        size_t done = q->hit_blocks;
+        if (now > q->prefill_start_us && q->prefill_end_us > q->prefill_start_us) {
+            double f = (now - q->prefill_start_us) / (q->prefill_end_us - q->prefill_start_us);
+            size_t hit = q->hit_blocks * PCR_KV_BLOCK_TOKENS;
+            size_t tokens = hit + (size_t)(f * (double)(q->prompt_tokens - hit));
+            done = tokens / PCR_KV_BLOCK_TOKENS;
+            if (done > q->nblocks)
+                done = q->nblocks;
+        }
+        pcr_kvcache_release_uncomputed(pod->kv, q->hashes, q->nblocks, done, q->private_blocks);
         q->state = SIM_REQ_WAITING;
         list_insert_ordered(&pod->waiting, q);
         pod->preemptions++;

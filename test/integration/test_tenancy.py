@@ -4,8 +4,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -389,9 +391,10 @@ def test_flow_control_lets_a_better_pod_priority_pass_what_the_pods_preempt(clus
 class PrioSim:
     """One vllm_sim pod with priority scheduling, at the wall clock's pace."""
 
-    def __init__(self, engine, policy="priority"):
+    def __init__(self, engine, policy="priority", extra=()):
         self.p = subprocess.Popen([SIM, "--port", "0", "--engine", engine,
-                                   "--scheduling-policy", policy], stderr=subprocess.PIPE)
+                                   "--scheduling-policy", policy] + list(extra),
+                                  stderr=subprocess.PIPE)
         self.err = LineReader(self.p.stderr, "vllm_sim")
         assert self.err.wait_line(r"ready", 15) is not None, self.err.text()
         m = self.err.wait_line(r"listening on 127\.0\.0\.1:(\d+)", 5)
@@ -435,6 +438,78 @@ def test_an_interactive_request_behind_a_batch_prompt_is_served_first(router_fac
         tb.join(60)
         assert done == [("interactive", 200), ("batch", 200)], done
         assert sim.metric("vllm:num_preemptions_total") == 1
+    finally:
+        sim.close()
+
+
+def test_flow_control_releases_when_a_prefill_reaches_its_first_token(router_factory):
+    """prefill_per_pod: a request's first token frees its prefill at the pod, and the flow
+    queue sends the next request at once, not at its next look (flow_control.tick_ms, a second
+    here): a chain of n requests, each released by the first token of the one before while all
+    of them stay in flight (a slow decode), is at the pod long before n - 1 looks."""
+    n = 8
+    # Prefill a microsecond a token, no overhead, a token every 30 s: in flight, decoding.
+    sim = PrioSim("latency", "fcfs", ["--prefill-us-per-token", "1", "--overhead-ms", "0",
+                                      "--itl-ms", "30000"])
+    socks = []
+    try:
+        cfg = make_config([{"name": "pod", "url": "http://127.0.0.1:%d" % sim.port}], workers=1)
+        cfg["routing"] = {"policy": "cache_aware", "tenant_header": "x-tenant"}
+        cfg["tenants"] = {"batch": {}}
+        cfg["flow_control"] = {"enabled": True, "prefill_per_pod": 1, "tick_ms": 1000}
+        router = router_factory(cfg)
+        wait_for(lambda: curl(router.url("/health")).status == 200, 15, 0.05, "/health 200")
+        host, port = router.url("/").split("//")[1].split("/")[0].rsplit(":", 1)
+        t0 = time.monotonic()
+        for i in range(n):
+            body = json.dumps({"model": "sim-8b", "prompt": "prompt %d " % i + "x" * 400,
+                               "max_tokens": 2, "stream": True}).encode()
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nx-tenant: batch\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                      % len(body) + body)
+            socks.append(s)
+        wait_for(lambda: sim.metric("vllm:num_requests_running") == n, 30, 0.01,
+                 "every request past its first token")
+        took = time.monotonic() - t0
+        # Most of them waited (the first went at once, and maybe one sent before it was at
+        # the pod): released at the queue's looks alone, they would take a second each.
+        released = metric(get_metrics(router), "pcrouter_tenant_queue_released_total")
+        assert released >= n - 3, released
+        assert took < 1.5, took
+    finally:
+        for s in socks:
+            s.close()
+        sim.close()
+
+
+def test_sim_latency_engine_resumes_a_preempted_prefill_where_it_was(router_factory):
+    """The latency engine keeps what a preempted prefill computed (its full blocks stay in the
+    prefix cache, as vLLM's do): a 3 s batch prefill preempted half way through by an
+    interactive request ends about 3 s after it began, not 1.5 s + 3 s."""
+    sim = PrioSim("latency", "priority", ["--prefill-us-per-token", "150"])
+    try:
+        url = "http://127.0.0.1:%d/v1/completions" % sim.port
+        out = {}
+
+        def send(tag, prompt, prio):
+            t = time.monotonic()
+            r = curl(url, data={"model": "sim-8b", "prompt": prompt, "max_tokens": 1,
+                                "priority": prio}, timeout=60)
+            out[tag] = (r.status, time.monotonic() - t)
+
+        tb = threading.Thread(target=send, args=("batch", "b" * 80000, 10))
+        t0 = time.monotonic()
+        tb.start()
+        wait_for(lambda: sim.metric("vllm:num_requests_running") == 1, 15, 0.01,
+                 "the batch prompt in prefill")
+        # Half way through its prefill (20000 tokens at 150 us: 3 s).
+        wait_for(lambda: time.monotonic() - t0 >= 1.5, 5, 0.01, "half of the batch prefill")
+        send("interactive", "an interactive question", 0)
+        tb.join(60)
+        assert sim.metric("vllm:num_preemptions_total") == 1
+        assert out["interactive"][0] == 200 and out["batch"][0] == 200, out
+        assert out["batch"][1] < 3.8, out
     finally:
         sim.close()
 

@@ -1,7 +1,8 @@
 /* bench/sim/step_engine.c: the step engine of step_engine.h.
  *
- * The scheduling follows vLLM v1's Scheduler.schedule() with chunked prefill and no
- * long_prefill_token_threshold: running sequences first, in the order they were admitted,
+ * The scheduling follows vLLM v1's Scheduler.schedule() with chunked prefill (and its
+ * long_prefill_token_threshold, which caps what one sequence takes of a step's budget):
+ * running sequences first, in the order they were admitted,
  * then the waiting queue (FCFS, or by priority) while the budget, max_num_seqs and the cache
  * allow; with priority scheduling, a waiting sequence may preempt worse running ones (the
  * header says how far this goes beyond vLLM v1). */
@@ -213,16 +214,23 @@ static void schedule(sim_step_t *e, sim_step_seq_t *s, size_t n, compose_t *k)
     e->batch[e->nbatch++] = s;
 }
 
+/* The tokens s would compute next: what it has left, at most long_prefill (when set). */
+static size_t wants(const sim_step_t *e, const sim_step_seq_t *s, size_t computed)
+{
+    size_t left = s->prompt_tokens + s->generated - computed;
+    return e->c.long_prefill > 0 && left > e->c.long_prefill ? e->c.long_prefill : left;
+}
+
 /* Admits the waiting head s with as many tokens as the budget allows: 0, or nonzero when the
  * budget, max_num_seqs or the cache keep it out. */
 static int admit(sim_step_t *e, sim_step_seq_t *s, compose_t *k)
 {
     if (k->budget == 0 || e->running.n >= e->c.max_num_seqs)
         return -1;
-    size_t total = s->prompt_tokens + s->generated;
     size_t hit = pcr_kvcache_hit_tokens(pcr_kvcache_match(e->kv, s->hashes, s->nblocks),
                                         s->prompt_tokens);
-    size_t n = total - hit < k->budget ? total - hit : k->budget;
+    size_t want = wants(e, s, hit);
+    size_t n = want < k->budget ? want : k->budget;
     size_t priv = private_for(s, hit + n), hit_blocks;
     if (pcr_kvcache_acquire(e->kv, s->hashes, s->nblocks, priv, &hit_blocks) != 0)
         return -1;
@@ -249,7 +257,7 @@ double sim_step_begin(sim_step_t *e)
     e->step_prefill_tokens = 0;
     e->step_decodes = 0;
     for (sim_step_seq_t *s = e->running.head, *next; s && k.budget > 0; s = next) {
-        size_t left = s->prompt_tokens + s->generated - s->computed;
+        size_t left = wants(e, s, s->computed);
         size_t n = left < k.budget ? left : k.budget;
         int lost = 0;
         while (grow(e, s, n) != 0) {

@@ -2,7 +2,9 @@
  *
  * Each step takes, in order: every running sequence's next tokens (one for a decode, the next
  * chunk for a prefill not yet done), then new sequences from the waiting queue in FIFO order,
- * all within a token budget (max_batched_tokens) and at most max_num_seqs running. A sequence
+ * all within a token budget (max_batched_tokens) and at most max_num_seqs running; with
+ * long_prefill set, no sequence takes more than that many tokens in one step (vLLM's
+ * long_prefill_token_threshold), so a long prompt's chunks leave room for others. A sequence
  * holds its prompt's named blocks from its admission and private blocks for the tokens it has
  * computed beyond them, one more each time its context crosses a block. When a running
  * sequence needs a block and none is free, the newest running sequence is preempted: it gives
@@ -49,10 +51,12 @@ typedef struct {
     double ctx_us_per_token;       /* per context token a scheduled sequence reads
                                     * (--step-kv-ns-per-token / 1000) */
     int priority;                  /* --scheduling-policy priority (0: fcfs) */
+    unsigned long_prefill;         /* a sequence computes at most this many tokens a step
+                                    * (--long-prefill-token-threshold; 0: no limit) */
 } sim_step_conf_t;
 
 /* Llama-3.1-8B in BF16 on one H100 SXM (docs/BENCH_ENGINE.md says where each comes from). */
-#define SIM_STEP_DEFAULTS {256, 8192, 7400.0, 70.0, 30.0, 0.039, 0}
+#define SIM_STEP_DEFAULTS {256, 8192, 7400.0, 70.0, 30.0, 0.039, 0, 0}
 
 enum { SIM_SEQ_NEW, SIM_SEQ_WAITING, SIM_SEQ_RUNNING, SIM_SEQ_FINISHED };
 

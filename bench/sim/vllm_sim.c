@@ -49,6 +49,9 @@ static void usage(FILE *f)
 "                               stream's next token and prefill chunks up to a budget;\n"
 "                               uses --max-num-seqs, --prefill-us-per-token and:\n"
 "  --max-num-batched-tokens N   step: tokens per engine step (default 8192)\n"
+"  --long-prefill-token-threshold N\n"
+"                               step: tokens one request computes in a step at most,\n"
+"                               as vLLM's flag (default 0: no limit)\n"
 "  --step-base-ms F             step: a step's fixed time, ms (default 7.4)\n"
 "  --step-seq-us F              step: time per decoding sequence, us (default 30)\n"
 "  --step-kv-ns-per-token F     step: time per context token a sequence reads, ns\n"
@@ -187,7 +190,7 @@ int main(int argc, char **argv)
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
            O_HIDE, O_HELP, O_ENGINE, O_MNBT, O_SBASE, O_SSEQ, O_SKV, O_RTT, O_TOKDELAY,
            O_KVEV, O_KVENC, O_KVDROP, O_FOREIGN, O_FTOK, O_CAPSCHED, O_ROLE, O_KVTPS, O_KVGBPS,
-           O_KVHOST, O_SCHED, O_TOKTHREADS };
+           O_KVHOST, O_SCHED, O_TOKTHREADS, O_LPTT };
     static const struct option opts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"name", 1, 0, O_NAME},
         {"model", 1, 0, O_MODEL}, {"time-scale", 1, 0, O_SCALE},
@@ -208,6 +211,7 @@ int main(int argc, char **argv)
         {"kv-transfer-tokens-per-s", 1, 0, O_KVTPS}, {"kv-transfer-gbps", 1, 0, O_KVGBPS},
         {"kv-advertise-host", 1, 0, O_KVHOST}, {"scheduling-policy", 1, 0, O_SCHED},
         {"tokenize-threads", 1, 0, O_TOKTHREADS},
+        {"long-prefill-token-threshold", 1, 0, O_LPTT},
         {0, 0, 0, 0},
     };
     int o;
@@ -249,6 +253,10 @@ int main(int argc, char **argv)
         case O_MNBT:
             bad = parse_double(optarg, 1, 1e7, &v);
             conf.sc.max_batched_tokens = (unsigned)v;
+            break;
+        case O_LPTT:
+            bad = parse_double(optarg, 0, 1e7, &v);
+            conf.sc.long_prefill = (unsigned)v;
             break;
         case O_SBASE: bad = parse_double(optarg, 0, 1e6, &v); conf.sc.base_us = v * 1000; break;
         case O_SSEQ: bad = parse_double(optarg, 0, 1e7, &conf.sc.decode_us_per_seq); break;

@@ -3,7 +3,7 @@
  * time, preemption of the newest running sequence when the cache runs out, blocks given back
  * at the end, aborts, and the same inputs giving the same steps; with priority scheduling,
  * the waiting order, a better waiting sequence displacing worse running ones, and the victim
- * of a full cache. */
+ * of a full cache; and long_prefill capping what one sequence takes of a step. */
 #include <stdlib.h>
 
 #include "pcr_test.h"
@@ -49,7 +49,7 @@ static double run_step(sim_step_t *e, fixture_t *f)
 
 static sim_step_conf_t conf(unsigned seqs, unsigned budget)
 {
-    sim_step_conf_t c = {seqs, budget, 1000.0, 10.0, 100.0, 1.0, 0};
+    sim_step_conf_t c = {seqs, budget, 1000.0, 10.0, 100.0, 1.0, 0, 0};
     return c;
 }
 
@@ -388,6 +388,38 @@ static void test_a_full_cache_preempts_the_worst_priority(void)
     pcr_kvcache_free(kv);
 }
 
+/* long_prefill (vLLM's long_prefill_token_threshold): a 4000-token prompt takes at most 1000
+ * tokens a step, running or newly admitted, so a prompt arriving behind it is admitted in the
+ * next step with the budget left, and the long one needs four steps. */
+static void test_long_prefill_caps_a_sequence_per_step(void)
+{
+    static fixture_t f;
+    memset(&f, 0, sizeof f);
+    pcr_kvcache_t *kv = pcr_kvcache_new(10000);
+    sim_step_conf_t c = conf(16, 8192);
+    c.long_prefill = 1000;
+    sim_step_t e;
+    sim_step_init(&e, &c, kv);
+    make(&f, 0, 4000, 2);
+    make(&f, 1, 800, 2);
+    sim_step_add(&e, &f.s[0]);
+    PCR_CHECK(sim_step_begin(&e) > 0);
+    PCR_CHECK_EQ_INT(e.step_prefill_tokens, 1000);
+    f.step = 1;
+    sim_step_end(&e, on_emit, &f);
+    sim_step_add(&e, &f.s[1]);
+    PCR_CHECK(sim_step_begin(&e) > 0);
+    PCR_CHECK_EQ_INT(e.step_prefill_tokens, 1800);   /* 1000 of seq 0, all 800 of seq 1 */
+    f.step = 2;
+    sim_step_end(&e, on_emit, &f);
+    PCR_CHECK_EQ_INT(f.first_step[1], 2);
+    while (f.emitted[0] == 0 && run_step(&e, &f) > 0)
+        ;
+    PCR_CHECK_EQ_INT(f.first_step[0], 4);
+    sim_step_dispose(&e);
+    pcr_kvcache_free(kv);
+}
+
 int main(void)
 {
     PCR_RUN(test_prefill_is_chunked_under_the_budget);
@@ -398,6 +430,7 @@ int main(void)
     PCR_RUN(test_priority_orders_the_waiting_queue);
     PCR_RUN(test_a_better_waiting_sequence_displaces_a_worse_running_one);
     PCR_RUN(test_only_a_strictly_better_priority_displaces);
+    PCR_RUN(test_long_prefill_caps_a_sequence_per_step);
     PCR_RUN(test_a_full_cache_preempts_the_worst_priority);
     return pcr_test_done();
 }

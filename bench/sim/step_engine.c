@@ -221,6 +221,18 @@ static size_t wants(const sim_step_t *e, const sim_step_seq_t *s, size_t compute
     return e->c.long_prefill > 0 && left > e->c.long_prefill ? e->c.long_prefill : left;
 }
 
+/* Would the waiting s get less of this step than its next chunk (what it has left past its
+ * cached prefix, at most long_prefill and the whole budget)? */
+static int short_of_budget(const sim_step_t *e, const sim_step_seq_t *s, const compose_t *k)
+{
+    size_t hit = pcr_kvcache_hit_tokens(pcr_kvcache_match(e->kv, s->hashes, s->nblocks),
+                                        s->prompt_tokens);
+    size_t want = wants(e, s, hit);
+    if (want > e->c.max_batched_tokens)
+        want = e->c.max_batched_tokens;
+    return k->budget < want;
+}
+
 /* Admits the waiting head s with as many tokens as the budget allows: 0, or nonzero when the
  * budget, max_num_seqs or the cache keep it out. */
 static int admit(sim_step_t *e, sim_step_seq_t *s, compose_t *k)
@@ -275,13 +287,23 @@ double sim_step_begin(sim_step_t *e)
         next = s->next;
         schedule(e, s, n, &k);
     }
-    /* Priority scheduling: a waiting sequence that cannot go in displaces worse running ones;
-     * after that, only sequences better than every one displaced are admitted. */
+    /* Priority scheduling: a waiting sequence that cannot go in whole (its next chunk short
+     * of the budget left, or no slot, or no room in the cache) displaces worse running ones
+     * until it can, as vLLM v0's _schedule_priority_preemption does; after that, only
+     * sequences better than every one displaced are admitted. */
     int cut = INT_MAX;
     while (!preempted && e->waiting.head) {
         sim_step_seq_t *s = e->waiting.head, *v;
         if (e->c.priority && s->priority >= cut)
             break;
+        if (e->c.priority && short_of_budget(e, s, &k) &&
+            (v = worse_than(e, s->priority)) != NULL) {
+            preempt(e, v, &k);
+            e->priority_preemptions++;
+            if (v->priority < cut)
+                cut = v->priority;
+            continue;
+        }
         if (admit(e, s, &k) == 0)
             continue;
         if (!e->c.priority || (v = worse_than(e, s->priority)) == NULL)

@@ -17,10 +17,11 @@
  * that order (a preempted sequence goes back into it by its own priority and arrival, not to
  * the head), and a running sequence that needs a block preempts the running sequence of the
  * worst priority, latest arrival (which may be itself), as vLLM v1 does. Beyond vLLM v1 (its
- * waiting requests never displace running ones; vLLM v0's priority scheduler did): a waiting
- * sequence that cannot be admitted (no budget left in the step, max_num_seqs running, or no
- * room in the cache) preempts running sequences of a strictly worse priority, worst first,
- * until it can; a sequence preempted so gives back the step's tokens it was given, and in
+ * waiting requests never displace running ones; vLLM v0's _schedule_priority_preemption
+ * did): a waiting sequence that cannot be admitted whole (the budget left in the step short
+ * of its next chunk, max_num_seqs running, or no room in the cache) preempts running
+ * sequences of a strictly worse priority, worst first, until it can; a sequence preempted
+ * so gives back the step's tokens it was given, and in
  * that step only sequences better than every one preempted are admitted after it. A
  * preempted sequence keeps cached only the full prompt blocks it had computed.
  *

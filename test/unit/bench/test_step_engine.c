@@ -3,7 +3,8 @@
  * time, preemption of the newest running sequence when the cache runs out, blocks given back
  * at the end, aborts, and the same inputs giving the same steps; with priority scheduling,
  * the waiting order, a better waiting sequence displacing worse running ones, and the victim
- * of a full cache; and long_prefill capping what one sequence takes of a step. */
+ * of a full cache, and a better sequence short of the budget displacing; and long_prefill
+ * capping what one sequence takes of a step. */
 #include <stdlib.h>
 
 #include "pcr_test.h"
@@ -420,6 +421,44 @@ static void test_long_prefill_caps_a_sequence_per_step(void)
     pcr_kvcache_free(kv);
 }
 
+/* Priority scheduling, a budget of 1024: a worse sequence's last chunk (928 tokens) leaves
+ * 96; a better one that wants 1000 does not take those 96 and wait behind the worse one's
+ * chunks, it displaces the worse one (vLLM v0's _schedule_priority_preemption: until the
+ * waiting one's tokens fit the budget) and prefills whole in this step. */
+static void test_a_better_sequence_short_of_budget_displaces(void)
+{
+    static fixture_t f;
+    memset(&f, 0, sizeof f);
+    pcr_kvcache_t *kv = pcr_kvcache_new(10000);
+    sim_step_conf_t c = conf(16, 1024);
+    c.priority = 1;
+    sim_step_t e;
+    sim_step_init(&e, &c, kv);
+    make(&f, 0, 4000, 2);
+    f.s[0].priority = 10;
+    make(&f, 1, 1000, 2);
+    f.s[1].priority = 0;
+    sim_step_add(&e, &f.s[0]);
+    for (unsigned n = 0; n < 3; n++)
+        run_step(&e, &f);
+    PCR_CHECK_EQ_INT(f.s[0].computed, 3072);
+    sim_step_add(&e, &f.s[1]);
+    PCR_CHECK(sim_step_begin(&e) > 0);
+    PCR_CHECK_EQ_INT(e.priority_preemptions, 1);
+    PCR_CHECK_EQ_INT(f.s[0].state, SIM_SEQ_WAITING);
+    PCR_CHECK_EQ_INT(e.step_prefill_tokens, 1000);
+    f.step = 4;
+    sim_step_end(&e, on_emit, &f);
+    PCR_CHECK_EQ_INT(f.first_step[1], 4);
+    /* The worse one resumes from its 192 computed blocks. */
+    for (unsigned n = 0; n < 100 && run_step(&e, &f) > 0; n++)
+        ;
+    PCR_CHECK_EQ_INT(f.emitted[0], 2);
+    PCR_CHECK_EQ_INT(f.emitted[1], 2);
+    sim_step_dispose(&e);
+    pcr_kvcache_free(kv);
+}
+
 int main(void)
 {
     PCR_RUN(test_prefill_is_chunked_under_the_budget);
@@ -431,6 +470,7 @@ int main(void)
     PCR_RUN(test_a_better_waiting_sequence_displaces_a_worse_running_one);
     PCR_RUN(test_only_a_strictly_better_priority_displaces);
     PCR_RUN(test_long_prefill_caps_a_sequence_per_step);
+    PCR_RUN(test_a_better_sequence_short_of_budget_displaces);
     PCR_RUN(test_a_full_cache_preempts_the_worst_priority);
     return pcr_test_done();
 }

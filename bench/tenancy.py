@@ -13,7 +13,10 @@ every ratio is against a baseline measured alongside it:
      first), so a pod serves an interactive prompt before the batch prompts it holds. Every
      run but the last has fcfs pods and no pod_priority, as before. Reported: the interactive tenant's TTFT p99
      against its run alone, its rejections, the batch tenant's rejections and its output
-     tokens a second against its run alone.
+     tokens a second against its run alone, and what the pods did whoever asked: the prompt
+     tokens they computed a second (the interactive tenant's included) against the batch
+     tenant's run alone, and their preemptions. With --engine step the pods' steps are
+     bounded (--max-num-batched-tokens, STEP_BATCHED_TOKENS below) in every run alike.
   2. Fairness. Two tenants of equal priority and weight, one sending long prompts and one
      short, both flooding. Runs: with flow control, without. Reported: tokens served to each
      (prompt plus output, as the pods reported them) and their ratio, and the hit rate (cached
@@ -48,6 +51,10 @@ sys.path.insert(0, HERE)
 from routing import Router, Sims  # noqa: E402
 
 MODEL = "sim-8b"
+# The step engine's pods: vLLM's --max-num-batched-tokens as an operator sets it to bound a
+# step's prefill, so an interactive prompt waits at most a short step for the GPU (vLLM's own
+# defaults are 8192 on an H100, 2048 on smaller GPUs, 1024 on a TPU v6e: engine/arg_utils.py).
+STEP_BATCHED_TOKENS = 1024
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
          "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo"]
 
@@ -73,6 +80,14 @@ class Stats:
 
     def count(self, status):
         self.status[status] = self.status.get(status, 0) + 1
+
+
+class Run(dict):
+    """One run's Stats by tenant, and what the pods did."""
+    def __init__(self, stats):
+        super().__init__(stats)
+        self.prefill = 0        # prompt tokens the pods computed (not found cached)
+        self.preemptions = 0
 
 
 def dechunk(b):
@@ -177,7 +192,9 @@ def pool(args, tmp, npods, settings, policy="fcfs"):
                 extra=["--max-num-seqs", "64", "--engine", args.engine,
                        "--scheduling-policy", policy] +
                       (["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-                       if args.max_num_batched_tokens else []))
+                       if args.max_num_batched_tokens else []) +
+                      (["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
+                       if args.long_prefill_token_threshold else []))
     router = None
     try:
         cfg = dict({"listen": [{"address": "127.0.0.1:0"}],
@@ -186,7 +203,7 @@ def pool(args, tmp, npods, settings, policy="fcfs"):
                     "log": {"access_log": False}}, **settings)
         router = Router(args.build, cfg, tmp)
         host, port = router.url[len("http://"):].split(":")
-        yield host, int(port)
+        yield host, int(port), sims
     finally:
         if router:
             router.stop()
@@ -207,7 +224,7 @@ def run(args, tmp, flow, loads, npods=None, pod_priority=False):
         settings["tenants"]["interactive"]["pod_priority"] = 0
         settings["tenants"]["batch"]["pod_priority"] = 10
     with pool(args, tmp, npods or args.pods, settings,
-              "priority" if pod_priority else "fcfs") as (host, port):
+              "priority" if pod_priority else "fcfs") as (host, port, sims):
         stats = {t: Stats() for t, _, _, _ in loads}
         t0 = time.monotonic()
 
@@ -217,7 +234,19 @@ def run(args, tmp, flow, loads, npods=None, pod_priority=False):
                           args.ttl_ms / 1000 + 60)
                 for i, (t, rate, mk, mt) in enumerate(loads)])
         asyncio.run(main())
-        return stats, time.monotonic() - t0
+        el = time.monotonic() - t0
+        # What the pods did, whoever asked: prefill (prompt tokens not found cached) and
+        # preemptions, from their own counters.
+        stats = Run(stats)
+        for url in sims.urls.values():
+            h, pt = url[len("http://"):].split(":")
+            m = scrape(h, int(pt))
+            stats.prefill += int(gauge_sum(m, "vllm:prompt_tokens_total") -
+                                 gauge_sum(m, "vllm:prefix_cache_hits_total"))
+            stats.preemptions += int(gauge_sum(m, "vllm:num_preemptions_total"))
+        print("#   pods: %d prefill tokens, %d preemptions, %.1f s"
+              % (stats.prefill, stats.preemptions, el), file=sys.stderr, flush=True)
+        return stats, el
 
 
 def experiment_priority(args, tmp):
@@ -232,6 +261,8 @@ def experiment_priority(args, tmp):
     if args.scheduling_policy == "priority":
         setups.append(("both, flow control + pod priority", True, [inter, batch], True))
     for label, flow, loads, prio in setups:
+        if args.setups and not any(x in label for x in args.setups.split(",")):
+            continue
         runs = [run(args, tmp, flow, loads, pod_priority=prio) for _ in range(args.repeat)]
         rows[label] = runs
         for stats, el in runs:
@@ -246,15 +277,20 @@ def med(xs):
 
 
 def report_priority(args, cap, rows):
-    base_p99 = med([p(s["interactive"].ttft, 0.99) for s, _ in rows["interactive alone"]])
-    base_tput = med([s["batch"].output / el for s, el in rows["batch alone"]])
+    base_p99 = med([p(s["interactive"].ttft, 0.99)
+                    for s, _ in rows.get("interactive alone", [])])
+    base_tput = med([s["batch"].output / el for s, el in rows.get("batch alone", [])])
+    base_work = med([s.prefill / el for s, el in rows.get("batch alone", [])])
     print("\n## Priority: interactive at %.1f req/s, batch flooding at %.0fx the pool's prefill "
-          "capacity (%.1f req/s of %d-token prompts), %d pods, %ds runs, median of %d"
-          % (args.interactive_rate, args.flood, cap, args.batch_tokens, args.pods, args.duration,
-             args.repeat))
+          "capacity (%.1f req/s of %d-token prompts), %d pods (%s engine%s), %ds runs, median "
+          "of %d" % (args.interactive_rate, args.flood, cap, args.batch_tokens, args.pods,
+                     args.engine, ", %d tokens a step" % args.max_num_batched_tokens
+                     if args.engine == "step" and args.max_num_batched_tokens else "",
+                     args.duration, args.repeat))
     print("\n| run | interactive TTFT p50 | p99 | p99 / alone | interactive rejected | "
-          "batch rejected | batch output tok/s | / batch alone |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "batch rejected | batch output tok/s | / batch alone | pods' prefill tok/s | "
+          "/ batch alone | preemptions |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, runs in rows.items():
         def col(t, f):
             return med([f(s[t], el) for s, el in runs]) if t in runs[0][0] else float("nan")
@@ -263,11 +299,15 @@ def report_priority(args, cap, rows):
         irej = col("interactive", lambda s, el: sum(v for k, v in s.status.items() if k != 200))
         brej = col("batch", lambda s, el: sum(v for k, v in s.status.items() if k != 200))
         tput = col("batch", lambda s, el: s.output / el)
-        print("| %s | %.3f s | %.3f s | %s | %s | %s | %s | %s |" % (
+        work = med([s.prefill / el for s, el in runs])
+        preempt = med([s.preemptions for s, el in runs])
+        print("| %s | %.3f s | %.3f s | %s | %s | %s | %s | %s | %.0f | %s | %d |" % (
             label, p50, p99, "%.2fx" % (p99 / base_p99) if p99 == p99 else "-",
             "%d" % irej if irej == irej else "-", "%d" % brej if brej == brej else "-",
             "%.0f" % tput if tput == tput else "-",
-            "%.2fx" % (tput / base_tput) if tput == tput and base_tput else "-"))
+            "%.2fx" % (tput / base_tput) if tput == tput and base_tput else "-",
+            work, "%.2fx" % (work / base_work) if base_work == base_work and base_work else "-",
+            preempt))
 
 
 def experiment_fairness(args, tmp):
@@ -519,9 +559,17 @@ def main():
     ap.add_argument("--scheduling-policy", default="priority", choices=["fcfs", "priority"],
                     help="priority (default): the priority experiment adds a run with the "
                          "pods' priority scheduling and the tenants' pod_priority; fcfs: not")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=0,
-                    help="step engine: the pods' token budget per step (vllm_sim's default "
-                         "8192 when 0): smaller steps, shorter waits for a step's end")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="step engine: the pods' token budget per step, vLLM's flag; default "
+                         "%d, an operator's bound on a step (so on the wait for its end) for "
+                         "interactive TTFT (0: vllm_sim's own default, 8192, vLLM's on an "
+                         "H100)" % STEP_BATCHED_TOKENS)
+    ap.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                    help="step engine: the most prompt tokens one request computes in a step "
+                         "(vLLM's --long-prefill-token-threshold; 0: no limit)")
+    ap.add_argument("--setups", default="",
+                    help="priority: only the runs whose label has one of these comma-separated "
+                         "words (for experiments; the table needs 'alone')")
     ap.add_argument("--auth-keys", type=int, default=1000)
     ap.add_argument("--auth-requests", type=int, default=30000)
     ap.add_argument("--waiting", type=int, default=100000,
@@ -536,6 +584,8 @@ def main():
     ap.add_argument("--only", choices=["priority", "fairness", "auth", "memory"])
     ap.add_argument("--quick", action="store_true", help="10 s runs")
     args = ap.parse_args()
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = STEP_BATCHED_TOKENS if args.engine == "step" else 0
     if args.quick:
         args.duration = 10
     with tempfile.TemporaryDirectory() as tmp:

@@ -179,7 +179,8 @@ static void step_kick(sim_pod_t *pod)
 }
 
 /* Priority scheduling: r arrives; admitted requests of a worse priority whose prefill has not
- * ended go back to waiting, keeping the full blocks they computed (the header says why this is the whole rule). */
+ * ended go back to waiting, keeping the full blocks they computed (the header says why this is
+ * the whole rule). */
 static void preempt_worse(sim_pod_t *pod, const sim_req_t *r)
 {
     double now = sim_now_us(), busy = now;

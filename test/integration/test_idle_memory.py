@@ -51,70 +51,46 @@ def close_idle(p):
     p.wait(60)
 
 
-def test_idle_h2_connections_hold_no_frame_buffer(cluster, tls_cert, tmp_path):
-    c = cluster(n=1, tls=tls_cert, log={"access_log": False},
-                limits={"max_client_connections": 4 * CONNS}, popen={"env": router_env()})
-    r = c.router
-    pid = r.proc.pid
+def check_idle(c, tmp_path, port, count, bound, what, **proto):
+    """Opens `count` idle connections (one request each) to `port`; RSS per connection must
+    fall to `bound` bytes (release builds); then each serves one more request."""
+    pid = c.router.proc.pid
     body = str(tmp_path / "body.json")
     with open(body, "wb") as f:
         f.write(small_completion("idle"))
-    warm = open_idle(r.tls_port, 5, body, tls=True, h2=True)
+    warm = open_idle(port, 5, body, **proto)
     close_idle(warm)
     before = proc_rss_kb(pid)
-    p = open_idle(r.tls_port, CONNS, body, tls=True, h2=True)
+    p = open_idle(port, count, body, **proto)
     try:
         if not (sanitized(PCROUTER, "asan") or sanitized(PCROUTER, "tsan")):
             per_conn = []
 
             def small_enough():
-                per_conn.append((proc_rss_kb(pid) - before) * 1024.0 / CONNS)
-                return per_conn[-1] <= H2_TLS_BOUND
+                per_conn.append((proc_rss_kb(pid) - before) * 1024.0 / count)
+                return per_conn[-1] <= bound
 
             try:
-                wait_for(small_enough, 15, 0.2,
-                         "RSS per idle h2 connection <= %d bytes" % H2_TLS_BOUND)
+                wait_for(small_enough, 15, 0.2, "RSS per idle %s connection <= %d bytes" % (what, bound))
             except AssertionError as e:
                 raise AssertionError("%s: %.0f bytes a connection" % (e, per_conn[-1])) from None
-        # The sessions whose pages went back serve again: one more request on each, on the
-        # same h2 session (its next stream).
+        # What went from the idle connections comes back: one more request on each (over h2,
+        # on the same session: its next stream).
         p.stdin.write("again\n")
         p.stdin.flush()
         line = p.stdout.readline()
-        assert line.startswith("AGAIN %d FAILED 0" % CONNS), line
+        assert line.startswith("AGAIN %d FAILED 0" % count), line
     finally:
         close_idle(p)
+
+
+def test_idle_h2_connections_hold_no_frame_buffer(cluster, tls_cert, tmp_path):
+    c = cluster(n=1, tls=tls_cert, log={"access_log": False},
+                limits={"max_client_connections": 4 * CONNS}, popen={"env": router_env()})
+    check_idle(c, tmp_path, c.router.tls_port, CONNS, H2_TLS_BOUND, "h2", tls=True, h2=True)
 
 
 def test_idle_h1_connections_hold_no_buffers(cluster, tmp_path):
     c = cluster(n=1, log={"access_log": False},
                 limits={"max_client_connections": 4 * H1_CONNS}, popen={"env": router_env()})
-    r = c.router
-    pid = r.proc.pid
-    body = str(tmp_path / "body.json")
-    with open(body, "wb") as f:
-        f.write(small_completion("idle"))
-    warm = open_idle(r.port, 5, body)
-    close_idle(warm)
-    before = proc_rss_kb(pid)
-    p = open_idle(r.port, H1_CONNS, body)
-    try:
-        if not (sanitized(PCROUTER, "asan") or sanitized(PCROUTER, "tsan")):
-            per_conn = []
-
-            def small_enough():
-                per_conn.append((proc_rss_kb(pid) - before) * 1024.0 / H1_CONNS)
-                return per_conn[-1] <= H1_BOUND
-
-            try:
-                wait_for(small_enough, 15, 0.2,
-                         "RSS per idle HTTP/1.1 connection <= %d bytes" % H1_BOUND)
-            except AssertionError as e:
-                raise AssertionError("%s: %.0f bytes a connection" % (e, per_conn[-1])) from None
-        # Connections whose buffers went make them again: one more request on each.
-        p.stdin.write("again\n")
-        p.stdin.flush()
-        line = p.stdout.readline()
-        assert line.startswith("AGAIN %d FAILED 0" % H1_CONNS), line
-    finally:
-        close_idle(p)
+    check_idle(c, tmp_path, c.router.port, H1_CONNS, H1_BOUND, "HTTP/1.1")

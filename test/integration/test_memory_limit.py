@@ -123,6 +123,9 @@ def test_actions_at_each_threshold(stub_factory, router_factory):
     m = admin_metrics(r)
     assert metric(m, "pcrouter_memory_limit_bytes") == LIMIT
     assert active(r) == {a: 0 for a in ACTIONS}
+    # The account is added up on the control thread's tick: 0 until the first one.
+    wait_for(lambda: accounted(admin_metrics(r)) > 0, 15, what="the account's first tick")
+    m = admin_metrics(r)
     idle = accounted(m)
     assert 0 < idle < 0.5 * LIMIT, parts(m)
 

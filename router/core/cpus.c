@@ -1,5 +1,7 @@
 /* router/core/cpus.c: the CPUs `workers: 0` may use, from the affinity mask and the cgroup
- * quota, and the cgroup's memory limit for limits.max_memory_bytes "auto" (see cpus.h). It runs once at start, before any thread, so it reads files plainly. */
+ * quota (once at start, before any thread), and the cgroup's memory limit for
+ * limits.max_memory_bytes "auto" (at start and at each reload, on the control thread). Both
+ * read files plainly (see cpus.h). */
 #include "cpus.h"
 
 #include <errno.h>
@@ -123,8 +125,12 @@ static int find_mount(const char *root, int v2, char *mnt, size_t mlen, char *mr
     return found;
 }
 
-/* The tightest quota on the cgroup `cgpath` of one hierarchy and its ancestors. */
-static double hierarchy_quota(const char *root, int v2, const char *cgpath, char *which, size_t wlen)
+/* One cgroup folder's limit (> 0), or 0 when it sets none; `w` gets the file it came from. */
+typedef double (*dir_limit_fn)(const char *dir, int v2, char *w, size_t wlen);
+
+/* The tightest limit `read` finds on the cgroup `cgpath` of one hierarchy and its ancestors. */
+static double hierarchy_min(const char *root, int v2, const char *cgpath, dir_limit_fn read,
+                            char *which, size_t wlen)
 {
     char mnt[1024], mroot[1024];
     if (find_mount(root, v2, mnt, sizeof(mnt), mroot, sizeof(mroot)) != 0)
@@ -142,7 +148,7 @@ static double hierarchy_quota(const char *root, int v2, const char *cgpath, char
     for (;;) {
         char dir[2200], w[2300] = "";
         int n = snprintf(dir, sizeof(dir), "%s%s", mnt, strcmp(rel, "/") == 0 ? "" : rel);
-        double q = n > 0 && (size_t)n < sizeof(dir) ? dir_quota(dir, v2, w, sizeof(w)) : 0;
+        double q = n > 0 && (size_t)n < sizeof(dir) ? read(dir, v2, w, sizeof(w)) : 0;
         if (q > 0 && (best == 0 || q < best)) {
             best = q;
             snprintf(which, wlen, "%s", w);
@@ -186,7 +192,7 @@ void pcr_cpus_detect(pcr_cpus_t *out, const char *root, unsigned affinity)
             if (!v2 && !has_word(c1 + 1, "cpu"))
                 continue;
             char which[512] = "";
-            double q = hierarchy_quota(root, v2, c2 + 1, which, sizeof(which));
+            double q = hierarchy_min(root, v2, c2 + 1, dir_quota, which, sizeof(which));
             if (q > 0 && (out->quota == 0 || q < out->quota)) {
                 out->quota = q;
                 snprintf(out->quota_path, sizeof(out->quota_path), "%s", which);
@@ -208,18 +214,18 @@ void pcr_cpus_detect(pcr_cpus_t *out, const char *root, unsigned affinity)
 
 /* The memory.max in cgroup v2 folder `dir`, or 0 when it sets none ("max") or cannot be read
  * as a plain number of bytes. */
-static uint64_t dir_memory_max(const char *dir)
+static double dir_memory_max(const char *dir, int v2, char *w, size_t wlen)
 {
-    char path[2300], line[128];
-    snprintf(path, sizeof(path), "%s/memory.max", dir);
-    if (read_line(path, line, sizeof(line)) != 0 || line[0] < '0' || line[0] > '9')
+    char line[128];
+    snprintf(w, wlen, "%s/memory.max", dir);
+    if (read_line(w, line, sizeof(line)) != 0 || line[0] < '0' || line[0] > '9')
         return 0;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(line, &end, 10);
     if (errno != 0 || *end != '\0')
         return 0;
-    return (uint64_t)v;
+    return (double)v;
 }
 
 uint64_t pcr_cgroup_memory_max(const char *root, char *which, size_t wlen)
@@ -237,32 +243,9 @@ uint64_t pcr_cgroup_memory_max(const char *root, char *which, size_t wlen)
             snprintf(cg, sizeof(cg), "%s", line + 3);
     }
     fclose(f);
-    char mnt[1024], mroot[1024];
-    if (cg[0] == '\0' || find_mount(root, 1, mnt, sizeof(mnt), mroot, sizeof(mroot)) != 0)
+    if (cg[0] == '\0')
         return 0;
-    char rel[1024];
-    size_t rl = strlen(mroot);
-    if (strcmp(mroot, "/") == 0)
-        snprintf(rel, sizeof(rel), "%s", cg);
-    else if (strncmp(cg, mroot, rl) == 0 && (cg[rl] == '/' || cg[rl] == '\0'))
-        snprintf(rel, sizeof(rel), "%s", cg + rl);
-    else
-        rel[0] = '\0'; /* a namespaced view: the mount is the process's own cgroup */
-    uint64_t best = 0;
-    for (;;) {
-        char dir[2200];
-        int n = snprintf(dir, sizeof(dir), "%s%s", mnt, strcmp(rel, "/") == 0 ? "" : rel);
-        uint64_t m = n > 0 && (size_t)n < sizeof(dir) ? dir_memory_max(dir) : 0;
-        if (m > 0 && (best == 0 || m < best)) {
-            best = m;
-            snprintf(which, wlen, "%s/memory.max", dir);
-        }
-        char *slash = strrchr(rel, '/');
-        if (slash == NULL || rel[0] == '\0')
-            break;
-        *slash = '\0';
-    }
-    return best;
+    return (uint64_t)hierarchy_min(root, 1, cg, dir_memory_max, which, wlen);
 }
 
 const char *pcr_cpus_source_name(pcr_cpus_source_t s)

@@ -16,7 +16,8 @@ import time
 
 from attack import router_env
 from attack_h2 import upload_body
-from conftest import (H2Client, completion, curl, http_request, make_config, metric, wait_for)
+from conftest import (H2Client, RawConn, completion, curl, http_request, make_config, metric,
+                      wait_for)
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -62,37 +63,22 @@ class Upload:
     def __init__(self, port, size):
         self.body = upload_body(size)
         self.sent = 0
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                          % len(self.body))
+        self.conn = RawConn(port, timeout=30)
+        self.conn.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                       % len(self.body))
 
     def send(self, n):
         n = int(min(n, len(self.body) - self.sent))
-        self.sock.sendall(self.body[self.sent:self.sent + n])
+        self.conn.send(self.body[self.sent:self.sent + n])
         self.sent += n
 
     def finish(self):
         """Sends the rest; returns the response's status and body."""
         self.send(len(self.body))
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            chunk = self.sock.recv(65536)
-            assert chunk, "closed before a response: %r" % buf[:200]
-            buf += chunk
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            k, _, v = line.partition(b":")
-            if k.strip().lower() == b"content-length":
-                length = int(v)
-        while len(rest) < length:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                break
-            rest += chunk
-        self.sock.close()
-        return int(head.split(b" ", 2)[1]), rest
+        status, _, body = self.conn.read_response()
+        self.conn.sock.close()
+        return status, body
 
 
 def push_to(r, up, fraction, others=()):

@@ -16,12 +16,15 @@ const uint64_t pcr_mem_conn_cost[PCR_CONN__COUNT] = {
     [PCR_CONN_H2_TLS] = 28847,
 };
 
+uint64_t pcr_mem_accounted_now(const pcr_server_t *srv)
+{
+    return PCR_LOAD(srv->mem_slow) + PCR_LOAD(srv->body_buffered) + PCR_LOAD(srv->resp_buffered);
+}
+
 unsigned pcr_mem_actions_now(const pcr_server_t *srv)
 {
     uint64_t limit = PCR_LOAD(srv->mem_limit);
     if (limit == 0)
         return 0;
-    uint64_t now = PCR_LOAD(srv->mem_slow) + PCR_LOAD(srv->body_buffered) +
-                   PCR_LOAD(srv->resp_buffered);
-    return pcr_overload_decide(now, limit, PCR_LOAD(srv->overload));
+    return pcr_overload_decide(pcr_mem_accounted_now(srv), limit, PCR_LOAD(srv->overload));
 }

@@ -203,6 +203,8 @@ struct pcr_worker {
  * request bodies and responses held read afresh, so an admission or a body's budget grant
  * sees a flood without waiting for the tick (core/memacct.c). */
 unsigned pcr_mem_actions_now(const pcr_server_t *srv);
+/* The account as those actions see it: the tick's slow parts, the bodies and responses now. */
+uint64_t pcr_mem_accounted_now(const pcr_server_t *srv);
 static inline int pcr_mem_action(const pcr_server_t *srv, pcr_overload_action_t a)
 {
     return (pcr_mem_actions_now(srv) & PCR_OVERLOAD_BIT(a)) != 0;

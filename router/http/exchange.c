@@ -478,8 +478,7 @@ void pcr_exchange_overload_refused(pcr_exchange_t *ex)
 {
     const pcr_server_t *srv = ex->w->srv;
     PCR_INC(ex->w->metrics.overload_refusals[PCR_OVERLOAD_REFUSE_REQUESTS]);
-    uint64_t now = PCR_LOAD(srv->mem_slow) + PCR_LOAD(srv->body_buffered) +
-                   PCR_LOAD(srv->resp_buffered);
+    uint64_t now = pcr_mem_accounted_now(srv);
     pcr_hdr_t h[1] = {{"retry-after", 11, OVERLOAD_RETRY_AFTER, sizeof(OVERLOAD_RETRY_AFTER) - 1}};
     pcr_exchange_error_with(ex, 503, "server_overloaded", "memory_pressure", h, 1,
                             "pcrouter is refusing new requests: the memory it accounts for, "

@@ -130,16 +130,26 @@ static unsigned light_reserve(const pcr_pool_t *pool)
     return pcr_light_reserve(pool->max_connections, (*pool->cfg)->upstream.light_reserve_pct);
 }
 
+/* Whether the pool keeps its reserve for light clients at `now`: one needed it lately. */
+static int light_kept(const pcr_pool_t *pool, uint64_t now)
+{
+    return light_reserve(pool) > 0 && pool->light_needed_us != 0 &&
+           now - pool->light_needed_us < (uint64_t)PCR_LIGHT_KEEP_MS * 1000;
+}
+
 /* Whether `r` may take a connection now (pcr/connshare.h): one is free and, when only the
- * light clients' reserve is and a light client needed it lately, its client is light. A
- * re-sent request had a connection: the reserve is not kept from it. */
-int pcr_upq_may_take(const pcr_pool_t *pool, const pcr_upreq_t *r)
+ * light clients' reserve is and that reserve is `kept`, its client is light. A re-sent request
+ * had a connection: the reserve is not kept from it. */
+static int may_take(const pcr_pool_t *pool, const pcr_upreq_t *r, int kept)
 {
     unsigned reserve = r->resent ? 0 : light_reserve(pool);
-    int kept = reserve > 0 && pool->light_needed_us != 0 &&
-               pcr_now_us() - pool->light_needed_us < (uint64_t)PCR_LIGHT_KEEP_MS * 1000;
     return pcr_light_may_take(owner_busy(r), pool_busy(pool), pool->max_connections, reserve,
-                              kept);
+                              kept && reserve > 0);
+}
+
+int pcr_upq_may_take(const pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    return may_take(pool, r, light_kept(pool, pcr_now_us()));
 }
 
 void pcr_upq_note_light(pcr_pool_t *pool, const pcr_upreq_t *r)
@@ -174,6 +184,7 @@ static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int budget)
 {
     pcr_upreq_t *w = TAILQ_FIRST(&pool->waiters), *best = NULL;
     uint64_t now = pcr_now_us();
+    int kept = light_kept(pool, now); /* once for the scan, not per waiter */
     pcr_hold_key_t bk = {0};
     unsigned seen = 0;
     for (; w != NULL && seen < HOLD_SCAN; w = TAILQ_NEXT(w, wait_link), seen++) {
@@ -183,7 +194,7 @@ static pcr_upreq_t *highest_rank(pcr_pool_t *pool, int held_only, int budget)
         if ((held_only && !held) ||
             (budget && pcr_upreq_budgeted(w) && !pcr_upq_open(pool, w) &&
              (held || !pcr_hold_small(w->prefill))) ||
-            !pcr_upq_may_take(pool, w))
+            !may_take(pool, w, kept))
             continue;
         pcr_hold_key_t k = key_of(w, now);
         if (best == NULL || pcr_hold_before(&k, &bk)) {

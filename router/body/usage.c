@@ -8,6 +8,7 @@
  * split across two reads is one line end: `prev_cr` remembers the CR, and a blank line that is
  * a CR ends its event only once the next byte shows whether an LF belongs to it. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -71,9 +72,29 @@ static char *rewritten(const pcr_usage_t *u, cJSON *root)
     return cJSON_PrintUnformatted(root);
 }
 
+/* A JSON answer's copy is a list of these, each one of the thread's kept block sizes. */
+#define BLOCK_BYTES 16384
+struct pcr_usage_block {
+    struct pcr_usage_block *next;
+    size_t len;
+    char data[];
+};
+#define BLOCK_ROOM (BLOCK_BYTES - offsetof(struct pcr_usage_block, data))
+
+static void blocks_free(pcr_usage_t *u)
+{
+    for (struct pcr_usage_block *b = u->head, *next; b != NULL; b = next) {
+        next = b->next;
+        pcr_evmem_free(b);
+    }
+    u->head = u->tail = NULL;
+    u->json_len = 0;
+}
+
 void pcr_usage_dispose(pcr_usage_t *u)
 {
     pcr_evmem_free(u->buf);
+    blocks_free(u);
     memset(u, 0, sizeof(*u));
 }
 
@@ -244,37 +265,6 @@ static void sse_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emi
     event_take(u, data + seg, len - seg, emit, ctx);
 }
 
-/* ---- the API -------------------------------------------------------------------------- */
-
-void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit_fn emit,
-                    void *ctx)
-{
-    if (len == 0)
-        return;
-    switch (u->mode) {
-    case PCR_USAGE_SSE:
-        sse_feed(u, data, len, emit, ctx);
-        return;
-    case PCR_USAGE_JSON:
-        if (!u->over && buf_add(u, data, len, PCR_USAGE_MAX_JSON) < 0) {
-            /* Too large for a completion worth reading (or no memory): give up on it. What
-             * a rewrite held goes out as it came. */
-            if (u->rewrite && u->len > 0)
-                emit(ctx, u->buf, u->len);
-            u->over = 1;
-            pcr_evmem_free(u->buf);
-            u->buf = NULL;
-            u->len = u->cap = 0;
-        }
-        break;
-    case PCR_USAGE_OFF:
-        break;
-    }
-    if (u->mode == PCR_USAGE_JSON && u->rewrite && !u->over)
-        return; /* held until the end */
-    emit(ctx, data, len);
-}
-
 /* Whether a JSON answer can name cached_tokens at all: as those bytes, or with a \u escape
  * somewhere in the key (the one escape that can write a letter or '_'). Most answers cannot
  * (a pod without --enable-prompt-tokens-details sends no details), and parsing one costs more
@@ -294,25 +284,138 @@ static int may_name_cached(const char *p, size_t n)
     return 0;
 }
 
+/* Scans a JSON answer's new bytes for a name of cached_tokens, across the cut between reads
+ * too: the last bytes of the read before, with the first of this one, are looked at together
+ * (a name is 13 bytes, so each side of a cut holds at most 12 of it). */
+static void json_scan(pcr_usage_t *u, const char *data, size_t n)
+{
+    if (u->may_name)
+        return;
+    char win[2 * sizeof(u->edge)];
+    size_t head = n < sizeof(u->edge) ? n : sizeof(u->edge);
+    memcpy(win, u->edge, u->edge_len);
+    memcpy(win + u->edge_len, data, head);
+    u->may_name = may_name_cached(win, u->edge_len + head) || may_name_cached(data, n);
+    /* The edge becomes the last bytes of what was scanned. */
+    size_t keep = u->edge_len + head < sizeof(u->edge) ? u->edge_len + head : sizeof(u->edge);
+    if (n >= sizeof(u->edge))
+        memcpy(u->edge, data + n - keep, keep);
+    else
+        memcpy(u->edge, win + u->edge_len + head - keep, keep);
+    u->edge_len = keep;
+}
+
+/* Appends to the JSON copy: 0, or -1 when memory ran out (the copy is then as it was). */
+static int json_add(pcr_usage_t *u, const char *data, size_t n)
+{
+    struct pcr_usage_block *was_tail = u->tail;
+    size_t was_tail_len = was_tail != NULL ? was_tail->len : 0, was_len = u->json_len;
+    while (n > 0) {
+        if (u->tail == NULL || u->tail->len == BLOCK_ROOM) {
+            struct pcr_usage_block *b = pcr_evmem_malloc(BLOCK_BYTES);
+            if (b == NULL) {
+                struct pcr_usage_block *extra = was_tail != NULL ? was_tail->next : u->head;
+                while (extra != NULL) {
+                    struct pcr_usage_block *next = extra->next;
+                    pcr_evmem_free(extra);
+                    extra = next;
+                }
+                if (was_tail != NULL) {
+                    was_tail->next = NULL;
+                    was_tail->len = was_tail_len;
+                } else {
+                    u->head = NULL;
+                }
+                u->tail = was_tail;
+                u->json_len = was_len;
+                return -1;
+            }
+            b->next = NULL;
+            b->len = 0;
+            if (u->tail != NULL)
+                u->tail->next = b;
+            else
+                u->head = b;
+            u->tail = b;
+        }
+        size_t k = BLOCK_ROOM - u->tail->len < n ? BLOCK_ROOM - u->tail->len : n;
+        memcpy(u->tail->data + u->tail->len, data, k);
+        u->tail->len += k;
+        u->json_len += k;
+        data += k;
+        n -= k;
+    }
+    return 0;
+}
+
+static void json_emit(const pcr_usage_t *u, pcr_usage_emit_fn emit, void *ctx)
+{
+    for (const struct pcr_usage_block *b = u->head; b != NULL; b = b->next)
+        emit(ctx, b->data, b->len);
+}
+
+/* The copy in one buffer (malloc'd, json_len bytes), or NULL when memory ran out. */
+static char *json_join(const pcr_usage_t *u)
+{
+    char *p = malloc(u->json_len ? u->json_len : 1), *at = p;
+    if (p == NULL)
+        return NULL;
+    for (const struct pcr_usage_block *b = u->head; b != NULL; b = b->next) {
+        memcpy(at, b->data, b->len);
+        at += b->len;
+    }
+    return p;
+}
+
+/* ---- the API -------------------------------------------------------------------------- */
+
+void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit_fn emit,
+                    void *ctx)
+{
+    if (len == 0)
+        return;
+    switch (u->mode) {
+    case PCR_USAGE_SSE:
+        sse_feed(u, data, len, emit, ctx);
+        return;
+    case PCR_USAGE_JSON:
+        if (!u->over && (len > PCR_USAGE_MAX_JSON - u->json_len || json_add(u, data, len) < 0)) {
+            /* Too large for a completion worth reading (or no memory): give up on it. What
+             * a rewrite held goes out as it came. */
+            if (u->rewrite)
+                json_emit(u, emit, ctx);
+            u->over = 1;
+            blocks_free(u);
+        } else if (!u->over) {
+            json_scan(u, data, len);
+        }
+        break;
+    case PCR_USAGE_OFF:
+        break;
+    }
+    if (u->mode == PCR_USAGE_JSON && u->rewrite && !u->over)
+        return; /* held until the end */
+    emit(ctx, data, len);
+}
+
 int pcr_usage_finish(pcr_usage_t *u, pcr_usage_emit_fn emit, void *ctx)
 {
-    if (u->mode == PCR_USAGE_JSON && !u->over && u->len > 0 && may_name_cached(u->buf, u->len)) {
-        cJSON *root = cJSON_ParseWithLength(u->buf, u->len);
+    if (u->mode == PCR_USAGE_JSON && !u->over && u->json_len > 0) {
+        char *whole = u->may_name ? json_join(u) : NULL;
+        cJSON *root = whole != NULL ? cJSON_ParseWithLength(whole, u->json_len) : NULL;
         char *text = NULL;
         if (cJSON_IsObject(root) && read_usage(u, root) && u->rewrite)
             text = rewritten(u, root);
         cJSON_Delete(root);
+        free(whole);
         if (u->rewrite) {
             if (text != NULL)
                 emit(ctx, text, strlen(text));
             else
-                emit(ctx, u->buf, u->len);
-            u->len = 0;
+                json_emit(u, emit, ctx); /* held, and nothing to rewrite */
         }
         cJSON_free(text);
-    } else if (u->mode == PCR_USAGE_JSON && u->rewrite && !u->over && u->len > 0) {
-        emit(ctx, u->buf, u->len); /* held, and nothing to rewrite */
-        u->len = 0;
+        blocks_free(u);
     } else if (u->mode == PCR_USAGE_SSE && u->end_pending) {
         u->end_pending = 0;
         event_end(u, emit, ctx); /* the stream ended on a CR */

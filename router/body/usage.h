@@ -2,8 +2,12 @@
  * reports in usage.prompt_tokens_details.cached_tokens) from the response bytes as pcrouter
  * forwards them, without holding the stream back and without changing what the client receives.
  *
- *   JSON answer   a bounded copy (PCR_USAGE_MAX_JSON) is kept while the bytes go out, and
- *                 parsed with cJSON once the body ended; a larger body is not read.
+ *   JSON answer   a bounded copy (PCR_USAGE_MAX_JSON) is kept while the bytes go out, in
+ *                 blocks of the thread's kept sizes (never one buffer grown by reallocation:
+ *                 an answer of a few hundred KiB would be copied again at every doubling,
+ *                 into pages faulted in afresh). Its bytes are scanned as they come for a
+ *                 name of cached_tokens; only an answer that may name it is joined into one
+ *                 buffer and parsed with cJSON once the body ended. A larger body is not read.
  *   SSE stream    the bytes go out as they come; the current event is copied (up to
  *                 PCR_USAGE_MAX_EVENT) and, at its blank line, its `data:` is parsed with cJSON
  *                 only when it names "usage". The last such event wins.
@@ -36,6 +40,8 @@ typedef enum {
     PCR_USAGE_SSE,
 } pcr_usage_mode_t;
 
+struct pcr_usage_block;
+
 typedef void (*pcr_usage_emit_fn)(void *ctx, const char *data, size_t len);
 
 typedef struct {
@@ -43,8 +49,13 @@ typedef struct {
     int strip;              /* SSE: drop the usage-only event */
     int rewrite;            /* replace cached_tokens with set_cached (pcr_usage_rewrite) */
     uint64_t set_cached;
-    char *buf;              /* JSON: the body so far; SSE: the current event */
+    char *buf;              /* SSE: the current event */
     size_t len, cap;
+    struct pcr_usage_block *head, *tail; /* JSON: the body so far, block by block */
+    size_t json_len;
+    int may_name;           /* JSON: the body may name cached_tokens: parse it at the end */
+    char edge[12];          /* JSON: the last bytes scanned, for a name cut between reads */
+    size_t edge_len;
     int over;               /* JSON: past the bound, given up; SSE: this event is too long */
     size_t line_len;        /* SSE: bytes of the current line */
     int prev_cr;            /* SSE: line endings may be CR, LF or CRLF */

@@ -134,6 +134,53 @@ static void test_json_bound(void)
     free(big);
 }
 
+/* A large answer, held in many blocks: its usage is read whatever the cut (including cuts inside
+ * the cached_tokens name, after a read of many bytes), and a rewrite sends it whole. */
+static void test_json_large(void)
+{
+    size_t pad = 100000, len = pad + sizeof(json_answer) + 16;
+    char *big = malloc(len);
+    size_t o = (size_t)snprintf(big, len, "{\"pad\":\"");
+    memset(big + o, 'a', pad);
+    o += pad;
+    o += (size_t)snprintf(big + o, len - o, "\",%s", json_answer + 1);
+    size_t name = (size_t)(strstr(big, "cached_tokens") - big);
+    pcr_usage_t u;
+    for (size_t cut = name - 2; cut <= name + 15; cut++) {
+        size_t cuts[] = {16000, cut};
+        char *out = run(PCR_USAGE_JSON, 0, big, o, cuts, 2, &u);
+        PCR_CHECK(u.found == 1 && u.cached_tokens == 1024 && u.prompt_tokens == 1200);
+        PCR_CHECK(strlen(out) == o && memcmp(out, big, o) == 0);
+        free(out);
+    }
+    size_t steps[] = {1, 13, 4096, 16383, 16384, 16385, 65536};
+    for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
+        size_t n = 0, *cuts = malloc((o / steps[k] + 1) * sizeof(size_t));
+        for (size_t at = steps[k]; at < o; at += steps[k])
+            cuts[n++] = at;
+        pcr_usage_t r;
+        sink_t s = {0};
+        memset(&r, 0, sizeof(r));
+        pcr_usage_init(&r, PCR_USAGE_JSON, 0);
+        pcr_usage_rewrite(&r, 7);
+        size_t at = 0;
+        for (size_t i = 0; i <= n; i++) {
+            size_t end = i < n ? cuts[i] : o;
+            pcr_usage_feed(&r, big + at, end - at, sink, &s);
+            PCR_CHECK(i == n || s.len == 0); /* held until the end */
+            at = end;
+        }
+        PCR_CHECK(pcr_usage_finish(&r, sink, &s) == 1 && r.cached_tokens == 1024);
+        /* 1024 became 7: three bytes fewer. */
+        PCR_CHECK(s.p != NULL && s.len == o - 3 && strstr(s.p, "\"cached_tokens\":7}") != NULL &&
+                  memcmp(s.p, big, pad) == 0);
+        pcr_usage_dispose(&r);
+        free(s.p);
+        free(cuts);
+    }
+    free(big);
+}
+
 #define EV(text) "data: {\"choices\":[{\"text\":\"" text "\"}],\"usage\":null}\n\n"
 #define USAGE_EV "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":2," \
                  "\"prompt_tokens_details\":{\"cached_tokens\":256}}}\n\n"
@@ -272,6 +319,7 @@ int main(void)
     PCR_RUN(test_mode);
     PCR_RUN(test_json_answer);
     PCR_RUN(test_json_bound);
+    PCR_RUN(test_json_large);
     PCR_RUN(test_sse_reads_and_passes_everything);
     PCR_RUN(test_sse_strip_drops_only_the_usage_event);
     PCR_RUN(test_sse_long_events_pass);

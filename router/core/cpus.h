@@ -24,7 +24,7 @@ typedef struct {
     double quota;              /* the cgroup quota in CPUs; 0 when there is none */
     unsigned count;            /* min(affinity, ceil(quota)), at least 1 */
     pcr_cpus_source_t source;
-    char quota_path[256];      /* the cgroup file the quota came from ("" without one) */
+    char quota_path[512];      /* the cgroup file the quota came from ("" without one) */
 } pcr_cpus_t;
 
 /* Fills `out`. `root` prefixes every path read ("" for the real system; a test passes a folder

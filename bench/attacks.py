@@ -50,6 +50,8 @@ def parse_args():
     ap.add_argument("--only", default="", help="comma-separated attack names")
     ap.add_argument("--duration", type=float, default=None, help="seconds per attack (default 10)")
     ap.add_argument("--list", action="store_true", help="list the attacks and exit")
+    ap.add_argument("--conns", default="", help="comma-separated attacking connection counts "
+                    "(e.g. 1,100,10000): each attack made of connections runs at each")
     return ap.parse_args()
 
 
@@ -65,24 +67,18 @@ import conftest as C  # noqa: E402
 # ----------------------------------------------------------------------------------------------
 # attackers that run for a while (the tests use the same pieces at a small scale)
 
-def loop_threads(n, duration, fn):
-    """Runs fn() in `n` threads until `duration` has passed; returns how many calls finished."""
-    end = time.monotonic() + duration
-    counts = [0] * n
+def h1_request(path, body, extra=b"", host=True):
+    """An HTTP/1.1 POST whose connection closes after the answer."""
+    return (b"POST %s HTTP/1.1\r\n%s%sContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (path, b"Host: x\r\n" if host else b"", extra,
+                                               len(body), body))
 
-    def run(i):
-        while time.monotonic() < end:
-            try:
-                fn()
-            except Exception:  # noqa: B902 - the router may cut any attacker off
-                pass
-            counts[i] += 1
-    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(duration + 30)
-    return sum(counts)
+
+def conns_attack(ctx, first, more=None, read=True, reconnect=True):
+    """ctx["conns"] connections of attack_conn.ManyConns for the attack's length; their counts."""
+    m = attack_conn.ManyConns(ctx["port"], ctx["conns"], first, more, read, reconnect).start()
+    time.sleep(ctx["duration"])  # the attack's length: the connections run in their thread
+    return m.stop()
 
 
 def bad_pod_responses():
@@ -106,18 +102,11 @@ def attack_bad_pods(ctx):
             n[0] += 1
             return resp[n[0] % len(resp)], True
     ctx["raw"].respond = answer
-    body = json.dumps({"model": "bad-model", "prompt": "to the bad pod", "max_tokens": 8})
-
-    def one():
-        import http.client
-        c = http.client.HTTPConnection("127.0.0.1", ctx["port"], timeout=10)
-        try:
-            c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-            c.getresponse().read()
-        finally:
-            c.close()
-    done = loop_threads(4, ctx["duration"], one)
-    return "%d requests (4 threads) to a pod answering status 0/99/600/700/999, 101, 1 MiB headers, broken chunking" % done
+    req = h1_request(b"/v1/completions", json.dumps(
+        {"model": "bad-model", "prompt": "to the bad pod", "max_tokens": 8}).encode())
+    st = conns_attack(ctx, lambda i: req)
+    return "%d requests (%d connections at once) to a pod answering status 0/99/600/700/999, 101, " \
+        "1 MiB headers, broken chunking" % (st["opened"], ctx["conns"])
 
 
 SMUGGLE = [
@@ -130,32 +119,24 @@ SMUGGLE = [
 def attack_smuggling(ctx):
     i = [0]
 
-    def one():
+    def one(_):
         i[0] += 1
-        v = SMUGGLE[i[0] % len(SMUGGLE)]
         host = b"Host: x\r\n" if i[0] % 7 else b""
-        s = socket.create_connection(("127.0.0.1", ctx["port"]), timeout=5)
-        try:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\n" + host + v + b"\r\n\r\n0\r\n\r\n"
-                      b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n")
-            while s.recv(65536):
-                pass
-        finally:
-            s.close()
-    done = loop_threads(4, ctx["duration"], one)
+        return (b"POST /v1/completions HTTP/1.1\r\n" + host + SMUGGLE[i[0] % len(SMUGGLE)] +
+                b"\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n")
+    st = conns_attack(ctx, one)
     snap = ctx["raw"].snapshot()
-    return "%d attempts (4 threads); the pod received %d bytes" % (done, len(snap["bytes"]))
+    return "%d attempts (%d connections at once); the pod received %d bytes" % (
+        st["opened"], ctx["conns"], len(snap["bytes"]))
 
 
-def attack_big_window(ctx):
-    end = time.monotonic() + ctx["duration"]
-    n = whole = 0
-    want = H2.bulk_sha(64 * MiB)
-    while n == 0 or time.monotonic() < end:
-        res = H2.big_window_read(ctx["port"], 64 * MiB, timeout=120)
-        n += 1
-        whole += res["bytes"] == 64 * MiB and res["sha256"] == want
-    return "64 MiB responses over h2c, windows never updated: %d of %d arrived whole" % (whole, n)
+def attack_idle(h2):
+    def run(ctx):
+        first = H2.PREFACE + H2.raw_frame(0x4, 0, 0, b"") if h2 else b""
+        st = conns_attack(ctx, lambda i: first, reconnect=False)
+        return "%d opened, %d failed to open, %d closed by the router" % (
+            st["opened"], st["open_failed"], st["closed"])
+    return run
 
 
 NGINX_PODS = """daemon off;
@@ -250,156 +231,134 @@ class NginxPods:
 def in_flight_to_pods(router):
     """pcrouter_backend_in_flight over the pods: requests until their answer's end at the pod."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(router.url("/metrics"), timeout=5) as r:
+    with opener.open("http://127.0.0.1:%d/metrics" % router.ports[-1], timeout=5) as r:
         return C.metric(r.read().decode(), "pcrouter_backend_in_flight") or 0
 
 
+def h2load(ctx, body, conns, streams, extra=(), bits=None, h1=False, during=None):
+    """h2load posting `body` for the attack's length on `conns` connections of `streams`
+    streams each (HTTP/1.1 with `h1`), streams' windows 2^bits-1 when `bits` is given (0: shut
+    for good), `extra` headers; `during()` is called every 100 ms while it runs. Returns its
+    request counts (started, succeeded, failed, errored; a stream the router resets is failed)."""
+    path = os.path.join(ctx["tmp"], "h2load-body-%d-%s" % (len(body), hash(body) & 0xffff))
+    if not os.path.exists(path):
+        with open(path, "wb") as f:
+            f.write(body)
+    argv = ["h2load", "-t", str(min(2, conns)), "-c", str(conns), "-m", str(streams),
+            "-D", "%d" % max(1, round(ctx["duration"])), "-d", path,
+            "-H", "content-type: application/json"]
+    for k, v in extra:
+        argv += ["-H", "%s: %s" % (k, v)]
+    if bits is not None:
+        argv += ["-w", str(bits), "-W", str(max(16, bits))]
+    argv += (["--h1"] if h1 else []) + ["http://127.0.0.1:%d/v1/completions" % ctx["port"]]
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        end = time.monotonic() + ctx["duration"] + 60
+        while proc.poll() is None and time.monotonic() < end:
+            if during is not None:
+                during()
+            time.sleep(0.1)  # pacing of `during`; h2load ends on its own at -D
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        out.seek(0)
+        text = out.read().decode("utf-8", "replace")
+    counts = dict.fromkeys(("started", "succeeded", "failed", "errored"), 0)
+    for line in text.splitlines():
+        if line.startswith("requests:"):
+            for part in line.split(":", 1)[1].split(","):
+                n, _, key = part.strip().partition(" ")
+                if key in counts:
+                    counts[key] = int(n)
+    return counts
+
+
 def zero_window_readers(ctx, stub, sample=False, extra=()):
-    """300 h2c streams whose window stays 0, topped up ten times a second as the router resets
-    them (client_write_ms), each asking the stub pod for `stub` (its controls). With `sample`,
-    the requests in flight to the pods at each top-up. Returns (opened, reset, samples)."""
+    """300 h2c streams (at least one per connection) whose windows stay 0, opened again as the
+    router resets them (client_write_ms), each asking the pod for `stub` (the stub pod's
+    controls). With `sample`, the requests in flight to the pods every 100 ms. Returns the note."""
     body = json.dumps(C.completion("zero window", stream=True, **stub)).encode()
-    hs = H2.H2Streams(ctx["port"], window=0, ack=False, per_conn=150)
-    n, opened, active = 300, 0, []
-    end = time.monotonic() + ctx["duration"]
-    try:
-        while time.monotonic() < end:
-            live = sum(1 for v in hs.snapshot().values() if v["reset"] is None and not v["ended"])
-            for _ in range(n - live):
-                hs.open("/v1/completions", body, extra=extra)
-                opened += 1
-            time.sleep(0.1)  # pacing: top up the 300 streams ten times a second
-            if sample:
-                active.append(in_flight_to_pods(ctx["router"]))
-        resets = sum(1 for v in hs.snapshot().values() if v["reset"] is not None)
-    finally:
-        hs.close()
-    return opened, resets, active
+    streams = min(150, -(-300 // ctx["conns"]))
+    active = []
+    during = (lambda: active.append(in_flight_to_pods(ctx["router"]))) if sample else None
+    st = h2load(ctx, body, ctx["conns"], streams, extra=extra, bits=0, during=during)
+    note = "%d x %d streams, 2 pods x 128 connections: %d opened, %d reset" % (
+        ctx["conns"], streams, st["started"], st["failed"] + st["errored"])
+    if sample:
+        note += "; requests in flight to the pods: %.0f on average, %d at most" % (
+            sum(active) / max(1, len(active)), max(active or [0]))
+    return note
 
 
 def attack_zero_window(ctx):
     """Readers of answers that never end (the pod sends a first event, then waits)."""
-    opened, resets, _ = zero_window_readers(ctx, {"gate": "never", "events": 4})
+    note = zero_window_readers(ctx, {"gate": "never", "events": 4})
     aborted = sum(s.stats()["aborted"] for s in ctx["stubs"])
-    return "300 kept open, 2 pods x 128 connections: %d opened, %d reset, %d pod requests cancelled" % (
-        opened, resets, aborted)
+    return "%s, %d pod requests cancelled" % (note, aborted)
 
 
 def attack_zero_window_answers(ctx):
     """Readers of answers the pod finishes (384 KiB, more than the 256 KiB a response may queue
     for writing): with response buffering the pod's connection is free at the answer's end,
     without it at the reader's reset after client_write_ms."""
-    opened, resets, active = zero_window_readers(ctx, {"bytes": 384 << 10}, sample=True)
-    mean = sum(active) / len(active) if active else 0
-    return ("300 kept open, 384 KiB answers, 2 pods x 128 connections: %d opened, %d reset; "
-            "requests in flight to the pods: %.0f on average, %d at most" % (
-                opened, resets, mean, max(active or [0])))
+    return zero_window_readers(ctx, {"bytes": 384 << 10}, sample=True)
 
 
 def attack_zero_window_nginx(ctx):
     """The same readers against nginx pods: 384 KiB answers at nginx's speed."""
-    opened, resets, active = zero_window_readers(ctx, {}, sample=True, extra=[("x-answer", "big")])
-    mean = sum(active) / len(active) if active else 0
-    return ("300 kept open, 384 KiB answers from nginx pods, 2 pods x 128 connections: %d opened, "
-            "%d reset; requests in flight to the pods: %.0f on average, %d at most" % (
-                opened, resets, mean, max(active or [0])))
+    return zero_window_readers(ctx, {}, sample=True, extra=[("x-answer", "big")])
 
 
-def attack_uploads(ctx):
-    # Three times as long as the others: the sender here reaches about 100 MB/s, and the
-    # budget, the windows and the bodies on their way to the pods add up to about 900 MiB.
-    hs, sent = H2.slow_uploads(ctx["port"], 256, 32 * MiB, rate=400 * MiB, duration=3 * ctx["duration"])
-    snap = hs.snapshot()
-    hs.close()
-    done = sum(1 for v in snap.values() if v["status"] == "200")
-    return "one h2c connection, budget 512 MiB: %d MiB sent, %d uploads complete" % (
-        sent // MiB, done)
+def attack_big_window(ctx):
+    """64 MiB answers read with windows that hold all of them, one stream per connection."""
+    body = json.dumps(C.completion("big window", bytes=64 * MiB)).encode()
+    st = h2load(ctx, body, ctx["conns"], 1, bits=30)
+    return "64 MiB responses over h2c, windows never updated: %d of %d arrived whole" % (
+        st["succeeded"], st["started"])
 
 
-def attack_uploads_128(ctx):
-    hs, sent = H2.slow_uploads(ctx["port"], 256, 32 * MiB, rate=400 * MiB, duration=3 * ctx["duration"])
-    snap = hs.snapshot()
-    hs.close()
-    done = sum(1 for v in snap.values() if v["status"] == "200")
-    refused = sum(1 for v in snap.values() if v["status"] == "503")
-    return "one h2c connection, budget 128 MiB: %d MiB sent, %d uploads complete, %d got 503" % (
-        sent // MiB, done, refused)
-
-
-def attack_uploads_mem(ctx):
-    hs, sent = H2.slow_uploads(ctx["port"], 256, 32 * MiB, rate=400 * MiB, duration=3 * ctx["duration"])
-    snap = hs.snapshot()
-    hs.close()
-    done = sum(1 for v in snap.values() if v["status"] == "200")
-    refused = sum(1 for v in snap.values() if v["status"] == "503")
-    return "one h2c connection, memory limit 64 MiB: %d MiB sent, %d uploads complete, %d got 503" % (
-        sent // MiB, done, refused)
-
-
-def _h1_upload(port, size, deadline, res):
-    """One HTTP/1.1 POST of `size` bytes with Content-Length, sent in 64 KiB pieces until done
-    or `deadline`; res gets the status (0: none)."""
-    body = H2.upload_body(size)
-    status = 0
-    try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        try:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n" % len(body))
-            off = 0
-            while off < len(body) and time.monotonic() < deadline:
-                try:
-                    off += s.send(body[off:off + 65536])
-                except socket.timeout:
-                    continue  # the router is not reading: its budget is taken
-            s.settimeout(max(1.0, deadline - time.monotonic()))
-            head = s.recv(4096)
-            if head.startswith(b"HTTP/1.1 "):
-                status = int(head[9:12])
-        finally:
-            s.close()
-    except OSError:
-        pass
-    res.append(status)
+def attack_h2_uploads(ctx):
+    """32 MiB uploads on h2c connections, 256 streams in all (at least one per connection)."""
+    streams = max(1, 256 // ctx["conns"])
+    st = h2load(ctx, H2.upload_body(32 * MiB), ctx["conns"], streams)
+    return "%d x %d streams: %d uploads started, %d complete, %d refused or reset" % (
+        ctx["conns"], streams, st["started"], st["succeeded"], st["failed"] + st["errored"])
 
 
 def attack_h1_uploads(ctx):
-    res = []
-    deadline = time.monotonic() + 3 * ctx["duration"]
-    ts = [threading.Thread(target=_h1_upload, args=(ctx["port"], 32 * MiB, deadline, res), daemon=True)
-          for _ in range(200)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(max(0.1, deadline + 10 - time.monotonic()))
-    return "200 connections, budget 128 MiB: %d uploads complete, %d got 503, %d unanswered" % (
-        res.count(200), res.count(503), 200 - res.count(200) - res.count(503))
+    st = h2load(ctx, H2.upload_body(32 * MiB), ctx["conns"], 1, h1=True)
+    return "%d connections: %d uploads started, %d complete, %d refused" % (
+        ctx["conns"], st["started"], st["succeeded"], st["failed"] + st["errored"])
 
 
 def attack_slowloris(ctx):
-    sl = attack_conn.Slowloris(ctx["port"], 2000, 0.5, reconnect=True).start()
+    sl = attack_conn.Slowloris(ctx["port"], ctx["conns"], 0.5, reconnect=True).start()
     time.sleep(ctx["duration"])  # the attack's length: the attackers run in their thread
     st = sl.stop()
-    return "a byte every 500 ms, re-opened when closed, limit 1,000: %d opened, %d got 408, %d evicted" % (
-        st["opened"], st["answered_408"], st["closed_silently"])
+    return "%d connections, a byte every 500 ms, re-opened when closed, limit %d: %d opened, " \
+        "%d got 408, %d evicted" % (ctx["conns"], ctx["limits"]["max_client_connections"],
+                                    st["opened"], st["answered_408"], st["closed_silently"])
 
 
 def attack_emfile(ctx):
-    held = attack_conn.HeldConns(ctx["port"], 150)
+    held = attack_conn.HeldConns(ctx["port"], ctx["conns"])
     time.sleep(ctx["duration"])  # the attack's length: the connections are simply held
     held.close()
     t0 = time.monotonic()
     C.wait_for(lambda: C.curl(ctx["router"].url("/v1/completions"), C.completion("back"), timeout=5).status == 200,
                30, 0.05, "service back")
     lines = [l for l in ctx["router"].err.lines if "accept" in l]
-    return "150 connections held: %d accept log lines; served again %.2f s after they closed" % (
-        len(lines), time.monotonic() - t0)
+    return "%d connections held: %d accept log lines; served again %.2f s after they closed" % (
+        ctx["conns"], len(lines), time.monotonic() - t0)
 
 
 def attack_flood(kind):
     def run(ctx):
-        res = H2.h2_flood(ctx["port"], kind, ctx["duration"])
-        return "%d frames sent on %d connections" % (res["frames"], res["connections"])
+        first, more = H2.flood_script(kind, ctx["port"])
+        st = conns_attack(ctx, first, more, read=kind not in ("ping", "settings"))
+        return "%d connections at once, %d opened in all, %d MiB of frames" % (
+            ctx["conns"], st["opened"], st["sent"] // MiB)
     return run
 
 
@@ -407,39 +366,99 @@ def limit_fds():
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 
 
-# name, what the row shows, setup, attack. Setup: pods (stub names), raw (a RawPod backend),
-# pod (per-backend overrides), config sections, popen (pcrouter's Popen arguments).
+# The memory bounds every run configures (a scenario may change them): the bound a row's RSS
+# is held to is limits.max_memory_bytes, plus the overhead below.
+BOUNDS = {"max_memory_bytes": 256 * MiB, "max_buffered_body_bytes": 128 * MiB,
+          "max_buffered_response_bytes": 64 * MiB, "max_response_buffer_bytes": MiB,
+          "max_client_connections": 10000}
+# What RSS may hold beyond limits.max_memory_bytes (docs/BENCHMARKS.md says how these were
+# measured): a fixed part, and a part per client connection beyond what the account counts.
+OVERHEAD_FIXED_MB = 16
+OVERHEAD_PER_CONN_KB = 0
+
+
+def overhead_mb(conns):
+    return OVERHEAD_FIXED_MB + OVERHEAD_PER_CONN_KB * conns / 1024.0
+
+
+def lim(**kw):
+    return {"config": {"limits": kw}}
+
+
+# name, what the row shows, connections at the reported scale (None: the attack is not made of
+# connections that could be multiplied, so --conns does not apply), setup, attack. Setup: raw
+# (a RawPod backend), nginx (nginx pods), pod (per-backend overrides), config sections, popen
+# (pcrouter's Popen arguments).
+RAW = {"raw": True, "config": {"scrape": C.QUIET_SCRAPE}}  # the raw pod records only requests
+ZW = {"pod": {"max_connections": 128}, "config": {"timeouts": {"client_write_ms": 2000}}}
 SCENARIOS = [
-    ("none", "no attack (reference)", {}, None),
-    ("bad_pods", "misbehaving pod", {"raw": True}, attack_bad_pods),
-    ("smuggling", "smuggling variants", {"raw": True}, attack_smuggling),
-    ("big_window", "64 MiB response, big window", {}, attack_big_window),
-    ("zero_window", "300 zero-window h2 readers",
-     {"pod": {"max_connections": 128}, "config": {"timeouts": {"client_write_ms": 2000}}},
-     attack_zero_window),
-    ("zero_window_answers", "300 zero-window h2 readers of answers that end",
-     {"pod": {"max_connections": 128}, "config": {"timeouts": {"client_write_ms": 2000}}},
+    ("none", "no attack (reference)", None, {}, None),
+    ("idle_h1", "idle HTTP/1.1 connections", 10000, {}, attack_idle(False)),
+    ("idle_h2c", "idle h2c connections (preface and SETTINGS sent)", 10000, {}, attack_idle(True)),
+    ("bad_pods", "misbehaving pod", 4, RAW, attack_bad_pods),
+    ("smuggling", "smuggling variants", 4, RAW, attack_smuggling),
+    ("big_window", "64 MiB response, big window", 1, {}, attack_big_window),
+    ("zero_window", "300 zero-window h2 readers", 2, ZW, attack_zero_window),
+    ("zero_window_answers", "300 zero-window h2 readers of answers that end", 2, ZW,
      attack_zero_window_answers),
-    ("none_nginx", "no attack, nginx pods (reference)", {"nginx": True}, None),
-    ("zero_window_nginx", "300 zero-window h2 readers of answers that end, nginx pods",
-     {"nginx": True, "pod": {"max_connections": 128},
-      "config": {"timeouts": {"client_write_ms": 2000}}},
-     attack_zero_window_nginx),
-    ("uploads", "256 x 32 MiB slow uploads", {}, attack_uploads),
-    ("uploads_128", "256 x 32 MiB slow uploads, budget 128 MiB",
-     {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB}}}, attack_uploads_128),
-    ("uploads_h1", "200 x 32 MiB HTTP/1.1 uploads, budget 128 MiB",
-     {"config": {"limits": {"max_buffered_body_bytes": 128 * MiB}}}, attack_h1_uploads),
-    ("uploads_mem", "256 x 32 MiB slow uploads, limits.max_memory_bytes 64 MiB",
-     {"config": {"limits": {"max_memory_bytes": 64 * MiB}}}, attack_uploads_mem),
-    ("slowloris", "2,000 slowloris connections",
+    ("none_nginx", "no attack, nginx pods (reference)", None, {"nginx": True}, None),
+    ("zero_window_nginx", "300 zero-window h2 readers of answers that end, nginx pods", 2,
+     dict(ZW, nginx=True), attack_zero_window_nginx),
+    ("uploads", "256 x 32 MiB h2c uploads, budget 512 MiB, memory 1 GiB", 1,
+     lim(max_buffered_body_bytes=512 * MiB, max_memory_bytes=1024 * MiB), attack_h2_uploads),
+    ("uploads_128", "256 x 32 MiB h2c uploads, budget 128 MiB", 1, {}, attack_h2_uploads),
+    ("uploads_h1", "32 MiB HTTP/1.1 uploads, budget 128 MiB", 200, {}, attack_h1_uploads),
+    ("uploads_mem", "256 x 32 MiB h2c uploads, limits.max_memory_bytes 64 MiB", 1,
+     lim(max_memory_bytes=64 * MiB), attack_h2_uploads),
+    ("slowloris", "slowloris", 2000,
      {"config": {"limits": {"max_client_connections": 1000}, "timeouts": {"request_header_ms": 2000}}},
      attack_slowloris),
-    ("emfile", "EMFILE (ulimit -n 64)", {"popen": {"preexec_fn": limit_fds}}, attack_emfile),
-] + [("flood_" + k, k.replace("_", " ") + " flood", {}, attack_flood(k)) for k in H2.FLOODS]
+    ("emfile", "EMFILE (ulimit -n 64)", None, {"popen": {"preexec_fn": limit_fds}}, attack_emfile),
+] + [("flood_" + k, k.replace("_", " ") + " flood", 1, {}, attack_flood(k)) for k in H2.FLOODS]
+EMFILE_CONNS = 150
 
 
-def run_scenario(name, what, setup, fn, duration, tmp):
+PARTS = ("request_bodies", "responses", "index", "tokenize_cache", "requests", "connections")
+
+
+class AccountSampler:
+    """The router's account (pcrouter_memory_accounted_bytes, all parts) and its client
+    connections, read from the admin listener's /metrics every 250 ms in a thread; the peaks."""
+
+    def __init__(self, router):
+        self.url = "http://127.0.0.1:%d/metrics" % router.ports[-1]
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.peak = {"accounted": 0, "connections": 0}
+        self.parts = {}               # MiB by part, at the account's peak
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop_ev.wait(0.25):
+            try:
+                with self.opener.open(self.url, timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            acct = C.metric(text, "pcrouter_memory_accounted_bytes") or 0
+            if acct > self.peak["accounted"]:
+                self.peak["accounted"] = acct
+                self.parts = {p: round((C.metric(text, "pcrouter_memory_accounted_bytes", part=p)
+                                        or 0) / MiB, 1) for p in PARTS}
+            self.peak["connections"] = max(self.peak["connections"],
+                                           C.metric(text, "pcrouter_client_connections") or 0)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_ev.set()
+        self.thread.join(5)
+        return False
+
+
+def run_scenario(name, what, conns, setup, fn, duration, tmp):
     nginx = NginxPods(tmp, 384 << 10) if setup.get("nginx") else None
     stubs = [] if nginx else [C.Stub(p, None, tmp) for p in ("pod-a", "pod-b")]
     raw = attack_pod.RawPod(lambda req: attack_pod.ok_response()) if setup.get("raw") else None
@@ -451,17 +470,25 @@ def run_scenario(name, what, setup, fn, duration, tmp):
         if raw is not None:
             backends = [{"name": "pod-a", "url": stubs[0].url, "models": ["stub-model"]},
                         {"name": "pod-raw", "url": raw.url, "models": ["bad-model"]}]
-        sections = C.deep_merge({"log": {"access_log": False}, "health": {"interval_ms": 0}},
+        sections = C.deep_merge({"log": {"access_log": False}, "health": {"interval_ms": 0},
+                                 "admin": {"address": "127.0.0.1:0"}, "limits": BOUNDS},
                                 setup.get("config", {}))
+        limits = sections["limits"] = dict(sections["limits"])
+        if ARGS.conns and conns is not None:  # room for every attacker and the client
+            limits["max_client_connections"] = max(limits["max_client_connections"], conns + 1000)
         router = C.Router(C.make_config(backends, **sections), tmp, env=A.router_env(),
                           **setup.get("popen", {}))
-        ctx = {"router": router, "port": router.port, "stubs": stubs, "raw": raw,
-               "duration": duration}
+        ctx = {"router": router, "port": router.port, "stubs": stubs, "raw": raw, "tmp": tmp,
+               "duration": duration, "conns": conns, "limits": limits}
         C.wait_for(lambda: C.curl(router.url("/v1/completions"), C.completion("warm")).status == 200,
                    15, 0.05, "a first request served")
-        with A.Watch(router, proto="h1", rate=20) as w:
+        with AccountSampler(router) as acct, A.Watch(router, proto="h1", rate=20) as w:
             note = fn(ctx) if fn else (time.sleep(duration) or "")
-        figs = dict(w.figures, name=name, what=what, note=note, alive=router.alive())
+        figs = dict(w.figures, name=name, what=what, conns=conns, note=note, alive=router.alive(),
+                    bound_mb=limits["max_memory_bytes"] / MiB, overhead_mb=overhead_mb(conns or 0),
+                    accounted_peak_mb=acct.peak["accounted"] / MiB,
+                    connections_peak=acct.peak["connections"], accounted_parts_mb=acct.parts)
+        figs["within"] = figs["rss_peak_mb"] <= figs["bound_mb"] + figs["overhead_mb"]
         router.stop()
         figs["clean_exit"] = True
         return figs
@@ -479,8 +506,26 @@ def run_scenario(name, what, setup, fn, duration, tmp):
 def fmt_row(r):
     c = r["client"]
     p99 = "%.0f ms" % c["p99_ms"] if c["p99_ms"] is not None else "-"
-    return "| %s | %.0f MiB | %.2f s (%.0f%%) | %d / %d | %s |" % (
-        r["what"], r["rss_peak_mb"], r["cpu_s"], r["cpu_pct"], c["served"], c["failed"], p99)
+    conns = "-" if r["conns"] is None else "{:,}".format(r["conns"])
+    return "| %s | %s | %.0f MiB | %.0f MiB | %.0f MiB | %.0f + %.0f MiB | %s | %.2f s (%.0f%%) | %d / %d | %s |" % (
+        r["what"], conns, r["rss_first_mb"] or 0, r["rss_peak_mb"], r["accounted_peak_mb"],
+        r["bound_mb"], r["overhead_mb"], "yes" if r["within"] else "**no**", r["cpu_s"],
+        r["cpu_pct"], c["served"], c["failed"], p99)
+
+
+def runs(todo):
+    """(scenario, connections) in the order they run: every scenario at its reported scale, or
+    with --conns at each of those counts (a scenario not made of connections once)."""
+    if not ARGS.conns:
+        return [(s, s[2] if s[0] != "emfile" else EMFILE_CONNS) for s in todo]
+    counts = [int(x) for x in ARGS.conns.split(",")]
+    out = []
+    for s in todo:
+        if s[2] is None:
+            out.append((s, EMFILE_CONNS if s[0] == "emfile" else None))
+        else:
+            out += [(s, n) for n in counts]
+    return out
 
 
 def main():
@@ -494,33 +539,39 @@ def main():
     if not os.access(C.PCROUTER, os.X_OK):
         print("no pcrouter at %s (make build first)" % C.PCROUTER, file=sys.stderr)
         return 1
-    print("pcrouter %s; each attack %.0f s; well-behaved client: HTTP/1.1, 20 requests/s, a fresh "
-          "connection each%s" % (C.PCROUTER, duration, " (QUICK: a smoke run)" if quick else ""))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the router inherits it
+    print("pcrouter %s; each attack %.0f s; descriptors %d; well-behaved client: HTTP/1.1, 20 "
+          "requests/s, a fresh connection each%s" % (C.PCROUTER, duration, hard,
+                                                    " (QUICK: a smoke run)" if quick else ""))
     results, failures = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, what, setup, fn in todo:
-            print("... %s" % what, flush=True)
+        for (name, what, _, setup, fn), conns in runs(todo):
+            print("... %s, %s connections" % (what, conns), flush=True)
+            d = duration * (3 if name.startswith("uploads") else 1)
             try:
-                r = run_scenario(name, what, setup, fn, duration, tmp)
+                r = run_scenario(name, what, conns, setup, fn, d, tmp)
             except (AssertionError, OSError) as e:
                 first = (str(e).splitlines() or [type(e).__name__])[0][:300]
-                failures.append("%s: %s" % (name, first))
+                failures.append("%s@%s: %s" % (name, conns, first))
                 print("    FAILED: %s" % first, flush=True)
                 continue
             results.append(r)
             print("    %s" % r["note"] if r["note"] else "", flush=True)
     print()
-    print("| attack | router peak RSS | router CPU (% of a core) | client served / failed | client p99 |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| attack | connections | baseline RSS | peak RSS | account peak | bound + overhead | within "
+          "| router CPU (% of a core) | client served / failed | client p99 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(fmt_row(r))
     print()
     for r in results:
         if r["note"]:
-            print("- %s: %s" % (r["what"], r["note"]))
+            print("- %s, %s connections: %s" % (r["what"], r["conns"], r["note"]))
     os.makedirs(OUT_DIR, exist_ok=True)
     with open(os.path.join(OUT_DIR, "attacks.json"), "w") as f:
-        json.dump({"duration_s": duration, "results": results, "failures": failures}, f, indent=2)
+        json.dump({"duration_s": duration, "conns": ARGS.conns, "results": results,
+                   "failures": failures}, f, indent=2)
     for f in failures:
         print("FAILED " + f)
     return 1 if failures else 0

@@ -137,3 +137,93 @@ class HeldConns:
         for sk in self.socks:
             sk.close()
         self.socks = []
+
+
+class ManyConns:
+    """`n` client connections driven from one thread by epoll, for attacks at 10,000
+    connections where a thread each would cost more than the router. Each connection sends
+    `first(i)` once, then, whenever its socket takes more, `more(i)` (None: nothing more; it
+    then only reads); with `read` it reads and drops what the router sends, else never reads.
+    A connection the router closes is opened again while `reconnect`. Counts opens, failed
+    opens, closes by the router and bytes sent."""
+
+    def __init__(self, port, n, first, more=None, read=True, reconnect=False):
+        self.port = port
+        self.n = n
+        self.first = first
+        self.more = more
+        self.read = read
+        self.reconnect = reconnect
+        self.counts = {"opened": 0, "open_failed": 0, "closed": 0, "sent": 0}
+        self.conns = {}          # fd -> [sock, index, pending bytes]
+        self.ep = select.epoll()
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        for i in range(self.n):
+            if not self._open(i) and self.counts["open_failed"] > self.n // 10 + 10:
+                break            # the router refuses: no point in hammering its backlog
+        self.thread.start()
+        return self
+
+    def _open(self, i):
+        try:
+            sk = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+        except OSError:
+            self.counts["open_failed"] += 1
+            return False
+        sk.setblocking(False)
+        sk.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conns[sk.fileno()] = [sk, i, self.first(i)]
+        self.ep.register(sk.fileno(), (select.EPOLLIN if self.read else 0) | select.EPOLLOUT)
+        self.counts["opened"] += 1
+        return True
+
+    def _close(self, fd):
+        sk, i, _ = self.conns.pop(fd)
+        self.ep.unregister(fd)
+        sk.close()
+        self.counts["closed"] += 1
+        if self.reconnect and not self.stop_ev.is_set():
+            self._open(i)
+
+    def _write(self, fd, ent):
+        if not ent[2] and self.more is not None:
+            ent[2] = self.more(ent[1]) or b""
+        if not ent[2]:
+            self.ep.modify(fd, select.EPOLLIN if self.read else 0)  # nothing more to send
+            return
+        n = ent[0].send(ent[2])
+        self.counts["sent"] += n
+        ent[2] = ent[2][n:]
+
+    def _run(self):
+        while not self.stop_ev.is_set():
+            for fd, ev in self.ep.poll(0.05):
+                ent = self.conns.get(fd)
+                if ent is None:
+                    continue
+                try:
+                    if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                        if self.read or not ev & select.EPOLLIN:
+                            if not ent[0].recv(1 << 16):
+                                raise ConnectionResetError
+                    if ev & select.EPOLLOUT:
+                        self._write(fd, ent)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    self._close(fd)
+
+    def stats(self):
+        return dict(self.counts, open_now=len(self.conns))
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join(10)
+        for ent in self.conns.values():
+            ent[0].close()
+        self.conns.clear()
+        self.ep.close()
+        return self.stats()

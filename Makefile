@@ -8,6 +8,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_S     ?= 60
 FUZZ_RUNS  ?= 0
 PY         := /usr/bin/python3
+ATTACK_CONNS ?= 1,100,10000
 PREFIX     ?= /usr/local
 # DESTDIR (empty by default) stages an install under another root, as packagers do.
 
@@ -159,7 +160,7 @@ bench-sweep: build
 # The attacks of the hardening tests at full scale: the router's RSS and CPU, and a
 # well-behaved client's p99, during each (needs only the test packages).
 bench-attacks: deps-test build
-	$(PY) bench/attacks.py --build $(BUILD)
+	$(PY) bench/attacks.py --build $(BUILD) --conns $(ATTACK_CONNS)
 
 bench-resilience: deps-bench build
 	$(PY) bench/resilience.py --build $(BUILD)

@@ -496,6 +496,12 @@ static int take_as_copies(h1_sess_t *s)
 static int on_body(http_parser *p, const char *at, size_t n)
 {
     h1_sess_t *s = p->data;
+    /* A body not begun while memory is short is refused as its head would have been, its bytes
+     * not held (h2_server.c's on_data_chunk says why). */
+    if (n > 0 && pcr_exchange_body_bytes(s->ex) == 0 && pcr_exchange_overloaded(s->ex)) {
+        s->overloaded = 1;
+        return refuse(s, 503, NULL);
+    }
     int rc = pcr_exchange_see_body(s->ex, at, n);
     if (rc == PCR_ERR_TOO_LARGE)
         return refuse(s, 413, NULL);

@@ -14,6 +14,8 @@ import signal
 import socket
 import time
 
+import pytest
+
 from attack import router_env
 from attack_h2 import H2Streams, upload_body
 from conftest import (H2Client, RawConn, completion, curl, http_request, make_config, metric,
@@ -249,38 +251,68 @@ def test_auto_without_a_cgroup_limit_is_off(stub_factory, router_factory):
         assert "\"auto\":" in text and limit > 0, text
 
 
-def test_streams_admitted_before_the_limit_hold_no_body_past_it(stub_factory, router_factory):
-    """HTTP/2 streams whose HEADERS were admitted while memory was plenty, and whose bodies begin
-    only once the account is past 90%, are refused 503 at their first DATA, their bytes dropped:
-    each would otherwise hold up to its connection's allowance (64 KiB) whatever the limit, so
-    that many connections could take the process past it. The body begun before (the upload)
-    still completes."""
-    stub, r = start(stub_factory, router_factory)
-    n, size = 16, 48 * KiB
-    hs = H2Streams(r.port, per_conn=1, timeout=30)
-    try:
-        keys = [hs.open("/v1/completions", b"", end_stream=False, length=size) for _ in range(n)]
-        # Admitted: their requests are in the account (the upload's is not open yet).
-        wait_for(lambda: parts(admin_metrics(r))["requests"] >= n * 4365, 15,
-                 what="the streams' requests in the account")
-        up = Upload(r.port, 10 * MiB)
-        push_to(r, up, 0.92)
-        held = metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes")
-        body = upload_body(size)
-        for k in keys:
+class Heads:
+    """`n` requests of `size` body bytes whose heads are sent now and bodies later: HTTP/2
+    streams (one connection each) or HTTP/1.1 connections. bodies() sends every body whole and
+    returns the statuses answered."""
+
+    def __init__(self, port, proto, n, size):
+        self.proto, self.body = proto, upload_body(size)
+        if proto == "h2c":
+            self.hs = H2Streams(port, per_conn=1, timeout=30)
+            self.keys = [self.hs.open("/v1/completions", b"", end_stream=False, length=size)
+                         for _ in range(n)]
+        else:
+            self.conns = [RawConn(port, timeout=30) for _ in range(n)]
+            for c in self.conns:
+                c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\nContent-Length: %d\r\n\r\n" % size)
+
+    def bodies(self):
+        if self.proto == "h1":
+            for c in self.conns:
+                c.send(self.body)
+            return [c.read_response()[0] for c in self.conns]
+        for k in self.keys:
             off = 0
-            while off < size:  # frames of 16 KiB; within the window, so never blocked
-                sent = hs.send(k, body[off:], end_stream=True)
+            while off < len(self.body):  # frames of 16 KiB, within the window: never blocked
+                sent = self.hs.send(k, self.body[off:], end_stream=True)
                 if sent < 0:
                     break  # answered and reset already
                 assert sent > 0, "a window shut within the allowance"
                 off += sent
-        snap = hs.wait(lambda s: all(v["status"] for v in s.values()), 15, "every stream answered")
-        assert sorted(v["status"] for v in snap.values()) == ["503"] * n, snap
+        snap = self.hs.wait(lambda s: all(v["status"] for v in s.values()), 15, "every answer")
+        return [int(v["status"]) for v in snap.values()]
+
+    def close(self):
+        for c in getattr(self, "conns", []):
+            c.sock.close()
+        if self.proto == "h2c":
+            self.hs.close()
+
+
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_bodies_begun_past_the_limit_are_refused(proto, stub_factory, router_factory):
+    """Requests whose heads were admitted while memory was plenty, and whose bodies begin only
+    once the account is past 90%, are refused 503 at their first body byte, the bytes not held:
+    each would otherwise hold up to its connection's allowance (64 KiB) whatever the limit, so
+    that many connections could take the process past it. The body begun before (the upload)
+    still completes."""
+    stub, r = start(stub_factory, router_factory)
+    n = 16
+    heads = Heads(r.port, proto, n, 48 * KiB)
+    try:
+        # Admitted: their requests are in the account (the upload's is not open yet).
+        wait_for(lambda: parts(admin_metrics(r))["requests"] >= n * 4365, 15,
+                 what="the requests in the account")
+        up = Upload(r.port, 10 * MiB)
+        push_to(r, up, 0.92)
+        held = metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes")
+        assert heads.bodies() == [503] * n
         m = admin_metrics(r)
         assert metric(m, "pcrouter_request_body_buffered_bytes") <= held, (held, parts(m))
         assert metric(m, "pcrouter_overload_refusals_total", action="refuse_requests") >= n
         status, _ = up.finish()
         assert status == 200
     finally:
-        hs.close()
+        heads.close()

@@ -313,6 +313,82 @@ static void test_shared_system_prompt_spreads(void)
     pcr_policy_free(p);
 }
 
+/* Two users of each of 8 distinct 4 KiB system prompts, all 16 held in flight, sent in turn
+ * (test_routing.py's spread test). The ring places a new prompt under load_factor (1.25) on
+ * blocks held, so the first four go to four pods and none takes more than 3 of the 8; the second
+ * users follow warm, far under the in-flight bound (12 of 16 at inflight_factor 3), so a pod
+ * may hold 6 of the 16, which the in-flight bound at 1.25 (5) would refuse. prev_queued: the
+ * last request's prefill still counts as queued at the next decision (a fast client; else a
+ * slow one). Then a cold prompt passes that pod over, and a warm one may spill from it. */
+typedef struct {
+    int homes[NB], first4[NB], warm, spilled;
+    uint32_t inflight[NB];
+} spread_t;
+
+static void spread_system_prompts(double inflight_factor, int prev_queued, spread_t *r)
+{
+    pcr_policy_t *p = make_inflight(four, NB, inflight_factor);
+    pcr_backend_load_t l[NB];
+    pcr_decision_t d;
+    keybuf_t kb;
+    uint32_t from;
+    int home[8];
+    char s[4400];
+    memset(r, 0, sizeof(*r));
+    all_usable(l, NB);
+    for (int n = 0; n < 16; n++) {
+        int i = n % 8, u = n / 8;
+        int len = snprintf(s, sizeof(s), "system prompt %d: ", i);
+        for (int j = 0; j < 4200; j++)
+            s[len++] = (char)('a' + (j * 7 + i * 11 + j / 26 * (i + 1)) % 26);
+        len += snprintf(s + len, sizeof(s) - (size_t)len, " user %d of %d", u, i);
+        pcr_key_t *key = key_of(p, &kb, s, (size_t)len);
+        PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, (uint64_t)n + 1, &d), 0);
+        pcr_policy_commit(p, d.backend, key, (uint64_t)n + 1, &from);
+        for (int b = 0; b < NB; b++)
+            l[b].queued_prefill = 0;
+        if (prev_queued)
+            l[d.backend].queued_prefill = d.uncached_prefill;
+        l[d.backend].inflight++;
+        if (u == 0) {
+            PCR_CHECK_EQ_INT(d.reason, PCR_REASON_COLD);
+            home[i] = d.backend;
+            r->homes[d.backend]++;
+            r->first4[d.backend] += i < 4;
+        } else {
+            r->warm += d.backend == home[i] && d.reason == PCR_REASON_WARM;
+            r->spilled += d.reason == PCR_REASON_OVERLOAD_SPILL;
+        }
+    }
+    for (int b = 0; b < NB; b++)
+        r->inflight[b] = (uint32_t)l[b].inflight;
+    pcr_policy_free(p);
+}
+
+static void test_system_prompts_spread_under_the_bounds(void)
+{
+    for (int q = 0; q < 2; q++) {
+        spread_t r;
+        spread_system_prompts(3.0, q, &r);
+        printf("# prefill %s: homes %d %d %d %d, in flight %u %u %u %u, %d warm\n",
+               q ? "queued" : "done", r.homes[0], r.homes[1], r.homes[2], r.homes[3],
+               r.inflight[0], r.inflight[1], r.inflight[2], r.inflight[3], r.warm);
+        for (int b = 0; b < NB; b++) {
+            PCR_CHECK_EQ_INT(r.first4[b], 1);
+            PCR_CHECK(r.homes[b] >= 1 && r.homes[b] <= 3);
+            PCR_CHECK(r.inflight[b] <= 6);
+            if (!q) /* each pod holds exactly its prompts' users */
+                PCR_CHECK_EQ_INT(r.inflight[b], 2 * r.homes[b]);
+        }
+        PCR_CHECK_EQ_INT(r.warm + r.spilled, 8);
+        PCR_CHECK_EQ_INT(r.warm, q ? 7 : 8);
+        /* At inflight_factor 1.25 no pod holds more than ceil(1.25 * 16 / 4) = 5. */
+        spread_system_prompts(1.25, q, &r);
+        for (int b = 0; b < NB; b++)
+            PCR_CHECK(r.inflight[b] <= 5);
+    }
+}
+
 static void test_warm_backend_overloaded_spills(void)
 {
     pcr_policy_t *p = make(PCR_POLICY_CACHE_AWARE, four, NB, NULL);
@@ -1466,6 +1542,7 @@ int main(void)
     PCR_RUN(test_consistent_hash_keys_past_first_block);
     PCR_RUN(test_cold_then_warm);
     PCR_RUN(test_shared_system_prompt_spreads);
+    PCR_RUN(test_system_prompts_spread_under_the_bounds);
     PCR_RUN(test_warm_backend_overloaded_spills);
     PCR_RUN(test_load_weight_falls_as_the_pool_fills);
     PCR_RUN(test_conversation_sticks);

@@ -30,15 +30,19 @@ def together(n, client):
     assert not errors, errors
 
 
-def burst(router, clients=24, each=4):
+def burst(router, clients=24, each=4, tls=None):
     """`clients` keep-alive connections, each sending `each` completions at once with the others;
-    the bodies of the answers, in order, per client."""
+    the bodies of the answers, in order, per client. tls: an ssl.SSLContext, to the router's
+    TLS listener."""
     u = urllib.parse.urlsplit(router.url("/"))
     out = [None] * clients
 
     def client(i, start, errors):
         try:
-            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+            if tls is not None:
+                conn = http.client.HTTPSConnection(u.hostname, router.tls_port, timeout=30, context=tls)
+            else:
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
             start.wait(timeout=30)
             got = []
             for j in range(each):

@@ -13,8 +13,9 @@
  * Two implementations, in the spirit of h2o's socket layer: sock_plain.c (our own read and
  * write events on a non-blocking fd: one recv(msg) per read and one send(msg) per flush, no
  * FIONREAD, no epoll_ctl per request; or a loop turn's reads and writes in two io_uring
- * submits, below) and sock_tls.c (OpenSSL through libevent's
- * bufferevent_openssl, for TLS listeners and pods with https:// urls).
+ * submits, below) and sock_tls.c (for TLS listeners and pods with https:// urls: a plain
+ * socket carries the ciphertext, so TLS gets all of the above, and OpenSSL does the records
+ * through a BIO that reads and writes that socket's buffers).
  *
  * Callbacks never run inside a pcr_sock_* call: a failure found while flushing is reported
  * from the event loop. After pcr_sock_free() no callback runs. */
@@ -31,7 +32,7 @@ struct event_base;
 struct evbuffer;
 typedef struct pcr_sock pcr_sock_t;
 
-/* The most a plain socket's read brings (sock_plain.c); TLS reads a record or so at a time. */
+/* The most a plain socket's read brings (sock_plain.c), TLS records included. */
 #define PCR_SOCK_READ_SIZE 16384
 
 typedef enum {
@@ -83,8 +84,9 @@ void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg);
  * writes and reads, and `active` (may be NULL) is 1 while the thread batches, 0 once a failed
  * submit made it give up (relaxed atomic stores, this thread only). end: flushes, then frees. */
 int pcr_sock_batch_begin(uint64_t *submits, uint64_t *ops, uint64_t *merged, int *active);
-/* How many times a plain socket of this thread was found readable since the last call (with
- * or without batching): how many events a loop turn brought. */
+/* How many times a socket of this thread (plain, or a TLS socket's plain one) was found
+ * readable since the last call (with or without batching): how many events a loop turn
+ * brought. */
 unsigned pcr_sock_readable_take(void);
 void pcr_sock_batch_flush(void);
 void pcr_sock_batch_end(void);
@@ -118,8 +120,8 @@ size_t pcr_sock_pending(const pcr_sock_t *s);
  * socket frees both its buffers once they are empty, and makes them again when bytes arrive,
  * before on_read; an idle keep-alive connection then holds none. The owner touches the
  * buffers of an idle socket only from on_read: anywhere else they may have to be made again,
- * and pcr_sock_input() and pcr_sock_output() return NULL if memory runs out then. TLS
- * sockets keep theirs (bufferevent_openssl owns them). */
+ * and pcr_sock_input() and pcr_sock_output() return NULL if memory runs out then. A TLS
+ * socket does the same with its plaintext buffers and its plain socket's. */
 void pcr_sock_idle(pcr_sock_t *s, int idle);
 /* Calls on_drain (from the event loop) once pending() <= low. */
 void pcr_sock_want_drain(pcr_sock_t *s, size_t low);

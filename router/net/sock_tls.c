@@ -372,6 +372,8 @@ static void decrypt(tls_t *t)
             t->unreported = 1;
         else if (report_read(t) != 0)
             return;
+    } else {
+        bufs_release(t); /* a ticket or a key update: an idle socket keeps no buffer for it */
     }
     if (closed) {
         /* The peer said it is done: nothing more is read. Reported like a plain socket's end

@@ -371,23 +371,36 @@ static const char *const pd_mode_names[] = {
 };
 
 /* Reports every key of `obj` the table does not know, listing the allowed ones and the
- * closest of them when it is a likely typo (edit distance at most 2). */
+ * closest of them when it is a likely typo (edit distance at most 2). A known key costs one
+ * pass of string compares: the distances and the list are only worked out for an unknown one
+ * (every config load and reload reads every key through here). */
 static void check_keys(pcr_cfg_ctx_t *c, const json_t *obj, const field_t *fields, size_t n)
 {
     const char *key;
     const json_t *v;
-    char allowed[512];
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++)
-        o += (size_t)snprintf(allowed + o, sizeof allowed - o, "%s%s", i ? ", " : "", fields[i].key);
+    char allowed[512] = "";
     json_object_foreach((json_t *)obj, key, v) {
+        size_t i = 0;
+        while (i < n && strcmp(key, fields[i].key) != 0)
+            i++;
+        if (i < n)
+            continue;
+        if (allowed[0] == '\0') {
+            size_t o = 0;
+            for (i = 0; i < n; i++)
+                o += (size_t)snprintf(allowed + o, sizeof allowed - o, "%s%s", i ? ", " : "",
+                                      fields[i].key);
+        }
         const char *best = NULL;
         int best_d = 3;
-        for (size_t i = 0; i < n; i++) {
-            if (strcmp(key, fields[i].key) == 0)
-                goto known;
+        size_t lk = strlen(key);
+        for (i = 0; i < n; i++) {
+            /* The distance is at least the difference in length: past 2, no suggestion. */
+            size_t lf = strlen(fields[i].key);
+            if (lk > lf + 2 || lf > lk + 2)
+                continue;
             int d = pcr_cfg_edit_distance(key, fields[i].key);
-            if (d < best_d && (size_t)d < strlen(key)) {
+            if (d < best_d && (size_t)d < lk) {
                 best_d = d;
                 best = fields[i].key;
             }
@@ -401,7 +414,6 @@ static void check_keys(pcr_cfg_ctx_t *c, const json_t *obj, const field_t *field
             pcr_cfg_err_key(c, "unknown key %s (allowed: %s)", pcr_cfg_quote(q, sizeof q, key),
                             allowed);
         pcr_cfg_path_pop(&c->path, mark);
-known:;
     }
 }
 

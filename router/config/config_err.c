@@ -225,25 +225,26 @@ int pcr_cfg_edit_distance(const char *a, const char *b)
 {
     enum { MAXLEN = 48 };
     size_t la = strlen(a), lb = strlen(b);
-    int d[MAXLEN + 1][MAXLEN + 1];
+    /* Three rows of the table (i - 2, i - 1, i): a transposition looks two rows back. */
+    int rows[3][MAXLEN + 1];
     if (la > MAXLEN || lb > MAXLEN)
         return INT_MAX;
-    for (size_t i = 0; i <= la; i++)
-        d[i][0] = (int)i;
     for (size_t j = 0; j <= lb; j++)
-        d[0][j] = (int)j;
+        rows[0][j] = (int)j;
     for (size_t i = 1; i <= la; i++) {
+        int *cur = rows[i % 3], *up = rows[(i - 1) % 3], *up2 = rows[(i - 2) % 3];
+        cur[0] = (int)i;
         for (size_t j = 1; j <= lb; j++) {
             int cost = a[i - 1] != b[j - 1];
-            int best = d[i - 1][j - 1] + cost;
-            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            int best = up[j - 1] + cost;
+            if (up[j] + 1 < best) best = up[j] + 1;
+            if (cur[j - 1] + 1 < best) best = cur[j - 1] + 1;
             if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-                d[i - 2][j - 2] + 1 < best)
-                best = d[i - 2][j - 2] + 1;
-            d[i][j] = best;
+                up2[j - 2] + 1 < best)
+                best = up2[j - 2] + 1;
+            cur[j] = best;
         }
     }
-    return d[la][lb];
+    return rows[la % 3][lb];
 }
 

@@ -96,9 +96,36 @@ static int rec_cmp(const void *x, const void *y)
     return 0;
 }
 
+/* A merge sort of indices through static buffers, then one pass to put the records in order:
+ * qsort would allocate a buffer for every sort (under ASan, fresh memory to fault in), and
+ * moving whole records at every pass costs more than moving their indices. */
+static uint16_t sort_ix[2][RADIX_REF_MAX];
+static radix_ref_rec_t sort_tmp[RADIX_REF_MAX];
+
 static void sort_model(radix_ref_t *m)
 {
-    qsort(m->r, m->n, sizeof m->r[0], rec_cmp);
+    uint16_t *a = sort_ix[0], *t = sort_ix[1];
+    const radix_ref_rec_t *r = m->r;
+    for (size_t i = 0; i < m->n; i++)
+        a[i] = (uint16_t)i;
+    for (size_t w = 1; w < m->n; w *= 2) {
+        for (size_t lo = 0; lo < m->n; lo += 2 * w) {
+            size_t mid = lo + w < m->n ? lo + w : m->n, hi = lo + 2 * w < m->n ? lo + 2 * w : m->n;
+            size_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi)
+                t[o++] = rec_cmp(&r[a[j]], &r[a[i]]) < 0 ? a[j++] : a[i++];
+            while (i < mid)
+                t[o++] = a[i++];
+            while (j < hi)
+                t[o++] = a[j++];
+        }
+        uint16_t *s = a;
+        a = t;
+        t = s;
+    }
+    for (size_t i = 0; i < m->n; i++)
+        sort_tmp[i] = r[a[i]];
+    memcpy(m->r, sort_tmp, m->n * sizeof m->r[0]);
 }
 
 static void copy_model(radix_ref_t *dst, const radix_ref_t *src)

@@ -83,49 +83,63 @@ static void alloc_free(void *p, size_t size, void *ud)
 
 /* ---- the index's content as model records ------------------------------------------------ */
 
-static int rec_cmp(const void *x, const void *y)
+/* Records compared through a table with a slot for every record a run can make: backend,
+ * length and blocks (each under the largest alphabet, 5) give its place. Stamping one set's
+ * records with a generation and looking the other's up compares them in one pass each, with
+ * no sort. */
+#define ALPHA_MAX 5
+#define SEQS 15625            /* ALPHA_MAX ^ RL */
+typedef struct {
+    uint32_t mark;            /* == rec_gen: the stamped set holds this record, at `time` */
+    uint32_t seen;            /* == rec_gen: the other set had it already */
+    uint64_t time;
+} rec_slot_t;
+static rec_slot_t rec_tab[RADIX_REF_MAXB * RL * SEQS];
+static uint32_t rec_gen;
+
+static rec_slot_t *rec_slot(const radix_ref_rec_t *r)
 {
-    const radix_ref_rec_t *a = x, *b = y;
-    if (a->b != b->b)
-        return a->b < b->b ? -1 : 1;
-    if (a->len != b->len)
-        return a->len < b->len ? -1 : 1;
-    for (size_t i = 0; i < a->len; i++)
-        if (a->seq[i] != b->seq[i])
-            return a->seq[i] < b->seq[i] ? -1 : 1;
-    return 0;
+    size_t id = 0;
+    FUZZ_CHECKF(r->b < RADIX_REF_MAXB && r->len >= 1 && r->len <= RL, "backend %u, %zu blocks",
+                r->b, r->len);
+    for (size_t i = r->len; i-- > 0;) {
+        FUZZ_CHECKF(r->seq[i] < ALPHA_MAX, "block hash %llu, never inserted",
+                    (unsigned long long)r->seq[i]);
+        id = id * ALPHA_MAX + r->seq[i];
+    }
+    return &rec_tab[(r->b * RL + r->len - 1) * SEQS + id];
 }
 
-/* A merge sort of indices through static buffers, then one pass to put the records in order:
- * qsort would allocate a buffer for every sort (under ASan, fresh memory to fault in), and
- * moving whole records at every pass costs more than moving their indices. */
-static uint16_t sort_ix[2][RADIX_REF_MAX];
-static radix_ref_rec_t sort_tmp[RADIX_REF_MAX];
-
-static void sort_model(radix_ref_t *m)
+/* A new generation: no slot is marked or seen. */
+static void rec_new_gen(void)
 {
-    uint16_t *a = sort_ix[0], *t = sort_ix[1];
-    const radix_ref_rec_t *r = m->r;
-    for (size_t i = 0; i < m->n; i++)
-        a[i] = (uint16_t)i;
-    for (size_t w = 1; w < m->n; w *= 2) {
-        for (size_t lo = 0; lo < m->n; lo += 2 * w) {
-            size_t mid = lo + w < m->n ? lo + w : m->n, hi = lo + 2 * w < m->n ? lo + 2 * w : m->n;
-            size_t i = lo, j = mid, o = lo;
-            while (i < mid && j < hi)
-                t[o++] = rec_cmp(&r[a[j]], &r[a[i]]) < 0 ? a[j++] : a[i++];
-            while (i < mid)
-                t[o++] = a[i++];
-            while (j < hi)
-                t[o++] = a[j++];
-        }
-        uint16_t *s = a;
-        a = t;
-        t = s;
+    if (++rec_gen == 0) {
+        memset(rec_tab, 0, sizeof rec_tab);
+        rec_gen = 1;
     }
-    for (size_t i = 0; i < m->n; i++)
-        sort_tmp[i] = r[a[i]];
-    memcpy(m->r, sort_tmp, m->n * sizeof m->r[0]);
+}
+
+/* Marks every record of m (of backend `only`, or all when only < 0); returns how many. */
+static size_t stamp(const radix_ref_t *m, int only)
+{
+    size_t k = 0;
+    rec_new_gen();
+    for (size_t i = 0; i < m->n; i++) {
+        if (only >= 0 && m->r[i].b != (unsigned)only)
+            continue;
+        rec_slot_t *t = rec_slot(&m->r[i]);
+        t->mark = rec_gen;
+        t->time = m->r[i].time;
+        k++;
+    }
+    return k;
+}
+
+/* The stamped record r, or NULL. */
+static const rec_slot_t *stamped(const radix_ref_rec_t *r)
+{
+    const rec_slot_t *t = rec_slot(r);
+    return t->mark == rec_gen ? t : NULL;
 }
 
 static void copy_model(radix_ref_t *dst, const radix_ref_t *src)
@@ -137,7 +151,7 @@ static void copy_model(radix_ref_t *dst, const radix_ref_t *src)
     memcpy(dst->r, src->r, src->n * sizeof src->r[0]);
 }
 
-/* Reads every (backend, prefix, time) the index holds, sorted. Runs after pcr_index_check, so
+/* Reads every (backend, prefix, time) the index holds. Runs after pcr_index_check, so
  * the parent chains are known to end at the root. */
 static void read_index(const pcr_index_t *ix, const uint64_t *caps, radix_ref_t *out)
 {
@@ -164,7 +178,6 @@ static void read_index(const pcr_index_t *ix, const uint64_t *caps, radix_ref_t 
             }
         }
     }
-    sort_model(out);
 }
 
 static void print_rec(const char *what, const radix_ref_rec_t *r)
@@ -175,31 +188,28 @@ static void print_rec(const char *what, const radix_ref_rec_t *r)
     fputc('\n', stderr);
 }
 
-/* Every record of `a` (of backend `only`, or all when only < 0) is in `b` with the same time;
- * with `equal`, `b` has no other (of that backend). Both sorted. */
+/* Every record of `a` (of backend `only`, or all when only < 0) is in `b` with the same time,
+ * and only once; with `equal`, `b` has no other (of that backend). `b`, a model, holds no
+ * record twice. */
 static int within(const radix_ref_t *a, const radix_ref_t *b, int only, int equal)
 {
-    size_t j = 0;
+    size_t nb = stamp(b, only), matched = 0;
     for (size_t i = 0; i < a->n; i++) {
         if (only >= 0 && a->r[i].b != (unsigned)only)
             continue;
-        while (j < b->n && rec_cmp(&b->r[j], &a->r[i]) < 0) {
-            if (equal && (only < 0 || b->r[j].b == (unsigned)only)) {
-                print_rec("missing from the index", &b->r[j]);
-                return 0;
-            }
-            j++;
-        }
-        if (j == b->n || rec_cmp(&b->r[j], &a->r[i]) != 0 || b->r[j].time != a->r[i].time) {
-            print_rec("unexpected in the index", &a->r[i]);
-            if (j < b->n && rec_cmp(&b->r[j], &a->r[i]) == 0)
-                print_rec("expected", &b->r[j]);
+        rec_slot_t *t = rec_slot(&a->r[i]);
+        if (t->mark != rec_gen || t->time != a->r[i].time || t->seen == rec_gen) {
+            print_rec(t->seen == rec_gen ? "twice in the index" : "unexpected in the index",
+                      &a->r[i]);
+            if (t->mark == rec_gen && t->time != a->r[i].time)
+                fprintf(stderr, "expected: time %llu\n", (unsigned long long)t->time);
             return 0;
         }
-        j++;
+        t->seen = rec_gen;
+        matched++;
     }
-    for (; equal && j < b->n; j++) {
-        if (only < 0 || b->r[j].b == (unsigned)only) {
+    for (size_t j = 0; equal && matched < nb && j < b->n; j++) {
+        if ((only < 0 || b->r[j].b == (unsigned)only) && rec_slot(&b->r[j])->seen != rec_gen) {
             print_rec("missing from the index", &b->r[j]);
             return 0;
         }
@@ -247,19 +257,23 @@ static void check_cap_order(const radix_ref_t *got, const radix_ref_t *succ)
 {
     uint64_t newest_gone = 0;
     int gone = 0;
+    stamp(got, -1);
     for (size_t i = 0; i < succ->n; i++) {
         const radix_ref_rec_t *e = &succ->r[i];
-        if (!bsearch(e, got->r, got->n, sizeof got->r[0], rec_cmp)) {
+        if (stamped(e) == NULL) {
             newest_gone = gone && newest_gone > e->time ? newest_gone : e->time;
             gone = 1;
         }
     }
     for (size_t i = 0; i < got->n && gone; i++) {
         const radix_ref_rec_t *e = &got->r[i];
+        radix_ref_rec_t child = *e;
         int leaf = 1;
-        for (size_t j = 0; j < got->n && leaf; j++)
-            leaf = !(got->r[j].b == e->b && got->r[j].len == e->len + 1 &&
-                     memcmp(got->r[j].seq, e->seq, e->len * sizeof(uint64_t)) == 0);
+        child.len = e->len + 1;
+        for (uint64_t h = 0; h < ALPHA_MAX && leaf && e->len < RL; h++) {
+            child.seq[e->len] = h;
+            leaf = stamped(&child) == NULL;
+        }
         if (leaf && e->time < newest_gone)
             print_rec("kept, older than an evicted block", e);
         FUZZ_CHECKF(!leaf || e->time >= newest_gone, "the memory cap evicted a block of time %llu",
@@ -268,7 +282,7 @@ static void check_cap_order(const radix_ref_t *got, const radix_ref_t *succ)
 }
 
 /* The model could not follow this operation: check what the contract allows, then adopt the
- * index's content. `b` is the backend operated on; r->succ (sorted) is the model's idea. */
+ * index's content. `b` is the backend operated on; r->succ is the model's idea. */
 static void adopt(run_t *r, unsigned b)
 {
     for (unsigned o = 0; o < r->nb && !r->capped; o++)
@@ -291,14 +305,12 @@ static void do_insert(run_t *r, unsigned b, const uint64_t *k, size_t n, uint64_
         FUZZ_CHECK(pcr_index_insert(r->ix, b, k, n, now, &from) == 0);
         FUZZ_CHECKF(from == want_from, "added from %zu, model %zu", from, want_from);
         check_index(r);
-        sort_model(r->want);
         FUZZ_CHECK(within(r->got, r->want, -1, 1));
         return;
     }
     copy_model(r->before, r->want);
     copy_model(r->succ, r->want);
     size_t want_from = radix_ref_insert(r->succ, b, k, n, now);
-    sort_model(r->succ);
     pcr_index_match(r->ix, k, n, held_before);
     int rc = pcr_index_insert(r->ix, b, k, n, now, &from);
     check_index(r);
@@ -311,15 +323,16 @@ static void do_insert(run_t *r, unsigned b, const uint64_t *k, size_t n, uint64_
     } else {
         FUZZ_CHECKF(rc == 0 || rc == PCR_ERR_NOMEM, "insert returned %d", rc);
         FUZZ_CHECK(from <= n);
+        stamp(r->before, -1);
         for (size_t i = 0; i < r->got->n; i++) {
             const radix_ref_rec_t *g = &r->got->r[i];
-            int old = radix_ref_find(r->before, g->b, g->seq, g->len);
+            const rec_slot_t *old = stamped(g);
             if (g->b == b && is_key_prefix(g, k, n) && g->time == now) {
                 /* New or refreshed: a new one lies past *added_from. */
-                FUZZ_CHECKF(old >= 0 || g->len > from, "new block %zu before added_from %zu",
+                FUZZ_CHECKF(old != NULL || g->len > from, "new block %zu before added_from %zu",
                             g->len - 1, from);
             } else {
-                FUZZ_CHECK(old >= 0 && r->before->r[old].time == g->time);
+                FUZZ_CHECK(old != NULL && old->time == g->time);
             }
         }
         if (!r->capped) {
@@ -354,7 +367,6 @@ static void do_erase_or_cap(run_t *r, int erase, unsigned b, const uint64_t *k, 
     }
     memcpy(r->want->cap, r->succ->cap, sizeof r->want->cap);
     check_index(r);
-    sort_model(r->succ);
     FUZZ_CHECK(within(r->got, r->succ, -1, r->al.failed == 0));
     adopt(r, b);
 }
@@ -439,7 +451,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             radix_ref_remove(r.want, b);
             pcr_index_remove_backend(r.ix, b);
             check_index(&r);
-            sort_model(r.want);
             FUZZ_CHECK(within(r.got, r.want, -1, 1));
             break;
         default:

@@ -10,9 +10,11 @@ SECONDS have passed, whichever comes first) (one after the other: the machine is
 seeds in test/fuzz/corpus/NAME/, read only, and writes what it finds new to a work corpus,
 BUILD/fuzz/corpus/NAME/, kept between runs; test/fuzz/NAME.dict (or the family's, h1.dict for
 h1_request) is its dictionary when there.
-Crashes, leaks, timeouts and out-of-memory inputs go to BUILD/fuzz/crashes/NAME/. One line per
-target: executions, exec/s, corpus size, new crashes; then where the crashes are. The exit
-status is 1 when any target crashed. test/fuzz/README.md says how to minimize and keep inputs.
+Crashes, leaks, timeouts and out-of-memory inputs go to BUILD/fuzz/crashes/NAME/ (and inputs
+slower than libFuzzer's -report_slow_units, slow-unit-*, listed apart: not crashes until one
+replays slowly). One line per target: executions, exec/s, corpus size, new crashes; then
+where the crashes are. The exit status is 1 when any target crashed. test/fuzz/README.md says
+how to minimize and keep inputs.
 """
 import os
 import re
@@ -79,11 +81,16 @@ def run_one(build, name, exe, seconds):
         execs = int(m[-1]) if m else 0
     corp = re.findall(r"corp: (\d+)/(\d+\w*)", text)
     new = sorted(set(os.listdir(crashes)) - before)
+    # libFuzzer also writes there an input slower than its -report_slow_units (slow-unit-*),
+    # and goes on: listed apart, it is a finding only if it replays slowly on an idle machine.
+    slow = [f for f in new if f.startswith("slow-unit-")]
+    new = [f for f in new if f not in slow]
     return {
         "name": name, "seconds": elapsed, "execs": execs,
         "rate": execs / elapsed if elapsed > 0 else 0,
         "corpus": f"{corp[-1][0]} ({corp[-1][1]})" if corp else "?",
         "crashes": [os.path.join(crashes, f) for f in new], "rc": rc, "log": log,
+        "slow": [os.path.join(crashes, f) for f in slow],
     }
 
 
@@ -115,6 +122,12 @@ def main():
         print(f"{r['name']:<10} {r['seconds']:>6.0f}s {r['execs']:>12} {r['rate']:>9.0f}  "
               f"{r['corpus']:<22} {len(r['crashes'])}")
     bad = [r for r in results if r["crashes"] or r["rc"] not in (0,)]
+    for r in results:
+        if r["slow"]:
+            print(f"\n{r['name']}: {len(r['slow'])} slow input(s), not counted as crashes;"
+                  " replay each to tell a busy machine from a slow path:")
+            for f in r["slow"]:
+                print(f"  {f}")
     for r in bad:
         print(f"\n{r['name']}: exit {r['rc']}, log {r['log']}")
         for c in r["crashes"]:

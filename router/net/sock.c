@@ -15,6 +15,24 @@ void pcr_sock_set_cbs(pcr_sock_t *s, const pcr_sock_cbs_t *cbs, void *arg)
     s->arg = arg;
 }
 
+int pcr_sock_bufs_make(struct evbuffer **in, struct evbuffer **out)
+{
+    if (*in == NULL)
+        *in = evbuffer_new();
+    if (*out == NULL)
+        *out = evbuffer_new();
+    return *in != NULL && *out != NULL ? 0 : -1;
+}
+
+void pcr_sock_bufs_free(struct evbuffer **in, struct evbuffer **out)
+{
+    if (*in != NULL)
+        evbuffer_free(*in);
+    if (*out != NULL)
+        evbuffer_free(*out);
+    *in = *out = NULL;
+}
+
 void pcr_sock_free(pcr_sock_t *s)
 {
     if (s != NULL)

@@ -149,6 +149,11 @@ struct event_base *pcr_sock_base_new(void);
 
 /* ---- for the implementations only ---------------------------------------------------- */
 
+/* A socket's two buffers, which an idle socket releases (pcr_sock_idle): make whichever is
+ * missing (0, or -1 when memory ran out), and free both (either may be NULL). */
+int pcr_sock_bufs_make(struct evbuffer **in, struct evbuffer **out);
+void pcr_sock_bufs_free(struct evbuffer **in, struct evbuffer **out);
+
 typedef struct {
     void (*free)(pcr_sock_t *s);
     void (*read_start)(pcr_sock_t *s);

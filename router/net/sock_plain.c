@@ -82,14 +82,7 @@ typedef struct plain_s {
 static size_t out_len(const plain_t *p) { return p->out != NULL ? evbuffer_get_length(p->out) : 0; }
 
 /* Both buffers, made again after a release: 0, or -1 when memory ran out. */
-static int bufs_make(plain_t *p)
-{
-    if (p->in == NULL)
-        p->in = evbuffer_new();
-    if (p->out == NULL)
-        p->out = evbuffer_new();
-    return p->in != NULL && p->out != NULL ? 0 : -1;
-}
+static int bufs_make(plain_t *p) { return pcr_sock_bufs_make(&p->in, &p->out); }
 
 /* An idle socket gives its buffers back once both are empty and no read or write of a batch
  * counts on them: about 0.3 KB of every idle keep-alive connection. */
@@ -98,9 +91,7 @@ static void bufs_release(plain_t *p)
     if (!p->idle || p->batched || p->rbatched || p->unreported || p->connecting ||
         p->in == NULL || p->out == NULL || evbuffer_get_length(p->in) > 0 || out_len(p) > 0)
         return;
-    evbuffer_free(p->in);
-    evbuffer_free(p->out);
-    p->in = p->out = NULL;
+    pcr_sock_bufs_free(&p->in, &p->out);
 }
 
 #define BATCH_RING 256
@@ -350,10 +341,7 @@ static void plain_free(pcr_sock_t *s)
     event_del(&p->wev);
     if (p->soon)
         event_free(p->soon);
-    if (p->in)
-        evbuffer_free(p->in);
-    if (p->out)
-        evbuffer_free(p->out);
+    pcr_sock_bufs_free(&p->in, &p->out);
     if (s->fd >= 0)
         close(s->fd);
     free(p);

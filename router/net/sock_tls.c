@@ -36,6 +36,7 @@
 #define RECORD_MAX 16384           /* the most plaintext one TLS record carries */
 #define WRITE_DIRECT_MIN 4096      /* a chain this long is written as it is, not copied first */
 #define WHY_LEN 192
+#define TIMED_OUT "connect or handshake timed out"
 
 typedef struct {
     pcr_sock_t base;
@@ -126,14 +127,7 @@ static void bio_method_make(void)
 
 static size_t out_len(const tls_t *t) { return t->out != NULL ? evbuffer_get_length(t->out) : 0; }
 
-static int bufs_make(tls_t *t)
-{
-    if (t->in == NULL)
-        t->in = evbuffer_new();
-    if (t->out == NULL)
-        t->out = evbuffer_new();
-    return t->in != NULL && t->out != NULL ? 0 : -1;
-}
+static int bufs_make(tls_t *t) { return pcr_sock_bufs_make(&t->in, &t->out); }
 
 /* An idle socket gives its plaintext buffers back once both are empty (its inner socket does
  * the same with the ciphertext's). */
@@ -142,9 +136,7 @@ static void bufs_release(tls_t *t)
     if (!t->idle || t->unreported || t->in == NULL || t->out == NULL ||
         evbuffer_get_length(t->in) > 0 || evbuffer_get_length(t->out) > 0)
         return;
-    evbuffer_free(t->in);
-    evbuffer_free(t->out);
-    t->in = t->out = NULL;
+    pcr_sock_bufs_free(&t->in, &t->out);
 }
 
 /* ---- reporting to the owner ------------------------------------------------------------- */
@@ -193,17 +185,23 @@ static void deadline_stop(tls_t *t)
     }
 }
 
+/* Nothing more is reported, read or timed: the socket has ended. */
+static void stop(tls_t *t)
+{
+    t->ended = 1;
+    deadline_stop(t);
+    event_del(&t->later);
+    pcr_sock_read_stop(t->inner);
+}
+
 /* The end, once: the owner frees the socket. */
 static void end(tls_t *t, pcr_sock_end_t why)
 {
     if (t->ended)
         return;
-    t->ended = 1;
     if (why != PCR_SOCK_EOF)
         t->failed = 1;
-    deadline_stop(t);
-    event_del(&t->later);
-    pcr_sock_read_stop(t->inner);
+    stop(t);
     t->base.cbs->on_end(&t->base, why, t->base.arg);
 }
 
@@ -213,12 +211,9 @@ static void connect_failed(tls_t *t, int err)
 {
     if (t->ended)
         return;
-    t->ended = 1;
     t->failed = 1;
     t->handshaking = 0;
-    deadline_stop(t);
-    event_del(&t->later);
-    pcr_sock_read_stop(t->inner);
+    stop(t);
     ERR_clear_error();
     t->base.cbs->on_ready(&t->base, err, t->base.arg);
 }
@@ -418,7 +413,7 @@ static void on_inner_end(pcr_sock_t *inner, pcr_sock_end_t why, void *arg)
         return;
     if (t->client && t->handshaking) {
         if (why == PCR_SOCK_WRITE_TIMEOUT) {
-            snprintf(t->why, WHY_LEN, "connect or handshake timed out");
+            snprintf(t->why, WHY_LEN, "%s", TIMED_OUT);
             connect_failed(t, ETIMEDOUT);
         } else {
             pcr_tls_failure(NULL, 0, t->why, WHY_LEN); /* the peer closed it or sent no TLS */
@@ -440,7 +435,7 @@ static void on_inner_ready(pcr_sock_t *inner, int err, void *arg)
         return;
     if (err != 0) {
         if (err == ETIMEDOUT)
-            snprintf(t->why, WHY_LEN, "connect or handshake timed out");
+            snprintf(t->why, WHY_LEN, "%s", TIMED_OUT);
         else
             snprintf(t->why, WHY_LEN, "%s", strerror(err));
         connect_failed(t, err);
@@ -473,7 +468,7 @@ static void on_later(evutil_socket_t fd, short what, void *arg)
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     tls_t *t = arg;
-    snprintf(t->why, WHY_LEN, "connect or handshake timed out");
+    snprintf(t->why, WHY_LEN, "%s", TIMED_OUT);
     connect_failed(t, ETIMEDOUT);
 }
 
@@ -498,10 +493,7 @@ static void tls_free(pcr_sock_t *s)
     ERR_clear_error();
     SSL_free(t->ssl); /* and its BIO */
     pcr_sock_free(t->inner);
-    if (t->in)
-        evbuffer_free(t->in);
-    if (t->out)
-        evbuffer_free(t->out);
+    pcr_sock_bufs_free(&t->in, &t->out);
     free(t);
 }
 
@@ -604,12 +596,8 @@ static tls_t *tls_make(struct event_base *base, pcr_sock_t *inner, SSL *ssl, int
     tls_t *t = inner != NULL ? calloc(1, sizeof(*t) + (client ? WHY_LEN : 1)) : NULL;
     BIO *bio = t != NULL && bio_method != NULL ? BIO_new(bio_method) : NULL;
     if (bio == NULL || bufs_make(t) != 0) {
-        if (t != NULL) {
-            if (t->in)
-                evbuffer_free(t->in);
-            if (t->out)
-                evbuffer_free(t->out);
-        }
+        if (t != NULL)
+            pcr_sock_bufs_free(&t->in, &t->out);
         BIO_free(bio);
         free(t);
         SSL_free(ssl);

@@ -305,31 +305,16 @@ static void json_scan(pcr_usage_t *u, const char *data, size_t n)
     u->edge_len = keep;
 }
 
-/* Appends to the JSON copy: 0, or -1 when memory ran out (the copy is then as it was). */
-static int json_add(pcr_usage_t *u, const char *data, size_t n)
+/* Appends to the JSON copy; returns how many bytes it took: all of them, or fewer when memory
+ * ran out. */
+static size_t json_add(pcr_usage_t *u, const char *data, size_t n)
 {
-    struct pcr_usage_block *was_tail = u->tail;
-    size_t was_tail_len = was_tail != NULL ? was_tail->len : 0, was_len = u->json_len;
-    while (n > 0) {
+    size_t took = 0;
+    while (took < n) {
         if (u->tail == NULL || u->tail->len == BLOCK_ROOM) {
             struct pcr_usage_block *b = pcr_evmem_malloc(BLOCK_BYTES);
-            if (b == NULL) {
-                struct pcr_usage_block *extra = was_tail != NULL ? was_tail->next : u->head;
-                while (extra != NULL) {
-                    struct pcr_usage_block *next = extra->next;
-                    pcr_evmem_free(extra);
-                    extra = next;
-                }
-                if (was_tail != NULL) {
-                    was_tail->next = NULL;
-                    was_tail->len = was_tail_len;
-                } else {
-                    u->head = NULL;
-                }
-                u->tail = was_tail;
-                u->json_len = was_len;
-                return -1;
-            }
+            if (b == NULL)
+                break;
             b->next = NULL;
             b->len = 0;
             if (u->tail != NULL)
@@ -338,14 +323,13 @@ static int json_add(pcr_usage_t *u, const char *data, size_t n)
                 u->head = b;
             u->tail = b;
         }
-        size_t k = BLOCK_ROOM - u->tail->len < n ? BLOCK_ROOM - u->tail->len : n;
-        memcpy(u->tail->data + u->tail->len, data, k);
+        size_t k = BLOCK_ROOM - u->tail->len < n - took ? BLOCK_ROOM - u->tail->len : n - took;
+        memcpy(u->tail->data + u->tail->len, data + took, k);
         u->tail->len += k;
         u->json_len += k;
-        data += k;
-        n -= k;
+        took += k;
     }
-    return 0;
+    return took;
 }
 
 static void json_emit(const pcr_usage_t *u, pcr_usage_emit_fn emit, void *ctx)
@@ -378,18 +362,25 @@ void pcr_usage_feed(pcr_usage_t *u, const char *data, size_t len, pcr_usage_emit
     case PCR_USAGE_SSE:
         sse_feed(u, data, len, emit, ctx);
         return;
-    case PCR_USAGE_JSON:
-        if (!u->over && (len > PCR_USAGE_MAX_JSON - u->json_len || json_add(u, data, len) < 0)) {
-            /* Too large for a completion worth reading (or no memory): give up on it. What
-             * a rewrite held goes out as it came. */
-            if (u->rewrite)
-                json_emit(u, emit, ctx);
-            u->over = 1;
-            blocks_free(u);
-        } else if (!u->over) {
+    case PCR_USAGE_JSON: {
+        if (u->over)
+            break;
+        size_t took = len <= PCR_USAGE_MAX_JSON - u->json_len ? json_add(u, data, len) : 0;
+        if (took == len) {
             json_scan(u, data, len);
+            break;
         }
+        /* Too large for a completion worth reading (or no memory): give up on it. What a
+         * rewrite held goes out as it came, the first `took` bytes of this read included. */
+        if (u->rewrite) {
+            json_emit(u, emit, ctx);
+            data += took;
+            len -= took;
+        }
+        u->over = 1;
+        blocks_free(u);
         break;
+    }
     case PCR_USAGE_OFF:
         break;
     }

@@ -60,6 +60,11 @@ int pcr_budget_reserve(pcr_worker_t *w, const void *req, size_t n)
 
 void pcr_budget_force(pcr_worker_t *w, size_t n) { PCR_ADD(w->srv->body_reserved, n); }
 
+int pcr_budget_exempt(const pcr_worker_t *w, const void *req)
+{
+    return req != NULL && __atomic_load_n(&w->srv->body_exempt, __ATOMIC_ACQUIRE) == req;
+}
+
 void pcr_budget_forget(pcr_worker_t *w, const void *req)
 {
     const void *mine = req;
@@ -123,8 +128,25 @@ static void on_budget(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* Sheds every waiter once (those that wait again go to the back, past the count). */
+static void shed_all(pcr_worker_t *w)
+{
+    size_t n = 0;
+    pcr_budget_waiter_t *bw;
+    TAILQ_FOREACH(bw, &w->budget_waiters, link)
+        n++;
+    while (n-- > 0 && (bw = TAILQ_FIRST(&w->budget_waiters)) != NULL) {
+        pcr_budget_unwait(w, bw);
+        bw->shed(bw);
+    }
+}
+
 void pcr_budget_tick(pcr_worker_t *w)
 {
+    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_mem_action(w->srv, PCR_OVERLOAD_REFUSE_REQUESTS)) {
+        shed_all(w);
+        return;
+    }
     if (!TAILQ_EMPTY(&w->budget_waiters) && budget_open(w))
         event_active(w->budget_event, 0, 0);
 }

@@ -19,17 +19,24 @@
 #define PCR_BODY_ALLOWANCE 65535
 
 /* A session waiting for request-body budget: `resume` runs from its worker's loop once some was
- * released (it may find the budget taken again and wait anew). */
+ * released (it may find the budget taken again and wait anew). `shed` runs from the worker's
+ * tick while the memory account refuses requests (pcr/overload.h): the session answers 503 to
+ * its requests that wait (all but the one allowed past the budget, pcr_budget_exempt), which
+ * frees the body bytes each holds within its connection's allowance, and waits anew only for
+ * what is left. Without it such a request kept its bytes until timeouts.client_idle_ms, up to
+ * PCR_BODY_ALLOWANCE per connection whatever the limit. */
 typedef struct pcr_budget_waiter {
     TAILQ_ENTRY(pcr_budget_waiter) link;
     void (*resume)(struct pcr_budget_waiter *w);
+    void (*shed)(struct pcr_budget_waiter *w);
     int queued;
 } pcr_budget_waiter_t;
 
 /* The worker's waiters and the event that wakes them (its thread). init: 0 or PCR_ERR_NOMEM. */
 int pcr_budget_init(pcr_worker_t *w);
 void pcr_budget_dispose(pcr_worker_t *w);
-/* From the worker's tick: budget that other workers released wakes this one's waiters. */
+/* From the worker's tick: budget that other workers released wakes this one's waiters; while
+ * the memory account refuses requests, every waiter is shed instead (`shed` above). */
 void pcr_budget_tick(pcr_worker_t *w);
 
 /* The control thread, at each of its ticks: once the bodies held have fallen to a quarter of
@@ -54,6 +61,8 @@ int pcr_budget_reserve(pcr_worker_t *w, const void *req, size_t n);
 void pcr_budget_force(pcr_worker_t *w, size_t n);
 /* Gives back `n` reserved bytes; this worker's waiters hear of it now, the others' at their tick. */
 void pcr_budget_release(pcr_worker_t *w, size_t n);
+/* Whether `req` is the request allowed past the budget now. */
+int pcr_budget_exempt(const pcr_worker_t *w, const void *req);
 /* `req` is being freed: it stops being the request allowed past the budget. */
 void pcr_budget_forget(pcr_worker_t *w, const void *req);
 /* Bytes of body held (delta > 0) or released (< 0) by this worker's requests. */

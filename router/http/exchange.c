@@ -128,6 +128,19 @@ int pcr_exchange_running(const pcr_exchange_t *ex) { return ex->state != EX_RECE
 
 size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex) { return ex->body_counted; }
 
+void pcr_exchange_drop_body(pcr_exchange_t *ex)
+{
+    if (ex->body_dropped || ex->state != EX_RECEIVING)
+        return;
+    ex->body_dropped = 1;
+    evbuffer_drain(ex->body, evbuffer_get_length(ex->body));
+    pcr_body_reader_free(ex->reader);
+    ex->reader = NULL;
+    /* body_counted stays, for the access log's bytes_in; the budget's count goes now. */
+    if (ex->body_counted)
+        pcr_budget_account(ex->w, -(ptrdiff_t)ex->body_counted);
+}
+
 /* ---- the state machine --------------------------------------------------------------- */
 
 static int holds_backend(pcr_ex_state_t s)
@@ -591,7 +604,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     PCR_STORE(w->nexchanges, w->nexchanges - 1);
     pcr_exchange_kept_release(ex);
     pcr_budget_forget(w, ex);
-    if (ex->body_counted)
+    if (ex->body_counted && !ex->body_dropped)
         pcr_budget_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
     pcr_body_reader_free(ex->reader);

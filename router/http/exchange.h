@@ -107,6 +107,9 @@ int pcr_exchange_responded(const pcr_exchange_t *ex);  /* the head went out */
 int pcr_exchange_finished(const pcr_exchange_t *ex);   /* the end went out (or the response broke) */
 int pcr_exchange_running(const pcr_exchange_t *ex);    /* the request is complete (or refused) */
 size_t pcr_exchange_body_bytes(const pcr_exchange_t *ex); /* request body buffered so far */
+/* A request refused before its body was complete: the body held so far (and its parse) is
+ * freed now, not when the exchange is, which waits for the client to take the answer. */
+void pcr_exchange_drop_body(pcr_exchange_t *ex);
 
 /* Session back-pointer (the h1 session or the h2 stream). */
 void *pcr_exchange_session(const pcr_exchange_t *ex);

@@ -108,6 +108,7 @@ struct pcr_exchange {
     size_t nh;
     struct evbuffer *body;
     size_t body_counted;              /* bytes of `body` counted in the process's body budget */
+    int body_dropped;                 /* refused while waiting: body freed, uncounted (drop_body) */
     char peer[64];
     int admin;                        /* came through the admin listener */
     const pcr_route_t *route;         /* what its path is, from pcr_exchange_run (NULL: none) */

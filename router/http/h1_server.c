@@ -32,7 +32,8 @@
  * Body budget (budget.h): a connection reads a body only while what it holds plus one more read
  * fits its allowance (PCR_BODY_ALLOWANCE) and what it reserved; past that it reserves more
  * (BODY_GRANT at a time) before reading on, or stops reading and waits for budget. A body that
- * cannot get budget for timeouts.client_idle_ms is answered 503. A body that fits the
+ * cannot get budget for timeouts.client_idle_ms is answered 503, as is one waiting while the
+ * memory account refuses requests, at the worker's next tick (budget_shed). A body that fits the
  * allowance (most prompts) never asks; the reservation goes back when the request is freed.
  *
  * Lingering close: a request refused before its body was read (400, 408, 413, 431) leaves
@@ -785,6 +786,27 @@ static void check_pause(h1_sess_t *s)
     }
 }
 
+/* The memory account refuses requests (budget.h, `shed`): a body waiting for budget gets its
+ * 503 now, and what it holds of its allowance is freed; the request allowed past the budget
+ * never waits, so it goes on. */
+static void budget_shed(pcr_budget_waiter_t *w)
+{
+    h1_sess_t *s = (h1_sess_t *)((char *)w - offsetof(h1_sess_t, budget));
+    if (!s->read_paused || s->closing || s->ex == NULL || s->state != H1_BODY)
+        return;
+    if (pcr_budget_exempt(s->w, s->ex) || !pcr_exchange_overloaded(s->ex)) {
+        pcr_budget_wait(s->w, &s->budget);
+        return;
+    }
+    pcr_exchange_drop_body(s->ex);
+    reserved_drop(s);
+    /* Unread bytes of the body, which the lingering close would discard anyway. */
+    struct evbuffer *in = pcr_sock_input(s->sock);
+    evbuffer_drain(in, evbuffer_get_length(in));
+    s->overloaded = 1;
+    reject(s, 503, NULL);
+}
+
 static void budget_resume(pcr_budget_waiter_t *w)
 {
     h1_sess_t *s = (h1_sess_t *)((char *)w - offsetof(h1_sess_t, budget));
@@ -911,6 +933,7 @@ int pcr_h1_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     event_assign(&s->advance, w->base, -1, 0, on_advance, s);
     evtimer_assign(&s->timer, w->base, on_timer, s);
     s->budget.resume = budget_resume;
+    s->budget.shed = budget_shed;
     http_parser_init(&s->parser, HTTP_REQUEST);
     s->parser.data = s;
     pcr_session_register(w, &s->base, &h1_session_ops,

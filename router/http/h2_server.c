@@ -21,7 +21,8 @@
  *   budget one request at a time may still finish its body (budget.h); the session it belongs
  *   to then stops holding its connection window, which the other streams' held bytes would
  *   otherwise keep shut: only stream windows hold those bytes back (one window each). A stream
- *   that waited for budget for timeouts.client_idle_ms is answered 503.
+ *   that waited for budget for timeouts.client_idle_ms is answered 503, and so is one waiting
+ *   while the memory account refuses requests, at the worker's next tick (budget_shed).
  * - One timer per connection: with no stream open it is the idle timeout
  *   (timeouts.client_idle_ms); with streams it ticks, and a stream whose head is not complete
  *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
@@ -635,6 +636,34 @@ static void reject(h2_stream_t *st)
                            s->w->cfg->limits.max_header_bytes);
 }
 
+/* The memory account refuses requests (budget.h, `shed`): each stream waiting for budget gets
+ * its 503 now, its body freed and the connection window it held given back (nothing is held
+ * for it any more, so that needs no budget); the one allowed past the budget goes on. */
+static void budget_shed(pcr_budget_waiter_t *w)
+{
+    h2_sess_t *s = (h2_sess_t *)((char *)w - offsetof(h2_sess_t, budget));
+    int wait = 0;
+    for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
+        if (st->unconsumed == 0 || st->rejected || pcr_exchange_running(st->ex))
+            continue;
+        if (st == s->exempt || pcr_budget_exempt(s->w, st->ex) || !pcr_exchange_overloaded(st->ex)) {
+            wait = 1;
+            continue;
+        }
+        pcr_exchange_drop_body(st->ex);
+        s->held -= st->held;
+        st->held = 0;
+        give_back(s, 0, 0, st->conn_held);
+        st->conn_held = 0;
+        st->reject_status = 503;
+        reject(st);
+    }
+    reserved_trim(s);
+    if (wait)
+        pcr_budget_wait(s->w, &s->budget);
+    schedule_flush(s);
+}
+
 /* HEADERS opening a stream must carry an id above every earlier one; one below the highest,
  * for a stream never opened, is a PROTOCOL_ERROR for the connection (nghttp2 only ignores it,
  * as it cannot tell such an id from a stream it has forgotten). */
@@ -1121,6 +1150,7 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     s->w = w;
     s->sock = sock;
     s->budget.resume = budget_resume;
+    s->budget.shed = budget_shed;
     s->window = PCR_BODY_ALLOWANCE; /* the connection window a client starts with */
     nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);

@@ -47,10 +47,10 @@ def parts(m):
     return {p: metric(m, "pcrouter_memory_accounted_bytes", part=p) for p in names}
 
 
-def start(stub_factory, router_factory, limit=LIMIT, **extra):
+def start(stub_factory, router_factory, limit=LIMIT, limits=(), **extra):
     stub = stub_factory("pod-a")
     cfg = make_config([stub], admin={"address": "127.0.0.1:0"},
-                      limits={"max_memory_bytes": limit},
+                      limits=dict(limits, max_memory_bytes=limit),
                       # The account is added up on this tick: short, so the test is quick.
                       outlier={"probe_ms": 20},
                       health={"timeout_ms": 5000, "fall": 10}, **extra)
@@ -316,3 +316,84 @@ def test_bodies_begun_past_the_limit_are_refused(proto, stub_factory, router_fac
         assert status == 200
     finally:
         heads.close()
+
+
+class Waiting:
+    """`n` requests whose bodies wait for body budget while another request holds it, each
+    holding what its connection's allowance let the router take: HTTP/2 streams (one
+    connection each) that send their whole window, or HTTP/1.1 chunked bodies (no length, so
+    read a piece at a time until the allowance is full). statuses() waits for every answer."""
+
+    def __init__(self, port, proto, n):
+        self.proto = proto
+        body = upload_body(MiB)
+        if proto == "h2c":
+            self.hs = H2Streams(port, per_conn=1, timeout=30)
+            for _ in range(n):
+                k = self.hs.open("/v1/completions", b"", end_stream=False, length=len(body))
+                off = 0
+                while off < 65535:  # the stream's first window: never blocked
+                    sent = self.hs.send(k, body[off:65535])
+                    assert sent > 0, "a window shut within the allowance"
+                    off += sent
+        else:
+            self.conns = [RawConn(port, timeout=30) for _ in range(n)]
+            for c in self.conns:
+                c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s"
+                       % (96 * KiB, body[:96 * KiB]))
+
+    def statuses(self, timeout):
+        if self.proto == "h1":
+            deadline = time.monotonic() + timeout
+            out = []
+            for c in self.conns:
+                c.sock.settimeout(max(0.1, deadline - time.monotonic()))
+                out.append(c.read_response()[0])
+            return out
+        snap = self.hs.wait(lambda s: all(v["status"] for v in s.values()), timeout,
+                            "every answer")
+        return [int(v["status"]) for v in snap.values()]
+
+    def close(self):
+        for c in getattr(self, "conns", []):
+            c.sock.close()
+        if self.proto == "h2c":
+            self.hs.close()
+
+
+@pytest.mark.parametrize("proto", ["h1", "h2c"])
+def test_bodies_waiting_for_budget_are_refused_past_the_limit(proto, stub_factory,
+                                                              router_factory):
+    """Requests whose bodies began while memory was plenty and then wait for body budget (an
+    upload holds it) are answered 503 once the account passes 90%, within a tick rather than
+    at timeouts.client_idle_ms, and the bytes each held within its connection's allowance are
+    freed: otherwise every such connection keeps up to 64 KiB whatever the limit, and 10,000
+    connections 625 MiB. The upload allowed past the budget is not refused and completes."""
+    stub, r = start(stub_factory, router_factory,
+                    limits={"max_buffered_body_bytes": 256 * KiB},
+                    timeouts={"client_idle_ms": 60000})
+    # Few enough that refusing them all leaves the account past 85%, where refusing ends.
+    n = 6
+    # Its whole length reserved at its head, past the budget: the one request allowed past it.
+    up = Upload(r.port, 10 * MiB)
+    up.send(MiB)
+    wait_for(lambda: metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") >= MiB, 15,
+             what="the upload's first MiB held")
+    waiting = Waiting(r.port, proto, n)
+    try:
+        wait_for(lambda: metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") >=
+                 up.sent + n * 48 * KiB, 15, what="the waiting bodies held")
+        assert not active(r)["refuse_requests"]
+        up.send(int(0.94 * LIMIT) - accounted(admin_metrics(r)))
+        # Refused within ticks of the crossing; client_idle_ms is a minute.
+        assert waiting.statuses(10) == [503] * n
+        wait_for(lambda: metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") <=
+                 up.sent + 16 * KiB, 10, what="the waiting bodies freed")
+        status, _ = up.finish()
+        assert status == 200
+        wait_for(lambda: not active(r)["refuse_requests"], 15, what="the account back down")
+        resp = curl(r.url("/v1/completions"), completion("after the upload"), proto=proto)
+        assert resp.status == 200, resp
+    finally:
+        waiting.close()

@@ -770,6 +770,25 @@ static void reserved_drop(h1_sess_t *s)
     s->reserved = 0;
 }
 
+/* A body that waits for budget while the memory account refuses requests (budget.h, `shed`)
+ * gets its 503 now, and what it holds of its allowance is freed; the request allowed past the
+ * budget never waits, so it goes on. */
+static int shed_due(h1_sess_t *s)
+{
+    return !pcr_budget_exempt(s->w, s->ex) && pcr_exchange_overloaded(s->ex);
+}
+
+static void shed(h1_sess_t *s)
+{
+    pcr_exchange_drop_body(s->ex);
+    reserved_drop(s);
+    /* Unread bytes of the body, which the lingering close would discard anyway. */
+    struct evbuffer *in = pcr_sock_input(s->sock);
+    evbuffer_drain(in, evbuffer_get_length(in));
+    s->overloaded = 1;
+    reject(s, 503, NULL);
+}
+
 /* After a read: pause reading while pipelined bytes pile up behind a running request, or while
  * a body arrives that has no budget for its next read. */
 static void check_pause(h1_sess_t *s)
@@ -780,31 +799,26 @@ static void check_pause(h1_sess_t *s)
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
     } else if (!running && s->state == H1_BODY && !body_room(s)) {
+        if (shed_due(s)) {
+            shed(s);
+            return;
+        }
         pcr_sock_read_stop(s->sock);
         s->read_paused = 1;
         pcr_budget_wait(s->w, &s->budget);
     }
 }
 
-/* The memory account refuses requests (budget.h, `shed`): a body waiting for budget gets its
- * 503 now, and what it holds of its allowance is freed; the request allowed past the budget
- * never waits, so it goes on. */
+/* The worker's tick, while the account refuses requests: see shed(). */
 static void budget_shed(pcr_budget_waiter_t *w)
 {
     h1_sess_t *s = (h1_sess_t *)((char *)w - offsetof(h1_sess_t, budget));
     if (!s->read_paused || s->closing || s->ex == NULL || s->state != H1_BODY)
         return;
-    if (pcr_budget_exempt(s->w, s->ex) || !pcr_exchange_overloaded(s->ex)) {
+    if (shed_due(s))
+        shed(s);
+    else
         pcr_budget_wait(s->w, &s->budget);
-        return;
-    }
-    pcr_exchange_drop_body(s->ex);
-    reserved_drop(s);
-    /* Unread bytes of the body, which the lingering close would discard anyway. */
-    struct evbuffer *in = pcr_sock_input(s->sock);
-    evbuffer_drain(in, evbuffer_get_length(in));
-    s->overloaded = 1;
-    reject(s, 503, NULL);
 }
 
 static void budget_resume(pcr_budget_waiter_t *w)

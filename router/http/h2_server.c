@@ -636,9 +636,26 @@ static void reject(h2_stream_t *st)
                            s->w->cfg->limits.max_header_bytes);
 }
 
-/* The memory account refuses requests (budget.h, `shed`): each stream waiting for budget gets
- * its 503 now, its body freed and the connection window it held given back (nothing is held
- * for it any more, so that needs no budget); the one allowed past the budget goes on. */
+/* A stream that waits for budget while the memory account refuses requests (budget.h, `shed`)
+ * gets its 503 at once (on_data_chunk) or at the worker's tick (budget_shed), its body freed
+ * and the connection window it held given back (nothing is held for it any more, so that
+ * needs no budget); the one allowed past the budget goes on. */
+static int shed_due(const h2_sess_t *s, h2_stream_t *st)
+{
+    return st != s->exempt && !pcr_budget_exempt(s->w, st->ex) && pcr_exchange_overloaded(st->ex);
+}
+
+static void shed_stream(h2_sess_t *s, h2_stream_t *st)
+{
+    pcr_exchange_drop_body(st->ex);
+    s->held -= st->held;
+    st->held = 0;
+    give_back(s, 0, 0, st->conn_held);
+    st->conn_held = 0;
+    st->reject_status = 503;
+    reject(st);
+}
+
 static void budget_shed(pcr_budget_waiter_t *w)
 {
     h2_sess_t *s = (h2_sess_t *)((char *)w - offsetof(h2_sess_t, budget));
@@ -646,17 +663,11 @@ static void budget_shed(pcr_budget_waiter_t *w)
     for (h2_stream_t *st = s->streams; st != NULL; st = st->next) {
         if (st->unconsumed == 0 || st->rejected || pcr_exchange_running(st->ex))
             continue;
-        if (st == s->exempt || pcr_budget_exempt(s->w, st->ex) || !pcr_exchange_overloaded(st->ex)) {
+        if (!shed_due(s, st)) {
             wait = 1;
             continue;
         }
-        pcr_exchange_drop_body(st->ex);
-        s->held -= st->held;
-        st->held = 0;
-        give_back(s, 0, 0, st->conn_held);
-        st->conn_held = 0;
-        st->reject_status = 503;
-        reject(st);
+        shed_stream(s, st);
     }
     reserved_trim(s);
     if (wait)
@@ -827,6 +838,11 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
     if (st->unconsumed == 0 && (st == s->exempt || !any_waiting(s)) &&
         stream_may_grow(s, st, len)) {
         give_back(s, id, len, len);
+    } else if (shed_due(s, st)) {
+        /* It would wait for budget while memory is short: refused now, as at the tick. */
+        give_back(s, id, len, len);
+        shed_stream(s, st);
+        reserved_trim(s);
     } else {
         st->unconsumed += len;
         if (s->exempt != NULL) {

@@ -370,13 +370,15 @@ def test_bodies_waiting_for_budget_are_refused_past_the_limit(proto, stub_factor
     at timeouts.client_idle_ms, and the bytes each held within its connection's allowance are
     freed: otherwise every such connection keeps up to 64 KiB whatever the limit, and 10,000
     connections 625 MiB. The upload allowed past the budget is not refused and completes."""
-    stub, r = start(stub_factory, router_factory,
+    # Refusing them all must leave the account past 90%: before the account's tick has seen
+    # the crossing, whether refusing is on is decided afresh, without its hysteresis.
+    limit = 16 * MiB
+    stub, r = start(stub_factory, router_factory, limit=limit,
                     limits={"max_buffered_body_bytes": 256 * KiB},
                     timeouts={"client_idle_ms": 60000})
-    # Few enough that refusing them all leaves the account past 85%, where refusing ends.
     n = 6
     # Its whole length reserved at its head, past the budget: the one request allowed past it.
-    up = Upload(r.port, 10 * MiB)
+    up = Upload(r.port, 20 * MiB)
     up.send(MiB)
     wait_for(lambda: metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") >= MiB, 15,
              what="the upload's first MiB held")
@@ -385,7 +387,7 @@ def test_bodies_waiting_for_budget_are_refused_past_the_limit(proto, stub_factor
         wait_for(lambda: metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") >=
                  up.sent + n * 48 * KiB, 15, what="the waiting bodies held")
         assert not active(r)["refuse_requests"]
-        up.send(int(0.94 * LIMIT) - accounted(admin_metrics(r)))
+        up.send(int(0.94 * limit) - accounted(admin_metrics(r)))
         # Refused within ticks of the crossing; client_idle_ms is a minute.
         assert waiting.statuses(10) == [503] * n
         wait_for(lambda: metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") <=

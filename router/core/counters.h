@@ -98,6 +98,8 @@ typedef struct {
     uint64_t request_timeouts;                   /* 408: head or body not received in time */
     uint64_t body_budget_refusals;               /* 503: no body budget within client_idle_ms */
     uint64_t write_timeouts;                     /* clients that accepted no bytes in time */
+    uint64_t h2_hibernated;                      /* gauge: idle h2 sessions without nghttp2's */
+    uint64_t h2_hibernations;                    /* times an idle h2 session freed nghttp2's */
     uint64_t responses_aborted;                  /* broken after their head went out */
     uint64_t responses_buffered;                 /* ended at the pod while part was kept for
                                                     a slow client (http/respond.c) */

@@ -124,10 +124,11 @@ struct h2_sess {
     int closing;
     int in_flush;
     int lingering;                 /* nghttp2 is done: half-closed, discarding input (linger) */
-    /* The client's latest stream ids opened by HEADERS (a ring), to tell a HEADERS for one of
-     * them (trailers, or a frame racing our reset: nghttp2 ignores it) from one for an id never
-     * used and now below the highest (a connection error, RFC 9113 5.1.1). */
-    int32_t opened[OPENED_RING];
+    /* The client's latest stream ids opened by HEADERS (a ring, made by the first and freed
+     * while hibernated), to tell a HEADERS for one of them (trailers, or a frame racing our
+     * reset: nghttp2 ignores it) from one for an id never used and now below the highest (a
+     * connection error, RFC 9113 5.1.1). */
+    int32_t *opened;
     unsigned nopened;
     int32_t max_opened;
     int32_t opened_floor;          /* ids at or below it are out of the ring: nghttp2 decides */
@@ -144,12 +145,28 @@ struct h2_sess {
         size_t n;
     } big[NBIG];
     int trimmed;                   /* idle, and the pages went back; a new stream clears it */
+    int sock_idle;                 /* pcr_sock_idle(1) was said; a new stream says 0 */
+    /* Hibernation (hibernate, wake): what rebuilds an idle session freed with its nghttp2. */
+    int hibernated;
+    int waking;                    /* inside wake: callbacks see nghttp2's replay, not a client */
+    int settings_acked;            /* the client acknowledged our SETTINGS */
+    int settings_seen;             /* the client's first SETTINGS arrived */
+    int goaway;                    /* a GOAWAY went out or came in: never hibernated again */
+    uint32_t no_rfc7540_prio;      /* the client's SETTINGS_NO_RFC7540_PRIORITIES */
+    uint32_t remote[7];            /* the client's settings, ids 1-6 and 8, while hibernated */
+    int32_t remote_window;         /* what we may still send on the connection, ditto */
+    size_t wake_data;              /* DATA bytes the replayed response still owes (wake) */
+    uint32_t max_streams;          /* our SETTINGS, as sent at the start */
+    uint32_t max_header_list;
 };
 
 
 static void h2_close(h2_sess_t *s);
 static void flush_now(h2_sess_t *s);
 static void arm_timer(h2_sess_t *s);
+static void on_flush(evutil_socket_t fd, short what, void *arg);
+static void on_timer(evutil_socket_t fd, short what, void *arg);
+static int hibernate(h2_sess_t *s);
 
 static void schedule_flush(h2_sess_t *s) { event_active(s->flush, 0, 0); }
 
@@ -557,7 +574,8 @@ static void budget_resume(pcr_budget_waiter_t *w)
 static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     h2_sess_t *s = user;
-    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST ||
+        s->waking)
         return 0;
     h2_stream_t *st = pcr_evmem_calloc(1, sizeof(*st)); /* per request: evmem.h */
     if (st == NULL)
@@ -580,6 +598,10 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
                             &s->base.pod_busy);
     nghttp2_session_set_stream_user_data(ng, st->id, st);
     s->trimmed = 0;
+    if (s->sock_idle) {
+        s->sock_idle = 0;
+        pcr_sock_idle(s->sock, 0);
+    }
     if (s->nstreams == 1) {
         pcr_session_set_waiting(&s->base, 0);
         arm_timer(s);
@@ -682,9 +704,11 @@ static int on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd, void 
 {
     h2_sess_t *s = user;
     int32_t id = hd->stream_id;
-    if (hd->type != NGHTTP2_HEADERS || id <= 0 || (id & 1) == 0)
+    if (hd->type != NGHTTP2_HEADERS || id <= 0 || (id & 1) == 0 || s->waking)
         return 0; /* even or zero ids: nghttp2's own checks */
     if (id > s->max_opened) {
+        if (s->opened == NULL && (s->opened = malloc(OPENED_RING * sizeof(int32_t))) == NULL)
+            return NGHTTP2_ERR_CALLBACK_FAILURE;
         unsigned slot = s->nopened++ % OPENED_RING;
         if (s->nopened > OPENED_RING)
             s->opened_floor = s->opened[slot];
@@ -705,6 +729,19 @@ static int on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd, void 
 
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
+    h2_sess_t *s = user;
+    if (frame->hd.type == NGHTTP2_SETTINGS && !s->waking) {
+        /* What hibernation needs to know of SETTINGS that nghttp2 does not tell. */
+        if (frame->hd.flags & NGHTTP2_FLAG_ACK)
+            s->settings_acked = 1;
+        else
+            s->settings_seen = 1;
+        for (size_t i = 0; !(frame->hd.flags & NGHTTP2_FLAG_ACK) && i < frame->settings.niv; i++)
+            if (frame->settings.iv[i].settings_id == NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES)
+                s->no_rfc7540_prio = frame->settings.iv[i].value;
+    }
+    if (frame->hd.type == NGHTTP2_GOAWAY)
+        s->goaway = 1;
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
     h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
@@ -940,7 +977,12 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
     if (s->nstreams == 0 && !s->lingering && !s->trimmed &&
         t->client_idle_ms > IDLE_TRIM_MS) {
-        trim_idle(s);
+        if (!hibernate(s))
+            trim_idle(s);
+        if (!s->sock_idle) {
+            s->sock_idle = 1; /* its buffers go while nothing is read or written */
+            pcr_sock_idle(s->sock, 1);
+        }
         struct timeval tv = pcr_ms_to_tv(t->client_idle_ms - IDLE_TRIM_MS);
         evtimer_add(s->timer, &tv);
         return;
@@ -983,6 +1025,254 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     flush_now(s);
 }
 
+/* ---- the session's nghttp2, and hibernation ------------------------------------------- */
+
+/* Makes the session's nghttp2 and queues our SETTINGS: at the start, and again at a wake
+ * (`wake`: the client's preface was read long ago). Our SETTINGS carry HEADER_TABLE_SIZE 0
+ * and our deflater keeps no table either: no HPACK state outlives a header block, so a
+ * session freed while idle loses none (hibernate). */
+static int ng_make(h2_sess_t *s, int wake)
+{
+    nghttp2_session_callbacks *cbs = NULL;
+    nghttp2_option *opt = NULL;
+    int rc = NGHTTP2_ERR_NOMEM;
+    if (nghttp2_session_callbacks_new(&cbs) != 0 || nghttp2_option_new(&opt) != 0)
+        goto out;
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
+    nghttp2_session_callbacks_set_on_begin_frame_callback(cbs, on_begin_frame);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
+    nghttp2_session_callbacks_set_send_data_callback(cbs, on_send_data);
+    /* Request bodies are buffered against a process-wide budget: windows are given back by
+     * hand (consume_pending), never automatically. */
+    nghttp2_option_set_no_auto_window_update(opt, 1);
+    /* Closed streams are not kept for the priority tree (which the router does not use): an
+     * idle connection holds no stream of its last request. */
+    nghttp2_option_set_no_closed_streams(opt, 1);
+    nghttp2_option_set_max_deflate_dynamic_table_size(opt, 0);
+    if (wake)
+        nghttp2_option_set_no_recv_client_magic(opt, 1);
+    s->mem = (nghttp2_mem){s, ng_malloc, ng_free, ng_calloc, ng_realloc};
+    s->creating = 1;
+    rc = nghttp2_session_server_new3(&s->ng, cbs, s, opt, &s->mem);
+    s->creating = 0;
+    if (rc == 0) {
+        nghttp2_settings_entry iv[] = {
+            {NGHTTP2_SETTINGS_HEADER_TABLE_SIZE, 0},
+            {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, s->max_streams},
+            /* As the connection's: a stream may use the whole allowance (budget.h). */
+            {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, PCR_BODY_ALLOWANCE},
+            {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, s->max_header_list},
+        };
+        rc = nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));
+    }
+out:
+    if (cbs)
+        nghttp2_session_callbacks_del(cbs);
+    if (opt)
+        nghttp2_option_del(opt);
+    return rc;
+}
+
+/* Moves what nghttp2 has to send to the socket's output (to `out`, or dropped when NULL). */
+static int ng_send_all(nghttp2_session *ng, struct evbuffer *out)
+{
+    const uint8_t *data;
+    ssize_t n;
+    while ((n = nghttp2_session_mem_send(ng, &data)) > 0)
+        if (out != NULL)
+            evbuffer_add(out, data, (size_t)n);
+    return n < 0 ? -1 : 0;
+}
+
+static const int32_t remote_ids[PCR_ARRAY_SIZE(((h2_sess_t *)0)->remote)] = {
+    NGHTTP2_SETTINGS_HEADER_TABLE_SIZE,    NGHTTP2_SETTINGS_ENABLE_PUSH,
+    NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE,
+    NGHTTP2_SETTINGS_MAX_FRAME_SIZE,       NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+    NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL,
+};
+
+/* How many requests wake() replays: one on the client's highest stream id, and more below it
+ * when the DATA that brings the connection window down to what it was needs more than one
+ * stream window (at most WAKE_STREAMS; 0: it cannot be done). */
+#define WAKE_STREAMS 16
+static unsigned wake_streams(int32_t max_opened, uint32_t stream_win, size_t deficit)
+{
+    if (max_opened <= 0)
+        return deficit == 0 ? 0 : 0;
+    size_t k = deficit == 0 ? 1 : stream_win == 0 ? SIZE_MAX : (deficit + stream_win - 1) / stream_win;
+    size_t ids = ((size_t)max_opened + 1) / 2; /* odd ids up to max_opened */
+    return k <= WAKE_STREAMS && k <= ids ? (unsigned)(k == 0 ? 1 : k) : 0;
+}
+
+/* An idle session (no stream, nothing to send, every SETTINGS acknowledged, no GOAWAY) frees
+ * its nghttp2 and keeps only what wake() needs to make one the client cannot tell from it:
+ * the client's SETTINGS, the window we may still send on, and the highest stream id it used
+ * (max_opened). Its own window is whole once what the client sent was given back, and neither
+ * HPACK table holds anything (ng_make). Returns 1 when it did; nghttp2's output went to the
+ * socket either way. */
+static int hibernate(h2_sess_t *s)
+{
+    nghttp2_session *ng = s->ng;
+    struct evbuffer *out = pcr_sock_output(s->sock);
+    if (ng == NULL || out == NULL || s->nstreams > 0 || s->closing || s->lingering || s->goaway ||
+        s->w->draining || !s->settings_acked || !s->settings_seen)
+        return 0;
+    /* Window the client used and we gave back, below the size nghttp2 sends an update at. */
+    int32_t owed = nghttp2_session_get_effective_recv_data_length(ng);
+    if (owed > 0 && nghttp2_submit_window_update(ng, NGHTTP2_FLAG_NONE, 0, owed) != 0)
+        return 0;
+    int rc = ng_send_all(ng, out);
+    if (evbuffer_get_length(out) > 0)
+        pcr_sock_flush(s->sock);
+    if (rc != 0 || nghttp2_session_want_write(ng) || !nghttp2_session_want_read(ng) ||
+        nghttp2_session_get_local_window_size(ng) != PCR_BODY_ALLOWANCE ||
+        nghttp2_session_get_effective_local_window_size(ng) != PCR_BODY_ALLOWANCE ||
+        nghttp2_session_get_hd_inflate_dynamic_table_size(ng) != 0 ||
+        nghttp2_session_get_hd_deflate_dynamic_table_size(ng) != 0)
+        return 0;
+    /* A remote window below its initial size is made again by sending the missing bytes on
+     * wake's replayed streams, within the client's stream window each (wake_streams). */
+    int32_t rw = nghttp2_session_get_remote_window_size(ng);
+    uint32_t stream_win = nghttp2_session_get_remote_settings(ng, NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE);
+    if (rw < 0 || (rw < NGHTTP2_INITIAL_CONNECTION_WINDOW_SIZE &&
+                   wake_streams(s->max_opened, stream_win,
+                                (size_t)(NGHTTP2_INITIAL_CONNECTION_WINDOW_SIZE - rw)) == 0))
+        return 0;
+    for (size_t i = 0; i < PCR_ARRAY_SIZE(remote_ids); i++)
+        s->remote[i] = nghttp2_session_get_remote_settings(ng, remote_ids[i]);
+    s->remote_window = rw;
+    nghttp2_session_del(ng);
+    s->ng = NULL;
+    free(s->opened);
+    s->opened = NULL;
+    s->nopened = 0;
+    s->opened_floor = 0; /* after a wake, every id up to max_opened is refused (on_begin_frame) */
+    s->hibernated = 1;
+    s->trimmed = 1;
+    PCR_INC(s->w->metrics.h2_hibernations);
+    PCR_INC(s->w->metrics.h2_hibernated);
+    return 1;
+}
+
+static ssize_t wake_data_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                              uint32_t *flags, nghttp2_data_source *src, void *user)
+{
+    h2_sess_t *s = user;
+    size_t n = s->wake_data < length ? s->wake_data : length;
+    memset(buf, 0, n);
+    s->wake_data -= n;
+    if (s->wake_data == 0)
+        *flags |= NGHTTP2_DATA_FLAG_EOF;
+    return (ssize_t)n;
+}
+
+static size_t put_frame_hd(uint8_t *p, size_t len, uint8_t type, uint8_t flags, int32_t id)
+{
+    p[0] = (uint8_t)(len >> 16);
+    p[1] = (uint8_t)(len >> 8);
+    p[2] = (uint8_t)len;
+    p[3] = type;
+    p[4] = flags;
+    p[5] = (uint8_t)((uint32_t)id >> 24 & 0x7f);
+    p[6] = (uint8_t)((uint32_t)id >> 16);
+    p[7] = (uint8_t)((uint32_t)id >> 8);
+    p[8] = (uint8_t)id;
+    return 9;
+}
+
+/* Makes a hibernated session's nghttp2 again, before the client's next bytes: a new server
+ * session is fed what brings it to the state hibernate() left, and what it answers is dropped
+ * (the client had it long ago): the client's SETTINGS, the acknowledgement of ours, a request
+ * on the highest stream id the client used (so that nghttp2 takes no lower id as new, and so
+ * that its HPACK decoder, whose table is 0, expects no size update; its empty header block
+ * says so), answered with as many DATA bytes as the connection window lacks, and a
+ * WINDOW_UPDATE for what it has in excess. Returns 0, or -1 (the session is to close). */
+static int wake(h2_sess_t *s)
+{
+    if (!s->hibernated)
+        return 0;
+    s->hibernated = 0;
+    PCR_STORE(s->w->metrics.h2_hibernated, PCR_LOAD(s->w->metrics.h2_hibernated) - 1);
+    if (ng_make(s, 1) != 0 || ng_send_all(s->ng, NULL) != 0)
+        return -1;
+    uint8_t buf[160], hd[9 + 64];
+    size_t len = 0, nhd = 0;
+    nghttp2_settings_entry iv[PCR_ARRAY_SIZE(remote_ids) + 1];
+    size_t niv = 0;
+    for (size_t i = 0; i < PCR_ARRAY_SIZE(remote_ids); i++)
+        if (remote_ids[i] != NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL || s->remote[i] != 0)
+            iv[niv++] = (nghttp2_settings_entry){remote_ids[i], s->remote[i]};
+    if (s->no_rfc7540_prio != 0)
+        iv[niv++] = (nghttp2_settings_entry){NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, s->no_rfc7540_prio};
+    ssize_t n = nghttp2_pack_settings_payload(buf + 9, sizeof(buf) - 9, iv, niv);
+    if (n < 0)
+        return -1;
+    put_frame_hd(buf, (size_t)n, NGHTTP2_SETTINGS, NGHTTP2_FLAG_NONE, 0);
+    len = 9 + (size_t)n;
+    len += put_frame_hd(buf + len, 0, NGHTTP2_SETTINGS, NGHTTP2_FLAG_ACK, 0);
+    int32_t rw = s->remote_window;
+    if (rw > NGHTTP2_INITIAL_CONNECTION_WINDOW_SIZE) {
+        uint32_t inc = (uint32_t)(rw - NGHTTP2_INITIAL_CONNECTION_WINDOW_SIZE);
+        len += put_frame_hd(buf + len, 4, NGHTTP2_WINDOW_UPDATE, NGHTTP2_FLAG_NONE, 0);
+        buf[len++] = (uint8_t)(inc >> 24 & 0x7f);
+        buf[len++] = (uint8_t)(inc >> 16);
+        buf[len++] = (uint8_t)(inc >> 8);
+        buf[len++] = (uint8_t)inc;
+    }
+    size_t deficit = rw < NGHTTP2_INITIAL_CONNECTION_WINDOW_SIZE
+                         ? (size_t)(NGHTTP2_INITIAL_CONNECTION_WINDOW_SIZE - rw) : 0;
+    uint32_t stream_win = s->remote[3]; /* INITIAL_WINDOW_SIZE */
+    unsigned k = wake_streams(s->max_opened, stream_win, deficit);
+    if (s->max_opened > 0) {
+        /* The request's block, from a deflater whose table is 0 as the client's must be now:
+         * it opens with the size update. */
+        nghttp2_hd_deflater *d = NULL;
+        const nghttp2_nv nva[] = {
+            {(uint8_t *)":method", (uint8_t *)"GET", 7, 3, NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)":scheme", (uint8_t *)"https", 7, 5, NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)":path", (uint8_t *)"/", 5, 1, NGHTTP2_NV_FLAG_NONE},
+            {(uint8_t *)":authority", (uint8_t *)"h", 10, 1, NGHTTP2_NV_FLAG_NONE},
+        };
+        ssize_t b = -1;
+        if (k > 0 && nghttp2_hd_deflate_new(&d, 0) == 0)
+            b = nghttp2_hd_deflate_hd(d, hd + 9, sizeof(hd) - 9, nva, PCR_ARRAY_SIZE(nva));
+        nghttp2_hd_deflate_del(d);
+        if (b < 0)
+            return -1;
+        nhd = 9 + (size_t)b;
+    }
+    s->waking = 1;
+    int ok = nghttp2_session_mem_recv(s->ng, buf, len) == (ssize_t)len;
+    /* The requests, one at a time, lowest id first, each answered with its share of the
+     * DATA; the last on max_opened. */
+    for (unsigned i = 0; ok && s->max_opened > 0 && i < k; i++) {
+        int32_t id = s->max_opened - 2 * (int32_t)(k - 1 - i);
+        put_frame_hd(hd, nhd - 9, NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS | NGHTTP2_FLAG_END_STREAM, id);
+        ok = nghttp2_session_mem_recv(s->ng, hd, nhd) == (ssize_t)nhd;
+        s->wake_data = deficit < stream_win ? deficit : stream_win;
+        deficit -= s->wake_data;
+        const nghttp2_nv st[] = {{(uint8_t *)":status", (uint8_t *)"200", 7, 3, NGHTTP2_NV_FLAG_NONE}};
+        nghttp2_data_provider prd = {.source.ptr = s, .read_callback = wake_data_read};
+        ok = ok && nghttp2_submit_response(s->ng, id, st, 1, &prd) == 0;
+        ok = ok && ng_send_all(s->ng, NULL) == 0 && s->wake_data == 0 &&
+             nghttp2_session_find_stream(s->ng, id) == NULL;
+    }
+    ok = ok && ng_send_all(s->ng, NULL) == 0;
+    s->waking = 0;
+    if (!ok || deficit != 0 || nghttp2_session_want_write(s->ng) ||
+        nghttp2_session_get_remote_window_size(s->ng) != rw ||
+        nghttp2_session_get_local_window_size(s->ng) != PCR_BODY_ALLOWANCE) {
+        pcr_log_warn("client %s: h2 session could not be rebuilt after hibernation",
+                     pcr_sock_peer(s->sock));
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- connection ---------------------------------------------------------------------- */
 
 /* The session's last bytes are with the kernel: the streams and nghttp2 go, the sending side
@@ -1008,7 +1298,8 @@ static void linger(h2_sess_t *s)
     s->closing = 1;
     pcr_sock_shutdown_write(s->sock);
     struct evbuffer *in = pcr_sock_input(s->sock);
-    evbuffer_drain(in, evbuffer_get_length(in));
+    if (in != NULL)
+        evbuffer_drain(in, evbuffer_get_length(in));
     pcr_session_set_waiting(&s->base, 1); /* first to go when connections run short */
     struct timeval tv = pcr_ms_to_tv(LINGER_MS);
     evtimer_add(s->timer, &tv);
@@ -1017,10 +1308,14 @@ static void linger(h2_sess_t *s)
 
 static void flush_now(h2_sess_t *s)
 {
-    if (s->in_flush)
-        return;
-    s->in_flush = 1;
+    if (s->in_flush || s->ng == NULL)
+        return; /* hibernated: nothing to send */
     struct evbuffer *out = pcr_sock_output(s->sock);
+    if (out == NULL) {
+        h2_close(s); /* an idle socket's buffer could not be made again */
+        return;
+    }
+    s->in_flush = 1;
     for (;;) {
         size_t produced = 0;
         while (evbuffer_get_length(out) < PCR_WRITE_HIGH) {
@@ -1061,7 +1356,9 @@ static void flush_now(h2_sess_t *s)
 static void on_flush(evutil_socket_t fd, short what, void *arg)
 {
     h2_sess_t *s = arg;
-    if (!s->lingering)
+    if (s->ng == NULL && !s->lingering && !s->hibernated)
+        h2_close(s); /* a wake failed (h2_drain) */
+    else if (!s->lingering)
         flush_now(s);
 }
 
@@ -1071,6 +1368,10 @@ static void on_read(pcr_sock_t *sock, void *arg)
     struct evbuffer *in = pcr_sock_input(sock);
     if (s->lingering) {
         evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
+    if (wake(s) != 0) {
+        h2_close(s);
         return;
     }
     while (evbuffer_get_length(in) > 0 && !s->closing) {
@@ -1101,7 +1402,9 @@ static void on_read(pcr_sock_t *sock, void *arg)
     }
     if (!s->closing)
         run_queued(s);
-    flush_now(s);
+    /* Still idle past its trim (a PING, a SETTINGS, a WINDOW_UPDATE): hibernated again. */
+    if (!(s->trimmed && s->nstreams == 0 && hibernate(s)))
+        flush_now(s);
 }
 
 static void on_drain(pcr_sock_t *sock, void *arg)
@@ -1131,6 +1434,11 @@ static void h2_drain(pcr_session_t *base)
     h2_sess_t *s = (h2_sess_t *)base;
     if (s->lingering)
         return;
+    s->goaway = 1;
+    if (wake(s) != 0) {
+        h2_close(s);
+        return;
+    }
     /* GOAWAY with the last stream we took: the client retries later ones elsewhere. */
     nghttp2_submit_goaway(s->ng, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(s->ng),
                           NGHTTP2_NO_ERROR, NULL, 0);
@@ -1149,6 +1457,9 @@ static void h2_close(h2_sess_t *s)
     s->reserved = 0;
     pcr_budget_unwait(s->w, &s->budget);
     nghttp2_session_del(s->ng);
+    if (s->hibernated)
+        PCR_STORE(s->w->metrics.h2_hibernated, PCR_LOAD(s->w->metrics.h2_hibernated) - 1);
+    free(s->opened);
     event_free(s->flush);
     event_free(s->timer);
     pcr_sock_free(s->sock);
@@ -1159,50 +1470,21 @@ static void h2_close(h2_sess_t *s)
 int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
 {
     h2_sess_t *s = calloc(1, sizeof(*s));
-    nghttp2_session_callbacks *cbs = NULL;
-    nghttp2_option *opt = NULL;
-    if (s == NULL || nghttp2_session_callbacks_new(&cbs) != 0 || nghttp2_option_new(&opt) != 0)
+    if (s == NULL)
         goto fail;
     s->w = w;
     s->sock = sock;
     s->budget.resume = budget_resume;
     s->budget.shed = budget_shed;
     s->window = PCR_BODY_ALLOWANCE; /* the connection window a client starts with */
-    nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
-    nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
-    nghttp2_session_callbacks_set_on_begin_frame_callback(cbs, on_begin_frame);
-    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
-    nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
-    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);
-    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
-    nghttp2_session_callbacks_set_send_data_callback(cbs, on_send_data);
-    /* Request bodies are buffered against a process-wide budget: windows are given back by
-     * hand (consume_pending), never automatically. */
-    nghttp2_option_set_no_auto_window_update(opt, 1);
-    /* Closed streams are not kept for the priority tree (which the router does not use): an
-     * idle connection holds no stream of its last request. */
-    nghttp2_option_set_no_closed_streams(opt, 1);
-    s->mem = (nghttp2_mem){s, ng_malloc, ng_free, ng_calloc, ng_realloc};
-    s->creating = 1;
-    int rc = nghttp2_session_server_new3(&s->ng, cbs, s, opt, &s->mem);
-    s->creating = 0;
-    nghttp2_session_callbacks_del(cbs);
-    cbs = NULL;
-    nghttp2_option_del(opt);
-    opt = NULL;
-    if (rc != 0)
+    s->max_streams = w->cfg->limits.max_concurrent_streams;
+    s->max_header_list = (uint32_t)w->cfg->limits.max_header_bytes;
+    if (ng_make(s, 0) != 0)
         goto fail;
     s->flush = event_new(w->base, -1, 0, on_flush, s);
     s->timer = evtimer_new(w->base, on_timer, s);
     if (s->flush == NULL || s->timer == NULL)
         goto fail;
-    nghttp2_settings_entry iv[] = {
-        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, w->cfg->limits.max_concurrent_streams},
-        /* As the connection's: a stream may use the whole allowance (budget.h). */
-        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, PCR_BODY_ALLOWANCE},
-        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)w->cfg->limits.max_header_bytes},
-    };
-    nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, PCR_ARRAY_SIZE(iv));
     pcr_session_register(w, &s->base, &h2_session_ops,
                          pcr_sock_is_tls(sock) ? PCR_CONN_H2_TLS : PCR_CONN_H2);
     pcr_session_set_waiting(&s->base, 1);
@@ -1216,10 +1498,6 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
         flush_now(s);
     return 0;
 fail:
-    if (cbs)
-        nghttp2_session_callbacks_del(cbs);
-    if (opt)
-        nghttp2_option_del(opt);
     if (s && s->flush)
         event_free(s->flush);
     if (s && s->timer)

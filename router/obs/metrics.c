@@ -517,6 +517,13 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_client_write_timeouts_total",
             "Streams or connections ended because the client accepted no bytes for timeouts.client_write_ms.",
             SUM(srv, write_timeouts));
+    counter(out, "pcrouter_h2_hibernations_total",
+            "Times an idle HTTP/2 connection freed its nghttp2 session, to rebuild it at its next bytes.",
+            SUM(srv, h2_hibernations));
+    HEADER(out, "pcrouter_h2_sessions_hibernated", "gauge",
+           "Idle HTTP/2 connections holding no nghttp2 session now (hibernated).");
+    evbuffer_add_printf(out, "pcrouter_h2_sessions_hibernated %llu\n",
+                        (unsigned long long)SUM(srv, h2_hibernated));
     counter(out, "pcrouter_responses_aborted_total",
             "Responses the pod broke after their head reached the client.", SUM(srv, responses_aborted));
     counter(out, "pcrouter_responses_buffered_total",

@@ -31,6 +31,7 @@
  *
  * Over 700 lines, kept whole: nghttp2's callbacks, the flow control taken by hand and the
  * referenced DATA pieces all work on one session and its streams. */
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -158,6 +159,11 @@ struct h2_sess {
     size_t wake_data;              /* DATA bytes the replayed response still owes (wake) */
     uint32_t max_streams;          /* our SETTINGS, as sent at the start */
     uint32_t max_header_list;
+    uint64_t idle_close_us;        /* with no stream: when the idle connection closes */
+    /* Where nghttp2's input stands (walk_frames): a session is rebuilt only between frames. */
+    uint32_t in_left;              /* bytes left of the current frame's payload (or preface) */
+    uint32_t in_len;               /* the frame header's length field, as read so far */
+    unsigned in_hd;                /* bytes of the next frame header read (0-8) */
 };
 
 
@@ -942,12 +948,23 @@ static unsigned tick_ms(const pcr_timeouts_conf_t *t)
     return m < 50 ? 50 : m > 1000 ? 1000 : m;
 }
 
+/* With streams, the tick; without, the idle timeout, counted from the last stream's end (no
+ * other frame moves it), and IDLE_TRIM_MS before it the trim or hibernation (on_timer). */
 static void arm_timer(h2_sess_t *s)
 {
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
-    unsigned ms = s->nstreams == 0 ? t->client_idle_ms : tick_ms(t);
-    if (s->nstreams == 0 && !s->trimmed && !s->lingering && ms > IDLE_TRIM_MS)
-        ms = IDLE_TRIM_MS; /* on_timer trims, then waits for the rest of the idle time */
+    unsigned ms = tick_ms(t);
+    if (s->nstreams > 0) {
+        s->idle_close_us = 0;
+    } else {
+        uint64_t now = pcr_now_us();
+        if (s->idle_close_us == 0)
+            s->idle_close_us = now + (uint64_t)t->client_idle_ms * 1000;
+        uint64_t left = s->idle_close_us > now ? (s->idle_close_us - now + 999) / 1000 : 0;
+        ms = left > UINT_MAX ? UINT_MAX : (unsigned)left;
+        if (!s->trimmed && !s->lingering && ms > IDLE_TRIM_MS)
+            ms = IDLE_TRIM_MS; /* on_timer trims, then waits for the rest of the idle time */
+    }
     struct timeval tv = pcr_ms_to_tv(ms);
     evtimer_add(s->timer, &tv);
 }
@@ -975,16 +992,15 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     h2_sess_t *s = arg;
     const pcr_timeouts_conf_t *t = &s->w->cfg->timeouts;
-    if (s->nstreams == 0 && !s->lingering && !s->trimmed &&
-        t->client_idle_ms > IDLE_TRIM_MS) {
+    if (s->nstreams == 0 && !s->lingering && !s->trimmed && s->idle_close_us > pcr_now_us()) {
         if (!hibernate(s))
             trim_idle(s);
         if (!s->sock_idle) {
             s->sock_idle = 1; /* its buffers go while nothing is read or written */
             pcr_sock_idle(s->sock, 1);
         }
-        struct timeval tv = pcr_ms_to_tv(t->client_idle_ms - IDLE_TRIM_MS);
-        evtimer_add(s->timer, &tv);
+        arm_timer(s); /* the rest of the idle time */
+        flush_now(s);
         return;
     }
     if (s->nstreams == 0 || s->lingering) {
@@ -1119,7 +1135,7 @@ static int hibernate(h2_sess_t *s)
     nghttp2_session *ng = s->ng;
     struct evbuffer *out = pcr_sock_output(s->sock);
     if (ng == NULL || out == NULL || s->nstreams > 0 || s->closing || s->lingering || s->goaway ||
-        s->w->draining || !s->settings_acked || !s->settings_seen)
+        s->w->draining || !s->settings_acked || !s->settings_seen || s->in_left > 0 || s->in_hd > 0)
         return 0;
     /* Window the client used and we gave back, below the size nghttp2 sends an update at. */
     int32_t owed = nghttp2_session_get_effective_recv_data_length(ng);
@@ -1362,6 +1378,31 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
         flush_now(s);
 }
 
+/* Follows the frame boundaries in `n` bytes nghttp2 consumed: only each frame header's length
+ * is read (nghttp2 parses the rest). A session rebuilt mid-frame would lose the frame's
+ * beginning, so hibernate() waits for a boundary. */
+static void walk_frames(h2_sess_t *s, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        if (s->in_left > 0) {
+            size_t k = n < s->in_left ? n : s->in_left;
+            s->in_left -= (uint32_t)k;
+            p += k;
+            n -= k;
+            continue;
+        }
+        if (s->in_hd < 3)
+            s->in_len = s->in_len << 8 | *p;
+        p++;
+        n--;
+        if (++s->in_hd == 9) {
+            s->in_left = s->in_len;
+            s->in_len = 0;
+            s->in_hd = 0;
+        }
+    }
+}
+
 static void on_read(pcr_sock_t *sock, void *arg)
 {
     h2_sess_t *s = arg;
@@ -1381,6 +1422,8 @@ static void on_read(pcr_sock_t *sock, void *arg)
         s->seg = v.iov_base;
         s->seg_len = v.iov_len;
         ssize_t n = nghttp2_session_mem_recv(s->ng, v.iov_base, v.iov_len);
+        if (n > 0)
+            walk_frames(s, v.iov_base, (size_t)n);
         /* A hold took the whole chain out of `in` already; nghttp2 reads all it is given
          * unless it fails, and then everything left is dropped below. */
         size_t moved = s->hold != NULL ? s->seg_len : 0;
@@ -1402,9 +1445,14 @@ static void on_read(pcr_sock_t *sock, void *arg)
     }
     if (!s->closing)
         run_queued(s);
-    /* Still idle past its trim (a PING, a SETTINGS, a WINDOW_UPDATE): hibernated again. */
-    if (!(s->trimmed && s->nstreams == 0 && hibernate(s)))
-        flush_now(s);
+    /* Still idle past its trim (a PING, a SETTINGS, a WINDOW_UPDATE): trimmed or hibernated
+     * again IDLE_TRIM_MS from now (at most, the idle deadline stays), not at once: a client
+     * cannot make the session rebuilt more than once a second. */
+    if (s->trimmed && s->nstreams == 0 && !s->closing && !s->lingering) {
+        s->trimmed = 0;
+        arm_timer(s);
+    }
+    flush_now(s);
 }
 
 static void on_drain(pcr_sock_t *sock, void *arg)
@@ -1479,6 +1527,7 @@ int pcr_h2_session_start(pcr_worker_t *w, pcr_sock_t *sock)
     s->window = PCR_BODY_ALLOWANCE; /* the connection window a client starts with */
     s->max_streams = w->cfg->limits.max_concurrent_streams;
     s->max_header_list = (uint32_t)w->cfg->limits.max_header_bytes;
+    s->in_left = NGHTTP2_CLIENT_MAGIC_LEN; /* the preface, before the first frame */
     if (ng_make(s, 0) != 0)
         goto fail;
     s->flush = event_new(w->base, -1, 0, on_flush, s);

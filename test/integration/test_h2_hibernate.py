@@ -319,3 +319,26 @@ def test_reload_and_drain_while_hibernated(h2cluster, tls_cert, listener):
             pass
     finally:
         cl.close()
+
+
+@pytest.mark.parametrize("listener", ["h2c", "tls"])
+def test_no_hibernation_mid_frame(h2cluster, tls_cert, listener):
+    """A client that stops for longer than the idle trim in the middle of a frame (5 bytes of
+    a PING's 17): the session is not rebuilt there (it would lose the frame's start and read
+    the rest as a new frame); the rest of the PING is answered, then the session hibernates."""
+    import h2.events
+    c, (port, ca) = h2cluster(listener)
+    cl = Client(port, ca)
+    try:
+        assert cl.completion("first")[0] == "200"
+        ping = raw_frame(0x6, 0, 0, b"midframe")
+        cl.sock.sendall(ping[:5])
+        time.sleep(2.5)  # the client's stall itself, past the one-second idle trim
+        assert hibernated(c.router) == 0
+        cl.sock.sendall(ping[5:])
+        cl.until(lambda e: isinstance(e, h2.events.PingAckReceived) and e.ping_data == b"midframe",
+                 "PING ACK")
+        wait_hibernated(c.router)
+        assert cl.completion("second")[0] == "200"
+    finally:
+        cl.close()

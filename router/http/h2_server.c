@@ -29,6 +29,10 @@
  *   answered 408; one whose response made no progress towards the client for
  *   timeouts.client_write_ms (a zero window) is reset, and its pod request cancelled.
  *
+ * - Idle: a second after the last stream, the socket is marked idle and the session, when
+ *   nothing is in flight, hibernates: nghttp2 is freed and rebuilt at the next bytes (wake).
+ *   HPACK state cannot be rebuilt, so neither side keeps a dynamic table (ng_make).
+ *
  * Over 700 lines, kept whole: nghttp2's callbacks, the flow control taken by hand and the
  * referenced DATA pieces all work on one session and its streams. */
 #include <limits.h>

@@ -154,9 +154,10 @@ class H2Streams:
             if n > 0 or end_stream:
                 conn.send_data(sid, body[:n], end_stream=end_stream and n == len(body))
             self.streams[(ci, sid)]["sent"] = n
-            out = conn.data_to_send()
             self.conns[ci][2] += 1
-        sock.sendall(out)
+            # Sent under the lock: bytes must leave in the order the HPACK encoder made them (a
+            # SETTINGS ACK the reader sends changes what the next header block must start with).
+            sock.sendall(conn.data_to_send())
         return (ci, sid)
 
     def send(self, key, data, end_stream=False):
@@ -175,8 +176,7 @@ class H2Streams:
             except Exception:
                 return -1  # the stream closed meanwhile (an early answer, a reset)
             st["sent"] += n
-            out = conn.data_to_send()
-        sock.sendall(out)
+            sock.sendall(conn.data_to_send())
         return n
 
     def _read(self, ci):
@@ -202,8 +202,8 @@ class H2Streams:
                         if self.ack and isinstance(e, h2.events.DataReceived):
                             conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
                     out = conn.data_to_send()
-                if out:
-                    sock.sendall(out)
+                    if out:
+                        sock.sendall(out)
         except (OSError, ValueError, Exception):  # noqa: B902 - the router may cut us off
             pass
         with self.lock:

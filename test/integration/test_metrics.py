@@ -298,7 +298,7 @@ def readme_metrics():
     names = []
     for row in text.splitlines():
         if row.startswith("| `pcrouter_"):
-            names += re.findall(r"`(pcrouter_[a-z_]+)", row.split("|")[1])
+            names += re.findall(r"`(pcrouter_[a-z0-9_]+)", row.split("|")[1])
     return names
 
 

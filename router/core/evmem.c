@@ -50,6 +50,40 @@ typedef struct {
 } cache_t;
 
 static __thread cache_t cache;
+
+/* Bytes handed out and not yet given back, for the memory account: one slot per thread, so
+ * that counting costs no shared write on the hot path. A block freed by another thread than
+ * the one that made it subtracts from the freeing thread's slot: only the sum means anything.
+ * A thread's slot outlives it (its count stays part of the sum); threads past the slots share
+ * the last one with atomic adds. */
+#define NSLOTS 64
+typedef struct {
+    _Alignas(64) int64_t v;
+} slot_t;
+static slot_t slots[NSLOTS];
+static unsigned nslots;                      /* atomic: slots claimed */
+static __thread slot_t *my_slot;
+
+static void count(int64_t d)
+{
+    if (my_slot == NULL) {
+        unsigned i = __atomic_fetch_add(&nslots, 1, __ATOMIC_RELAXED);
+        my_slot = &slots[i < NSLOTS - 1 ? i : NSLOTS - 1];
+    }
+    if (my_slot == &slots[NSLOTS - 1])
+        __atomic_fetch_add(&my_slot->v, d, __ATOMIC_RELAXED);
+    else
+        __atomic_store_n(&my_slot->v, __atomic_load_n(&my_slot->v, __ATOMIC_RELAXED) + d,
+                         __ATOMIC_RELAXED);
+}
+
+uint64_t pcr_evmem_in_use(void)
+{
+    int64_t sum = 0;
+    for (unsigned i = 0; i < NSLOTS; i++)
+        sum += __atomic_load_n(&slots[i].v, __ATOMIC_RELAXED);
+    return sum > 0 ? (uint64_t)sum : 0;
+}
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
@@ -118,6 +152,7 @@ void *pcr_evmem_malloc(size_t n)
         block_t *b = cache.head[cls];
         cache.head[cls] = b->next;
         cache.n[cls]--;
+        count((int64_t)((head_t *)(void *)b - 1)->size);
         return b;
     }
     size_t size = cls >= 0 ? class_size(cls) : n;
@@ -130,6 +165,7 @@ void *pcr_evmem_malloc(size_t n)
     h->magic = MAGIC;
     h->pad = 0;
     h->size = size;
+    count((int64_t)size);
     return h + 1;
 }
 
@@ -150,6 +186,7 @@ void pcr_evmem_free(void *p)
     head_t *h = (head_t *)p - 1;
     if (h->magic != MAGIC)
         abort(); /* not ours: a libevent block freed elsewhere, or a corrupted heap */
+    count(-(int64_t)h->size);
     unsigned cls = h->cls;
     if (cls < NCLASS && cache.n[cls] < class_keep((int)cls)) {
         if (!cache.registered) {
@@ -182,10 +219,12 @@ void *pcr_evmem_realloc(void *p, size_t n)
         /* Large to large: malloc's realloc may grow in place. */
         if (n > SIZE_MAX - sizeof(head_t))
             return NULL;
+        size_t was = h->size;
         head_t *nh = realloc(h, sizeof(head_t) + n);
         if (nh == NULL)
             return NULL;
         nh->size = n;
+        count((int64_t)n - (int64_t)was);
         return nh + 1;
     }
     void *q = pcr_evmem_malloc(n);

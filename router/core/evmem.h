@@ -27,6 +27,7 @@
 #define PCR_ROUTER_EVMEM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Installs the functions in libevent. Must be called before anything else uses libevent. */
 void pcr_evmem_install(void);
@@ -36,6 +37,10 @@ void *pcr_evmem_malloc(size_t n);
 void *pcr_evmem_calloc(size_t n, size_t size);
 void *pcr_evmem_realloc(void *p, size_t n);
 void pcr_evmem_free(void *p);
+
+/* The bytes of the blocks handed out and not yet freed, all threads (class sizes, not what
+ * was asked: what the blocks hold), for the memory account. Kept blocks are not in it. */
+uint64_t pcr_evmem_in_use(void);
 
 /* Frees the calling thread's kept blocks. */
 void pcr_evmem_thread_clear(void);

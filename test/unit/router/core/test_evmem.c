@@ -162,6 +162,41 @@ static void test_libevent(void)
     pcr_evmem_thread_clear();
 }
 
+/* The bytes in use: each block counts its class's size (not what was asked) from malloc to
+ * free, kept blocks not at all, a realloc its new size, and a block freed by another thread
+ * leaves the sum as it found it. */
+static void test_in_use(void)
+{
+    pcr_evmem_thread_clear();
+    uint64_t base = pcr_evmem_in_use();
+    void *a = pcr_evmem_malloc(16384 + 56); /* a read's chain: a 24 KiB class */
+    PCR_CHECK(a != NULL);
+    PCR_CHECK_EQ_INT((int)(pcr_evmem_in_use() - base),
+                     pcr_evmem_keeps() ? 24576 : 16384 + 56);
+    void *b = pcr_evmem_malloc(100000);     /* past the classes: as asked */
+    PCR_CHECK_EQ_INT((int)(pcr_evmem_in_use() - base),
+                     (pcr_evmem_keeps() ? 24576 : 16384 + 56) + 100000);
+    b = pcr_evmem_realloc(b, 300000);
+    PCR_CHECK_EQ_INT((int)(pcr_evmem_in_use() - base),
+                     (pcr_evmem_keeps() ? 24576 : 16384 + 56) + 300000);
+    pcr_evmem_free(b);
+    pcr_evmem_free(a);
+    PCR_CHECK_EQ_INT((int)(pcr_evmem_in_use() - base), 0);
+    void *c = pcr_evmem_malloc(16384 + 56); /* from the kept list: counted again */
+    PCR_CHECK(pcr_evmem_in_use() - base > 16384);
+    pcr_evmem_free(c);
+    void *p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = pcr_evmem_malloc(4096 * (size_t)(i + 1));
+    PCR_CHECK(pcr_evmem_in_use() - base >= 8 * 4096);
+    pthread_t t;
+    void *kept = NULL;
+    PCR_CHECK(pthread_create(&t, NULL, free_them, p) == 0);
+    PCR_CHECK(pthread_join(t, &kept) == 0);
+    PCR_CHECK_EQ_INT((int)(pcr_evmem_in_use() - base), 0);
+    pcr_evmem_thread_clear();
+}
+
 int main(void)
 {
     PCR_RUN(test_reuse_by_size);
@@ -169,5 +204,6 @@ int main(void)
     PCR_RUN(test_realloc);
     PCR_RUN(test_other_thread);
     PCR_RUN(test_libevent);
+    PCR_RUN(test_in_use);
     return pcr_test_done();
 }

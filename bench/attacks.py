@@ -431,7 +431,8 @@ SCENARIOS = [
 EMFILE_CONNS = 150
 
 
-PARTS = ("request_bodies", "responses", "index", "tokenize_cache", "requests", "connections")
+PARTS = ("request_bodies", "responses", "index", "tokenize_cache", "requests", "connections",
+         "buffers")
 
 
 class AccountSampler:

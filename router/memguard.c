@@ -1,12 +1,14 @@
 /* router/memguard.c: owns the memory account's tick (memguard.h). The parts are counts other
  * code keeps with relaxed atomics: the bytes of request bodies and kept responses, each
  * worker's index replica and tokenize cache, its requests in flight and its connections by
- * protocol (each times its cost, core/memacct.c). The workers apply the actions: the body
+ * protocol (each times its cost, core/memacct.c), and libevent's blocks in use beyond the
+ * bodies' and responses' bytes (core/evmem.c). The workers apply the actions: the body
  * budget stops granting (budget.c), new requests and streams get 503 (exchange.c), the
  * listeners pause (conn.c, from each worker's tick and its next accept). */
 #include <inttypes.h>
 
 #include "cpus.h"
+#include "evmem.h"
 #include "log.h"
 #include "memguard.h"
 
@@ -42,10 +44,16 @@ static void account(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT])
         const pcr_worker_t *w = &srv->workers[k];
         parts[PCR_MEM_INDEX] += PCR_LOAD(w->metrics.index_bytes);
         parts[PCR_MEM_TOKENIZE_CACHE] += PCR_LOAD(w->metrics.tokcache_bytes);
-        parts[PCR_MEM_REQUESTS] += PCR_LOAD(w->nexchanges) * PCR_MEM_REQUEST_COST;
+        parts[PCR_MEM_REQUESTS] += PCR_LOAD(w->nexchanges) * PCR_MEM_REQUEST_COST +
+                                   PCR_LOAD(w->nreaders) * PCR_MEM_READER_COST;
         for (int c = 0; c < PCR_CONN__COUNT; c++)
             parts[PCR_MEM_CONNECTIONS] += PCR_LOAD(w->nconns[c]) * pcr_mem_conn_cost[c];
     }
+    /* Bodies and kept responses are libevent chains too, counted above by their bytes: the
+     * blocks beyond them are what a busy connection holds that its cost leaves out. */
+    uint64_t blocks = pcr_evmem_in_use(), bytes = parts[PCR_MEM_REQUEST_BODIES] +
+                                                 parts[PCR_MEM_RESPONSES];
+    parts[PCR_MEM_BUFFERS] = blocks > bytes ? blocks - bytes : 0;
 }
 
 void pcr_memguard_tick(pcr_server_t *srv)

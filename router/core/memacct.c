@@ -6,6 +6,7 @@
 
 const char *const pcr_mem_part_names[PCR_MEM__COUNT] = {
     "request_bodies", "responses", "index", "tokenize_cache", "requests", "connections",
+    "buffers",
 };
 
 /* HTTP/2 without TLS was not measured apart: HTTP/2 over TLS less what TLS adds to HTTP/1.1. */

@@ -6,7 +6,9 @@
  * The account is made of parts the code already counts, each with relaxed atomics: request
  * bodies held and responses kept for slow clients (bytes, exact), the prefix index (bytes, the
  * library's own count, every worker's replica), the tokenize cache (bytes), requests in flight
- * and client connections (a count times a cost per item, below). What it does not see (the
+ * and client connections (a count times a cost per item, below), and libevent's blocks in use
+ * beyond the bodies' and responses' bytes (what busy connections hold: counted by the
+ * allocator libevent is given, core/evmem.c). What it does not see (the
  * allocator's own overhead and fragmentation, libevent's, nghttp2's and OpenSSL's internals
  * beyond the per-connection costs, thread stacks, the binary) is the fixed overhead over the
  * bound that docs/ARCHITECTURE.md describes. */
@@ -24,6 +26,9 @@ typedef enum {
     PCR_MEM_TOKENIZE_CACHE,      /* precise mode's cache of token chains, all workers */
     PCR_MEM_REQUESTS,            /* requests alive (receiving, waiting, answered) x their cost */
     PCR_MEM_CONNECTIONS,         /* client connections x their cost by protocol */
+    PCR_MEM_BUFFERS,             /* libevent's blocks in use (evmem.h: reads waiting in a
+                                  * connection's input, bodies' and answers' chains rounded
+                                  * to their blocks), less the two byte counts above */
     PCR_MEM__COUNT
 } pcr_mem_part_t;
 
@@ -43,5 +48,9 @@ typedef enum {
  * request's, as measured (docs/BENCHMARKS.md; docs/ARCHITECTURE.md names the runs). */
 extern const uint64_t pcr_mem_conn_cost[PCR_CONN__COUNT];
 #define PCR_MEM_REQUEST_COST 4365u
+/* And a request's body reader (router/body/body.h), from its first body byte to the request's
+ * end, which the request's cost leaves out: malloc's bytes in use for one, at the default
+ * routing sizes (test_body.c measures it). */
+#define PCR_MEM_READER_COST 35888u
 
 #endif

@@ -177,6 +177,7 @@ struct pcr_worker {
     int accept_paused;            /* the overload's stop_accepting paused the public listeners */
     uint64_t inflight;            /* exchanges started and not finished (atomic reads) */
     uint64_t nexchanges;          /* atomic: exchanges alive, those receiving included */
+    uint64_t nreaders;            /* atomic: of them, those holding a body reader */
     int io_uring;                 /* its socket I/O batched through io_uring now (atomic) */
     TAILQ_HEAD(, pcr_budget_waiter) budget_waiters;  /* budget.c */
     struct event *budget_event;

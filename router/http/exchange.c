@@ -92,6 +92,16 @@ static pcr_exchange_t *exchange_alloc(void)
     return ex;
 }
 
+/* A body reader is counted in the memory account while an exchange holds it (memacct.h). */
+static void reader_release(pcr_exchange_t *ex)
+{
+    if (ex->reader == NULL)
+        return;
+    pcr_body_reader_free(ex->reader);
+    ex->reader = NULL;
+    PCR_STORE(ex->w->nreaders, ex->w->nreaders - 1);
+}
+
 pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops, void *sess,
                                  const char *proto)
 {
@@ -134,8 +144,7 @@ void pcr_exchange_drop_body(pcr_exchange_t *ex)
         return;
     ex->body_dropped = 1;
     evbuffer_drain(ex->body, evbuffer_get_length(ex->body));
-    pcr_body_reader_free(ex->reader);
-    ex->reader = NULL;
+    reader_release(ex);
     /* body_counted stays, for the access log's bytes_in; the budget's count goes now. */
     if (ex->body_counted)
         pcr_budget_account(ex->w, -(ptrdiff_t)ex->body_counted);
@@ -353,7 +362,10 @@ int pcr_exchange_reader_start(pcr_exchange_t *ex)
     o.block_bytes = ex->w->cfg->routing.block_bytes;
     o.max_prefix_bytes = ex->w->cfg->routing.max_prefix_bytes;
     ex->reader = pcr_body_reader_new((pcr_api_t)routed_api(ex), &o);
-    return ex->reader != NULL ? 0 : PCR_ERR_NOMEM;
+    if (ex->reader == NULL)
+        return PCR_ERR_NOMEM;
+    PCR_STORE(ex->w->nreaders, ex->w->nreaders + 1);
+    return 0;
 }
 
 int pcr_exchange_see_body(pcr_exchange_t *ex, const char *data, size_t len)
@@ -607,7 +619,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     if (ex->body_counted && !ex->body_dropped)
         pcr_budget_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
-    pcr_body_reader_free(ex->reader);
+    reader_release(ex);
     pcr_usage_dispose(&ex->usage);
     if (ex->pd_resp != NULL)
         evbuffer_free(ex->pd_resp);

@@ -7,9 +7,8 @@ Every run sets the memory bounds explicitly (BOUNDS: limits.max_memory_bytes 256
 budget 128 MiB, responses 64 MiB, 1 MiB per response; a scenario may change them). For each
 attack it prints the router's RSS before the attack (baseline) and its peak, the peak of the
 memory it accounts for (pcrouter_memory_accounted_bytes, read from the admin listener), the
-bound with the overhead RSS may hold beyond it (overhead_mb: a fixed part and a part per
-client connection, docs/BENCHMARKS.md says how both were measured) and whether the peak stayed
-within, the router's CPU time, and the well-behaved client's served/failed requests and p99.
+bound with the fixed overhead RSS may hold beyond it (overhead_mb; docs/BENCHMARKS.md says
+how it was measured) and whether the peak stayed within, the router's CPU time, and the well-behaved client's served/failed requests and p99.
 The client is an HTTP/1.1 client in its own process posting a small completion 20 times a
 second, a fresh connection each time. The attackers: attack_conn.ManyConns (any number of raw
 connections from one epoll thread), h2load (uploads, zero-window and big-window readers) and
@@ -379,19 +378,18 @@ def limit_fds():
 BOUNDS = {"max_memory_bytes": 256 * MiB, "max_buffered_body_bytes": 128 * MiB,
           "max_buffered_response_bytes": 64 * MiB, "max_response_buffer_bytes": MiB,
           "max_body_bytes": 32 * MiB, "max_client_connections": 10000}
-# What RSS may hold beyond limits.max_memory_bytes (docs/BENCHMARKS.md, "At 1, 100 and 10,000
-# connections", says how each was measured): the idle process; the one request body allowed
-# past the budget, held up to four times on its way to the pod (body, parsed prompt, upstream
-# request, socket output) while the account counts it once; and per client connection, what a
-# busy connection holds beyond its protocol's figure in the account (socket reads waiting in
-# libevent chains, a body's parser, nghttp2's state): measured, not derived.
+# What RSS may hold beyond limits.max_memory_bytes, a fixed amount (docs/BENCHMARKS.md, "At 1,
+# 100 and 10,000 connections", says how it was measured): the idle process, and the one request
+# body allowed past the budget, held up to four times on its way to the pod (body, parsed
+# prompt, upstream request, socket output) while the account counts it once. What connections
+# hold is in the account itself (connections, requests' readers, libevent's buffers), so more
+# connections get no more room.
 IDLE_MB = 8
 BODY_COPIES = 4
-PER_CONN_KB = 32
 
 
 def overhead_mb(limits, conns):
-    return IDLE_MB + BODY_COPIES * limits["max_body_bytes"] / MiB + PER_CONN_KB * (conns or 0) / 1024.0
+    return IDLE_MB + BODY_COPIES * limits["max_body_bytes"] / MiB
 
 
 def lim(**kw):

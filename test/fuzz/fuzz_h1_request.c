@@ -3,10 +3,11 @@
  * router/core/http1.c, pipelining, deadlines, lingering close), the request state machine of
  * router/http/exchange.c behind it, the local endpoints, and the pod it proxies to.
  *
- * Each input runs a real server in process: the config (from JSON text, through the loader),
- * the backends, one worker (pcr_worker_init: event base, policy replica, tick, pools), and one
- * client connection, a socketpair whose router end is a plain transport with an HTTP/1.1
- * session on it. The harness is the client on the other end and the pod too: a loopback
+ * Each input runs on a real server in process: the config (from JSON text, through the
+ * loader), the backends, one worker (pcr_worker_init: event base, policy replica, tick,
+ * pools), built once per config variant and kept for every later input of that variant
+ * (fuzz_router.h), and a new client connection, a socketpair whose router end is a plain
+ * transport with an HTTP/1.1 session on it. The harness is the client on the other end and the pod too: a loopback
  * listener that the backend's URL names, answering every request the router sends it with one
  * of sixteen canned answers (good, streamed, cut, malformed, silent, ...). Time is virtual
  * (fuzz_net.h): deadlines fire when the harness lets time pass, never on the wall clock.
@@ -46,10 +47,12 @@
  *      Connection of the pod's answer named.
  *   6. Once the client is done and time has passed, the router closes the connection, and its
  *      accounting is back to zero: no request in flight, no body bytes held against the budget,
- *      no backend load or queued prefill, no session, no pod connection.
+ *      no backend load or queued prefill, no session, no pod connection. The server is kept:
+ *      what one input leaves behind, the next finds.
  *   7. Where the stream is cut changes nothing: without time passing between the writes, the
  *      client gets the same responses as when it sends everything in one write (the same
- *      statuses, bodies and closes; only which refusal ends the stream may differ).
+ *      statuses, bodies and closes; only which refusal ends the stream may differ, and the
+ *      body of /metrics, whose counts the first run added to).
  *
  * Not reached: the body budget's pause (budget.h). A connection's first PCR_BODY_ALLOWANCE
  * bytes of body need no budget, and one request at a time may grow past it, so a pause needs
@@ -360,7 +363,7 @@ struct h1r {
     int variant, client_end, admin;
     char host[32];               /* the backend's Host header */
     /* The server under test. */
-    fuzz_router_t rt;
+    fuzz_router_t *rt;           /* kept across inputs (fuzz_router.h) */
     int sock_fd;                 /* the client's end */
     int client_eof, client_closed, client_shut;
     fuzz_buf_t out;              /* what the router wrote to the client */
@@ -548,17 +551,14 @@ static const fuzz_pod_ops_t pod_ops = {pod_check, pod_answer};
 static int step(void *arg)
 {
     h1r_t *t = arg;
-    int moved = 0;
-    if (!t->client_closed && !t->client_eof)
-        moved |= fuzz_read(t->sock_fd, &t->out, &t->client_eof) > 0 || t->client_eof;
-    moved |= fuzz_pods_accept(&t->pods, t->lfd, &pod_ops, t, t->host);
-    moved |= fuzz_pods_step(&t->pods);
-    return moved;
+    return fuzz_pods_turn(&t->pods, t->lfd, &pod_ops, t, t->host,
+                          t->client_closed || t->client_eof ? -1 : t->sock_fd, &t->out,
+                          &t->client_eof);
 }
 
 static void run(h1r_t *t)
 {
-    FUZZ_CHECKF(fuzz_run(t->rt.w.base, step, t, &t->turns) == 0,
+    FUZZ_CHECKF(fuzz_run(t->rt->w.base, step, t, &t->turns) == 0,
                 "the router did not go quiet within %u event-loop turns", TURNS);
 }
 
@@ -726,14 +726,20 @@ static void check_final(resp_t *r, size_t rest)
     /* Which refusal ends a stream can depend on where it is cut (http-parser's error in the
      * middle of a buffer comes before the callbacks that would have delivered its start to the
      * router's own checks): a refusal is one entry, whatever its status and message. */
+    /* /metrics reports counts every input adds to (the server is kept, fuzz_router.h): of
+     * its answer, the status and the close are compared, not the body. */
+    int metrics = !r->proxied && m != NULL && target_path(m, &path, &plen) && plen >= 8 &&
+                  strncmp(path, "/metrics", 8) == 0;
     char line[64];
     if (refusal)
         snprintf(line, sizeof(line), "refused\n");
+    else if (metrics)
+        snprintf(line, sizeof(line), "%d metrics%s\n", r->status, r->conn_close ? " close" : "");
     else
         snprintf(line, sizeof(line), "%d%s%s %zu\n", r->status, r->proxied ? " proxied" : "",
                  r->conn_close ? " close" : "", r->body.len);
     fuzz_buf_add(&r->t->transcript, line, strlen(line));
-    if (!refusal)
+    if (!refusal && !metrics)
         fuzz_buf_add(&r->t->transcript, r->body.p, r->body.len);
     r->finals++;
     /* A refusal of bytes http-parser could not begin as a request is the one response
@@ -808,27 +814,28 @@ static void setup(h1r_t *t)
     static const unsigned body[4] = {33554432, 1024, 33554432, 33554432};
     static const unsigned head[4] = {16384, 1024, 16384, 16384};
     uint16_t port;
-    t->lfd = fuzz_listen(&port);
+    t->lfd = fuzz_pods_listener(&port);
     snprintf(t->host, sizeof(t->host), "127.0.0.1:%u", port);
     char text[2048];
     snprintf(text, sizeof(text), config_fmt, port, t->variant == 3 ? 1 : 2, body[t->variant],
              head[t->variant], t->variant == 3 ? 0 : 1, t->variant == 2 ? "true" : "false",
              t->variant >= 2 ? "true" : "false", t->variant == 2 ? "json" : "text",
              t->variant == 2 ? ",\n \"admin\": {\"address\": \"127.0.0.1:2\"}" : "");
-    pcr_sock_t *sock = fuzz_router_start(&t->rt, text, &t->sock_fd);
+    t->rt = fuzz_router_get((unsigned)t->variant, text);
+    fuzz_router_reset(t->rt);
+    pcr_sock_t *sock = fuzz_router_connect(t->rt, &t->sock_fd);
     if (t->admin)
         pcr_sock_set_admin(sock);
-    FUZZ_CHECK(pcr_h1_session_start(&t->rt.w, sock) == 0);
+    FUZZ_CHECK(pcr_h1_session_start(&t->rt->w, sock) == 0);
 }
 
+/* What the input made is freed; the server and the pod's listener stay for the next. */
 static void teardown(h1r_t *t)
 {
-    fuzz_router_stop(&t->rt);
     fuzz_pods_free(&t->pods);
     int fd;
     while ((fd = fuzz_accept(t->lfd)) >= 0)
         close(fd);
-    close(t->lfd);
     if (!t->client_closed)
         close(t->sock_fd);
     fuzz_buf_free(&t->out);
@@ -899,16 +906,16 @@ static void run_case(const uint8_t *data, size_t size, uint32_t seed, fuzz_buf_t
     run(t);
     finish_client(t, t->client_end);
     /* Let time pass until the router closed the connection and every deadline fired. */
-    for (int i = 0; i < FINAL_STEPS && (t->rt.w.nsessions > 0 || !(t->client_eof || t->client_closed)); i++) {
+    for (int i = 0; i < FINAL_STEPS && (t->rt->w.nsessions > 0 || !(t->client_eof || t->client_closed)); i++) {
         fuzz_clock_advance(FINAL_STEP_MS);
         run(t);
     }
-    FUZZ_CHECKF(t->rt.w.nsessions == 0 && (t->client_eof || t->client_closed),
+    FUZZ_CHECKF(t->rt->w.nsessions == 0 && (t->client_eof || t->client_closed),
                 "the client connection was still open after %u s", FINAL_STEPS * FINAL_STEP_MS / 1000);
     /* The pod closes its connections; the router's idle ones notice. */
     fuzz_pods_close(&t->pods);
     run(t);
-    fuzz_router_check_accounting(&t->rt);
+    fuzz_router_check_accounting(t->rt);
     check_output(t);
     if (out != NULL)
         fuzz_buf_add(out, t->transcript.p, t->transcript.len);

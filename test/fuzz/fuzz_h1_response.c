@@ -6,7 +6,9 @@
  * the harness (pcr_pool_init), one request sent through it (pcr_upstream_send); the harness
  * accepts the pool's connection, reads the request, and answers with the input's bytes, cut
  * into writes, then closes or keeps the connection open; the event loop runs until a callback
- * ends the request, time passing virtually (fuzz_net.h) so that every deadline can fire.
+ * ends the request, time passing virtually (fuzz_net.h) so that every deadline can fire. The
+ * event loop and the listener are made once and kept: each run must leave no event on the
+ * loop and no connection open.
  *
  * Input: three control bytes, then the pod's bytes.
  *   byte 0  bit 0     the pod closes the connection after its last write (else keeps it open)
@@ -34,6 +36,8 @@
  *   6. Every connection is closed once the pool is disposed of. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,21 +253,31 @@ static void s_error(void *ctx, pcr_up_error_t err, int got_head) { ((second_t *)
 static const pcr_upstream_cbs_t second_cbs = {s_head, s_body, s_done, s_error, NULL, NULL,
                                                NULL, NULL};
 
+/* One poll() first: a quiet turn, the most common, is one system call rather than a read and
+ * an accept (which, on Linux, makes and frees a socket even when none is waiting). */
 static int step(void *arg)
 {
     h1p_t *t = arg;
     int moved = 0, fd;
-    while ((fd = fuzz_accept(t->lfd)) >= 0) {
+    struct pollfd pf[2] = {{.fd = t->lfd, .events = POLLIN},
+                           {.fd = t->fd_eof ? -1 : t->fd, .events = POLLIN}};
+    int rc;
+    while ((rc = poll(pf, 2, 0)) < 0 && errno == EINTR)
+        ;
+    FUZZ_CHECKF(rc >= 0, "poll: %s", strerror(errno));
+    int accepted = 0;
+    while (pf[0].revents != 0 && (fd = fuzz_accept(t->lfd)) >= 0) {
         t->accepted++;
         if (t->fd < 0) {
             t->fd = fd;
             t->fd_eof = 0;
+            accepted = 1;
         } else {
             close(fd); /* the pool opened a second connection: counted, checked by the caller */
         }
         moved = 1;
     }
-    if (t->fd >= 0 && !t->fd_eof)
+    if (t->fd >= 0 && !t->fd_eof && (accepted || pf[1].revents != 0))
         moved |= fuzz_read(t->fd, &t->in, &t->fd_eof) > 0 || t->fd_eof;
     return moved;
 }
@@ -282,6 +296,33 @@ static void read_request(h1p_t *t, size_t want)
                 t->in.len, want);
 }
 
+/* The event loop and the pod's listener, made on the first run and kept until exit: making
+ * them costs more than a short input. */
+static struct event_base *kept_base;
+static int kept_lfd = -1;
+static uint16_t kept_port;
+
+static void kept_free(void)
+{
+    event_base_free(kept_base);
+    kept_base = NULL;
+    close(kept_lfd);
+    kept_lfd = -1;
+}
+
+static void kept_get(struct event_base **base, int *lfd, uint16_t *port)
+{
+    if (kept_base == NULL) {
+        kept_base = event_base_new();
+        FUZZ_CHECK(kept_base != NULL);
+        kept_lfd = fuzz_listen(&kept_port);
+        FUZZ_CHECK(atexit(kept_free) == 0);
+    }
+    *base = kept_base;
+    *lfd = kept_lfd;
+    *port = kept_port;
+}
+
 static void run_once(h1p_t *t, uint32_t seed, outcome_t *o)
 {
     t->o = o;
@@ -292,9 +333,7 @@ static void run_once(h1p_t *t, uint32_t seed, outcome_t *o)
     t->in.len = 0;
     fuzz_clock_start();
     uint16_t port;
-    t->lfd = fuzz_listen(&port);
-    t->base = event_base_new();
-    FUZZ_CHECK(t->base != NULL);
+    kept_get(&t->base, &t->lfd, &port);
     t->be = calloc(1, sizeof(*t->be));
     FUZZ_CHECK(t->be != NULL);
     static char pod_name[] = "pod";
@@ -379,8 +418,14 @@ static void run_once(h1p_t *t, uint32_t seed, outcome_t *o)
                 t->pool.nconns);
     if (t->fd >= 0)
         fuzz_close_reset(t->fd);
-    close(t->lfd);
-    event_base_free(t->base);
+    int fd;
+    while ((fd = fuzz_accept(t->lfd)) >= 0)
+        close(fd);
+    /* The loop and the listener are kept for the next run: nothing of this one may be left
+     * on them. */
+    FUZZ_CHECKF(event_base_get_num_events(t->base, EVENT_BASE_COUNT_ADDED) == 0,
+                "%d events left on the loop", event_base_get_num_events(t->base,
+                                                                        EVENT_BASE_COUNT_ADDED));
     free(t->be);
     fuzz_clock_stop();
 }

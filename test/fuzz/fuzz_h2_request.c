@@ -3,9 +3,10 @@
  * taken by hand, the stream deadlines, the linger after a GOAWAY), the request state machine of
  * router/http/exchange.c behind it, the local endpoints, and the pod it proxies to.
  *
- * Each input runs a real server in process, as fuzz_h1_request.c does: the config (from JSON
- * text, through the loader), the backends, one worker (pcr_worker_init), and one client
- * connection, a socketpair whose router end is a plain transport with an HTTP/2 session on it
+ * Each input runs on a real server in process, as fuzz_h1_request.c does: the config (from
+ * JSON text, through the loader), the backends, one worker (pcr_worker_init), built once per
+ * config variant (byte 1's bit 6) and kept for every later input of it (fuzz_router.h), and a
+ * new client connection, a socketpair whose router end is a plain transport with an HTTP/2 session on it
  * (h2c with prior knowledge: the connection preface is the client's first bytes). The harness
  * is the client on the other end and the pod too: a loopback listener that the backend's URL
  * names, answering every request the router sends it with one of eight canned answers. Time
@@ -50,7 +51,7 @@
  *   4. Once the client is done and time has passed every deadline, the router has closed the
  *      connection and its accounting is back to zero: no session, no request in flight, no
  *      body bytes held against the budget, no backend load or queued prefill, no pod
- *      connection.
+ *      connection. The server is kept: what one input leaves behind, the next finds.
  *
  * Not reached, as for HTTP/1.1: the body budget's pause (two connections with more than a MiB
  * of body each); the flow control against it is read, the accounting checked (4). */
@@ -469,7 +470,7 @@ struct h2r {
     streams_t streams;
     client_seen_t seen;
     /* The server under test. */
-    fuzz_router_t rt;
+    fuzz_router_t *rt;           /* kept across inputs (fuzz_router.h) */
     int sock_fd;                 /* the client's end */
     int client_eof, client_closed, client_shut;
     fuzz_buf_t out;              /* what the router wrote to the client */
@@ -531,17 +532,14 @@ static const fuzz_pod_ops_t pod_ops = {pod_check, pod_answer};
 static int step(void *arg)
 {
     h2r_t *t = arg;
-    int moved = 0;
-    if (!t->client_closed && !t->client_eof)
-        moved |= fuzz_read(t->sock_fd, &t->out, &t->client_eof) > 0 || t->client_eof;
-    moved |= fuzz_pods_accept(&t->pods, t->lfd, &pod_ops, t, t->host);
-    moved |= fuzz_pods_step(&t->pods);
-    return moved;
+    return fuzz_pods_turn(&t->pods, t->lfd, &pod_ops, t, t->host,
+                          t->client_closed || t->client_eof ? -1 : t->sock_fd, &t->out,
+                          &t->client_eof);
 }
 
 static void run(h2r_t *t)
 {
-    FUZZ_CHECKF(fuzz_run(t->rt.w.base, step, t, &t->turns) == 0,
+    FUZZ_CHECKF(fuzz_run(t->rt->w.base, step, t, &t->turns) == 0,
                 "the router did not go quiet within %u event-loop turns", TURNS);
 }
 
@@ -803,23 +801,24 @@ static void check_output(h2r_t *t)
 static void setup(h2r_t *t)
 {
     uint16_t port;
-    t->lfd = fuzz_listen(&port);
+    t->lfd = fuzz_pods_listener(&port);
     snprintf(t->host, sizeof(t->host), "127.0.0.1:%u", port);
     char text[2048];
     snprintf(text, sizeof(text), config_fmt, port, t->small ? 1024 : 33554432,
              t->small ? 1024 : 16384, t->small ? 4 : 256);
-    pcr_sock_t *sock = fuzz_router_start(&t->rt, text, &t->sock_fd);
-    FUZZ_CHECK(pcr_h2_session_start(&t->rt.w, sock) == 0);
+    t->rt = fuzz_router_get((unsigned)t->small, text);
+    fuzz_router_reset(t->rt);
+    pcr_sock_t *sock = fuzz_router_connect(t->rt, &t->sock_fd);
+    FUZZ_CHECK(pcr_h2_session_start(&t->rt->w, sock) == 0);
 }
 
+/* What the input made is freed; the server and the pod's listener stay for the next. */
 static void teardown(h2r_t *t)
 {
-    fuzz_router_stop(&t->rt);
     fuzz_pods_free(&t->pods);
     int fd;
     while ((fd = fuzz_accept(t->lfd)) >= 0)
         close(fd);
-    close(t->lfd);
     if (!t->client_closed)
         close(t->sock_fd);
     fuzz_buf_free(&t->out);
@@ -888,16 +887,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     run(t);
     finish_client(t, t->client_end);
     /* Let time pass until the router closed the connection and every deadline fired. */
-    for (int i = 0; i < FINAL_STEPS && (t->rt.w.nsessions > 0 || !(t->client_eof || t->client_closed)); i++) {
+    for (int i = 0; i < FINAL_STEPS && (t->rt->w.nsessions > 0 || !(t->client_eof || t->client_closed)); i++) {
         fuzz_clock_advance(FINAL_STEP_MS);
         run(t);
     }
-    FUZZ_CHECKF(t->rt.w.nsessions == 0 && (t->client_eof || t->client_closed),
+    FUZZ_CHECKF(t->rt->w.nsessions == 0 && (t->client_eof || t->client_closed),
                 "the client connection was still open after %u s", FINAL_STEPS * FINAL_STEP_MS / 1000);
     /* The pod closes its connections; the router's idle ones notice. */
     fuzz_pods_close(&t->pods);
     run(t);
-    fuzz_router_check_accounting(&t->rt);
+    fuzz_router_check_accounting(t->rt);
     check_output(t);
     teardown(t);
     fuzz_clock_stop();

@@ -1,7 +1,7 @@
 /* test/fuzz/fuzz_net.h: what the fuzz targets that drive the router over real sockets share
- * (fuzz_h1_request.c, fuzz_h1_response.c): a virtual clock, loopback sockets, byte buffers,
- * the cutting of an input into writes, and running an event loop one turn at a time until
- * nothing moves.
+ * (fuzz_h1_request.c, fuzz_h1_response.c, fuzz_h2_request.c): a virtual clock, loopback
+ * sockets, byte buffers, the cutting of an input into writes, and running an event loop one
+ * turn at a time until nothing moves.
  *
  * The virtual clock. Every deadline of the router is a libevent timer or a pcr_now_us()
  * reading, and both read CLOCK_MONOTONIC through clock_gettime(). fuzz_net.c defines
@@ -21,11 +21,15 @@ struct event_base;
 
 /* ---- the virtual clock ----------------------------------------------------------------- */
 
-/* From now on this thread's monotonic clock reads the virtual time, from a fixed start. */
+/* From now on this thread's monotonic clock reads the virtual time: from a fixed start the
+ * first time; later, from a multiple of a fixed epoch (1000 s) at least one epoch past where
+ * the previous input left it. Time never goes back, so a server kept across inputs
+ * (fuzz_router.h) sees a monotonic clock, and every timer it armed during an earlier input is
+ * due when the next begins: each input starts from the same phase. */
 void fuzz_clock_start(void);
 void fuzz_clock_stop(void);
 void fuzz_clock_advance(uint64_t ms);
-uint64_t fuzz_clock_ms(void);   /* virtual milliseconds since fuzz_clock_start() */
+uint64_t fuzz_clock_ms(void);   /* virtual milliseconds since the last fuzz_clock_start() */
 
 /* ---- buffers ----------------------------------------------------------------------------- */
 
@@ -73,9 +77,9 @@ size_t fuzz_split_next(fuzz_split_t *s, size_t left);
  * it moved anything, 0 when not. */
 typedef int (*fuzz_step_fn)(void *arg);
 
-/* Runs event-loop turns (EVLOOP_NONBLOCK), each followed by `step`, until a few turns in a
- * row had no event to run and no step moved anything: what is left waits for the peer, or for
- * time to pass. Each turn counts against *turns; when they run out it returns -1 (the router
+/* Runs event-loop turns (EVLOOP_NONBLOCK: until a pass finds no event to run), each followed
+ * by `step`, until a step moved nothing and no event waits: what is left waits for the peer,
+ * or for time to pass. Each turn counts against *turns; when they run out it returns -1 (the router
  * never goes quiet: a busy loop), else 0. */
 int fuzz_run(struct event_base *base, fuzz_step_fn step, void *arg, unsigned *turns);
 

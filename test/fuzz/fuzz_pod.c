@@ -1,5 +1,8 @@
 /* test/fuzz/fuzz_pod.c: the pod behind the router under fuzzing (fuzz_pod.h). */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -107,11 +110,13 @@ static int pod_send(fuzz_pod_t *c)
     return n > 0;
 }
 
-static int pod_step(fuzz_pod_t *c)
+/* `readable`: poll() saw something to read (or an end) on it; else nothing is read, and what
+ * is parsed is what an earlier turn left, which is nothing: each turn parses all it read. */
+static int pod_step(fuzz_pod_t *c, int readable)
 {
     if (c->fd < 0)
         return 0;
-    size_t got = fuzz_read(c->fd, &c->in, &c->eof);
+    size_t got = readable ? fuzz_read(c->fd, &c->in, &c->eof) : 0;
     size_t off = 0;
     while (off < c->in.len && !c->silent && !c->close_when_sent) {
         size_t n = http_parser_execute(&c->p, &pod_settings, (const char *)c->in.p + off,
@@ -136,6 +141,28 @@ static int pod_step(fuzz_pod_t *c)
         return 1;
     }
     return got > 0 || sent;
+}
+
+static int listener_fd = -1;
+static uint16_t listener_port;
+
+static void listener_close(void)
+{
+    int fd;
+    while ((fd = fuzz_accept(listener_fd)) >= 0)
+        close(fd);
+    close(listener_fd);
+    listener_fd = -1;
+}
+
+int fuzz_pods_listener(uint16_t *port)
+{
+    if (listener_fd < 0) {
+        listener_fd = fuzz_listen(&listener_port);
+        FUZZ_CHECK(atexit(listener_close) == 0);
+    }
+    *port = listener_port;
+    return listener_fd;
 }
 
 int fuzz_pods_accept(fuzz_pods_t *ps, int lfd, const fuzz_pod_ops_t *ops, void *owner,
@@ -165,11 +192,28 @@ int fuzz_pods_accept(fuzz_pods_t *ps, int lfd, const fuzz_pod_ops_t *ops, void *
     return moved;
 }
 
-int fuzz_pods_step(fuzz_pods_t *ps)
+int fuzz_pods_turn(fuzz_pods_t *ps, int lfd, const fuzz_pod_ops_t *ops, void *owner,
+                   const char *host, int client_fd, fuzz_buf_t *out, int *client_eof)
 {
+    struct pollfd pf[2 + FUZZ_MAX_PODS];
+    pf[0] = (struct pollfd){.fd = client_fd, .events = POLLIN};
+    pf[1] = (struct pollfd){.fd = lfd, .events = POLLIN};
+    size_t npods = ps->n;
+    for (size_t i = 0; i < npods; i++)
+        pf[2 + i] = (struct pollfd){.fd = ps->pods[i].fd, .events = POLLIN};
+    int rc;
+    while ((rc = poll(pf, 2 + npods, 0)) < 0 && errno == EINTR)
+        ;
+    FUZZ_CHECKF(rc >= 0, "poll: %s", strerror(errno));
     int moved = 0;
+    if (client_fd >= 0 && pf[0].revents != 0)
+        moved |= fuzz_read(client_fd, out, client_eof) > 0 || *client_eof;
+    if (pf[1].revents != 0)
+        moved |= fuzz_pods_accept(ps, lfd, ops, owner, host);
+    /* A connection taken in this turn, or on a slot taken again, was not polled: it is read. */
     for (size_t i = 0; i < ps->n; i++)
-        moved |= pod_step(&ps->pods[i]);
+        moved |= pod_step(&ps->pods[i], i >= npods || pf[2 + i].fd != ps->pods[i].fd ||
+                                            pf[2 + i].revents != 0);
     return moved;
 }
 

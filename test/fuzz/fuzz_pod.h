@@ -47,11 +47,20 @@ typedef struct {
     size_t n;               /* slots used; a closed connection's slot is taken again */
 } fuzz_pods_t;
 
+/* The pod's loopback listener, made on the first call and kept until exit (the kept servers'
+ * configs name its port, fuzz_router.h): its descriptor, and its port in *port. */
+int fuzz_pods_listener(uint16_t *port);
 /* Takes every connection waiting on `lfd`: 1 when there was one. */
 int fuzz_pods_accept(fuzz_pods_t *ps, int lfd, const fuzz_pod_ops_t *ops, void *owner,
                      const char *host);
-/* Reads, checks and answers on every connection: 1 when anything moved. */
-int fuzz_pods_step(fuzz_pods_t *ps);
+/* The harness's own I/O for one turn of the loop (fuzz_run): reads what the client's end
+ * `client_fd` holds into `out` (*client_eof set once the router closed it; -1: the client is
+ * gone), takes the connections waiting on `lfd`, and reads, checks and answers on every pod
+ * connection. One poll() first says which of them have anything, so that a quiet turn, the
+ * most common, costs one system call rather than a read on each and an accept (which, on
+ * Linux, makes and frees a socket even when none is waiting). 1 when anything moved. */
+int fuzz_pods_turn(fuzz_pods_t *ps, int lfd, const fuzz_pod_ops_t *ops, void *owner,
+                   const char *host, int client_fd, fuzz_buf_t *out, int *client_eof);
 /* The pod closes its connections (with a FIN). */
 void fuzz_pods_close(fuzz_pods_t *ps);
 /* Closes what is left with a reset and frees the buffers. */

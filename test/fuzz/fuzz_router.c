@@ -1,4 +1,5 @@
 /* test/fuzz/fuzz_router.c: the router under test (fuzz_router.h). */
+#include <stdlib.h>
 #include <sys/socket.h>
 
 #include <event2/event.h>
@@ -8,11 +9,41 @@
 #include "bus.h"
 #include "control.h"
 #include "fuzz.h"
+#include "fuzz_net.h"
 #include "fuzz_router.h"
 #include "upstream.h"
 
-pcr_sock_t *fuzz_router_start(fuzz_router_t *r, const char *config, int *client_fd)
+static fuzz_router_t *routers[FUZZ_ROUTER_VARIANTS];
+
+static void router_stop(fuzz_router_t *r)
 {
+    pcr_server_t *srv = &r->srv;
+    pcr_worker_dispose(&r->w);
+    pcr_worker_release(&r->w);
+    pcr_backends_dispose(srv);
+    pcr_bus_free(srv->bus);
+    pcr_accesslog_free(srv->access_log);
+    event_base_free(srv->base);
+    pcr_config_free(r->cfg);
+    free(r);
+}
+
+/* At exit: every kept server, on the virtual clock its timers were armed on. */
+static void routers_free(void)
+{
+    fuzz_clock_start();
+    for (size_t i = 0; i < FUZZ_ROUTER_VARIANTS; i++) {
+        if (routers[i] != NULL)
+            router_stop(routers[i]);
+        routers[i] = NULL;
+    }
+    fuzz_clock_stop();
+}
+
+static fuzz_router_t *router_start(const char *config)
+{
+    fuzz_router_t *r = calloc(1, sizeof(*r));
+    FUZZ_CHECK(r != NULL);
     char *errors = NULL;
     r->cfg = pcr_config_parse(config, "fuzz.json", &errors);
     FUZZ_CHECKF(r->cfg != NULL, "%s", errors ? errors : "config");
@@ -33,25 +64,46 @@ pcr_sock_t *fuzz_router_start(fuzz_router_t *r, const char *config, int *client_
     r->plan.nworkers = 1;              /* no listener: the connection is made here */
     srv->listen_plan = &r->plan;
     FUZZ_CHECK(pcr_worker_init(srv, &r->w, 0) == 0);
+    return r;
+}
 
+fuzz_router_t *fuzz_router_get(unsigned variant, const char *config)
+{
+    static int registered;
+    FUZZ_CHECK(variant < FUZZ_ROUTER_VARIANTS);
+    if (routers[variant] == NULL) {
+        if (!registered)
+            FUZZ_CHECK(atexit(routers_free) == 0);
+        registered = 1;
+        routers[variant] = router_start(config);
+    }
+    return routers[variant];
+}
+
+void fuzz_router_reset(fuzz_router_t *r)
+{
+    pcr_server_t *srv = &r->srv;
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(srv, i);
+        if (be == NULL)
+            continue;
+        /* An ejection is over (the clock moved an epoch past it): what the control thread's
+         * probe tick, which never runs here, would do; the worker hears of it at its tick. */
+        uint64_t until = be->ejected_until_us;
+        if (until != 0)
+            pcr_backend_ejection_served(be, until);
+        be->consecutive_errors = be->consecutive_connect_errors = 0;
+    }
+}
+
+pcr_sock_t *fuzz_router_connect(fuzz_router_t *r, int *client_fd)
+{
     int sv[2];
     FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
     *client_fd = sv[0];
     pcr_sock_t *sock = pcr_sock_plain_new(r->w.base, sv[1]);
     FUZZ_CHECK(sock != NULL);
     return sock;
-}
-
-void fuzz_router_stop(fuzz_router_t *r)
-{
-    pcr_server_t *srv = &r->srv;
-    pcr_worker_dispose(&r->w);
-    pcr_worker_release(&r->w);
-    pcr_backends_dispose(srv);
-    pcr_bus_free(srv->bus);
-    pcr_accesslog_free(srv->access_log);
-    event_base_free(srv->base);
-    pcr_config_free(r->cfg);
 }
 
 void fuzz_router_check_accounting(fuzz_router_t *r)

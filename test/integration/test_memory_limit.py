@@ -252,7 +252,23 @@ def test_auto_without_a_cgroup_limit_is_off(stub_factory, router_factory):
         assert "\"auto\":" in text and limit > 0, text
 
 
-class Heads:
+class Requests:
+    """What Heads and Waiting share: `n` HTTP/2 streams (`hs`, one connection each) or
+    HTTP/1.1 connections (`conns`); the HTTP/2 statuses once every stream is answered; close."""
+
+    def h2_statuses(self, timeout):
+        snap = self.hs.wait(lambda s: all(v["status"] for v in s.values()), timeout,
+                            "every answer")
+        return [int(v["status"]) for v in snap.values()]
+
+    def close(self):
+        for c in getattr(self, "conns", []):
+            c.sock.close()
+        if self.proto == "h2c":
+            self.hs.close()
+
+
+class Heads(Requests):
     """`n` requests of `size` body bytes whose heads are sent now and bodies later: HTTP/2
     streams (one connection each) or HTTP/1.1 connections. bodies() sends every body whole and
     returns the statuses answered."""
@@ -282,14 +298,7 @@ class Heads:
                     break  # answered and reset already
                 assert sent > 0, "a window shut within the allowance"
                 off += sent
-        snap = self.hs.wait(lambda s: all(v["status"] for v in s.values()), 15, "every answer")
-        return [int(v["status"]) for v in snap.values()]
-
-    def close(self):
-        for c in getattr(self, "conns", []):
-            c.sock.close()
-        if self.proto == "h2c":
-            self.hs.close()
+        return self.h2_statuses(15)
 
 
 @pytest.mark.parametrize("proto", ["h1", "h2c"])
@@ -319,7 +328,7 @@ def test_bodies_begun_past_the_limit_are_refused(proto, stub_factory, router_fac
         heads.close()
 
 
-class Waiting:
+class Waiting(Requests):
     """`n` requests whose bodies wait for body budget while another request holds it, each
     holding what its connection's allowance let the router take: HTTP/2 streams (one
     connection each) that send their whole window, or HTTP/1.1 chunked bodies (no length, so
@@ -352,15 +361,7 @@ class Waiting:
                 c.sock.settimeout(max(0.1, deadline - time.monotonic()))
                 out.append(c.read_response()[0])
             return out
-        snap = self.hs.wait(lambda s: all(v["status"] for v in s.values()), timeout,
-                            "every answer")
-        return [int(v["status"]) for v in snap.values()]
-
-    def close(self):
-        for c in getattr(self, "conns", []):
-            c.sock.close()
-        if self.proto == "h2c":
-            self.hs.close()
+        return self.h2_statuses(timeout)
 
 
 @pytest.mark.parametrize("proto", ["h1", "h2c"])

@@ -376,10 +376,10 @@ static void test_large_prompt(void)
 
 /* What one reader holds, as the memory account counts it (PCR_MEM_READER_COST): malloc's bytes
  * in use for readers made at the default sizes and fed a body's start, within a tenth. Not
- * under AddressSanitizer, whose allocator malloc's count does not see. */
+ * under AddressSanitizer or ThreadSanitizer, whose allocators malloc's count does not see. */
 static void test_reader_cost(void)
 {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     return;
 #endif
     pcr_body_reader_cache_clear();

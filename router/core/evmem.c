@@ -6,6 +6,7 @@
 
 #include <event2/event.h>
 
+#include "atomic.h"
 #include "evmem.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -71,17 +72,16 @@ static void count(int64_t d)
         my_slot = &slots[i < NSLOTS - 1 ? i : NSLOTS - 1];
     }
     if (my_slot == &slots[NSLOTS - 1])
-        __atomic_fetch_add(&my_slot->v, d, __ATOMIC_RELAXED);
+        PCR_ADD(my_slot->v, d);
     else
-        __atomic_store_n(&my_slot->v, __atomic_load_n(&my_slot->v, __ATOMIC_RELAXED) + d,
-                         __ATOMIC_RELAXED);
+        PCR_BUMP(my_slot->v, d); /* its own thread's slot: no read-modify-write needed */
 }
 
 uint64_t pcr_evmem_in_use(void)
 {
     int64_t sum = 0;
     for (unsigned i = 0; i < NSLOTS; i++)
-        sum += __atomic_load_n(&slots[i].v, __ATOMIC_RELAXED);
+        sum += PCR_LOAD(slots[i].v);
     return sum > 0 ? (uint64_t)sum : 0;
 }
 static pthread_key_t exit_key;

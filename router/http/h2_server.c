@@ -1122,10 +1122,10 @@ static const int32_t remote_ids[PCR_ARRAY_SIZE(((h2_sess_t *)0)->remote)] = {
 static unsigned wake_streams(int32_t max_opened, uint32_t stream_win, size_t deficit)
 {
     if (max_opened <= 0)
-        return deficit == 0 ? 0 : 0;
+        return 0;
     size_t k = deficit == 0 ? 1 : stream_win == 0 ? SIZE_MAX : (deficit + stream_win - 1) / stream_win;
     size_t ids = ((size_t)max_opened + 1) / 2; /* odd ids up to max_opened */
-    return k <= WAKE_STREAMS && k <= ids ? (unsigned)(k == 0 ? 1 : k) : 0;
+    return k <= WAKE_STREAMS && k <= ids ? (unsigned)k : 0;
 }
 
 /* An idle session (no stream, nothing to send, every SETTINGS acknowledged, no GOAWAY) frees

@@ -19,7 +19,8 @@
 #include <stdint.h>
 
 typedef enum {
-    PCR_OVERLOAD_SHRINK_WINDOWS = 0, /* no request-body budget past the one-request reserve */
+    PCR_OVERLOAD_SHRINK_WINDOWS = 0, /* no request-body budget past the one-request reserve;
+                                      * answers queue 64 KiB for a slow client, not 1.25 MiB */
     PCR_OVERLOAD_REFUSE_REQUESTS,    /* new requests and HTTP/2 streams get 503 */
     PCR_OVERLOAD_STOP_ACCEPTING,     /* the public listeners stop accepting connections */
     PCR_OVERLOAD__COUNT

@@ -13,9 +13,13 @@
  * Once `kept` holds a byte, every later byte goes behind it, so the client gets the answer in
  * order. Past the bound or the budget, proxy.c pauses the pod's reading
  * (pcr_exchange_out_full), as before buffering: the client's backpressure reaches the pod
- * again, and the pod's connection waits. A client that never reads is still cut by its session
- * at timeouts.client_write_ms, which frees the exchange and its buffer (its output never drains
- * below the watermark, so the write deadline keeps running).
+ * again, and the pod's connection waits. While the memory account shrinks windows
+ * (pcr/overload.h), nothing more is kept and an answer may queue only PCR_WRITE_LOW for
+ * writing: an answer nobody reads then holds that and one read of the pod's, not
+ * PCR_WRITE_HIGH, and the pods' connections bound how many answers grow at once. A client
+ * that never reads is still cut by its session at timeouts.client_write_ms, which frees the
+ * exchange and its buffer (its output never drains below the watermark, so the write
+ * deadline keeps running).
  *
  * The end (or abort) of an answer waits for `kept` to empty; the request's state (DONE,
  * ABORTED, exchange.c) changes at the pod's end all the same: the backend's in-flight count,
@@ -31,18 +35,32 @@ static size_t kept_len(const pcr_exchange_t *ex)
     return ex->kept != NULL ? evbuffer_get_length(ex->kept) : 0;
 }
 
-/* Whether the buffer may take more: under the request's bound and the process's budget. */
+/* Whether memory is short: the account past shrink_windows' threshold. */
+static int pressed(const pcr_exchange_t *ex)
+{
+    return pcr_mem_action(ex->w->srv, PCR_OVERLOAD_SHRINK_WINDOWS);
+}
+
+/* Whether the buffer may take more: under the request's bound and the process's budget, and
+ * memory not short. */
 static int may_keep(const pcr_exchange_t *ex)
 {
     const pcr_limits_conf_t *l = &ex->w->cfg->limits;
     return kept_len(ex) < l->max_response_buffer_bytes &&
-           PCR_LOAD(ex->w->srv->resp_buffered) < l->max_buffered_response_bytes;
+           PCR_LOAD(ex->w->srv->resp_buffered) < l->max_buffered_response_bytes && !pressed(ex);
+}
+
+/* How much of the answer may wait in the session's output: down to the low mark, at which the
+ * session says it drained, while memory is short. */
+static size_t write_high(const pcr_exchange_t *ex)
+{
+    return pressed(ex) ? PCR_WRITE_LOW : PCR_WRITE_HIGH;
 }
 
 void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
     ex->resp_bytes += len;
-    if (kept_len(ex) == 0 && (ex->ops->pending(ex) <= PCR_WRITE_HIGH || !may_keep(ex))) {
+    if (kept_len(ex) == 0 && (ex->ops->pending(ex) <= write_high(ex) || !may_keep(ex))) {
         ex->ops->send_body(ex, data, len);
         return;
     }
@@ -91,7 +109,7 @@ void pcr_exchange_respond_end(pcr_exchange_t *ex, int how)
 
 int pcr_exchange_out_full(pcr_exchange_t *ex)
 {
-    return (kept_len(ex) > 0 || ex->ops->pending(ex) > PCR_WRITE_HIGH) && !may_keep(ex);
+    return (kept_len(ex) > 0 || ex->ops->pending(ex) > write_high(ex)) && !may_keep(ex);
 }
 
 void pcr_exchange_on_writable(pcr_exchange_t *ex)
@@ -100,11 +118,11 @@ void pcr_exchange_on_writable(pcr_exchange_t *ex)
     if (!ex->paused)
         return;
     /* With bytes kept, the pod is read again once half the bound is free (and the budget
-     * has room); without, once the session's output is down to its low mark. */
+     * has room, and memory is not short); without, once the session's output is down to its
+     * low mark. */
     size_t k = kept_len(ex);
     const pcr_limits_conf_t *l = &ex->w->cfg->limits;
-    if (k > 0 ? k <= l->max_response_buffer_bytes / 2 &&
-                    PCR_LOAD(ex->w->srv->resp_buffered) < l->max_buffered_response_bytes
+    if (k > 0 ? k <= l->max_response_buffer_bytes / 2 && may_keep(ex)
               : ex->ops->pending(ex) <= PCR_WRITE_LOW) {
         ex->paused = 0;
         pcr_upstream_resume(ex->up);

@@ -439,3 +439,45 @@ def test_the_account_counts_what_receiving_connections_hold(proto, stub_factory,
         assert status == 200
     finally:
         waiting.close()
+
+
+def test_answers_nobody_reads_stay_within_the_limit(stub_factory, router_factory):
+    """Zero-window readers of answers that end: 10,000 of them took the account to 2.6 times a
+    256 MiB limit, each answer queueing 256 KiB for writing and up to 1 MiB more kept for its
+    reader, whatever the account said. Past shrink_windows' threshold nothing more is kept and
+    an answer queues at most 64 KiB for writing, so each pod connection pauses and the account
+    stays within the limit, where these 64 answers of 1 MiB would take it to four times it. When
+    the readers leave, the account falls and requests are served again."""
+    limit, n, conns = 16 * MiB, 64, 8
+    stub = stub_factory("pod-a")
+    cfg = make_config([{"name": "pod-a", "url": stub.url, "max_connections": conns}],
+                      admin={"address": "127.0.0.1:0"}, workers=1, log={"access_log": False},
+                      limits={"max_memory_bytes": limit}, outlier={"probe_ms": 20},
+                      health={"timeout_ms": 5000, "fall": 10})
+    r = router_factory(cfg, env=router_env())
+    wait_for(lambda: stub.stats()["requests"].get("/health"), 15, what="a health check")
+    wait_for(lambda: accounted(admin_metrics(r)) > 0, 15, what="the account's first tick")
+    peak = [0]
+
+    def paused():
+        m = admin_metrics(r)
+        peak[0] = max(peak[0], accounted(m))
+        return (metric(m, "pcrouter_overload_action_active", action="shrink_windows") == 1 and
+                metric(m, "pcrouter_response_backpressure_total") >= conns)
+
+    body = json.dumps(completion("read by nobody", bytes=MiB)).encode()
+    hs = H2Streams(r.port, window=0, ack=False)
+    try:
+        for _ in range(n):
+            hs.open("/v1/completions", body)
+        wait_for(paused, 30, what="memory short and every pod connection paused")
+        for _ in range(10):  # a few more ticks of the account: it stays where it is
+            paused()
+        done = stub.stats()["requests"].get("/v1/completions", 0)
+    finally:
+        hs.close()
+    assert peak[0] <= limit, "account peaked at %d bytes, limit %d" % (peak[0], limit)
+    assert done < n, done
+    wait_for(lambda: active(r) == {a: 0 for a in ACTIONS}, 15, what="every action off")
+    resp = curl(r.url("/v1/completions"), completion("after the readers left"))
+    assert resp.status == 200, resp

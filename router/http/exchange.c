@@ -93,7 +93,7 @@ static pcr_exchange_t *exchange_alloc(void)
 }
 
 /* A body reader is counted in the memory account while an exchange holds it (memacct.h). */
-static void reader_release(pcr_exchange_t *ex)
+void pcr_exchange_reader_release(pcr_exchange_t *ex)
 {
     if (ex->reader == NULL)
         return;
@@ -144,7 +144,7 @@ void pcr_exchange_drop_body(pcr_exchange_t *ex)
         return;
     ex->body_dropped = 1;
     evbuffer_drain(ex->body, evbuffer_get_length(ex->body));
-    reader_release(ex);
+    pcr_exchange_reader_release(ex);
     /* body_counted stays, for the access log's bytes_in; the budget's count goes now. */
     if (ex->body_counted)
         pcr_budget_account(ex->w, -(ptrdiff_t)ex->body_counted);
@@ -619,7 +619,7 @@ void pcr_exchange_free(pcr_exchange_t *ex)
     if (ex->body_counted && !ex->body_dropped)
         pcr_budget_account(w, -(ptrdiff_t)ex->body_counted);
     pcr_body_dispose(&ex->req);
-    reader_release(ex);
+    pcr_exchange_reader_release(ex);
     pcr_usage_dispose(&ex->usage);
     if (ex->pd_resp != NULL)
         evbuffer_free(ex->pd_resp);

@@ -219,11 +219,13 @@ struct pcr_exchange {
 };
 
 /* exchange.c, for proxy.c: a state change (the one transition function, which owns the
- * accounting), an unstreamed completion's prefill at its expected first token, the start of the
- * body reader (routed requests), the head and the body of an answer. */
+ * accounting), an unstreamed completion's prefill at its expected first token, the start and
+ * the end of the body reader (routed requests: counted in the memory account while held), the
+ * head and the body of an answer. */
 void pcr_exchange_to(pcr_exchange_t *ex, pcr_ex_state_t to);
 void pcr_exchange_prefill_due(pcr_exchange_t *ex);
 int pcr_exchange_reader_start(pcr_exchange_t *ex);
+void pcr_exchange_reader_release(pcr_exchange_t *ex);
 void pcr_exchange_respond_head(pcr_exchange_t *ex, int status, const pcr_hdr_t *h, size_t n,
                                int64_t clen);
 /* respond.c: the answer's body and its end, through the exchange's own buffer when the

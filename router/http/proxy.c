@@ -626,8 +626,7 @@ int pcr_proxy_routed(pcr_exchange_t *ex)
         pcr_exchange_error(ex, 500, "server_error", "internal", "%s", pcr_strerror(rc));
         return 0;
     }
-    pcr_body_reader_free(ex->reader);
-    ex->reader = NULL;
+    pcr_exchange_reader_release(ex);
     ex->key = pcr_body_key(&ex->req);
     ex->model_hash = pcr_model_hash(ex->req.model, ex->req.model_len);
     ex->has_key = 1;

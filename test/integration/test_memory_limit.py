@@ -481,3 +481,21 @@ def test_answers_nobody_reads_stay_within_the_limit(stub_factory, router_factory
     wait_for(lambda: active(r) == {a: 0 for a in ACTIONS}, 15, what="every action off")
     resp = curl(r.url("/v1/completions"), completion("after the readers left"))
     assert resp.status == 200, resp
+
+
+def test_requests_served_leave_the_account(stub_factory, router_factory):
+    """A routed request's body reader is counted in the account (35,888 bytes) while the request
+    holds it, and the request lets it go once its body is read. The count must go with it: when
+    it did not, every request served added 35 KiB to the account for good, and a router with a
+    memory limit refused everything after some tens of thousands of requests."""
+    stub, r = start(stub_factory, router_factory, limit=256 * MiB)
+    wait_for(lambda: accounted(admin_metrics(r)) > 0, 15, what="the account's first tick")
+    for i in range(50):
+        resp = curl(r.url("/v1/completions"), completion("request %d" % i))
+        assert resp.status == 200, resp
+    resp = curl(r.url("/v1/chat/completions"), {"messages": [{"role": "user", "content": "h2"}]},
+                proto="h2c")
+    assert resp.status == 200, resp
+    # Nothing is in flight now but a scrape (one request's 4,365 bytes, no reader).
+    wait_for(lambda: parts(admin_metrics(r))["requests"] < 35888, 10,
+             what="the account's requests back to nothing")

@@ -128,12 +128,16 @@ bench-proxies: deps-bench build
 
 # Plain text, TLS from the clients and TLS to the pods, each pinned and unpinned at one and at
 # the default thread count, with new and resumed handshakes; then memory per idle keep-alive
-# connection (docs/BENCHMARKS.md). QUICK=1 for a smoke run.
+# connection; then the latency each proxy adds at a moderate rate (docs/BENCHMARKS.md).
+# QUICK=1 for a smoke run.
 bench-proxies-tls: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD) --modes plain,tls,tls-pods --matrix --handshakes \
 		--json bench/out/proxies-tls.json
 	$(PY) bench/proxies.py --build $(BUILD) --modes tls --idle 10000 --reps 1 --duration 1 \
 		--only pcrouter,haproxy,pcrouter_w0,haproxy_default --json bench/out/proxies-idle.json
+	$(PY) bench/proxies.py --build $(BUILD) --modes plain,tls --pin none --latency 4000 \
+		--only direct,haproxy,pcrouter --no-two-threads --bodies 2048 \
+		--json bench/out/proxies-latency.json
 
 # WORKLOAD=shared_prefix|chat|agentic|conversation|mooncake|all [LOAD=light|knee|past],
 # BEFORE=another/build/dir (adds its pcrouter's cache_aware as a row); QUICK=1 for a smoke run;

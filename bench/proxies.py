@@ -656,19 +656,26 @@ class Bench:
                 "ok": req - e_status, "p50_ms": p50 / 1000.0, "p99_ms": p99 / 1000.0,
                 "errors": errors, "raw_tail": out[-600:]}
 
-    def run_h2load(self, target, duration=None, n=None):
+    def run_h2load(self, target, duration=None, n=None, rate=None, proto="h2"):
+        """h2load against the target: for `duration` s at full speed (-c/-m of the args), for
+        `n` requests (a smoke run), or with `rate` = (clients, requests a second each), one
+        request at a time per client, over `proto` (h1 or h2)."""
         logf = os.path.join(self.dir, "h2load.log")
         if os.path.exists(logf):
             os.unlink(logf)
         argv = ["h2load", "-t1", "-H", "content-type: application/json", "-d", self.req_file,
                 "--log-file", logf]
-        if duration:
+        if rate:
+            argv += ["-c%d" % rate[0], "-m1", "--rps", str(rate[1]), "-D", str(duration)]
+        elif duration:
             argv += ["-c%d" % self.args.h2_conns, "-m%d" % self.args.h2_streams,
                      "-D", str(duration)]
         else:
             argv += ["-c1", "-m4", "-n%d" % n]
+        if proto == "h1":
+            argv.append("--h1")
         # https: h2load offers ALPN h2 (its default list), which every TLS row must select.
-        argv.append("%s://127.0.0.1:%d/v1/completions" % (self.scheme, target.ports["h2"]))
+        argv.append("%s://127.0.0.1:%d/v1/completions" % (self.scheme, target.ports[proto]))
         if self.procs.pin:
             argv = ["taskset", "-c", self.cpu_client] + argv
         out = self._run(argv, duration or 5)
@@ -801,6 +808,10 @@ def parse_args():
                     help="seconds the connections stay idle, all open, before the RSS is read: "
                          "what a proxy frees from an idle connection after a while counts "
                          "(pcrouter after 1 s)")
+    ap.add_argument("--latency", type=int, default=0, metavar="RPS",
+                    help="also the latency each proxy adds at a moderate, fixed rate: RPS "
+                         "requests a second in all from 16 clients (h2load --rps), against "
+                         "the direct row")
     ap.add_argument("--json", default=os.path.join(OUT_DIR, "proxies.json"))
     a = ap.parse_args()
     a.modes = ["tls", "tls-pods"] if a.tls and a.modes == "plain" else \
@@ -1072,6 +1083,7 @@ def run(b, args, anomalies, notes):
     handshakes = run_handshakes(b, args, targets, backends, anomalies, pairs) \
         if args.handshakes and b.tls_front else {}
     idle = run_idle_rows(b, args, targets, anomalies) if args.idle else []
+    latency = run_latency(b, args, targets, anomalies) if args.latency else {}
     if backends.poll() is not None:
         anomalies.append("the stub backends exited (status %s)" % backends.returncode)
     verdicts = targets_report(b, summaries)
@@ -1095,7 +1107,7 @@ def run(b, args, anomalies, notes):
                    "versions": versions, "summary": {str(k): v for k, v in summaries.items()},
                    "verdicts": verdicts, "runs": {str(k): v for k, v in all_results.items()},
                    "negotiated": negotiated, "pairs": pairs, "handshakes": handshakes,
-                   "idle": idle, "anomalies": anomalies, "notes": notes}
+                   "idle": idle, "latency": latency, "anomalies": anomalies, "notes": notes}
 
 
 def measured(t, backends, fn):
@@ -1155,6 +1167,71 @@ def run_handshakes(b, args, targets, backends, anomalies, pairs):
                               "ratio": pr["paired_per_core_ratio"],
                               "reps": pr["per_rep_per_core_ratios"],
                               "rps_ratio": pr["paired_rps_ratio"]})
+    return out
+
+
+LATENCY_CLIENTS = 16
+
+
+def run_latency(b, args, targets, anomalies):
+    """Latency at a moderate, fixed rate (--latency requests a second in all, from 16 clients
+    one request at a time each: h2load --rps, HTTP/1.1 and h2c), every target once per
+    repetition in a rotated order. What a proxy adds is its p50 and p99 less the direct row's
+    of the same repetition; the medians over repetitions are compared with HAProxy's."""
+    rate = (LATENCY_CLIENTS, max(1, args.latency // LATENCY_CLIENTS))
+    protos = [p for p in ("h1", "h2") if p in args.protos]
+    results = {t.name: {p: [] for p in protos} for t in targets}
+    for rep in range(args.reps):
+        order = targets[rep % len(targets):] + targets[:rep % len(targets)]
+        for proto in protos:
+            for t in order:
+                if not t.alive():
+                    restart(t, anomalies, rep, "latency", b)
+                r = b.run_h2load(t, duration=args.duration, rate=rate, proto=proto)
+                r["rep"] = rep
+                bad = {k: v for k, v in r["errors"].items() if v}
+                if bad or r["ok"] < r["requests"]:
+                    anomalies.append("%s latency %s rep %d: %d requests, %d 2xx, errors %s"
+                                     % (t.label, b.proto_label(proto), rep + 1, r["requests"],
+                                        r["ok"], bad))
+                r.pop("raw_tail", None)
+                results[t.name][proto].append(r)
+        print("  latency: repetition %d/%d done" % (rep + 1, args.reps), flush=True)
+    print("\nLatency at %d requests a second (%d clients x %d, one request at a time), %d B "
+          "bodies, medians; added: less direct's in the same repetition"
+          % (rate[0] * rate[1], rate[0], rate[1], len(b.req)))
+    print("%-42s %-10s %8s %8s %9s %9s %8s" % ("target", "protocol", "req/s", "p50 ms", "p99 ms",
+                                              "+p50 ms", "+p99 ms"))
+    out = {}
+    for proto in protos:
+        direct = {r["rep"]: r for r in results.get("direct", {}).get(proto, [])}
+        for t in targets:
+            rs = results[t.name][proto]
+            if not rs:
+                continue
+            add50 = [r["p50_ms"] - direct[r["rep"]]["p50_ms"] for r in rs if r["rep"] in direct]
+            add99 = [r["p99_ms"] - direct[r["rep"]]["p99_ms"] for r in rs if r["rep"] in direct]
+            m = {"rps": statistics.median(r["rps"] for r in rs),
+                 "p50_ms": statistics.median(r["p50_ms"] for r in rs),
+                 "p99_ms": statistics.median(r["p99_ms"] for r in rs),
+                 "added_p50_ms": statistics.median(add50) if add50 else None,
+                 "added_p99_ms": statistics.median(add99) if add99 else None}
+            out.setdefault(t.name, {})[proto] = dict(m, runs=rs)
+            print("%-42s %-10s %8.0f %8.3f %9.3f %9s %8s"
+                  % (t.label, b.proto_label(proto), m["rps"], m["p50_ms"], m["p99_ms"],
+                     "-" if m["added_p50_ms"] is None else "%.3f" % m["added_p50_ms"],
+                     "-" if m["added_p99_ms"] is None else "%.3f" % m["added_p99_ms"]))
+        print()
+    for pcr, ha, threads in PAIRS:
+        for proto in protos:
+            a, h = out.get(pcr, {}).get(proto), out.get(ha, {}).get(proto)
+            if not a or not h or a["added_p50_ms"] is None or h["added_p50_ms"] is None:
+                continue
+            met = a["added_p50_ms"] <= h["added_p50_ms"] and a["added_p99_ms"] <= h["added_p99_ms"]
+            print("  %s %s, %s: added p50 / p99 %.3f / %.3f ms against HAProxy's %.3f / %.3f: "
+                  "%s" % (b.proto_label(proto), threads, b.pin, a["added_p50_ms"],
+                          a["added_p99_ms"], h["added_p50_ms"], h["added_p99_ms"],
+                          "met" if met else "missed"))
     return out
 
 

@@ -35,6 +35,10 @@ typedef struct {
  * each DATA frame takes a stream's bytes), and the exchange moves kept bytes on. */
 #define PCR_WRITE_HIGH (256 * 1024)
 #define PCR_WRITE_LOW (64 * 1024)
+/* The high mark in force (respond.c): PCR_WRITE_HIGH, or PCR_WRITE_LOW while the memory
+ * account shrinks windows (pcr/overload.h). An HTTP/2 session fills its connection's output to
+ * it too, as its streams' answers wait in their own buffers. */
+size_t pcr_write_high(const pcr_worker_t *w);
 
 pcr_exchange_t *pcr_exchange_new(pcr_worker_t *w, const pcr_exchange_ops_t *ops, void *sess,
                                  const char *proto);

@@ -3,9 +3,10 @@
  *
  * A stream is created at begin-headers and freed at stream-close, nowhere else. Every read
  * feeds nghttp2_session_mem_recv and then flushes. Flushing asks nghttp2 for frames until the
- * transport holds PCR_WRITE_HIGH unsent bytes, writes, and goes on while the kernel took them
- * and nghttp2 has more; only when the socket is full does it wait, for the transport's drain
- * notification. A response body that has not arrived from upstream yet makes the data source
+ * transport holds pcr_write_high() unsent bytes (PCR_WRITE_HIGH, less while memory is short:
+ * the answers then wait in their streams' buffers, which pause their pods), writes, and goes
+ * on while the kernel took them and nghttp2 has more; only when the socket is full does it
+ * wait, for the transport's drain notification. A response body that has not arrived from upstream yet makes the data source
  * return NGHTTP2_ERR_DEFERRED; upstream data resumes it. Exchange ops never call into nghttp2's
  * send path directly: they queue and activate the deferred `flush` event, so a stream is never
  * closed (and its exchange freed) while the exchange's own code is on the stack.
@@ -1336,9 +1337,10 @@ static void flush_now(h2_sess_t *s)
         return;
     }
     s->in_flush = 1;
+    size_t high = pcr_write_high(s->w);
     for (;;) {
         size_t produced = 0;
-        while (evbuffer_get_length(out) < PCR_WRITE_HIGH) {
+        while (evbuffer_get_length(out) < high) {
             const uint8_t *data;
             ssize_t n = nghttp2_session_mem_send(s->ng, &data);
             if (n < 0) {
@@ -1355,7 +1357,7 @@ static void flush_now(h2_sess_t *s)
         pcr_sock_flush(s->sock);
         /* The kernel took it and nghttp2 may have more: go on. A full socket waits for the
          * drain notification instead. */
-        if (produced == 0 || evbuffer_get_length(out) >= PCR_WRITE_HIGH ||
+        if (produced == 0 || evbuffer_get_length(out) >= high ||
             !nghttp2_session_want_write(s->ng))
             break;
     }

@@ -50,11 +50,16 @@ static int may_keep(const pcr_exchange_t *ex)
            PCR_LOAD(ex->w->srv->resp_buffered) < l->max_buffered_response_bytes && !pressed(ex);
 }
 
-/* How much of the answer may wait in the session's output: down to the low mark, at which the
+/* How much of an answer may wait in the session's output: down to the low mark, at which the
  * session says it drained, while memory is short. */
+size_t pcr_write_high(const pcr_worker_t *w)
+{
+    return pcr_mem_action(w->srv, PCR_OVERLOAD_SHRINK_WINDOWS) ? PCR_WRITE_LOW : PCR_WRITE_HIGH;
+}
+
 static size_t write_high(const pcr_exchange_t *ex)
 {
-    return pressed(ex) ? PCR_WRITE_LOW : PCR_WRITE_HIGH;
+    return pcr_write_high(ex->w);
 }
 
 void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len)

@@ -712,6 +712,17 @@ class Bench:
         return r.stdout + r.stderr
 
 
+def rotation(targets, reps, kinds):
+    """(rep, kind, target, last) for every repetition, kind and target: each repetition starts
+    one target further, so that none always runs first (a slow drift of the machine then falls
+    on every target alike); `last` marks the repetition's last run."""
+    for rep in range(reps):
+        order = targets[rep % len(targets):] + targets[:rep % len(targets)]
+        for i, kind in enumerate(kinds):
+            for j, t in enumerate(order):
+                yield rep, kind, t, i == len(kinds) - 1 and j == len(order) - 1
+
+
 def paired_ratios(pcr_runs, runs):
     """Median over repetitions of pcrouter's figure over the target's in the same repetition:
     less exposed to slow drifts of the machine than the ratio of the medians. A virtual machine
@@ -1044,35 +1055,33 @@ def run(b, args, anomalies, notes):
             if "h2" in protos:
                 b.run_h2load(t, duration=1)
         results = {t.name: {p: [] for p in protos} for t in targets}
-        for rep in range(args.reps):
-            order = targets[rep % len(targets):] + targets[:rep % len(targets)]
-            for proto in protos:
-                for t in order:
-                    if not t.alive():
-                        restart(t, anomalies, rep, proto, b)
-                    pgid = (t.proc or backends).pid
-                    cpu0 = group_cpu_seconds(pgid)
-                    r = b.run_wrk(t, args.duration) if proto == "h1" else \
-                        b.run_h2load(t, duration=args.duration)
-                    cpu1 = group_cpu_seconds(pgid)
-                    user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
-                    per = 1e6 / r["requests"] if r["requests"] else 0.0
-                    r["cpu_us_per_req"] = (user + system) * per
-                    # The split says where a difference lies: the proxy's own code, or the
-                    # kernel's work for it (system calls, TCP).
-                    r["cpu_user_us_per_req"] = user * per
-                    r["cpu_sys_us_per_req"] = system * per
-                    r["rep"] = rep
-                    results[t.name][proto].append(r)
-                    bad = {k: v for k, v in r["errors"].items() if v}
-                    if bad or r["ok"] < r["requests"]:
-                        anomalies.append("%s %s %d B rep %d: %d requests, %d 2xx, errors %s"
-                                         % (t.label, b.proto_label(proto),
-                                            len(b.req), rep + 1, r["requests"], r["ok"], bad))
-                    if not t.alive():
-                        restart(t, anomalies, rep, proto, b)
-            print("  %d B bodies: repetition %d/%d done" % (len(b.req), rep + 1, args.reps),
-                  flush=True)
+        for rep, proto, t, last in rotation(targets, args.reps, protos):
+            if not t.alive():
+                restart(t, anomalies, rep, proto, b)
+            pgid = (t.proc or backends).pid
+            cpu0 = group_cpu_seconds(pgid)
+            r = b.run_wrk(t, args.duration) if proto == "h1" else \
+                b.run_h2load(t, duration=args.duration)
+            cpu1 = group_cpu_seconds(pgid)
+            user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+            per = 1e6 / r["requests"] if r["requests"] else 0.0
+            r["cpu_us_per_req"] = (user + system) * per
+            # The split says where a difference lies: the proxy's own code, or the kernel's
+            # work for it (system calls, TCP).
+            r["cpu_user_us_per_req"] = user * per
+            r["cpu_sys_us_per_req"] = system * per
+            r["rep"] = rep
+            results[t.name][proto].append(r)
+            bad = {k: v for k, v in r["errors"].items() if v}
+            if bad or r["ok"] < r["requests"]:
+                anomalies.append("%s %s %d B rep %d: %d requests, %d 2xx, errors %s"
+                                 % (t.label, b.proto_label(proto), len(b.req), rep + 1,
+                                    r["requests"], r["ok"], bad))
+            if not t.alive():
+                restart(t, anomalies, rep, proto, b)
+            if last:
+                print("  %d B bodies: repetition %d/%d done" % (len(b.req), rep + 1, args.reps),
+                      flush=True)
         summaries[size] = report(b, targets, results, protos, len(b.req))
         pairs += pair_rows(b, results, protos, len(b.req))
         for t in targets:
@@ -1125,20 +1134,17 @@ def run_handshakes(b, args, targets, backends, anomalies, pairs):
     """New and resumed TLS handshakes per proxy CPU-second, apart from requests: openssl
     s_time -new / -reuse, each target once per repetition in a rotated order."""
     results = {t.name: {"new": [], "reuse": []} for t in targets}
-    for rep in range(args.reps):
-        order = targets[rep % len(targets):] + targets[:rep % len(targets)]
-        for kind in ("new", "reuse"):
-            for t in order:
-                if not t.alive():
-                    restart(t, anomalies, rep, "handshakes", b)
-                r = measured(t, backends,
-                             lambda: b.run_s_time(t, kind == "reuse", args.duration))
-                r["rep"] = rep
-                if kind == "reuse" and r["handshakes"] and r["resumed"] < r["handshakes"] - 1:
-                    anomalies.append("%s: %d of %d -reuse handshakes resumed (rep %d)"
-                                     % (t.label, r["resumed"], r["handshakes"], rep + 1))
-                results[t.name][kind].append(r)
-        print("  handshakes: repetition %d/%d done" % (rep + 1, args.reps), flush=True)
+    for rep, kind, t, last in rotation(targets, args.reps, ("new", "reuse")):
+        if not t.alive():
+            restart(t, anomalies, rep, "handshakes", b)
+        r = measured(t, backends, lambda: b.run_s_time(t, kind == "reuse", args.duration))
+        r["rep"] = rep
+        if kind == "reuse" and r["handshakes"] and r["resumed"] < r["handshakes"] - 1:
+            anomalies.append("%s: %d of %d -reuse handshakes resumed (rep %d)"
+                             % (t.label, r["resumed"], r["handshakes"], rep + 1))
+        results[t.name][kind].append(r)
+        if last:
+            print("  handshakes: repetition %d/%d done" % (rep + 1, args.reps), flush=True)
     print("\nTLS handshakes (openssl s_time -tls1_3, one at a time), medians")
     print("%-42s %-8s %9s %9s %10s %12s" % ("target", "kind", "hs/s", "resumed", "CPU us/hs",
                                             "hs/CPU-s"))
@@ -1181,22 +1187,20 @@ def run_latency(b, args, targets, anomalies):
     rate = (LATENCY_CLIENTS, max(1, args.latency // LATENCY_CLIENTS))
     protos = [p for p in ("h1", "h2") if p in args.protos]
     results = {t.name: {p: [] for p in protos} for t in targets}
-    for rep in range(args.reps):
-        order = targets[rep % len(targets):] + targets[:rep % len(targets)]
-        for proto in protos:
-            for t in order:
-                if not t.alive():
-                    restart(t, anomalies, rep, "latency", b)
-                r = b.run_h2load(t, duration=args.duration, rate=rate, proto=proto)
-                r["rep"] = rep
-                bad = {k: v for k, v in r["errors"].items() if v}
-                if bad or r["ok"] < r["requests"]:
-                    anomalies.append("%s latency %s rep %d: %d requests, %d 2xx, errors %s"
-                                     % (t.label, b.proto_label(proto), rep + 1, r["requests"],
-                                        r["ok"], bad))
-                r.pop("raw_tail", None)
-                results[t.name][proto].append(r)
-        print("  latency: repetition %d/%d done" % (rep + 1, args.reps), flush=True)
+    for rep, proto, t, last in rotation(targets, args.reps, protos):
+        if not t.alive():
+            restart(t, anomalies, rep, "latency", b)
+        r = b.run_h2load(t, duration=args.duration, rate=rate, proto=proto)
+        r["rep"] = rep
+        bad = {k: v for k, v in r["errors"].items() if v}
+        if bad or r["ok"] < r["requests"]:
+            anomalies.append("%s latency %s rep %d: %d requests, %d 2xx, errors %s"
+                             % (t.label, b.proto_label(proto), rep + 1, r["requests"], r["ok"],
+                                bad))
+        r.pop("raw_tail", None)
+        results[t.name][proto].append(r)
+        if last:
+            print("  latency: repetition %d/%d done" % (rep + 1, args.reps), flush=True)
     print("\nLatency at %d requests a second (%d clients x %d, one request at a time), %d B "
           "bodies, medians; added: less direct's in the same repetition"
           % (rate[0] * rate[1], rate[0], rate[1], len(b.req)))

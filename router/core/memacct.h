@@ -48,9 +48,9 @@ typedef enum {
  * request's, as measured (docs/BENCHMARKS.md; docs/ARCHITECTURE.md names the runs). */
 extern const uint64_t pcr_mem_conn_cost[PCR_CONN__COUNT];
 #define PCR_MEM_REQUEST_COST 4365u
-/* And a request's body reader (router/body/body.h), from its first body byte to the request's
- * end, which the request's cost leaves out: malloc's bytes in use for one, at the default
- * routing sizes (test_body.c measures it). */
+/* And a request's body reader (router/body/body.h), from its first body byte until the body is
+ * read (or the request ends), which the request's cost leaves out: malloc's bytes in use for
+ * one, at the default routing sizes (test_body.c measures it). */
 #define PCR_MEM_READER_COST 35888u
 
 #endif

@@ -6,10 +6,11 @@
  * transport holds pcr_write_high() unsent bytes (PCR_WRITE_HIGH, less while memory is short:
  * the answers then wait in their streams' buffers, which pause their pods), writes, and goes
  * on while the kernel took them and nghttp2 has more; only when the socket is full does it
- * wait, for the transport's drain notification. A response body that has not arrived from upstream yet makes the data source
- * return NGHTTP2_ERR_DEFERRED; upstream data resumes it. Exchange ops never call into nghttp2's
- * send path directly: they queue and activate the deferred `flush` event, so a stream is never
- * closed (and its exchange freed) while the exchange's own code is on the stack.
+ * wait, for the transport's drain notification. A response body that has not arrived from
+ * upstream yet makes the data source return NGHTTP2_ERR_DEFERRED; upstream data resumes it.
+ * Exchange ops never call into nghttp2's send path directly: they queue and activate the
+ * deferred `flush` event, so a stream is never closed (and its exchange freed) while the
+ * exchange's own code is on the stack.
  *
  * Budgets and deadlines:
  * - Flow control is consumed by hand (no automatic WINDOW_UPDATE) against the body budget

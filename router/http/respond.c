@@ -36,9 +36,9 @@ static size_t kept_len(const pcr_exchange_t *ex)
 }
 
 /* Whether memory is short: the account past shrink_windows' threshold. */
-static int pressed(const pcr_exchange_t *ex)
+static int pressed(const pcr_worker_t *w)
 {
-    return pcr_mem_action(ex->w->srv, PCR_OVERLOAD_SHRINK_WINDOWS);
+    return pcr_mem_action(w->srv, PCR_OVERLOAD_SHRINK_WINDOWS);
 }
 
 /* Whether the buffer may take more: under the request's bound and the process's budget, and
@@ -47,25 +47,21 @@ static int may_keep(const pcr_exchange_t *ex)
 {
     const pcr_limits_conf_t *l = &ex->w->cfg->limits;
     return kept_len(ex) < l->max_response_buffer_bytes &&
-           PCR_LOAD(ex->w->srv->resp_buffered) < l->max_buffered_response_bytes && !pressed(ex);
+           PCR_LOAD(ex->w->srv->resp_buffered) < l->max_buffered_response_bytes &&
+           !pressed(ex->w);
 }
 
 /* How much of an answer may wait in the session's output: down to the low mark, at which the
  * session says it drained, while memory is short. */
 size_t pcr_write_high(const pcr_worker_t *w)
 {
-    return pcr_mem_action(w->srv, PCR_OVERLOAD_SHRINK_WINDOWS) ? PCR_WRITE_LOW : PCR_WRITE_HIGH;
-}
-
-static size_t write_high(const pcr_exchange_t *ex)
-{
-    return pcr_write_high(ex->w);
+    return pressed(w) ? PCR_WRITE_LOW : PCR_WRITE_HIGH;
 }
 
 void pcr_exchange_respond_body(pcr_exchange_t *ex, const char *data, size_t len)
 {
     ex->resp_bytes += len;
-    if (kept_len(ex) == 0 && (ex->ops->pending(ex) <= write_high(ex) || !may_keep(ex))) {
+    if (kept_len(ex) == 0 && (ex->ops->pending(ex) <= pcr_write_high(ex->w) || !may_keep(ex))) {
         ex->ops->send_body(ex, data, len);
         return;
     }
@@ -114,7 +110,7 @@ void pcr_exchange_respond_end(pcr_exchange_t *ex, int how)
 
 int pcr_exchange_out_full(pcr_exchange_t *ex)
 {
-    return (kept_len(ex) > 0 || ex->ops->pending(ex) > write_high(ex)) && !may_keep(ex);
+    return (kept_len(ex) > 0 || ex->ops->pending(ex) > pcr_write_high(ex->w)) && !may_keep(ex);
 }
 
 void pcr_exchange_on_writable(pcr_exchange_t *ex)

@@ -430,7 +430,7 @@ EMFILE_CONNS = 150
 
 
 PARTS = ("request_bodies", "responses", "index", "tokenize_cache", "requests", "connections",
-         "buffers")
+         "buffers", "http2")
 
 
 class AccountSampler:

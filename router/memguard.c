@@ -1,15 +1,17 @@
 /* router/memguard.c: owns the memory account's tick (memguard.h). The parts are counts other
  * code keeps with relaxed atomics: the bytes of request bodies and kept responses, each
  * worker's index replica and tokenize cache, its requests in flight and its connections by
- * protocol (each times its cost, core/memacct.c), and libevent's blocks in use beyond the
- * bodies' and responses' bytes (core/evmem.c). The workers apply the actions: the body
- * budget stops granting (budget.c), new requests and streams get 503 (exchange.c), the
- * listeners pause (conn.c, from each worker's tick and its next accept). */
+ * protocol (each times its cost, core/memacct.c), libevent's blocks in use beyond the
+ * bodies' and responses' bytes (core/evmem.c), and nghttp2's sessions (core/memcount.h). The
+ * workers apply the actions: the body budget stops granting (budget.c), new requests and
+ * streams get 503 (exchange.c), the listeners pause (conn.c, from each worker's tick and its
+ * next accept). */
 #include <inttypes.h>
 
 #include "cpus.h"
 #include "evmem.h"
 #include "log.h"
+#include "memcount.h"
 #include "memguard.h"
 
 /* The limit for the config in force: an explicit number, or "auto"'s share of the cgroup's
@@ -54,6 +56,7 @@ static void account(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT])
     uint64_t blocks = pcr_evmem_in_use(), bytes = parts[PCR_MEM_REQUEST_BODIES] +
                                                  parts[PCR_MEM_RESPONSES];
     parts[PCR_MEM_BUFFERS] = blocks > bytes ? blocks - bytes : 0;
+    parts[PCR_MEM_HTTP2] = pcr_memcount_sum(PCR_MEMCOUNT_NGHTTP2);
 }
 
 void pcr_memguard_tick(pcr_server_t *srv)
@@ -68,8 +71,10 @@ void pcr_memguard_tick(pcr_server_t *srv)
         PCR_STORE(srv->mem_parts[i], parts[i]);
         total += parts[i];
     }
-    /* What admission reads afresh (memacct.c) is left out of the slow part. */
-    PCR_STORE(srv->mem_slow, total - parts[PCR_MEM_REQUEST_BODIES] - parts[PCR_MEM_RESPONSES]);
+    /* What the actions read afresh (memacct.c) is left out of the slow parts. */
+    uint64_t bytes = parts[PCR_MEM_REQUEST_BODIES] + parts[PCR_MEM_RESPONSES];
+    PCR_STORE(srv->mem_slow, total - bytes);
+    PCR_STORE(srv->mem_static, total - bytes - parts[PCR_MEM_BUFFERS] - parts[PCR_MEM_HTTP2]);
     uint64_t limit = PCR_LOAD(srv->mem_limit);
     unsigned was = PCR_LOAD(srv->overload);
     unsigned now = pcr_overload_decide(total, limit, was);

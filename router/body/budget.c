@@ -37,7 +37,7 @@ int pcr_budget_reserve(pcr_worker_t *w, const void *req, size_t n)
     size_t cur = __atomic_load_n(&w->srv->body_reserved, __ATOMIC_RELAXED);
     /* The memory account near its limit (pcr/overload.h): only the one request allowed past
      * the budget may grow its body, so the clients' windows stay shut. */
-    if (n <= max && cur <= max - n && pcr_mem_action(w->srv, PCR_OVERLOAD_SHRINK_WINDOWS)) {
+    if (n <= max && cur <= max - n && pcr_mem_action_fresh(w->srv, PCR_OVERLOAD_SHRINK_WINDOWS)) {
         PCR_INC(w->metrics.overload_refusals[PCR_OVERLOAD_SHRINK_WINDOWS]);
         max = 0;
     }
@@ -143,7 +143,7 @@ static void shed_all(pcr_worker_t *w)
 
 void pcr_budget_tick(pcr_worker_t *w)
 {
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_mem_action(w->srv, PCR_OVERLOAD_REFUSE_REQUESTS)) {
+    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_mem_action_fresh(w->srv, PCR_OVERLOAD_REFUSE_REQUESTS)) {
         shed_all(w);
         return;
     }

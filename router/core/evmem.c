@@ -6,8 +6,8 @@
 
 #include <event2/event.h>
 
-#include "atomic.h"
 #include "evmem.h"
+#include "memcount.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EVMEM_KEEP 0
@@ -52,38 +52,17 @@ typedef struct {
 
 static __thread cache_t cache;
 
-/* Bytes handed out and not yet given back, for the memory account: one slot per thread, so
- * that counting costs no shared write on the hot path. A block freed by another thread than
- * the one that made it subtracts from the freeing thread's slot: only the sum means anything.
- * A thread's slot outlives it (its count stays part of the sum); threads past the slots share
- * the last one with atomic adds. */
-#define NSLOTS 64
-typedef struct {
-    _Alignas(64) int64_t v;
-} slot_t;
-static slot_t slots[NSLOTS];
-static unsigned nslots;                      /* atomic: slots claimed */
-static __thread slot_t *my_slot;
-
+/* Bytes handed out and not yet given back, for the memory account (memcount.h). */
 static void count(int64_t d)
 {
-    if (my_slot == NULL) {
-        unsigned i = __atomic_fetch_add(&nslots, 1, __ATOMIC_RELAXED);
-        my_slot = &slots[i < NSLOTS - 1 ? i : NSLOTS - 1];
-    }
-    if (my_slot == &slots[NSLOTS - 1])
-        PCR_ADD(my_slot->v, d);
-    else
-        PCR_BUMP(my_slot->v, d); /* its own thread's slot: no read-modify-write needed */
+    pcr_memcount_add(PCR_MEMCOUNT_LIBEVENT, d);
 }
 
 uint64_t pcr_evmem_in_use(void)
 {
-    int64_t sum = 0;
-    for (unsigned i = 0; i < NSLOTS; i++)
-        sum += PCR_LOAD(slots[i].v);
-    return sum > 0 ? (uint64_t)sum : 0;
+    return pcr_memcount_sum(PCR_MEMCOUNT_LIBEVENT);
 }
+
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 

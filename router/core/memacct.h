@@ -6,11 +6,12 @@
  * The account is made of parts the code already counts, each with relaxed atomics: request
  * bodies held and responses kept for slow clients (bytes, exact), the prefix index (bytes, the
  * library's own count, every worker's replica), the tokenize cache (bytes), requests in flight
- * and client connections (a count times a cost per item, below), and libevent's blocks in use
+ * and client connections (a count times a cost per item, below), libevent's blocks in use
  * beyond the bodies' and responses' bytes (what busy connections hold: counted by the
- * allocator libevent is given, core/evmem.c). What it does not see (the
- * allocator's own overhead and fragmentation, libevent's, nghttp2's and OpenSSL's internals
- * beyond the per-connection costs, thread stacks, the binary) is the fixed overhead over the
+ * allocator libevent is given, core/evmem.c), and nghttp2's sessions (counted by the
+ * allocator nghttp2 is given, http/h2_server.c). What it does not see (the allocator's own
+ * overhead and fragmentation, libevent's and OpenSSL's internals beyond the per-connection
+ * costs, thread stacks, the binary) is the fixed overhead over the
  * bound that docs/ARCHITECTURE.md describes. */
 #ifndef PCR_ROUTER_MEMACCT_H
 #define PCR_ROUTER_MEMACCT_H
@@ -29,6 +30,7 @@ typedef enum {
     PCR_MEM_BUFFERS,             /* libevent's blocks in use (evmem.h: reads waiting in a
                                   * connection's input, bodies' and answers' chains rounded
                                   * to their blocks), less the two byte counts above */
+    PCR_MEM_HTTP2,               /* nghttp2's sessions: every block it holds (memcount.h) */
     PCR_MEM__COUNT
 } pcr_mem_part_t;
 

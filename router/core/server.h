@@ -126,7 +126,8 @@ typedef struct pcr_server {
      * thread's tick (router/memguard.c), and the overload actions it set off. */
     uint64_t mem_limit;           /* atomic: the limit in force ("auto" resolved); 0: off */
     uint64_t mem_parts[PCR_MEM__COUNT]; /* atomic: the account at the last tick, by part */
-    uint64_t mem_slow;            /* atomic: of it, the parts not read afresh at admission */
+    uint64_t mem_slow;            /* atomic: of it, all but the bodies and responses */
+    uint64_t mem_static;          /* atomic: of it, all but those and libevent's and nghttp2's */
     unsigned overload;            /* atomic: PCR_OVERLOAD_BIT of each action on */
     const pcr_config_t *mem_cfg;  /* control thread: the config the limit was resolved for */
     pcr_listen_plan_t *listen_plan; /* the listeners in force (their TLS contexts) */
@@ -201,14 +202,23 @@ struct pcr_worker {
 };
 
 /* The overload actions on now (pcr/overload.h): the control thread's last account, with the
- * request bodies and responses held read afresh, so an admission or a body's budget grant
- * sees a flood without waiting for the tick (core/memacct.c). */
+ * request bodies and responses held read afresh, so a flood of bodies or answers is seen
+ * without waiting for the tick (core/memacct.c). A few loads: for every answer chunk. */
 unsigned pcr_mem_actions_now(const pcr_server_t *srv);
 /* The account as those actions see it: the tick's slow parts, the bodies and responses now. */
 uint64_t pcr_mem_accounted_now(const pcr_server_t *srv);
 static inline int pcr_mem_action(const pcr_server_t *srv, pcr_overload_action_t a)
 {
     return (pcr_mem_actions_now(srv) & PCR_OVERLOAD_BIT(a)) != 0;
+}
+/* The same with libevent's blocks and nghttp2's sessions counted afresh too (a sum over the
+ * threads' counts, core/memcount.h): for an accept, a request's admission and a body's budget
+ * grant, so that a burst of connections or uploads is seen at the next of them. */
+uint64_t pcr_mem_accounted_fresh(const pcr_server_t *srv);
+unsigned pcr_mem_actions_fresh(const pcr_server_t *srv);
+static inline int pcr_mem_action_fresh(const pcr_server_t *srv, pcr_overload_action_t a)
+{
+    return (pcr_mem_actions_fresh(srv) & PCR_OVERLOAD_BIT(a)) != 0;
 }
 
 /* Called whenever an exchange or a session ends; while draining, ends the worker's loop once

@@ -259,7 +259,7 @@ static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
     struct pcr_listener *lst = arg;
     pcr_worker_t *w = lst->w;
     /* The memory account past stop_accepting: connections wait in the kernel's backlog. */
-    if (!lst->admin && pcr_mem_action(w->srv, PCR_OVERLOAD_STOP_ACCEPTING)) {
+    if (!lst->admin && pcr_mem_action_fresh(w->srv, PCR_OVERLOAD_STOP_ACCEPTING)) {
         pcr_listeners_pause(w, 1);
         return;
     }

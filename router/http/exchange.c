@@ -493,7 +493,7 @@ void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, c
 
 int pcr_exchange_overloaded(pcr_exchange_t *ex)
 {
-    if (ex->admin || !pcr_mem_action(ex->w->srv, PCR_OVERLOAD_REFUSE_REQUESTS))
+    if (ex->admin || !pcr_mem_action_fresh(ex->w->srv, PCR_OVERLOAD_REFUSE_REQUESTS))
         return 0;
     const pcr_route_t *rt = route_find(ex);
     return rt == NULL || !rt->own;
@@ -503,7 +503,7 @@ void pcr_exchange_overload_refused(pcr_exchange_t *ex)
 {
     const pcr_server_t *srv = ex->w->srv;
     PCR_INC(ex->w->metrics.overload_refusals[PCR_OVERLOAD_REFUSE_REQUESTS]);
-    uint64_t now = pcr_mem_accounted_now(srv);
+    uint64_t now = pcr_mem_accounted_fresh(srv);
     pcr_hdr_t h[1] = {{"retry-after", 11, OVERLOAD_RETRY_AFTER, sizeof(OVERLOAD_RETRY_AFTER) - 1}};
     pcr_exchange_error_with(ex, 503, "server_overloaded", "memory_pressure", h, 1,
                             "pcrouter is refusing new requests: the memory it accounts for, "

@@ -38,6 +38,7 @@
  * Over 700 lines, kept whole: nghttp2's callbacks, the flow control taken by hand and the
  * referenced DATA pieces all work on one session and its streams. */
 #include <limits.h>
+#include <malloc.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,6 +56,7 @@
 #include "exchange.h"
 #include "http1.h"
 #include "log.h"
+#include "memcount.h"
 #include "session.h"
 
 typedef struct h2_sess h2_sess_t;
@@ -150,6 +152,7 @@ struct h2_sess {
     struct {
         void *p;
         size_t n;
+        size_t counted;            /* what the account counts for it (ng_realloc) */
     } big[NBIG];
     int trimmed;                   /* idle, and the pages went back; a new stream clears it */
     int sock_idle;                 /* pcr_sock_idle(1) was said; a new stream says 0 */
@@ -204,6 +207,14 @@ static int big_find(const h2_sess_t *s, const void *p)
     return -1;
 }
 
+/* The memory account counts every block nghttp2 holds (memcount.h): a session's state grows
+ * with its streams, which no fixed cost per connection follows. A block counts at malloc's
+ * usable size, but a big block made at creation (the frame buffer) counts one page: the
+ * frames written there are small (DATA goes by reference, on_send_data), so one page is what
+ * it holds in RSS, and none once trim_idle gave it back. A header block over a page would
+ * touch more: the account errs low by at most the buffer's other pages. */
+static void ng_free(void *p, void *user);
+
 static void *ng_realloc(void *p, size_t n, void *user)
 {
     h2_sess_t *s = user;
@@ -217,14 +228,26 @@ static void *ng_realloc(void *p, size_t n, void *user)
                 return NULL;
             s->big[i].p = q;
             s->big[i].n = n;
+            s->big[i].counted = pg;
+            pcr_memcount_add(PCR_MEMCOUNT_NGHTTP2, (int64_t)pg);
             return q;
         }
     }
+    if (n == 0 && p != NULL) {
+        ng_free(p, user); /* what realloc(p, 0) does, counted */
+        return NULL;
+    }
     int i = big_find(s, p);
+    size_t was = i >= 0 ? s->big[i].counted : p != NULL ? malloc_usable_size(p) : 0;
     void *q = realloc(p, n);
-    if (q != NULL && i >= 0) {
+    if (q == NULL)
+        return NULL; /* p, if any, is as it was */
+    size_t now = malloc_usable_size(q);
+    pcr_memcount_add(PCR_MEMCOUNT_NGHTTP2, (int64_t)now - (int64_t)was);
+    if (i >= 0) {
         s->big[i].p = q;
         s->big[i].n = n;
+        s->big[i].counted = now;
     }
     return q;
 }
@@ -244,9 +267,13 @@ static void *ng_calloc(size_t k, size_t n, void *user)
 static void ng_free(void *p, void *user)
 {
     h2_sess_t *s = user;
+    if (p == NULL)
+        return;
     int i = big_find(s, p);
+    size_t was = i >= 0 ? s->big[i].counted : malloc_usable_size(p);
     if (i >= 0)
         s->big[i].p = NULL;
+    pcr_memcount_add(PCR_MEMCOUNT_NGHTTP2, -(int64_t)was);
     free(p);
 }
 

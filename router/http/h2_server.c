@@ -104,6 +104,7 @@ typedef struct h2_stream {
     int reject_status;             /* 413 / 431 decided while receiving; 503: refused for
                                       memory at its HEADERS (refuse_requests) */
     int rejected;                  /* the error response went out */
+    int shed;                      /* that response was a 503 for memory (reject) */
     int eof;                       /* the exchange sent its end */
     int deferred;                  /* the data source returned NGHTTP2_ERR_DEFERRED */
     int head_only;
@@ -182,6 +183,7 @@ static void arm_timer(h2_sess_t *s);
 static void on_flush(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static int hibernate(h2_sess_t *s);
+static int goaway(h2_sess_t *s);
 
 static void schedule_flush(h2_sess_t *s) { event_active(s->flush, 0, 0); }
 
@@ -685,9 +687,10 @@ static void reject(h2_stream_t *st)
 {
     h2_sess_t *s = st->sess;
     st->rejected = 1;
-    if (st->reject_status == 503)
+    if (st->reject_status == 503) {
+        st->shed = 1;
         pcr_exchange_overload_refused(st->ex);
-    else if (st->reject_status == 413)
+    } else if (st->reject_status == 413)
         pcr_exchange_error(st->ex, 413, "invalid_request_error", "body_too_large",
                            "request body is larger than limits.max_body_bytes (%zu bytes)",
                            s->w->cfg->limits.max_body_bytes);
@@ -954,12 +957,18 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code,
     if (st == NULL)
         return 0;
     nghttp2_session_set_stream_user_data(ng, id, NULL);
+    /* Refused for memory (reject): once its 503 is out, GOAWAY, so that the connection ends
+     * when its other streams are answered, as an HTTP/1.1 connection does after a 503, and
+     * its session's memory goes with it. */
+    int shed = st->shed && !s->goaway;
     /* Its bytes are freed below, more than the window given back: no budget needed. */
     give_back(s, 0, 0, st->conn_held);
     /* A reset by the client, or the natural end: either way the exchange ends here; if its
      * upstream request is still running it is closed, so the pod stops generating. */
     stream_free(st);
     reserved_trim(s);
+    if (shed)
+        (void)goaway(s); /* awake: it cannot fail */
     if (s->nstreams == 0) {
         pcr_session_set_waiting(&s->base, 1);
         arm_timer(s);
@@ -1511,20 +1520,24 @@ static void on_ready(pcr_sock_t *sock, int err, void *arg) {}
 
 static const pcr_sock_cbs_t h2_sock_cbs = {on_read, on_drain, on_end, on_ready};
 
-static void h2_drain(pcr_session_t *base)
+/* GOAWAY with the last stream we took: the client retries later ones elsewhere. -1 if the
+ * session could not be woken to say it: the caller closes it. */
+static int goaway(h2_sess_t *s)
 {
-    h2_sess_t *s = (h2_sess_t *)base;
-    if (s->lingering)
-        return;
     s->goaway = 1;
-    if (wake(s) != 0) {
-        h2_close(s);
-        return;
-    }
-    /* GOAWAY with the last stream we took: the client retries later ones elsewhere. */
+    if (wake(s) != 0)
+        return -1;
     nghttp2_submit_goaway(s->ng, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(s->ng),
                           NGHTTP2_NO_ERROR, NULL, 0);
     schedule_flush(s);
+    return 0;
+}
+
+static void h2_drain(pcr_session_t *base)
+{
+    h2_sess_t *s = (h2_sess_t *)base;
+    if (!s->lingering && goaway(s) != 0)
+        h2_close(s);
 }
 
 static void h2_force_close(pcr_session_t *base) { h2_close((h2_sess_t *)base); }

@@ -714,6 +714,7 @@ class H2Client:
         self.conn.initiate_connection()
         self.flush()
         self.streams = {}
+        self.goaway = None  # (error code, last stream id) of the server's GOAWAY
 
     def flush(self):
         data = self.conn.data_to_send()
@@ -786,8 +787,17 @@ class H2Client:
                 st["ended"] = True
             elif isinstance(e, ev.StreamReset) and st is not None:
                 st["reset"] = e.error_code
+            elif isinstance(e, ev.ConnectionTerminated):
+                self.goaway = (e.error_code, e.last_stream_id)
         self.flush()
         return True
+
+    def wait_closed(self, timeout=15):
+        """Reads until the server closes the connection (AssertionError past `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while self.pump(min(0.5, max(0.01, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                raise AssertionError("the connection is still open after %ss" % timeout)
 
     def wait(self, pred, timeout=15, what="h2 condition"):
         deadline = time.monotonic() + timeout

@@ -151,6 +151,9 @@ def test_actions_at_each_threshold(stub_factory, router_factory):
                 "the refused stream's answer")
         assert h2.streams[sid]["headers"][":status"] == "503", h2.streams[sid]
         assert json.loads(bytes(h2.streams[sid]["data"]))["error"]["code"] == "memory_pressure"
+        # Then the connection ends, as an HTTP/1.1 one does after its 503: GOAWAY, then close.
+        h2.wait_closed(10)
+        assert h2.goaway is not None and h2.goaway[1] >= sid, h2.goaway
     finally:
         h2.close()
     status, body = small.finish()

@@ -57,7 +57,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     w->evictions_seen = ev;
     pcr_budget_tick(w);
     if (!w->draining)
-        pcr_listeners_pause(w, pcr_mem_action(w->srv, PCR_OVERLOAD_STOP_ACCEPTING));
+        pcr_listeners_pause(w, pcr_mem_action_fresh(w->srv, PCR_OVERLOAD_STOP_ACCEPTING));
 }
 
 static void worker_drain(pcr_worker_t *w)

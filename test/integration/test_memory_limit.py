@@ -469,6 +469,30 @@ def test_the_account_counts_nghttp2s_sessions(stub_factory, router_factory):
              what="the http2 part back where it was (%d) once the connections closed" % before)
 
 
+def test_a_burst_of_connections_is_seen_before_the_tick(stub_factory, router_factory):
+    """The account's tick runs every outlier.probe_ms (here 10 minutes: only the one at start).
+    A burst of h2c connections, each with a stream open, takes nghttp2's part past 95% of the
+    limit between two ticks: each accept reads libevent's and nghttp2's counts afresh, so the
+    listener pauses anyway. Read at the tick alone, they were seen up to 100 ms late: 10,000
+    connections arrive in less."""
+    stub = stub_factory("pod-a")
+    cfg = make_config([stub], admin={"address": "127.0.0.1:0"}, workers=1,
+                      limits={"max_memory_bytes": MiB}, outlier={"probe_ms": 600000},
+                      health={"timeout_ms": 5000, "fall": 10}, timeouts={"client_idle_ms": 60000})
+    r = router_factory(cfg, env=router_env())
+    m = admin_metrics(r)
+    assert accounted(m) < 0.5 * MiB, parts(m)  # the tick at start: far from the limit
+    hs = H2Streams(r.port, per_conn=1, timeout=30)
+    try:
+        for _ in range(128):  # about 14 KiB of nghttp2 each: 1.8 MiB if all were taken
+            hs.open("/v1/completions", b"", end_stream=False, length=1000)
+        wait_for(lambda: (metric(admin_metrics(r), "pcrouter_overload_accept_pauses_total") or 0)
+                 >= 1, 15, what="the listener paused by an accept's fresh account")
+        assert parts(admin_metrics(r))["http2"] == 0  # the tick has not run since the start
+    finally:
+        hs.close()
+
+
 def test_answers_nobody_reads_stay_within_the_limit(stub_factory, router_factory):
     """Zero-window readers of answers that end: 10,000 of them took the account to 2.6 times a
     256 MiB limit, each answer queueing 256 KiB for writing and up to 1 MiB more kept for its

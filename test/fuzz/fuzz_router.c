@@ -106,6 +106,16 @@ pcr_sock_t *fuzz_router_connect(fuzz_router_t *r, int *client_fd)
     return sock;
 }
 
+int fuzz_router_pods_closed(fuzz_router_t *r)
+{
+    for (size_t i = 0; i < pcr_backend_slots(&r->srv); i++) {
+        pcr_backend_t *be = pcr_backend_at(&r->srv, i);
+        if (be != NULL && be->conns != 0)
+            return 0;
+    }
+    return 1;
+}
+
 void fuzz_router_check_accounting(fuzz_router_t *r)
 {
     pcr_server_t *srv = &r->srv;

@@ -40,6 +40,8 @@ void fuzz_router_reset(fuzz_router_t *r);
 /* A new client connection: the router's end, for the target to start its session on, and the
  * client's in *client_fd. */
 pcr_sock_t *fuzz_router_connect(fuzz_router_t *r, int *client_fd);
+/* Whether the router holds no connection to a pod (every backend's count is 0). */
+int fuzz_router_pods_closed(fuzz_router_t *r);
 /* Every count the state machine keeps is back to zero once nothing is left: sessions,
  * requests in flight, body bytes against the budget, the backends' loads and connections,
  * the pools. */

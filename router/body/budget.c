@@ -143,7 +143,8 @@ static void shed_all(pcr_worker_t *w)
 
 void pcr_budget_tick(pcr_worker_t *w)
 {
-    if (!TAILQ_EMPTY(&w->budget_waiters) && pcr_mem_action_fresh(w->srv, PCR_OVERLOAD_REFUSE_REQUESTS)) {
+    if (!TAILQ_EMPTY(&w->budget_waiters) &&
+        pcr_mem_action_fresh(w->srv, PCR_OVERLOAD_REFUSE_REQUESTS)) {
         shed_all(w);
         return;
     }

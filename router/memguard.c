@@ -9,9 +9,7 @@
 #include <inttypes.h>
 
 #include "cpus.h"
-#include "evmem.h"
 #include "log.h"
-#include "memcount.h"
 #include "memguard.h"
 
 /* The limit for the config in force: an explicit number, or "auto"'s share of the cgroup's
@@ -36,12 +34,11 @@ static uint64_t resolve_limit(const pcr_config_t *cfg)
     return limit;
 }
 
-static void account(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT])
+/* Fills every part; returns the sum of those counted as they change (pcr_mem_fresh_parts). */
+static uint64_t account(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT])
 {
     for (int i = 0; i < PCR_MEM__COUNT; i++)
         parts[i] = 0;
-    parts[PCR_MEM_REQUEST_BODIES] = PCR_LOAD(srv->body_buffered);
-    parts[PCR_MEM_RESPONSES] = PCR_LOAD(srv->resp_buffered);
     for (unsigned k = 0; k < srv->nworkers; k++) {
         const pcr_worker_t *w = &srv->workers[k];
         parts[PCR_MEM_INDEX] += PCR_LOAD(w->metrics.index_bytes);
@@ -51,12 +48,7 @@ static void account(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT])
         for (int c = 0; c < PCR_CONN__COUNT; c++)
             parts[PCR_MEM_CONNECTIONS] += PCR_LOAD(w->nconns[c]) * pcr_mem_conn_cost[c];
     }
-    /* Bodies and kept responses are libevent chains too, counted above by their bytes: the
-     * blocks beyond them are what a busy connection holds that its cost leaves out. */
-    uint64_t blocks = pcr_evmem_in_use(), bytes = parts[PCR_MEM_REQUEST_BODIES] +
-                                                 parts[PCR_MEM_RESPONSES];
-    parts[PCR_MEM_BUFFERS] = blocks > bytes ? blocks - bytes : 0;
-    parts[PCR_MEM_HTTP2] = pcr_memcount_sum(PCR_MEMCOUNT_NGHTTP2);
+    return pcr_mem_fresh_parts(srv, parts);
 }
 
 void pcr_memguard_tick(pcr_server_t *srv)
@@ -66,15 +58,14 @@ void pcr_memguard_tick(pcr_server_t *srv)
         PCR_STORE(srv->mem_limit, resolve_limit(srv->cfg));
     }
     uint64_t parts[PCR_MEM__COUNT], total = 0;
-    account(srv, parts);
+    uint64_t fresh = account(srv, parts);
     for (int i = 0; i < PCR_MEM__COUNT; i++) {
         PCR_STORE(srv->mem_parts[i], parts[i]);
         total += parts[i];
     }
     /* What the actions read afresh (memacct.c) is left out of the slow parts. */
-    uint64_t bytes = parts[PCR_MEM_REQUEST_BODIES] + parts[PCR_MEM_RESPONSES];
-    PCR_STORE(srv->mem_slow, total - bytes);
-    PCR_STORE(srv->mem_static, total - bytes - parts[PCR_MEM_BUFFERS] - parts[PCR_MEM_HTTP2]);
+    PCR_STORE(srv->mem_slow, total - parts[PCR_MEM_REQUEST_BODIES] - parts[PCR_MEM_RESPONSES]);
+    PCR_STORE(srv->mem_static, total - fresh);
     uint64_t limit = PCR_LOAD(srv->mem_limit);
     unsigned was = PCR_LOAD(srv->overload);
     unsigned now = pcr_overload_decide(total, limit, was);

@@ -215,6 +215,9 @@ static inline int pcr_mem_action(const pcr_server_t *srv, pcr_overload_action_t 
  * threads' counts, core/memcount.h): for an accept, a request's admission and a body's budget
  * grant, so that a burst of connections or uploads is seen at the next of them. */
 uint64_t pcr_mem_accounted_fresh(const pcr_server_t *srv);
+/* Those parts read now (request_bodies, responses, buffers, http2) into `parts`, the others
+ * left as they are; returns their sum. The tick and the fresh reads share it, so they agree. */
+uint64_t pcr_mem_fresh_parts(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT]);
 unsigned pcr_mem_actions_fresh(const pcr_server_t *srv);
 static inline int pcr_mem_action_fresh(const pcr_server_t *srv, pcr_overload_action_t a)
 {

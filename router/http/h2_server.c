@@ -209,14 +209,14 @@ static int big_find(const h2_sess_t *s, const void *p)
     return -1;
 }
 
+static void ng_free(void *p, void *user);
+
 /* The memory account counts every block nghttp2 holds (memcount.h): a session's state grows
  * with its streams, which no fixed cost per connection follows. A block counts at malloc's
  * usable size, but a big block made at creation (the frame buffer) counts one page: the
  * frames written there are small (DATA goes by reference, on_send_data), so one page is what
  * it holds in RSS, and none once trim_idle gave it back. A header block over a page would
  * touch more: the account errs low by at most the buffer's other pages. */
-static void ng_free(void *p, void *user);
-
 static void *ng_realloc(void *p, size_t n, void *user)
 {
     h2_sess_t *s = user;

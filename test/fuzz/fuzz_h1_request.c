@@ -565,6 +565,8 @@ static void run(h1r_t *t)
                 "the router did not go quiet within %u event-loop turns", TURNS);
 }
 
+static void run_any(void *t) { run(t); }
+
 /* ---- the responses, parsed back -------------------------------------------------------- */
 
 typedef struct {
@@ -915,19 +917,7 @@ static void run_case(const uint8_t *data, size_t size, uint32_t seed, fuzz_buf_t
     }
     FUZZ_CHECKF(t->rt->w.nsessions == 0 && (t->client_eof || t->client_closed),
                 "the client connection was still open after %u s", FINAL_STEPS * FINAL_STEP_MS / 1000);
-    /* The pod closes its connections; the router's idle ones notice. On a loaded machine
-     * the kernel may hand loopback packets to its softirq thread, after the turn that would
-     * have seen them (a FIN, a connection the pod's listener had not taken yet): real time
-     * passes (up to 2 s), the pod closing what it took meanwhile, until the router holds no
-     * pod connection. */
-    fuzz_pods_close(&t->pods);
-    run(t);
-    for (int i = 0; i < 2000 && !fuzz_router_pods_closed(t->rt); i++) {
-        usleep(1000);
-        fuzz_pods_close(&t->pods);
-        run(t);
-    }
-    fuzz_router_check_accounting(t->rt);
+    fuzz_router_end_input(t->rt, &t->pods, run_any, t);
     check_output(t);
     if (out != NULL)
         fuzz_buf_add(out, t->transcript.p, t->transcript.len);

@@ -18,6 +18,7 @@
 #define PCR_FUZZ_ROUTER_H
 
 #include "config.h"
+#include "fuzz_pod.h"
 #include "server.h"
 #include "sock.h"
 #include "worker.h"
@@ -40,8 +41,10 @@ void fuzz_router_reset(fuzz_router_t *r);
 /* A new client connection: the router's end, for the target to start its session on, and the
  * client's in *client_fd. */
 pcr_sock_t *fuzz_router_connect(fuzz_router_t *r, int *client_fd);
-/* Whether the router holds no connection to a pod (every backend's count is 0). */
-int fuzz_router_pods_closed(fuzz_router_t *r);
+/* The end of an input: the pod closes its connections, `run(arg)` (the target's turns until
+ * quiet) lets the router's idle ones notice, then every count is checked
+ * (fuzz_router_check_accounting). */
+void fuzz_router_end_input(fuzz_router_t *r, fuzz_pods_t *pods, void (*run)(void *), void *arg);
 /* Every count the state machine keeps is back to zero once nothing is left: sessions,
  * requests in flight, body bytes against the budget, the backends' loads and connections,
  * the pools. */

@@ -85,17 +85,24 @@ class Upload:
 
 
 def push_to(r, up, fraction, others=()):
-    """Sends the upload's body until the account is `fraction` of the limit, and waits for the
-    router to hold what was sent (the bodies' gauge is read live, the account on its tick)."""
-    m = admin_metrics(r)
-    need = int(fraction * LIMIT) - accounted(m)
-    if need > 0:
-        up.send(need)
-    want = up.sent + sum(o.sent for o in others)
-    wait_for(lambda: (metric(admin_metrics(r), "pcrouter_request_body_buffered_bytes") or 0) >= want,
-             15, what="the router holding %d body bytes" % want)
-    wait_for(lambda: accounted(admin_metrics(r)) >= fraction * LIMIT * 0.99, 15,
-             what="the account at %.0f%% of the limit" % (fraction * 100))
+    """Sends the upload's body a piece at a time until the account is `fraction` of the limit.
+
+    A piece the router takes by reference keeps its read buffer alive: what it holds is up to
+    4x the bytes (PCR_BODY_TAKE_MIN in exchange.h), depending on how the kernel split them into
+    reads. So each piece is a quarter of what is missing, and the account is read again once
+    the router holds it (the bodies' gauge is read live, the account on its tick): it reaches
+    the fraction without passing the next threshold, however the reads fall."""
+    target = fraction * LIMIT
+    while True:
+        m = admin_metrics(r)
+        need = target - accounted(m)
+        if need <= 0.01 * target:
+            return
+        assert up.sent < len(up.body), ("the upload is sent and the account is short", parts(m))
+        up.send(max(need / 4, 8 * KiB))
+        want = up.sent + sum(o.sent for o in others)
+        wait_for(lambda: parts(admin_metrics(r))["request_bodies"] >= want, 15,
+                 what="the account holding %d body bytes" % want)
 
 
 def assert_overloaded(resp):

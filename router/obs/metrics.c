@@ -247,7 +247,6 @@ static void counter(struct evbuffer *out, const char *name, const char *help, ui
 static const char *const phase_names[PCR_PHASE__COUNT] = {"parse", "hash", "match", "cost", "tokenize",
                                                               "total"};
 
-/* Precise mode: the subscriber's counters (0 while it never ran) and the tokenizations. */
 /* The memory account against limits.max_memory_bytes and its overload actions (memacct.h). */
 static void render_memory(const pcr_server_t *srv, struct evbuffer *out)
 {
@@ -282,6 +281,7 @@ static void render_memory(const pcr_server_t *srv, struct evbuffer *out)
             "stop_accepting.", SUM(srv, accept_pauses));
 }
 
+/* Precise mode: the subscriber's counters (0 while it never ran) and the tokenizations. */
 static void render_precise(pcr_worker_t *w, struct evbuffer *out)
 {
     const pcr_server_t *srv = w->srv;

@@ -131,7 +131,8 @@ static void hs_close(pcr_session_t *s) { handshake_free((handshake_t *)s); }
 
 static const pcr_session_ops_t hs_ops = {hs_close, hs_close};
 
-static void start_handshake(struct pcr_listener *lst, int fd)
+static void start_handshake(struct pcr_listener *lst, int fd, const struct sockaddr *peer,
+                            socklen_t peerlen)
 {
     pcr_worker_t *w = lst->w;
     handshake_t *hs = calloc(1, sizeof(*hs));
@@ -150,8 +151,11 @@ static void start_handshake(struct pcr_listener *lst, int fd)
     } else {
         hs->sock = pcr_sock_plain_new(w->base, fd);
     }
-    if (hs->sock != NULL && lst->admin)
-        pcr_sock_set_admin(hs->sock);
+    if (hs->sock != NULL) {
+        pcr_sock_set_peer(hs->sock, peer, peerlen);
+        if (lst->admin)
+            pcr_sock_set_admin(hs->sock);
+    }
     hs->deadline = evtimer_new(w->base, on_hs_deadline, hs);
     if (hs->sock == NULL || hs->deadline == NULL) {
         pcr_sock_free(hs->sock);
@@ -264,7 +268,9 @@ static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
         return;
     }
     for (int i = 0; i < ACCEPT_BATCH; i++) {
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage peer;
+        socklen_t peerlen = sizeof(peer);
+        int fd = accept4(lfd, (struct sockaddr *)&peer, &peerlen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int err = errno;
             if (err == EINTR || err == ECONNABORTED)
@@ -286,9 +292,7 @@ static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
             close(fd);
             continue;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        start_handshake(lst, fd);
+        start_handshake(lst, fd, (const struct sockaddr *)&peer, peerlen);
     }
 }
 
@@ -300,6 +304,9 @@ static int listen_socket(const struct sockaddr *sa, socklen_t len, int reuseport
     if (fd < 0)
         goto fail;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    /* Linux gives an accepted socket the listener's TCP_NODELAY: one call here, none per
+     * connection. */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0)
         goto fail;
     if (bind(fd, sa, len) != 0 || listen(fd, 4096) != 0)

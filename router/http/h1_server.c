@@ -267,6 +267,8 @@ static void op_send_end(pcr_exchange_t *ex)
     if (s->chunked && !s->head_only)
         evbuffer_add(pcr_sock_output(s->sock), "0\r\n\r\n", 5);
     pcr_sock_flush_soon(s->sock); /* written before on_advance runs: it was queued first */
+    if (s->closing && (!s->linger || s->draining))
+        pcr_sock_last_write(s->sock); /* on_advance closes, without lingering */
     event_active(&s->advance, 0, 0);
 }
 

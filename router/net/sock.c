@@ -64,6 +64,7 @@ void pcr_sock_flush_soon(pcr_sock_t *s) { s->ops->flush_soon(s); }
 size_t pcr_sock_pending(const pcr_sock_t *s) { return s->ops->pending(s); }
 
 void pcr_sock_idle(pcr_sock_t *s, int idle) { s->ops->idle(s, idle); }
+void pcr_sock_last_write(pcr_sock_t *s) { s->ops->last_write(s); }
 
 void pcr_sock_want_drain(pcr_sock_t *s, size_t low)
 {
@@ -92,24 +93,30 @@ int pcr_sock_alpn_h2(const pcr_sock_t *s) { return s->alpn_h2; }
 void pcr_sock_set_admin(pcr_sock_t *s) { s->admin = 1; }
 int pcr_sock_admin(const pcr_sock_t *s) { return s->admin; }
 
+void pcr_sock_set_peer(pcr_sock_t *s, const struct sockaddr *sa, socklen_t len)
+{
+    char host[INET6_ADDRSTRLEN];
+    snprintf(s->peer, sizeof(s->peer), "-");
+    if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
+        if (inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host)))
+            snprintf(s->peer, sizeof(s->peer), "[%s]:%u", host, ntohs(a->sin6_port));
+    } else if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+        if (inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host)))
+            snprintf(s->peer, sizeof(s->peer), "%s:%u", host, ntohs(a->sin_port));
+    }
+}
+
 const char *pcr_sock_peer(pcr_sock_t *s)
 {
     if (s->peer[0] != '\0')
         return s->peer;
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
-    char host[INET6_ADDRSTRLEN];
-    snprintf(s->peer, sizeof(s->peer), "-");
-    if (s->fd < 0 || getpeername(s->fd, (struct sockaddr *)&ss, &len) != 0)
-        return s->peer;
-    if (ss.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
-        if (inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host)))
-            snprintf(s->peer, sizeof(s->peer), "[%s]:%u", host, ntohs(a->sin6_port));
-    } else if (ss.ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
-        if (inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host)))
-            snprintf(s->peer, sizeof(s->peer), "%s:%u", host, ntohs(a->sin_port));
-    }
+    if (s->fd >= 0 && getpeername(s->fd, (struct sockaddr *)&ss, &len) == 0)
+        pcr_sock_set_peer(s, (const struct sockaddr *)&ss, len);
+    else
+        snprintf(s->peer, sizeof(s->peer), "-");
     return s->peer;
 }

@@ -135,11 +135,18 @@ void pcr_sock_set_write_timeout(pcr_sock_t *s, unsigned ms);
  * not read yet (a lingering close). TLS sends no close_notify. */
 void pcr_sock_shutdown_write(pcr_sock_t *s);
 
+/* Nothing more will be written, and the socket is freed once pending() is 0 (a close that does
+ * not linger). TLS queues its close_notify behind what is pending: one send carries both,
+ * instead of a second one at the free. Nothing for a plain socket. */
+void pcr_sock_last_write(pcr_sock_t *s);
+
 int pcr_sock_is_tls(const pcr_sock_t *s);
 /* TLS: 1 when ALPN selected "h2". */
 int pcr_sock_alpn_h2(const pcr_sock_t *s);
 /* The peer's address as text ("127.0.0.1:5555"), "-" when unknown. */
 const char *pcr_sock_peer(pcr_sock_t *s);
+/* The peer's address as accept(2) gave it: pcr_sock_peer() then needs no getpeername(2). */
+void pcr_sock_set_peer(pcr_sock_t *s, const struct sockaddr *sa, socklen_t len);
 /* Accepted on the admin listener (conn.c marks it): it is answered /metrics and /health only. */
 void pcr_sock_set_admin(pcr_sock_t *s);
 int pcr_sock_admin(const pcr_sock_t *s);
@@ -166,6 +173,7 @@ typedef struct {
     void (*want_drain)(pcr_sock_t *s);
     void (*set_write_timeout)(pcr_sock_t *s);
     void (*idle)(pcr_sock_t *s, int idle);
+    void (*last_write)(pcr_sock_t *s);
 } pcr_sock_ops_t;
 
 struct pcr_sock {
@@ -180,7 +188,7 @@ struct pcr_sock {
     int drain_wanted;
     unsigned write_timeout_ms;
     int admin;                  /* accepted on the admin listener */
-    char peer[64];              /* filled on first use */
+    char peer[64];              /* filled at accept, or on first use */
 };
 
 #endif

@@ -431,10 +431,12 @@ static void plain_set_write_timeout(pcr_sock_t *s)
         arm_write(p, 1);
 }
 
+static void plain_last_write(pcr_sock_t *s) {}
+
 static const pcr_sock_ops_t plain_ops = {
     plain_free,  plain_read_start, plain_read_stop,  plain_input,
     plain_output, plain_pending,   plain_flush,      plain_flush_soon,
-    plain_want_drain, plain_set_write_timeout, plain_idle,
+    plain_want_drain, plain_set_write_timeout, plain_idle, plain_last_write,
 };
 
 static plain_t *plain_make(struct event_base *base, int fd)

@@ -485,8 +485,9 @@ static void tls_free(pcr_sock_t *s)
      * one, otherwise sees a truncated stream, and an OpenSSL client then drops the TLS 1.3
      * session ticket it was given. One non-blocking attempt (the inner socket writes what it
      * holds as it is freed), only on a connection whose handshake finished and that saw no
-     * TLS error. */
-    if (!t->handshaking && !t->failed && SSL_is_init_finished(t->ssl)) {
+     * TLS error, unless tls_last_write sent it already. */
+    if (!t->handshaking && !t->failed && SSL_is_init_finished(t->ssl) &&
+        !(SSL_get_shutdown(t->ssl) & SSL_SENT_SHUTDOWN)) {
         (void)SSL_shutdown(t->ssl);
         inner_flush(t);
     }
@@ -584,9 +585,24 @@ static void tls_idle(pcr_sock_t *s, int idle)
     pcr_sock_idle(t->inner, idle);
 }
 
+/* close_notify now, behind the records of what the owner wrote (encrypted first), on the
+ * connection as tls_free would send it: the inner socket's next write carries both. */
+static void tls_last_write(pcr_sock_t *s)
+{
+    tls_t *t = (tls_t *)s;
+    if (t->handshaking || t->failed || t->ended || !SSL_is_init_finished(t->ssl))
+        return;
+    if (out_len(t) > 0 && tls_encrypt(t) != 0)
+        return;
+    (void)SSL_shutdown(t->ssl);
+    ERR_clear_error();
+    pcr_sock_flush_soon(t->inner);
+}
+
 static const pcr_sock_ops_t tls_ops = {
     tls_free, tls_read_start, tls_read_stop, tls_input,
     tls_output, tls_pending, tls_flush, tls_flush_soon, tls_want_drain, tls_set_write_timeout, tls_idle,
+    tls_last_write,
 };
 
 /* A TLS socket over `inner` (taken: freed on failure, as `ssl` is). */

@@ -61,6 +61,7 @@ def test_json_lines_carry_every_field(stub_factory, router_factory, tmp_path):
     rc, _ = s.finish()
     assert rc == 0
     raw = RawConn(r.port)
+    raw_addr = "127.0.0.1:%d" % raw.sock.getsockname()[1]
     raw.send(b"GET /nowhere/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n")
     assert raw.read_response()[0] == 404
     raw.close()
@@ -74,6 +75,7 @@ def test_json_lines_carry_every_field(stub_factory, router_factory, tmp_path):
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", o["time"]), o["time"]
         assert re.fullmatch(r"127\.0\.0\.1:\d+", o["client"]), o["client"]
     a, b, c, d = objs
+    assert d["client"] == raw_addr, (d["client"], raw_addr)   # the connection's own address
     assert (a["protocol"], b["protocol"]) == ("HTTP/1.1", "HTTP/2")
     assert a["method"] == "POST" and a["path"] == "/v1/completions" and a["status"] == 200
     assert a["model"] == "stub-model" and a["backend"] == "pod-a" and a["route"] == "cold"

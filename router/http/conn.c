@@ -82,7 +82,8 @@ static void handshake_done(handshake_t *hs, int h2)
     pcr_sock_t *sock = hs->sock;
     hs->sock = NULL;
     handshake_free(hs);
-    pcr_sock_read_stop(sock);
+    /* The socket goes on reading: the session sets its callbacks before the loop runs again.
+     * Stopping here and starting again there would cost an epoll_ctl at the next turn. */
     int rc = h2 ? pcr_h2_session_start(w, sock) : pcr_h1_session_start(w, sock);
     if (rc < 0)
         pcr_sock_free(sock);

@@ -190,15 +190,19 @@ void pcr_worker_release(pcr_worker_t *w)
  * Under load, a loop that wakes for each event as it comes pays for every one a wait, a wake-up
  * and, batched, a submit of its own: on a VM, where a system call and a wake-up are dear, that
  * is a good part of a request's cost. When the last wait found two sockets or more readable
- * within batch_wait_us of starting (a steady flow), the worker sleeps that long before the next
- * wait, which then returns what came meanwhile, handled in one turn: at most batch_wait_us of
- * latency a turn. A wait that blocked longer, or found one event (a single client taking turns
- * with its pod), ends the stretch: light load gets no added latency. Never while a busy turn's
- * writes wait for the next turn's reads. */
+ * within batch_wait_us of starting (a steady flow), the worker sleeps before the next wait,
+ * which then returns what came meanwhile, handled in one turn: batch_wait_us for each readable
+ * socket past the first, GATHER_MAX of them at most. A wait that blocked longer, or found one
+ * event (a single client taking turns with its pod), ends the stretch: light load gets no added
+ * latency. Never while a busy turn's writes wait for the next turn's reads. */
 typedef struct {
     uint64_t since; /* when the last wait began (us) */
-    int dense;      /* it found two readable sockets or more within batch_wait_us */
+    unsigned dense; /* 0, or how many batch_wait_us the next sleep lasts (GATHER_MAX at most) */
 } gather_t;
+
+/* Full load gathers several sockets a turn and sleeps up to this many batch_wait_us; a moderate
+ * rate, two a turn, one. Twice as long let a closed-loop load wait on the sleep. */
+#define GATHER_MAX 4
 
 static void gather_before(pcr_worker_t *w, gather_t *g, int writes_wait)
 {
@@ -208,7 +212,7 @@ static void gather_before(pcr_worker_t *w, gather_t *g, int writes_wait)
         return;
     }
     if (g->dense && !writes_wait) {
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)us * 1000};
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)us * g->dense * 1000};
         (void)nanosleep(&ts, NULL); /* a signal cuts it short: the wait goes on at once */
         PCR_INC(w->metrics.batch_waits);
     }
@@ -221,7 +225,9 @@ static void gather_after(pcr_worker_t *w, gather_t *g, int writes_wait)
         return; /* a look without sleep, in the middle of a busy stretch: it says nothing */
     unsigned us = w->cfg->batch_wait_us;
     unsigned readable = pcr_sock_readable_take();
-    g->dense = us > 0 && readable >= 2 && pcr_now_us() - g->since < us;
+    g->dense = 0;
+    if (us > 0 && readable >= 2 && pcr_now_us() - g->since < us)
+        g->dense = readable - 1 < GATHER_MAX ? readable - 1 : GATHER_MAX;
 }
 
 static void *worker_main(void *arg)

@@ -588,7 +588,7 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
             "Submits that carried the writes a busy loop turn left with the next turn's reads.",
             SUM(srv, io_merged));
     counter(out, "pcrouter_batch_waits_total",
-            "Times a busy worker let events gather for batch_wait_us before looking for them.",
+            "Times a busy worker let events gather (one to four batch_wait_us) before looking for them.",
             SUM(srv, batch_waits));
 
     /* Every worker holds a replica of the index: the memory is their sum. */

@@ -90,8 +90,8 @@ def push_to(r, up, fraction, others=()):
     A piece the router takes by reference keeps its read buffer alive: what it holds is up to
     4x the bytes (PCR_BODY_TAKE_MIN in exchange.h), depending on how the kernel split them into
     reads. So each piece is a quarter of what is missing, and the account is read again once
-    the router holds it (the bodies' gauge is read live, the account on its tick): it reaches
-    the fraction without passing the next threshold, however the reads fall."""
+    its tick shows the piece held: it reaches the fraction without passing the next threshold,
+    however the reads fall."""
     target = fraction * LIMIT
     while True:
         m = admin_metrics(r)

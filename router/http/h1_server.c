@@ -169,6 +169,10 @@ static const char *reason_phrase(int status)
 
 static h1_sess_t *sess_of(pcr_exchange_t *ex) { return pcr_exchange_session(ex); }
 
+/* A connection that is closing closes once its answer is out, without lingering, unless the
+ * request was rejected (close_written); op_send_end sends close_notify with the answer then. */
+static int close_at_once(const h1_sess_t *s) { return !s->linger || s->draining; }
+
 /* ---- response ops -------------------------------------------------------------------- */
 
 static char *put(char *p, const char *src, size_t n)
@@ -267,7 +271,7 @@ static void op_send_end(pcr_exchange_t *ex)
     if (s->chunked && !s->head_only)
         evbuffer_add(pcr_sock_output(s->sock), "0\r\n\r\n", 5);
     pcr_sock_flush_soon(s->sock); /* written before on_advance runs: it was queued first */
-    if (s->closing && (!s->linger || s->draining))
+    if (s->closing && close_at_once(s))
         pcr_sock_last_write(s->sock); /* on_advance closes, without lingering */
     event_active(&s->advance, 0, 0);
 }
@@ -733,7 +737,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 /* The answer is out: close, or half-close and linger after a rejected request. */
 static void close_written(h1_sess_t *s)
 {
-    if (!s->linger || s->draining) {
+    if (close_at_once(s)) {
         h1_close(s);
         return;
     }

@@ -823,12 +823,16 @@ def parse_args():
                     help="also the latency each proxy adds at a moderate, fixed rate: RPS "
                          "requests a second in all from 16 clients (h2load --rps), against "
                          "the direct row")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="with --latency: skip the full-speed runs (and their targets)")
     ap.add_argument("--json", default=os.path.join(OUT_DIR, "proxies.json"))
     a = ap.parse_args()
     a.modes = ["tls", "tls-pods"] if a.tls and a.modes == "plain" else \
         [x for x in a.modes.split(",") if x]
     if not a.modes or set(a.modes) - set(MODES):
         ap.error("--modes: some of %s, comma-separated" % ", ".join(MODES))
+    if a.latency_only and not a.latency:
+        ap.error("--latency-only needs --latency RPS")
     a.threads = [x for x in a.threads.split(",") if x]
     if not a.threads or set(a.threads) - {"1", "default"}:
         ap.error("--threads: 1, default or both")
@@ -1043,7 +1047,7 @@ def run(b, args, anomalies, notes):
 
     protos = tuple(p for p in ("h1", "h2") if p in args.protos)
     summaries, all_results, pairs = {}, {}, []
-    for size in args.bodies:
+    for size in [] if args.latency_only else args.bodies:
         set_body(b, size)
         for t in targets:
             if t.name != "direct":
@@ -1236,7 +1240,26 @@ def run_latency(b, args, targets, anomalies):
                   "%s" % (b.proto_label(proto), threads, b.pin, a["added_p50_ms"],
                           a["added_p99_ms"], h["added_p50_ms"], h["added_p99_ms"],
                           "met" if met else "missed"))
+            paired_latency(a, h, "pcrouter")
+            # The variants (--before, batch_wait_us 0, ...) against the same HAProxy rows.
+            if pcr == "pcrouter":
+                for t in targets:
+                    v = out.get(t.name, {}).get(proto)
+                    if t.name.startswith("pcrouter_") and t.name != "pcrouter_w0" and v:
+                        paired_latency(v, h, t.label)
     return out
+
+
+def paired_latency(a, h, label):
+    """a's p50 and p99 less HAProxy's, paired by repetition: the two ran back to back, so the
+    machine's drift over the run cancels (direct's figure too). Negative: `a` adds less."""
+    hr = {r["rep"]: r for r in h["runs"]}
+    for q in ("p50_ms", "p99_ms"):
+        d = [r[q] - hr[r["rep"]][q] for r in a["runs"] if r["rep"] in hr]
+        if d:
+            print("    %s, %s less HAProxy, paired: median %+.3f ms; at or below in %d of %d "
+                  "repetitions" % (q[:3], label, statistics.median(d), sum(x <= 0 for x in d),
+                                   len(d)))
 
 
 def run_idle_rows(b, args, targets, anomalies):

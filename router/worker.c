@@ -194,11 +194,24 @@ void pcr_worker_release(pcr_worker_t *w)
  * which then returns what came meanwhile, handled in one turn: batch_wait_us for each readable
  * socket past the first, GATHER_MAX of them at most. A wait that blocked longer, or found one
  * event (a single client taking turns with its pod), ends the stretch: light load gets no added
- * latency. Never while a busy turn's writes wait for the next turn's reads. */
+ * latency. Never while a busy turn's writes wait for the next turn's reads.
+ *
+ * Only a busy worker gathers: one whose thread ran batch_wait_busy of the time or more over the
+ * last GATHER_SAMPLE_US, the time it slept to gather left out (so that gathering, which makes a
+ * worker run less, does not turn itself off). Below that, CPU is not what limits the worker, and
+ * a sleep would only delay the bursts a moderate rate brings (clients that fire together). */
 typedef struct {
-    uint64_t since; /* when the last wait began (us) */
-    unsigned dense; /* 0, or how many batch_wait_us the next sleep lasts (GATHER_MAX at most) */
+    uint64_t since;   /* when the last wait began (us) */
+    unsigned dense;   /* 0, or how many batch_wait_us the next sleep lasts (GATHER_MAX at most) */
+    int busy;         /* the last sample found the worker busy (batch_wait_busy or more) */
+    uint64_t sampled; /* when it was taken (us, monotonic) */
+    uint64_t cpu;     /* the thread's CPU time then (us) */
+    uint64_t slept;   /* time slept to gather since (us) */
 } gather_t;
+
+/* A sample every 10 ms: a hundred clock_gettime calls a second, and a load that rises or falls
+ * changes the worker's mind within that. */
+#define GATHER_SAMPLE_US 10000
 
 /* Full load gathers several sockets a turn and sleeps up to this many batch_wait_us; a moderate
  * rate, two a turn, one. Twice as long let a closed-loop load wait on the sleep. */
@@ -213,10 +226,40 @@ static void gather_before(pcr_worker_t *w, gather_t *g, int writes_wait)
     }
     if (g->dense && !writes_wait) {
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)us * g->dense * 1000};
+        uint64_t t0 = pcr_now_us();
         (void)nanosleep(&ts, NULL); /* a signal cuts it short: the wait goes on at once */
         PCR_INC(w->metrics.batch_waits);
+        g->since = pcr_now_us();
+        g->slept += g->since - t0;
+        return;
     }
     g->since = pcr_now_us();
+}
+
+static uint64_t thread_cpu_us(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* The worker's CPU time since the last sample against the clock's, less its sleeps
+ * (pcrouter_worker_cpu_seconds_total counts the CPU time): is it busy enough to gather? */
+static void gather_sample(pcr_worker_t *w, gather_t *g, uint64_t now)
+{
+    if (now - g->sampled < GATHER_SAMPLE_US)
+        return;
+    uint64_t cpu = thread_cpu_us();
+    uint64_t ran = cpu > g->cpu ? cpu - g->cpu : 0;
+    uint64_t awake = now - g->sampled > g->slept ? now - g->sampled - g->slept : 0;
+    double share = w->cfg->batch_wait_busy; /* 0: gather whatever the load */
+    if (g->sampled != 0) /* the first sample: the thread's start is not a load */
+        PCR_ADD(w->metrics.cpu_us, ran);
+    g->busy = share <= 0 || (g->sampled != 0 && (double)ran >= share * (double)awake);
+    g->sampled = now;
+    g->cpu = cpu;
+    g->slept = 0;
 }
 
 static void gather_after(pcr_worker_t *w, gather_t *g, int writes_wait)
@@ -225,8 +268,10 @@ static void gather_after(pcr_worker_t *w, gather_t *g, int writes_wait)
         return; /* a look without sleep, in the middle of a busy stretch: it says nothing */
     unsigned us = w->cfg->batch_wait_us;
     unsigned readable = pcr_sock_readable_take();
+    uint64_t now = pcr_now_us();
+    gather_sample(w, g, now);
     g->dense = 0;
-    if (us > 0 && readable >= 2 && pcr_now_us() - g->since < us)
+    if (us > 0 && g->busy && readable >= 2 && now - g->since < us)
         g->dense = readable - 1 < GATHER_MAX ? readable - 1 : GATHER_MAX;
 }
 
@@ -241,7 +286,7 @@ static void *worker_main(void *arg)
     if (w->cfg->io_uring && rc != 0 && w->id == 0)
         pcr_log_warn("io_uring: no ring (%s): every socket read and write is a system call of "
                      "its own", strerror(-rc));
-    gather_t g = {0, 0};
+    gather_t g = {0};
     /* The thread's timers to the microsecond: the default slack (50 us) would make a sleep of
      * batch_wait_us up to three times as long. */
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);

@@ -337,6 +337,7 @@ static const field_t root_fields[] = {
     F_INT(pcr_config_t, workers, FT_UINT, 0, 256),
     F_OF(pcr_config_t, io_uring, FT_BOOL, 0),
     F_INT(pcr_config_t, batch_wait_us, FT_UINT, 0, 1000),
+    F_DBL(pcr_config_t, batch_wait_busy, 0.0, 1.0),
     F_SECTION(routing, routing_fields),
     F_SECTION(limits, limits_fields),
     F_SECTION(timeouts, timeouts_fields),
@@ -1136,6 +1137,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
     pcr_policy_opts_default(&po);
     cfg->io_uring = 1;
     cfg->batch_wait_us = 25;
+    cfg->batch_wait_busy = 0.5;
     cfg->routing = (pcr_routing_conf_t){
         .policy = po.kind, .block_bytes = po.block_bytes, .max_prefix_bytes = po.max_prefix_bytes,
         .index_max_bytes = po.index_max_bytes, .load_factor = po.load_factor,

@@ -274,6 +274,7 @@ typedef struct {
     unsigned workers;              /* event-loop threads; 0 (default) = one per core */
     int io_uring;                  /* batch each worker's socket calls through io_uring, default 1 */
     unsigned batch_wait_us;        /* a busy worker lets events gather this long, default 25 */
+    double batch_wait_busy;        /* ... busy: this share of a core or more, default 0.5 */
     pcr_routing_conf_t routing;
     pcr_limits_conf_t limits;
     pcr_timeouts_conf_t timeouts;

@@ -114,6 +114,7 @@ typedef struct {
     uint64_t io_ops;                             /* the reads and writes in them */
     uint64_t io_merged;                          /* submits with a turn's writes and the next reads */
     uint64_t batch_waits;                        /* sleeps of batch_wait_us before a wait */
+    uint64_t cpu_us;                             /* the worker thread's CPU time, sampled */
     uint64_t tokenize_calls;                     /* precise mode: tokenizations asked of pods */
     uint64_t tokenize_failures[4];               /* ... that gave no tokens: timeout, error,
                                                     bad answer, no pod */

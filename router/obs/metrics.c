@@ -590,6 +590,10 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_batch_waits_total",
             "Times a busy worker let events gather (one to four batch_wait_us) before looking for them.",
             SUM(srv, batch_waits));
+    HEADER(out, "pcrouter_worker_cpu_seconds_total", "counter",
+           "CPU time of the worker threads, read every 10 ms of their loops (batch_wait_busy).");
+    evbuffer_add_printf(out, "pcrouter_worker_cpu_seconds_total %.6f\n",
+                        (double)SUM(srv, cpu_us) / 1e6);
 
     /* Every worker holds a replica of the index: the memory is their sum. */
     HEADER(out, "pcrouter_index_bytes", "gauge", "Memory held by the prefix index, all worker replicas.");

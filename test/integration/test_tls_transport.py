@@ -192,7 +192,8 @@ def test_tls_sockets_are_batched_and_counted(pki, stub_factory, router_factory):
     pods = [_pod(stub_factory, pki, name) for name in ("p0", "p1")]
     r = router_factory(make_config([_backend(p, ca_file=pki["ca.pem"]) for p in pods],
                                    tls=(pki["pod.pem"], pki["pod.key"]), workers=1,
-                                   batch_wait_us=1000, health={"interval_ms": 60000},
+                                   batch_wait_us=1000, batch_wait_busy=0,
+                                   health={"interval_ms": 60000},
                                    log={"access_log": False}))
     ctx = client_ctx()
     text = get_metrics(r)

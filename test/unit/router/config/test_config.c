@@ -175,6 +175,7 @@ static void test_full_config_is_the_defaults(void)
         PCR_CHECK_EQ_INT(min->io_uring, 1);
         PCR_CHECK_EQ_INT(full->batch_wait_us, min->batch_wait_us);
         PCR_CHECK_EQ_INT(min->batch_wait_us, 25);
+        PCR_CHECK(full->batch_wait_busy == min->batch_wait_busy);
         PCR_CHECK_EQ_INT(full->dns.nnameservers, min->dns.nnameservers);
         PCR_CHECK_EQ_INT(full->dns.timeout_ms, min->dns.timeout_ms);
         PCR_CHECK(memcmp(&full->scrape, &min->scrape, sizeof full->scrape) == 0);
@@ -430,6 +431,30 @@ static void test_batch_wait_us_bounds(void)
                 "t.json:3:18: batch_wait_us: must be between 0 and 1000, got -1");
 }
 
+/* batch_wait_busy: a share of a core, half by default; 0 gathers whatever the load. */
+static void test_batch_wait_busy_bounds(void)
+{
+    char *errors = NULL;
+    pcr_config_t *dflt = parse(HEAD "'workers': 1}", &errors);
+    pcr_config_t *off = parse(HEAD "'batch_wait_busy': 0}", &errors);
+    pcr_config_t *most = parse(HEAD "'batch_wait_busy': 1}", &errors);
+    PCR_CHECK(dflt != NULL && off != NULL && most != NULL && errors == NULL);
+    if (dflt != NULL && off != NULL && most != NULL) {
+        PCR_CHECK(dflt->batch_wait_busy == 0.5);
+        PCR_CHECK(off->batch_wait_busy == 0.0);
+        PCR_CHECK(most->batch_wait_busy == 1.0);
+    }
+    pcr_config_free(dflt);
+    pcr_config_free(off);
+    pcr_config_free(most);
+    CHECK_ERROR(HEAD "'batch_wait_busy': 1.5}",
+                "t.json:3:20: batch_wait_busy: must be between 0 and 1, got 1.5");
+    CHECK_ERROR(HEAD "'batch_wait_busy': -0.1}",
+                "t.json:3:20: batch_wait_busy: must be between 0 and 1, got -0.1");
+    CHECK_ERROR(HEAD "'batch_wait_busy': '0.5'}",
+                "t.json:3:20: batch_wait_busy: expected number, got string \"0.5\"");
+}
+
 /* The sharing keeps its own copy of its settings; a reload compares them. */
 static void test_redis_conf_copy_and_equal(void)
 {
@@ -673,7 +698,7 @@ static void test_error_unknown_keys(void)
                 "t.json:1:1: $: missing required key \"backends\" (or \"discovery\"): at least one "
                 "backend or discovery entry is needed\n"
                 "t.json:2:1: backend: unknown key \"backend\"; did you mean \"backends\"? "
-                "(allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)");
+                "(allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, batch_wait_busy, routing, limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)");
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
@@ -982,7 +1007,7 @@ static void test_multiple_errors_all_reported_in_order(void)
         "t.json:4:23: routing.policy: unknown policy \"x\"; expected one of round_robin, least_loaded, "
         "consistent_hash, cache_aware, random\n"
         "t.json:4:38: routing.vnodes: expected integer, got string \"y\"\n"
-        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
+        "t.json:5:1: extra: unknown key \"extra\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, batch_wait_busy, routing, limits, timeouts, "
         "upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)\n";
     PCR_CHECK_STR(e, want);
     free(e);
@@ -1010,7 +1035,7 @@ static void test_positions_survive_awkward_text(void)
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a', 'models': [[[[]], []], 'm']}],\n"
                 "'x': 1}",
                 "t.json:2:58: backends[0].models[0]: expected string, got array\n"
-                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, limits, timeouts, "
+                "t.json:3:1: x: unknown key \"x\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, batch_wait_busy, routing, limits, timeouts, "
                 "upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)");
 }
 
@@ -1018,7 +1043,7 @@ static void test_positions_survive_awkward_text(void)
 static void test_error_lines_stay_one_line(void)
 {
     CHECK_ERROR(HEAD "'a\\nb': 1}",
-                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, routing, "
+                "t.json:3:1: a\\x0ab: unknown key \"a\\u000ab\" (allowed: listen, backends, discovery, dns, workers, io_uring, batch_wait_us, batch_wait_busy, routing, "
                 "limits, timeouts, upstream, health, scrape, outlier, log, admin, redis, pd, auth, tenants, flow_control)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a\\tb', 'url': 'http://a'}]}",
                 "t.json:2:23: backends[0].name: must not contain control characters, got \"a\\u0009b\"");
@@ -1097,6 +1122,7 @@ int main(void)
     PCR_RUN(test_roles_and_pd);
     PCR_RUN(test_error_out_of_range);
     PCR_RUN(test_batch_wait_us_bounds);
+    PCR_RUN(test_batch_wait_busy_bounds);
     PCR_RUN(test_multiple_errors_all_reported_in_order);
     PCR_RUN(test_positions_survive_awkward_text);
     PCR_RUN(test_error_lines_stay_one_line);

@@ -136,7 +136,8 @@ bench-proxies-tls: deps-bench build
 	$(PY) bench/proxies.py --build $(BUILD) --modes tls --idle 10000 --reps 1 --duration 1 \
 		--only pcrouter,haproxy,pcrouter_w0,haproxy_default --json bench/out/proxies-idle.json
 	$(PY) bench/proxies.py --build $(BUILD) --modes plain,tls --pin none --latency 4000 \
-		--only direct,haproxy,pcrouter --no-two-threads --bodies 2048 \
+		--latency-only --only direct,haproxy,pcrouter --no-two-threads \
+		$(if $(filter-out 0,$(QUICK)),,--reps 15 --duration 4) --bodies 2048 \
 		--json bench/out/proxies-latency.json
 
 # WORKLOAD=shared_prefix|chat|agentic|conversation|mooncake|all [LOAD=light|knee|past],

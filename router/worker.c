@@ -236,21 +236,13 @@ static void gather_before(pcr_worker_t *w, gather_t *g, int writes_wait)
     g->since = pcr_now_us();
 }
 
-static uint64_t thread_cpu_us(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* The worker's CPU time since the last sample against the clock's, less its sleeps
  * (pcrouter_worker_cpu_seconds_total counts the CPU time): is it busy enough to gather? */
 static void gather_sample(pcr_worker_t *w, gather_t *g, uint64_t now)
 {
     if (now - g->sampled < GATHER_SAMPLE_US)
         return;
-    uint64_t cpu = thread_cpu_us();
+    uint64_t cpu = pcr_thread_cpu_us();
     uint64_t ran = cpu > g->cpu ? cpu - g->cpu : 0;
     uint64_t awake = now - g->sampled > g->slept ? now - g->sampled - g->slept : 0;
     double share = w->cfg->batch_wait_busy; /* 0: gather whatever the load */

@@ -1,7 +1,7 @@
 /* router/net/tls.c: the TLS contexts (OpenSSL 3). Server side: certificate and key from the
  * config, TLS 1.2 or newer, and ALPN that prefers h2 and falls back to http/1.1. Client side (to
  * the pods): verification on unless turned off, an optional client certificate for mutual TLS,
- * SNI, and the last session resumed by the next connection. */
+ * SNI, and the last session resumed by every next connection. */
 #include <arpa/inet.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -53,9 +53,15 @@ fail:
 
 /* ---- the client side: TLS to the pods -------------------------------------------------- */
 
-/* The last session a context's connections were given, resumed by the next connection: one
+/* The last session a context's connections were given, resumed by every next connection: one
  * per context (a backend), guarded, since every worker connects with the same context. It
- * lives in the context's ex_data and goes with the context's last reference. */
+ * lives in the context's ex_data and goes with the context's last reference.
+ *
+ * It is a private copy, and each connection gets a copy of it: OpenSSL marks a session it
+ * resumed with TLS 1.3 (or one whose connection ended badly) not resumable, and that flag is
+ * on the object. Shared, the first connection to finish its handshake would stop the others
+ * still building their hello from resuming. HAProxy keeps its servers' sessions serialized and
+ * rebuilds one per connection, for the same reason. */
 typedef struct {
     pthread_mutex_t lock;
     SSL_SESSION *last;
@@ -80,19 +86,22 @@ static void sessions_index(void)
     sessions_idx = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, sessions_free);
 }
 
-/* A new session (after the handshake with TLS 1.2, with each ticket with TLS 1.3): kept as
- * the one to resume. Returning 1 keeps the reference OpenSSL gave. */
+/* A new session (after the handshake with TLS 1.2, with each ticket with TLS 1.3): a copy is
+ * kept as the one to resume. Returning 0 leaves OpenSSL's reference to OpenSSL. */
 static int on_new_session(SSL *ssl, SSL_SESSION *sess)
 {
     client_sessions_t *s = SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), sessions_idx);
     if (s == NULL || !SSL_SESSION_is_resumable(sess))
         return 0;
+    SSL_SESSION *copy = SSL_SESSION_dup(sess);
+    if (copy == NULL)
+        return 0; /* the next connection makes a full handshake */
     pthread_mutex_lock(&s->lock);
     SSL_SESSION *old = s->last;
-    s->last = sess;
+    s->last = copy;
     pthread_mutex_unlock(&s->lock);
     SSL_SESSION_free(old);
-    return 1;
+    return 0;
 }
 
 static void set_err(char *err, size_t errlen, const char *what, const char *file)
@@ -170,9 +179,12 @@ SSL *pcr_tls_client_ssl_new(SSL_CTX *ctx, const char *name, int verify)
     client_sessions_t *s = SSL_CTX_get_ex_data(ctx, sessions_idx);
     if (ok && s != NULL) {
         pthread_mutex_lock(&s->lock);
-        if (s->last != NULL)
-            SSL_set_session(ssl, s->last); /* takes its own reference */
+        SSL_SESSION *copy = s->last != NULL ? SSL_SESSION_dup(s->last) : NULL;
         pthread_mutex_unlock(&s->lock);
+        if (copy != NULL) {
+            SSL_set_session(ssl, copy); /* takes its own reference */
+            SSL_SESSION_free(copy);
+        }
     }
     if (!ok) {
         SSL_free(ssl);

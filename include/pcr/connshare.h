@@ -8,9 +8,11 @@
  * connections of each pool (the reserve, `upstream.light_reserve_pct` of its bound) are kept for
  * light clients, those holding fewer requests on pod connections than the reserve counts
  * connections, while one may need them: from the time a light client found no free connection
- * but the reserve's (pcr_light_needed) for PCR_LIGHT_KEEP_MS. Until a light client needs it
- * the reserve is lent to whoever asks, so a heavy client alone keeps all of the pod's
- * concurrency; once one did, a heavy client's requests past the rest wait in the queue.
+ * but a reserve's (pcr_light_needed), on any pod and worker, for PCR_LIGHT_KEEP_MS, every
+ * pool keeps its reserve. Until a light client needs one the reserve is lent to whoever asks,
+ * so a heavy client alone keeps all of the pod's concurrency; once one did, a heavy client's
+ * requests past the rest wait in the queue. A client whose answer was reset because it read
+ * none of it counts as heavy for as long, whatever it holds (pcr_light_count).
  *
  * "A client" is a client connection: the one identity the router has that a client cannot
  * make up (its address may be shared behind a proxy, its headers are its own word). A client
@@ -21,6 +23,15 @@
  * before a request takes a connection and when they choose the waiter a freed one goes to. */
 #ifndef PCR_CONNSHARE_H
 #define PCR_CONNSHARE_H
+#include <stdint.h>
+
+/* A client's standing with the pools, kept by its session and read by the pools: its requests
+ * on pod connections now, and when the router last reset one of its answers because the client
+ * accepted no bytes of it for timeouts.client_write_ms (0: never). */
+typedef struct {
+    unsigned busy;
+    uint64_t slow_us;
+} pcr_light_client_t;
 
 /* upstream.light_reserve_pct's default: a tenth of each pool (per worker) kept for light
  * clients; pools under ten connections keep none. */
@@ -36,6 +47,13 @@ unsigned pcr_light_reserve(unsigned max_connections, unsigned pct);
  * burst a heavy client could time to come just as it is lent again. */
 #define PCR_LIGHT_KEEP_MS 60000
 
+/* What a client counts for here at `now_us`: its `busy` requests, or, for PCR_LIGHT_KEEP_MS
+ * after an answer of it was reset unread, PCR_LIGHT_SLOW more: heavier than any reserve, and
+ * after every other client in the queue. A client whose readers stall holds pod connections
+ * for answers it does not take; and its streams, all reset at once, would leave it light again
+ * just as it opens the next ones, which then took the reserve. */
+#define PCR_LIGHT_SLOW 65536u
+unsigned pcr_light_count(const pcr_light_client_t *c, uint64_t now_us);
 /* Whether a light client needs the reserve: its client holds fewer than `reserve` requests on
  * pod connections and no more than the reserve is free of a pool's `max_connections`
  * (`pool_busy` carry a request). From then the pool keeps the reserve (pcr_light_may_take's

@@ -90,6 +90,9 @@ typedef struct pcr_server {
     char *slot_taken;             /* control thread: the slot's backend is not freed yet */
     LIST_HEAD(, pcr_backend) retired;  /* left, freed once nothing holds them */
     uint64_t epoch;               /* atomic: retirements; workers publish the last they saw */
+    uint64_t light_needed_us;     /* atomic: when a light client last found no free connection
+                                   * but a pool's reserve, any worker's and pod's: from then
+                                   * every pool keeps its reserve (pcr/connshare.h) */
     const struct pcr_backend_hooks *backend_hooks;  /* the checks of each backend (control.c) */
     pcr_worker_t *workers;
     unsigned nworkers;

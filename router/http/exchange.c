@@ -303,7 +303,8 @@ int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len)
     return 0;
 }
 
-void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin, unsigned *pod_busy)
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin,
+                             pcr_light_client_t *load)
 {
     if (peer == NULL)
         peer = "-";
@@ -311,7 +312,7 @@ void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin, un
     memcpy(ex->peer, peer, n);
     ex->peer[n] = '\0';
     ex->admin = admin;
-    ex->pod_busy = pod_busy;
+    ex->client_load = load;
 }
 
 static int hbuf_put(pcr_exchange_t *ex, const char *s, size_t len)

@@ -50,10 +50,11 @@ void pcr_exchange_cache_clear(void);
 int pcr_exchange_set_method(pcr_exchange_t *ex, const char *method, size_t len);
 int pcr_exchange_set_path(pcr_exchange_t *ex, const char *path, size_t len);
 /* The client's address, for the access log; whether it came through the admin listener (then
- * only /metrics and /health are served); and its connection's count of requests on pod
- * connections, which this one's pod request keeps (pcr_session_t.pod_busy, upstream.c's fair
- * share; NULL: none). */
-void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin, unsigned *pod_busy);
+ * only /metrics and /health are served); and its connection's standing with the pools (its
+ * count of requests on pod connections, which this one's pod request keeps: pcr_session_t.load,
+ * the pools' fair share and light clients' reserve; NULL: none). */
+void pcr_exchange_set_client(pcr_exchange_t *ex, const char *peer, int admin,
+                             pcr_light_client_t *load);
 /* Adds a request header as received. PCR_ERR_INVAL when the name is not an RFC 9110 token or
  * the value holds CR, LF or NUL; PCR_ERR_TOO_LARGE past PCR_MAX_REQ_HEADERS. */
 int pcr_exchange_add_header(pcr_exchange_t *ex, const char *name, size_t nlen, const char *value,

@@ -89,7 +89,7 @@ struct pcr_exchange {
     pcr_worker_t *w;
     const pcr_exchange_ops_t *ops;
     void *sess;
-    unsigned *pod_busy;               /* the client connection's (pcr_exchange_set_client) */
+    pcr_light_client_t *client_load;  /* the client connection's (pcr_exchange_set_client) */
     const char *proto;                /* "HTTP/1.1", "HTTP/2" */
     pcr_ex_state_t state;
 
@@ -248,10 +248,10 @@ void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, c
  * the route table names them. Both return 0: what goes wrong is answered to the client. */
 int pcr_proxy_routed(pcr_exchange_t *ex);
 int pcr_proxy_dispatch(pcr_exchange_t *ex);
-/* proxy.c's upstream callbacks that pd_proxy.c's prefill leg shares (arg: the exchange): the
- * pod-busy count it owns, its expected first token behind `tokens` of prefill, its tenant's
+/* proxy.c's upstream callbacks that pd_proxy.c's prefill leg shares (arg: the exchange): its
+ * client's standing with the pools (pcr/connshare.h), its expected first token behind `tokens` of prefill, its tenant's
  * fairness counter, and that moment come. */
-unsigned *pcr_proxy_up_owner(void *arg);
+pcr_light_client_t *pcr_proxy_up_owner(void *arg);
 uint64_t pcr_proxy_up_prefill_us(void *arg, uint64_t tokens);
 double pcr_proxy_up_fair(void *arg);
 void pcr_proxy_up_prefill_due(void *arg);

@@ -374,7 +374,7 @@ static int on_message_begin(http_parser *p)
     if (s->ex == NULL)
         return -1;
     pcr_exchange_set_client(s->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
-                            &s->base.pod_busy);
+                            &s->base.load);
     s->ps->url_len = s->ps->name_len = s->ps->value_len = s->ps->header_bytes = 0;
     s->ps->in_value = s->ps->expect_continue = s->reject_status = 0;
     s->ps->n_host = s->ps->n_cl = s->ps->n_te = 0;

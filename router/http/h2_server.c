@@ -29,7 +29,8 @@
  *   (timeouts.client_idle_ms); with streams it ticks, and a stream whose head is not complete
  *   within timeouts.request_header_ms, or whose body stalls for timeouts.client_idle_ms, is
  *   answered 408; one whose response made no progress towards the client for
- *   timeouts.client_write_ms (a zero window) is reset, and its pod request cancelled.
+ *   timeouts.client_write_ms (a zero window) is reset, and its pod request cancelled; the
+ *   connection then counts as a heavy client in the pools for a while (pcr/connshare.h).
  *
  * - Idle: a second after the last stream, the socket is marked idle and the session, when
  *   nothing is in flight, hibernates: nghttp2 is freed and rebuilt at the next bytes (wake).
@@ -636,7 +637,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* nghttp2 resets the stream */
     }
     pcr_exchange_set_client(st->ex, pcr_sock_peer(s->sock), pcr_sock_admin(s->sock),
-                            &s->base.pod_busy);
+                            &s->base.load);
     nghttp2_session_set_stream_user_data(ng, st->id, st);
     s->trimmed = 0;
     if (s->sock_idle) {
@@ -1075,6 +1076,8 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
             PCR_INC(s->w->metrics.write_timeouts);
             pcr_log_info("client %s, h2 stream %d: no response bytes accepted for %u ms: reset",
                          pcr_sock_peer(s->sock), st->id, t->client_write_ms);
+            /* Its next streams count as a heavy client's in the pools (pcr/connshare.h). */
+            s->base.load.slow_us = now;
             st->abort = 1;
             nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
         }

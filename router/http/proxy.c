@@ -565,7 +565,7 @@ static void on_up_error(void *ctx, pcr_up_error_t err, int got_head)
     fail_unrouted(ex);
 }
 
-unsigned *pcr_proxy_up_owner(void *arg) { return ((pcr_exchange_t *)arg)->pod_busy; }
+pcr_light_client_t *pcr_proxy_up_owner(void *arg) { return ((pcr_exchange_t *)arg)->client_load; }
 
 /* An unstreamed completion's first token, as the policy expects it of its pod behind `tokens`
  * of prefill (what was sent before it, and its own): at the rate learned from streams, or the

@@ -16,6 +16,7 @@
 #include "server.h"
 #include "sock.h"
 #include "tls.h"
+#include "pcr/connshare.h"
 
 typedef struct {
     /* Stop taking new requests; close once the ones in flight are answered. */
@@ -31,8 +32,9 @@ struct pcr_session {
     TAILQ_ENTRY(pcr_session) wait_link;
     int waiting;                   /* on w->waiting */
     pcr_conn_kind_t kind;          /* its protocol, for the memory account (memacct.h) */
-    unsigned pod_busy;             /* its requests on pod connections now: the fewer, the
-                                    * sooner its next one gets a free one (upstream_queue.c) */
+    pcr_light_client_t load;       /* its requests on pod connections now (the fewer, the
+                                    * sooner its next one gets a free one) and when an answer
+                                    * of it was last reset unread (pcr/connshare.h) */
 };
 
 /* The worker's lists (sessions.c): a session joins at accept and leaves when it closes (which

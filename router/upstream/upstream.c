@@ -94,7 +94,7 @@ void pcr_upreq_to(pcr_upreq_t *r, pcr_upr_state_t to)
     if (to == UPR_ON_CONN && !r->busy) {
         r->busy = 1;
         if (r->owner != NULL)
-            (*r->owner)++;
+            r->owner->busy++;
     }
     r->state = to;
 }
@@ -106,7 +106,7 @@ void pcr_upreq_free(pcr_upreq_t *r)
     if (pcr_upreq_queued(r))
         pcr_upq_take(r);
     if (r->busy && r->owner != NULL)
-        (*r->owner)--;
+        r->owner->busy--;
     pcr_upq_uncharge(r);
     if (r->wait_timer)
         event_free(r->wait_timer);

@@ -13,6 +13,7 @@
 #include <sys/queue.h>
 
 #include "config.h"
+#include "pcr/connshare.h"
 
 struct evbuffer;
 struct event_base;
@@ -45,9 +46,10 @@ typedef struct {
     void (*on_done)(void *ctx);
     /* `got_head` tells whether on_head was already called (then the response is cut short). */
     void (*on_error)(void *ctx, pcr_up_error_t err, int got_head);
-    /* Optional: the count of requests on pod connections of the client this one is for, which
-     * it keeps while it has a connection. Waiters whose client has fewer go first. */
-    unsigned *(*owner)(void *ctx);
+    /* Optional: the standing of the client this one is for (pcr/connshare.h): its count of
+     * requests on pod connections, which this one keeps while it has a connection, and whether
+     * it left answers unread lately. Waiters whose client counts for less go first. */
+    pcr_light_client_t *(*owner)(void *ctx);
     /* Optional, for PCR_UP_UNSTREAMED: how long after its send the pod is
      * expected to reach a first token behind `tokens` of prefill (what was sent it before the
      * request and not finished, and the request's own), in microseconds; and the call made
@@ -80,8 +82,6 @@ typedef struct pcr_pool {
     unsigned handing;                /* a connection on its way from its answer's end to the
                                         next waiter (1 inside conn_to_pool): free to that one */
     unsigned max_connections;
-    uint64_t light_needed_us;        /* when a light client last needed the reserve of light
-                                        clients (pcr/connshare.h), us; 0: never */
     uint64_t sent_prefill;           /* uncached prefill sent, not yet at a first token: streams'
                                         and, until their estimate, unstreamed completions'
                                         (this worker's; the backend's counts every worker's) */

@@ -42,7 +42,7 @@ struct pcr_upreq {
     struct evbuffer *body;           /* the caller's, sent after them by reference (or NULL) */
     const pcr_upstream_cbs_t *cbs;
     void *ctx;
-    unsigned *owner;                 /* its client's requests on pod connections (cbs->owner) */
+    pcr_light_client_t *owner;       /* its client's standing with the pools (cbs->owner) */
     struct event *wait_timer;        /* while queued for a slot */
     struct event *prefill_timer;     /* unstreamed: when its prefill is taken as done */
     TAILQ_ENTRY(pcr_upreq) wait_link; /* waiters, higher priority first, else in arrival order */

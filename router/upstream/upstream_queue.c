@@ -111,10 +111,17 @@ static double rank_at(uint64_t now, uint64_t t_queued, uint64_t prefill)
 }
 
 /* Fair share between clients: how many requests the waiter's client (its connection) has on
- * pod connections now. A waiter whose client has fewer goes first, so that a client with many
- * streams in flight (or stuck behind a window it never opens) cannot keep the pod's
- * connections from everyone else: a connection that frees goes to whoever holds fewest. */
-static unsigned owner_busy(const pcr_upreq_t *r) { return r->owner != NULL ? *r->owner : 0; }
+ * pod connections now, or more while it left answers unread lately (pcr_light_count). A
+ * waiter whose client has fewer goes first, so that a client with many streams in flight (or
+ * stuck behind a window it never opens) cannot keep the pod's connections from everyone else:
+ * a connection that frees goes to whoever holds fewest. The clock is read only for a client
+ * that was slow once. */
+static unsigned owner_busy(const pcr_upreq_t *r)
+{
+    if (r->owner == NULL)
+        return 0;
+    return pcr_light_count(r->owner, r->owner->slow_us != 0 ? pcr_now_us() : 0);
+}
 
 /* The pool's connections carrying a request: the open ones but the idle ones and the one being
  * handed to the next waiter. */
@@ -130,11 +137,16 @@ static unsigned light_reserve(const pcr_pool_t *pool)
     return pcr_light_reserve(pool->max_connections, (*pool->cfg)->upstream.light_reserve_pct);
 }
 
-/* Whether the pool keeps its reserve for light clients at `now`: one needed it lately. */
+/* Whether the pool keeps its reserve for light clients at `now`: one needed a reserve lately,
+ * this pool's or any other's. The first light client that finds a pool taken whole waits for
+ * one of its answers to end; kept everywhere from then, the next light clients find a free
+ * connection on every pod and worker, not only on the one that first ran out. */
 static int light_kept(const pcr_pool_t *pool, uint64_t now)
 {
-    return light_reserve(pool) > 0 && pool->light_needed_us != 0 &&
-           now - pool->light_needed_us < (uint64_t)PCR_LIGHT_KEEP_MS * 1000;
+    uint64_t needed = PCR_LOAD(pool->be->srv->light_needed_us);
+    /* Another worker may have noted a time a little after `now` was read. */
+    return light_reserve(pool) > 0 && needed != 0 &&
+           (now < needed || now - needed < (uint64_t)PCR_LIGHT_KEEP_MS * 1000);
 }
 
 /* Whether `r` may take a connection now (pcr/connshare.h): one is free and, when only the
@@ -157,7 +169,7 @@ void pcr_upq_note_light(pcr_pool_t *pool, const pcr_upreq_t *r)
     if (!r->resent &&
         pcr_light_needed(owner_busy(r), pool_busy(pool), pool->max_connections,
                          light_reserve(pool)))
-        pool->light_needed_us = pcr_now_us();
+        PCR_STORE(pool->be->srv->light_needed_us, pcr_now_us());
 }
 
 /* `w`'s place in the order at `now` (pcr_hold_before). */

@@ -4,8 +4,11 @@ light client (one holding few requests on pod connections) finds no other free; 
 heavy client may not take them, so the next light client that comes while the heavy one's
 answers are all still in flight finds one at once rather than waiting for one of them to end.
 The heavy client's excess waits in the pool's queue and goes as connections free."""
+import json
+
 import pytest
 
+from attack_h2 import h2_connect, post_headers
 from conftest import (CurlStream, H2Client, completion, curl, get_metrics, make_config, metric,
                       wait_for)
 
@@ -67,3 +70,120 @@ def test_a_light_client_finds_a_connection_a_heavy_one_may_not_take(stub_factory
             first.kill()
     assert sorted(tags_seen(a)) == sorted(["L1", "L2"] + ["H%d" % i for i in range(12)])
     wait_for(lambda: in_flight(r) == 0, 15, what="nothing in flight")
+
+
+def test_a_light_client_that_needed_one_pod_keeps_the_reserve_of_every_pod(stub_factory,
+                                                                          router_factory):
+    """Two pods of 10 connections (a reserve of one each), serving different models. One h2c
+    client takes all of both (the reserves are lent) and has two more requests waiting for
+    pod-b. A light client finds pod-a taken, waits, and gets the first connection a heavy
+    answer there frees. From then every pool keeps its reserve, not pod-a's only: when a heavy
+    answer on pod-b ends, its connection is not given to the heavy client's waiters, and a
+    light client that asks pod-b is answered at once. Kept per pool, that connection went to a
+    heavy waiter, and the light client waited for pod-b's next answer to end."""
+    a = stub_factory("pod-a", ["model-a"])
+    b = stub_factory("pod-b", ["model-b"])
+    r = router_factory(make_config([
+        {"name": "pod-a", "url": a.url, "max_connections": 10, "models": ["model-a"]},
+        {"name": "pod-b", "url": b.url, "max_connections": 10, "models": ["model-b"]}],
+        workers=1, routing={"policy": "least_loaded"}))
+    heavy = H2Client(r.port, timeout=30)
+    first = None
+    try:
+        sids = [heavy.request("POST", "/v1/completions",
+                              completion("heavy on a %d" % i, model="model-a", tag="HA%d" % i,
+                                         gate="a0" if i == 0 else "h"))
+                for i in range(10)]
+        sids += [heavy.request("POST", "/v1/completions",
+                               completion("heavy on b %d" % i, model="model-b", tag="HB%d" % i,
+                                          gate="b0" if i == 0 else "h"))
+                 for i in range(12)]
+        wait_for(lambda: len(tags_seen(a)) == 10 and len(tags_seen(b)) == 10, 15,
+                 what="the heavy client on all 20 connections, 2 waiting for pod-b")
+        first = CurlStream(r.url("/v1/completions"),
+                           completion("light on a", model="model-a", tag="L1"), timeout=30)
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a") == 11,
+                 15, what="the light request waiting for pod-a")
+        a.release("a0")
+        rc, out = first.finish(15)
+        assert rc == 0 and out.startswith(b"HTTP/1.1 200"), out[:300]
+        assert tags_seen(a)[10] == "L1", tags_seen(a)
+        # A heavy answer on pod-b ends: its connection stays free for a light client.
+        b.release("b0")
+        heavy.wait(lambda: heavy.streams[sids[10]]["ended"], 15, what="HB0 answered")
+        second = curl(r.url("/v1/completions"),
+                      completion("light on b", model="model-b", tag="L2"), timeout=10)
+        assert second.status == 200, second
+        assert tags_seen(b)[10] == "L2", tags_seen(b)
+        assert metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-b") == 11
+        a.release("h")
+        b.release("h")
+        heavy.wait(lambda: all(heavy.streams[s]["ended"] for s in sids), 30,
+                   what="every heavy request answered")
+        for s in sids:
+            assert heavy.streams[s]["headers"][":status"] == "200", heavy.streams[s]
+    finally:
+        heavy.close()
+        if first is not None:
+            first.kill()
+
+
+def zero_window_stream(sock, conn, port, body):
+    """A stream on a connection whose streams' window is 0: no DATA of its answer can come."""
+    data = json.dumps(body).encode()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, post_headers(port, "/v1/completions", len(data)))
+    conn.send_data(sid, data, end_stream=True)
+    sock.sendall(conn.data_to_send())
+    return sid
+
+
+def test_a_client_that_left_an_answer_unread_is_heavy(stub_factory, router_factory):
+    """A client whose answer was reset because it read none of it for client_write_ms counts
+    as heavy for a while, whatever it holds: it may not take the kept reserve. Without that,
+    a reader of zero-window streams, all reset at once, held nothing for a moment and its
+    next streams took the reserve as a light client's. Here it holds no request when it asks
+    again, so it would be light: it waits instead, and a light client is answered at once."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url, "max_connections": 10}],
+                                   workers=1, routing={"policy": "cache_aware"},
+                                   timeouts={"client_write_ms": 1000}))
+    sock, conn = h2_connect(r.port, window=0)
+    heavy = H2Client(r.port, timeout=30)
+    first = None
+    try:
+        zero_window_stream(sock, conn, r.port,
+                           completion("a reader that never reads", stream=True, tag="S0",
+                                      gate="never", events=4))
+        wait_for(lambda: metric(get_metrics(r), "pcrouter_client_write_timeouts_total") == 1, 20,
+                 what="the reader's stream reset at client_write_ms")
+        wait_for(lambda: in_flight(r) == 0, 15, what="its pod request cancelled")
+        sids = [heavy.request("POST", "/v1/completions",
+                              completion("heavy request %d says hello" % i, tag="H%d" % i,
+                                         gate="h0" if i == 0 else "h"))
+                for i in range(10)]
+        wait_for(lambda: in_flight(r) == 10 and len(tags_seen(a)) == 11, 15,
+                 what="the heavy client on all 10 connections")
+        first = CurlStream(r.url("/v1/completions"),
+                           completion("the first light client says hello", tag="L1"), timeout=30)
+        wait_for(lambda: in_flight(r) == 11, 15, what="the first light request waiting")
+        a.release("h0")
+        rc, out = first.finish(15)
+        assert rc == 0 and out.startswith(b"HTTP/1.1 200"), out[:300]
+        # The reserve is kept and free. The reader asks again, holding nothing: it waits.
+        zero_window_stream(sock, conn, r.port,
+                           completion("the reader again", stream=True, tag="S1", gate="never",
+                                      events=4))
+        wait_for(lambda: in_flight(r) == 10, 15, what="the reader's second request waiting")
+        second = curl(r.url("/v1/completions"),
+                      completion("the second light client says hello", tag="L2"), timeout=10)
+        assert second.status == 200, second
+        assert tags_seen(a)[11:] == ["L1", "L2"], tags_seen(a)
+        a.release("h")
+        heavy.wait(lambda: all(heavy.streams[s]["ended"] for s in sids), 30,
+                   what="every heavy request answered")
+    finally:
+        heavy.close()
+        sock.close()
+        if first is not None:
+            first.kill()

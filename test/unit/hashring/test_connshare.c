@@ -44,6 +44,33 @@ static void test_who_needs_it(void)
     PCR_CHECK(!pcr_light_needed(0, 2, 2, 0));
 }
 
+/* A client that left an answer unread counts as heavy for PCR_LIGHT_KEEP_MS, whatever it holds:
+ * its streams, all reset at once, do not make it light again. */
+static void test_a_slow_client_is_heavy_for_a_while(void)
+{
+    const uint64_t s = 1000000, keep = (uint64_t)PCR_LIGHT_KEEP_MS * 1000;
+    PCR_CHECK(pcr_light_count(NULL, 5) == 0);
+    pcr_light_client_t c = {.busy = 3, .slow_us = 0};
+    PCR_CHECK(pcr_light_count(&c, 7 * s) == 3);          /* never slow */
+    c.slow_us = 7 * s;
+    unsigned n = pcr_light_count(&c, 7 * s);
+    PCR_CHECK(n == 3 + PCR_LIGHT_SLOW);
+    c.busy = 0;
+    n = pcr_light_count(&c, 7 * s + keep - 1);
+    PCR_CHECK(n == PCR_LIGHT_SLOW);
+    /* Heavier than the largest reserve: it needs none and may not take a kept one. */
+    PCR_CHECK(n > pcr_light_reserve(65535, PCR_LIGHT_RESERVE_PCT_MAX));
+    PCR_CHECK(!pcr_light_needed(n, 64, 64, 6));
+    PCR_CHECK(!pcr_light_may_take(n, 58, 64, 6, 1));
+    PCR_CHECK(pcr_light_may_take(n, 57, 64, 6, 1));      /* past the reserve, as anyone */
+    /* And after every client that was not slow, however busy. */
+    pcr_light_client_t busy = {.busy = 4000000000u};
+    PCR_CHECK(pcr_light_count(&busy, 7 * s) < n);
+    /* Light again once the time is over, or on a clock that went back. */
+    PCR_CHECK(pcr_light_count(&c, 7 * s + keep) == 0);
+    PCR_CHECK(pcr_light_count(&c, 6 * s) == 0);
+}
+
 /* Decreasing in the client's count: if the waiter with fewest may not, none may. */
 static void test_monotone(void)
 {
@@ -58,6 +85,7 @@ int main(void)
 {
     PCR_RUN(test_the_reserve);
     PCR_RUN(test_who_may_take);
+    PCR_RUN(test_a_slow_client_is_heavy_for_a_while);
     PCR_RUN(test_who_needs_it);
     PCR_RUN(test_monotone);
     return pcr_test_done();

@@ -38,7 +38,7 @@ static const int not_draining = 0;
 /* What the callbacks saw: the order of errors by request number, and any other call. */
 typedef struct {
     int id;
-    unsigned *owner;
+    pcr_light_client_t *owner;
 } req_ctx_t;
 static int errors[8], nerrors;
 static pcr_up_error_t last_err;
@@ -58,7 +58,7 @@ static void on_error(void *ctx, pcr_up_error_t err, int got_head)
     last_err = err;
     PCR_CHECK(!got_head);
 }
-static unsigned *owner_of(void *ctx) { return ((req_ctx_t *)ctx)->owner; }
+static pcr_light_client_t *owner_of(void *ctx) { return ((req_ctx_t *)ctx)->owner; }
 
 static const pcr_upstream_cbs_t cbs = {on_head, on_body, on_done, on_error, owner_of, NULL, NULL, NULL};
 
@@ -104,8 +104,8 @@ static pcr_upreq_t *send_kind(req_ctx_t *c, pcr_up_kind_t kind, uint64_t prefill
 static void test_spent_budget_holds_completions_until_the_backend_leaves(void)
 {
     open_pool();
-    unsigned busy = 0;
-    req_ctx_t c[3] = {{0, &busy}, {1, &busy}, {2, &busy}};
+    pcr_light_client_t load = {0};
+    req_ctx_t c[3] = {{0, &load}, {1, &load}, {2, &load}};
     PCR_STORE(be->sent_prefill, 2000); /* other workers' prefill: the budget is spent */
     pcr_upreq_t *r[3];
     r[0] = send_kind(&c[0], PCR_UP_STREAM, 5000);
@@ -118,7 +118,7 @@ static void test_spent_budget_holds_completions_until_the_backend_leaves(void)
     PCR_CHECK_EQ_INT(pool.nheld, 3);
     PCR_CHECK_EQ_INT(PCR_LOAD(be->held), 3);
     PCR_CHECK_EQ_U64(PCR_LOAD(be->held_total), 3);
-    PCR_CHECK_EQ_INT(busy, 0);
+    PCR_CHECK_EQ_INT(load.busy, 0);
     PCR_CHECK_EQ_U64(pcr_upstream_sent_us(r[0]), 0);
     /* A cancelled one leaves the queue and the gauges, with no callback. */
     pcr_upstream_cancel(r[1]);
@@ -133,7 +133,7 @@ static void test_spent_budget_holds_completions_until_the_backend_leaves(void)
     PCR_CHECK_EQ_INT(pool.nheld, 0);
     PCR_CHECK_EQ_INT(PCR_LOAD(be->held), 0);
     PCR_CHECK_EQ_INT(other_calls, 0);
-    PCR_CHECK_EQ_INT(busy, 0);
+    PCR_CHECK_EQ_INT(load.busy, 0);
     PCR_CHECK_EQ_U64(PCR_LOAD(be->sent_prefill), 2000); /* held ones were never charged */
     close_pool();
 }

@@ -701,6 +701,13 @@ def http_request(method, path, body=None, headers=None, host="127.0.0.1"):
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
 
 
+def h2_all_answered(client, sids, timeout=30, what="every request answered"):
+    """Waits until each of `client`'s streams `sids` ended (an H2Client), each with 200."""
+    client.wait(lambda: all(client.streams[s]["ended"] for s in sids), timeout, what=what)
+    for s in sids:
+        assert client.streams[s]["headers"][":status"] == "200", client.streams[s]
+
+
 class H2Client:
     """A minimal h2c client on python3-h2, for RST_STREAM and frame-level checks."""
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import (CurlStream, H2Client, completion, curl, get_metrics, make_config, metric,
-                      wait_for)
+from conftest import (CurlStream, H2Client, completion, curl, get_metrics, h2_all_answered,
+                      make_config, metric, wait_for)
 
 BUDGET = 1000  # tokens
 
@@ -652,10 +652,7 @@ def test_a_freed_connection_goes_to_the_client_that_holds_fewest(stub_factory, r
         all_done(streams)
         for g in ("g2", "g3"):
             a.release(g)
-        greedy.wait(lambda: all(greedy.streams[s]["ended"] for s in sids), 30,
-                    what="every greedy request answered")
-        for s in sids:
-            assert greedy.streams[s]["headers"][":status"] == "200", greedy.streams[s]
+        h2_all_answered(greedy, sids, what="every greedy request answered")
     finally:
         greedy.close()
     assert tags_seen(a)[3:] == ["G3", "G4", "G5"], tags_seen(a)

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from attack_h2 import h2_connect, post_headers
-from conftest import (CurlStream, H2Client, completion, curl, get_metrics, make_config, metric,
-                      wait_for)
+from conftest import (CurlStream, H2Client, completion, curl, get_metrics, h2_all_answered,
+                      make_config, metric, wait_for)
 
 
 def tags_seen(pod):
@@ -19,6 +19,29 @@ def tags_seen(pod):
 
 def in_flight(r):
     return metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a")
+
+
+def heavy_then_light(r, a, heavy, n, on_pod, tags_before=0):
+    """`heavy` sends `n` requests that pod `a` holds (gate "h0" for the first, "h" for the
+    rest), `on_pod` of them on its connections; then a first light client (HTTP/1.1) finds none
+    free and waits, and gets the connection H0's end frees. Returns the heavy stream ids."""
+    sids = [heavy.request("POST", "/v1/completions",
+                          completion("heavy request %d says hello" % i, tag="H%d" % i,
+                                     gate="h0" if i == 0 else "h"))
+            for i in range(n)]
+    wait_for(lambda: in_flight(r) == n and len(tags_seen(a)) == tags_before + on_pod, 15,
+             what="the heavy client on all %d connections, %d waiting" % (on_pod, n - on_pod))
+    first = CurlStream(r.url("/v1/completions"),
+                       completion("the first light client says hello", tag="L1"), timeout=30)
+    try:
+        wait_for(lambda: in_flight(r) == n + 1, 15, what="the first light request waiting")
+        a.release("h0")
+        rc, out = first.finish(15)
+    finally:
+        first.kill()
+    assert rc == 0 and out.startswith(b"HTTP/1.1 200"), out[:300]
+    assert tags_seen(a)[tags_before + on_pod] == "L1", tags_seen(a)
+    return sids
 
 
 @pytest.mark.parametrize("budget", [0, 1000])
@@ -38,21 +61,8 @@ def test_a_light_client_finds_a_connection_a_heavy_one_may_not_take(stub_factory
                                    workers=1,
                                    routing={"policy": "cache_aware", "hold_tokens": budget}))
     heavy = H2Client(r.port, timeout=30)
-    first = None
     try:
-        sids = [heavy.request("POST", "/v1/completions",
-                              completion("heavy request %d says hello" % i, tag="H%d" % i,
-                                         gate="h0" if i == 0 else "h"))
-                for i in range(12)]
-        wait_for(lambda: in_flight(r) == 12 and len(tags_seen(a)) == 10, 15,
-                 what="the heavy client alone on all 10 connections, 2 waiting")
-        first = CurlStream(r.url("/v1/completions"),
-                           completion("the first light client says hello", tag="L1"), timeout=30)
-        wait_for(lambda: in_flight(r) == 13, 15, what="the first light request waiting")
-        a.release("h0")
-        rc, out = first.finish(15)
-        assert rc == 0 and out.startswith(b"HTTP/1.1 200"), out[:300]
-        assert tags_seen(a)[10] == "L1", tags_seen(a)
+        sids = heavy_then_light(r, a, heavy, 12, 10)
         second = curl(r.url("/v1/completions"),
                       completion("the second light client says hello", tag="L2"), timeout=10)
         assert second.status == 200, second
@@ -60,14 +70,9 @@ def test_a_light_client_finds_a_connection_a_heavy_one_may_not_take(stub_factory
         assert in_flight(r) == 11
         assert tags_seen(a)[11] == "L2", tags_seen(a)
         a.release("h")
-        heavy.wait(lambda: all(heavy.streams[s]["ended"] for s in sids), 30,
-                   what="every heavy request answered")
-        for s in sids:
-            assert heavy.streams[s]["headers"][":status"] == "200", heavy.streams[s]
+        h2_all_answered(heavy, sids, what="every heavy request answered")
     finally:
         heavy.close()
-        if first is not None:
-            first.kill()
     assert sorted(tags_seen(a)) == sorted(["L1", "L2"] + ["H%d" % i for i in range(12)])
     wait_for(lambda: in_flight(r) == 0, 15, what="nothing in flight")
 
@@ -118,10 +123,7 @@ def test_a_light_client_that_needed_one_pod_keeps_the_reserve_of_every_pod(stub_
         assert metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-b") == 11
         a.release("h")
         b.release("h")
-        heavy.wait(lambda: all(heavy.streams[s]["ended"] for s in sids), 30,
-                   what="every heavy request answered")
-        for s in sids:
-            assert heavy.streams[s]["headers"][":status"] == "200", heavy.streams[s]
+        h2_all_answered(heavy, sids, what="every heavy request answered")
     finally:
         heavy.close()
         if first is not None:
@@ -150,7 +152,6 @@ def test_a_client_that_left_an_answer_unread_is_heavy(stub_factory, router_facto
                                    timeouts={"client_write_ms": 1000}))
     sock, conn = h2_connect(r.port, window=0)
     heavy = H2Client(r.port, timeout=30)
-    first = None
     try:
         zero_window_stream(sock, conn, r.port,
                            completion("a reader that never reads", stream=True, tag="S0",
@@ -158,18 +159,7 @@ def test_a_client_that_left_an_answer_unread_is_heavy(stub_factory, router_facto
         wait_for(lambda: metric(get_metrics(r), "pcrouter_client_write_timeouts_total") == 1, 20,
                  what="the reader's stream reset at client_write_ms")
         wait_for(lambda: in_flight(r) == 0, 15, what="its pod request cancelled")
-        sids = [heavy.request("POST", "/v1/completions",
-                              completion("heavy request %d says hello" % i, tag="H%d" % i,
-                                         gate="h0" if i == 0 else "h"))
-                for i in range(10)]
-        wait_for(lambda: in_flight(r) == 10 and len(tags_seen(a)) == 11, 15,
-                 what="the heavy client on all 10 connections")
-        first = CurlStream(r.url("/v1/completions"),
-                           completion("the first light client says hello", tag="L1"), timeout=30)
-        wait_for(lambda: in_flight(r) == 11, 15, what="the first light request waiting")
-        a.release("h0")
-        rc, out = first.finish(15)
-        assert rc == 0 and out.startswith(b"HTTP/1.1 200"), out[:300]
+        sids = heavy_then_light(r, a, heavy, 10, 10, tags_before=1)
         # The reserve is kept and free. The reader asks again, holding nothing: it waits.
         zero_window_stream(sock, conn, r.port,
                            completion("the reader again", stream=True, tag="S1", gate="never",
@@ -180,10 +170,7 @@ def test_a_client_that_left_an_answer_unread_is_heavy(stub_factory, router_facto
         assert second.status == 200, second
         assert tags_seen(a)[11:] == ["L1", "L2"], tags_seen(a)
         a.release("h")
-        heavy.wait(lambda: all(heavy.streams[s]["ended"] for s in sids), 30,
-                   what="every heavy request answered")
+        h2_all_answered(heavy, sids, what="every heavy request answered")
     finally:
         heavy.close()
         sock.close()
-        if first is not None:
-            first.kill()

@@ -337,7 +337,9 @@ static void run_once(h1p_t *t, uint32_t seed, outcome_t *o)
     t->be = calloc(1, sizeof(*t->be));
     FUZZ_CHECK(t->be != NULL);
     static char pod_name[] = "pod";
+    static pcr_server_t srv; /* what the pool reads of the process (the light clients' note) */
     t->be->conf.name = pod_name;
+    t->be->srv = &srv;
     struct sockaddr_in *sa = (struct sockaddr_in *)&t->be->addr;
     sa->sin_family = AF_INET;
     sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);

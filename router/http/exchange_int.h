@@ -249,8 +249,8 @@ void pcr_exchange_error_with(pcr_exchange_t *ex, int status, const char *type, c
 int pcr_proxy_routed(pcr_exchange_t *ex);
 int pcr_proxy_dispatch(pcr_exchange_t *ex);
 /* proxy.c's upstream callbacks that pd_proxy.c's prefill leg shares (arg: the exchange): its
- * client's standing with the pools (pcr/connshare.h), its expected first token behind `tokens` of prefill, its tenant's
- * fairness counter, and that moment come. */
+ * client's standing with the pools (pcr/connshare.h), its expected first token behind `tokens`
+ * of prefill, its tenant's fairness counter, and that moment come. */
 pcr_light_client_t *pcr_proxy_up_owner(void *arg);
 uint64_t pcr_proxy_up_prefill_us(void *arg, uint64_t tokens);
 double pcr_proxy_up_fair(void *arg);

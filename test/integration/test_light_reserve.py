@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from attack_h2 import h2_connect, post_headers
+from attack_h2 import H2Streams
 from conftest import (CurlStream, H2Client, completion, curl, get_metrics, h2_all_answered,
                       make_config, metric, wait_for)
 
@@ -17,8 +17,8 @@ def tags_seen(pod):
     return [e.get("tag") for e in pod.stats()["log"] if e.get("tag")]
 
 
-def in_flight(r):
-    return metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a")
+def in_flight(r, backend="pod-a"):
+    return metric(get_metrics(r), "pcrouter_backend_in_flight", backend=backend)
 
 
 def heavy_then_light(r, a, heavy, n, on_pod, tags_before=0):
@@ -107,8 +107,7 @@ def test_a_light_client_that_needed_one_pod_keeps_the_reserve_of_every_pod(stub_
                  what="the heavy client on all 20 connections, 2 waiting for pod-b")
         first = CurlStream(r.url("/v1/completions"),
                            completion("light on a", model="model-a", tag="L1"), timeout=30)
-        wait_for(lambda: metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-a") == 11,
-                 15, what="the light request waiting for pod-a")
+        wait_for(lambda: in_flight(r) == 11, 15, what="the light request waiting for pod-a")
         a.release("a0")
         rc, out = first.finish(15)
         assert rc == 0 and out.startswith(b"HTTP/1.1 200"), out[:300]
@@ -120,7 +119,7 @@ def test_a_light_client_that_needed_one_pod_keeps_the_reserve_of_every_pod(stub_
                       completion("light on b", model="model-b", tag="L2"), timeout=10)
         assert second.status == 200, second
         assert tags_seen(b)[10] == "L2", tags_seen(b)
-        assert metric(get_metrics(r), "pcrouter_backend_in_flight", backend="pod-b") == 11
+        assert in_flight(r, "pod-b") == 11
         a.release("h")
         b.release("h")
         h2_all_answered(heavy, sids, what="every heavy request answered")
@@ -128,16 +127,6 @@ def test_a_light_client_that_needed_one_pod_keeps_the_reserve_of_every_pod(stub_
         heavy.close()
         if first is not None:
             first.kill()
-
-
-def zero_window_stream(sock, conn, port, body):
-    """A stream on a connection whose streams' window is 0: no DATA of its answer can come."""
-    data = json.dumps(body).encode()
-    sid = conn.get_next_available_stream_id()
-    conn.send_headers(sid, post_headers(port, "/v1/completions", len(data)))
-    conn.send_data(sid, data, end_stream=True)
-    sock.sendall(conn.data_to_send())
-    return sid
 
 
 def test_a_client_that_left_an_answer_unread_is_heavy(stub_factory, router_factory):
@@ -150,20 +139,19 @@ def test_a_client_that_left_an_answer_unread_is_heavy(stub_factory, router_facto
     r = router_factory(make_config([{"name": "pod-a", "url": a.url, "max_connections": 10}],
                                    workers=1, routing={"policy": "cache_aware"},
                                    timeouts={"client_write_ms": 1000}))
-    sock, conn = h2_connect(r.port, window=0)
+    # Its streams' window is 0 and never given back: no DATA of its answers can come.
+    reader = H2Streams(r.port, window=0, ack=False)
     heavy = H2Client(r.port, timeout=30)
     try:
-        zero_window_stream(sock, conn, r.port,
-                           completion("a reader that never reads", stream=True, tag="S0",
-                                      gate="never", events=4))
+        reader.open("/v1/completions", json.dumps(completion(
+            "a reader that never reads", stream=True, tag="S0", gate="never", events=4)).encode())
         wait_for(lambda: metric(get_metrics(r), "pcrouter_client_write_timeouts_total") == 1, 20,
                  what="the reader's stream reset at client_write_ms")
         wait_for(lambda: in_flight(r) == 0, 15, what="its pod request cancelled")
         sids = heavy_then_light(r, a, heavy, 10, 10, tags_before=1)
         # The reserve is kept and free. The reader asks again, holding nothing: it waits.
-        zero_window_stream(sock, conn, r.port,
-                           completion("the reader again", stream=True, tag="S1", gate="never",
-                                      events=4))
+        reader.open("/v1/completions", json.dumps(completion(
+            "the reader again", stream=True, tag="S1", gate="never", events=4)).encode())
         wait_for(lambda: in_flight(r) == 10, 15, what="the reader's second request waiting")
         second = curl(r.url("/v1/completions"),
                       completion("the second light client says hello", tag="L2"), timeout=10)
@@ -173,4 +161,4 @@ def test_a_client_that_left_an_answer_unread_is_heavy(stub_factory, router_facto
         h2_all_answered(heavy, sids, what="every heavy request answered")
     finally:
         heavy.close()
-        sock.close()
+        reader.close()

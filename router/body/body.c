@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "body_int.h"
+#include "evmem.h"
 #include "pcr/common.h"
 
 /* ---- errors ------------------------------------------------------------------------------- */
@@ -156,13 +157,13 @@ void pcr_body_opts_default(pcr_body_opts_t *o)
     o->max_prefix_bytes = po.max_prefix_bytes;
 }
 
-/* Spare readers: a reader is about 30 KiB in a handful of blocks (the level stack, the
- * scanner's scratch, the prefix chain), too large for malloc's per-thread caches, and one is
- * needed per request. Freed readers are kept on their thread's list, up to SPARE_MAX, and the
- * next reader is one of them, reset. A reader lives while its body arrives: with bodies of
- * more than one read, every client sending one holds a reader at once, and with 16 kept, 64
- * clients sending 32 KiB bodies made and zeroed 48 new readers per round (2.5% of the CPU).
- * 64 kept: at most 2 MiB per thread. */
+/* Spare readers: a reader is about 40 KiB in a handful of blocks (the reader with its level
+ * stack and the scanner with its scratch, from router/core/evmem.c's spans; the prefix chain),
+ * too large for malloc's per-thread caches, and one is needed per request. Freed readers are
+ * kept on their thread's list, up to SPARE_MAX, and the next reader is one of them, reset. A
+ * reader lives while its body arrives: with bodies of more than one read, every client
+ * sending one holds a reader at once, and with 16 kept, 64 clients sending 32 KiB bodies made
+ * and zeroed 48 new readers per round (2.5% of the CPU). 64 kept: at most 2.6 MiB per thread. */
 #define SPARE_MAX 64
 
 static __thread pcr_spare_t spare;
@@ -173,7 +174,7 @@ static void reader_destroy(pcr_body_reader_t *r)
     pcr_prefix_stream_free(r->key);
     free(r->canon.p);
     free(r->context.p);
-    free(r);
+    pcr_evmem_free(r);
 }
 
 /* A spare reader made like new for `api` and `o`, or NULL. */
@@ -224,7 +225,7 @@ pcr_body_reader_t *pcr_body_reader_new(pcr_api_t api, const pcr_body_opts_t *opt
     pcr_body_reader_t *r = reader_reuse(api, &o);
     if (r != NULL)
         return r;
-    r = calloc(1, sizeof(*r));
+    r = pcr_evmem_calloc_in(1, sizeof(*r), PCR_MEMCOUNT_READERS);
     if (r == NULL)
         return NULL;
     r->api = api;

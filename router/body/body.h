@@ -5,7 +5,7 @@
  * The reader is fed each chunk of the body as it is read (an HTTP/1.1 read, an HTTP/2 DATA
  * frame) and parses and hashes it then, with yajl (body_scan.h says how), so the work left
  * after the last byte does not grow with the prompt. It keeps neither the body nor the prompt:
- * its memory is bounded (about 35 KiB, 8 bytes a prefix block included), whatever the body.
+ * its memory is bounded (about 40 KiB, 8 bytes a prefix block included), whatever the body.
  * The router keeps the raw body apart, for forwarding. */
 #ifndef PCR_ROUTER_BODY_H
 #define PCR_ROUTER_BODY_H

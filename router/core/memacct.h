@@ -52,7 +52,8 @@ extern const uint64_t pcr_mem_conn_cost[PCR_CONN__COUNT];
 #define PCR_MEM_REQUEST_COST 4365u
 /* And a request's body reader (router/body/body.h), from its first body byte until the body is
  * read (or the request ends), which the request's cost leaves out: malloc's bytes in use for
- * one, at the default routing sizes (test_body.c measures it). */
-#define PCR_MEM_READER_COST 35888u
+ * one and its blocks from router/core/evmem.c (PCR_MEMCOUNT_READERS, which the buffers part
+ * leaves out), at the default routing sizes (test_body.c measures it). */
+#define PCR_MEM_READER_COST 41360u
 
 #endif

@@ -13,6 +13,7 @@
 typedef enum {
     PCR_MEMCOUNT_LIBEVENT = 0,  /* libevent's blocks (core/evmem.c), at their class sizes */
     PCR_MEMCOUNT_NGHTTP2,       /* nghttp2's sessions (http/h2_server.c), malloc's usable sizes */
+    PCR_MEMCOUNT_READERS,       /* request body readers' blocks (body/body.c, core/evmem.c) */
     PCR_MEMCOUNT__COUNT
 } pcr_memcount_kind_t;
 

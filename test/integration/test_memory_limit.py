@@ -417,7 +417,7 @@ def test_bodies_waiting_for_budget_are_refused_past_the_limit(proto, stub_factor
 
 @pytest.mark.parametrize("proto", ["h1", "h2c"])
 def test_the_account_counts_what_receiving_connections_hold(proto, stub_factory, router_factory):
-    """Connections whose bodies wait for budget each hold a body reader (about 35 KiB: the JSON
+    """Connections whose bodies wait for budget each hold a body reader (about 40 KiB: the JSON
     scanner, its scratch, the prefix key) and libevent's chains beyond their bytes, which the
     account's per-request and per-connection figures leave out: 10,000 of them took RSS past
     the limit by 13 KiB each with the account within it. The account's parts other than the
@@ -543,9 +543,9 @@ def test_answers_nobody_reads_stay_within_the_limit(stub_factory, router_factory
 
 
 def test_requests_served_leave_the_account(stub_factory, router_factory):
-    """A routed request's body reader is counted in the account (35,888 bytes) while the request
+    """A routed request's body reader is counted in the account (41,360 bytes) while the request
     holds it, and the request lets it go once its body is read. The count must go with it: when
-    it did not, every request served added 35 KiB to the account for good, and a router with a
+    it did not, every request served added 35 KiB (then) to the account for good, and a router with a
     memory limit refused everything after some tens of thousands of requests."""
     stub, r = start(stub_factory, router_factory, limit=256 * MiB)
     wait_for(lambda: accounted(admin_metrics(r)) > 0, 15, what="the account's first tick")
@@ -556,5 +556,5 @@ def test_requests_served_leave_the_account(stub_factory, router_factory):
                 proto="h2c")
     assert resp.status == 200, resp
     # Nothing is in flight now but a scrape (one request's 4,365 bytes, no reader).
-    wait_for(lambda: parts(admin_metrics(r))["requests"] < 35888, 10,
+    wait_for(lambda: parts(admin_metrics(r))["requests"] < 41360, 10,
              what="the account's requests back to nothing")

@@ -1,8 +1,10 @@
 /* test_evmem.c: router/core/evmem.c, libevent's blocks kept per thread for reuse. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -197,6 +199,109 @@ static void test_in_use(void)
     pcr_evmem_thread_clear();
 }
 
+static long rss_kib(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL)
+        return -1;
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+        rss = -1;
+    fclose(f);
+    return rss < 0 ? -1 : rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* Blocks of 4 KiB and up come from spans, which go back to the system once empty: 64 MiB of
+ * them made between small blocks that stay (as a flood of uploads' chains sit between the
+ * connections' evbuffers) and then freed leave RSS where it was before. From malloc they
+ * stayed in RSS: the small blocks pinned the heap around them. */
+static void test_spans_go_back(void)
+{
+    pcr_evmem_thread_clear();
+    enum { N = 4096, BIG = 16384 };
+    void **big = calloc(N, sizeof(void *)), **small = calloc(N, sizeof(void *));
+    PCR_CHECK(big != NULL && small != NULL);
+    long before = rss_kib();
+    for (int i = 0; i < N; i++) {
+        big[i] = pcr_evmem_malloc(BIG);
+        small[i] = pcr_evmem_malloc(200);
+        PCR_CHECK(big[i] != NULL && small[i] != NULL);
+        memset(big[i], i & 0xFF, BIG);
+        memset(small[i], 0x11, 200);
+    }
+    if (pcr_evmem_keeps())
+        PCR_CHECK(pcr_evmem_span_bytes() >= (uint64_t)N * BIG);
+    else
+        PCR_CHECK_EQ_INT((int)pcr_evmem_span_bytes(), 0);
+    long peak = rss_kib();
+    PCR_CHECK(peak - before >= N * (BIG / 1024) * 9 / 10);
+    for (int i = 0; i < N; i++) {
+        unsigned char *b = big[i];
+        PCR_CHECK(b[0] == (i & 0xFF) && b[BIG - 1] == (i & 0xFF)); /* no block overlaps */
+        pcr_evmem_free(big[i]);
+    }
+    pcr_evmem_thread_clear();
+    if (pcr_evmem_keeps()) {
+        PCR_CHECK(pcr_evmem_span_bytes() <= 4u << 20);            /* 4 empty spans kept */
+        PCR_CHECK(peak - rss_kib() >= N * (BIG / 1024) * 8 / 10);
+    }
+    for (int i = 0; i < N; i++)
+        pcr_evmem_free(small[i]);
+    pcr_evmem_thread_clear();
+    free(big);
+    free(small);
+}
+
+/* Two threads make and free blocks of every span class at once, each block checked for its
+ * own pattern (a block handed out twice shows as another's), half of them freed by the other
+ * thread. */
+#define MIX_N 2000
+static void *mix_blocks(void *arg)
+{
+    void **give = arg;
+    unsigned seed = (unsigned)(uintptr_t)give;
+    void *mine[64] = {0};
+    size_t len[64] = {0};
+    for (int i = 0; i < MIX_N; i++) {
+        int k = (int)(rand_r(&seed) % 64);
+        if (mine[k] != NULL) {
+            unsigned char *b = mine[k];
+            PCR_CHECK(b[0] == (unsigned char)k && b[len[k] - 1] == (unsigned char)k);
+            pcr_evmem_free(mine[k]);
+        }
+        len[k] = 4096 + (size_t)(rand_r(&seed) % 61440);
+        mine[k] = pcr_evmem_malloc(len[k]);
+        PCR_CHECK(mine[k] != NULL);
+        memset(mine[k], k, len[k]);
+        if (i % 2 == 0) {
+            give[i] = pcr_evmem_malloc(8192);
+            PCR_CHECK(give[i] != NULL);
+        }
+    }
+    for (int k = 0; k < 64; k++)
+        pcr_evmem_free(mine[k]);
+    return NULL;
+}
+
+static void test_spans_threads(void)
+{
+    void **a = calloc(MIX_N, sizeof(void *)), **b = calloc(MIX_N, sizeof(void *));
+    PCR_CHECK(a != NULL && b != NULL);
+    pthread_t ta, tb;
+    PCR_CHECK(pthread_create(&ta, NULL, mix_blocks, a) == 0);
+    PCR_CHECK(pthread_create(&tb, NULL, mix_blocks, b) == 0);
+    PCR_CHECK(pthread_join(ta, NULL) == 0);
+    PCR_CHECK(pthread_join(tb, NULL) == 0);
+    for (int i = 0; i < MIX_N; i++) {  /* blocks of threads now gone, freed here */
+        pcr_evmem_free(a[i]);
+        pcr_evmem_free(b[i]);
+    }
+    pcr_evmem_thread_clear();
+    PCR_CHECK(pcr_evmem_span_bytes() <= 4u << 20);
+    free(a);
+    free(b);
+}
+
 int main(void)
 {
     PCR_RUN(test_reuse_by_size);
@@ -205,5 +310,7 @@ int main(void)
     PCR_RUN(test_other_thread);
     PCR_RUN(test_libevent);
     PCR_RUN(test_in_use);
+    PCR_RUN(test_spans_go_back);
+    PCR_RUN(test_spans_threads);
     return pcr_test_done();
 }

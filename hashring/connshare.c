@@ -15,6 +15,8 @@ unsigned pcr_light_count(const pcr_light_client_t *c, uint64_t now_us)
     if (c == NULL)
         return 0;
     unsigned busy = c->busy < PCR_LIGHT_SLOW ? c->busy : PCR_LIGHT_SLOW - 1;
+    if (c->blind)
+        return busy + PCR_LIGHT_BLIND;
     int slow = c->slow_us != 0 && now_us >= c->slow_us &&
                now_us - c->slow_us < (uint64_t)PCR_LIGHT_KEEP_MS * 1000;
     return slow ? busy + PCR_LIGHT_SLOW : busy;
@@ -33,7 +35,9 @@ int pcr_light_may_take(unsigned client_busy, unsigned pool_busy, unsigned max_co
 {
     if (pool_busy >= max_connections)
         return 0;
-    if (!kept || max_connections - pool_busy > reserve)
+    if (max_connections - pool_busy > reserve)
+        return 1;
+    if (!kept && client_busy < PCR_LIGHT_BLIND)
         return 1;
     return client_busy < reserve;
 }

@@ -26,11 +26,14 @@
 #include <stdint.h>
 
 /* A client's standing with the pools, kept by its session and read by the pools: its requests
- * on pod connections now, and when the router last reset one of its answers because the client
- * accepted no bytes of it for timeouts.client_write_ms (0: never). */
+ * on pod connections now, when the router last reset one of its answers because the client
+ * accepted no bytes of it for timeouts.client_write_ms (0: never), and whether it can take no
+ * answer byte at all (`blind`: an HTTP/2 client that announced an initial window of 0 and has
+ * opened no stream's window since). */
 typedef struct {
     unsigned busy;
     uint64_t slow_us;
+    unsigned blind;
 } pcr_light_client_t;
 
 /* upstream.light_reserve_pct's default: a tenth of each pool (per worker) kept for light
@@ -53,6 +56,12 @@ unsigned pcr_light_reserve(unsigned max_connections, unsigned pct);
  * for answers it does not take; and its streams, all reset at once, would leave it light again
  * just as it opens the next ones, which then took the reserve. */
 #define PCR_LIGHT_SLOW 65536u
+/* A blind client counts PCR_LIGHT_BLIND more than its requests (and than a slow one): after
+ * every other client in the queue, and never given the reserve, kept or not (pcr_light_may_take).
+ * Whatever a pod answers it, the answer waits on the pod's connection until the client opens
+ * a window or its stream is reset at client_write_ms; lending it the last connections of a
+ * pool only makes the next light client wait for that reset. */
+#define PCR_LIGHT_BLIND (2 * PCR_LIGHT_SLOW)
 unsigned pcr_light_count(const pcr_light_client_t *c, uint64_t now_us);
 /* Whether a light client needs the reserve: its client holds fewer than `reserve` requests on
  * pod connections and no more than the reserve is free of a pool's `max_connections`
@@ -61,11 +70,11 @@ unsigned pcr_light_count(const pcr_light_client_t *c, uint64_t now_us);
 int pcr_light_needed(unsigned client_busy, unsigned pool_busy, unsigned max_connections,
                      unsigned reserve);
 
-/* Whether a request whose client holds `client_busy` requests on pod connections may take a
- * connection of a pool with `pool_busy` of its `max_connections` carrying a request and a
- * reserve of `reserve`: not when none is free; any client while more than the reserve is free
- * or while the reserve is not `kept`; else a light client only (`client_busy` < `reserve`).
- * Decreasing in `client_busy`: when the waiter with fewest may not, none may. */
+/* Whether a request whose client counts `client_busy` (pcr_light_count) may take a connection
+ * of a pool with `pool_busy` of its `max_connections` carrying a request and a reserve of
+ * `reserve`: not when none is free; any client while more than the reserve is free; any but a
+ * blind one while the reserve is not `kept`; else a light client only (`client_busy` <
+ * `reserve`). Decreasing in `client_busy`: when the waiter with fewest may not, none may. */
 int pcr_light_may_take(unsigned client_busy, unsigned pool_busy, unsigned max_connections,
                        unsigned reserve, int kept);
 

@@ -782,7 +782,14 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
         for (size_t i = 0; !(frame->hd.flags & NGHTTP2_FLAG_ACK) && i < frame->settings.niv; i++)
             if (frame->settings.iv[i].settings_id == NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES)
                 s->no_rfc7540_prio = frame->settings.iv[i].value;
+        /* A client whose streams start with no window can take no answer byte until it opens
+         * one: the pools rank it last and never lend it their reserve (pcr/connshare.h). */
+        if (!(frame->hd.flags & NGHTTP2_FLAG_ACK))
+            s->base.load.blind = nghttp2_session_get_remote_settings(
+                                     ng, NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE) == 0;
     }
+    if (frame->hd.type == NGHTTP2_WINDOW_UPDATE && frame->hd.stream_id != 0)
+        s->base.load.blind = 0;
     if (frame->hd.type == NGHTTP2_GOAWAY)
         s->goaway = 1;
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)

@@ -71,14 +71,43 @@ static void test_a_slow_client_is_heavy_for_a_while(void)
     PCR_CHECK(pcr_light_count(&c, 6 * s) == 0);
 }
 
+/* A blind client (its streams have no window: it can take no answer byte) comes after every
+ * other client, slow ones included, and never gets the reserve, kept or not. */
+static void test_a_blind_client_never_gets_the_reserve(void)
+{
+    const uint64_t s = 1000000;
+    pcr_light_client_t c = {.busy = 0, .blind = 1};
+    unsigned n = pcr_light_count(&c, 7 * s);
+    PCR_CHECK(n == PCR_LIGHT_BLIND);
+    c.slow_us = 7 * s;                                   /* slow too: still the same */
+    PCR_CHECK(pcr_light_count(&c, 7 * s) == PCR_LIGHT_BLIND);
+    pcr_light_client_t slow = {.busy = PCR_LIGHT_SLOW * 2, .slow_us = 7 * s};
+    PCR_CHECK(pcr_light_count(&slow, 7 * s) < n);
+    PCR_CHECK(!pcr_light_needed(n, 64, 64, 6));
+    PCR_CHECK(!pcr_light_may_take(n, 58, 64, 6, 1));
+    PCR_CHECK(!pcr_light_may_take(n, 58, 64, 6, 0));     /* not kept: still not lent to it */
+    PCR_CHECK(!pcr_light_may_take(n, 63, 64, 6, 0));
+    PCR_CHECK(pcr_light_may_take(n, 57, 64, 6, 0));      /* past the reserve, as anyone */
+    PCR_CHECK(pcr_light_may_take(n, 63, 64, 0, 0));      /* no reserve: whoever */
+    c.blind = 0;                                         /* it opened a window: slow only */
+    PCR_CHECK(pcr_light_count(&c, 7 * s) == PCR_LIGHT_SLOW);
+}
+
 /* Decreasing in the client's count: if the waiter with fewest may not, none may. */
 static void test_monotone(void)
 {
+    static const unsigned counts[] = {0, 1, 5, 6, 7, 79, PCR_LIGHT_SLOW, PCR_LIGHT_SLOW + 5,
+                                      PCR_LIGHT_BLIND, PCR_LIGHT_BLIND + 5};
+    const size_t nc = sizeof(counts) / sizeof(counts[0]);
     for (int kept = 0; kept <= 1; kept++)
-        for (unsigned busy = 0; busy <= 64; busy++)
+        for (unsigned busy = 0; busy <= 64; busy++) {
             for (unsigned c = 1; c < 80; c++)
                 if (pcr_light_may_take(c, busy, 64, 6, kept))
                     PCR_CHECK(pcr_light_may_take(c - 1, busy, 64, 6, kept));
+            for (size_t i = 1; i < nc; i++)
+                if (pcr_light_may_take(counts[i], busy, 64, 6, kept))
+                    PCR_CHECK(pcr_light_may_take(counts[i - 1], busy, 64, 6, kept));
+        }
 }
 
 int main(void)
@@ -87,6 +116,7 @@ int main(void)
     PCR_RUN(test_who_may_take);
     PCR_RUN(test_a_slow_client_is_heavy_for_a_while);
     PCR_RUN(test_who_needs_it);
+    PCR_RUN(test_a_blind_client_never_gets_the_reserve);
     PCR_RUN(test_monotone);
     return pcr_test_done();
 }

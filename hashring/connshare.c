@@ -41,3 +41,8 @@ int pcr_light_may_take(unsigned client_busy, unsigned pool_busy, unsigned max_co
         return 1;
     return client_busy < reserve;
 }
+
+int pcr_blind_may_take(unsigned blind, unsigned reserve)
+{
+    return reserve == 0 || blind < reserve;
+}

@@ -78,4 +78,9 @@ int pcr_light_needed(unsigned client_busy, unsigned pool_busy, unsigned max_conn
 int pcr_light_may_take(unsigned client_busy, unsigned pool_busy, unsigned max_connections,
                        unsigned reserve, int kept);
 
+/* Whether one more blind client's request may take a connection of a pool whose connections
+ * carry `blind` such requests now: blind clients together hold no more than the reserve
+ * counts connections (none kept from them when there is no reserve). */
+int pcr_blind_may_take(unsigned blind, unsigned reserve);
+
 #endif

@@ -107,6 +107,7 @@ void pcr_upreq_free(pcr_upreq_t *r)
         pcr_upq_take(r);
     if (r->busy && r->owner != NULL)
         r->owner->busy--;
+    pcr_upreq_off_conn(r);
     pcr_upq_uncharge(r);
     if (r->wait_timer)
         event_free(r->wait_timer);

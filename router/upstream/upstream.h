@@ -86,6 +86,7 @@ typedef struct pcr_pool {
                                         and, until their estimate, unstreamed completions'
                                         (this worker's; the backend's counts every worker's) */
     unsigned nheld;                  /* completions held in `waiters` */
+    unsigned nblind;                 /* requests of blind clients on its connections */
     /* The owner (pcr_pool_set_owner): its slot in the backend's pending[] (a worker's id; -1:
      * none, as the control thread's pool), and the call that tells the other owners when the
      * pod's budget opens while they hold completions for it (NULL: nobody to tell). */

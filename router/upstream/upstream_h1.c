@@ -230,6 +230,7 @@ static void conn_fail(pcr_upconn_t *c, pcr_up_error_t err)
     c->req = NULL;
     if (r != NULL) {
         r->conn = NULL;
+        pcr_upreq_off_conn(r);
         if (err == PCR_UP_CONNECT)
             PCR_ADD(c->be->connect_errors, 1);
         else if (!stale)
@@ -257,6 +258,7 @@ static void conn_done(pcr_upconn_t *c, int keep)
     const pcr_upstream_cbs_t *cbs = r->cbs;
     void *ctx = r->ctx;
     r->conn = NULL;
+    pcr_upreq_off_conn(r);
     c->req = NULL;
     pcr_upreq_free(r);
     if (keep)
@@ -405,6 +407,10 @@ static void conn_assign(pcr_upconn_t *c, pcr_upreq_t *r)
 {
     c->req = r;
     r->conn = c;
+    if (r->owner != NULL && r->owner->blind && !r->blind_on) {
+        r->blind_on = 1;
+        r->pool->nblind++;
+    }
     pcr_upreq_to(r, UPR_ON_CONN);
     pcr_upq_charge(r);
     c->got_bytes = c->got_head = c->done = c->malformed = 0;
@@ -507,6 +513,7 @@ static void h1_abort(pcr_upreq_t *r)
     pcr_upconn_t *c = r->conn;
     c->req = NULL;
     r->conn = NULL;
+    pcr_upreq_off_conn(r);
     /* Inside its own read callback the connection sees req == NULL once the parser returns and
      * closes itself there; otherwise close it now. Either way the pod sees the connection
      * close and stops generating. */

@@ -65,6 +65,8 @@ struct pcr_upreq {
     int resent;                      /* re-sent once after a stale pooled connection: it goes on
                                         a new connection */
     int busy;                        /* counted in *owner: it has been ON_CONN */
+    int blind_on;                    /* counted in pool->nblind: on a connection, its client
+                                        blind when it took it */
     int paused;
 };
 
@@ -74,6 +76,14 @@ static inline int pcr_upreq_budgeted(const pcr_upreq_t *r) { return r->kind != P
 static inline int pcr_upreq_estimated(const pcr_upreq_t *r)
 {
     return r->kind == PCR_UP_UNSTREAMED && r->prefill > 0;
+}
+/* It leaves its connection: no longer one of the pool's blind requests. */
+static inline void pcr_upreq_off_conn(pcr_upreq_t *r)
+{
+    if (r->blind_on) {
+        r->blind_on = 0;
+        r->pool->nblind--;
+    }
 }
 static inline int pcr_upreq_queued(const pcr_upreq_t *r)
 {

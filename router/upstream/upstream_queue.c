@@ -155,7 +155,10 @@ static int light_kept(const pcr_pool_t *pool, uint64_t now)
 static int may_take(const pcr_pool_t *pool, const pcr_upreq_t *r, int kept)
 {
     unsigned reserve = r->resent ? 0 : light_reserve(pool);
-    return pcr_light_may_take(owner_busy(r), pool_busy(pool), pool->max_connections, reserve,
+    unsigned busy = owner_busy(r);
+    if (busy >= PCR_LIGHT_BLIND && !pcr_blind_may_take(pool->nblind, reserve))
+        return 0;
+    return pcr_light_may_take(busy, pool_busy(pool), pool->max_connections, reserve,
                               kept && reserve > 0);
 }
 

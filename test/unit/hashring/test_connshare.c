@@ -93,6 +93,17 @@ static void test_a_blind_client_never_gets_the_reserve(void)
     PCR_CHECK(pcr_light_count(&c, 7 * s) == PCR_LIGHT_SLOW);
 }
 
+/* Blind clients together hold no more of a pool than its reserve counts connections; with no
+ * reserve, nothing is kept from them. */
+static void test_blind_clients_hold_at_most_the_reserve(void)
+{
+    PCR_CHECK(pcr_blind_may_take(0, 6));
+    PCR_CHECK(pcr_blind_may_take(5, 6));
+    PCR_CHECK(!pcr_blind_may_take(6, 6));
+    PCR_CHECK(!pcr_blind_may_take(100, 6));
+    PCR_CHECK(pcr_blind_may_take(100, 0));
+}
+
 /* Decreasing in the client's count: if the waiter with fewest may not, none may. */
 static void test_monotone(void)
 {
@@ -117,6 +128,7 @@ int main(void)
     PCR_RUN(test_a_slow_client_is_heavy_for_a_while);
     PCR_RUN(test_who_needs_it);
     PCR_RUN(test_a_blind_client_never_gets_the_reserve);
+    PCR_RUN(test_blind_clients_hold_at_most_the_reserve);
     PCR_RUN(test_monotone);
     return pcr_test_done();
 }

@@ -22,8 +22,10 @@ timeouts.request_header_ms 2000 and a byte every 500 ms, zero-window readers
 timeouts.client_write_ms 2000. Each attack lasts 10 s, the uploads 30 s.
 
 Usage: bench/attacks.py --build build [--only name,name] [--duration S] [--conns 1,100,10000]
+                        [--access-log DIR]
 QUICK=1 shortens every attack to 3 s (a smoke run, not a measurement).
-Results also go to bench/out/attacks.json.
+Results also go to bench/out/attacks.json, with each client request's start and latency.
+--access-log DIR keeps the router's access log of each run (JSON lines, DIR/NAME-CONNS.log).
 """
 import argparse
 import json
@@ -55,6 +57,8 @@ def parse_args():
     ap.add_argument("--list", action="store_true", help="list the attacks and exit")
     ap.add_argument("--conns", default="", help="comma-separated attacking connection counts "
                     "(e.g. 1,100,10000): each attack made of connections runs at each")
+    ap.add_argument("--access-log", default="", metavar="DIR",
+                    help="write the router's JSON access log of each run to DIR/NAME-CONNS.log")
     return ap.parse_args()
 
 
@@ -486,6 +490,11 @@ def run_scenario(name, what, conns, setup, fn, duration, tmp):
                                  "admin": {"address": "127.0.0.1:0"}, "limits": BOUNDS},
                                 setup.get("config", {}))
         limits = sections["limits"] = dict(sections["limits"])
+        if ARGS.access_log:
+            os.makedirs(ARGS.access_log, exist_ok=True)
+            sections["log"] = {"access_log": True, "access_log_format": "json",
+                               "access_log_path": os.path.abspath(os.path.join(
+                                   ARGS.access_log, "%s-%s.log" % (name, conns)))}
         if ARGS.conns and conns is not None:  # room for every attacker and the client
             limits["max_client_connections"] = max(limits["max_client_connections"], conns + 1000)
         router = C.Router(C.make_config(backends, **sections), tmp, env=A.router_env(),
@@ -501,6 +510,11 @@ def run_scenario(name, what, conns, setup, fn, duration, tmp):
                     accounted_peak_mb=acct.peak["accounted"] / MiB,
                     connections_peak=acct.peak["connections"], accounted_parts_mb=acct.parts)
         figs["within"] = figs["rss_peak_mb"] <= figs["bound_mb"] + figs["overhead_mb"]
+        # Each client request: when it started (s since the first), its latency (ms), whether
+        # it was served; to put the slow ones beside the access log's lines.
+        rs = w.client.results if w.client is not None else []
+        figs["client_requests"] = [(round(r[0] - rs[0][0], 4), round(1000 * r[1], 2), r[2])
+                                   for r in rs]
         router.stop()
         figs["clean_exit"] = True
         return figs

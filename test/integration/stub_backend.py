@@ -185,6 +185,9 @@ def make_handler(state):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "stub-vllm/1"
+        # TCP_NODELAY, as vLLM's server sets it: a head and a body written apart would
+        # otherwise wait for the router's delayed ACK (40 ms) now and then.
+        disable_nagle_algorithm = True
 
         def setup(self):
             if isinstance(self.request, ssl.SSLSocket):

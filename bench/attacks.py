@@ -25,7 +25,8 @@ Usage: bench/attacks.py --build build [--only name,name] [--duration S] [--conns
                         [--access-log DIR]
 QUICK=1 shortens every attack to 3 s (a smoke run, not a measurement).
 Results also go to bench/out/attacks.json, with each client request's start and latency.
---access-log DIR keeps the router's access log of each run (JSON lines, DIR/NAME-CONNS.log).
+--access-log DIR keeps the router's access log of each run (JSON lines, DIR/NAME-CONNS.log), and
+what each stub pod received (DIR/NAME-CONNS.POD.json).
 """
 import argparse
 import json
@@ -58,7 +59,8 @@ def parse_args():
     ap.add_argument("--conns", default="", help="comma-separated attacking connection counts "
                     "(e.g. 1,100,10000): each attack made of connections runs at each")
     ap.add_argument("--access-log", default="", metavar="DIR",
-                    help="write the router's JSON access log of each run to DIR/NAME-CONNS.log")
+                    help="write the router's JSON access log of each run to DIR/NAME-CONNS.log, "
+                    "and the stub pods' request logs beside it")
     return ap.parse_args()
 
 
@@ -510,6 +512,11 @@ def run_scenario(name, what, conns, setup, fn, duration, tmp):
                     accounted_peak_mb=acct.peak["accounted"] / MiB,
                     connections_peak=acct.peak["connections"], accounted_parts_mb=acct.parts)
         figs["within"] = figs["rss_peak_mb"] <= figs["bound_mb"] + figs["overhead_mb"]
+        if ARGS.access_log:  # and what each stub pod received, when (its last 5,000 requests)
+            for s in stubs:
+                with open(os.path.join(ARGS.access_log, "%s-%s.%s.json" % (name, conns, s.name)),
+                          "w") as f:
+                    json.dump(s.stats().get("log", []), f)
         # Each client request: when it started (s since the first), its latency (ms), whether
         # it was served; to put the slow ones beside the access log's lines.
         rs = w.client.results if w.client is not None else []

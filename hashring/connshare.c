@@ -46,3 +46,9 @@ int pcr_blind_may_take(unsigned blind, unsigned reserve)
 {
     return reserve == 0 || blind < reserve;
 }
+
+int pcr_light_fresh(unsigned client_busy, unsigned idle, unsigned nconns,
+                    unsigned max_connections, unsigned reserve)
+{
+    return client_busy >= PCR_LIGHT_SLOW && idle <= reserve && nconns < max_connections;
+}

@@ -83,4 +83,14 @@ int pcr_light_may_take(unsigned client_busy, unsigned pool_busy, unsigned max_co
  * counts connections (none kept from them when there is no reserve). */
 int pcr_blind_may_take(unsigned blind, unsigned reserve);
 
+/* Whether a request whose client counts `client_busy` (pcr_light_count) should open a fresh
+ * connection rather than take an idle one of a pool with `idle` idle connections of `nconns`
+ * open (`max_connections` at most), `reserve` its light clients' reserve: yes for a client
+ * that takes no answer byte now (slow or blind) while no more than the reserve is idle and the
+ * pool may grow. A warm connection buys that client nothing, since its answer waits on the
+ * connection anyway; the next light client would pay the connect instead, behind that client's
+ * other connects at the pod. */
+int pcr_light_fresh(unsigned client_busy, unsigned idle, unsigned nconns,
+                    unsigned max_connections, unsigned reserve);
+
 #endif

@@ -485,7 +485,9 @@ static void h1_dispatch(pcr_upreq_t *r)
         pcr_upq_add(r, 0);
         return;
     }
-    pcr_upconn_t *c = r->resent ? NULL : TAILQ_FIRST(&pool->idle);
+    /* A re-sent request, or one whose client takes no answer byte now while few are idle
+     * (pcr_upq_fresh), opens a fresh connection: the idle ones stay for light clients. */
+    pcr_upconn_t *c = r->resent || pcr_upq_fresh(pool, r) ? NULL : TAILQ_FIRST(&pool->idle);
     if (c != NULL) {
         TAILQ_REMOVE(&pool->idle, c, idle_link);
         c->in_idle = 0;

@@ -155,7 +155,8 @@ void pcr_upreq_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head);
  * request's prefill in and out of the count; into the queue (`hold`: because the budget is
  * spent) and out of it; who goes next (NULL: nobody may); the held stream whose blocks `r`
  * counts on; whether `r` may take a free connection (the light clients' reserve,
- * pcr/connshare.h), and the note that `r`'s client is light and needs the reserve, from which
+ * pcr/connshare.h), whether it should open a fresh one rather than take an idle one
+ * (pcr_light_fresh), and the note that `r`'s client is light and needs the reserve, from which
  * on it is kept; and, once a prefill left the budget, the kick of this pool and of the
  * others. */
 uint64_t pcr_upq_budget(const pcr_pool_t *pool);
@@ -166,6 +167,7 @@ void pcr_upq_add(pcr_upreq_t *r, int hold);
 void pcr_upq_take(pcr_upreq_t *r);
 pcr_upreq_t *pcr_upq_next(pcr_pool_t *pool);
 int pcr_upq_may_take(const pcr_pool_t *pool, const pcr_upreq_t *r);
+int pcr_upq_fresh(const pcr_pool_t *pool, const pcr_upreq_t *r);
 void pcr_upq_note_light(pcr_pool_t *pool, const pcr_upreq_t *r);
 pcr_upreq_t *pcr_upq_bringer(pcr_pool_t *pool, const pcr_upreq_t *r);
 void pcr_upq_freed(pcr_pool_t *pool);

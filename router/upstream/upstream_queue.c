@@ -167,6 +167,12 @@ int pcr_upq_may_take(const pcr_pool_t *pool, const pcr_upreq_t *r)
     return may_take(pool, r, light_kept(pool, pcr_now_us()));
 }
 
+int pcr_upq_fresh(const pcr_pool_t *pool, const pcr_upreq_t *r)
+{
+    return pcr_light_fresh(owner_busy(r), pool->nidle, pool->nconns, pool->max_connections,
+                           light_reserve(pool));
+}
+
 void pcr_upq_note_light(pcr_pool_t *pool, const pcr_upreq_t *r)
 {
     if (!r->resent &&

@@ -196,3 +196,38 @@ def test_a_client_that_can_take_no_answer_byte_never_gets_the_reserve(stub_facto
     finally:
         reader.close()
     wait_for(lambda: in_flight(r) == 0, 15, what="the reader's requests cancelled")
+
+
+def conn_of(pod, tag):
+    """The stub pod's connection number that carried the request tagged `tag`."""
+    return [e["conn"] for e in pod.stats()["log"] if e.get("tag") == tag][0]
+
+
+def test_a_client_that_can_take_no_answer_byte_leaves_the_idle_connections(stub_factory,
+                                                                           router_factory):
+    """A light request leaves its pod connection idle in the pool. A reader that gave its
+    streams no window then asks the same pod: it opens a fresh connection, and the next light
+    request finds the warm one. Before, the reader took the idle connection (its answer waits on
+    it anyway), and the light request paid a connect, behind the reader's own connects at the
+    pod."""
+    a = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": a.url, "max_connections": 10}],
+                                   workers=1, routing={"policy": "cache_aware"},
+                                   timeouts={"client_write_ms": 60000}))
+    first = curl(r.url("/v1/completions"), completion("a light client says hello", tag="L1"),
+                 timeout=10)
+    assert first.status == 200, first
+    reader = H2Streams(r.port, window=0, ack=False)
+    try:
+        reader.open("/v1/completions", json.dumps(completion(
+            "a reader that never reads", stream=True, tag="S0", gate="never",
+            events=4)).encode())
+        wait_for(lambda: "S0" in tags_seen(a), 15, what="the reader's request at the pod")
+        light = curl(r.url("/v1/completions"),
+                     completion("a light client says hello again", tag="L2"), timeout=10)
+        assert light.status == 200, light
+        assert conn_of(a, "S0") != conn_of(a, "L1"), a.stats()["log"]
+        assert conn_of(a, "L2") == conn_of(a, "L1"), a.stats()["log"]
+    finally:
+        reader.close()
+    wait_for(lambda: in_flight(r) == 0, 15, what="the reader's request cancelled")

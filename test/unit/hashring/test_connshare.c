@@ -104,6 +104,26 @@ static void test_blind_clients_hold_at_most_the_reserve(void)
     PCR_CHECK(pcr_blind_may_take(100, 0));
 }
 
+static void test_who_leaves_the_idle_connections(void)
+{
+    const uint64_t s = 1000000;
+    pcr_light_client_t blind = {.busy = 0, .blind = 1}, slow = {.busy = 0, .slow_us = s};
+    pcr_light_client_t heavy = {.busy = 40};
+    unsigned b = pcr_light_count(&blind, s), w = pcr_light_count(&slow, s);
+    /* A client that takes no answer byte opens a fresh connection while few are idle. */
+    PCR_CHECK(pcr_light_fresh(b, 1, 10, 64, 6));
+    PCR_CHECK(pcr_light_fresh(w, 6, 10, 64, 6));
+    /* Not past the reserve's worth of idle ones, nor when the pool may not grow. */
+    PCR_CHECK(!pcr_light_fresh(b, 7, 10, 64, 6));
+    PCR_CHECK(!pcr_light_fresh(b, 1, 64, 64, 6));
+    /* A client that reads its answers keeps the warm connection, many requests or few. */
+    PCR_CHECK(!pcr_light_fresh(pcr_light_count(&heavy, s), 1, 10, 64, 6));
+    PCR_CHECK(!pcr_light_fresh(0, 0, 10, 64, 6));
+    /* Slow no more once PCR_LIGHT_KEEP_MS has passed. */
+    PCR_CHECK(!pcr_light_fresh(pcr_light_count(&slow, s + (uint64_t)PCR_LIGHT_KEEP_MS * 1000),
+                               1, 10, 64, 6));
+}
+
 /* Decreasing in the client's count: if the waiter with fewest may not, none may. */
 static void test_monotone(void)
 {
@@ -129,6 +149,7 @@ int main(void)
     PCR_RUN(test_who_needs_it);
     PCR_RUN(test_a_blind_client_never_gets_the_reserve);
     PCR_RUN(test_blind_clients_hold_at_most_the_reserve);
+    PCR_RUN(test_who_leaves_the_idle_connections);
     PCR_RUN(test_monotone);
     return pcr_test_done();
 }

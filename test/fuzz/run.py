@@ -4,6 +4,7 @@
     test/fuzz/run.py BUILD SECONDS [TARGET...]
     FUZZ_RUNS=10000000 test/fuzz/run.py BUILD SECONDS [TARGET...]
     FUZZ_TIMEOUT=60 ...   (seconds one input may take: 10 by default)
+    FUZZ_FORK=2 ...       (libFuzzer's fork mode: that many processes, one target on every core)
 
 Each target fuzz_NAME runs for SECONDS (with FUZZ_RUNS, until it has run that many inputs or
 SECONDS have passed, whichever comes first) (one after the other: the machine is shared) from the
@@ -53,6 +54,10 @@ def run_one(build, name, exe, seconds):
            "-rss_limit_mb=2048", f"-artifact_prefix={crashes}/"]
     if runs > 0:
         cmd.append(f"-runs={runs}")
+    # Fork mode: N processes fuzz the target in turns of jobs; -runs counts all of theirs.
+    fork = int(os.environ.get("FUZZ_FORK", "0") or 0)
+    if fork > 0:
+        cmd.append(f"-fork={fork}")
     # NAME.dict, or the dictionary a family of targets shares (h1.dict for h1_request, ...).
     for d in (os.path.join(FUZZ_DIR, name + ".dict"),
               os.path.join(FUZZ_DIR, name.split("_")[0] + ".dict")):
@@ -77,9 +82,10 @@ def run_one(build, name, exe, seconds):
 
     execs = stat("number_of_executed_units")
     if execs is None:   # stopped by a crash: the last status line still counts them
-        m = re.findall(r"^#(\d+)\s", text, re.M)
+        m = re.findall(r"^#(\d+):?\s", text, re.M)  # "#N:" in fork mode
         execs = int(m[-1]) if m else 0
-    corp = re.findall(r"corp: (\d+)/(\d+\w*)", text)
+    corp = re.findall(r"corp: (\d+)/(\d+\w*)", text) or \
+        [(n, "-") for n in re.findall(r"corp: (\d+) ", text)]  # fork mode: files only
     new = sorted(set(os.listdir(crashes)) - before)
     # libFuzzer also writes there an input slower than its -report_slow_units (slow-unit-*),
     # and goes on: listed apart, it is a finding only if it replays slowly on an idle machine.

@@ -282,7 +282,7 @@ def h2load(ctx, body, conns, streams, extra=(), bits=None, h1=False, during=None
     return counts
 
 
-def zero_window_readers(ctx, stub, sample=False, extra=()):
+def zero_window_readers(ctx, stub, sample=False, extra=(), bits=0):
     """300 h2c streams (at least one per connection) whose windows stay 0, opened again as the
     router resets them (client_write_ms), each asking the pod for `stub` (the stub pod's
     controls). With `sample`, the requests in flight to the pods every 100 ms. Returns the note."""
@@ -295,7 +295,7 @@ def zero_window_readers(ctx, stub, sample=False, extra=()):
         except OSError:
             pass  # a scrape too slow under the attack: that sample is missing
     during = during if sample else None
-    st = h2load(ctx, body, ctx["conns"], streams, extra=extra, bits=0, during=during)
+    st = h2load(ctx, body, ctx["conns"], streams, extra=extra, bits=bits, during=during)
     note = "%d x %d streams, 2 pods x 128 connections: %d opened, %d reset" % (
         ctx["conns"], streams, st["started"], st["failed"] + st["errored"])
     if sample:
@@ -307,6 +307,15 @@ def zero_window_readers(ctx, stub, sample=False, extra=()):
 def attack_zero_window(ctx):
     """Readers of answers that never end (the pod sends a first event, then waits)."""
     note = zero_window_readers(ctx, {"gate": "never", "events": 4})
+    aborted = sum(s.stats()["aborted"] for s in ctx["stubs"])
+    return "%s, %d pod requests cancelled" % (note, aborted)
+
+
+def attack_one_byte_window(ctx):
+    """Streams whose windows are 1 byte (h2load -w 1): h2load gives each byte back as it takes
+    it, so the router sees every answer read as it comes, a byte a round trip, and the pod's
+    answers never end. Not blind, never reset: many long answers of one client."""
+    note = zero_window_readers(ctx, {"gate": "never", "events": 4}, bits=1)
     aborted = sum(s.stats()["aborted"] for s in ctx["stubs"])
     return "%s, %d pod requests cancelled" % (note, aborted)
 
@@ -416,6 +425,8 @@ SCENARIOS = [
     ("smuggling", "smuggling variants", 4, RAW, attack_smuggling),
     ("big_window", "64 MiB response, big window", 1, {}, attack_big_window),
     ("zero_window", "300 zero-window h2 readers", 2, ZW, attack_zero_window),
+    ("one_byte_window", "300 h2 streams of endless answers, 1-byte windows", 2, ZW,
+     attack_one_byte_window),
     ("zero_window_answers", "300 zero-window h2 readers of answers that end", 2, ZW,
      attack_zero_window_answers),
     ("none_nginx", "no attack, nginx pods (reference)", None, {"nginx": True}, None),

@@ -22,7 +22,11 @@ IDLE_CONNS = os.path.join(ROOT, "bench", "proxies", "idle_conns.py")
 CONNS = 300
 # Bytes of RSS per idle h2-over-TLS connection: about 21 KB here with the session hibernated
 # (nghttp2's freed), 29 KB with only the frame buffer's pages given back, 45 KB before that.
+# Checked over 600 connections (release builds): what the allocator keeps after the burst of
+# handshakes and answers, a few MiB whatever the count, came to 33 to 39 KB a connection over
+# 300 once the stub pod answered without Nagle's delay (23 to 24 KB over 600).
 H2_TLS_BOUND = 26000
+H2_TLS_CONNS = 600
 # Bytes of RSS per idle plain HTTP/1.1 connection: about 1.1 KB with the buffers and the
 # reading state freed while idle, 2.0 KB before.
 H1_CONNS = 1000
@@ -87,8 +91,9 @@ def check_idle(c, tmp_path, port, count, bound, what, **proto):
 
 def test_idle_h2_connections_hold_no_frame_buffer(cluster, tls_cert, tmp_path):
     c = cluster(n=1, tls=tls_cert, log={"access_log": False},
-                limits={"max_client_connections": 4 * CONNS}, popen={"env": router_env()})
-    check_idle(c, tmp_path, c.router.tls_port, CONNS, H2_TLS_BOUND, "h2", tls=True, h2=True)
+                limits={"max_client_connections": 4 * H2_TLS_CONNS}, popen={"env": router_env()})
+    n = CONNS if sanitized(PCROUTER, "asan") or sanitized(PCROUTER, "tsan") else H2_TLS_CONNS
+    check_idle(c, tmp_path, c.router.tls_port, n, H2_TLS_BOUND, "h2", tls=True, h2=True)
 
 
 def test_idle_h1_connections_hold_no_buffers(cluster, tmp_path):

@@ -35,16 +35,13 @@
 #define SPAN_MIN 4096                        /* classes of this size and up come from spans */
 #define SPAN_KEEP 4                          /* empty spans kept mapped, process-wide */
 #define SPAN_HEAD 64                         /* the span's own header, before its blocks */
-#define FROM_MALLOC 0
-#define FROM_SPAN 1
 
 /* Before every block: 16 bytes, so the caller's pointer keeps malloc's alignment. */
 typedef struct {
     uint16_t cls;                            /* NO_CLASS: a plain malloc of `size` bytes */
     uint16_t magic;
-    uint8_t from;                            /* FROM_MALLOC or FROM_SPAN */
     uint8_t kind;                            /* the count it is in (memcount.h) */
-    uint16_t pad;
+    uint8_t pad[3];
     size_t size;                             /* what the caller may use */
 } head_t;
 
@@ -257,9 +254,11 @@ static void span_release(head_t *h)
     pthread_mutex_unlock(&span_lock);
 }
 
+/* A block of a class of SPAN_MIN and up came from a span (pcr_evmem_malloc_in); any other, a
+ * plain one included, from malloc. */
 static void release(head_t *h)
 {
-    if (h->from == FROM_SPAN)
+    if (h->cls != NO_CLASS && class_size(h->cls) >= SPAN_MIN)
         span_release(h);
     else
         free(h);
@@ -322,9 +321,8 @@ void *pcr_evmem_malloc_in(size_t n, pcr_memcount_kind_t kind)
         return NULL;
     h->cls = cls >= 0 ? (uint16_t)cls : NO_CLASS;
     h->magic = MAGIC;
-    h->from = span ? FROM_SPAN : FROM_MALLOC;
     h->kind = (uint8_t)kind;
-    h->pad = 0;
+    memset(h->pad, 0, sizeof(h->pad));
     h->size = size;
     count(h, (int64_t)size);
     return h + 1;

@@ -258,9 +258,8 @@ static void conn_done(pcr_upconn_t *c, int keep)
     const pcr_upstream_cbs_t *cbs = r->cbs;
     void *ctx = r->ctx;
     r->conn = NULL;
-    pcr_upreq_off_conn(r);
     c->req = NULL;
-    pcr_upreq_free(r);
+    pcr_upreq_free(r); /* off the connection too (pcr_upreq_off_conn) */
     if (keep)
         conn_to_pool(c);
     else
@@ -515,7 +514,6 @@ static void h1_abort(pcr_upreq_t *r)
     pcr_upconn_t *c = r->conn;
     c->req = NULL;
     r->conn = NULL;
-    pcr_upreq_off_conn(r);
     /* Inside its own read callback the connection sees req == NULL once the parser returns and
      * closes itself there; otherwise close it now. Either way the pod sees the connection
      * close and stops generating. */

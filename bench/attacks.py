@@ -283,9 +283,10 @@ def h2load(ctx, body, conns, streams, extra=(), bits=None, h1=False, during=None
 
 
 def zero_window_readers(ctx, stub, sample=False, extra=(), bits=0):
-    """300 h2c streams (at least one per connection) whose windows stay 0, opened again as the
-    router resets them (client_write_ms), each asking the pod for `stub` (the stub pod's
-    controls). With `sample`, the requests in flight to the pods every 100 ms. Returns the note."""
+    """300 h2c streams (at least one per connection) whose windows stay 0 (2^bits - 1 bytes with
+    `bits`), opened again as the router resets them (client_write_ms), each asking the pod for
+    `stub` (the stub pod's controls). With `sample`, the requests in flight to the pods every
+    100 ms. Returns the note."""
     body = json.dumps(C.completion("zero window", stream=True, **stub)).encode()
     streams = min(150, -(-300 // ctx["conns"]))
     active = []

@@ -305,20 +305,16 @@ def zero_window_readers(ctx, stub, sample=False, extra=(), bits=0):
     return note
 
 
-def attack_zero_window(ctx):
-    """Readers of answers that never end (the pod sends a first event, then waits)."""
-    note = zero_window_readers(ctx, {"gate": "never", "events": 4})
-    aborted = sum(s.stats()["aborted"] for s in ctx["stubs"])
-    return "%s, %d pod requests cancelled" % (note, aborted)
-
-
-def attack_one_byte_window(ctx):
-    """Streams whose windows are 1 byte (h2load -w 1): h2load gives each byte back as it takes
-    it, so the router sees every answer read as it comes, a byte a round trip, and the pod's
-    answers never end. Not blind, never reset: many long answers of one client."""
-    note = zero_window_readers(ctx, {"gate": "never", "events": 4}, bits=1)
-    aborted = sum(s.stats()["aborted"] for s in ctx["stubs"])
-    return "%s, %d pod requests cancelled" % (note, aborted)
+def attack_endless(bits):
+    """Readers of answers that never end (the pod sends a first event, then waits), their
+    streams' windows 2^bits - 1 bytes. At 0 they take nothing. At 1 byte h2load gives each byte
+    back as it takes it, so the router sees every answer read as it comes, a byte a round trip:
+    not blind, never reset, many long answers of one client."""
+    def run(ctx):
+        note = zero_window_readers(ctx, {"gate": "never", "events": 4}, bits=bits)
+        aborted = sum(s.stats()["aborted"] for s in ctx["stubs"])
+        return "%s, %d pod requests cancelled" % (note, aborted)
+    return run
 
 
 def attack_zero_window_answers(ctx):
@@ -425,9 +421,9 @@ SCENARIOS = [
     ("bad_pods", "misbehaving pod", 4, RAW, attack_bad_pods),
     ("smuggling", "smuggling variants", 4, RAW, attack_smuggling),
     ("big_window", "64 MiB response, big window", 1, {}, attack_big_window),
-    ("zero_window", "300 zero-window h2 readers", 2, ZW, attack_zero_window),
+    ("zero_window", "300 zero-window h2 readers", 2, ZW, attack_endless(0)),
     ("one_byte_window", "300 h2 streams of endless answers, 1-byte windows", 2, ZW,
-     attack_one_byte_window),
+     attack_endless(1)),
     ("zero_window_answers", "300 zero-window h2 readers of answers that end", 2, ZW,
      attack_zero_window_answers),
     ("none_nginx", "no attack, nginx pods (reference)", None, {"nginx": True}, None),

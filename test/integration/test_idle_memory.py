@@ -1,6 +1,6 @@
 """Memory of idle keep-alive connections: two batches of N connections each make one request,
 then wait; what the second batch adds to the router's RSS may be at most a bound per
-connection. The bounds are generous (the figures
+connection. The bounds leave room for the machine (the figures
 against HAProxy are bench/proxies.py --idle's, docs/BENCHMARKS.md); what they catch is an idle
 h2 session that keeps nghttp2's 16 KiB frame buffer resident, which it did before its pages
 were given back after IDLE_TRIM_MS (h2_server.c), or its whole nghttp2 session, which it did
@@ -22,7 +22,7 @@ from conftest import PCROUTER, PY, ROOT, get_metrics, metric, wait_for
 IDLE_CONNS = os.path.join(ROOT, "bench", "proxies", "idle_conns.py")
 CONNS = 300
 # Bytes of RSS per idle h2-over-TLS connection, what a second batch of 600 adds (release
-# builds): 18 to 19 KB here with the session hibernated (nghttp2's freed), 25 KB with the
+# builds): 16 to 19 KB here with the session hibernated (nghttp2's freed), 25 KB with the
 # hibernation turned off. The absolute figure over one batch moved by several KB a connection
 # from machine to machine with what the allocator kept after the burst of handshakes.
 # Hibernation itself is checked by its gauge.

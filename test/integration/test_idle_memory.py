@@ -68,17 +68,19 @@ def check_idle(c, tmp_path, port, count, bound, what, settled=None, **proto):
     body = str(tmp_path / "body.json")
     with open(body, "wb") as f:
         f.write(small_completion("idle"))
+
+    def at_rest(n):
+        if settled:
+            wait_for(lambda: settled(n), 15, 0.2, "%d idle %s connections at rest" % (n, what))
+
     warm = open_idle(port, 5, body, **proto)
     close_idle(warm)
     batches = [open_idle(port, count, body, **proto)]
     try:
-        if settled:
-            wait_for(lambda: settled(count), 15, 0.2, "%d idle %s connections at rest" % (count, what))
+        at_rest(count)
         before = proc_rss_kb(pid)
         batches.append(open_idle(port, count, body, **proto))
-        if settled:
-            wait_for(lambda: settled(2 * count), 15, 0.2,
-                     "%d idle %s connections at rest" % (2 * count, what))
+        at_rest(2 * count)
         if not (sanitized(PCROUTER, "asan") or sanitized(PCROUTER, "tsan")):
             per_conn = []
 

@@ -52,7 +52,8 @@
  *   7. Where the stream is cut changes nothing: without time passing between the writes, the
  *      client gets the same responses as when it sends everything in one write (the same
  *      statuses, bodies and closes; only which refusal ends the stream may differ, and the
- *      body of /metrics, whose counts the first run added to).
+ *      body of /metrics, whose counts the first run added to). A difference counts when a
+ *      second pair of runs gives it again (loopback's timing on a loaded machine, below).
  *
  * Not reached: the body budget's pause (budget.h). A connection's first PCR_BODY_ALLOWANCE
  * bytes of body need no budget, and one request at a time may grow past it, so a pause needs
@@ -926,6 +927,15 @@ static void run_case(const uint8_t *data, size_t size, uint32_t seed, fuzz_buf_t
     free(t);
 }
 
+/* Where two transcripts first differ, SIZE_MAX when they are the same. */
+static size_t differ_at(const fuzz_buf_t *a, const fuzz_buf_t *b)
+{
+    size_t i = 0;
+    while (i < a->len && i < b->len && a->p[i] == b->p[i])
+        i++;
+    return a->len == b->len && i == a->len ? SIZE_MAX : i;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static int once;
@@ -943,13 +953,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     run_case(data, size, data[1], compare ? &cut : NULL);
     if (compare) {
         run_case(data, size, 0, &whole);
-        size_t i = 0;
-        while (i < cut.len && i < whole.len && cut.p[i] == whole.p[i])
-            i++;
-        FUZZ_CHECKF(cut.len == whole.len && i == cut.len,
-                    "cut into writes, the client got:\n%.*s\nin one write:\n%.*s\n(they differ "
-                    "from byte %zu)", (int)cut.len, (char *)cut.p, (int)whole.len,
-                    (char *)whole.p, i);
+        size_t i = differ_at(&cut, &whole);
+        /* On a loaded machine loopback may hand a pod's bytes or close over after the turn that
+         * should have seen them (test/fuzz/README.md), and the router then hears the client and
+         * the pod in another order in one of the two runs. A cut that changes the responses
+         * does so in every run (time is virtual, the bytes the same), so a difference counts
+         * when a second pair of runs gives it again. */
+        if (i != SIZE_MAX) {
+            fuzz_buf_t cut2 = {0}, whole2 = {0};
+            run_case(data, size, data[1], &cut2);
+            run_case(data, size, 0, &whole2);
+            FUZZ_CHECKF(differ_at(&cut2, &whole2) == SIZE_MAX,
+                        "cut into writes, the client got:\n%.*s\nin one write:\n%.*s\n(they "
+                        "differ from byte %zu; so did a second pair of runs)", (int)cut.len,
+                        (char *)cut.p, (int)whole.len, (char *)whole.p, i);
+            fuzz_buf_free(&cut2);
+            fuzz_buf_free(&whole2);
+        }
     }
     fuzz_buf_free(&cut);
     fuzz_buf_free(&whole);

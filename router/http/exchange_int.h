@@ -129,6 +129,8 @@ struct pcr_exchange {
     int panic;                        /* routed while every candidate was down or ejected */
     int resynced;                     /* found no pod, and decided again after the bus */
     uint64_t held_us;                 /* how long it was held, over its attempts */
+    uint64_t conn_wait_us;            /* how long it waited for a pod connection, over its
+                                         attempts and legs (pcr_up_send_t) */
     int held;                         /* waited in the pool while the pod's prefill queue was
                                          full (routing.hold_tokens): no feedback from it */
     /* Its prefix was committed to `be` at t_commit and the pod may not have computed it yet: in

@@ -218,7 +218,8 @@ void pcr_pd_prefill(pcr_exchange_t *ex, const pcr_pd_decision_t *pdd, uint64_t n
     pcr_up_send_t send = {.head = req, .body = ref, .kind = PCR_UP_UNSTREAMED,
                           .prefill = ex->prefill, .prefix = &prefix,
                           .priority = ex->priority, .pclass = ex->pod_pslot,
-                          .passes = pcr_tenancy_passes(ex)};
+                          .passes = pcr_tenancy_passes(ex),
+                          .conn_wait_us = &ex->conn_wait_us};
     ex->up = pcr_upstream_send(pool, &send, &pd_cbs, ex);
     if (ex->up == NULL || ex->pd_resp == NULL) {
         if (ex->up != NULL)

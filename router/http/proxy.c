@@ -312,6 +312,7 @@ int pcr_proxy_dispatch(pcr_exchange_t *ex)
     send.priority = ex->priority;
     send.pclass = ex->pod_pslot;
     send.passes = pcr_tenancy_passes(ex);
+    send.conn_wait_us = &ex->conn_wait_us;
     ex->up = pcr_upstream_send(pool, &send, &proxy_cbs, ex);
     if (ex->up == NULL) {
         pcr_exchange_to(ex, EX_ROUTING);

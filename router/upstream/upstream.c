@@ -85,6 +85,12 @@ void pcr_upreq_to(pcr_upreq_t *r, pcr_upr_state_t to)
         pool->nheld--;
         PCR_SUB(pool->be->held, 1);
     }
+    if (from == UPR_WAITING && r->conn_wait_us != NULL) {
+        uint64_t now = pcr_now_us();
+        *r->conn_wait_us += now > r->t_wait ? now - r->t_wait : 0;
+    }
+    if (to == UPR_WAITING)
+        r->t_wait = pcr_now_us();
     if (to == UPR_HELD) {
         r->held = 1;
         pool->nheld++;
@@ -146,6 +152,7 @@ pcr_upreq_t *pcr_upstream_send(pcr_pool_t *pool, const pcr_up_send_t *req,
     r->priority = req->priority;
     r->pclass = req->pclass <= PCR_MAX_TENANTS ? req->pclass : 0;
     r->passes = req->passes;
+    r->conn_wait_us = req->conn_wait_us;
     const pcr_up_prefix_t *prefix = req->prefix;
     if (pcr_upreq_budgeted(r) && prefix != NULL && prefix->blocks != NULL && prefix->nblocks > 0)
         r->prefix = *prefix;

@@ -47,6 +47,8 @@ struct pcr_upreq {
     struct event *prefill_timer;     /* unstreamed: when its prefill is taken as done */
     TAILQ_ENTRY(pcr_upreq) wait_link; /* waiters, higher priority first, else in arrival order */
     uint64_t t_queued;               /* when it joined the queue, us */
+    uint64_t t_wait;                 /* when it began to wait for a slot (WAITING), us */
+    uint64_t *conn_wait_us;          /* the caller's sum of those waits (pcr_up_send_t) */
     uint64_t held_us;                /* time spent held, us (pcr_upstream_held_us) */
     uint64_t prefill;                /* its uncached prefill, tokens (streams and unstreamed) */
     uint64_t ahead;                  /* the backend's sent_prefill when it was charged */

@@ -19,6 +19,7 @@ JSON_FIELDS = {
     "total_blocks": (int, type(None)), "predicted_cached_tokens": (int, type(None)),
     "delivered_cached_tokens": (int, type(None)), "ttfb_ms": (int, float, type(None)),
     "ttft_ms": (int, float, type(None)), "held_ms": (int, float, type(None)),
+    "conn_wait_ms": (int, float, type(None)),
     "prefill_ahead_tokens": (int, type(None)), "pd": (str, type(None)),
     "prefill_backend": (str, type(None)), "prefill_leg_ms": (int, float, type(None)),
     "duration_ms": (int, float), "bytes_in": int, "bytes_out": int,
@@ -87,6 +88,7 @@ def test_json_lines_carry_every_field(stub_factory, router_factory, tmp_path):
     assert a["ttft_ms"] is None and b["ttft_ms"] is None
     assert c["ttfb_ms"] <= c["ttft_ms"] <= c["duration_ms"], c
     assert all(o["held_ms"] is None for o in objs)  # nothing waited for a pod's prefill
+    assert all(o["conn_wait_ms"] is None for o in objs)  # nor for a pod connection
     # Only a stream's first token says when its prefill was done; nothing was ahead of it.
     assert a["prefill_ahead_tokens"] is None and c["prefill_ahead_tokens"] == 0
     # The repeat: the index predicted it warm, and the pod said it reused most of it.
@@ -102,6 +104,45 @@ def test_json_lines_carry_every_field(stub_factory, router_factory, tmp_path):
     assert d["predicted_cached_tokens"] is None and d["delivered_cached_tokens"] is None
     assert d["path"] == "/nowhere/??"
     assert metric(get_metrics(r), "pcrouter_access_log_dropped_total") == 0
+
+
+def test_a_request_that_waited_for_a_pod_connection_says_how_long(stub_factory, router_factory,
+                                                                    tmp_path):
+    """The pod takes one connection; A holds it until its gate opens. B, sent while A is at the
+    pod, waits in pcrouter for that connection: its line has conn_wait_ms, from its queueing to
+    A's end, and A's has none."""
+    path = str(tmp_path / "access.json")
+    stub = stub_factory("pod-a")
+    r = router_factory(make_config([{"name": "pod-a", "url": stub.url, "max_connections": 1}],
+                                   workers=1,
+                                   log={"access_log_path": path, "access_log_format": "json"}))
+    got = {}
+    a = threading.Thread(target=lambda: got.update(a=curl(r.url("/v1/completions"),
+                                                          completion("A", tag="A", gate="ga"))))
+    a.start()
+    wait_for(lambda: any(e.get("tag") == "A" for e in stub.stats()["log"]), 15, what="A at the pod")
+    b = threading.Thread(target=lambda: got.update(b=curl(r.url("/v1/completions"),
+                                                          completion("B", tag="B"))))
+    b.start()
+    # Both in the router, one at the pod: B waits for A's connection.
+    wait_for(lambda: metric(get_metrics(r), "pcrouter_requests_in_flight") == 2, 15,
+             what="B in flight beside A")
+    stub.release("ga")
+    a.join(15)
+    b.join(15)
+    assert got["a"].status == 200 and got["b"].status == 200, got
+    def completions():
+        got = [o for o in map(json.loads, read_lines(path, True)) if o["path"] == "/v1/completions"]
+        return got if len(got) >= 2 else None
+    objs = wait_for(completions, 15, what="the two completions' lines")
+    assert len(objs) == 2, objs
+    la = next(o for o in objs if o["bytes_in"] == len(json.dumps(completion("A", tag="A", gate="ga"))))
+    lb = next(o for o in objs if o is not la)
+    assert la["conn_wait_ms"] is None, la
+    assert lb["conn_wait_ms"] is not None and lb["conn_wait_ms"] > 0, lb
+    # It waited from before the gate opened until A's end: most of B's time in the router.
+    assert lb["conn_wait_ms"] <= lb["duration_ms"], lb
+    assert [e["tag"] for e in stub.stats()["log"] if e.get("tag")] == ["A", "B"]
 
 
 def test_text_lines_in_a_file(cluster, tmp_path):

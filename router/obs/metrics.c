@@ -82,6 +82,7 @@ static uint64_t v_queued(const pcr_worker_t *w, const pcr_backend_t *be) { retur
 static uint64_t v_waiting(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_waiting); }
 static uint64_t v_held(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->held); }
 static uint64_t v_held_total(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->held_total); }
+static uint64_t v_conn_waits(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->conn_waits); }
 static uint64_t v_hits(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_hits); }
 static uint64_t v_queries(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->pod_queries); }
 static uint64_t v_connect_errors(const pcr_worker_t *w, const pcr_backend_t *be) { return PCR_LOAD(be->connect_errors); }
@@ -149,6 +150,9 @@ static const struct {
      v_held},
     {"pcrouter_backend_held_total", "counter",
      "Completions that were held at the router for the backend.", v_held_total},
+    {"pcrouter_backend_conn_waits_total", "counter",
+     "Times a request waited at the router for a connection to the backend (every one busy, "
+     "or the rest kept for light clients).", v_conn_waits},
     {"pcrouter_backend_prefill_tokens_per_second", "gauge",
      "Prefill speed, uncached prompt tokens a second, that cache_aware has learned for the "
      "backend from its streams' first tokens (time held in pcrouter excluded).", v_prefill_speed},

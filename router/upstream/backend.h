@@ -80,6 +80,7 @@ struct pcr_backend {
     uint32_t conns;                          /* request connections, all workers */
     uint32_t held;                           /* streams held in the pools (routing.hold_tokens) */
     uint64_t held_total;                     /* ... ever */
+    uint64_t conn_waits;                     /* times a request waited for a connection slot */
     uint64_t sent_prefill;                   /* the pools' sent_prefill, summed (upstream_queue.c) */
     uint64_t sent_by_class[PCR_MAX_TENANTS]; /* of it, by the pod priority class the requests
                                               carry (pcr_up_send_t.pclass) */

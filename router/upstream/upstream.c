@@ -89,8 +89,10 @@ void pcr_upreq_to(pcr_upreq_t *r, pcr_upr_state_t to)
         uint64_t now = pcr_now_us();
         *r->conn_wait_us += now > r->t_wait ? now - r->t_wait : 0;
     }
-    if (to == UPR_WAITING)
+    if (to == UPR_WAITING) {
         r->t_wait = pcr_now_us();
+        PCR_ADD(pool->be->conn_waits, 1);
+    }
     if (to == UPR_HELD) {
         r->held = 1;
         pool->nheld++;

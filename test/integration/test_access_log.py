@@ -143,6 +143,7 @@ def test_a_request_that_waited_for_a_pod_connection_says_how_long(stub_factory, 
     # It waited from before the gate opened until A's end: most of B's time in the router.
     assert lb["conn_wait_ms"] <= lb["duration_ms"], lb
     assert [e["tag"] for e in stub.stats()["log"] if e.get("tag")] == ["A", "B"]
+    assert metric(get_metrics(r), "pcrouter_backend_conn_waits_total", backend="pod-a") == 1
 
 
 def test_text_lines_in_a_file(cluster, tmp_path):

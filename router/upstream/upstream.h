@@ -155,8 +155,8 @@ typedef struct {
     unsigned pclass;
     uint64_t passes;
     /* The caller's: the time the request waits for a connection slot (every one of the pool's
-     * max_connections busy) is added to it, in us, as each wait ends (NULL: not counted). It
-     * outlives the request. */
+     * max_connections busy, or the rest kept for light clients) is added to it, in us, as each
+     * wait ends (NULL: not counted). It outlives the request. */
     uint64_t *conn_wait_us;
 } pcr_up_send_t;
 

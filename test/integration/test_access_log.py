@@ -140,7 +140,7 @@ def test_a_request_that_waited_for_a_pod_connection_says_how_long(stub_factory, 
     lb = next(o for o in objs if o is not la)
     assert la["conn_wait_ms"] is None, la
     assert lb["conn_wait_ms"] is not None and lb["conn_wait_ms"] > 0, lb
-    # It waited from before the gate opened until A's end: most of B's time in the router.
+    # Its wait, from its arrival to A's end, is part of its time in the router.
     assert lb["conn_wait_ms"] <= lb["duration_ms"], lb
     assert [e["tag"] for e in stub.stats()["log"] if e.get("tag")] == ["A", "B"]
     assert metric(get_metrics(r), "pcrouter_backend_conn_waits_total", backend="pod-a") == 1

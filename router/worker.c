@@ -159,8 +159,8 @@ void pcr_worker_dispose(pcr_worker_t *w)
         s->ops->close(s);
     }
     pcr_listeners_free(w);
+    pcr_tokenize_worker_free(w); /* a refresh under way is cancelled, before its pool goes */
     pcr_pools_free(w);
-    pcr_tokenize_worker_free(w);
     pcr_tenancy_worker_free(w);
     pcr_policy_free(w->policy);
     w->policy = NULL;

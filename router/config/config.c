@@ -202,6 +202,7 @@ static const field_t routing_fields[] = {
     F_INT(pcr_routing_conf_t, tokenize_cache_entries, FT_UINT, 0, 1000000),
     F_INT(pcr_routing_conf_t, tokenize_cache_bytes, FT_SIZE, 0, 1LL << 34),
     F_INT(pcr_routing_conf_t, tokenize_max_bytes, FT_SIZE, 1024, 1LL << 30),
+    F_OF(pcr_routing_conf_t, tokenize_reuse_prefix, FT_BOOL, 0),
     F_INT(pcr_routing_conf_t, kv_block_tokens, FT_UINT, 1, 65536),
     F_OF(pcr_routing_conf_t, session_header, FT_HEADER_NAME, 0),
     F_OF(pcr_routing_conf_t, tenant_header, FT_HEADER_NAME, 0),
@@ -1144,7 +1145,7 @@ static pcr_config_t *config_new(pcr_cfg_ctx_t *c, const char *name)
         .load_weight = po.load_weight, .zone_penalty = po.zone_penalty, .vnodes = po.vnodes,
         .unavailable_keep_ms = (unsigned)(po.unavailable_keep / 1000), .feedback = 1,
         .hold_tokens = PCR_HOLD_TOKENS_DEFAULT, .index_events = po.index_events,
-        .tokenize_timeout_ms = 100, .tokenize_cache_entries = 4096,
+        .tokenize_timeout_ms = 100, .tokenize_cache_entries = 4096, .tokenize_reuse_prefix = 1,
         .tokenize_cache_bytes = 8u << 20,
         .tokenize_max_bytes = (size_t)4 << 20, .kv_block_tokens = po.kv_block_tokens,
     };

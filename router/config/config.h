@@ -103,6 +103,9 @@ typedef struct {
     unsigned tokenize_cache_entries; /* tokenizations kept per worker, default 4096 */
     size_t tokenize_cache_bytes;   /* their token blocks' bytes per worker, default 8 MiB */
     size_t tokenize_max_bytes;     /* the longest tokenize answer read, default 4194304 */
+    int tokenize_reuse_prefix;     /* a prompt that shares its text prefix with a cached one
+                                      is routed on that one's token blocks without waiting,
+                                      its own asked for in the background; default 1 */
     unsigned kv_block_tokens;      /* tokens per block of the pods (vLLM's --block-size), 16 */
     char *session_header;          /* keeps a conversation on its pod; "" (default): the body's
                                       "user" only */

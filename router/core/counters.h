@@ -119,6 +119,8 @@ typedef struct {
     uint64_t tokenize_failures[4];               /* ... that gave no tokens: timeout, error,
                                                     bad answer, no pod */
     uint64_t tokenize_cache_hits;                /* prompts whose tokens the cache had */
+    uint64_t tokenize_prefix_hits;               /* ... had for a prefix of their text */
+    uint64_t tokenize_refreshes;                 /* tokenizations asked for the cache only */
     uint64_t precise_decisions;                  /* decided on token chains (pods' events) */
     pcr_hist_t duration;                         /* request start -> response end (us) */
     pcr_hist_t ttfb;                             /* request start -> first response byte (us) */

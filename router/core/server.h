@@ -166,6 +166,7 @@ struct pcr_worker {
     size_t ntok_pools;
     struct pcr_tokcache *tokcache;/* what earlier prompts tokenized to (tokenize.c) */
     unsigned tok_next;            /* the slot the next tokenization asks first */
+    unsigned tok_asking;          /* tokenizations that requests wait for (tokenize.c) */
     uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */
     uint64_t cfg_gen;             /* the reload this worker runs (atomic) */
     pcr_metrics_t metrics;        /* written by this worker only */

@@ -5,6 +5,9 @@
  * or without them.
  *
  *   routed -> key -> cache hit?  yes: chains into the key -> dispatch
+ *                    prefix hit?  yes: the cached prompt's chains, as many as the shared
+ *                                      text's share of its tokens less one -> dispatch;
+ *                                      a refresh (the prompt's own tokens, for the cache)
  *                                no:  POST /tokenize (or .../render) on the worker's pool for
  *                                     tokenizing -> answer: chains, cached -> dispatch
  *                                                -> error, timeout: dispatch on the text key
@@ -15,7 +18,10 @@
  * never the tokens, at most routing.tokenize_cache_entries of them and, all together, at most
  * routing.tokenize_cache_bytes of chains (a prompt's chains are 8 bytes a block, up to
  * max_prefix_bytes' worth: without the byte bound, the entries alone could hold 4096 long
- * prompts' chains, 16 KiB each). A prompt whose chains would pass it is not kept.
+ * prompts' chains, 16 KiB each). A prompt whose chains would pass it is not kept. Its prefix
+ * map (routing.tokenize_reuse_prefix) names, for each text block of a cached prompt but its
+ * last, the slot that holds it: a prompt that begins as a cached one did is routed without
+ * waiting for a pod, and a refresh, which no request waits for, caches its own tokens.
  *
  * The answer is an array of thousands of integers (a 5,500-token chat prompt: 60 KB): a tree
  * of it (a value allocated per id) costs several times what the ids are worth, so yajl's
@@ -39,14 +45,30 @@ enum { FAIL_TIMEOUT = 0, FAIL_ERROR, FAIL_ANSWER, FAIL_NO_POD };
 typedef struct {
     uint64_t key, check;          /* the last text block; its length and count of blocks */
     uint64_t prompt_tokens;       /* the exact count the pod gave */
+    uint64_t text_tokens;         /* the text key's count (canonical bytes / 4) */
     uint64_t *chains;             /* heap; NULL: an empty slot */
     size_t nchains;
+    uint32_t gen;                 /* which prompt the slot holds: new at each put, 0 never */
 } tokslot_t;
+
+/* The prefix map: each text block of a cached prompt but its last (which may be partial)
+ * names the slot that holds the prompt and its place there. Direct-mapped: a later prompt
+ * with the same block, or a colliding one, takes the entry. */
+typedef struct {
+    uint64_t key;                 /* the text block's chained hash */
+    uint32_t slot, gen, block;    /* gen: the slot's when it was put (0: an empty entry) */
+} tokpref_t;
+
+#define PREFIX_ENTRIES_PER_SLOT 16
 
 struct pcr_tokcache {
     tokslot_t *slots;
     size_t n;
+    tokpref_t *pref;
+    size_t npref;
     size_t bytes;                 /* the chains' bytes, at most routing.tokenize_cache_bytes */
+    uint32_t gen;
+    struct pcr_tokreq *refresh;   /* the one refresh under way (no request waits), or NULL */
 };
 
 /* The answer's reader: {"tokens": [...]} from /tokenize, {"token_ids": [...]} from the chat
@@ -70,7 +92,12 @@ typedef struct {
 } answer_t;
 
 struct pcr_tokreq {
-    pcr_exchange_t *ex;
+    pcr_worker_t *w;
+    pcr_exchange_t *ex;           /* the request waiting for it; NULL: a refresh */
+    pcr_key_t *key;               /* the text key in, its token chains out: &ex->key, or &own */
+    pcr_key_t own;                /* a refresh's copy of the text key; blocks and tblocks heap */
+    uint64_t *room;               /* where the chains go: ex->tblocks, or own.tblocks */
+    size_t room_cap;
     pcr_upreq_t *up;
     struct event *deadline;
     yajl_handle y;                /* the answer's parser, once a 200 head came */
@@ -84,29 +111,47 @@ struct pcr_tokreq {
 
 /* ---- the cache ------------------------------------------------------------------------- */
 
-static tokslot_t *cache_slot(pcr_worker_t *w, const pcr_key_t *k, uint64_t *check, int make)
+static struct pcr_tokcache *cache_of(pcr_worker_t *w, int make)
 {
     unsigned want = w->cfg->routing.tokenize_cache_entries;
-    if (want == 0 || k->nblocks == 0)
-        return NULL;
     struct pcr_tokcache *c = w->tokcache;
-    if (c == NULL && make) {
-        c = calloc(1, sizeof(*c));
-        if (c != NULL && (c->slots = calloc(want, sizeof(*c->slots))) == NULL) {
-            free(c);
-            c = NULL;
-        }
-        if (c != NULL)
-            c->n = want;
-        w->tokcache = c;
+    if (c != NULL || !make || want == 0)
+        return c;
+    c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->npref = (size_t)want * PREFIX_ENTRIES_PER_SLOT;
+    c->slots = calloc(want, sizeof(*c->slots));
+    c->pref = calloc(c->npref, sizeof(*c->pref));
+    if (c->slots == NULL || c->pref == NULL) {
+        free(c->slots);
+        free(c->pref);
+        free(c);
+        return NULL;
     }
+    c->n = want;
+    w->tokcache = c;
+    return c;
+}
+
+/* The slots in use: a reload may change the size; the slots in place are kept, fewer or more
+ * used. */
+static size_t cache_used(const pcr_worker_t *w, const struct pcr_tokcache *c)
+{
+    unsigned want = w->cfg->routing.tokenize_cache_entries;
+    return c->n < want ? c->n : want;
+}
+
+static tokslot_t *cache_slot(pcr_worker_t *w, const pcr_key_t *k, uint64_t *check, int make)
+{
+    if (w->cfg->routing.tokenize_cache_entries == 0 || k->nblocks == 0)
+        return NULL;
+    struct pcr_tokcache *c = cache_of(w, make);
     if (c == NULL)
         return NULL;
     uint64_t key = k->blocks[k->nblocks - 1];
     *check = k->prompt_tokens << 20 ^ k->nblocks;
-    /* A reload may change the size: the slots in place are kept, fewer or more used. */
-    size_t n = c->n < want ? c->n : want;
-    return &c->slots[key % n];
+    return &c->slots[key % cache_used(w, c)];
 }
 
 static int cache_get(pcr_exchange_t *ex)
@@ -123,37 +168,90 @@ static int cache_get(pcr_exchange_t *ex)
     return 1;
 }
 
-static void cache_put(pcr_exchange_t *ex, const pcr_key_t *text)
+/* A prompt not cached whole whose text begins as a cached prompt's does: the longest such
+ * prefix the map knows, from the prompt's last whole text block down. The shared text is
+ * blocks 0..i; its tokens are counted in the cached prompt's proportion of tokens to text
+ * (no byte offsets come with the tokens), and one block less is taken, for the tokens a
+ * tokenizer merges across the end of the shared text. The request gets those chains and its
+ * prompt's tokens counted in the same proportion. */
+static int prefix_get(pcr_exchange_t *ex)
+{
+    pcr_worker_t *w = ex->w;
+    struct pcr_tokcache *c = w->tokcache;
+    const pcr_routing_conf_t *rc = &w->cfg->routing;
+    pcr_key_t *k = &ex->key;
+    if (c == NULL || rc->tokenize_cache_entries == 0 || k->nblocks < 2)
+        return 0;
+    size_t used = cache_used(w, c);
+    for (size_t i = k->nblocks - 1; i-- > 0;) {
+        const tokpref_t *e = &c->pref[k->blocks[i] % c->npref];
+        if (e->gen == 0 || e->key != k->blocks[i] || e->block != i || e->slot >= used)
+            continue;
+        const tokslot_t *s = &c->slots[e->slot];
+        if (s->chains == NULL || s->gen != e->gen || s->text_tokens == 0)
+            continue;
+        uint64_t text = (uint64_t)(i + 1) * rc->block_bytes / 4;
+        uint64_t n = text * s->prompt_tokens / s->text_tokens / rc->kv_block_tokens;
+        n = n > 0 ? n - 1 : 0;
+        if (n > s->nchains)
+            n = s->nchains;
+        if (n == 0 || n > ex->tblocks_cap)
+            return 0; /* a shorter shared text gives no more */
+        memcpy(ex->tblocks, s->chains, n * sizeof(uint64_t));
+        k->tblocks = ex->tblocks;
+        k->ntblocks = n;
+        uint64_t tokens = k->prompt_tokens * s->prompt_tokens / s->text_tokens;
+        k->prompt_tokens = tokens > n * rc->kv_block_tokens ? tokens : n * rc->kv_block_tokens;
+        return 1;
+    }
+    return 0;
+}
+
+/* The chains of `tok` (its exact count in prompt_tokens) under the text key `text`; each text
+ * block of it but the last into the prefix map. */
+static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *tok)
 {
     uint64_t check;
-    tokslot_t *s = cache_slot(ex->w, text, &check, 1);
+    tokslot_t *s = cache_slot(w, text, &check, 1);
     if (s == NULL)
         return;
-    struct pcr_tokcache *c = ex->w->tokcache;
-    size_t limit = ex->w->cfg->routing.tokenize_cache_bytes;
+    struct pcr_tokcache *c = w->tokcache;
+    size_t limit = w->cfg->routing.tokenize_cache_bytes;
     size_t old = s->chains != NULL ? s->nchains * sizeof(uint64_t) : 0;
-    size_t add = ex->key.ntblocks * sizeof(uint64_t);
+    size_t add = tok->ntblocks * sizeof(uint64_t);
     if (limit != 0 && c->bytes - old + add > limit)
         return; /* the slot keeps what it had */
-    uint64_t *chains = malloc((ex->key.ntblocks ? ex->key.ntblocks : 1) * sizeof(uint64_t));
+    uint64_t *chains = malloc((tok->ntblocks ? tok->ntblocks : 1) * sizeof(uint64_t));
     if (chains == NULL)
         return;
-    memcpy(chains, ex->key.tblocks, ex->key.ntblocks * sizeof(uint64_t));
+    memcpy(chains, tok->tblocks, tok->ntblocks * sizeof(uint64_t));
     free(s->chains);
     c->bytes = c->bytes - old + add;
-    PCR_STORE(ex->w->metrics.tokcache_bytes, c->bytes + c->n * sizeof(*c->slots));
-    *s = (tokslot_t){text->blocks[text->nblocks - 1], check, ex->key.prompt_tokens, chains,
-                     ex->key.ntblocks};
+    PCR_STORE(w->metrics.tokcache_bytes,
+              c->bytes + c->n * sizeof(*c->slots) + c->npref * sizeof(*c->pref));
+    if (++c->gen == 0)
+        c->gen = 1;
+    *s = (tokslot_t){text->blocks[text->nblocks - 1], check, tok->prompt_tokens,
+                     text->prompt_tokens, chains, tok->ntblocks, c->gen};
+    uint32_t slot = (uint32_t)(s - c->slots);
+    for (size_t i = 0; i + 1 < text->nblocks; i++)
+        c->pref[text->blocks[i] % c->npref] = (tokpref_t){text->blocks[i], slot, c->gen,
+                                                          (uint32_t)i};
 }
+
+static void tokreq_free(struct pcr_tokreq *t);
 
 void pcr_tokenize_worker_free(pcr_worker_t *w)
 {
     struct pcr_tokcache *c = w->tokcache;
     if (c == NULL)
         return;
+    if (c->refresh != NULL)
+        tokreq_free(c->refresh);
     for (size_t i = 0; i < c->n; i++)
         free(c->slots[i].chains);
     free(c->slots);
+    free(c->pref);
     free(c);
     w->tokcache = NULL;
 }
@@ -226,11 +324,32 @@ static pcr_backend_t *pick_pod(pcr_exchange_t *ex)
     return NULL;
 }
 
-/* Ends the tokenization (a failure `why`, or -1 with the key's chains made) and routes. */
-static void finish(pcr_exchange_t *ex, int why)
+static void tokreq_free(struct pcr_tokreq *t)
 {
+    if (t->up != NULL)
+        pcr_upstream_cancel(t->up);
+    if (t->deadline != NULL)
+        event_free(t->deadline);
+    if (t->y != NULL)
+        yajl_free(t->y);
+    free(t->a.ids);
+    free(t->own.blocks);
+    free(t->own.tblocks);
+    free(t);
+}
+
+/* Ends a tokenization: a request's (a failure `why`, or -1 with the key's chains made) is
+ * routed; a refresh is only freed. */
+static void finish(struct pcr_tokreq *t, int why)
+{
+    pcr_exchange_t *ex = t->ex;
+    if (ex == NULL) {
+        t->w->tokcache->refresh = NULL;
+        tokreq_free(t);
+        return;
+    }
     pcr_worker_t *w = ex->w;
-    ex->ns_tokenize = pcr_now_ns() - ex->tok->t0_ns;
+    ex->ns_tokenize = pcr_now_ns() - t->t0_ns;
     pcr_tokenize_cancel(ex);
     ex->t_hashed_ns = 0; /* the decision reads the clock anew */
     if (why >= 0) {
@@ -246,14 +365,8 @@ void pcr_tokenize_cancel(pcr_exchange_t *ex)
     struct pcr_tokreq *t = ex->tok;
     if (t == NULL)
         return;
-    if (t->up != NULL)
-        pcr_upstream_cancel(t->up);
-    if (t->deadline != NULL)
-        event_free(t->deadline);
-    if (t->y != NULL)
-        yajl_free(t->y);
-    free(t->a.ids);
-    free(t);
+    ex->w->tok_asking--;
+    tokreq_free(t);
     ex->tok = NULL;
 }
 
@@ -357,8 +470,7 @@ static const yajl_callbacks answer_cbs = {
 
 static void on_tok_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int64_t clen)
 {
-    pcr_exchange_t *ex = ctx;
-    struct pcr_tokreq *t = ex->tok;
+    struct pcr_tokreq *t = ctx;
     /* A head is the start of an answer: nothing read before it counts. */
     if (t->y != NULL)
         yajl_free(t->y);
@@ -373,7 +485,7 @@ static void on_tok_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int
     /* Only the tokens the chains take are kept; every one is checked and counted. */
     t->a.key = t->render ? "token_ids" : "tokens";
     t->a.keylen = strlen(t->a.key);
-    t->a.keep = pcr_policy_max_tblocks(ex->w->policy) * ex->w->cfg->routing.kv_block_tokens;
+    t->a.keep = pcr_policy_max_tblocks(t->w->policy) * t->w->cfg->routing.kv_block_tokens;
     t->y = yajl_alloc(&answer_cbs, NULL, &t->a);
     if (t->y == NULL)
         t->a.bad = 1;
@@ -381,11 +493,10 @@ static void on_tok_head(void *ctx, int status, const pcr_hdr_t *h, size_t n, int
 
 static void on_tok_body(void *ctx, const char *data, size_t len)
 {
-    pcr_exchange_t *ex = ctx;
-    struct pcr_tokreq *t = ex->tok;
+    struct pcr_tokreq *t = ctx;
     if (t->too_large || t->a.bad || t->y == NULL)
         return;
-    if (t->bytes + len > ex->w->cfg->routing.tokenize_max_bytes) {
+    if (t->bytes + len > t->w->cfg->routing.tokenize_max_bytes) {
         t->too_large = 1;
         return;
     }
@@ -395,45 +506,43 @@ static void on_tok_body(void *ctx, const char *data, size_t len)
 }
 
 /* The answer's ids, read, into the key's chains. */
-static int read_answer(pcr_exchange_t *ex)
+static int read_answer(struct pcr_tokreq *t)
 {
-    struct pcr_tokreq *t = ex->tok;
     answer_t *a = &t->a;
-    const pcr_policy_t *p = ex->w->policy;
+    const pcr_policy_t *p = t->w->policy;
     size_t room = pcr_policy_max_tblocks(p);
     if (a->bad || t->y == NULL || yajl_complete_parse(t->y) != yajl_status_ok || !a->seen ||
-        room == 0 || room > ex->tblocks_cap)
+        room == 0 || room > t->room_cap)
         return -1;
-    ex->key.tblocks = ex->tblocks;
-    if (pcr_policy_key_tokens(p, 0, a->ids, a->n < a->keep ? a->n : a->keep, &ex->key) != 0)
+    t->key->tblocks = t->room;
+    if (pcr_policy_key_tokens(p, 0, a->ids, a->n < a->keep ? a->n : a->keep, t->key) != 0)
         return -1;
-    ex->key.prompt_tokens = a->n;
+    t->key->prompt_tokens = a->n;
     return 0;
 }
 
 static void on_tok_done(void *ctx)
 {
-    pcr_exchange_t *ex = ctx;
-    struct pcr_tokreq *t = ex->tok;
+    struct pcr_tokreq *t = ctx;
     t->up = NULL;
     if (t->status != 200 || t->too_large) {
-        finish(ex, t->status == 200 ? FAIL_ANSWER : FAIL_ERROR);
+        finish(t, t->status == 200 ? FAIL_ANSWER : FAIL_ERROR);
         return;
     }
-    pcr_key_t text = ex->key;
-    if (read_answer(ex) != 0) {
-        finish(ex, FAIL_ANSWER);
+    pcr_key_t text = *t->key;
+    if (read_answer(t) != 0) {
+        finish(t, FAIL_ANSWER);
         return;
     }
-    cache_put(ex, &text);
-    finish(ex, -1);
+    cache_put(t->w, &text, t->key);
+    finish(t, -1);
 }
 
 static void on_tok_error(void *ctx, pcr_up_error_t err, int got_head)
 {
-    pcr_exchange_t *ex = ctx;
-    ex->tok->up = NULL;
-    finish(ex, err == PCR_UP_TIMEOUT ? FAIL_TIMEOUT : FAIL_ERROR);
+    struct pcr_tokreq *t = ctx;
+    t->up = NULL;
+    finish(t, err == PCR_UP_TIMEOUT ? FAIL_TIMEOUT : FAIL_ERROR);
 }
 
 static const pcr_upstream_cbs_t tok_cbs = {on_tok_head, on_tok_body, on_tok_done, on_tok_error,
@@ -452,6 +561,84 @@ static int tblocks_room(pcr_exchange_t *ex, size_t room)
     return 0;
 }
 
+/* Asks a pod for the tokens of ex's prompt, whose text key is `text`: for the request, which
+ * waits (refresh 0), or for the cache only (refresh 1: the request was routed already, and
+ * `text` is copied). NULL when nothing was asked: no pod (*no_pod set), a prompt no pod is
+ * asked about, out of memory. */
+static struct pcr_tokreq *ask(pcr_exchange_t *ex, const pcr_key_t *text, int refresh,
+                              int *no_pod)
+{
+    pcr_worker_t *w = ex->w;
+    const pcr_config_t *cfg = w->cfg;
+    pcr_backend_t *be = pick_pod(ex);
+    const char *path = NULL;
+    int render = cfg->routing.tokenize_render;
+    *no_pod = be == NULL;
+    char *body = be != NULL ? question_body(ex, render, &path) : NULL;
+    if (body == NULL)
+        return NULL;
+    size_t room = pcr_policy_max_tblocks(w->policy);
+    struct pcr_tokreq *t = calloc(1, sizeof(*t));
+    struct evbuffer *req = evbuffer_new();
+    pcr_pool_t *pool = pcr_pools_tokenize(w, be);
+    int ok = t != NULL && req != NULL && pool != NULL;
+    if (ok) {
+        t->w = w;
+        t->render = render;
+        t->t0_ns = pcr_now_ns();
+        t->deadline = evtimer_new(w->base, on_deadline, t);
+        if (refresh) {
+            t->own = *text;
+            t->own.blocks = malloc(text->nblocks * sizeof(uint64_t));
+            t->own.tblocks = t->room = malloc(room * sizeof(uint64_t));
+            t->room_cap = room;
+            t->key = &t->own;
+            ok = t->own.blocks != NULL && t->room != NULL;
+            if (ok)
+                memcpy(t->own.blocks, text->blocks, text->nblocks * sizeof(uint64_t));
+        } else {
+            t->ex = ex;
+            t->key = &ex->key;
+            t->room = ex->tblocks;
+            t->room_cap = ex->tblocks_cap;
+        }
+    }
+    ok = ok && t->deadline != NULL &&
+         evbuffer_add_printf(req, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+                                  "application/json\r\nContent-Length: %zu\r\n\r\n",
+                             path, be->host_header, strlen(body)) >= 0 &&
+         evbuffer_add(req, body, strlen(body)) == 0;
+    free(body);
+    if (ok)
+        t->up = pcr_upstream_send(pool, &(pcr_up_send_t){.head = req}, &tok_cbs, t);
+    else if (req != NULL)
+        evbuffer_free(req);
+    if (!ok || t->up == NULL) {
+        if (t != NULL)
+            tokreq_free(t);
+        return NULL;
+    }
+    PCR_INC(w->metrics.tokenize_calls);
+    struct timeval tv = pcr_ms_to_tv(cfg->routing.tokenize_timeout_ms);
+    event_add(t->deadline, &tv);
+    return t;
+}
+
+/* After a prefix hit: the prompt's own tokens for the cache, so that the next prompt that
+ * extends it (a conversation's next turn) finds it. At most one at a time a worker, and only
+ * while no request waits for a tokenization: a refresh never delays one. */
+static void refresh(pcr_exchange_t *ex, const pcr_key_t *text)
+{
+    pcr_worker_t *w = ex->w;
+    struct pcr_tokcache *c = cache_of(w, 1);
+    int no_pod;
+    if (c == NULL || c->refresh != NULL || w->tok_asking != 0 || w->draining)
+        return;
+    c->refresh = ask(ex, text, 1, &no_pod);
+    if (c->refresh != NULL)
+        PCR_INC(w->metrics.tokenize_refreshes);
+}
+
 int pcr_tokenize_start(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
@@ -466,50 +653,25 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
         ex->ns_tokenize = pcr_now_ns() - t0;
         return 1;
     }
-    pcr_backend_t *be = pick_pod(ex);
-    const char *path = NULL;
-    int render = cfg->routing.tokenize_render;
-    char *body = be != NULL ? question_body(ex, render, &path) : NULL;
-    if (body == NULL) {
-        /* No pod, or a prompt no pod is asked about: routed on the text key. */
-        if (be == NULL)
-            PCR_INC(w->metrics.tokenize_failures[FAIL_NO_POD]);
-        ex->tokenized = be == NULL;
+    pcr_key_t text = ex->key;
+    if (cfg->routing.tokenize_reuse_prefix && prefix_get(ex)) {
+        PCR_INC(w->metrics.tokenize_prefix_hits);
+        refresh(ex, &text);
         ex->ns_tokenize = pcr_now_ns() - t0;
         return 1;
     }
-    struct pcr_tokreq *t = calloc(1, sizeof(*t));
-    struct evbuffer *req = evbuffer_new();
-    pcr_pool_t *pool = pcr_pools_tokenize(w, be);
-    ex->tok = t; /* from here on pcr_tokenize_cancel frees what was made */
-    if (t != NULL)
-        t->deadline = evtimer_new(w->base, on_deadline, ex);
-    if (t == NULL || req == NULL || pool == NULL || t->deadline == NULL ||
-        evbuffer_add_printf(req, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
-                                 "\r\nContent-Length: %zu\r\n\r\n", path, be->host_header,
-                            strlen(body)) < 0 ||
-        evbuffer_add(req, body, strlen(body)) != 0) {
-        /* Out of memory: routed on the text key. */
-        free(body);
-        if (req != NULL)
-            evbuffer_free(req);
-        pcr_tokenize_cancel(ex);
-        ex->tokenized = 0;
+    int no_pod;
+    ex->tok = ask(ex, &text, 0, &no_pod);
+    if (ex->tok == NULL) {
+        /* No pod, a prompt no pod is asked about, or out of memory: routed on the text key
+         * (with no pod, as a tokenization that failed). */
+        if (no_pod)
+            PCR_INC(w->metrics.tokenize_failures[FAIL_NO_POD]);
+        ex->tokenized = no_pod;
+        ex->ns_tokenize = pcr_now_ns() - t0;
         return 1;
     }
-    free(body);
-    t->ex = ex;
-    t->render = render;
-    t->t0_ns = t0;
-    ex->tok = t;
-    PCR_INC(w->metrics.tokenize_calls);
-    t->up = pcr_upstream_send(pool, &(pcr_up_send_t){.head = req}, &tok_cbs, ex);
-    if (t->up == NULL) {
-        pcr_tokenize_cancel(ex);
-        ex->tokenized = 0;
-        return 1;
-    }
-    struct timeval tv = pcr_ms_to_tv(cfg->routing.tokenize_timeout_ms);
-    event_add(t->deadline, &tv);
+    ex->tok->t0_ns = t0;
+    w->tok_asking++;
     return 0;
 }

@@ -2,16 +2,17 @@
  * model (POST /tokenize, or the render endpoints with routing.tokenize "render"), on a small
  * pool of connections of its own per worker and backend (never the request pool), with a
  * deadline (routing.tokenize_timeout_ms) and a bounded cache per worker of what earlier
- * prompts gave, keyed by the prompt's chained text blocks. Whatever goes wrong (no pod, a
- * timeout, an error, an answer that does not parse) routes the request on its approximate
- * key: tokenizing never fails a request. */
+ * prompts gave, keyed by the prompt's chained text blocks (a prompt that begins with a cached
+ * one's text takes that one's blocks at once, its own asked in the background). Whatever
+ * goes wrong (no pod, a timeout, an error, an answer that does not parse) routes the request
+ * on its approximate key: tokenizing never fails a request. */
 #ifndef PCR_ROUTER_TOKENIZE_H
 #define PCR_ROUTER_TOKENIZE_H
 
 #include "exchange_int.h"
 
 /* For a routed request whose key is made (proxy.c): fills ex->key's token chains from the
- * cache and returns 1 (dispatch now), returns 1 too when nothing is to be asked (not in
+ * cache (the whole prompt, or a prefix of it) and returns 1 (dispatch now), returns 1 too when nothing is to be asked (not in
  * precise mode, no pod, a prompt it cannot send), or starts the pod's tokenization and
  * returns 0: pcr_proxy_dispatch(ex) follows once it ends or its deadline passes. */
 int pcr_tokenize_start(pcr_exchange_t *ex);

@@ -331,6 +331,12 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_tokenize_cache_hits_total",
             "Prompts whose token chains the worker's cache held (no pod asked).",
             SUM(srv, tokenize_cache_hits));
+    counter(out, "pcrouter_tokenize_cache_prefix_hits_total",
+            "Prompts routed at once on the token chains of a cached prompt whose text they "
+            "begin with (no pod waited for).", SUM(srv, tokenize_prefix_hits));
+    counter(out, "pcrouter_tokenize_refreshes_total",
+            "Tokenizations asked after a prefix hit for the cache only, no request waiting "
+            "(also in pcrouter_tokenize_requests_total).", SUM(srv, tokenize_refreshes));
     counter(out, "pcrouter_precise_decisions_total",
             "Decisions made on the prompt's token chains in the pods' own table.",
             SUM(srv, precise_decisions));

@@ -312,6 +312,52 @@ def test_tokenize_timeout_falls_back(pods, router_factory):
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.parametrize("reuse", [True, False])
+def test_a_prompt_that_extends_a_tokenized_one_is_routed_without_waiting(pods, router_factory,
+                                                                         reuse):
+    """A conversation's next turn begins with the text of a prompt the worker tokenized: it is
+    routed at once on that prompt's token blocks (routing.tokenize_reuse_prefix, the default),
+    to the pod that holds them, while its own tokens are asked for the cache in the background.
+    The pods' tokenizers answer after 3 s: with the reuse off, the turn waits for its own."""
+    p = pods(3, "--tokenize-delay-ms", "3000", time_scale=1)
+    r = subscribed(p, router_factory(config(p, workers=1, tokenize_timeout_ms=10000,
+                                            tokenize_reuse_prefix=reuse)))
+    first = prompt_of("turn-1")
+    status, x, _ = complete(r, first)
+    assert status == 200
+    # Only another pod holds the first turn now: x comes back empty, y gets it and more, behind
+    # the router's back, so that only the pods' events and the cached tokens can lead there.
+    y = next(n for n in p.names if n != x)
+    p.post(x, "/sim/restart", {})
+    wait_for(lambda: kv_blocks(r, x) == 0, timeout=5, what="%s's entries gone" % x)
+    seed(p, y, first + prompt_of("turn-2", 1024))
+    wait_for(lambda: kv_blocks(r, y) >= 48, timeout=5, what="%s's blocks in the index" % y)
+    before = metrics(r)
+    nxt = first + prompt_of("turn-2", 1024) + prompt_of("turn-3", 512)
+    t0 = time.monotonic()
+    status, backend, _ = complete(r, nxt)
+    took = time.monotonic() - t0
+    m = metrics(r)
+    assert status == 200 and backend == y
+    assert m["pcrouter_precise_decisions_total"] == before["pcrouter_precise_decisions_total"] + 1
+    assert m['pcrouter_tokenize_failures_total{reason="timeout"}'] == 0
+    hits = m["pcrouter_tokenize_cache_prefix_hits_total"]
+    if not reuse:
+        assert hits == 0 and m["pcrouter_tokenize_refreshes_total"] == 0
+        assert took >= 3.0, "the turn was routed before its tokens came (%.2f s)" % took
+        return
+    assert hits == 1
+    assert took < 2.5, "the turn waited %.2f s for the pod's tokenizer" % took
+    # Its own tokens were asked once, for the cache: once they are in, the same turn is a
+    # whole hit, and no second refresh was asked meanwhile.
+    assert m["pcrouter_tokenize_refreshes_total"] == 1
+    whole = before["pcrouter_tokenize_cache_hits_total"]
+    wait_for(lambda: complete(r, nxt)[1] == y and
+             metric(r, "pcrouter_tokenize_cache_hits_total") > whole,
+             timeout=15, interval=0.3, what="the refreshed tokens in the cache")
+    assert metric(r, "pcrouter_tokenize_refreshes_total") == 1
+
+
 IDS = ",".join(str(i) for i in range(1, 33))   # two blocks of 16 tokens
 GOOD_ANSWERS = [
     '{"count":32,"max_model_len":1000,"tokens":[%s],"token_strs":null}' % IDS,

@@ -702,9 +702,9 @@ static void test_error_unknown_keys(void)
     CHECK_ERROR(HEAD "'routing': {'polcy': 'round_robin', 'foo': 1}}",
                 "t.json:3:13: routing.polcy: unknown key \"polcy\"; did you mean \"policy\"? "
                 "(allowed: policy, zone, block_bytes, max_prefix_bytes, index_max_bytes, "
-                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_cache_bytes, tokenize_max_bytes, kv_block_tokens, session_header, tenant_header, objective_header)\n"
+                "load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_cache_bytes, tokenize_max_bytes, tokenize_reuse_prefix, kv_block_tokens, session_header, tenant_header, objective_header)\n"
                 "t.json:3:37: routing.foo: unknown key \"foo\" (allowed: policy, zone, block_bytes, "
-                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_cache_bytes, tokenize_max_bytes, kv_block_tokens, session_header, tenant_header, objective_header)");
+                "max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_cache_bytes, tokenize_max_bytes, tokenize_reuse_prefix, kv_block_tokens, session_header, tenant_header, objective_header)");
     CHECK_ERROR(LISTEN_OK "'backends': [{'name': 'a', 'url': 'http://a'},\n"
                 "{'name': 'b', 'url': 'http://b', 'wieght': 2}]}",
                 "t.json:3:34: backends[1].wieght: unknown key \"wieght\"; did you mean \"weight\"? "
@@ -1027,7 +1027,7 @@ static void test_positions_survive_awkward_text(void)
                 "t.json:3:42: routing.vnodes: must be between 1 and 10000, got 0");
     CHECK_ERROR(HEAD "'routing': {'zone': '\\ud83d\\ude00 😀', '\\ud83d\\ude00': 1}}",
                 "t.json:3:39: routing.\xf0\x9f\x98\x80: unknown key \"\xf0\x9f\x98\x80\" (allowed: policy, zone, "
-                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_cache_bytes, tokenize_max_bytes, kv_block_tokens, session_header, tenant_header, objective_header)");
+                "block_bytes, max_prefix_bytes, index_max_bytes, load_factor, load_weight, zone_penalty, vnodes, unavailable_keep_ms, feedback, hold_tokens, index, " "tokenize, tokenize_timeout_ms, tokenize_cache_entries, tokenize_cache_bytes, tokenize_max_bytes, tokenize_reuse_prefix, kv_block_tokens, session_header, tenant_header, objective_header)");
     /* Tabs and CRLF line ends: a tab is one column, a CR is not a line end. */
     CHECK_ERROR("{'listen': [{'address': '127.0.0.1:0'}],\r\n" BACKENDS_OK ",\r\n\t'log': {'level': 1}}",
                 "t.json:3:19: log.level: expected string, got integer 1");

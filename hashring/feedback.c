@@ -62,8 +62,12 @@ int pcr_policy_feedback(pcr_policy_t *p, const pcr_key_t *key, const pcr_decisio
     if (p == NULL || key == NULL || d == NULL || d->backend < 0 || (size_t)d->backend >= p->n ||
         key->nblocks > p->max_blocks || (key->nblocks > 0 && key->blocks == NULL))
         return PCR_ERR_INVAL;
-    /* A precise decision was made on what the pods said they hold: nothing to correct. */
-    if (p->index == NULL || key->nblocks == 0 || d->precise)
+    /* A precise decision was made on what the pods said they hold: nothing to correct. In
+     * precise mode the approximate index underneath is not corrected either: its few
+     * decisions (tokens that did not come in time) could only shrink its capacity, which the
+     * precise ones, giving no feedback, would never grow back, and the pods' events say what
+     * they hold. */
+    if (p->index == NULL || key->nblocks == 0 || d->precise || p->kvt != NULL)
         return 0;
     unsigned b = (unsigned)d->backend;
     uint64_t bb = p->o.block_bytes;

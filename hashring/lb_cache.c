@@ -131,8 +131,7 @@ static uint64_t uncached_tokens(const pcr_policy_t *p, const pcr_key_t *key, uin
         /* Token blocks, and the prompt's exact count: what is left is at least the part of
          * a block that no cache holds, but past the chained horizon as above. */
         uint64_t cached = (uint64_t)matched * p->o.kv_block_tokens;
-        if (matched > 0 && matched >= key->ntblocks &&
-            key->prompt_tokens > key->ntblocks * p->o.kv_block_tokens + p->o.kv_block_tokens)
+        if (matched > 0 && matched >= key->ntblocks && key->ntblocks >= pcr_policy_max_tblocks(p))
             return 0;
         return cached >= key->prompt_tokens ? 0 : key->prompt_tokens - cached;
     }

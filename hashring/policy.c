@@ -760,6 +760,13 @@ size_t pcr_policy_max_tblocks(const pcr_policy_t *p)
     return p != NULL && p->kvt != NULL ? p->o.max_prefix_bytes / 4 / p->o.kv_block_tokens : 0;
 }
 
+int pcr_policy_prefix_known(pcr_policy_t *p, const pcr_key_t *key, size_t n)
+{
+    if (p == NULL || p->index == NULL || key == NULL || key->nblocks == 0)
+        return 1;
+    return pcr_index_match(p->index, key->blocks, key->nblocks, p->matched) <= n + 1;
+}
+
 int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,
                           size_t ntokens, pcr_key_t *key)
 {

@@ -182,6 +182,14 @@ int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *
                           size_t ntokens, pcr_key_t *key);
 size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
 
+/* Precise mode, a prompt whose first `n` text blocks the router has tokens for (those of an
+ * earlier prompt that began the same): 1 when no backend was sent more than n + 1 of key's
+ * text blocks (the approximate index, which learns every commit), so that a decision on those
+ * tokens misses nothing the router sent; 0 when one was (say a conversation's previous turn,
+ * whose tokens this worker never had): the prompt's own tokens are worth the wait. The one
+ * block of slack is the earlier prompt's last, which may have been whole. */
+int pcr_policy_prefix_known(pcr_policy_t *p, const pcr_key_t *key, size_t n);
+
 /* Precise mode: what a pod said, applied to this replica (as pcr_kvtable_stored, _removed,
  * _clear; PCR_ERR_INVAL, or nothing, when the policy keeps no pods' table). */
 int pcr_policy_kv_stored(pcr_policy_t *p, int backend, const pcr_kvt_stored_t *ev, uint64_t now);

@@ -195,8 +195,10 @@ static int prefix_get(pcr_exchange_t *ex)
         n = n > 0 ? n - 1 : 0;
         if (n > s->nchains)
             n = s->nchains;
-        if (n == 0 || n > ex->tblocks_cap)
-            return 0; /* a shorter shared text gives no more */
+        /* A shorter shared text gives no more; a pod sent more of this prompt than the
+         * shared text (a previous turn this worker did not tokenize) wants its own tokens. */
+        if (n == 0 || n > ex->tblocks_cap || !pcr_policy_prefix_known(w->policy, k, i + 1))
+            return 0;
         memcpy(ex->tblocks, s->chains, n * sizeof(uint64_t));
         k->tblocks = ex->tblocks;
         k->ntblocks = n;

@@ -1453,6 +1453,60 @@ static void test_precise_mode(void)
     pcr_policy_free(q);
 }
 
+/* Precise mode with the tokens of only a prefix of the prompt (the router's cache had them
+ * for an earlier prompt that began the same): a pod that holds all those blocks is charged
+ * the prefill of the rest, not counted as holding the whole prompt (that is only for chains
+ * cut at the horizon); and such tokens are trusted only while no pod was sent more of the
+ * prompt's text than they cover. */
+static void test_precise_prefix_tokens(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.index_events = 1;
+    o.kv_block_tokens = 4;
+    pcr_policy_t *p = pcr_policy_new(&o, four, 3);
+    PCR_CHECK(p != NULL);
+    uint32_t tok[34];
+    for (int i = 0; i < 34; i++)
+        tok[i] = (uint32_t)(i * 7 + 1);
+    uint64_t hashes[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+    pcr_kvt_stored_t ev = {hashes, 8, 0, 0, tok, 4, PCR_KVT_GPU, 0};
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &ev, 1), 0);
+    keybuf_t kb;
+    uint64_t tb[8192];
+    pcr_key_t *key = key_of(p, &kb, "unrelated bytes", 15);
+    key->tblocks = tb;
+    PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, tok, 16, key), 0); /* 4 blocks of 34 tokens */
+    key->prompt_tokens = 34;
+    pcr_backend_load_t l[NB];
+    all_usable(l, 3);
+    pcr_decision_t d;
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, key, l, 10, &d), 0);
+    PCR_CHECK(d.backend == 2 && d.precise && d.matched_blocks == 4);
+    PCR_CHECK_EQ_INT(d.uncached_prefill, 34 - 16);
+    /* Pod 0 was sent a 16-block text; a longer prompt that begins with it. */
+    keybuf_t k1 = {0}, k2 = {0};
+    size_t len;
+    char *s = prompt(1, 8192 - SYS_BYTES, &len);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key_of(p, &k1, s, 4096), 20, NULL), 0);
+    pcr_key_t *longer = key_of(p, &k2, s, len);
+    PCR_CHECK_EQ_INT(longer->nblocks, 32);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 15), 1);   /* one block of slack */
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 1);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 14), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 2), 0);     /* the system prompt's */
+    /* A decision on the approximate index underneath (the tokens did not come in time) is
+     * not fed back: the pod delivering nothing does not shrink what the index keeps of it. */
+    PCR_CHECK_EQ_INT(pcr_policy_decide(p, &k1.k, l, 30, &d), 0);
+    PCR_CHECK(d.backend == 0 && !d.precise && d.matched_blocks == 16);
+    uint64_t held = pcr_policy_backend_blocks(p, 0), cap = pcr_policy_backend_capacity(p, 0);
+    PCR_CHECK_EQ_INT(pcr_policy_feedback(p, &k1.k, &d, 0, UINT64_MAX), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_capacity(p, 0), cap);
+    free(s);
+    pcr_policy_free(p);
+}
+
 static void test_backend_states(void)
 {
     pcr_policy_opts_t o;
@@ -1566,6 +1620,7 @@ int main(void)
     PCR_RUN(test_fresh_policy_refilled_past_a_hole);
     PCR_RUN(test_renew_keeps_the_backends);
     PCR_RUN(test_precise_mode);
+    PCR_RUN(test_precise_prefix_tokens);
     PCR_RUN(test_backend_states);
     PCR_RUN(test_decision_timing_reads_the_clock_three_times);
     return pcr_test_done();

@@ -39,10 +39,10 @@ static uint64_t account(const pcr_server_t *srv, uint64_t parts[PCR_MEM__COUNT])
 {
     for (int i = 0; i < PCR_MEM__COUNT; i++)
         parts[i] = 0;
+    parts[PCR_MEM_TOKENIZE_CACHE] = PCR_LOAD(srv->tokcache_bytes);
     for (unsigned k = 0; k < srv->nworkers; k++) {
         const pcr_worker_t *w = &srv->workers[k];
         parts[PCR_MEM_INDEX] += PCR_LOAD(w->metrics.index_bytes);
-        parts[PCR_MEM_TOKENIZE_CACHE] += PCR_LOAD(w->metrics.tokcache_bytes);
         parts[PCR_MEM_REQUESTS] += PCR_LOAD(w->nexchanges) * PCR_MEM_REQUEST_COST +
                                    PCR_LOAD(w->nreaders) * PCR_MEM_READER_COST;
         for (int c = 0; c < PCR_CONN__COUNT; c++)

@@ -159,7 +159,7 @@ void pcr_worker_dispose(pcr_worker_t *w)
         s->ops->close(s);
     }
     pcr_listeners_free(w);
-    pcr_tokenize_worker_free(w); /* a refresh under way is cancelled, before its pool goes */
+    pcr_tokenize_worker_free(w); /* its refresh under way is cancelled, before its pool goes */
     pcr_pools_free(w);
     pcr_tenancy_worker_free(w);
     pcr_policy_free(w->policy);
@@ -374,4 +374,5 @@ void pcr_workers_join(pcr_server_t *srv)
         pcr_worker_release(&srv->workers[i]);
     free(srv->workers);
     srv->workers = NULL;
+    pcr_tokenize_server_free(srv);
 }

@@ -105,7 +105,6 @@ typedef struct {
                                                     a slow client (http/respond.c) */
     uint64_t response_backpressure;              /* pod reads paused: a slow client's buffer full */
     uint64_t index_bytes;                        /* this worker's replica, set on its tick */
-    uint64_t tokcache_bytes;                     /* its tokenize cache (tokenize.c) */
     uint64_t overload_refusals[PCR_OVERLOAD__COUNT]; /* by overload action (pcr/overload.h):
                                                     body budget grants, requests refused */
     uint64_t accept_pauses;                      /* its listeners paused by stop_accepting */

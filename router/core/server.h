@@ -103,6 +103,9 @@ typedef struct pcr_server {
     pcr_share_t *share;           /* the index shared with other replicas (share.c), or NULL */
     struct pcr_kv_sub *kv_sub;    /* precise mode's KV-event subscriber (precise.c), or NULL;
                                      /metrics reads its counters */
+    struct pcr_tokcache *tokcache;/* what earlier prompts tokenized to, every worker's
+                                     (tokenize.c, under its lock); freed once they are joined */
+    uint64_t tokcache_bytes;      /* atomic: its bytes, for the memory account */
     int share_loading;            /* atomic: a cold start loads the shared index; /health 503 */
 
     /* The control loop, on the main thread. */
@@ -164,7 +167,7 @@ struct pcr_worker {
     pcr_pool_t **tok_pools;       /* by backend slot: its connections for tokenizing (precise
                                      mode, tokenize.c), apart from the requests' */
     size_t ntok_pools;
-    struct pcr_tokcache *tokcache;/* what earlier prompts tokenized to (tokenize.c) */
+    struct pcr_tokreq *tok_refresh; /* its refresh under way (tokenize.c), or NULL */
     unsigned tok_next;            /* the slot the next tokenization asks first */
     unsigned tok_asking;          /* tokenizations that requests wait for (tokenize.c) */
     uint64_t epoch_seen;          /* srv->epoch at this worker's last tick (atomic) */

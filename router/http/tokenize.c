@@ -1,5 +1,5 @@
 /* router/http/tokenize.c: owns precise mode's tokenization of a routed request (tokenize.h):
- * the worker's cache of token chains, the question to a pod that serves the model (its body
+ * the workers' shared cache of token chains, the question to a pod that serves the model (its body
  * made with jansson; its answer read as it arrives with yajl's callbacks, bounded), its
  * deadline, and the return to the decision (pcr_proxy_dispatch) with the key's token chains,
  * or without them.
@@ -12,7 +12,7 @@
  *                                     tokenizing -> answer: chains, cached -> dispatch
  *                                                -> error, timeout: dispatch on the text key
  *
- * The cache is direct-mapped, its slot the prompt's last chained text block (which names the
+ * The cache is the process's (every worker's, under one lock), direct-mapped, its slot the prompt's last chained text block (which names the
  * whole prompt: the model, a chat's tools and a last partial block are mixed in, pcr/prefix.h)
  * with the prompt's length: a colliding prompt replaces the older one. It holds the chains,
  * never the tokens, at most routing.tokenize_cache_entries of them and, all together, at most
@@ -27,6 +27,7 @@
  * of it (a value allocated per id) costs several times what the ids are worth, so yajl's
  * callbacks read it chunk by chunk as it arrives, keep only the ids the chains take, and keep
  * neither the answer nor a tree of it. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,12 @@ typedef struct {
 
 #define PREFIX_ENTRIES_PER_SLOT 16
 
+/* The process's cache, shared by the workers (srv->tokcache): a conversation's turns and an
+ * agent's steps come on connections of their own, to any worker, and each finds the tokens of
+ * the one before whichever worker asked for them. One lock: a lookup or a put copies at most a
+ * prompt's chains and walks its text blocks once, in microseconds. */
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
 struct pcr_tokcache {
     tokslot_t *slots;
     size_t n;
@@ -68,7 +75,6 @@ struct pcr_tokcache {
     size_t npref;
     size_t bytes;                 /* the chains' bytes, at most routing.tokenize_cache_bytes */
     uint32_t gen;
-    struct pcr_tokreq *refresh;   /* the one refresh under way (no request waits), or NULL */
 };
 
 /* The answer's reader: {"tokens": [...]} from /tokenize, {"token_ids": [...]} from the chat
@@ -109,12 +115,12 @@ struct pcr_tokreq {
     uint64_t t0_ns;
 };
 
-/* ---- the cache ------------------------------------------------------------------------- */
+/* ---- the cache (under cache_lock) ---------------------------------------------------- */
 
 static struct pcr_tokcache *cache_of(pcr_worker_t *w, int make)
 {
     unsigned want = w->cfg->routing.tokenize_cache_entries;
-    struct pcr_tokcache *c = w->tokcache;
+    struct pcr_tokcache *c = w->srv->tokcache;
     if (c != NULL || !make || want == 0)
         return c;
     c = calloc(1, sizeof(*c));
@@ -130,7 +136,7 @@ static struct pcr_tokcache *cache_of(pcr_worker_t *w, int make)
         return NULL;
     }
     c->n = want;
-    w->tokcache = c;
+    w->srv->tokcache = c;
     return c;
 }
 
@@ -157,15 +163,19 @@ static tokslot_t *cache_slot(pcr_worker_t *w, const pcr_key_t *k, uint64_t *chec
 static int cache_get(pcr_exchange_t *ex)
 {
     uint64_t check;
+    int hit = 0;
+    pthread_mutex_lock(&cache_lock);
     tokslot_t *s = cache_slot(ex->w, &ex->key, &check, 0);
-    if (s == NULL || s->chains == NULL || s->key != ex->key.blocks[ex->key.nblocks - 1] ||
-        s->check != check || s->nchains > ex->tblocks_cap)
-        return 0;
-    memcpy(ex->tblocks, s->chains, s->nchains * sizeof(uint64_t));
-    ex->key.tblocks = ex->tblocks;
-    ex->key.ntblocks = s->nchains;
-    ex->key.prompt_tokens = s->prompt_tokens;
-    return 1;
+    if (s != NULL && s->chains != NULL && s->key == ex->key.blocks[ex->key.nblocks - 1] &&
+        s->check == check && s->nchains <= ex->tblocks_cap) {
+        memcpy(ex->tblocks, s->chains, s->nchains * sizeof(uint64_t));
+        ex->key.tblocks = ex->tblocks;
+        ex->key.ntblocks = s->nchains;
+        ex->key.prompt_tokens = s->prompt_tokens;
+        hit = 1;
+    }
+    pthread_mutex_unlock(&cache_lock);
+    return hit;
 }
 
 /* A prompt not cached whole whose text begins as a cached prompt's does: the longest such
@@ -173,17 +183,20 @@ static int cache_get(pcr_exchange_t *ex)
  * blocks 0..i; its tokens are counted in the cached prompt's proportion of tokens to text
  * (no byte offsets come with the tokens), and one block less is taken, for the tokens a
  * tokenizer merges across the end of the shared text. The request gets those chains and its
- * prompt's tokens counted in the same proportion. */
+ * prompt's tokens counted in the same proportion, unless a pod was sent more of its text. */
 static int prefix_get(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
-    struct pcr_tokcache *c = w->tokcache;
     const pcr_routing_conf_t *rc = &w->cfg->routing;
     pcr_key_t *k = &ex->key;
-    if (c == NULL || rc->tokenize_cache_entries == 0 || k->nblocks < 2)
+    uint64_t text_tokens = k->prompt_tokens;
+    size_t shared = 0, n = 0;
+    if (rc->tokenize_cache_entries == 0 || k->nblocks < 2)
         return 0;
-    size_t used = cache_used(w, c);
-    for (size_t i = k->nblocks - 1; i-- > 0;) {
+    pthread_mutex_lock(&cache_lock);
+    struct pcr_tokcache *c = w->srv->tokcache;
+    size_t used = c != NULL ? cache_used(w, c) : 0;
+    for (size_t i = k->nblocks - 1; used > 0 && i-- > 0;) {
         const tokpref_t *e = &c->pref[k->blocks[i] % c->npref];
         if (e->gen == 0 || e->key != k->blocks[i] || e->block != i || e->slot >= used)
             continue;
@@ -191,22 +204,29 @@ static int prefix_get(pcr_exchange_t *ex)
         if (s->chains == NULL || s->gen != e->gen || s->text_tokens == 0)
             continue;
         uint64_t text = (uint64_t)(i + 1) * rc->block_bytes / 4;
-        uint64_t n = text * s->prompt_tokens / s->text_tokens / rc->kv_block_tokens;
+        n = text * s->prompt_tokens / s->text_tokens / rc->kv_block_tokens;
         n = n > 0 ? n - 1 : 0;
         if (n > s->nchains)
             n = s->nchains;
-        /* A shorter shared text gives no more; a pod sent more of this prompt than the
-         * shared text (a previous turn this worker did not tokenize) wants its own tokens. */
-        if (n == 0 || n > ex->tblocks_cap || !pcr_policy_prefix_known(w->policy, k, i + 1))
-            return 0;
-        memcpy(ex->tblocks, s->chains, n * sizeof(uint64_t));
-        k->tblocks = ex->tblocks;
-        k->ntblocks = n;
-        uint64_t tokens = k->prompt_tokens * s->prompt_tokens / s->text_tokens;
-        k->prompt_tokens = tokens > n * rc->kv_block_tokens ? tokens : n * rc->kv_block_tokens;
-        return 1;
+        if (n > 0 && n <= ex->tblocks_cap) {
+            memcpy(ex->tblocks, s->chains, n * sizeof(uint64_t));
+            uint64_t tokens = text_tokens * s->prompt_tokens / s->text_tokens;
+            k->prompt_tokens = tokens > n * rc->kv_block_tokens ? tokens
+                                                                : n * rc->kv_block_tokens;
+            shared = i + 1;
+        }
+        break; /* a shorter shared text gives no more */
     }
-    return 0;
+    pthread_mutex_unlock(&cache_lock);
+    /* A pod sent more of this prompt's text than the shared text (a previous turn whose
+     * tokens were never cached) wants the prompt's own tokens. */
+    if (shared == 0 || !pcr_policy_prefix_known(w->policy, k, shared)) {
+        k->prompt_tokens = text_tokens;
+        return 0;
+    }
+    k->tblocks = ex->tblocks;
+    k->ntblocks = n;
+    return 1;
 }
 
 /* The chains of `tok` (its exact count in prompt_tokens) under the text key `text`; each text
@@ -214,48 +234,55 @@ static int prefix_get(pcr_exchange_t *ex)
 static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *tok)
 {
     uint64_t check;
+    pthread_mutex_lock(&cache_lock);
     tokslot_t *s = cache_slot(w, text, &check, 1);
-    if (s == NULL)
-        return;
-    struct pcr_tokcache *c = w->tokcache;
+    struct pcr_tokcache *c = w->srv->tokcache;
     size_t limit = w->cfg->routing.tokenize_cache_bytes;
-    size_t old = s->chains != NULL ? s->nchains * sizeof(uint64_t) : 0;
+    size_t old = s != NULL && s->chains != NULL ? s->nchains * sizeof(uint64_t) : 0;
     size_t add = tok->ntblocks * sizeof(uint64_t);
-    if (limit != 0 && c->bytes - old + add > limit)
-        return; /* the slot keeps what it had */
-    uint64_t *chains = malloc((tok->ntblocks ? tok->ntblocks : 1) * sizeof(uint64_t));
-    if (chains == NULL)
-        return;
-    memcpy(chains, tok->tblocks, tok->ntblocks * sizeof(uint64_t));
-    free(s->chains);
-    c->bytes = c->bytes - old + add;
-    PCR_STORE(w->metrics.tokcache_bytes,
-              c->bytes + c->n * sizeof(*c->slots) + c->npref * sizeof(*c->pref));
-    if (++c->gen == 0)
-        c->gen = 1;
-    *s = (tokslot_t){text->blocks[text->nblocks - 1], check, tok->prompt_tokens,
-                     text->prompt_tokens, chains, tok->ntblocks, c->gen};
-    uint32_t slot = (uint32_t)(s - c->slots);
-    for (size_t i = 0; i + 1 < text->nblocks; i++)
-        c->pref[text->blocks[i] % c->npref] = (tokpref_t){text->blocks[i], slot, c->gen,
-                                                          (uint32_t)i};
+    /* Past the bound, the slot keeps what it had. */
+    uint64_t *chains = s == NULL || (limit != 0 && c->bytes - old + add > limit)
+                           ? NULL
+                           : malloc((tok->ntblocks ? tok->ntblocks : 1) * sizeof(uint64_t));
+    if (chains != NULL) {
+        memcpy(chains, tok->tblocks, tok->ntblocks * sizeof(uint64_t));
+        free(s->chains);
+        c->bytes = c->bytes - old + add;
+        PCR_STORE(w->srv->tokcache_bytes,
+                  c->bytes + c->n * sizeof(*c->slots) + c->npref * sizeof(*c->pref));
+        if (++c->gen == 0)
+            c->gen = 1;
+        *s = (tokslot_t){text->blocks[text->nblocks - 1], check, tok->prompt_tokens,
+                         text->prompt_tokens, chains, tok->ntblocks, c->gen};
+        uint32_t slot = (uint32_t)(s - c->slots);
+        for (size_t i = 0; i + 1 < text->nblocks; i++)
+            c->pref[text->blocks[i] % c->npref] = (tokpref_t){text->blocks[i], slot, c->gen,
+                                                              (uint32_t)i};
+    }
+    pthread_mutex_unlock(&cache_lock);
 }
 
 static void tokreq_free(struct pcr_tokreq *t);
 
 void pcr_tokenize_worker_free(pcr_worker_t *w)
 {
-    struct pcr_tokcache *c = w->tokcache;
+    if (w->tok_refresh != NULL)
+        tokreq_free(w->tok_refresh);
+    w->tok_refresh = NULL;
+}
+
+void pcr_tokenize_server_free(pcr_server_t *srv)
+{
+    struct pcr_tokcache *c = srv->tokcache;
     if (c == NULL)
         return;
-    if (c->refresh != NULL)
-        tokreq_free(c->refresh);
     for (size_t i = 0; i < c->n; i++)
         free(c->slots[i].chains);
     free(c->slots);
     free(c->pref);
     free(c);
-    w->tokcache = NULL;
+    srv->tokcache = NULL;
+    PCR_STORE(srv->tokcache_bytes, 0);
 }
 
 /* ---- the question ---------------------------------------------------------------------- */
@@ -346,7 +373,7 @@ static void finish(struct pcr_tokreq *t, int why)
 {
     pcr_exchange_t *ex = t->ex;
     if (ex == NULL) {
-        t->w->tokcache->refresh = NULL;
+        t->w->tok_refresh = NULL;
         tokreq_free(t);
         return;
     }
@@ -628,16 +655,15 @@ static struct pcr_tokreq *ask(pcr_exchange_t *ex, const pcr_key_t *text, int ref
 
 /* After a prefix hit: the prompt's own tokens for the cache, so that the next prompt that
  * extends it (a conversation's next turn) finds it. At most one at a time a worker, and only
- * while no request waits for a tokenization: a refresh never delays one. */
+ * while no request of the worker waits for a tokenization: a refresh never delays one. */
 static void refresh(pcr_exchange_t *ex, const pcr_key_t *text)
 {
     pcr_worker_t *w = ex->w;
-    struct pcr_tokcache *c = cache_of(w, 1);
     int no_pod;
-    if (c == NULL || c->refresh != NULL || w->tok_asking != 0 || w->draining)
+    if (w->tok_refresh != NULL || w->tok_asking != 0 || w->draining)
         return;
-    c->refresh = ask(ex, text, 1, &no_pod);
-    if (c->refresh != NULL)
+    w->tok_refresh = ask(ex, text, 1, &no_pod);
+    if (w->tok_refresh != NULL)
         PCR_INC(w->metrics.tokenize_refreshes);
 }
 

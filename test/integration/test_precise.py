@@ -162,7 +162,6 @@ def seed(pods, pod, prompt):
 
 def test_requests_follow_the_pods_events(pods, router_factory):
     p = pods(4)
-    # One worker: the cache of tokenizations is a worker's own.
     r = subscribed(p, router_factory(config(p, workers=1)))
     prompts = {name: prompt_of("follow-%s" % name) for name in p.names}
     for name, text in prompts.items():
@@ -188,6 +187,38 @@ def test_requests_follow_the_pods_events(pods, router_factory):
     m = metrics(r)
     assert m["pcrouter_tokenize_cache_hits_total"] >= 1
     assert m["pcrouter_tokenize_requests_total"] == calls
+
+
+def test_the_workers_share_one_cache_of_tokens(pods, router_factory, tmp_path):
+    """A prompt one worker tokenized is not asked again by the other: each request on a new
+    connection, until the access log shows both workers served it, and one tokenization in
+    all. (A conversation's turns come on connections of their own, to any worker.)"""
+    p = pods(2)
+    log = tmp_path / "access.log"
+    cfg = config(p, workers=2)
+    cfg["log"] = {"access_log_path": str(log), "access_log_format": "json"}
+    r = router_factory(cfg)
+    text = prompt_of("shared-by-workers")
+
+    def lines():
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines()
+                if '"/v1/completions"' in line]
+
+    sent = [0]
+
+    def both():
+        assert complete(r, text)[0] == 200
+        sent[0] += 1
+        got = wait_for(lambda: len(lines()) == sent[0] and lines(), timeout=5,
+                       what="the access log's line")
+        return len({line["worker"] for line in got}) == 2
+
+    wait_for(both, timeout=30, interval=0, what="a request on each worker")
+    m = metrics(r)
+    assert m["pcrouter_tokenize_requests_total"] == 1
+    assert m["pcrouter_tokenize_cache_hits_total"] == sent[0] - 1
 
 
 def test_tokenize_cache_is_bounded_in_bytes(pods, router_factory):

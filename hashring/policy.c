@@ -764,7 +764,15 @@ int pcr_policy_prefix_known(pcr_policy_t *p, const pcr_key_t *key, size_t n)
 {
     if (p == NULL || p->index == NULL || key == NULL || key->nblocks == 0)
         return 1;
-    return pcr_index_match(p->index, key->blocks, key->nblocks, p->matched) <= n + 1;
+    if (pcr_index_match(p->index, key->blocks, key->nblocks, p->matched) > n + 1)
+        return 0;
+    if (p->kvt == NULL || key->ntblocks == 0)
+        return 1;
+    pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
+    size_t holders = 0;
+    for (size_t b = 0; b < p->n; b++)
+        holders += p->matched[b] >= key->ntblocks;
+    return holders < 2;
 }
 
 int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,

@@ -183,11 +183,13 @@ int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *
 size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
 
 /* Precise mode, a prompt whose first `n` text blocks the router has tokens for (those of an
- * earlier prompt that began the same): 1 when no backend was sent more than n + 1 of key's
- * text blocks (the approximate index, which learns every commit), so that a decision on those
- * tokens misses nothing the router sent; 0 when one was (say a conversation's previous turn,
- * whose tokens this worker never had): the prompt's own tokens are worth the wait. The one
- * block of slack is the earlier prompt's last, which may have been whole. */
+ * earlier prompt that began the same, in key->tblocks): 1 when a decision on those tokens
+ * misses nothing that the prompt's own would show. 0, the prompt's own tokens being worth the
+ * wait, when a backend was sent more than n + 1 of key's text blocks (the approximate index,
+ * which learns every commit: say a conversation's previous turn whose tokens the router never
+ * had; the one block of slack is the earlier prompt's last, which may have been whole), or
+ * when two backends or more hold all of key->tblocks (the pods' table: a shared system prompt,
+ * say, beyond which one of them may hold the conversation another replica sent it). */
 int pcr_policy_prefix_known(pcr_policy_t *p, const pcr_key_t *key, size_t n);
 
 /* Precise mode: what a pod said, applied to this replica (as pcr_kvtable_stored, _removed,

@@ -12,13 +12,14 @@
  *                                     tokenizing -> answer: chains, cached -> dispatch
  *                                                -> error, timeout: dispatch on the text key
  *
- * The cache is the process's (every worker's, under one lock), direct-mapped, its slot the prompt's last chained text block (which names the
- * whole prompt: the model, a chat's tools and a last partial block are mixed in, pcr/prefix.h)
- * with the prompt's length: a colliding prompt replaces the older one. It holds the chains,
- * never the tokens, at most routing.tokenize_cache_entries of them and, all together, at most
- * routing.tokenize_cache_bytes of chains (a prompt's chains are 8 bytes a block, up to
- * max_prefix_bytes' worth: without the byte bound, the entries alone could hold 4096 long
- * prompts' chains, 16 KiB each). A prompt whose chains would pass it is not kept. Its prefix
+ * The cache is the process's (every worker's, under one lock) and direct-mapped, its slot the
+ * prompt's last chained text block (which names the whole prompt: the model, a chat's tools
+ * and a last partial block are mixed in, pcr/prefix.h) with the prompt's length: a colliding
+ * prompt replaces the older one. It holds the chains and text blocks, never the tokens, at
+ * most routing.tokenize_cache_entries prompts and, all together, at most
+ * routing.tokenize_cache_bytes (8 bytes a block, the chains up to max_prefix_bytes' worth:
+ * without the byte bound, the entries alone could hold 4096 long prompts' chains, 16 KiB
+ * each). A prompt whose blocks would pass it is not kept. Its prefix
  * map (routing.tokenize_reuse_prefix) names, for each text block of a cached prompt but its
  * last, the slot that holds it: a prompt that begins as a cached one did is routed without
  * waiting for a pod, and a refresh, which no request waits for, caches its own tokens.
@@ -47,14 +48,18 @@ typedef struct {
     uint64_t key, check;          /* the last text block; its length and count of blocks */
     uint64_t prompt_tokens;       /* the exact count the pod gave */
     uint64_t text_tokens;         /* the text key's count (canonical bytes / 4) */
-    uint64_t *chains;             /* heap; NULL: an empty slot */
+    uint64_t *chains;             /* heap, with `text` after it; NULL: an empty slot */
     size_t nchains;
+    uint64_t *text;               /* its text blocks but the last: where a prompt that begins
+                                   * as it does parts from it */
+    size_t ntext;
     uint32_t gen;                 /* which prompt the slot holds: new at each put, 0 never */
 } tokslot_t;
 
 /* The prefix map: each text block of a cached prompt but its last (which may be partial)
  * names the slot that holds the prompt and its place there. Direct-mapped: a later prompt
- * with the same block, or a colliding one, takes the entry. */
+ * with the same block, or a colliding one, takes the entry; any entry of the prompt left
+ * leads to its slot, whose own text blocks then say how far the two prompts agree. */
 typedef struct {
     uint64_t key;                 /* the text block's chained hash */
     uint32_t slot, gen, block;    /* gen: the slot's when it was put (0: an empty entry) */
@@ -73,7 +78,8 @@ struct pcr_tokcache {
     size_t n;
     tokpref_t *pref;
     size_t npref;
-    size_t bytes;                 /* the chains' bytes, at most routing.tokenize_cache_bytes */
+    size_t bytes;                 /* the slots' chains and text blocks, at most
+                                   * routing.tokenize_cache_bytes */
     uint32_t gen;
 };
 
@@ -203,6 +209,12 @@ static int prefix_get(pcr_exchange_t *ex)
         const tokslot_t *s = &c->slots[e->slot];
         if (s->chains == NULL || s->gen != e->gen || s->text_tokens == 0)
             continue;
+        /* Blocks 0..i agree (a block's chain names its whole prefix); the next ones may too,
+         * when the map lost their entries to later prompts. */
+        size_t j = i + 1;
+        while (j < s->ntext && j + 1 < k->nblocks && s->text[j] == k->blocks[j])
+            j++;
+        i = j - 1;
         uint64_t text = (uint64_t)(i + 1) * rc->block_bytes / 4;
         n = text * s->prompt_tokens / s->text_tokens / rc->kv_block_tokens;
         n = n > 0 ? n - 1 : 0;
@@ -218,14 +230,18 @@ static int prefix_get(pcr_exchange_t *ex)
         break; /* a shorter shared text gives no more */
     }
     pthread_mutex_unlock(&cache_lock);
+    if (shared == 0)
+        return 0;
+    k->tblocks = ex->tblocks;
+    k->ntblocks = n;
     /* A pod sent more of this prompt's text than the shared text (a previous turn whose
-     * tokens were never cached) wants the prompt's own tokens. */
-    if (shared == 0 || !pcr_policy_prefix_known(w->policy, k, shared)) {
+     * tokens were never cached), or several that hold all of it, want its own tokens. */
+    if (!pcr_policy_prefix_known(w->policy, k, shared)) {
+        k->tblocks = NULL;
+        k->ntblocks = 0;
         k->prompt_tokens = text_tokens;
         return 0;
     }
-    k->tblocks = ex->tblocks;
-    k->ntblocks = n;
     return 1;
 }
 
@@ -238,14 +254,16 @@ static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *t
     tokslot_t *s = cache_slot(w, text, &check, 1);
     struct pcr_tokcache *c = w->srv->tokcache;
     size_t limit = w->cfg->routing.tokenize_cache_bytes;
-    size_t old = s != NULL && s->chains != NULL ? s->nchains * sizeof(uint64_t) : 0;
-    size_t add = tok->ntblocks * sizeof(uint64_t);
+    size_t ntext = text->nblocks - 1;
+    size_t old = s != NULL && s->chains != NULL ? (s->nchains + s->ntext) * sizeof(uint64_t) : 0;
+    size_t add = (tok->ntblocks + ntext) * sizeof(uint64_t);
     /* Past the bound, the slot keeps what it had. */
     uint64_t *chains = s == NULL || (limit != 0 && c->bytes - old + add > limit)
                            ? NULL
-                           : malloc((tok->ntblocks ? tok->ntblocks : 1) * sizeof(uint64_t));
+                           : malloc(add ? add : sizeof(uint64_t));
     if (chains != NULL) {
         memcpy(chains, tok->tblocks, tok->ntblocks * sizeof(uint64_t));
+        memcpy(chains + tok->ntblocks, text->blocks, ntext * sizeof(uint64_t));
         free(s->chains);
         c->bytes = c->bytes - old + add;
         PCR_STORE(w->srv->tokcache_bytes,
@@ -253,7 +271,8 @@ static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *t
         if (++c->gen == 0)
             c->gen = 1;
         *s = (tokslot_t){text->blocks[text->nblocks - 1], check, tok->prompt_tokens,
-                         text->prompt_tokens, chains, tok->ntblocks, c->gen};
+                         text->prompt_tokens, chains, tok->ntblocks, chains + tok->ntblocks,
+                         ntext, c->gen};
         uint32_t slot = (uint32_t)(s - c->slots);
         for (size_t i = 0; i + 1 < text->nblocks; i++)
             c->pref[text->blocks[i] % c->npref] = (tokpref_t){text->blocks[i], slot, c->gen,

@@ -329,7 +329,7 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
                             why[k], (unsigned long long)v);
     }
     counter(out, "pcrouter_tokenize_cache_hits_total",
-            "Prompts whose token chains the worker's cache held (no pod asked).",
+            "Prompts whose token chains the workers' cache held (no pod asked).",
             SUM(srv, tokenize_cache_hits));
     counter(out, "pcrouter_tokenize_cache_prefix_hits_total",
             "Prompts routed at once on the token chains of a cached prompt whose text they "

@@ -222,11 +222,12 @@ def test_the_workers_share_one_cache_of_tokens(pods, router_factory, tmp_path):
 
 
 def test_tokenize_cache_is_bounded_in_bytes(pods, router_factory):
-    """routing.tokenize_cache_bytes: a prompt whose token blocks (8 bytes each) would pass it
-    is not kept, and the pod is asked again; one that fits is asked once."""
+    """routing.tokenize_cache_bytes: a prompt whose token blocks and text blocks (8 bytes
+    each) would pass it is not kept, and the pod is asked again; one that fits is asked once."""
     p = pods(2)
-    # 32 blocks are 256 bytes of chains: 300 keeps one such prompt, not two.
-    r = router_factory(config(p, workers=1, tokenize_cache_bytes=300))
+    # 32 token blocks and 7 text blocks (all but the last of 2048 bytes) are 312 bytes: 400
+    # keeps one such prompt, not two.
+    r = router_factory(config(p, workers=1, tokenize_cache_bytes=400))
     first, second = prompt_of("bound-a"), prompt_of("bound-b")
     for text in (first, first, second, second):
         assert complete(r, text)[0] == 200

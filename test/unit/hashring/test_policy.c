@@ -1495,6 +1495,15 @@ static void test_precise_prefix_tokens(void)
     PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 1);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 14), 0);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 2), 0);     /* the system prompt's */
+    /* With the prefix's token chains: held by one pod (2), they say where the prompt goes;
+     * held by two, one of them may hold more of it. */
+    longer->tblocks = key->tblocks;
+    longer->ntblocks = key->ntblocks;
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 1);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &ev, 25), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 0);
+    longer->tblocks = NULL;
+    longer->ntblocks = 0;
     /* A decision on the approximate index underneath (the tokens did not come in time) is
      * not fed back: the pod delivering nothing does not shrink what the index keeps of it. */
     PCR_CHECK_EQ_INT(pcr_policy_decide(p, &k1.k, l, 30, &d), 0);

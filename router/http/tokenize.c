@@ -189,7 +189,8 @@ static int cache_get(pcr_exchange_t *ex)
  * blocks 0..i; its tokens are counted in the cached prompt's proportion of tokens to text
  * (no byte offsets come with the tokens), and one block less is taken, for the tokens a
  * tokenizer merges across the end of the shared text. The request gets those chains and its
- * prompt's tokens counted in the same proportion, unless a pod was sent more of its text. */
+ * prompt's tokens counted in the same proportion, unless pcr_policy_prefix_known says its own
+ * tokens could change the decision. */
 static int prefix_get(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;

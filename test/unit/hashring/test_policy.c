@@ -1362,23 +1362,42 @@ static void test_renew_keeps_the_backends(void)
  * hold; one without them on the approximate index; a request sent counts for its pod until
  * the TTL; a restart the events report drops the pod's entries, one only the scrape saw
  * drops its guesses. */
+/* Precise mode's fixture: a policy over three backends with blocks of 4 tokens, and pod 2
+ * having said it stored the first 8 blocks (32 tokens) of `tok` (34). */
+typedef struct {
+    pcr_policy_opts_t o;
+    uint32_t tok[34];
+    uint64_t hashes[8];
+    pcr_kvt_stored_t ev;
+    pcr_policy_t *p;
+} precise_fx_t;
+
+static void precise_fixture(precise_fx_t *f)
+{
+    pcr_policy_opts_default(&f->o);
+    f->o.index_events = 1;
+    f->o.kv_block_tokens = 4;
+    f->o.kv_speculative_ttl = 1000;
+    for (int i = 0; i < 34; i++)
+        f->tok[i] = (uint32_t)(i * 7 + 1);
+    for (int i = 0; i < 8; i++)
+        f->hashes[i] = (uint64_t)(11 + i);
+    f->ev = (pcr_kvt_stored_t){f->hashes, 8, 0, 0, f->tok, 4, PCR_KVT_GPU, 0};
+    f->p = pcr_policy_new(&f->o, four, 3);
+    PCR_CHECK(f->p != NULL && pcr_policy_kvtable(f->p) != NULL);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(f->p, 2, &f->ev, 1), 0);
+}
+
 static void test_precise_mode(void)
 {
-    pcr_policy_opts_t o;
-    pcr_policy_opts_default(&o);
-    o.index_events = 1;
-    o.kv_block_tokens = 4;
-    o.kv_speculative_ttl = 1000;
-    pcr_policy_t *p = pcr_policy_new(&o, four, 3);
-    PCR_CHECK(p != NULL && pcr_policy_kvtable(p) != NULL);
+    precise_fx_t f;
+    precise_fixture(&f);
+    pcr_policy_t *p = f.p;
+    pcr_policy_opts_t o = f.o;
+    uint32_t *tok = f.tok;
+    uint64_t *hashes = f.hashes;
+    pcr_kvt_stored_t ev = f.ev;
     PCR_CHECK_EQ_INT(pcr_policy_max_tblocks(p), 131072 / 4 / 4);
-    uint32_t tok[34];
-    for (int i = 0; i < 34; i++)
-        tok[i] = (uint32_t)(i * 7 + 1);
-    /* Pod 2 says it stored the first 8 blocks (32 tokens). */
-    uint64_t hashes[8] = {11, 12, 13, 14, 15, 16, 17, 18};
-    pcr_kvt_stored_t ev = {hashes, 8, 0, 0, tok, 4, PCR_KVT_GPU, 0};
-    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &ev, 1), 0);
     keybuf_t kb;
     uint64_t tb[8192];
     pcr_key_t *key = key_of(p, &kb, "unrelated bytes", 15);
@@ -1460,23 +1479,14 @@ static void test_precise_mode(void)
  * prompt's text than they cover. */
 static void test_precise_prefix_tokens(void)
 {
-    pcr_policy_opts_t o;
-    pcr_policy_opts_default(&o);
-    o.index_events = 1;
-    o.kv_block_tokens = 4;
-    pcr_policy_t *p = pcr_policy_new(&o, four, 3);
-    PCR_CHECK(p != NULL);
-    uint32_t tok[34];
-    for (int i = 0; i < 34; i++)
-        tok[i] = (uint32_t)(i * 7 + 1);
-    uint64_t hashes[8] = {11, 12, 13, 14, 15, 16, 17, 18};
-    pcr_kvt_stored_t ev = {hashes, 8, 0, 0, tok, 4, PCR_KVT_GPU, 0};
-    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &ev, 1), 0);
+    precise_fx_t f;
+    precise_fixture(&f);
+    pcr_policy_t *p = f.p;
     keybuf_t kb;
     uint64_t tb[8192];
     pcr_key_t *key = key_of(p, &kb, "unrelated bytes", 15);
     key->tblocks = tb;
-    PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, tok, 16, key), 0); /* 4 blocks of 34 tokens */
+    PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, f.tok, 16, key), 0); /* 4 blocks of 34 tokens */
     key->prompt_tokens = 34;
     pcr_backend_load_t l[NB];
     all_usable(l, 3);
@@ -1500,7 +1510,7 @@ static void test_precise_prefix_tokens(void)
     longer->tblocks = key->tblocks;
     longer->ntblocks = key->ntblocks;
     PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 1);
-    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &ev, 25), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &f.ev, 25), 0);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 0);
     longer->tblocks = NULL;
     longer->ntblocks = 0;

@@ -48,10 +48,10 @@ typedef struct {
     uint64_t key, check;          /* the last text block; its length and count of blocks */
     uint64_t prompt_tokens;       /* the exact count the pod gave */
     uint64_t text_tokens;         /* the text key's count (canonical bytes / 4) */
-    uint64_t *chains;             /* heap, with `text` after it; NULL: an empty slot */
+    uint64_t *chains;             /* heap, the prompt's text blocks but the last right after
+                                   * them (ntext): where a prompt that begins as it does parts
+                                   * from it; NULL: an empty slot */
     size_t nchains;
-    uint64_t *text;               /* its text blocks but the last: where a prompt that begins
-                                   * as it does parts from it */
     size_t ntext;
     uint32_t gen;                 /* which prompt the slot holds: new at each put, 0 never */
 } tokslot_t;
@@ -212,12 +212,13 @@ static int prefix_get(pcr_exchange_t *ex)
             continue;
         /* Blocks 0..i agree (a block's chain names its whole prefix); the next ones may too,
          * when the map lost their entries to later prompts. */
+        const uint64_t *text = s->chains + s->nchains;
         size_t j = i + 1;
-        while (j < s->ntext && j + 1 < k->nblocks && s->text[j] == k->blocks[j])
+        while (j < s->ntext && j + 1 < k->nblocks && text[j] == k->blocks[j])
             j++;
         i = j - 1;
-        uint64_t text = (uint64_t)(i + 1) * rc->block_bytes / 4;
-        n = text * s->prompt_tokens / s->text_tokens / rc->kv_block_tokens;
+        uint64_t shared_text = (uint64_t)(i + 1) * rc->block_bytes / 4;
+        n = shared_text * s->prompt_tokens / s->text_tokens / rc->kv_block_tokens;
         n = n > 0 ? n - 1 : 0;
         if (n > s->nchains)
             n = s->nchains;
@@ -272,8 +273,7 @@ static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *t
         if (++c->gen == 0)
             c->gen = 1;
         *s = (tokslot_t){text->blocks[text->nblocks - 1], check, tok->prompt_tokens,
-                         text->prompt_tokens, chains, tok->ntblocks, chains + tok->ntblocks,
-                         ntext, c->gen};
+                         text->prompt_tokens, chains, tok->ntblocks, ntext, c->gen};
         uint32_t slot = (uint32_t)(s - c->slots);
         for (size_t i = 0; i + 1 < text->nblocks; i++)
             c->pref[text->blocks[i] % c->npref] = (tokpref_t){text->blocks[i], slot, c->gen,
@@ -674,8 +674,9 @@ static struct pcr_tokreq *ask(pcr_exchange_t *ex, const pcr_key_t *text, int ref
 }
 
 /* After a prefix hit: the prompt's own tokens for the cache, so that the next prompt that
- * extends it (a conversation's next turn) finds it. At most one at a time a worker, and only
- * while no request of the worker waits for a tokenization: a refresh never delays one. */
+ * extends it (a conversation's next turn) finds it. At most one at a time a worker, started
+ * only while no request of the worker waits for a tokenization (a request that comes after
+ * takes the pool's other connection). */
 static void refresh(pcr_exchange_t *ex, const pcr_key_t *text)
 {
     pcr_worker_t *w = ex->w;

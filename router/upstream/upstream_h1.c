@@ -180,7 +180,7 @@ static void conn_to_pool(pcr_upconn_t *c)
     pcr_upreq_t *w = pcr_upq_next(pool);
     pool->handing = 0;
     if (w != NULL && !w->resent) {
-        pcr_upq_take(w);
+        pcr_upq_take_to_send(w);
         conn_assign(c, w);
         return;
     }
@@ -212,10 +212,8 @@ static void conn_close(pcr_upconn_t *c)
     PCR_SUB(pool->be->conns, 1);
     /* A slot freed up: give it to the next waiter. */
     pcr_upreq_t *w = pcr_upq_next(pool);
-    if (w != NULL && !*pool->draining) {
-        pcr_upq_take(w);
-        h1_dispatch(w);
-    }
+    if (w != NULL && !*pool->draining)
+        pcr_upq_send(w);
 }
 
 /* The current request failed on this connection: re-send it once, on a fresh connection, if

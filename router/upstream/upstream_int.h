@@ -155,7 +155,7 @@ void pcr_upreq_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head);
 /* upstream_queue.c: the budget (routing.hold_tokens, 0: none) and whether it is open (for `r`,
  * the classes it passes left out; NULL: none); a
  * request's prefill in and out of the count; into the queue (`hold`: because the budget is
- * spent) and out of it; who goes next (NULL: nobody may); the held stream whose blocks `r`
+ * spent) and out of it (to be sent: counted first, then dispatched by `send`); who goes next (NULL: nobody may); the held stream whose blocks `r`
  * counts on; whether `r` may take a free connection (the light clients' reserve,
  * pcr/connshare.h), whether it should open a fresh one rather than take an idle one
  * (pcr_light_fresh), and the note that `r`'s client is light and needs the reserve, from which
@@ -167,6 +167,8 @@ void pcr_upq_charge(pcr_upreq_t *r);
 void pcr_upq_uncharge(pcr_upreq_t *r);
 void pcr_upq_add(pcr_upreq_t *r, int hold);
 void pcr_upq_take(pcr_upreq_t *r);
+void pcr_upq_take_to_send(pcr_upreq_t *r);
+void pcr_upq_send(pcr_upreq_t *r);
 pcr_upreq_t *pcr_upq_next(pcr_pool_t *pool);
 int pcr_upq_may_take(const pcr_pool_t *pool, const pcr_upreq_t *r);
 int pcr_upq_fresh(const pcr_pool_t *pool, const pcr_upreq_t *r);

@@ -342,6 +342,25 @@ void pcr_upq_add(pcr_upreq_t *r, int hold)
     }
 }
 
+/* Off the queue to be sent now, its prefill counted first. While it was this worker's
+ * published next, the other workers deferred to it; were its rank withdrawn before its prefill
+ * counted, another worker could see the budget open with nobody ahead, and send too. */
+void pcr_upq_take_to_send(pcr_upreq_t *r)
+{
+    pcr_upq_charge(r);
+    pcr_upq_take(r);
+}
+
+/* pcr_upq_take_to_send, then the transport's dispatch. Should it find no connection after all
+ * (out of memory), `r` waits again, and its prefill is not counted while it waits. */
+void pcr_upq_send(pcr_upreq_t *r)
+{
+    pcr_upq_take_to_send(r);
+    r->pool->transport->dispatch(r);
+    if (pcr_upreq_queued(r))
+        pcr_upq_uncharge(r);
+}
+
 /* Off the queue, its deadline disarmed (the connection's own deadlines take over). */
 void pcr_upq_take(pcr_upreq_t *r)
 {
@@ -411,8 +430,7 @@ static void pool_kick(pcr_pool_t *pool)
 {
     pcr_upreq_t *w;
     while (slot_free(pool) && (w = pcr_upq_next(pool)) != NULL) {
-        pcr_upq_take(w);
-        pool->transport->dispatch(w);
+        pcr_upq_send(w);
         if (pcr_upreq_queued(w))
             break; /* no connection after all (out of memory): it waits again */
     }

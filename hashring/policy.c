@@ -12,7 +12,7 @@ void pcr_policy_opts_default(pcr_policy_opts_t *o)
     memset(o, 0, sizeof(*o));
     o->kind = PCR_POLICY_CACHE_AWARE;
     o->block_bytes = 256;
-    o->max_prefix_bytes = 131072;
+    o->max_prefix_bytes = (size_t)1 << 20;
     o->index_max_bytes = (size_t)256 << 20;
     o->load_factor = 1.25;
     o->inflight_factor = 3.0;
@@ -758,6 +758,13 @@ uint64_t pcr_policy_backend_blocks(const pcr_policy_t *p, int backend)
 size_t pcr_policy_max_tblocks(const pcr_policy_t *p)
 {
     return p != NULL && p->kvt != NULL ? p->o.max_prefix_bytes / 4 / p->o.kv_block_tokens : 0;
+}
+
+size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens)
+{
+    size_t max = pcr_policy_max_tblocks(p);
+    size_t n = max > 0 ? ntokens / p->o.kv_block_tokens : 0;
+    return n < max ? n : max;
 }
 
 int pcr_policy_prefix_known(pcr_policy_t *p, const pcr_key_t *key, size_t n)

@@ -54,7 +54,7 @@ typedef struct {
 typedef struct {
     pcr_policy_kind_t kind;
     size_t block_bytes;        /* default 256 */
-    size_t max_prefix_bytes;   /* default 131072 */
+    size_t max_prefix_bytes;   /* default 1048576 */
     size_t index_max_bytes;    /* hard cap on the radix index's memory, default 256 MiB */
     double load_factor;        /* bounded-load c of the ring (consistent_hash, and where
                                 * cache_aware places a prefix nobody holds), default 1.25 */
@@ -175,11 +175,13 @@ int pcr_policy_key(const pcr_policy_t *p, const char *model, size_t model_len, c
 size_t pcr_policy_max_blocks(const pcr_policy_t *p);
 
 /* Precise mode: the chains of `tokens` (pcr_kvtable_key, with `seed`: 0 for the base model)
- * into key->tblocks, which has room for pcr_policy_max_tblocks(p), and their exact count into
+ * into key->tblocks, which has room for pcr_policy_ntblocks(p, ntokens) (one a whole block of
+ * kv_block_tokens, at most pcr_policy_max_tblocks(p)), and their exact count into
  * key->prompt_tokens. Tokens past max_prefix_bytes / 4 are not chained. Returns 0, or
  * PCR_ERR_INVAL when the policy is not in precise mode. */
 int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,
                           size_t ntokens, pcr_key_t *key);
+size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens);
 size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
 
 /* Precise mode, a prompt whose first `n` text blocks the router has tokens for (those of an

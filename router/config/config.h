@@ -100,8 +100,8 @@ typedef struct {
                                       "render" (1, the /render endpoints) */
     unsigned tokenize_timeout_ms;  /* a tokenization's deadline, default 100; past it the
                                       request is routed on the approximate key */
-    unsigned tokenize_cache_entries; /* tokenizations kept per worker, default 4096 */
-    size_t tokenize_cache_bytes;   /* their token blocks' bytes per worker, default 8 MiB */
+    unsigned tokenize_cache_entries; /* tokenizations kept (the process's), default 4096 */
+    size_t tokenize_cache_bytes;   /* their blocks' bytes, default 8 MiB */
     size_t tokenize_max_bytes;     /* the longest tokenize answer read, default 4194304 */
     int tokenize_reuse_prefix;     /* a prompt that shares its text prefix with a cached one
                                       is routed on that one's token blocks without waiting,

@@ -188,7 +188,7 @@ struct pcr_exchange {
     uint64_t t_parse_ns, ns_parse, ns_hash;
     uint64_t t_hashed_ns;             /* the reader's last step ended; dispatch's "now", 0 after */
     /* Precise mode (tokenize.c): the tokenization under way (NULL: none), the key's token
-     * chains (room for the policy's max_tblocks, kept when recycled), and its time (ns). */
+     * chains (room for as many as the prompt makes, kept when recycled), and its time (ns). */
     struct pcr_tokreq *tok;
     uint64_t *tblocks;
     size_t tblocks_cap;

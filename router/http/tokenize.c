@@ -108,8 +108,6 @@ struct pcr_tokreq {
     pcr_exchange_t *ex;           /* the request waiting for it; NULL: a refresh */
     pcr_key_t *key;               /* the text key in, its token chains out: &ex->key, or &own */
     pcr_key_t own;                /* a refresh's copy of the text key; blocks and tblocks heap */
-    uint64_t *room;               /* where the chains go: ex->tblocks, or own.tblocks */
-    size_t room_cap;
     pcr_upreq_t *up;
     struct event *deadline;
     yajl_handle y;                /* the answer's parser, once a 200 head came */
@@ -166,6 +164,21 @@ static tokslot_t *cache_slot(pcr_worker_t *w, const pcr_key_t *k, uint64_t *chec
     return &c->slots[key % cache_used(w, c)];
 }
 
+/* Room for `room` chains (at least one) in the exchange, kept when it is recycled: as many
+ * as the prompt makes, not the horizon's worth (pcr_policy_max_tblocks). */
+static int tblocks_room(pcr_exchange_t *ex, size_t room)
+{
+    room = room > 0 ? room : 1;
+    if (ex->tblocks_cap >= room)
+        return 0;
+    uint64_t *b = realloc(ex->tblocks, room * sizeof(uint64_t));
+    if (b == NULL)
+        return PCR_ERR_NOMEM;
+    ex->tblocks = b;
+    ex->tblocks_cap = room;
+    return 0;
+}
+
 static int cache_get(pcr_exchange_t *ex)
 {
     uint64_t check;
@@ -173,7 +186,7 @@ static int cache_get(pcr_exchange_t *ex)
     pthread_mutex_lock(&cache_lock);
     tokslot_t *s = cache_slot(ex->w, &ex->key, &check, 0);
     if (s != NULL && s->chains != NULL && s->key == ex->key.blocks[ex->key.nblocks - 1] &&
-        s->check == check && s->nchains <= ex->tblocks_cap) {
+        s->check == check && tblocks_room(ex, s->nchains) == 0) {
         memcpy(ex->tblocks, s->chains, s->nchains * sizeof(uint64_t));
         ex->key.tblocks = ex->tblocks;
         ex->key.ntblocks = s->nchains;
@@ -222,7 +235,7 @@ static int prefix_get(pcr_exchange_t *ex)
         n = n > 0 ? n - 1 : 0;
         if (n > s->nchains)
             n = s->nchains;
-        if (n > 0 && n <= ex->tblocks_cap) {
+        if (n > 0 && tblocks_room(ex, n) == 0) {
             memcpy(ex->tblocks, s->chains, n * sizeof(uint64_t));
             uint64_t tokens = text_tokens * s->prompt_tokens / s->text_tokens;
             k->prompt_tokens = tokens > n * rc->kv_block_tokens ? tokens
@@ -554,17 +567,32 @@ static void on_tok_body(void *ctx, const char *data, size_t len)
         t->a.bad = 1;
 }
 
+/* Room for `n` chains (at least one) where t's go: the waiting exchange's, or a refresh's own. */
+static uint64_t *chains_room(struct pcr_tokreq *t, size_t n)
+{
+    n = n > 0 ? n : 1;
+    if (t->ex != NULL)
+        return tblocks_room(t->ex, n) == 0 ? t->ex->tblocks : NULL;
+    uint64_t *b = realloc(t->own.tblocks, n * sizeof(uint64_t));
+    if (b != NULL)
+        t->own.tblocks = b;
+    return b;
+}
+
 /* The answer's ids, read, into the key's chains. */
 static int read_answer(struct pcr_tokreq *t)
 {
     answer_t *a = &t->a;
     const pcr_policy_t *p = t->w->policy;
-    size_t room = pcr_policy_max_tblocks(p);
+    size_t kept = a->n < a->keep ? a->n : a->keep;
     if (a->bad || t->y == NULL || yajl_complete_parse(t->y) != yajl_status_ok || !a->seen ||
-        room == 0 || room > t->room_cap)
+        pcr_policy_max_tblocks(p) == 0)
         return -1;
-    t->key->tblocks = t->room;
-    if (pcr_policy_key_tokens(p, 0, a->ids, a->n < a->keep ? a->n : a->keep, t->key) != 0)
+    uint64_t *room = chains_room(t, pcr_policy_ntblocks(p, kept));
+    if (room == NULL)
+        return -1;
+    t->key->tblocks = room;
+    if (pcr_policy_key_tokens(p, 0, a->ids, kept, t->key) != 0)
         return -1;
     t->key->prompt_tokens = a->n;
     return 0;
@@ -597,19 +625,6 @@ static void on_tok_error(void *ctx, pcr_up_error_t err, int got_head)
 static const pcr_upstream_cbs_t tok_cbs = {on_tok_head, on_tok_body, on_tok_done, on_tok_error,
                                            NULL, NULL, NULL, NULL};
 
-/* Room for the policy's chains in the exchange (kept when it is recycled). */
-static int tblocks_room(pcr_exchange_t *ex, size_t room)
-{
-    if (ex->tblocks_cap >= room)
-        return 0;
-    uint64_t *b = realloc(ex->tblocks, room * sizeof(uint64_t));
-    if (b == NULL)
-        return PCR_ERR_NOMEM;
-    ex->tblocks = b;
-    ex->tblocks_cap = room;
-    return 0;
-}
-
 /* Asks a pod for the tokens of ex's prompt, whose text key is `text`: for the request, which
  * waits (refresh 0), or for the cache only (refresh 1: the request was routed already, and
  * `text` is copied). NULL when nothing was asked: no pod (*no_pod set), a prompt no pod is
@@ -626,7 +641,6 @@ static struct pcr_tokreq *ask(pcr_exchange_t *ex, const pcr_key_t *text, int ref
     char *body = be != NULL ? question_body(ex, render, &path) : NULL;
     if (body == NULL)
         return NULL;
-    size_t room = pcr_policy_max_tblocks(w->policy);
     struct pcr_tokreq *t = calloc(1, sizeof(*t));
     struct evbuffer *req = evbuffer_new();
     pcr_pool_t *pool = pcr_pools_tokenize(w, be);
@@ -639,17 +653,15 @@ static struct pcr_tokreq *ask(pcr_exchange_t *ex, const pcr_key_t *text, int ref
         if (refresh) {
             t->own = *text;
             t->own.blocks = malloc(text->nblocks * sizeof(uint64_t));
-            t->own.tblocks = t->room = malloc(room * sizeof(uint64_t));
-            t->room_cap = room;
+            t->own.tblocks = NULL; /* made with the answer (chains_room) */
+            t->own.ntblocks = 0;
             t->key = &t->own;
-            ok = t->own.blocks != NULL && t->room != NULL;
+            ok = t->own.blocks != NULL;
             if (ok)
                 memcpy(t->own.blocks, text->blocks, text->nblocks * sizeof(uint64_t));
         } else {
             t->ex = ex;
             t->key = &ex->key;
-            t->room = ex->tblocks;
-            t->room_cap = ex->tblocks_cap;
         }
     }
     ok = ok && t->deadline != NULL &&
@@ -692,8 +704,7 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
     const pcr_config_t *cfg = w->cfg;
-    size_t room = pcr_policy_max_tblocks(w->policy);
-    if (!cfg->routing.index_events || room == 0 || !ex->has_key || tblocks_room(ex, room) != 0)
+    if (!cfg->routing.index_events || pcr_policy_max_tblocks(w->policy) == 0 || !ex->has_key)
         return 1;
     uint64_t t0 = pcr_now_ns();
     ex->tokenized = 1;

@@ -343,7 +343,7 @@ def test_garbage_in_stream_and_keys_is_rejected(stub_factory, router_factory, re
         batch([(7, 0, [1], 0)]),                          # unknown op
         batch([(1, 3, [1], 0)]),                          # a name index out of range
         batch([(2, 0, [1, 2], 5)]),                       # forget past the key
-        batch([(1, 0, list(range(600)), 0)]),             # longer than max_prefix_bytes allows
+        batch([(1, 0, list(range(4097)), 0)]),             # longer than max_prefix_bytes allows
         batch([(1, 0, [1], 0)], names=(b"bad\nname",)),   # a control character in a name
         batch([(1, 0, [1], 0)], flags=1),                 # a snapshot in the stream
         good + b"\0",                                     # trailing bytes

@@ -46,14 +46,14 @@ static char *prompt(int who, size_t user, size_t *len)
 }
 
 typedef struct {
-    uint64_t blocks[1024];
+    uint64_t blocks[4096];
     pcr_key_t k;
 } keybuf_t;
 
 static pcr_key_t *key_of(pcr_policy_t *p, keybuf_t *kb, const char *s, size_t len)
 {
-    kb->k.blocks = kb->blocks;
-    PCR_CHECK(pcr_policy_max_blocks(p) <= 1024);
+    kb->k = (pcr_key_t){.blocks = kb->blocks}; /* no token chains */
+    PCR_CHECK(pcr_policy_max_blocks(p) <= 4096);
     PCR_CHECK_EQ_INT(pcr_policy_key(p, "m", 1, s, len, &kb->k), 0);
     return &kb->k;
 }
@@ -72,7 +72,7 @@ static void test_defaults_and_arguments(void)
     pcr_policy_opts_default(&o);
     PCR_CHECK_EQ_INT(o.kind, PCR_POLICY_CACHE_AWARE);
     PCR_CHECK_EQ_INT(o.block_bytes, 256);
-    PCR_CHECK_EQ_INT(o.max_prefix_bytes, 131072);
+    PCR_CHECK_EQ_INT(o.max_prefix_bytes, 1048576);
     PCR_CHECK_EQ_INT(o.vnodes, 160);
     PCR_CHECK_EQ_INT(pcr_policy_kind_parse("consistent_hash", &k), 0);
     PCR_CHECK_EQ_INT(k, PCR_POLICY_CONSISTENT_HASH);
@@ -103,7 +103,7 @@ static void test_defaults_and_arguments(void)
 
     pcr_policy_t *p = pcr_policy_new(&o, four, NB);
     keybuf_t kb;
-    PCR_CHECK_EQ_INT(pcr_policy_max_blocks(p), 512);
+    PCR_CHECK_EQ_INT(pcr_policy_max_blocks(p), 4096);
     pcr_key_t *key = key_of(p, &kb, "hello", 5);
     PCR_CHECK_EQ_INT(key->nblocks, 1);
     PCR_CHECK_EQ_INT(key->prompt_tokens, 2);
@@ -1323,6 +1323,7 @@ static void test_renew_keeps_the_backends(void)
     PCR_CHECK_EQ_INT(pcr_policy_commit(p, d.backend, &kb.k, 1, NULL), 0);
     pcr_policy_opts_t o;
     pcr_policy_opts_default(&o);
+    o.max_prefix_bytes = 131072; /* at half the blocks' size, keys of at most 1024 (keybuf_t) */
     uint64_t cap = 100; /* slot 1's, in blocks of o.block_bytes */
     for (size_t k = 1; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
         size_t old_bytes = o.block_bytes;
@@ -1397,7 +1398,13 @@ static void test_precise_mode(void)
     uint32_t *tok = f.tok;
     uint64_t *hashes = f.hashes;
     pcr_kvt_stored_t ev = f.ev;
-    PCR_CHECK_EQ_INT(pcr_policy_max_tblocks(p), 131072 / 4 / 4);
+    PCR_CHECK_EQ_INT(pcr_policy_max_tblocks(p), 1048576 / 4 / 4);
+    /* The chains a tokenization makes: whole blocks only, never past the horizon. */
+    PCR_CHECK_EQ_INT(pcr_policy_ntblocks(p, 0), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_ntblocks(p, 3), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_ntblocks(p, 9), 2);
+    PCR_CHECK_EQ_INT(pcr_policy_ntblocks(p, 1048576), 1048576 / 4 / 4);
+    PCR_CHECK_EQ_INT(pcr_policy_ntblocks(NULL, 9), 0);
     keybuf_t kb;
     uint64_t tb[8192];
     pcr_key_t *key = key_of(p, &kb, "unrelated bytes", 15);

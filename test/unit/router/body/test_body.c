@@ -359,7 +359,7 @@ static void test_name_limits(void)
 
 static void test_large_prompt(void)
 {
-    size_t n = 600000;
+    size_t n = 1200000;
     char *json = malloc(n + 64);
     char *p = json + sprintf(json, "{\"prompt\":\"");
     for (size_t i = 0; i < n; i++)
@@ -370,7 +370,7 @@ static void test_large_prompt(void)
     PCR_CHECK_EQ_INT(b.key_len, n);
     PCR_CHECK(b.key[0] == 'a' && b.key[n - 1] == (char)('a' + (n - 1) % 26));
     PCR_CHECK_EQ_INT(b.prompt_tokens, n / 4);
-    PCR_CHECK_EQ_INT(b.nblocks, 512);  /* max_prefix_bytes: only the first 128 KiB */
+    PCR_CHECK_EQ_INT(b.nblocks, 4096);  /* max_prefix_bytes: only the first 1 MiB */
     pcr_body_dispose(&b);
     free(json);
 }

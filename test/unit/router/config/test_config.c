@@ -243,7 +243,7 @@ static void test_defaults(void)
     PCR_CHECK_EQ_INT(cfg->routing.policy, PCR_POLICY_CACHE_AWARE);
     PCR_CHECK_STR(cfg->routing.zone, "");
     PCR_CHECK_EQ_INT(cfg->routing.block_bytes, 256);
-    PCR_CHECK_EQ_INT(cfg->routing.max_prefix_bytes, 131072);
+    PCR_CHECK_EQ_INT(cfg->routing.max_prefix_bytes, 1048576);
     PCR_CHECK_EQ_INT(cfg->routing.index_max_bytes, 268435456);
     PCR_CHECK(cfg->routing.load_factor == 1.25);
     PCR_CHECK(cfg->routing.load_weight == 1.0);

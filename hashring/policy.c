@@ -767,19 +767,24 @@ size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens)
     return n < max ? n : max;
 }
 
-int pcr_policy_prefix_known(pcr_policy_t *p, const pcr_key_t *key, size_t n)
+pcr_prefix_use_t pcr_policy_prefix_use(pcr_policy_t *p, const pcr_key_t *key, size_t n)
 {
     if (p == NULL || p->index == NULL || key == NULL || key->nblocks == 0)
-        return 1;
-    if (pcr_index_match(p->index, key->blocks, key->nblocks, p->matched) > n + 1)
-        return 0;
+        return PCR_PREFIX_TOKENS;
+    size_t sent = pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+    size_t most = p->n;
+    for (size_t b = 0; sent > n + 1 && b < p->n; b++)
+        if (p->matched[b] == sent)
+            most = b;
     if (p->kvt == NULL || key->ntblocks == 0)
-        return 1;
+        return most < p->n ? PCR_PREFIX_WAIT : PCR_PREFIX_TOKENS;
     pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
+    if (most < p->n)
+        return p->matched[most] >= key->ntblocks ? PCR_PREFIX_TEXT : PCR_PREFIX_WAIT;
     size_t holders = 0;
     for (size_t b = 0; b < p->n; b++)
         holders += p->matched[b] >= key->ntblocks;
-    return holders < 2;
+    return holders < 2 ? PCR_PREFIX_TOKENS : PCR_PREFIX_WAIT;
 }
 
 int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,

@@ -6,7 +6,8 @@
  *
  *   routed -> key -> cache hit?  yes: chains into the key -> dispatch
  *                    prefix hit?  yes: the cached prompt's chains, as many as the shared
- *                                      text's share of its tokens less one -> dispatch;
+ *                                      text's share of its tokens less one, or the text
+ *                                      key alone (pcr_policy_prefix_use) -> dispatch;
  *                                      a refresh (the prompt's own tokens, for the cache)
  *                                no:  POST /tokenize (or .../render) on the worker's pool for
  *                                     tokenizing -> answer: chains, cached -> dispatch
@@ -197,13 +198,15 @@ static int cache_get(pcr_exchange_t *ex)
     return hit;
 }
 
+enum { PREFIX_TOKENS = 1, PREFIX_TEXT };
+
 /* A prompt not cached whole whose text begins as a cached prompt's does: the longest such
  * prefix the map knows, from the prompt's last whole text block down. The shared text is
  * blocks 0..i; its tokens are counted in the cached prompt's proportion of tokens to text
  * (no byte offsets come with the tokens), and one block less is taken, for the tokens a
  * tokenizer merges across the end of the shared text. The request gets those chains and its
- * prompt's tokens counted in the same proportion, unless pcr_policy_prefix_known says its own
- * tokens could change the decision. */
+ * prompt's tokens counted in the same proportion (PREFIX_TOKENS), unless pcr_policy_prefix_use
+ * says its text key tells more (PREFIX_TEXT) or its own tokens could change the decision (0). */
 static int prefix_get(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
@@ -249,15 +252,16 @@ static int prefix_get(pcr_exchange_t *ex)
         return 0;
     k->tblocks = ex->tblocks;
     k->ntblocks = n;
-    /* A pod sent more of this prompt's text than the shared text (a previous turn whose
-     * tokens were never cached), or several that hold all of it, want its own tokens. */
-    if (!pcr_policy_prefix_known(w->policy, k, shared)) {
+    /* A pod sent more of this prompt's text than the shared text (a previous turn whose tokens
+     * were never cached) that still holds the shared tokens' blocks: the text says it is
+     * there. One that no longer holds them, or several that hold them all: its own tokens. */
+    pcr_prefix_use_t use = pcr_policy_prefix_use(w->policy, k, shared);
+    if (use != PCR_PREFIX_TOKENS) {
         k->tblocks = NULL;
         k->ntblocks = 0;
         k->prompt_tokens = text_tokens;
-        return 0;
     }
-    return 1;
+    return use == PCR_PREFIX_TOKENS ? PREFIX_TOKENS : use == PCR_PREFIX_TEXT ? PREFIX_TEXT : 0;
 }
 
 /* The chains of `tok` (its exact count in prompt_tokens) under the text key `text`; each text
@@ -714,8 +718,12 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
         return 1;
     }
     pcr_key_t text = ex->key;
-    if (cfg->routing.tokenize_reuse_prefix && prefix_get(ex)) {
-        PCR_INC(w->metrics.tokenize_prefix_hits);
+    int reuse = cfg->routing.tokenize_reuse_prefix ? prefix_get(ex) : 0;
+    if (reuse != 0) {
+        if (reuse == PREFIX_TOKENS)
+            PCR_INC(w->metrics.tokenize_prefix_hits);
+        else
+            PCR_INC(w->metrics.tokenize_prefix_text);
         refresh(ex, &text);
         ex->ns_tokenize = pcr_now_ns() - t0;
         return 1;

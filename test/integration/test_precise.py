@@ -390,6 +390,37 @@ def test_a_prompt_that_extends_a_tokenized_one_is_routed_without_waiting(pods, r
     assert metric(r, "pcrouter_tokenize_refreshes_total") == 1
 
 
+def test_a_turn_after_an_untokenized_one_follows_its_text(pods, router_factory):
+    """The second turn of a conversation is routed on the first's tokens (a prefix hit); its own
+    are still on their way for the cache (the pods' tokenizers answer after 5 s) when the third
+    comes. The router has tokens for the first turn only, but its approximate index knows it sent
+    the second's text to x, and x still holds the first's blocks: the third goes to x at once, on
+    its text, with no pod asked. Without this it would wait for its own tokens, since x was sent
+    more of it than the tokens the router has cover."""
+    p = pods(3, "--tokenize-delay-ms", "5000", time_scale=1)
+    r = subscribed(p, router_factory(config(p, workers=1, tokenize_timeout_ms=20000)))
+    first = prompt_of("turn-1")
+    status, x, _ = complete(r, first)
+    assert status == 200
+    wait_for(lambda: kv_blocks(r, x) >= 32, timeout=5, what="%s's blocks in the index" % x)
+    second = first + prompt_of("turn-2", 1024)
+    t0 = time.monotonic()
+    status, backend, _ = complete(r, second)
+    assert status == 200 and backend == x and time.monotonic() - t0 < 4
+    before = metrics(r)
+    t0 = time.monotonic()
+    status, backend, _ = complete(r, second + prompt_of("turn-3", 512))
+    took = time.monotonic() - t0
+    m = metrics(r)
+    assert status == 200 and backend == x
+    assert took < 4, "the turn waited %.2f s for the pod's tokenizer" % took
+    assert m["pcrouter_tokenize_prefix_text_total"] == \
+        before["pcrouter_tokenize_prefix_text_total"] + 1
+    for name in ("pcrouter_tokenize_requests_total", "pcrouter_precise_decisions_total",
+                 "pcrouter_tokenize_cache_prefix_hits_total"):
+        assert m[name] == before[name], name
+
+
 IDS = ",".join(str(i) for i in range(1, 33))   # two blocks of 16 tokens
 GOOD_ANSWERS = [
     '{"count":32,"max_model_len":1000,"tokens":[%s],"token_strs":null}' % IDS,

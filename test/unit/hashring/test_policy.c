@@ -1482,8 +1482,8 @@ static void test_precise_mode(void)
 /* Precise mode with the tokens of only a prefix of the prompt (the router's cache had them
  * for an earlier prompt that began the same): a pod that holds all those blocks is charged
  * the prefill of the rest, not counted as holding the whole prompt (that is only for chains
- * cut at the horizon); and such tokens are trusted only while no pod was sent more of the
- * prompt's text than they cover. */
+ * cut at the horizon); such tokens are trusted while no pod was sent more of the prompt's
+ * text than they cover, and a pod that was is trusted on the text while it holds them all. */
 static void test_precise_prefix_tokens(void)
 {
     precise_fx_t f;
@@ -1508,17 +1508,25 @@ static void test_precise_prefix_tokens(void)
     PCR_CHECK_EQ_INT(pcr_policy_commit(p, 0, key_of(p, &k1, s, 4096), 20, NULL), 0);
     pcr_key_t *longer = key_of(p, &k2, s, len);
     PCR_CHECK_EQ_INT(longer->nblocks, 32);
-    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 15), 1);   /* one block of slack */
-    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 1);
-    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 14), 0);
-    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 2), 0);     /* the system prompt's */
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 15), PCR_PREFIX_TOKENS); /* a block of slack */
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 16), PCR_PREFIX_TOKENS);
+    /* Pod 0 was sent more of the text; without token chains, nothing says it still holds it. */
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_WAIT);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 2), PCR_PREFIX_WAIT); /* the system prompt's */
     /* With the prefix's token chains: held by one pod (2), they say where the prompt goes;
      * held by two, one of them may hold more of it. */
     longer->tblocks = key->tblocks;
     longer->ntblocks = key->ntblocks;
-    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 1);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 16), PCR_PREFIX_TOKENS);
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &f.ev, 25), 0);
-    PCR_CHECK_EQ_INT(pcr_policy_prefix_known(p, longer, 16), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 16), PCR_PREFIX_WAIT);
+    /* Pod 0, sent more of the text, holds none of those chains: it may have evicted the rest
+     * too. Once it holds them all, the text says where the prompt goes. */
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_WAIT);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 0, &f.ev, 26), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_TEXT);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_removed(p, 0, f.hashes + 3, 1, PCR_KVT_GPU), 1);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_WAIT);
     longer->tblocks = NULL;
     longer->ntblocks = 0;
     /* A decision on the approximate index underneath (the tokens did not come in time) is

@@ -118,6 +118,14 @@ struct pcr_tokreq {
     int too_large;
     int render;                   /* the answer is a render endpoint's */
     uint64_t t0_ns;
+    /* A refresh's question is sent once its request was dispatched (`go`): until then it keeps
+     * a copy of the request's body and what the pod must serve. */
+    struct event *go;
+    char *raw;
+    size_t rawlen;
+    char *model;
+    uint64_t model_hash;
+    int chat;
 };
 
 /* ---- the cache (under cache_lock) ---------------------------------------------------- */
@@ -329,15 +337,12 @@ void pcr_tokenize_server_free(pcr_server_t *srv)
  * "add_generation_prompt"} (with the request's tools, which the chat template renders); a
  * render endpoint takes the request itself. NULL when the request has nothing the pod would
  * take (a prompt of several strings, of token ids: tokens are no question then). */
-static char *question_body(pcr_exchange_t *ex, int render, const char **path)
+static char *question_body(const char *raw, size_t len, int chat, int render, const char **path)
 {
-    size_t len = evbuffer_get_length(ex->body);
-    const char *raw = len ? (const char *)evbuffer_pullup(ex->body, -1) : "";
     json_t *root = json_loadb(raw, len, 0, NULL), *q = NULL;
     char *out = NULL;
     if (!json_is_object(root))
         goto done;
-    int chat = ex->route != NULL && ex->route->api == PCR_API_CHAT;
     if (render) {
         *path = chat ? "/v1/chat/completions/render" : "/v1/completions/render";
         json_object_del(root, "stream");
@@ -372,17 +377,15 @@ done:
 
 /* A usable pod for the request's model, in turn from the worker's last one: any pod that
  * serves a model tokenizes it as every other does. */
-static pcr_backend_t *pick_pod(pcr_exchange_t *ex)
+static pcr_backend_t *pick_pod(pcr_worker_t *w, const char *model, uint64_t model_hash)
 {
-    pcr_worker_t *w = ex->w;
     size_t n = pcr_backend_slots(w->srv);
-    const char *model = ex->req.model ? ex->req.model : "";
     uint64_t now = pcr_now_us();
     for (size_t k = 0; k < n; k++) {
         size_t i = (w->tok_next + k) % n;
         pcr_backend_t *be = pcr_backend_at(w->srv, i);
         if (be != NULL && PCR_LOAD(be->up) && !PCR_LOAD(be->removed) &&
-            !pcr_backend_ejected(be, now) && pcr_backend_serves(be, model, ex->model_hash)) {
+            !pcr_backend_ejected(be, now) && pcr_backend_serves(be, model, model_hash)) {
             w->tok_next = (unsigned)(i + 1);
             return be;
         }
@@ -399,6 +402,10 @@ static void tokreq_free(struct pcr_tokreq *t)
     if (t->y != NULL)
         yajl_free(t->y);
     free(t->a.ids);
+    if (t->go != NULL)
+        event_free(t->go);
+    free(t->raw);
+    free(t->model);
     free(t->own.blocks);
     free(t->own.tblocks);
     free(t);
@@ -629,79 +636,122 @@ static void on_tok_error(void *ctx, pcr_up_error_t err, int got_head)
 static const pcr_upstream_cbs_t tok_cbs = {on_tok_head, on_tok_body, on_tok_done, on_tok_error,
                                            NULL, NULL, NULL, NULL};
 
-/* Asks a pod for the tokens of ex's prompt, whose text key is `text`: for the request, which
- * waits (refresh 0), or for the cache only (refresh 1: the request was routed already, and
- * `text` is copied). NULL when nothing was asked: no pod (*no_pod set), a prompt no pod is
- * asked about, out of memory. */
-static struct pcr_tokreq *ask(pcr_exchange_t *ex, const pcr_key_t *text, int refresh,
-                              int *no_pod)
+/* Asks a pod that serves `model` for the tokens of the prompt in the request body `raw`, for
+ * `t`, under routing.tokenize_timeout_ms. -1 when nothing was asked: no pod (*no_pod set), a
+ * prompt no pod is asked about, out of memory. */
+static int send_question(struct pcr_tokreq *t, const char *raw, size_t len, const char *model,
+                         uint64_t model_hash, int chat, int *no_pod)
 {
-    pcr_worker_t *w = ex->w;
+    pcr_worker_t *w = t->w;
     const pcr_config_t *cfg = w->cfg;
-    pcr_backend_t *be = pick_pod(ex);
+    pcr_backend_t *be = pick_pod(w, model != NULL ? model : "", model_hash);
     const char *path = NULL;
-    int render = cfg->routing.tokenize_render;
     *no_pod = be == NULL;
-    char *body = be != NULL ? question_body(ex, render, &path) : NULL;
+    t->render = cfg->routing.tokenize_render;
+    char *body = be != NULL ? question_body(raw, len, chat, t->render, &path) : NULL;
     if (body == NULL)
-        return NULL;
-    struct pcr_tokreq *t = calloc(1, sizeof(*t));
+        return -1;
     struct evbuffer *req = evbuffer_new();
     pcr_pool_t *pool = pcr_pools_tokenize(w, be);
-    int ok = t != NULL && req != NULL && pool != NULL;
-    if (ok) {
-        t->w = w;
-        t->render = render;
-        t->t0_ns = pcr_now_ns();
-        t->deadline = evtimer_new(w->base, on_deadline, t);
-        if (refresh) {
-            t->own = *text;
-            t->own.blocks = malloc(text->nblocks * sizeof(uint64_t));
-            t->own.tblocks = NULL; /* made with the answer (chains_room) */
-            t->own.ntblocks = 0;
-            t->key = &t->own;
-            ok = t->own.blocks != NULL;
-            if (ok)
-                memcpy(t->own.blocks, text->blocks, text->nblocks * sizeof(uint64_t));
-        } else {
-            t->ex = ex;
-            t->key = &ex->key;
-        }
-    }
-    ok = ok && t->deadline != NULL &&
-         evbuffer_add_printf(req, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: "
-                                  "application/json\r\nContent-Length: %zu\r\n\r\n",
-                             path, be->host_header, strlen(body)) >= 0 &&
-         evbuffer_add(req, body, strlen(body)) == 0;
+    int ok = req != NULL && pool != NULL &&
+             evbuffer_add_printf(req, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+                                      "application/json\r\nContent-Length: %zu\r\n\r\n",
+                                 path, be->host_header, strlen(body)) >= 0 &&
+             evbuffer_add(req, body, strlen(body)) == 0;
     free(body);
     if (ok)
         t->up = pcr_upstream_send(pool, &(pcr_up_send_t){.head = req}, &tok_cbs, t);
     else if (req != NULL)
         evbuffer_free(req);
-    if (!ok || t->up == NULL) {
-        if (t != NULL)
-            tokreq_free(t);
-        return NULL;
-    }
+    if (!ok || t->up == NULL)
+        return -1;
     PCR_INC(w->metrics.tokenize_calls);
+    t->t0_ns = pcr_now_ns();
     struct timeval tv = pcr_ms_to_tv(cfg->routing.tokenize_timeout_ms);
     event_add(t->deadline, &tv);
+    return 0;
+}
+
+static int is_chat(const pcr_exchange_t *ex)
+{
+    return ex->route != NULL && ex->route->api == PCR_API_CHAT;
+}
+
+/* Asks a pod for the tokens of ex's prompt, for the request, which waits. NULL when nothing
+ * was asked (send_question). */
+static struct pcr_tokreq *ask(pcr_exchange_t *ex, int *no_pod)
+{
+    struct pcr_tokreq *t = calloc(1, sizeof(*t));
+    *no_pod = 0;
+    if (t == NULL)
+        return NULL;
+    t->w = ex->w;
+    t->ex = ex;
+    t->key = &ex->key;
+    t->deadline = evtimer_new(ex->w->base, on_deadline, t);
+    size_t len = evbuffer_get_length(ex->body);
+    const char *raw = len ? (const char *)evbuffer_pullup(ex->body, -1) : "";
+    if (t->deadline == NULL || raw == NULL ||
+        send_question(t, raw, len, ex->req.model, ex->model_hash, is_chat(ex), no_pod) != 0) {
+        tokreq_free(t);
+        return NULL;
+    }
     return t;
+}
+
+/* A refresh's question, once the loop has dispatched its request: the question (jansson's
+ * parse of the body and its dump, a millisecond for a 50 KB prompt) is not on its way. */
+static void refresh_go(evutil_socket_t fd, short what, void *arg)
+{
+    struct pcr_tokreq *t = arg;
+    pcr_worker_t *w = t->w;
+    int no_pod;
+    int rc = send_question(t, t->raw, t->rawlen, t->model, t->model_hash, t->chat, &no_pod);
+    free(t->raw);
+    t->raw = NULL;
+    if (rc != 0) {
+        w->tok_refresh = NULL;
+        tokreq_free(t);
+        return;
+    }
+    PCR_INC(w->metrics.tokenize_refreshes);
 }
 
 /* After a prefix hit: the prompt's own tokens for the cache, so that the next prompt that
  * extends it (a conversation's next turn) finds it. At most one at a time a worker, started
  * only while no request of the worker waits for a tokenization (a request that comes after
- * takes the pool's other connection). */
+ * takes the pool's other connection). Its question is made and sent from the loop
+ * (refresh_go), after the request that found the prefix is dispatched; `text` is copied. */
 static void refresh(pcr_exchange_t *ex, const pcr_key_t *text)
 {
     pcr_worker_t *w = ex->w;
-    int no_pod;
     if (w->tok_refresh != NULL || w->tok_asking != 0 || w->draining)
         return;
-    w->tok_refresh = ask(ex, text, 1, &no_pod);
-    if (w->tok_refresh != NULL)
-        PCR_INC(w->metrics.tokenize_refreshes);
+    struct pcr_tokreq *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return;
+    t->w = w;
+    t->own = *text;
+    t->own.tblocks = NULL; /* made with the answer (chains_room) */
+    t->own.ntblocks = 0;
+    t->key = &t->own;
+    t->own.blocks = malloc(text->nblocks * sizeof(uint64_t));
+    t->rawlen = evbuffer_get_length(ex->body);
+    t->raw = malloc(t->rawlen + 1);
+    t->model = ex->req.model != NULL ? strdup(ex->req.model) : NULL;
+    t->model_hash = ex->model_hash;
+    t->chat = is_chat(ex);
+    t->deadline = evtimer_new(w->base, on_deadline, t);
+    t->go = event_new(w->base, -1, 0, refresh_go, t);
+    if (t->own.blocks == NULL || t->raw == NULL || (ex->req.model != NULL && t->model == NULL) ||
+        t->deadline == NULL || t->go == NULL ||
+        evbuffer_copyout(ex->body, t->raw, t->rawlen) != (ev_ssize_t)t->rawlen) {
+        tokreq_free(t);
+        return;
+    }
+    memcpy(t->own.blocks, text->blocks, text->nblocks * sizeof(uint64_t));
+    event_active(t->go, EV_TIMEOUT, 1);
+    w->tok_refresh = t;
 }
 
 int pcr_tokenize_start(pcr_exchange_t *ex)
@@ -729,7 +779,7 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
         return 1;
     }
     int no_pod;
-    ex->tok = ask(ex, &text, 0, &no_pod);
+    ex->tok = ask(ex, &no_pod);
     if (ex->tok == NULL) {
         /* No pod, a prompt no pod is asked about, or out of memory: routed on the text key
          * (with no pod, as a tokenization that failed). */

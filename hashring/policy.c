@@ -779,11 +779,12 @@ pcr_prefix_use_t pcr_policy_prefix_use(pcr_policy_t *p, const pcr_key_t *key, si
     if (p->kvt == NULL || key->ntblocks == 0)
         return most < p->n ? PCR_PREFIX_WAIT : PCR_PREFIX_TOKENS;
     pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
-    if (most < p->n)
-        return p->matched[most] >= key->ntblocks ? PCR_PREFIX_TEXT : PCR_PREFIX_WAIT;
     size_t holders = 0;
     for (size_t b = 0; b < p->n; b++)
         holders += p->matched[b] >= key->ntblocks;
+    if (most < p->n)
+        return holders == 1 && p->matched[most] >= key->ntblocks ? PCR_PREFIX_TEXT
+                                                                  : PCR_PREFIX_WAIT;
     return holders < 2 ? PCR_PREFIX_TOKENS : PCR_PREFIX_WAIT;
 }
 

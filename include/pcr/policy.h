@@ -189,15 +189,16 @@ size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
 typedef enum {
     /* The prompt's own tokens, worth the wait: two backends or more hold all of key->tblocks
      * (the pods' table: a shared system prompt, say, beyond which one of them may hold the
-     * conversation another replica sent it); or a backend was sent more of the text (below)
-     * but no longer holds all of key->tblocks, so it may have evicted the rest too. */
+     * conversation another replica sent it, or have evicted what this one sent it); or a
+     * backend was sent more of the text (below) but no longer holds all of key->tblocks, so
+     * it may have evicted the rest too. */
     PCR_PREFIX_WAIT = 0,
     /* key->tblocks: the prompt's own tokens would show nothing more. */
     PCR_PREFIX_TOKENS,
     /* The text key alone (the approximate index): a backend was sent more than n + 1 of key's
      * text blocks (the approximate index learns every commit: say a conversation's previous
      * turn, whose tokens the router never had; the one block of slack is the earlier prompt's
-     * last, which may have been whole), and still holds all of key->tblocks. */
+     * last, which may have been whole), and it alone holds all of key->tblocks. */
     PCR_PREFIX_TEXT,
 } pcr_prefix_use_t;
 pcr_prefix_use_t pcr_policy_prefix_use(pcr_policy_t *p, const pcr_key_t *key, size_t n);

@@ -5,7 +5,8 @@
  * The reader is fed each chunk of the body as it is read (an HTTP/1.1 read, an HTTP/2 DATA
  * frame) and parses and hashes it then, with yajl (body_scan.h says how), so the work left
  * after the last byte does not grow with the prompt. It keeps neither the body nor the prompt:
- * its memory is bounded (about 40 KiB, 8 bytes a prefix block included), whatever the body.
+ * its memory is bounded, whatever the body: about 40 KiB, and 8 bytes a prefix block (32 KiB
+ * at most at the default 1 MiB horizon).
  * The router keeps the raw body apart, for forwarding. */
 #ifndef PCR_ROUTER_BODY_H
 #define PCR_ROUTER_BODY_H
@@ -22,7 +23,7 @@ typedef enum {
 
 typedef struct {
     size_t block_bytes;        /* the policy's (pcr_policy_opts_t), default 256 */
-    size_t max_prefix_bytes;   /* default 131072 */
+    size_t max_prefix_bytes;   /* default 1048576 */
     int keep_canonical;        /* also keep the canonical bytes in the result (tests, tools);
                                 * they are as long as the prompt: not for the request path */
 } pcr_body_opts_t;

@@ -80,7 +80,7 @@ typedef struct {
     pcr_policy_kind_t policy;      /* "policy": default "cache_aware" */
     char *zone;                    /* the router's own zone, "" when absent */
     size_t block_bytes;            /* default 256, 16..65536 */
-    size_t max_prefix_bytes;       /* default 131072, >= block_bytes */
+    size_t max_prefix_bytes;       /* default 1048576, >= block_bytes */
     size_t index_max_bytes;        /* default 268435456 (256 MiB) */
     double load_factor;            /* bounded-load c, default 1.25, >= 1.0 */
     double load_weight;            /* default 1, >= 0 */

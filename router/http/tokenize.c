@@ -261,7 +261,7 @@ static int prefix_get(pcr_exchange_t *ex)
     k->tblocks = ex->tblocks;
     k->ntblocks = n;
     /* A pod sent more of this prompt's text than the shared text (a previous turn whose tokens
-     * were never cached) that still holds the shared tokens' blocks: the text says it is
+     * were never cached) that alone holds the shared tokens' blocks: the text says it is
      * there. One that no longer holds them, or several that hold them all: its own tokens. */
     pcr_prefix_use_t use = pcr_policy_prefix_use(w->policy, k, shared);
     if (use != PCR_PREFIX_TOKENS) {

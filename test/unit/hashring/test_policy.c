@@ -1483,7 +1483,7 @@ static void test_precise_mode(void)
  * for an earlier prompt that began the same): a pod that holds all those blocks is charged
  * the prefill of the rest, not counted as holding the whole prompt (that is only for chains
  * cut at the horizon); such tokens are trusted while no pod was sent more of the prompt's
- * text than they cover, and a pod that was is trusted on the text while it holds them all. */
+ * text than they cover, and a pod that was is trusted on the text while it alone holds them. */
 static void test_precise_prefix_tokens(void)
 {
     precise_fx_t f;
@@ -1521,10 +1521,16 @@ static void test_precise_prefix_tokens(void)
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &f.ev, 25), 0);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 16), PCR_PREFIX_WAIT);
     /* Pod 0, sent more of the text, holds none of those chains: it may have evicted the rest
-     * too. Once it holds them all, the text says where the prompt goes. */
+     * too. Once it alone holds them, the text says where the prompt goes; while another holds
+     * them too, they are a hot prefix, and pod 0 may have evicted its own rest all the same. */
     PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_WAIT);
+    pcr_policy_kv_clear(p, 1);
+    pcr_policy_kv_clear(p, 2);
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 0, &f.ev, 26), 0);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_TEXT);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &f.ev, 27), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_WAIT);
+    pcr_policy_kv_clear(p, 1);
     PCR_CHECK_EQ_INT(pcr_policy_kv_removed(p, 0, f.hashes + 3, 1, PCR_KVT_GPU), 1);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 14), PCR_PREFIX_WAIT);
     longer->tblocks = NULL;

@@ -336,7 +336,7 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
             "begin with (no pod waited for).", SUM(srv, tokenize_prefix_hits));
     counter(out, "pcrouter_tokenize_prefix_text_total",
             "Prompts beginning like a cached one routed at once on their text key instead: a "
-            "pod was sent more of their text and holds those tokens' blocks.",
+            "pod was sent more of their text and alone holds those tokens' blocks.",
             SUM(srv, tokenize_prefix_text));
     counter(out, "pcrouter_tokenize_refreshes_total",
             "Tokenizations asked after a prefix hit for the cache only, no request waiting "

@@ -7,10 +7,12 @@
  * error with the same message (byte offset included), or the same model, flags, prompt size,
  * key and canonical bytes. Whatever the reader says, yajl reading the whole body at once
  * must agree on whether it is JSON: a body yajl refuses must be refused as JSON, and a body
- * yajl accepts may be refused as JSON only for one of the reader's limits.
+ * yajl accepts may be refused as JSON only for one of the reader's limits. Of a body the
+ * reader accepts, the top-level fields precise mode copies into its question
+ * (router/body/body_raw.h) are found, each inside the body and JSON on its own.
  *
  * Build (clang, clang++ for the one C++ file): -fsanitize=fuzzer,address,undefined with
- * router/body/body.c, body_fields.c, body_scan.c, body_check.cpp and the files of hashring/,
+ * router/body/body.c, body_fields.c, body_scan.c, body_check.cpp, body_raw.cpp and the files of hashring/,
  * linked with -lyajl -lsimdjson -lxxhash -lm. The seed corpus is test/fuzz/corpus/body/. */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "body.h"
+#include "body_raw.h"
 #include "body_result.h"
 #include "pcr/common.h"
 
@@ -105,6 +108,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (whole.rc == 0 && (whole.b.model == NULL || whole.b.blocks == NULL))
         abort();
+    if (whole.rc == 0) {
+        static const char *const names[] = {"model", "prompt", "messages", "tools",
+                                            "add_generation_prompt"};
+        pcr_body_raw_t f[5];
+        if (pcr_body_raw_fields(body, len, names, 5, f) == 0) {
+            for (int i = 0; i < 5; i++)
+                if (f[i].at != NULL && (f[i].at < body || f[i].at + f[i].len > body + len ||
+                                        !yajl_accepts(f[i].at, f[i].len))) {
+                    fprintf(stderr, "field %s: %zu bytes at %td, not JSON on its own\n",
+                            names[i], f[i].len, f[i].at - body);
+                    abort();
+                }
+            if (f[0].at != NULL && f[0].type != PCR_RAW_STRING)
+                abort(); /* the reader takes only a string model */
+        } else if (f[0].type != PCR_RAW_NONE) {
+            abort(); /* a failure says nothing was found */
+        }
+    }
     pcr_body_dispose(&whole.b);
     pcr_body_dispose(&chunked.b);
     return 0;

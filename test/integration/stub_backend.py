@@ -87,6 +87,7 @@ class State:
         self.kv_usage = None
         self.metrics_stall = False     # GET /metrics never answers (until the peer closes)
         self.tokenize_answer = None    # POST /tokenize's body, as it is (None: 404)
+        self.tokenize_last = None      # the last question: [path, body as text]
         self.tokenize_calls = 0
         self.defaults = {}
         self.gates = {}
@@ -166,6 +167,7 @@ class State:
             return {
                 "pod": self.name,
                 "tokenize_calls": self.tokenize_calls,  # POST /tokenize or render answered
+                "tokenize_last": self.tokenize_last,  # [path, body] of the last of them
                 "requests": dict(self.requests),      # per path, /health included
                 "completed": completed,               # per path, answered to the end
                 "outcomes": dict(self.outcomes),      # completed|aborted|closed|stall_timeout
@@ -301,6 +303,7 @@ def make_handler(state):
                     and state.tokenize_answer is not None:
                 with state.lock:
                     state.tokenize_calls += 1
+                    state.tokenize_last = [path, body.decode("utf-8", "replace")]
                 data = state.tokenize_answer.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

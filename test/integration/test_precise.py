@@ -461,6 +461,56 @@ def test_tokenize_answers_are_read_strictly(stub_factory, router_factory):
     assert pod.stats()["tokenize_calls"] == len(GOOD_ANSWERS) + len(BAD_ANSWERS)
 
 
+def post_raw(router, path, raw):
+    req = urllib.request.Request(router.url(path), data=raw.encode(),
+                                 headers={"Content-Type": "application/json"})
+    with _direct.open(req, timeout=30) as r:
+        r.read()
+        return r.status
+
+
+QUESTIONS = [
+    # (path, the request's body as sent, the question the pod must get)
+    ("/v1/completions",
+     '{"stream": true, "prompt" : "caf\\u00e9 \\"quoted\\" \\n %s", "model":"sim-8b",'
+     ' "max_tokens": 1, "stream_options": {"include_usage": true}}' % ("x" * 3000),
+     {"model": "sim-8b", "prompt": 'caf\u00e9 "quoted" \n %s' % ("x" * 3000)}),
+    ("/v1/completions",   # spaces and newlines between the tokens, the model last
+     '{\n "prompt"\t:\n "second %s" ,\n "max_tokens" : 1 , "model" : "sim-8b"\n}' % ("z" * 3000),
+     {"model": "sim-8b", "prompt": "second %s" % ("z" * 3000)}),
+    ("/v1/chat/completions",
+     '{"model":"sim-8b","max_tokens":1,"messages":[{"role":"user","content":"\\u00fcber %s"}],'
+     '"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],'
+     '"add_generation_prompt":false}' % ("w" * 3000),
+     {"model": "sim-8b", "messages": [{"role": "user", "content": "\u00fcber %s" % ("w" * 3000)}],
+      "add_generation_prompt": False,
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+    ("/v1/chat/completions",   # no add_generation_prompt, or not a boolean: true
+     '{"model":"sim-8b","messages":[{"role":"user","content":"v %s"}],'
+     '"add_generation_prompt":"yes"}' % ("v" * 3000),
+     {"model": "sim-8b", "messages": [{"role": "user", "content": "v %s" % ("v" * 3000)}],
+      "add_generation_prompt": True}),
+]
+
+
+@pytest.mark.parametrize("path,raw,want", QUESTIONS,
+                         ids=["completion", "spaces", "chat", "chat-default-generation-prompt"])
+def test_the_tokenize_question_is_the_requests_own_fields(stub_factory, router_factory, path,
+                                                          raw, want):
+    """The question to /tokenize is made of the request's own fields, as it sent them
+    (escapes, non-ASCII, spaces between the tokens), and nothing else: not its stream
+    options, not its sampling fields. (A repeated key never gets this far: the router refuses
+    the request.)"""
+    pod = stub_factory("tq", models=["sim-8b"])
+    pod.configure(tokenize_answer=GOOD_ANSWERS[0])
+    r = router_factory(make_config([pod], routing={"policy": "cache_aware", "index": "events"},
+                                   workers=1))
+    assert post_raw(r, path, raw) == 200
+    where, body = pod.stats()["tokenize_last"]
+    assert where == "/tokenize"
+    assert json.loads(body) == want
+
+
 def test_two_replicas_route_alike(pods, router_factory):
     p = pods(4)
     r1 = subscribed(p, router_factory(config(p)))

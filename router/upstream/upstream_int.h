@@ -153,10 +153,10 @@ void pcr_upreq_free(pcr_upreq_t *r);
 void pcr_upreq_fail(pcr_upreq_t *r, pcr_up_error_t err, int got_head);
 
 /* upstream_queue.c: the budget (routing.hold_tokens, 0: none) and whether it is open (for `r`,
- * the classes it passes left out; NULL: none); a
- * request's prefill in and out of the count; into the queue (`hold`: because the budget is
- * spent) and out of it (to be sent: counted first, then dispatched by `send`); who goes next (NULL: nobody may); the held stream whose blocks `r`
- * counts on; whether `r` may take a free connection (the light clients' reserve,
+ * the classes it passes left out; NULL: none); a request's prefill in and out of the count;
+ * into the queue (`hold`: because the budget is spent) and out of it (to be sent: counted
+ * first, then dispatched by `send`); who goes next (NULL: nobody may); the held stream whose
+ * blocks `r` counts on; whether `r` may take a free connection (the light clients' reserve,
  * pcr/connshare.h), whether it should open a fresh one rather than take an idle one
  * (pcr_light_fresh), and the note that `r`'s client is light and needs the reserve, from which
  * on it is kept; and, once a prefill left the budget, the kick of this pool and of the

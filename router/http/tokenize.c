@@ -19,8 +19,9 @@
  * prompt replaces the older one. It holds the chains and text blocks, never the tokens, at
  * most routing.tokenize_cache_entries prompts and, all together, at most
  * routing.tokenize_cache_bytes (8 bytes a block, the chains up to max_prefix_bytes' worth:
- * without the byte bound, the entries alone could hold 4096 long prompts' chains, 16 KiB
- * each). A prompt whose blocks would pass it is not kept. Its prefix
+ * without the byte bound, the entries alone could hold 4096 long prompts' blocks, 160 KiB
+ * each). Past it, older prompts make room (make_room); one larger than it alone is not kept.
+ * Its prefix
  * map (routing.tokenize_reuse_prefix) names, for each text block of a cached prompt but its
  * last, the slot that holds it: a prompt that begins as a cached one did is routed without
  * waiting for a pod, and a refresh, which no request waits for, caches its own tokens.
@@ -83,6 +84,7 @@ struct pcr_tokcache {
     size_t bytes;                 /* the slots' chains and text blocks, at most
                                    * routing.tokenize_cache_bytes */
     uint32_t gen;
+    size_t hand;                  /* the next slot make_room frees */
 };
 
 /* The answer's reader: {"tokens": [...]} from /tokenize, {"token_ids": [...]} from the chat
@@ -275,6 +277,24 @@ static int prefix_get(pcr_exchange_t *ex)
 
 /* The chains of `tok` (its exact count in prompt_tokens) under the text key `text`; each text
  * block of it but the last into the prefix map. */
+/* Room for `add` bytes in place of `old` (slot `keep`'s) under `limit`: other prompts go, in
+ * the order of a hand that sweeps the slots. The cache is direct-mapped and keeps no order of
+ * use, so the hand frees prompts in no order that favours one, and a full cache still takes
+ * new prompts: turned away, they would leave it holding the first ones for good. */
+static void make_room(struct pcr_tokcache *c, const tokslot_t *keep, size_t used, size_t old,
+                      size_t add, size_t limit)
+{
+    for (size_t k = 0; k < used && c->bytes - old + add > limit; k++) {
+        tokslot_t *v = &c->slots[c->hand % used];
+        c->hand = (c->hand + 1) % used;
+        if (v == keep || v->chains == NULL)
+            continue;
+        c->bytes -= (v->nchains + v->ntext) * sizeof(uint64_t);
+        free(v->chains);
+        *v = (tokslot_t){0}; /* its prefix entries lead nowhere now (gen 0) */
+    }
+}
+
 static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *tok)
 {
     uint64_t check;
@@ -285,7 +305,10 @@ static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *t
     size_t ntext = text->nblocks - 1;
     size_t old = s != NULL && s->chains != NULL ? (s->nchains + s->ntext) * sizeof(uint64_t) : 0;
     size_t add = (tok->ntblocks + ntext) * sizeof(uint64_t);
-    /* Past the bound, the slot keeps what it had. */
+    /* Past the bound, other prompts make room; one larger than the bound alone is not kept,
+     * and its slot keeps what it had. */
+    if (s != NULL && limit != 0 && add <= limit)
+        make_room(c, s, cache_used(w, c), old, add, limit);
     uint64_t *chains = s == NULL || (limit != 0 && c->bytes - old + add > limit)
                            ? NULL
                            : malloc(add ? add : sizeof(uint64_t));

@@ -222,18 +222,19 @@ def test_the_workers_share_one_cache_of_tokens(pods, router_factory, tmp_path):
 
 
 def test_tokenize_cache_is_bounded_in_bytes(pods, router_factory):
-    """routing.tokenize_cache_bytes: a prompt whose token blocks and text blocks (8 bytes
-    each) would pass it is not kept, and the pod is asked again; one that fits is asked once."""
+    """routing.tokenize_cache_bytes bounds the token blocks and text blocks (8 bytes each) the
+    cache holds. A full cache still takes a new prompt: an older one makes room, and is asked
+    again when it comes back. A prompt larger than the bound alone is never kept."""
     p = pods(2)
     # 32 token blocks and 7 text blocks (all but the last of 2048 bytes) are 312 bytes: 400
-    # keeps one such prompt, not two.
+    # keeps one such prompt, not two. 8192 bytes are 128 + 31 blocks, 1272 bytes: never.
     r = router_factory(config(p, workers=1, tokenize_cache_bytes=400))
-    first, second = prompt_of("bound-a"), prompt_of("bound-b")
-    for text in (first, first, second, second):
+    first, second, large = prompt_of("bound-a"), prompt_of("bound-b"), prompt_of("big", 8192)
+    asked = [1, 0, 1, 0, 1, 1, 1, 0]
+    for i, text in enumerate((first, first, second, second, first, large, large, first)):
+        before = metric(r, "pcrouter_tokenize_requests_total")
         assert complete(r, text)[0] == 200
-    m = metrics(r)
-    assert m["pcrouter_tokenize_cache_hits_total"] == 1
-    assert m["pcrouter_tokenize_requests_total"] == 3
+        assert metric(r, "pcrouter_tokenize_requests_total") - before == asked[i], i
 
 
 def test_chat_and_render(pods, router_factory):

@@ -120,7 +120,7 @@ struct pcr_tokreq {
     int status;
     int too_large;
     int render;                   /* the answer is a render endpoint's */
-    uint64_t t0_ns;
+    uint64_t t0_ns;               /* a waiting request's start (pcr_tokenize_start) */
     /* A refresh's question is sent once its request was dispatched (`go`): until then it keeps
      * a copy of the request's body and what the pod must serve. */
     struct event *go;
@@ -209,16 +209,15 @@ static int cache_get(pcr_exchange_t *ex)
     return hit;
 }
 
-enum { PREFIX_TOKENS = 1, PREFIX_TEXT };
-
 /* A prompt not cached whole whose text begins as a cached prompt's does: the longest such
  * prefix the map knows, from the prompt's last whole text block down. The shared text is
  * blocks 0..i; its tokens are counted in the cached prompt's proportion of tokens to text
  * (no byte offsets come with the tokens), and one block less is taken, for the tokens a
  * tokenizer merges across the end of the shared text. The request gets those chains and its
- * prompt's tokens counted in the same proportion (PREFIX_TOKENS), unless pcr_policy_prefix_use
- * says its text key tells more (PREFIX_TEXT) or its own tokens could change the decision (0). */
-static int prefix_get(pcr_exchange_t *ex)
+ * prompt's tokens counted in the same proportion (PCR_PREFIX_TOKENS), unless
+ * pcr_policy_prefix_use says its text key tells more (PCR_PREFIX_TEXT) or its own tokens could
+ * change the decision (PCR_PREFIX_WAIT, as when no prefix is found). */
+static pcr_prefix_use_t prefix_get(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
     const pcr_routing_conf_t *rc = &w->cfg->routing;
@@ -226,7 +225,7 @@ static int prefix_get(pcr_exchange_t *ex)
     uint64_t text_tokens = k->prompt_tokens;
     size_t shared = 0, n = 0;
     if (rc->tokenize_cache_entries == 0 || k->nblocks < 2)
-        return 0;
+        return PCR_PREFIX_WAIT;
     pthread_mutex_lock(&cache_lock);
     struct pcr_tokcache *c = w->srv->tokcache;
     size_t used = c != NULL ? cache_used(w, c) : 0;
@@ -260,7 +259,7 @@ static int prefix_get(pcr_exchange_t *ex)
     }
     pthread_mutex_unlock(&cache_lock);
     if (shared == 0)
-        return 0;
+        return PCR_PREFIX_WAIT;
     k->tblocks = ex->tblocks;
     k->ntblocks = n;
     /* A pod sent more of this prompt's text than the shared text (a previous turn whose tokens
@@ -272,7 +271,7 @@ static int prefix_get(pcr_exchange_t *ex)
         k->ntblocks = 0;
         k->prompt_tokens = text_tokens;
     }
-    return use == PCR_PREFIX_TOKENS ? PREFIX_TOKENS : use == PCR_PREFIX_TEXT ? PREFIX_TEXT : 0;
+    return use;
 }
 
 /* The chains of `tok` (its exact count in prompt_tokens) under the text key `text`; each text
@@ -722,7 +721,6 @@ static int send_question(struct pcr_tokreq *t, const char *raw, size_t len, cons
     if (!ok || t->up == NULL)
         return -1;
     PCR_INC(w->metrics.tokenize_calls);
-    t->t0_ns = pcr_now_ns();
     struct timeval tv = pcr_ms_to_tv(cfg->routing.tokenize_timeout_ms);
     event_add(t->deadline, &tv);
     return 0;
@@ -755,8 +753,8 @@ static struct pcr_tokreq *ask(pcr_exchange_t *ex, int *no_pod)
     return t;
 }
 
-/* A refresh's question, once the loop has dispatched its request: the question (jansson's
- * parse of the body and its dump, a millisecond for a 50 KB prompt) is not on its way. */
+/* A refresh's question, once the loop has dispatched its request: making it (simdjson's walk
+ * of the body, a copy of its fields) is not on the request's way. */
 static void refresh_go(evutil_socket_t fd, short what, void *arg)
 {
     struct pcr_tokreq *t = arg;
@@ -824,9 +822,10 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
         return 1;
     }
     pcr_key_t text = ex->key;
-    int reuse = cfg->routing.tokenize_reuse_prefix ? prefix_get(ex) : 0;
-    if (reuse != 0) {
-        if (reuse == PREFIX_TOKENS)
+    pcr_prefix_use_t reuse =
+        cfg->routing.tokenize_reuse_prefix ? prefix_get(ex) : PCR_PREFIX_WAIT;
+    if (reuse != PCR_PREFIX_WAIT) {
+        if (reuse == PCR_PREFIX_TOKENS)
             PCR_INC(w->metrics.tokenize_prefix_hits);
         else
             PCR_INC(w->metrics.tokenize_prefix_text);

@@ -767,6 +767,29 @@ size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens)
     return n < max ? n : max;
 }
 
+/* Unknown tails (PCR_PREFIX_PROBE): while fewer than PROBE_LEARN waits for one were
+ * reported, every one waits; then they wait while at least one in PROBE_PAYS paid, and one in
+ * PROBE_SAMPLE waits all the same, so that the rate follows the traffic. The counts halve past
+ * PROBE_WINDOW reports: the rate is the recent traffic's. */
+#define PROBE_LEARN 16
+#define PROBE_PAYS 20
+#define PROBE_SAMPLE 16
+#define PROBE_WINDOW 64
+
+static int probe_now(pcr_policy_t *p)
+{
+    p->tails++;
+    return p->probes < PROBE_LEARN || p->probes_paid * PROBE_PAYS >= p->probes ||
+           p->tails % PROBE_SAMPLE == 0;
+}
+
+/* The token blocks of a text block, and one more for a block cut across its end: a holder of
+ * more than that past what every holder holds is news. */
+static size_t probe_slack(const pcr_policy_t *p)
+{
+    return p->o.block_bytes / 4 / p->o.kv_block_tokens + 1;
+}
+
 pcr_prefix_use_t pcr_policy_prefix_use(pcr_policy_t *p, const pcr_key_t *key, size_t n)
 {
     if (p == NULL || p->index == NULL || key == NULL || key->nblocks == 0)
@@ -785,7 +808,25 @@ pcr_prefix_use_t pcr_policy_prefix_use(pcr_policy_t *p, const pcr_key_t *key, si
     if (most < p->n)
         return holders == 1 && p->matched[most] >= key->ntblocks ? PCR_PREFIX_TEXT
                                                                   : PCR_PREFIX_WAIT;
-    return holders < 2 ? PCR_PREFIX_TOKENS : PCR_PREFIX_WAIT;
+    if (holders < 2)
+        return PCR_PREFIX_TOKENS;
+    return probe_now(p) ? PCR_PREFIX_PROBE : PCR_PREFIX_UNPROBED;
+}
+
+int pcr_policy_prefix_probed(pcr_policy_t *p, const pcr_key_t *key, size_t known)
+{
+    if (p == NULL || p->kvt == NULL || key == NULL || key->ntblocks == 0)
+        return 0;
+    pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
+    int paid = 0;
+    for (size_t b = 0; b < p->n; b++)
+        paid |= p->matched[b] > known + probe_slack(p);
+    if (++p->probes > PROBE_WINDOW) {
+        p->probes /= 2;
+        p->probes_paid /= 2;
+    }
+    p->probes_paid += (uint32_t)paid;
+    return paid;
 }
 
 int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *tokens,

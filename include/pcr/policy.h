@@ -187,11 +187,9 @@ size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
 /* Precise mode, a prompt whose first `n` text blocks the router has tokens for (those of an
  * earlier prompt that began the same, in key->tblocks): what its decision may go on now. */
 typedef enum {
-    /* The prompt's own tokens, worth the wait: two backends or more hold all of key->tblocks
-     * (the pods' table: a shared system prompt, say, beyond which one of them may hold the
-     * conversation another replica sent it, or have evicted what this one sent it); or a
-     * backend was sent more of the text (below) but no longer holds all of key->tblocks, so
-     * it may have evicted the rest too. */
+    /* The prompt's own tokens, worth the wait: a backend was sent more of the text (below) but
+     * no longer holds all of key->tblocks, so it may have evicted the rest too, or others
+     * hold them too. */
     PCR_PREFIX_WAIT = 0,
     /* key->tblocks: the prompt's own tokens would show nothing more. */
     PCR_PREFIX_TOKENS,
@@ -200,8 +198,22 @@ typedef enum {
      * turn, whose tokens the router never had; the one block of slack is the earlier prompt's
      * last, which may have been whole), and it alone holds all of key->tblocks. */
     PCR_PREFIX_TEXT,
+    /* The prompt's own tokens, as a probe of an unknown tail: two backends or more hold all
+     * of key->tblocks (a shared system prompt, say) and none was sent more of the text. Only
+     * what this router never sent (another replica's conversation, or what its own index
+     * let go) can be beyond them. Such waits are taken while at least one in 20 pays (the
+     * caller reports each with pcr_policy_prefix_probed), and one in 16 all the same; the
+     * others get PCR_PREFIX_UNPROBED. */
+    PCR_PREFIX_PROBE,
+    /* key->tblocks, as PCR_PREFIX_TOKENS: an unknown tail not probed this time. */
+    PCR_PREFIX_UNPROBED,
 } pcr_prefix_use_t;
 pcr_prefix_use_t pcr_policy_prefix_use(pcr_policy_t *p, const pcr_key_t *key, size_t n);
+
+/* After a PCR_PREFIX_PROBE wait: key with the prompt's own token chains, `known` the chains it
+ * had before. Returns whether it paid: a backend holds more than a text block's worth of token
+ * blocks past `known`. Counted for pcr_policy_prefix_use's next answers. */
+int pcr_policy_prefix_probed(pcr_policy_t *p, const pcr_key_t *key, size_t known);
 
 /* Precise mode: what a pod said, applied to this replica (as pcr_kvtable_stored, _removed,
  * _clear; PCR_ERR_INVAL, or nothing, when the policy keeps no pods' table). */

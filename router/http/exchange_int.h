@@ -194,6 +194,8 @@ struct pcr_exchange {
     size_t tblocks_cap;
     uint64_t ns_tokenize;
     int tokenized;                    /* a tokenization was tried (its phase is recorded) */
+    int tok_probe;                    /* it waits to probe an unknown tail (PCR_PREFIX_PROBE) */
+    size_t tok_known;                 /* ... with this many chains known before */
 
     /* Disaggregation (pd_proxy.c): a prompt prefilled on a prefill pod, then decoded on a pod
      * that pulls its KV blocks. pd_state: PD_NONE (not decided yet, or no roles), PD_PREFILL

@@ -214,9 +214,9 @@ static int cache_get(pcr_exchange_t *ex)
  * blocks 0..i; its tokens are counted in the cached prompt's proportion of tokens to text
  * (no byte offsets come with the tokens), and one block less is taken, for the tokens a
  * tokenizer merges across the end of the shared text. The request gets those chains and its
- * prompt's tokens counted in the same proportion (PCR_PREFIX_TOKENS), unless
+ * prompt's tokens counted in the same proportion (PCR_PREFIX_TOKENS, or _UNPROBED), unless
  * pcr_policy_prefix_use says its text key tells more (PCR_PREFIX_TEXT) or its own tokens could
- * change the decision (PCR_PREFIX_WAIT, as when no prefix is found). */
+ * change the decision (PCR_PREFIX_WAIT, as when no prefix is found, or _PROBE). */
 static pcr_prefix_use_t prefix_get(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
@@ -264,9 +264,11 @@ static pcr_prefix_use_t prefix_get(pcr_exchange_t *ex)
     k->ntblocks = n;
     /* A pod sent more of this prompt's text than the shared text (a previous turn whose tokens
      * were never cached) that alone holds the shared tokens' blocks: the text says it is
-     * there. One that no longer holds them, or several that hold them all: its own tokens. */
+     * there. One that no longer holds them: its own tokens. Several that hold them all, none
+     * sent more: its own tokens while such waits pay (tok_known, for the report in finish). */
     pcr_prefix_use_t use = pcr_policy_prefix_use(w->policy, k, shared);
-    if (use != PCR_PREFIX_TOKENS) {
+    ex->tok_known = n;
+    if (use != PCR_PREFIX_TOKENS && use != PCR_PREFIX_UNPROBED) {
         k->tblocks = NULL;
         k->ntblocks = 0;
         k->prompt_tokens = text_tokens;
@@ -274,8 +276,6 @@ static pcr_prefix_use_t prefix_get(pcr_exchange_t *ex)
     return use;
 }
 
-/* The chains of `tok` (its exact count in prompt_tokens) under the text key `text`; each text
- * block of it but the last into the prefix map. */
 /* Room for `add` bytes in place of `old` (slot `keep`'s) under `limit`: other prompts go, in
  * the order of a hand that sweeps the slots. The cache is direct-mapped and keeps no order of
  * use, so the hand frees prompts in no order that favours one, and a full cache still takes
@@ -294,6 +294,8 @@ static void make_room(struct pcr_tokcache *c, const tokslot_t *keep, size_t used
     }
 }
 
+/* The chains of `tok` (its exact count in prompt_tokens) under the text key `text`; each text
+ * block of it but the last into the prefix map. */
 static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *tok)
 {
     uint64_t check;
@@ -484,7 +486,11 @@ static void finish(struct pcr_tokreq *t, int why)
         PCR_INC(w->metrics.tokenize_failures[why]);
         ex->key.tblocks = NULL;
         ex->key.ntblocks = 0;
+    } else if (ex->tok_probe) {
+        int paid = pcr_policy_prefix_probed(w->policy, &ex->key, ex->tok_known);
+        PCR_INC(w->metrics.tokenize_tail[paid ? 0 : 1]);
     }
+    ex->tok_probe = 0;
     pcr_proxy_dispatch(ex);
 }
 
@@ -816,6 +822,7 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
         return 1;
     uint64_t t0 = pcr_now_ns();
     ex->tokenized = 1;
+    ex->tok_probe = 0;
     if (cache_get(ex)) {
         PCR_INC(w->metrics.tokenize_cache_hits);
         ex->ns_tokenize = pcr_now_ns() - t0;
@@ -824,11 +831,13 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
     pcr_key_t text = ex->key;
     pcr_prefix_use_t reuse =
         cfg->routing.tokenize_reuse_prefix ? prefix_get(ex) : PCR_PREFIX_WAIT;
-    if (reuse != PCR_PREFIX_WAIT) {
-        if (reuse == PCR_PREFIX_TOKENS)
-            PCR_INC(w->metrics.tokenize_prefix_hits);
-        else
+    if (reuse != PCR_PREFIX_WAIT && reuse != PCR_PREFIX_PROBE) {
+        if (reuse == PCR_PREFIX_TEXT)
             PCR_INC(w->metrics.tokenize_prefix_text);
+        else
+            PCR_INC(w->metrics.tokenize_prefix_hits);
+        if (reuse == PCR_PREFIX_UNPROBED)
+            PCR_INC(w->metrics.tokenize_tail[2]);
         refresh(ex, &text);
         ex->ns_tokenize = pcr_now_ns() - t0;
         return 1;
@@ -845,6 +854,7 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
         return 1;
     }
     ex->tok->t0_ns = t0;
+    ex->tok_probe = reuse == PCR_PREFIX_PROBE;
     w->tok_asking++;
     return 0;
 }

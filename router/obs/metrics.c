@@ -338,6 +338,19 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
             "Prompts beginning like a cached one routed at once on their text key instead: a "
             "pod was sent more of their text and alone holds those tokens' blocks.",
             SUM(srv, tokenize_prefix_text));
+    static const char *const tail[3] = {"paid", "unpaid", "went"};
+    HEADER(out, "pcrouter_tokenize_unknown_tail_total", "counter",
+           "Prompts beginning like a cached one whose tokens two pods or more hold, no pod "
+           "sent more of their text: waits for their own tokens that showed a pod holding "
+           "more (paid) or not (unpaid), and prompts routed at once on the cached tokens "
+           "(went; also in pcrouter_tokenize_cache_prefix_hits_total).");
+    for (int k = 0; k < 3; k++) {
+        uint64_t v = 0;
+        for (unsigned i = 0; i < srv->nworkers; i++)
+            v += PCR_LOAD(srv->workers[i].metrics.tokenize_tail[k]);
+        evbuffer_add_printf(out, "pcrouter_tokenize_unknown_tail_total{outcome=\"%s\"} %llu\n",
+                            tail[k], (unsigned long long)v);
+    }
     counter(out, "pcrouter_tokenize_refreshes_total",
             "Tokenizations asked after a prefix hit for the cache only, no request waiting "
             "(also in pcrouter_tokenize_requests_total).", SUM(srv, tokenize_refreshes));

@@ -422,6 +422,62 @@ def test_a_turn_after_an_untokenized_one_follows_its_text(pods, router_factory):
         assert m[name] == before[name], name
 
 
+def tails(router):
+    m = metrics(router)
+    return {k: m['pcrouter_tokenize_unknown_tail_total{outcome="%s"}' % k]
+            for k in ("paid", "unpaid", "went")}
+
+
+def test_an_unknown_tail_is_waited_for_while_such_waits_pay(pods, router_factory):
+    """A prompt begins with a system prompt two pods hold, whose tokens the router has, and no
+    pod was sent more of it: only a pod this router never sent it to could hold more (another
+    replica's conversation). The router waits for the prompt's own tokens while such waits pay.
+    Here the first 16 show nothing more, and then only one in 16 waits: the others go at once
+    on the system prompt's tokens. Then other senders' conversations appear: the sampled waits
+    find them, and from then on every such prompt waits, and goes to its conversation's pod."""
+    p = pods(3)
+    r = subscribed(p, router_factory(config(p, workers=1)))
+    system = prompt_of("system")
+    status, x, _ = complete(r, system)
+    assert status == 200
+    y = next(n for n in p.names if n != x)
+    seed(p, y, system)
+    for name in (x, y):
+        wait_for(lambda name=name: kv_blocks(r, name) >= 32, timeout=5,
+                 what="%s's system prompt in the index" % name)
+    for i in range(16):
+        before = tails(r)
+        assert complete(r, system + prompt_of("user-%d" % i, 1024))[0] == 200
+        after = tails(r)
+        assert after["unpaid"] == before["unpaid"] + 1 and after["went"] == 0, (i, after)
+    for i in range(16, 32):
+        assert complete(r, system + prompt_of("user-%d" % i, 1024))[0] == 200
+    after = tails(r)
+    assert after["unpaid"] == 17 and after["went"] == 15 and after["paid"] == 0, after
+    # Another sender's conversations, one pod after another (so that none is over its share
+    # of this router's requests): a prompt that goes on where one left off.
+    def other_turn(tag, i):
+        z = p.names[i % len(p.names)]
+        other = system + prompt_of("%s-%d" % (tag, i), 1024)
+        held = kv_blocks(r, z)
+        seed(p, z, other)
+        wait_for(lambda: kv_blocks(r, z) >= held + 16, timeout=5,
+                 what="%s's conversation in the index" % z)
+        before = tails(r)
+        status, backend, _ = complete(r, other + prompt_of("next-%s-%d" % (tag, i), 512))
+        assert status == 200
+        return tails(r)["paid"] - before["paid"], backend == z
+
+    sent = 0
+    while tails(r)["paid"] < 2:
+        assert sent < 40, "no wait found another sender's conversation: %s" % tails(r)
+        paid, there = other_turn("other", sent)
+        assert there or not paid
+        sent += 1
+    for i in range(4):
+        assert other_turn("again", i) == (1, True)
+
+
 IDS = ",".join(str(i) for i in range(1, 33))   # two blocks of 16 tokens
 GOOD_ANSWERS = [
     '{"count":32,"max_model_len":1000,"tokens":[%s],"token_strs":null}' % IDS,

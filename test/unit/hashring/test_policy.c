@@ -1519,7 +1519,7 @@ static void test_precise_prefix_tokens(void)
     longer->ntblocks = key->ntblocks;
     PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 16), PCR_PREFIX_TOKENS);
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &f.ev, 25), 0);
-    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 16), PCR_PREFIX_WAIT);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, longer, 16), PCR_PREFIX_PROBE);
     /* Pod 0, sent more of the text, holds none of those chains: it may have evicted the rest
      * too. Once it alone holds them, the text says where the prompt goes; while another holds
      * them too, they are a hot prefix, and pod 0 may have evicted its own rest all the same. */
@@ -1543,6 +1543,78 @@ static void test_precise_prefix_tokens(void)
     PCR_CHECK_EQ_INT(pcr_policy_feedback(p, &k1.k, &d, 0, UINT64_MAX), 0);
     PCR_CHECK_EQ_INT(pcr_policy_backend_blocks(p, 0), held);
     PCR_CHECK_EQ_INT(pcr_policy_backend_capacity(p, 0), cap);
+    free(s);
+    pcr_policy_free(p);
+}
+
+/* Precise mode, an unknown tail: two pods hold the tokens the router has (a system prompt)
+ * and none was sent more of the text. Waits for the prompt's own tokens go on while they pay
+ * (a pod holds more: another replica's conversation), and one in 16 goes on when they do not. */
+static void test_precise_unknown_tail(void)
+{
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    o.index_events = 1;
+    o.kv_block_tokens = 4;
+    o.block_bytes = 16; /* a text block is a token block: news is 3 blocks past the known */
+    o.max_prefix_bytes = 4096 * 16;
+    o.kv_speculative_ttl = 1000;
+    pcr_policy_t *p = pcr_policy_new(&o, four, 3);
+    uint32_t tok[64];
+    uint64_t hashes[16], tb[16], own[16];
+    for (int i = 0; i < 64; i++)
+        tok[i] = (uint32_t)(i * 5 + 3);
+    for (int i = 0; i < 16; i++)
+        hashes[i] = (uint64_t)(100 + i);
+    /* Pods 0 and 1 hold the first 4 blocks, the system prompt. */
+    pcr_kvt_stored_t sys = {hashes, 4, 0, 0, tok, 4, PCR_KVT_GPU, 0};
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 0, &sys, 1), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 1, &sys, 1), 0);
+    keybuf_t kb, kf;
+    size_t len;
+    char *s = prompt(4, 512, &len);
+    pcr_key_t *key = key_of(p, &kb, s, len);
+    key->tblocks = tb;
+    PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, tok, 16, key), 0); /* known: 4 blocks */
+    pcr_key_t *full = key_of(p, &kf, s, len);
+    full->tblocks = own;
+    PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, tok, 64, full), 0); /* its own: 16 */
+    /* Learning: every unknown tail waits until 16 waits were reported. */
+    for (int i = 0; i < 16; i++) {
+        PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_PROBE);
+        PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
+    }
+    /* None paid: one in 16 waits. */
+    int probes = 0;
+    for (int i = 0; i < 64; i++) {
+        pcr_prefix_use_t u = pcr_policy_prefix_use(p, key, 4);
+        PCR_CHECK(u == PCR_PREFIX_PROBE || u == PCR_PREFIX_UNPROBED);
+        if (u == PCR_PREFIX_PROBE) {
+            probes++;
+            PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
+        }
+    }
+    PCR_CHECK_EQ_INT(probes, 4);
+    /* A pod this router never sent the prompt to holds it all: the sampled waits pay, and
+     * once one in 20 did (2 of 22), every unknown tail waits. */
+    pcr_kvt_stored_t all = {hashes, 16, 0, 0, tok, 4, PCR_KVT_GPU, 0};
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &all, 2), 0);
+    for (int paid = 0; paid < 2; paid++) {
+        int i = 0;
+        while (i++ < 16 && pcr_policy_prefix_use(p, key, 4) != PCR_PREFIX_PROBE)
+            ;
+        PCR_CHECK(i <= 16);
+        PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 1);
+    }
+    for (int i = 0; i < 8; i++)
+        PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_PROBE);
+    /* A pod holding only a block past the known is no news. */
+    pcr_policy_kv_clear(p, 2);
+    pcr_kvt_stored_t one_more = {hashes, 5, 0, 0, tok, 4, PCR_KVT_GPU, 0};
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 0, &one_more, 3), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
+    /* Not in precise mode, or no chains: nothing to report. */
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(NULL, full, 4), 0);
     free(s);
     pcr_policy_free(p);
 }
@@ -1661,6 +1733,7 @@ int main(void)
     PCR_RUN(test_renew_keeps_the_backends);
     PCR_RUN(test_precise_mode);
     PCR_RUN(test_precise_prefix_tokens);
+    PCR_RUN(test_precise_unknown_tail);
     PCR_RUN(test_backend_states);
     PCR_RUN(test_decision_timing_reads_the_clock_three_times);
     return pcr_test_done();

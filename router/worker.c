@@ -32,6 +32,31 @@
 
 #define TICK_MS 20
 
+/* A slice of the bus's updates in one loop turn: a pod's event of a long prompt's blocks,
+ * applied on every worker's replica, takes a millisecond or more, and the streams the worker
+ * relays would wait that long. */
+#define PCR_SYNC_BLOCKS 1024
+
+void pcr_worker_sync(pcr_worker_t *w)
+{
+    pcr_bus_t *bus = w->srv->bus;
+    if (w->sync_more == NULL) {
+        pcr_bus_drain(bus, w->id, &w->policy); /* no loop yet */
+        return;
+    }
+    pcr_bus_drain_some(bus, w->id, &w->policy, PCR_SYNC_BLOCKS);
+    if (pcr_bus_backlog(bus, w->id) && !evtimer_pending(w->sync_more, NULL)) {
+        /* A timer, not event_active: the loop polls its sockets before it runs. */
+        struct timeval now = {0, 0};
+        evtimer_add(w->sync_more, &now);
+    }
+}
+
+static void on_sync_more(evutil_socket_t fd, short what, void *arg)
+{
+    pcr_worker_sync(arg);
+}
+
 /* ---- the loop ------------------------------------------------------------------------ */
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -142,7 +167,9 @@ int pcr_worker_init(pcr_server_t *srv, pcr_worker_t *w, unsigned id)
         return PCR_ERR_IO;
     w->cmd_event = event_new(w->base, w->cmd_fd[0], EV_READ | EV_PERSIST, on_cmd, w);
     w->tick = event_new(w->base, -1, EV_PERSIST, on_tick, w);
-    if (w->cmd_event == NULL || w->tick == NULL || pcr_budget_init(w) < 0)
+    w->sync_more = evtimer_new(w->base, on_sync_more, w);
+    if (w->cmd_event == NULL || w->tick == NULL || w->sync_more == NULL ||
+        pcr_budget_init(w) < 0)
         return PCR_ERR_NOMEM;
     struct timeval tv = {0, TICK_MS * 1000};
     event_add(w->cmd_event, NULL);
@@ -168,8 +195,10 @@ void pcr_worker_dispose(pcr_worker_t *w)
         event_free(w->cmd_event);
     if (w->tick)
         event_free(w->tick);
+    if (w->sync_more)
+        event_free(w->sync_more);
     pcr_budget_dispose(w);
-    w->cmd_event = w->tick = NULL;
+    w->cmd_event = w->tick = w->sync_more = NULL;
     if (w->base)
         event_base_free(w->base);
     w->base = NULL;

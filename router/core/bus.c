@@ -46,8 +46,9 @@ typedef struct {
     unsigned char *buf;          /* messages waiting, under mu */
     size_t len, cap;
     size_t pending;              /* == len, read without the lock (atomic) */
-    unsigned char *spare;        /* the drainer's buffer, swapped with buf */
-    size_t spare_cap;
+    unsigned char *work;         /* the drainer's: messages taken from buf (swapped), those from */
+    size_t work_len, work_cap;   /* work_off on not applied yet (a drain's budget ran out) */
+    size_t work_off;
 } inbox_t;
 
 struct pcr_bus {
@@ -80,7 +81,7 @@ void pcr_bus_free(pcr_bus_t *bus)
     for (unsigned i = 0; i <= bus->n; i++) {
         pthread_mutex_destroy(&bus->in[i].mu);
         free(bus->in[i].buf);
-        free(bus->in[i].spare);
+        free(bus->in[i].work);
     }
     free(bus->in);
     free(bus);
@@ -141,28 +142,49 @@ void pcr_bus_capacity(pcr_bus_t *bus, int from, int backend, uint64_t blocks)
     publish(bus, from, &m, NULL);
 }
 
-/* Takes inbox `ib`'s messages and calls `fn` on each; the buffer is reused next time. */
-static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg)
+/* What applying a message costs, in blocks: a budget of them bounds a drain. */
+static size_t msg_cost(const msg_t *m, const uint64_t *words)
 {
-    if (PCR_LOAD(ib->pending) == 0)
-        return 0;
-    pthread_mutex_lock(&ib->mu);
-    unsigned char *buf = ib->buf;
-    size_t len = ib->len, cap = ib->cap;
-    ib->buf = ib->spare;
-    ib->cap = ib->spare_cap;
-    ib->len = 0;
-    PCR_STORE(ib->pending, 0);
-    pthread_mutex_unlock(&ib->mu);
-    size_t n = 0, off = 0;
-    while (off + sizeof(msg_t) <= len) {
+    if (m->op == OP_KV_STORED)
+        return m->nblocks >= KV_STORED_WORDS && words[2] < m->nblocks ? 1 + (size_t)words[2] : 1;
+    return 1 + m->nblocks;
+}
+
+/* Calls `fn` on inbox `ib`'s messages, in order, until they cost `budget` blocks (at least
+ * one message): those taken and not applied stay for the next drain, before any newer. The
+ * buffers are swapped and reused. */
+static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg,
+                    size_t budget)
+{
+    if (ib->work_off >= ib->work_len) {
+        if (PCR_LOAD(ib->pending) == 0)
+            return 0;
+        pthread_mutex_lock(&ib->mu);
+        unsigned char *b = ib->buf;
+        size_t cap = ib->cap;
+        ib->buf = ib->work;
+        ib->cap = ib->work_cap;
+        ib->work = b;
+        ib->work_cap = cap;
+        ib->work_len = ib->len;
+        ib->work_off = 0;
+        ib->len = 0;
+        PCR_STORE(ib->pending, 0);
+        pthread_mutex_unlock(&ib->mu);
+    }
+    unsigned char *buf = ib->work;
+    size_t len = ib->work_len;
+    size_t n = 0, off = ib->work_off, spent = 0;
+    while (off + sizeof(msg_t) <= len && (n == 0 || spent < budget)) {
         msg_t m;
         memcpy(&m, buf + off, sizeof(m));
         off += sizeof(m);
         size_t bytes = (size_t)m.nblocks * sizeof(uint64_t);
-        if (off + bytes > len)
+        if (off + bytes > len) {
+            off = len;
             break;
-        /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
+        }
+        spent += msg_cost(&m, (const uint64_t *)(const void *)(buf + off));
         pcr_key_t key = {.blocks = (uint64_t *)(void *)(buf + off), .nblocks = m.nblocks,
                          .prompt_tokens = m.prompt_tokens};
         pcr_bus_msg_t bm = {(pcr_bus_op_t)m.op, m.backend, &key, m.arg, NULL, NULL, 0, 0, {0}, 0,
@@ -247,8 +269,7 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
         off += bytes;
         n++;
     }
-    ib->spare = buf;
-    ib->spare_cap = cap;
+    ib->work_off = off;
     return n;
 }
 
@@ -425,16 +446,31 @@ static void apply(const pcr_bus_msg_t *m, void *arg)
 
 size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy)
 {
+    /* What an earlier drain left, then what came since. */
+    size_t n = pcr_bus_drain_some(bus, id, policy, SIZE_MAX);
+    return n + pcr_bus_drain_some(bus, id, policy, SIZE_MAX);
+}
+
+size_t pcr_bus_drain_some(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy, size_t budget)
+{
     if (bus == NULL || id >= bus->n)
         return 0;
-    return drain(&bus->in[id], apply, policy);
+    return drain(&bus->in[id], apply, policy, budget);
+}
+
+int pcr_bus_backlog(pcr_bus_t *bus, unsigned id)
+{
+    if (bus == NULL || id >= bus->n)
+        return 0;
+    const inbox_t *ib = &bus->in[id];
+    return ib->work_off < ib->work_len || PCR_LOAD(ib->pending) != 0;
 }
 
 size_t pcr_bus_drain_tap(pcr_bus_t *bus, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg)
 {
     if (bus == NULL || !bus->tap)
         return 0;
-    return drain(&bus->in[bus->n], fn, arg);
+    return drain(&bus->in[bus->n], fn, arg, SIZE_MAX);
 }
 
 uint64_t pcr_bus_dropped(const pcr_bus_t *bus)

@@ -6,14 +6,16 @@
  * forgotten after the backend failed the request, a backend whose entries are dropped, a
  * backend's capacity learned from its pod. A worker applies its inbox before each decision and
  * on a short tick, so what any worker learns every worker uses within one tick at most, and
- * at once for any request decided after the update was published.
+ * at once for any request decided after the update was published (unless a burst of the
+ * pods' events is ahead of it: a worker applies it a slice a loop turn, pcr_bus_drain_some).
  *
  * The replicas can differ a little: updates are applied in a different order on each worker
  * (its own first), so LRU eviction at capacity may pick differently. Every replica stays a
  * valid index of what the pods may hold, and the differences fade as entries age out.
  *
  * Thread-safety: publishing takes each target inbox's mutex for the copy of one message;
- * draining swaps the inbox's buffer under the mutex and applies outside it. An inbox that a
+ * draining swaps the inbox's buffer under the mutex and applies outside it; one thread drains
+ * an inbox (its worker; the tap's, the control thread). An inbox that a
  * stalled worker does not drain is bounded (PCR_BUS_MAX_BYTES); past it updates are dropped and
  * counted. */
 #ifndef PCR_ROUTER_BUS_H
@@ -63,6 +65,11 @@ void pcr_bus_kv_clear(pcr_bus_t *bus, int backend);
  * relaxed load). A reload that changes what the keys mean replaces `*policy` with a new one
  * (the membership follows on the bus). */
 size_t pcr_bus_drain(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy);
+/* The same, in order, until the updates applied cost `budget` blocks (at least one update; a
+ * pod's event of a request's 6,000 blocks costs 6,000): a worker's loop turn is not taken by a
+ * burst. pcr_bus_backlog says whether any are left. */
+size_t pcr_bus_drain_some(pcr_bus_t *bus, unsigned id, pcr_policy_t **policy, size_t budget);
+int pcr_bus_backlog(pcr_bus_t *bus, unsigned id);
 
 /* The tap: a consumer on the control thread (the Redis sharing, share.c) that sees every update
  * the workers publish, not those the control thread publishes itself. Off until enabled,

@@ -198,6 +198,7 @@ struct pcr_worker {
     int hold_wake;                /* atomic: an 'H' (pools.c) is in cmd_fd */
     struct event *cmd_event;
     struct event *tick;
+    struct event *sync_more;      /* the bus's backlog, applied in the next loop turn */
 
     /* Flow control (tenancy.c): the requests waiting while the pool is saturated, and the
      * event that releases them (a timer while any waits; made active when a request leaves
@@ -239,7 +240,9 @@ static inline void pcr_worker_check_drained(pcr_worker_t *w)
         event_base_loopexit(w->base, NULL);
 }
 
-/* Before a decision: apply what the other workers learned since the last one. */
-static inline void pcr_worker_sync(pcr_worker_t *w) { pcr_bus_drain(w->srv->bus, w->id, &w->policy); }
+/* Before a decision and on the tick: apply what the other workers (and the pods' events)
+ * taught since the last time, at most PCR_SYNC_BLOCKS blocks' worth in one loop turn; the rest
+ * in the next turns, after the loop's I/O (worker.c). */
+void pcr_worker_sync(pcr_worker_t *w);
 
 #endif

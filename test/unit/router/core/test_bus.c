@@ -280,6 +280,64 @@ static void test_kv_events_reach_every_replica(void)
     pcr_bus_free(bus);
 }
 
+/* A drain with a budget applies updates in order until they cost that many blocks (at least
+ * one update), keeps the rest for the next, and takes newer updates only after them; the
+ * backlog says whether any are left. */
+static void test_drain_some_applies_in_slices_in_order(void)
+{
+    pcr_bus_t *bus = pcr_bus_new(2);
+    pcr_policy_opts_t o;
+    pcr_policy_opts_default(&o);
+    pcr_policy_t *w = replica();
+    pcr_bus_tune(bus, (o.index_events = 1, &o));
+    pcr_backend_desc_t d[3] = {{"a", "", 1, 0}, {"b", "", 1, 0}, {"c", "", 1, 0}};
+    for (int i = 0; i < 3; i++)
+        pcr_bus_backend_set(bus, PCR_BUS_CONTROL, i, &d[i]);
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain(bus, 0, &w), 4);
+    PCR_CHECK(!pcr_bus_backlog(bus, 0));
+    static uint32_t tokens[64 * 16];
+    static uint64_t hashes[64];
+    for (size_t i = 0; i < 64 * 16; i++)
+        tokens[i] = 7 + (uint32_t)i;
+    for (size_t i = 0; i < 64; i++)
+        hashes[i] = 500 + i;
+    /* Four events of 16 blocks each, a chain: the second's parent is the first's last. */
+    for (int e = 0; e < 4; e++) {
+        pcr_kvt_stored_t ev = {hashes + 16 * e, 16, e > 0, e > 0 ? hashes[16 * e - 1] : 0,
+                               tokens + 256 * e, 16, PCR_KVT_GPU, 0};
+        pcr_bus_kv_stored(bus, 2, &ev, 5);
+    }
+    const pcr_kvtable_t *t = pcr_policy_kvtable(w);
+    PCR_CHECK(pcr_bus_backlog(bus, 0));
+    /* 20 blocks' budget: two events (17 each counted), then the rest. */
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain_some(bus, 0, &w, 20), 2);
+    PCR_CHECK_EQ_INT((int)pcr_kvtable_entries(t, 2, PCR_KVT_GPU), 32);
+    PCR_CHECK(pcr_bus_backlog(bus, 0));
+    /* A newer update waits behind the two left. */
+    pcr_bus_kv_clear(bus, 2);
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain_some(bus, 0, &w, 1), 1);
+    PCR_CHECK_EQ_INT((int)pcr_kvtable_entries(t, 2, PCR_KVT_GPU), 48);
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain_some(bus, 0, &w, 1000), 1);
+    PCR_CHECK_EQ_INT((int)pcr_kvtable_entries(t, 2, PCR_KVT_GPU), 64);
+    PCR_CHECK(pcr_bus_backlog(bus, 0));
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain_some(bus, 0, &w, 1000), 1);
+    PCR_CHECK_EQ_INT((int)pcr_kvtable_entries(t, 2, PCR_KVT_GPU), 0);
+    PCR_CHECK(!pcr_bus_backlog(bus, 0));
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain_some(bus, 0, &w, 1000), 0);
+    /* The whole drain takes what a sliced one left, then what came since. */
+    pcr_bus_kv_stored(bus, 2, &(pcr_kvt_stored_t){hashes, 16, 0, 0, tokens, 16, PCR_KVT_GPU, 0},
+                      6);
+    pcr_bus_kv_stored(bus, 2, &(pcr_kvt_stored_t){hashes + 16, 16, 1, hashes[15], tokens + 256,
+                                                  16, PCR_KVT_GPU, 0}, 6);
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain_some(bus, 0, &w, 1), 1);
+    pcr_bus_kv_removed(bus, 2, hashes + 16, 16, PCR_KVT_GPU);
+    PCR_CHECK_EQ_INT((int)pcr_bus_drain(bus, 0, &w), 2);
+    PCR_CHECK_EQ_INT((int)pcr_kvtable_entries(t, 2, PCR_KVT_GPU), 16);
+    PCR_CHECK(!pcr_bus_backlog(bus, 0));
+    pcr_policy_free(w);
+    pcr_bus_free(bus);
+}
+
 /* A tune that changes the keys (another policy, another block size), drained before the
  * control thread's messages that follow it (every slot's membership): the fresh replica still
  * knows its pods and routes. Before, it started empty and every request in between got 404. */
@@ -362,6 +420,7 @@ int main(void)
     PCR_RUN(test_tune_carries_the_share_exemption);
     PCR_RUN(test_tune_carries_the_share_reserve);
     PCR_RUN(test_kv_events_reach_every_replica);
+    PCR_RUN(test_drain_some_applies_in_slices_in_order);
     PCR_RUN(test_tune_that_changes_the_keys_keeps_the_pods);
     PCR_RUN(test_tap_sees_the_workers_updates_only);
     PCR_RUN(test_undrained_inbox_is_bounded);

@@ -767,20 +767,19 @@ size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens)
     return n < max ? n : max;
 }
 
-/* Unknown tails (PCR_PREFIX_PROBE): while fewer than PROBE_LEARN waits for one were
- * reported, every one waits; then they wait while at least one in PROBE_PAYS paid, and one in
- * PROBE_SAMPLE waits all the same, so that the rate follows the traffic. The counts halve past
- * PROBE_WINDOW reports: the rate is the recent traffic's. */
-#define PROBE_LEARN 16
-#define PROBE_PAYS 20
+/* Unknown tails (PCR_PREFIX_PROBE): they wait while one of the last PROBE_RUN waits for one
+ * paid (the first PROBE_RUN wait: nothing is known yet). A wait pays rarely but a lot: another
+ * replica's conversation is a long prompt, and its prefill is the pod's time, which every
+ * queued request waits for. Two replicas of the conversation trace find one in 18, a single
+ * replica none. Otherwise one in PROBE_SAMPLE waits all the same, so that a change in the
+ * traffic is seen. */
+#define PROBE_RUN 128
 #define PROBE_SAMPLE 16
-#define PROBE_WINDOW 64
 
 static int probe_now(pcr_policy_t *p)
 {
     p->tails++;
-    return p->probes < PROBE_LEARN || p->probes_paid * PROBE_PAYS >= p->probes ||
-           p->tails % PROBE_SAMPLE == 0;
+    return p->unpaid_run < PROBE_RUN || p->tails % PROBE_SAMPLE == 0;
 }
 
 /* The token blocks of a text block, and one more for a block cut across its end: a holder of
@@ -821,11 +820,10 @@ int pcr_policy_prefix_probed(pcr_policy_t *p, const pcr_key_t *key, size_t known
     int paid = 0;
     for (size_t b = 0; b < p->n; b++)
         paid |= p->matched[b] > known + probe_slack(p);
-    if (++p->probes > PROBE_WINDOW) {
-        p->probes /= 2;
-        p->probes_paid /= 2;
-    }
-    p->probes_paid += (uint32_t)paid;
+    if (paid)
+        p->unpaid_run = 0;
+    else if (p->unpaid_run < UINT32_MAX)
+        p->unpaid_run++;
     return paid;
 }
 

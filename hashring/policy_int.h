@@ -68,10 +68,10 @@ struct pcr_policy {
     uint64_t *observed_at;     /* per backend: the count at its last observation */
     uint64_t (*clock_ns)(void); /* times the decision's phases when set (pcr_policy_set_clock) */
     uint64_t decide_t0;         /* with it: its reading as the decision began (pcr_policy_decide) */
-    /* Precise mode's unknown tails (pcr_policy_prefix_use): how many came, and how many of the
-     * recent waits for one were reported, and paid (pcr_policy_prefix_probed). */
+    /* Precise mode's unknown tails (pcr_policy_prefix_use): how many came, and the waits for
+     * one reported since the last that paid (pcr_policy_prefix_probed). */
     uint64_t tails;
-    uint32_t probes, probes_paid;
+    uint32_t unpaid_run;
 };
 
 extern const pcr_lb_ops_t pcr_lb_round_robin;

@@ -201,7 +201,7 @@ typedef enum {
     /* The prompt's own tokens, as a probe of an unknown tail: two backends or more hold all
      * of key->tblocks (a shared system prompt, say) and none was sent more of the text. Only
      * what this router never sent (another replica's conversation, or what its own index
-     * let go) can be beyond them. Such waits are taken while at least one in 20 pays (the
+     * let go) can be beyond them. Such waits are taken while one of the last 128 paid (the
      * caller reports each with pcr_policy_prefix_probed), and one in 16 all the same; the
      * others get PCR_PREFIX_UNPROBED. */
     PCR_PREFIX_PROBE,

@@ -1548,8 +1548,9 @@ static void test_precise_prefix_tokens(void)
 }
 
 /* Precise mode, an unknown tail: two pods hold the tokens the router has (a system prompt)
- * and none was sent more of the text. Waits for the prompt's own tokens go on while they pay
- * (a pod holds more: another replica's conversation), and one in 16 goes on when they do not. */
+ * and none was sent more of the text. Waits for the prompt's own tokens go on while one of the
+ * last 128 paid (a pod holds more: another replica's conversation), and one in 16 goes on when
+ * none did. */
 static void test_precise_unknown_tail(void)
 {
     pcr_policy_opts_t o;
@@ -1579,12 +1580,12 @@ static void test_precise_unknown_tail(void)
     pcr_key_t *full = key_of(p, &kf, s, len);
     full->tblocks = own;
     PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, tok, 64, full), 0); /* its own: 16 */
-    /* Learning: every unknown tail waits until 16 waits were reported. */
-    for (int i = 0; i < 16; i++) {
+    /* Nothing known yet: every unknown tail waits until 128 waits in a row did not pay. */
+    for (int i = 0; i < 128; i++) {
         PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_PROBE);
         PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
     }
-    /* None paid: one in 16 waits. */
+    /* Then one in 16 waits. */
     int probes = 0;
     for (int i = 0; i < 64; i++) {
         pcr_prefix_use_t u = pcr_policy_prefix_use(p, key, 4);
@@ -1595,21 +1596,26 @@ static void test_precise_unknown_tail(void)
         }
     }
     PCR_CHECK_EQ_INT(probes, 4);
-    /* A pod this router never sent the prompt to holds it all: the sampled waits pay, and
-     * once one in 20 did (2 of 22), every unknown tail waits. */
+    /* A pod this router never sent the prompt to holds it all: the next sampled wait pays,
+     * and from then on every unknown tail waits ... */
     pcr_kvt_stored_t all = {hashes, 16, 0, 0, tok, 4, PCR_KVT_GPU, 0};
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &all, 2), 0);
-    for (int paid = 0; paid < 2; paid++) {
-        int i = 0;
-        while (i++ < 16 && pcr_policy_prefix_use(p, key, 4) != PCR_PREFIX_PROBE)
-            ;
-        PCR_CHECK(i <= 16);
-        PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 1);
-    }
-    for (int i = 0; i < 8; i++)
-        PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_PROBE);
-    /* A pod holding only a block past the known is no news. */
+    int i = 0;
+    while (i++ < 16 && pcr_policy_prefix_use(p, key, 4) != PCR_PREFIX_PROBE)
+        ;
+    PCR_CHECK(i <= 16);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 1);
+    /* ... until 128 in a row did not pay: one in 16 again. */
     pcr_policy_kv_clear(p, 2);
+    for (i = 0; i < 128; i++) {
+        PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_PROBE);
+        PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
+    }
+    probes = 0;
+    for (i = 0; i < 16; i++)
+        probes += pcr_policy_prefix_use(p, key, 4) == PCR_PREFIX_PROBE;
+    PCR_CHECK_EQ_INT(probes, 1);
+    /* A pod holding only a block past the known is no news. */
     pcr_kvt_stored_t one_more = {hashes, 5, 0, 0, tok, 4, PCR_KVT_GPU, 0};
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 0, &one_more, 3), 0);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);

@@ -32,32 +32,13 @@
 
 #define TICK_MS 20
 
-/* A slice of the bus's updates in one loop turn: a pod's event of a long prompt's blocks,
- * applied on every worker's replica, takes a millisecond or more, and the streams the worker
- * relays would wait that long. */
-#define PCR_SYNC_BLOCKS 1024
+/* ---- the loop ------------------------------------------------------------------------ */
 
-void pcr_worker_sync(pcr_worker_t *w)
-{
-    pcr_bus_t *bus = w->srv->bus;
-    if (w->sync_more == NULL) {
-        pcr_bus_drain(bus, w->id, &w->policy); /* no loop yet */
-        return;
-    }
-    pcr_bus_drain_some(bus, w->id, &w->policy, PCR_SYNC_BLOCKS);
-    if (pcr_bus_backlog(bus, w->id) && !evtimer_pending(w->sync_more, NULL)) {
-        /* A timer, not event_active: the loop polls its sockets before it runs. */
-        struct timeval now = {0, 0};
-        evtimer_add(w->sync_more, &now);
-    }
-}
-
+/* The bus's backlog, a slice more (pcr_worker_sync arms it). */
 static void on_sync_more(evutil_socket_t fd, short what, void *arg)
 {
     pcr_worker_sync(arg);
 }
-
-/* ---- the loop ------------------------------------------------------------------------ */
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {

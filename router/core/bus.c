@@ -7,7 +7,10 @@
  * (OP_SET) carries the backend's weight in prompt_tokens, its capacity in arg, and its name and
  * zone, NUL-terminated, in the words where a key's blocks would be. OP_OBSERVE carries the
  * uncached tokens in prompt_tokens and the queued work in one word; OP_FEEDBACK three words
- * (matched blocks, their time, settled_before) before the key's blocks. */
+ * (matched blocks, their time, settled_before) before the key's blocks.
+ *
+ * A worker applies its inbox a slice at a time (pcr_worker_sync, here because it is the bus's
+ * drain with the worker's timer for the rest). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +187,7 @@ static size_t drain(inbox_t *ib, void (*fn)(const pcr_bus_msg_t *m, void *arg), 
             off = len;
             break;
         }
+        /* The blocks are 8-byte aligned in the buffer: header and blocks are multiples of 8. */
         spent += msg_cost(&m, (const uint64_t *)(const void *)(buf + off));
         pcr_key_t key = {.blocks = (uint64_t *)(void *)(buf + off), .nblocks = m.nblocks,
                          .prompt_tokens = m.prompt_tokens};
@@ -464,6 +468,26 @@ int pcr_bus_backlog(pcr_bus_t *bus, unsigned id)
         return 0;
     const inbox_t *ib = &bus->in[id];
     return ib->work_off < ib->work_len || PCR_LOAD(ib->pending) != 0;
+}
+
+/* A slice of the bus's updates in one loop turn: a pod's event of a long prompt's blocks,
+ * applied on every worker's replica, takes a millisecond or more, and the streams the worker
+ * relays would wait that long. */
+#define SYNC_BLOCKS 1024
+
+void pcr_worker_sync(pcr_worker_t *w)
+{
+    pcr_bus_t *bus = w->srv->bus;
+    if (w->sync_more == NULL) {
+        pcr_bus_drain(bus, w->id, &w->policy); /* no loop yet */
+        return;
+    }
+    pcr_bus_drain_some(bus, w->id, &w->policy, SYNC_BLOCKS);
+    if (pcr_bus_backlog(bus, w->id) && !evtimer_pending(w->sync_more, NULL)) {
+        /* A timer, not event_active: the loop polls its sockets before it runs. */
+        struct timeval now = {0, 0};
+        evtimer_add(w->sync_more, &now);
+    }
 }
 
 size_t pcr_bus_drain_tap(pcr_bus_t *bus, void (*fn)(const pcr_bus_msg_t *m, void *arg), void *arg)

@@ -241,8 +241,8 @@ static inline void pcr_worker_check_drained(pcr_worker_t *w)
 }
 
 /* Before a decision and on the tick: apply what the other workers (and the pods' events)
- * taught since the last time, at most PCR_SYNC_BLOCKS blocks' worth in one loop turn; the rest
- * in the next turns, after the loop's I/O (worker.c). */
+ * taught since the last time, at most 1024 blocks' worth in one loop turn; the rest in the
+ * next turns (w->sync_more, made by worker.c), after the loop's I/O (core/bus.c). */
 void pcr_worker_sync(pcr_worker_t *w);
 
 #endif

@@ -248,6 +248,18 @@ static void counter(struct evbuffer *out, const char *name, const char *help, ui
                         (unsigned long long)v);
 }
 
+/* A counter with one label: the array of n counts at `off` in pcr_metrics_t, each value's
+ * summed over every worker. */
+static void labelled(struct evbuffer *out, const pcr_server_t *srv, const char *name,
+                     const char *help, const char *label, const char *const *values, size_t n,
+                     size_t off)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    for (size_t k = 0; k < n; k++)
+        evbuffer_add_printf(out, "%s{%s=\"%s\"} %llu\n", name, label, values[k],
+                            (unsigned long long)sum_at(srv, off + k * sizeof(uint64_t)));
+}
+
 static const char *const phase_names[PCR_PHASE__COUNT] = {"parse", "hash", "match", "cost", "tokenize",
                                                               "total"};
 
@@ -319,15 +331,9 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
     counter(out, "pcrouter_tokenize_requests_total",
             "Tokenizations asked of a pod (precise mode).", SUM(srv, tokenize_calls));
     static const char *const why[4] = {"timeout", "error", "answer", "no_pod"};
-    HEADER(out, "pcrouter_tokenize_failures_total", "counter",
-           "Tokenizations that gave no tokens, by reason: the request was routed on its text key.");
-    for (int k = 0; k < 4; k++) {
-        uint64_t v = 0;
-        for (unsigned i = 0; i < srv->nworkers; i++)
-            v += PCR_LOAD(srv->workers[i].metrics.tokenize_failures[k]);
-        evbuffer_add_printf(out, "pcrouter_tokenize_failures_total{reason=\"%s\"} %llu\n",
-                            why[k], (unsigned long long)v);
-    }
+    labelled(out, srv, "pcrouter_tokenize_failures_total",
+             "Tokenizations that gave no tokens, by reason: the request was routed on its text "
+             "key.", "reason", why, 4, offsetof(pcr_metrics_t, tokenize_failures));
     counter(out, "pcrouter_tokenize_cache_hits_total",
             "Prompts whose token chains the workers' cache held (no pod asked).",
             SUM(srv, tokenize_cache_hits));
@@ -339,18 +345,12 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
             "pod was sent more of their text and alone holds those tokens' blocks.",
             SUM(srv, tokenize_prefix_text));
     static const char *const tail[3] = {"paid", "unpaid", "went"};
-    HEADER(out, "pcrouter_tokenize_unknown_tail_total", "counter",
-           "Prompts beginning like a cached one whose tokens two pods or more hold, no pod "
-           "sent more of their text: waits for their own tokens that showed a pod holding "
-           "more (paid) or not (unpaid), and prompts routed at once on the cached tokens "
-           "(went; also in pcrouter_tokenize_cache_prefix_hits_total).");
-    for (int k = 0; k < 3; k++) {
-        uint64_t v = 0;
-        for (unsigned i = 0; i < srv->nworkers; i++)
-            v += PCR_LOAD(srv->workers[i].metrics.tokenize_tail[k]);
-        evbuffer_add_printf(out, "pcrouter_tokenize_unknown_tail_total{outcome=\"%s\"} %llu\n",
-                            tail[k], (unsigned long long)v);
-    }
+    labelled(out, srv, "pcrouter_tokenize_unknown_tail_total",
+             "Prompts beginning like a cached one whose tokens two pods or more hold, no pod "
+             "sent more of their text: waits for their own tokens that showed a pod holding "
+             "more (paid) or not (unpaid), and prompts routed at once on the cached tokens "
+             "(went; also in pcrouter_tokenize_cache_prefix_hits_total).",
+             "outcome", tail, 3, offsetof(pcr_metrics_t, tokenize_tail));
     counter(out, "pcrouter_tokenize_refreshes_total",
             "Tokenizations asked after a prefix hit for the cache only, no request waiting "
             "(also in pcrouter_tokenize_requests_total).", SUM(srv, tokenize_refreshes));

@@ -15,9 +15,8 @@
  *
  * Thread-safety: publishing takes each target inbox's mutex for the copy of one message;
  * draining swaps the inbox's buffer under the mutex and applies outside it; one thread drains
- * an inbox (its worker; the tap's, the control thread). An inbox that a
- * stalled worker does not drain is bounded (PCR_BUS_MAX_BYTES); past it updates are dropped and
- * counted. */
+ * an inbox (its worker; the tap's, the control thread). An inbox that a stalled worker does
+ * not drain is bounded (PCR_BUS_MAX_BYTES); past it updates are dropped and counted. */
 #ifndef PCR_ROUTER_BUS_H
 #define PCR_ROUTER_BUS_H
 

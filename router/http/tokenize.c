@@ -1,16 +1,18 @@
 /* router/http/tokenize.c: owns precise mode's tokenization of a routed request (tokenize.h):
- * the workers' shared cache of token chains, the question to a pod that serves the model (its body
- * made with jansson; its answer read as it arrives with yajl's callbacks, bounded), its
- * deadline, and the return to the decision (pcr_proxy_dispatch) with the key's token chains,
- * or without them.
+ * the workers' shared cache of token chains, the question to a pod that serves the model (made
+ * of the request's own fields; its answer read as it arrives with yajl's callbacks, bounded),
+ * its deadline, and the return to the decision (pcr_proxy_dispatch) with the key's token
+ * chains, or without them.
  *
  *   routed -> key -> cache hit?  yes: chains into the key -> dispatch
  *                    prefix hit?  yes: the cached prompt's chains, as many as the shared
  *                                      text's share of its tokens less one, or the text
  *                                      key alone (pcr_policy_prefix_use) -> dispatch;
- *                                      a refresh (the prompt's own tokens, for the cache)
+ *                                      a refresh (the prompt's own tokens, for the cache);
+ *                                      unless the policy says wait (or probe): as no
  *                                no:  POST /tokenize (or .../render) on the worker's pool for
- *                                     tokenizing -> answer: chains, cached -> dispatch
+ *                                     tokenizing -> answer: chains, cached (a probe
+ *                                     reported) -> dispatch
  *                                                -> error, timeout: dispatch on the text key
  *
  * The cache is the process's (every worker's, under one lock) and direct-mapped, its slot the

@@ -509,13 +509,9 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
     }
     static const char *const fail_names[PCR_PD_FAIL__COUNT] = {"error", "status", "no_params",
                                                                "too_large"};
-    HEADER(out, "pcrouter_pd_prefill_leg_failures_total", "counter",
-           "Prefill legs that gave the decode pod nothing to pull, by cause.");
-    for (int f = 0; f < PCR_PD_FAIL__COUNT; f++) {
-        uint64_t v = sum_at(srv, offsetof(pcr_metrics_t, pd_leg_failures) + (size_t)f * sizeof(uint64_t));
-        evbuffer_add_printf(out, "pcrouter_pd_prefill_leg_failures_total{cause=\"%s\"} %llu\n",
-                            fail_names[f], (unsigned long long)v);
-    }
+    labelled(out, srv, "pcrouter_pd_prefill_leg_failures_total",
+             "Prefill legs that gave the decode pod nothing to pull, by cause.", "cause",
+             fail_names, PCR_PD_FAIL__COUNT, offsetof(pcr_metrics_t, pd_leg_failures));
     counter(out, "pcrouter_panic_routes_total",
             "Requests sent while every backend that could take them was down or ejected.",
             SUM(srv, panic_routes));

@@ -382,22 +382,42 @@ def flat_figures(r):
     return out
 
 
+def schedule_args(sim_args):
+    """The pods' --capacity-schedule, for replay's scheduled ceiling ([] without one)."""
+    a = shlex.split(sim_args or "")
+    for i, x in enumerate(a):
+        if x == "--capacity-schedule" and i + 1 < len(a):
+            return ["--capacity-schedule", a[i + 1]]
+        if x.startswith("--capacity-schedule="):
+            return ["--capacity-schedule", x.split("=", 1)[1]]
+    return []
+
+
 def print_table(results):
-    head = ("policy", "hit rate", "of ceil", "TTFT p50", "TTFT p99", "TTFT mean", "ITL mean",
-            "ITL p99", "out tok/s", "max/mean", "req/s", "errors", "pred/del", "tok ms")
+    """One row per run; an "of sched" column when the pods had a --capacity-schedule."""
+    sched = any(r.get("fraction_of_scheduled_ceiling") is not None for r in results)
+    head = ("policy", "hit rate", "of ceil") + (("of sched",) if sched else ()) + (
+        "TTFT p50", "TTFT p99", "TTFT mean", "ITL mean", "ITL p99", "out tok/s", "max/mean",
+        "req/s", "errors", "pred/del", "tok ms")
     w = max([16] + [len(r["label"]) for r in results])
-    print("%-*s %9s %8s %10s %10s %10s %9s %9s %9s %9s %7s %7s %8s %7s" % ((w,) + head))
+    print(("%-*s %9s %8s" + (" %8s" if sched else "") +
+           " %10s %10s %10s %9s %9s %9s %9s %7s %7s %8s %7s") % ((w,) + head))
     for r in results:
         t = r.get("ttft_ms_model", {})
         i = r.get("itl_ms_model", {})
-        print("%-*s %9s %8s %9sms %9sms %9sms %7sms %7sms %9s %9s %7s %7d %8s %7s" % (
-            w, r["label"], fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f"),
-            fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"), fmt(t.get("mean"), ".0f"),
-            fmt(i.get("mean"), ".1f"), fmt(i.get("p99"), ".1f"),
-            fmt(r.get("output_tokens_per_s_model"), ".0f"),
-            fmt(r.get("share_max_over_mean"), ".2f"), fmt(r.get("throughput_rps_model"), ".2f"),
-            r.get("errors", 0), fmt(r.get("pred_over_del"), ".3f"),
-            fmt(r.get("tokenize_ms_wall_mean"), ".2f")))
+        cols = [fmt(r.get("hit_rate"), ".4f"), fmt(r.get("fraction_of_ceiling"), ".3f")]
+        if sched:
+            cols.append(fmt(r.get("fraction_of_scheduled_ceiling"), ".3f"))
+        print(("%-*s %9s %8s" + (" %8s" if sched else "") +
+               " %9sms %9sms %9sms %7sms %7sms %9s %9s %7s %7d %8s %7s") % tuple(
+            [w, r["label"]] + cols + [
+                fmt(t.get("p50"), ".0f"), fmt(t.get("p99"), ".0f"), fmt(t.get("mean"), ".0f"),
+                fmt(i.get("mean"), ".1f"), fmt(i.get("p99"), ".1f"),
+                fmt(r.get("output_tokens_per_s_model"), ".0f"),
+                fmt(r.get("share_max_over_mean"), ".2f"),
+                fmt(r.get("throughput_rps_model"), ".2f"),
+                r.get("errors", 0), fmt(r.get("pred_over_del"), ".3f"),
+                fmt(r.get("tokenize_ms_wall_mean"), ".2f")]))
 
 
 def check_targets(by):
@@ -808,7 +828,8 @@ def median_results(rounds):
         rs_hit = sorted(rs, key=lambda r: r.get("hit_rate") or 0)
         m = dict(rs_hit[len(rs_hit) // 2])
         m["ttft_ms_model"] = dict(m.get("ttft_ms_model", {}))
-        for k in ("hit_rate", "fraction_of_ceiling", "share_max_over_mean",
+        for k in ("hit_rate", "fraction_of_ceiling", "fraction_of_scheduled_ceiling",
+                  "share_max_over_mean",
                   "throughput_rps_model", "pred_over_del"):
             v = [r[k] for r in rs if isinstance(r.get(k), (int, float))]
             if v:
@@ -949,7 +970,8 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                                cap=args.max_tokens_cap, progress=not args.no_progress,
                                extra=(["--unstreamed", str(args.unstreamed)]
                                       if args.unstreamed else []) +
-                               (["--far-pods", ",".join(sims.far)] if zones else []))
+                               (["--far-pods", ",".join(sims.far)] if zones else []) +
+                               schedule_args(args.sim_args))
                 if isinstance(front, Router):
                     r.update(router_prediction(
                         front, os.path.join(outdir, "metrics_%s.txt" % policy)))
@@ -975,6 +997,10 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
               " ceil: fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model"
               " time (wall x time scale); req/s in model time." % (
                   results[0].get("ceiling") or 0))
+        if results[0].get("ceiling_scheduled") is not None:
+            print("of sched: fraction of that cache with the pods' --capacity-schedule (%.4f):"
+                  " what pods whose capacity comes and goes could at best hit." %
+                  results[0]["ceiling_scheduled"])
     return results
 
 

@@ -10,6 +10,7 @@
  */
 #include "kvcache.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <xxhash.h>
 
@@ -277,3 +278,40 @@ size_t pcr_kvcache_capacity(const pcr_kvcache_t *kv) { return kv->capacity; }
 size_t pcr_kvcache_cached(const pcr_kvcache_t *kv) { return kv->cached; }
 size_t pcr_kvcache_pinned(const pcr_kvcache_t *kv) { return kv->pinned; }
 size_t pcr_kvcache_reserved(const pcr_kvcache_t *kv) { return kv->reserved; }
+
+int pcr_kvcache_schedule_parse(const char *s, pcr_kvcache_phase_t *out, size_t *n)
+{
+    *n = 0;
+    for (;;) {
+        char *end;
+        double sec = strtod(s, &end);
+        if (end == s || *end != ':' || !(sec > 0 && sec <= 1e6) || *n == PCR_KV_MAX_PHASES)
+            return -1;
+        s = end + 1;
+        double f = strtod(s, &end);
+        if (end == s || !(f > 0 && f <= 1))
+            return -1;
+        out[(*n)++] = (pcr_kvcache_phase_t){sec, f};
+        if (*end == 0)
+            return 0;
+        if (*end != ',')
+            return -1;
+        s = end + 1;
+    }
+}
+
+double pcr_kvcache_schedule_at(const pcr_kvcache_phase_t *ph, size_t n, double t)
+{
+    double cycle = 0;
+    for (size_t i = 0; i < n; i++)
+        cycle += ph[i].seconds;
+    if (n == 0 || !(cycle > 0))
+        return 1;
+    t = fmod(t > 0 ? t : 0, cycle);
+    for (size_t i = 0; i < n; i++) {
+        if (t < ph[i].seconds)
+            return ph[i].fraction;
+        t -= ph[i].seconds;
+    }
+    return ph[n - 1].fraction;   /* rounding at the cycle's end */
+}

@@ -87,6 +87,22 @@ void pcr_kvcache_observe(pcr_kvcache_t *kv, const pcr_kvcache_observer_t *obs);
 size_t pcr_kvcache_clear(pcr_kvcache_t *kv);
 
 size_t pcr_kvcache_capacity(const pcr_kvcache_t *kv);
+
+/* A capacity schedule, "S:F,S:F,...": the usable cache is F (0 < F <= 1) of its capacity for
+ * S seconds (0 < S <= 1e6) of model time, then the next phase, in a cycle. vllm_sim's pods
+ * follow it (--capacity-schedule) and the replayer's scheduled ceiling does too. */
+#define PCR_KV_MAX_PHASES 64
+typedef struct {
+    double seconds;               /* model time */
+    double fraction;              /* of the capacity, in (0, 1] */
+} pcr_kvcache_phase_t;
+
+/* Parses `s` into out[PCR_KV_MAX_PHASES]: 0, or -1 when malformed or out of range. */
+int pcr_kvcache_schedule_parse(const char *s, pcr_kvcache_phase_t *out, size_t *n);
+
+/* The fraction in force `t` seconds (>= 0) after the cycle started. */
+double pcr_kvcache_schedule_at(const pcr_kvcache_phase_t *ph, size_t n, double t);
+
 size_t pcr_kvcache_cached(const pcr_kvcache_t *kv);   /* named blocks held, pinned or not */
 size_t pcr_kvcache_pinned(const pcr_kvcache_t *kv);   /* named blocks with refcount > 0 */
 size_t pcr_kvcache_reserved(const pcr_kvcache_t *kv); /* private blocks of running requests */

@@ -520,7 +520,7 @@ int main(int argc, char **argv)
     if (rt_trace_load(&t, trace, 0, limit) != 0)
         goto out;
     uint64_t ch, cq;
-    double ceiling = rt_ceiling(&t, s.capacity_tokens * s.npods, &ch, &cq);
+    double ceiling = rt_ceiling(&t, s.capacity_tokens * s.npods, NULL, 0, &ch, &cq);
     if (ceiling < 0 || prepare(&w, &t, (size_t)cap, s.capacity_tokens) != 0) {
         rt_trace_dispose(&t);
         work_dispose(&w);

@@ -14,7 +14,7 @@
  * it scrapes every pod's /metrics before and after: delivered hit rate is the difference of
  * vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total, each pod's share comes
  * from vllm:request_success_total. The ceiling is one LRU cache with all pods' capacity
- * (replay_trace.c). Prints a table; --json writes the same figures for scripts.
+ * (replay_trace.c); with --capacity-schedule a second one follows the pods' schedule. Prints a table; --json writes the same figures for scripts.
  *
  * With --far-pods it also counts the requests, and the bytes (request and response bodies),
  * that crossed zones: those answered by a pod (x-sim-pod) of that list.
@@ -434,6 +434,8 @@ static void usage(FILE *f)
 "  --model NAME          \"model\" of every request (default sim-8b)\n"
 "  --pods URL,URL,...    pods whose /metrics give hit rate and shares\n"
 "  --ceiling-tokens N    ceiling cache size (default: sum of the pods' num_gpu_blocks x 16)\n"
+"  --capacity-schedule S:F,...  the pods' (vllm_sim's flag): a second ceiling whose cache\n"
+"                        follows it from the first row, what such a pool could at best hit\n"
 "  --timeout-s F         per-request timeout, wall clock (default 300)\n"
 "  --max-conns N         HTTP/1.1 connections to the target at most (default 4096)\n"
 "  --h2c                 send over HTTP/2 cleartext (prior knowledge) instead of HTTP/1.1\n"
@@ -454,6 +456,8 @@ int main(int argc, char **argv)
     const char *targets[MAX_TARGETS];
     size_t limit = 0, skip = 0, max_input = 0;
     double ceiling_tokens = 0;
+    pcr_kvcache_phase_t phases[PCR_KV_MAX_PHASES];
+    size_t nphases = 0;
     unsigned max_conns = 4096, h2c_conns = 0;
     g.time_scale = 1;
     g.cap = 4096;
@@ -462,7 +466,7 @@ int main(int argc, char **argv)
     g.progress = 1;
     enum { O_TRACE = 256, O_TARGET, O_SCALE, O_LIMIT, O_SKIP, O_CAP, O_MODEL, O_PODS, O_CEIL,
            O_TIMEOUT, O_CONNS, O_JSON, O_LABEL, O_NOPROG, O_HELP, O_MAXIN, O_H2C, O_H2CONNS,
-           O_UNSTREAMED, O_FAR };
+           O_UNSTREAMED, O_FAR, O_CAPSCHED };
     static const struct option opts[] = {
         {"trace", 1, 0, O_TRACE}, {"target", 1, 0, O_TARGET}, {"time-scale", 1, 0, O_SCALE},
         {"limit", 1, 0, O_LIMIT}, {"skip", 1, 0, O_SKIP}, {"max-tokens-cap", 1, 0, O_CAP},
@@ -471,7 +475,7 @@ int main(int argc, char **argv)
         {"label", 1, 0, O_LABEL}, {"no-progress", 0, 0, O_NOPROG}, {"help", 0, 0, O_HELP},
         {"max-input-tokens", 1, 0, O_MAXIN}, {"h2c", 0, 0, O_H2C},
         {"h2c-conns", 1, 0, O_H2CONNS}, {"unstreamed", 1, 0, O_UNSTREAMED},
-        {"far-pods", 1, 0, O_FAR}, {0, 0, 0, 0},
+        {"far-pods", 1, 0, O_FAR}, {"capacity-schedule", 1, 0, O_CAPSCHED}, {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -490,6 +494,9 @@ int main(int argc, char **argv)
             continue;
         case O_PODS: pods = optarg; continue;
         case O_FAR: far = optarg; continue;
+        case O_CAPSCHED:
+            if (pcr_kvcache_schedule_parse(optarg, phases, &nphases) != 0) break;
+            continue;
         case O_JSON: json = optarg; continue;
         case O_LABEL: label = optarg; continue;
         case O_NOPROG: g.progress = 0; continue;
@@ -581,12 +588,18 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < g.npods; i++)
                 ceiling_tokens += g.pods[i].blocks * 16;
     }
-    double ceiling = NAN;
+    double ceiling = NAN, ceiling_sched = NAN;
     uint64_t ch = 0, cq = 0;
     if (ceiling_tokens >= 16) {
-        ceiling = rt_ceiling(&g.trace, (uint64_t)ceiling_tokens, &ch, &cq);
+        ceiling = rt_ceiling(&g.trace, (uint64_t)ceiling_tokens, NULL, 0, &ch, &cq);
         if (ceiling < 0)
             ceiling = NAN;
+        if (nphases > 0) {
+            ceiling_sched = rt_ceiling(&g.trace, (uint64_t)ceiling_tokens, phases, nphases,
+                                       &ch, &cq);
+            if (ceiling_sched < 0)
+                ceiling_sched = NAN;
+        }
     }
 
     g.reqs = calloc(g.trace.n, sizeof(req_t));
@@ -700,6 +713,9 @@ int main(int argc, char **argv)
     printf("  hit rate %.4f (pods' counters)   ceiling %.4f   fraction of ceiling %.3f   "
            "client-seen %.4f\n",
            hit, ceiling, hit / ceiling, prompt > 0 ? cached / prompt : NAN);
+    if (nphases > 0)
+        printf("  scheduled ceiling %.4f (the cache follows --capacity-schedule)   fraction %.3f\n",
+               ceiling_sched, hit / ceiling_sched);
     printf("  TTFT model ms p50 %.0f  p90 %.0f  p99 %.0f   (wall ms p50 %.1f p99 %.1f)\n",
            rt_percentile(ttft, nt, 50) * sc, rt_percentile(ttft, nt, 90) * sc,
            rt_percentile(ttft, nt, 99) * sc, rt_percentile(ttft, nt, 50),
@@ -746,6 +762,11 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(j, "ceiling", ceiling);
             cJSON_AddNumberToObject(j, "ceiling_capacity_tokens", ceiling_tokens);
             if (!isnan(hit)) cJSON_AddNumberToObject(j, "fraction_of_ceiling", hit / ceiling);
+        }
+        if (!isnan(ceiling_sched)) {
+            cJSON_AddNumberToObject(j, "ceiling_scheduled", ceiling_sched);
+            if (!isnan(hit))
+                cJSON_AddNumberToObject(j, "fraction_of_scheduled_ceiling", hit / ceiling_sched);
         }
         if (!isnan(share)) cJSON_AddNumberToObject(j, "share_max_over_mean", share);
         else cJSON_AddNullToObject(j, "share_max_over_mean");

@@ -103,16 +103,30 @@ char *rt_prompt(const rt_trace_t *t, size_t i, size_t *len)
     return buf;
 }
 
-double rt_ceiling(const rt_trace_t *t, uint64_t capacity_tokens, uint64_t *hits,
-                  uint64_t *queries)
+double rt_ceiling(const rt_trace_t *t, uint64_t capacity_tokens, const pcr_kvcache_phase_t *ph,
+                  size_t nph, uint64_t *hits, uint64_t *queries)
 {
-    pcr_kvcache_t *kv = pcr_kvcache_new((size_t)(capacity_tokens / PCR_KV_BLOCK_TOKENS));
+    size_t cap = (size_t)(capacity_tokens / PCR_KV_BLOCK_TOKENS), withheld = 0;
+    pcr_kvcache_t *kv = pcr_kvcache_new(cap);
     uint64_t *hashes = NULL;
     size_t hcap = 0;
     *hits = *queries = 0;
     if (!kv)
         return -1;
     for (size_t i = 0; i < t->n; i++) {
+        if (nph > 0) {   /* withhold what the phase takes away, evicting LRU first */
+            double f = pcr_kvcache_schedule_at(
+                ph, nph, (t->rows[i].timestamp_ms - t->rows[0].timestamp_ms) / 1000.0);
+            size_t keep = (size_t)(f * (double)cap + 0.5), target = cap - (keep < 1 ? 1 : keep);
+            size_t hit;
+            if (withheld > target) {
+                pcr_kvcache_release(kv, NULL, 0, withheld - target);
+                withheld = target;
+            } else if (withheld < target &&   /* nothing is pinned between rows: it fits */
+                       pcr_kvcache_acquire(kv, NULL, 0, target - withheld, &hit) == 0) {
+                withheld = target;
+            }
+        }
         size_t len;
         char *text = rt_prompt(t, i, &len);
         if (!text)

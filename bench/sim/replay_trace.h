@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvcache.h"
+
 typedef struct {
     double timestamp_ms;
     size_t input_length, output_length;
@@ -32,9 +34,12 @@ void rt_trace_dispose(rt_trace_t *t);
 char *rt_prompt(const rt_trace_t *t, size_t i, size_t *len);
 
 /* Hit rate (cached tokens / prompt tokens) of one LRU cache of capacity_tokens over the
- * trace; *hits and *queries get the token counts. -1 when out of memory. */
-double rt_ceiling(const rt_trace_t *t, uint64_t capacity_tokens, uint64_t *hits,
-                  uint64_t *queries);
+ * trace; *hits and *queries get the token counts. -1 when out of memory. With a capacity
+ * schedule (nph > 0; kvcache.h) the cache's usable part follows it from the first row's
+ * timestamp, as vllm_sim's pods follow theirs from their first request: what a pool whose
+ * capacity comes and goes could at best have hit. */
+double rt_ceiling(const rt_trace_t *t, uint64_t capacity_tokens, const pcr_kvcache_phase_t *ph,
+                  size_t nph, uint64_t *hits, uint64_t *queries);
 
 /* Sorts v[0..n) ascending; then rt_percentile gives its p-th percentile (nearest rank), NAN
  * when n is 0. Shared by replay and routing_offline, so both report the same figure. */

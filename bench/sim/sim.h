@@ -31,10 +31,7 @@
 #include "sim_model.h"
 #include "step_engine.h"
 
-typedef struct {
-    double seconds;               /* model time */
-    double fraction;              /* of --capacity-tokens, in (0, 1] */
-} sim_cap_phase_t;
+typedef pcr_kvcache_phase_t sim_cap_phase_t;   /* --capacity-schedule's phases (kvcache.h) */
 
 enum { SIM_ROLE_BOTH = 0, SIM_ROLE_PREFILL, SIM_ROLE_DECODE };
 
@@ -156,6 +153,7 @@ struct sim_pod {
     struct event *cap_timer;    /* --capacity-schedule: the next phase, or a retry */
     size_t cap_phase;
     double cap_phase_end_us;
+    sim_pod_t *cap_next;        /* the process's scheduled pods, started together */
     size_t withheld;            /* blocks the schedule holds as a reservation */
     int role;                   /* --role: SIM_ROLE_* */
     uint64_t kv_handed, kv_pulls, kv_pulled_tokens, kv_pull_invalid;
@@ -249,7 +247,8 @@ const unsigned char *sim_engine_block_bytes(const sim_pod_t *pod, const uint64_t
 /* --foreign-load: starts the pod's foreign requests (0, or -1 when out of memory). */
 int sim_engine_foreign_start(sim_pod_t *pod, uint64_t seed);
 void sim_engine_foreign_stop(sim_pod_t *pod);
-/* --capacity-schedule: starts the pod's cycle (0, or -1 when out of memory). */
+/* --capacity-schedule: readies the pod's cycle (0, or -1 when out of memory). Every pod's
+ * cycle starts with the first request any pod of the process is sent. */
 int sim_engine_capacity_start(sim_pod_t *pod);
 void sim_engine_capacity_stop(sim_pod_t *pod);
 /* POST /sim/restart: the pod dies and comes back empty. Every connection but `keep` is cut

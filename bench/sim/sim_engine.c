@@ -96,6 +96,8 @@ static void list_remove(sim_list_t *l, sim_req_t *r)
 }
 
 static void on_token_timer(evutil_socket_t fd, short what, void *arg);
+static void capacity_go(void);
+static sim_pod_t *cap_pods;   /* --capacity-schedule: pods waiting for the first request */
 
 static void arm(sim_req_t *r, double at_us, double now_us)
 {
@@ -223,6 +225,8 @@ static void on_rtt(evutil_socket_t fd, short what, void *arg)
 void sim_engine_submit(sim_req_t *r)
 {
     sim_pod_t *pod = r->pod;
+    if (cap_pods)
+        capacity_go();
     /* A round trip to another zone, and a decode leg's transfer of the blocks it pulls. */
     if (pod->conf->rtt_us + r->pull_us > 0 && !r->rtt_timer) {
         r->rtt_timer = evtimer_new(pod->base, on_rtt, r);
@@ -512,7 +516,9 @@ void sim_engine_restart(sim_pod_t *pod, sim_conn_t *keep)
 }
 
 /* --capacity-schedule: the pod's usable cache follows a cycle of phases (S seconds of model
- * time at fraction F of --capacity-tokens). What is taken away is held as a reservation in
+ * time at fraction F of --capacity-tokens). Every pod's cycle starts with the first request
+ * any pod of the process is sent, so a replay's ceiling (replay --capacity-schedule) can
+ * follow the same phases from its first request. What is taken away is held as a reservation in
  * the cache, so taking it evicts unpinned blocks in LRU order (BlockRemoved, as any eviction)
  * and giving it back lets waiting requests in. Blocks pinned by running requests cannot be
  * taken: the pod takes what it can and tries again every 10 ms of wall clock until it holds
@@ -566,20 +572,35 @@ static void on_capacity(evutil_socket_t fd, short what, void *arg)
 
 int sim_engine_capacity_start(sim_pod_t *pod)
 {
-    const sim_conf_t *c = pod->conf;
     pod->cap_timer = evtimer_new(pod->base, on_capacity, pod);
     if (!pod->cap_timer)
         return -1;
-    /* Phase 0 starts now: the first firing ends the phase before it, which is the last. */
-    pod->cap_phase = c->ncap_sched - 1;
-    pod->cap_phase_end_us = sim_now_us();
-    struct timeval tv = {0, 0};
-    evtimer_add(pod->cap_timer, &tv);
+    pod->cap_next = cap_pods;
+    cap_pods = pod;
     return 0;
+}
+
+/* The first request: phase 0 starts now on every pod (the first firing ends the phase
+ * before it, which is the last). */
+static void capacity_go(void)
+{
+    double now = sim_now_us();
+    for (sim_pod_t *pod = cap_pods; pod; pod = pod->cap_next) {
+        pod->cap_phase = pod->conf->ncap_sched - 1;
+        pod->cap_phase_end_us = now;
+        struct timeval tv = {0, 0};
+        evtimer_add(pod->cap_timer, &tv);
+    }
+    cap_pods = NULL;
 }
 
 void sim_engine_capacity_stop(sim_pod_t *pod)
 {
+    for (sim_pod_t **pp = &cap_pods; *pp; pp = &(*pp)->cap_next)
+        if (*pp == pod) {
+            *pp = pod->cap_next;
+            break;
+        }
     if (pod->cap_timer)
         event_free(pod->cap_timer);
     pod->cap_timer = NULL;

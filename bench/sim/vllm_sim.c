@@ -27,7 +27,6 @@
 #include "sim_kvev.h"
 
 #define MAX_PODS 64
-#define MAX_PHASES 64
 
 static void usage(FILE *f)
 {
@@ -135,28 +134,6 @@ static int parse_double(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
-/* "S:F,S:F,...": at most MAX_PHASES phases, S in (0, 1e6] seconds, F in (0, 1]. */
-static int parse_schedule(const char *s, sim_cap_phase_t *out, size_t *n)
-{
-    *n = 0;
-    for (;;) {
-        char *end;
-        double sec = strtod(s, &end);
-        if (end == s || *end != ':' || !(sec > 0 && sec <= 1e6) || *n == MAX_PHASES)
-            return -1;
-        s = end + 1;
-        double f = strtod(s, &end);
-        if (end == s || !(f > 0 && f <= 1))
-            return -1;
-        out[(*n)++] = (sim_cap_phase_t){sec, f};
-        if (*end == 0)
-            return 0;
-        if (*end != ',')
-            return -1;
-        s = end + 1;
-    }
-}
-
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                       int salen, void *arg)
 {
@@ -184,7 +161,7 @@ int main(int argc, char **argv)
     int ports[MAX_PODS], nports = 0, nnames = 0;
     const char *names[MAX_PODS];
     uint64_t seed = 1;
-    static sim_cap_phase_t cap_sched[MAX_PHASES];
+    static sim_cap_phase_t cap_sched[PCR_KV_MAX_PHASES];
     conf.cap_sched = cap_sched;
     enum { O_HOST = 256, O_PORT, O_NAME, O_MODEL, O_SCALE, O_CAP, O_SEQS, O_MML, O_PREFILL,
            O_SLOW, O_OVER, O_ITL, O_ITLSEQ, O_TICK, O_FAIL, O_DROP, O_STALL, O_SEED, O_PAD,
@@ -301,7 +278,7 @@ int main(int argc, char **argv)
             break;
         case O_KVDROP: bad = parse_double(optarg, 0, 1, &conf.kv_events_drop); break;
         case O_FOREIGN: bad = parse_double(optarg, 0, 1e6, &conf.foreign_rate); break;
-        case O_CAPSCHED: bad = parse_schedule(optarg, cap_sched, &conf.ncap_sched); break;
+        case O_CAPSCHED: bad = pcr_kvcache_schedule_parse(optarg, cap_sched, &conf.ncap_sched); break;
         case O_FTOK:
             bad = parse_double(optarg, PCR_KV_BLOCK_TOKENS, 1 << 24, &v);
             conf.foreign_tokens = (size_t)v;

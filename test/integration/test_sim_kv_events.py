@@ -713,6 +713,20 @@ def test_capacity_schedule_evicts_on_its_own_and_gives_back(sims):
     assert sim.complete(prompts[0])["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+def test_capacity_schedule_starts_with_the_first_request(sims):
+    """The cycle starts with the first request, not the process: a replay's ceiling follows
+    the same phases from its first row. "0.2:1,100:0.25": a pod up for a second without a
+    request still holds its whole cache; 0.2 s after its first request it gives up 3/4."""
+    sim = sims("--capacity-tokens", "1024", "--capacity-schedule", "0.2:1,100:0.25",
+               "--time-scale", "1")
+    up = time.monotonic()
+    while time.monotonic() < up + 1.0:   # five first phases' time, with no request
+        assert withheld(sim) == 0
+        time.sleep(0.05)
+    sim.complete("x" * 64, max_tokens=1)
+    wait_until(lambda: withheld(sim) == 48, 20, "the pod to withhold 48 blocks")
+
+
 def test_each_pod_publishes_its_own_events(sims):
     """Two pods in one process: each has its own sockets, topic and sequence."""
     sim = sims("--port", "0", "--name", "p1")

@@ -760,6 +760,11 @@ size_t pcr_policy_max_tblocks(const pcr_policy_t *p)
     return p != NULL && p->kvt != NULL ? p->o.max_prefix_bytes / 4 / p->o.kv_block_tokens : 0;
 }
 
+uint32_t pcr_policy_kv_block_tokens(const pcr_policy_t *p)
+{
+    return p != NULL ? p->o.kv_block_tokens : 0;
+}
+
 size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens)
 {
     size_t max = pcr_policy_max_tblocks(p);

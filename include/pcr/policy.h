@@ -183,6 +183,8 @@ int pcr_policy_key_tokens(const pcr_policy_t *p, uint64_t seed, const uint32_t *
                           size_t ntokens, pcr_key_t *key);
 size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens);
 size_t pcr_policy_max_tblocks(const pcr_policy_t *p);
+/* The tokens a chain covers (kv_block_tokens, which a reload may change); 0 for NULL. */
+uint32_t pcr_policy_kv_block_tokens(const pcr_policy_t *p);
 
 /* Precise mode, a prompt whose first `n` text blocks the router has tokens for (those of an
  * earlier prompt that began the same, in key->tblocks): what its decision may go on now. */

@@ -59,6 +59,8 @@ typedef struct {
     size_t nchains;
     size_t ntext;
     uint32_t gen;                 /* which prompt the slot holds: new at each put, 0 never */
+    uint32_t block_tokens;        /* the policy's kv_block_tokens when the chains were cut: a
+                                   * reload that changes it leaves them unused */
 } tokslot_t;
 
 /* The prefix map: each text block of a cached prompt but its last (which may be partial)
@@ -200,7 +202,8 @@ static int cache_get(pcr_exchange_t *ex)
     pthread_mutex_lock(&cache_lock);
     tokslot_t *s = cache_slot(ex->w, &ex->key, &check, 0);
     if (s != NULL && s->chains != NULL && s->key == ex->key.blocks[ex->key.nblocks - 1] &&
-        s->check == check && tblocks_room(ex, s->nchains) == 0) {
+        s->check == check && s->block_tokens == pcr_policy_kv_block_tokens(ex->w->policy) &&
+        tblocks_room(ex, s->nchains) == 0) {
         memcpy(ex->tblocks, s->chains, s->nchains * sizeof(uint64_t));
         ex->key.tblocks = ex->tblocks;
         ex->key.ntblocks = s->nchains;
@@ -223,10 +226,11 @@ static pcr_prefix_use_t prefix_get(pcr_exchange_t *ex)
 {
     pcr_worker_t *w = ex->w;
     const pcr_routing_conf_t *rc = &w->cfg->routing;
+    uint32_t bt = pcr_policy_kv_block_tokens(w->policy); /* what the chains are cut at */
     pcr_key_t *k = &ex->key;
     uint64_t text_tokens = k->prompt_tokens;
     size_t shared = 0, n = 0;
-    if (rc->tokenize_cache_entries == 0 || k->nblocks < 2)
+    if (rc->tokenize_cache_entries == 0 || k->nblocks < 2 || bt == 0)
         return PCR_PREFIX_WAIT;
     pthread_mutex_lock(&cache_lock);
     struct pcr_tokcache *c = w->srv->tokcache;
@@ -236,7 +240,8 @@ static pcr_prefix_use_t prefix_get(pcr_exchange_t *ex)
         if (e->gen == 0 || e->key != k->blocks[i] || e->block != i || e->slot >= used)
             continue;
         const tokslot_t *s = &c->slots[e->slot];
-        if (s->chains == NULL || s->gen != e->gen || s->text_tokens == 0)
+        if (s->chains == NULL || s->gen != e->gen || s->text_tokens == 0 ||
+            s->block_tokens != bt)
             continue;
         /* Blocks 0..i agree (a block's chain names its whole prefix); the next ones may too,
          * when the map lost their entries to later prompts. */
@@ -246,15 +251,14 @@ static pcr_prefix_use_t prefix_get(pcr_exchange_t *ex)
             j++;
         i = j - 1;
         uint64_t shared_text = (uint64_t)(i + 1) * rc->block_bytes / 4;
-        n = shared_text * s->prompt_tokens / s->text_tokens / rc->kv_block_tokens;
+        n = shared_text * s->prompt_tokens / s->text_tokens / bt;
         n = n > 0 ? n - 1 : 0;
         if (n > s->nchains)
             n = s->nchains;
         if (n > 0 && tblocks_room(ex, n) == 0) {
             memcpy(ex->tblocks, s->chains, n * sizeof(uint64_t));
             uint64_t tokens = text_tokens * s->prompt_tokens / s->text_tokens;
-            k->prompt_tokens = tokens > n * rc->kv_block_tokens ? tokens
-                                                                : n * rc->kv_block_tokens;
+            k->prompt_tokens = tokens > n * bt ? tokens : n * bt;
             shared = i + 1;
         }
         break; /* a shorter shared text gives no more */
@@ -325,7 +329,8 @@ static void cache_put(pcr_worker_t *w, const pcr_key_t *text, const pcr_key_t *t
         if (++c->gen == 0)
             c->gen = 1;
         *s = (tokslot_t){text->blocks[text->nblocks - 1], check, tok->prompt_tokens,
-                         text->prompt_tokens, chains, tok->ntblocks, ntext, c->gen};
+                         text->prompt_tokens, chains, tok->ntblocks, ntext, c->gen,
+                         pcr_policy_kv_block_tokens(w->policy)};
         uint32_t slot = (uint32_t)(s - c->slots);
         for (size_t i = 0; i + 1 < text->nblocks; i++)
             c->pref[text->blocks[i] % c->npref] = (tokpref_t){text->blocks[i], slot, c->gen,

@@ -619,6 +619,34 @@ def test_reload_turns_events_on(pods, router_factory):
     assert complete(r, prompt_of("reload-on"))[1] == "p1"
 
 
+def test_reload_of_the_block_size_drops_the_cached_tokens(pods, router_factory):
+    """Cached token chains are cut at routing.kv_block_tokens: after a reload that changes it,
+    a prompt cached before is tokenized again (chains of the old size would name blocks no pod
+    stores), and then comes from the cache; so does a prompt that extends it."""
+    p = pods(2)
+    cfg = config(p, workers=1)
+    r = router_factory(cfg)
+    text = prompt_of("block-size")
+    asked = lambda: metric(r, "pcrouter_tokenize_requests_total")
+    assert complete(r, text)[0] == 200 and asked() == 1
+    assert complete(r, text)[0] == 200 and asked() == 1
+    cfg["routing"]["kv_block_tokens"] = 32
+    with open(r.path, "w") as f:
+        json.dump(cfg, f)
+    import signal
+    r.send_signal(signal.SIGHUP)
+    wait_for(lambda: metric(r, 'pcrouter_config_reloads_total{result="ok"}') >= 1, timeout=10,
+             what="the reload")
+    # The workers take the new block size from the bus at their next turn: until then the
+    # cached chains are still of the size in force.
+    wait_for(lambda: complete(r, text)[0] == 200 and asked() == 2, timeout=10,
+             what="the prompt tokenized again")
+    assert complete(r, text)[0] == 200 and asked() == 2
+    hits = metric(r, "pcrouter_tokenize_cache_prefix_hits_total")
+    assert complete(r, text + " and a tail" * 100)[0] == 200
+    assert metric(r, "pcrouter_tokenize_cache_prefix_hits_total") == hits + 1
+
+
 def check_config(tmp_path, cfg):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(cfg))

@@ -670,6 +670,9 @@ def replica_run(args, build, trace, names, routing, tmp, n, mode, k=0):
                        os.path.join(args.out, "replay_replicas_%d_%s_%d.json" % (n, mode, k)), label,
                        cap=args.max_tokens_cap)
         r.update(replicas=n, sharing=mode)
+        for i, x in enumerate(routers):   # each replica's /metrics, for reading its decisions
+            router_prediction(x, os.path.join(
+                args.out, "metrics_replicas_%d_%s_%d_r%d.txt" % (n, mode, k, i)))
         if rs:
             r.update(rs.cost(r.get("requests") or args.limit or 1))
             totals = {}

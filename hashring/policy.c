@@ -249,6 +249,21 @@ static int ring_rebuild(pcr_policy_t *p)
     return rc;
 }
 
+/* Backend b serves others too (2), only this router (1), or was not reported (0). */
+static void set_shared(pcr_policy_t *p, size_t b, uint8_t v)
+{
+    uint8_t was = p->be[b].shared;
+    if (was == v)
+        return;
+    p->nshared -= was == 2;
+    p->nprivate -= was == 1;
+    p->nshared += v == 2;
+    p->nprivate += v == 1;
+    p->be[b].shared = v;
+    if (v == 2 && p->nshared == 1)
+        p->tails_start = p->tails;   /* others' tails may come now: wait for the first again */
+}
+
 /* Drops what either index believes a backend holds. */
 static void drop_backend(pcr_policy_t *p, unsigned b)
 {
@@ -320,7 +335,7 @@ static int grow(pcr_policy_t *p, size_t n)
             return PCR_ERR_NOMEM;
     }
     for (size_t b = p->n; b < n; b++) {
-        p->be[b] = (pcr_pbackend_t){NULL, NULL, 0, 0, 0};
+        p->be[b] = (pcr_pbackend_t){NULL, NULL, 0, 0, 0, 0};
         slot_fresh(p, b, 0);
     }
     p->n = n;
@@ -348,8 +363,9 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
     if (b->name != NULL && strcmp(b->name, d->name) != 0 && p->index != NULL)
         drop_backend(p, (unsigned)id);
     pcr_pbackend_t old = *b;
+    int same = old.name != NULL && strcmp(old.name, d->name) == 0;
     *b = (pcr_pbackend_t){name, zone, d->weight, p->zone[0] == '\0' || strcmp(z, p->zone) == 0,
-                          old.name != NULL && strcmp(old.name, d->name) == 0 ? old.down_since : 0};
+                          same ? old.down_since : 0, old.shared};
     if (old.down_since != 0 && b->down_since == 0)
         p->ndown--;
     rc = ring_rebuild(p);
@@ -366,6 +382,8 @@ int pcr_policy_backend_set(pcr_policy_t *p, int id, const pcr_backend_desc_t *d)
     } else if (p->cap_conf[id] != cap) {
         p->cap_conf[id] = p->cap_eff[id] = cap; /* feedback learns afresh from there */
     }
+    if (!same)
+        set_shared(p, (size_t)id, 0);
     free(old.name);
     free(old.zone);
     if (p->index != NULL)
@@ -398,6 +416,7 @@ pcr_policy_t *pcr_policy_renew(const pcr_policy_t *old, const pcr_policy_opts_t 
             p->be[b].down_since = ob->down_since;
             p->ndown++;
         }
+        set_shared(p, b, ob->shared);
     }
     return p;
 }
@@ -422,6 +441,7 @@ int pcr_policy_backend_remove(pcr_policy_t *p, int id)
     if (b->down_since != 0)
         p->ndown--;
     b->down_since = 0;
+    set_shared(p, (size_t)id, 0);
     if (p->index != NULL)
         drop_backend(p, (unsigned)id);
     slot_fresh(p, (size_t)id, 0);
@@ -676,6 +696,10 @@ int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t s
             p->ndown--;
         }
         break;
+    case PCR_BACKEND_SHARED:
+    case PCR_BACKEND_PRIVATE:
+        set_shared(p, (size_t)backend, state == PCR_BACKEND_SHARED ? 2 : 1);
+        return 0;
     case PCR_BACKEND_RESTARTED:
         /* In events mode the pod's events report a restart themselves (AllBlocksCleared, a
          * sequence from 0), and what it published since is true: only the guesses go. */
@@ -772,19 +796,29 @@ size_t pcr_policy_ntblocks(const pcr_policy_t *p, size_t ntokens)
     return n < max ? n : max;
 }
 
-/* Unknown tails (PCR_PREFIX_PROBE): they wait while one of the last PROBE_RUN waits for one
- * paid (the first PROBE_RUN wait: nothing is known yet). A wait pays rarely but a lot: another
- * replica's conversation is a long prompt, and its prefill is the pod's time, which every
- * queued request waits for. Two replicas of the conversation trace find one in 18, a single
- * replica none. Otherwise one in PROBE_SAMPLE waits all the same, so that a change in the
- * traffic is seen. */
-#define PROBE_RUN 128
+/* Unknown tails (PCR_PREFIX_PROBE) wait while one of the last PCR_PROBE_RUN reports paid. A
+ * wait pays rarely but a lot: another replica's conversation is a long prompt, and its
+ * prefill is the pod's time, which every queued request waits for. Two replicas of the
+ * conversation trace find one in 18, many of them early, as the first turns come: so the first
+ * PCR_PROBE_RUN tails wait too, and then one in PROBE_SAMPLE, so that a change in the traffic
+ * is seen; unless every pod is known to serve this router alone (PCR_BACKEND_PRIVATE), where
+ * only what its own text index let go can pay, and another sender would show in the pods'
+ * counts first (a pod that turns shared starts it all again). The tails that go without
+ * waiting are checked too, on their tokens asked in the background (when the worker has none
+ * asked already), and count as reports. */
 #define PROBE_SAMPLE 16
 
 static int probe_now(pcr_policy_t *p)
 {
     p->tails++;
-    return p->unpaid_run < PROBE_RUN || p->tails % PROBE_SAMPLE == 0;
+    if (p->probe_paid >= 1)
+        return 1;
+    size_t live = 0;
+    for (size_t b = 0; b < p->n; b++)
+        live += p->be[b].name != NULL;
+    if (p->nshared == 0 && p->nprivate >= live)
+        return 0;   /* a pool this router alone uses */
+    return p->tails - p->tails_start <= PCR_PROBE_RUN || p->tails % PROBE_SAMPLE == 0;
 }
 
 /* The token blocks of a text block, and one more for a block cut across its end: a holder of
@@ -821,14 +855,22 @@ int pcr_policy_prefix_probed(pcr_policy_t *p, const pcr_key_t *key, size_t known
 {
     if (p == NULL || p->kvt == NULL || key == NULL || key->ntblocks == 0)
         return 0;
+    /* A backend this router sent the whole prompt holds it for that reason (a tail checked
+     * after its request went); the text index names them. */
+    unsigned char *sent = p->usable;   /* scratch: no decision is under way */
+    if (p->index != NULL && key->nblocks > 0)
+        pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
+    for (size_t b = 0; b < p->n; b++)
+        sent[b] = p->index != NULL && key->nblocks > 0 && p->matched[b] >= key->nblocks;
     pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
     int paid = 0;
     for (size_t b = 0; b < p->n; b++)
-        paid |= p->matched[b] > known + probe_slack(p);
-    if (paid)
-        p->unpaid_run = 0;
-    else if (p->unpaid_run < UINT32_MAX)
-        p->unpaid_run++;
+        paid |= !sent[b] && p->matched[b] > known + probe_slack(p);
+    uint64_t *w = &p->probe_bits[p->probe_pos / 64], bit = 1ull << (p->probe_pos % 64);
+    p->probe_paid -= (*w & bit) != 0;
+    p->probe_paid += paid != 0;
+    *w = paid ? *w | bit : *w & ~bit;
+    p->probe_pos = (p->probe_pos + 1) % PCR_PROBE_RUN;
     return paid;
 }
 

@@ -23,6 +23,7 @@ typedef struct {
     uint32_t weight;
     int in_zone;               /* the router has no zone, or this backend is in it */
     uint64_t down_since;       /* reported unavailable at (0: available, or forgotten already) */
+    uint8_t shared;            /* reported PCR_BACKEND_SHARED: 2, _PRIVATE: 1, not yet: 0 */
 } pcr_pbackend_t;
 
 typedef struct {
@@ -30,6 +31,9 @@ typedef struct {
     void (*decide)(pcr_policy_t *p, const pcr_key_t *key, const pcr_backend_load_t *loads,
                    uint64_t now, pcr_decision_t *out);
 } pcr_lb_ops_t;
+
+/* Unknown tails wait while one of the last PCR_PROBE_RUN reports paid (policy.c). */
+#define PCR_PROBE_RUN 128
 
 struct pcr_policy {
     pcr_policy_opts_t o;       /* o.zone points at `zone` */
@@ -68,10 +72,13 @@ struct pcr_policy {
     uint64_t *observed_at;     /* per backend: the count at its last observation */
     uint64_t (*clock_ns)(void); /* times the decision's phases when set (pcr_policy_set_clock) */
     uint64_t decide_t0;         /* with it: its reading as the decision began (pcr_policy_decide) */
-    /* Precise mode's unknown tails (pcr_policy_prefix_use): how many came, and the waits for
-     * one reported since the last that paid (pcr_policy_prefix_probed). */
-    uint64_t tails;
-    uint32_t unpaid_run;
+    /* Precise mode's unknown tails (pcr_policy_prefix_use): how many came; the last
+     * PCR_PROBE_RUN reports (pcr_policy_prefix_probed), a bit each (1: paid), the next to
+     * replace, and how many of them paid. */
+    uint64_t tails, tails_start;     /* ... and the count when the start's waits began */
+    size_t nshared, nprivate;        /* backends reported shared, private */
+    uint64_t probe_bits[PCR_PROBE_RUN / 64];
+    uint32_t probe_pos, probe_paid;
 };
 
 extern const pcr_lb_ops_t pcr_lb_round_robin;

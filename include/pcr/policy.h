@@ -203,18 +203,22 @@ typedef enum {
     /* The prompt's own tokens, as a probe of an unknown tail: two backends or more hold all
      * of key->tblocks (a shared system prompt, say) and none was sent more of the text. Only
      * what this router never sent (another replica's conversation, or what its own index
-     * let go) can be beyond them. Such waits are taken while one of the last 128 paid (the
-     * caller reports each with pcr_policy_prefix_probed), and one in 16 all the same; the
-     * others get PCR_PREFIX_UNPROBED. */
+     * let go) can be beyond them. Such waits are taken while one of the last 128 reports
+     * paid (pcr_policy_prefix_probed); else, where the pods are shared or not known to serve
+     * this router alone (PCR_BACKEND_SHARED), for the first 128 and then one in 16; else
+     * PCR_PREFIX_UNPROBED. */
     PCR_PREFIX_PROBE,
-    /* key->tblocks, as PCR_PREFIX_TOKENS: an unknown tail not probed this time. */
+    /* key->tblocks, as PCR_PREFIX_TOKENS: an unknown tail not waited for. The caller checks
+     * it all the same once it has the prompt's own tokens, in the background, and reports. */
     PCR_PREFIX_UNPROBED,
 } pcr_prefix_use_t;
 pcr_prefix_use_t pcr_policy_prefix_use(pcr_policy_t *p, const pcr_key_t *key, size_t n);
 
-/* After a PCR_PREFIX_PROBE wait: key with the prompt's own token chains, `known` the chains it
+/* After a PCR_PREFIX_PROBE wait, or the background tokenization of a PCR_PREFIX_UNPROBED
+ * tail: key with the prompt's own token chains (and its text blocks), `known` the chains it
  * had before. Returns whether it paid: a backend holds more than a text block's worth of token
- * blocks past `known`. Counted for pcr_policy_prefix_use's next answers. */
+ * blocks past `known`, one this router did not send the whole prompt (by its text index: a
+ * tail that went is held where it went). Counted for pcr_policy_prefix_use's next answers. */
 int pcr_policy_prefix_probed(pcr_policy_t *p, const pcr_key_t *key, size_t known);
 
 /* Precise mode: what a pod said, applied to this replica (as pcr_kvtable_stored, _removed,
@@ -294,6 +298,12 @@ typedef enum {
     PCR_BACKEND_AVAILABLE = 0,
     PCR_BACKEND_UNAVAILABLE,
     PCR_BACKEND_RESTARTED,
+    /* The pod serves others too (another replica of the router, a client that calls it
+     * directly: it counts more requests than this router sent it), or only this router. Until
+     * every pod is known to be private, unknown tails are waited for at first
+     * (PCR_PREFIX_PROBE); in a pool this router alone uses, they cannot pay. */
+    PCR_BACKEND_SHARED,
+    PCR_BACKEND_PRIVATE,
 } pcr_backend_state_t;
 int pcr_policy_backend_state(pcr_policy_t *p, int backend, pcr_backend_state_t state,
                              uint64_t now);

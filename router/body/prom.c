@@ -50,6 +50,7 @@ static const struct {
     KNOWN("vllm:gpu_cache_usage_perc", PCR_PROM_KV_USAGE),             /* older vLLM */
     KNOWN("vllm:cache_config_info", PCR_PROM_CACHE_CONFIG),
     KNOWN("process_start_time_seconds", PCR_PROM_START_TIME),
+    KNOWN("vllm:request_success_total", PCR_PROM_SUCCESS),
 };
 
 static int is_blank(char ch) { return ch == ' ' || ch == '\t'; }
@@ -269,7 +270,8 @@ static int keep(const line_t *ln, pcr_pod_sample_t *out)
     double *sum = bit == PCR_PROM_WAITING ? &out->num_requests_waiting
                 : bit == PCR_PROM_RUNNING ? &out->num_requests_running
                 : bit == PCR_PROM_HITS ? &out->prefix_cache_hits
-                : bit == PCR_PROM_QUERIES ? &out->prefix_cache_queries : NULL;
+                : bit == PCR_PROM_QUERIES ? &out->prefix_cache_queries
+                : bit == PCR_PROM_SUCCESS ? &out->request_success : NULL;
     switch (bit) {
     case 0:
         return 0;
@@ -277,6 +279,7 @@ static int keep(const line_t *ln, pcr_pod_sample_t *out)
     case PCR_PROM_RUNNING:
     case PCR_PROM_HITS:
     case PCR_PROM_QUERIES:
+    case PCR_PROM_SUCCESS:
         if (add_count(sum, ln->value) != 0)
             return -1;
         break;

@@ -30,6 +30,7 @@ enum {
     PCR_PROM_KV_USAGE     = 1 << 4,
     PCR_PROM_CACHE_CONFIG = 1 << 5,
     PCR_PROM_START_TIME   = 1 << 6,
+    PCR_PROM_SUCCESS      = 1 << 7,
 };
 
 /* What one scrape found. Every double is finite and >= 0; a value whose bit is not in `seen`
@@ -47,6 +48,8 @@ typedef struct {
     uint64_t block_size;           /* vllm:cache_config_info{block_size="16",...}: 1..MAX */
     uint64_t num_gpu_blocks;       /* its num_gpu_blocks label: 1..MAX; the last valid line wins */
     double process_start_time;     /* process_start_time_seconds (Unix time, > 0); the last wins */
+    double request_success;        /* requests the pod finished, whoever sent them:
+                                      vllm:request_success_total, summed (finished_reason) */
     size_t samples;                /* sample lines read, of any metric */
     size_t bad_lines;              /* lines skipped as malformed or out of range */
     size_t other_lines;            /* lines of other metrics, dismissed on their first bytes */

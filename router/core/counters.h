@@ -122,6 +122,8 @@ typedef struct {
     uint64_t tokenize_prefix_text;               /* ... routed on their text key instead */
     uint64_t tokenize_tail[3];                   /* ... an unknown tail: waits that paid, that
                                                     did not, prompts that went at once */
+    uint64_t tokenize_tail_checked[2];           /* ... of those that went, checked in the
+                                                    background: would have paid, would not */
     uint64_t tokenize_refreshes;                 /* tokenizations asked for the cache only */
     uint64_t precise_decisions;                  /* decided on token chains (pods' events) */
     pcr_hist_t duration;                         /* request start -> response end (us) */

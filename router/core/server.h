@@ -107,6 +107,12 @@ typedef struct pcr_server {
                                      (tokenize.c, under its lock); freed once they are joined */
     uint64_t tokcache_bytes;      /* atomic: its bytes, for the memory account */
     int share_loading;            /* atomic: a cold start loads the shared index; /health 503 */
+    /* Whether the pods serve others than this router too (scrape.c, control thread): the
+     * requests they finished against those they answered this router, summed over the pods
+     * since the window began; the verdict, 0 not yet, 1 this router alone, 2 others too
+     * (atomic: /metrics reads it). */
+    uint64_t share_pod, share_ours;
+    int pods_shared;
 
     /* The control loop, on the main thread. */
     struct event_base *base;

@@ -133,6 +133,10 @@ struct pcr_tokreq {
     char *model;
     uint64_t model_hash;
     int chat;
+    /* A refresh of an unknown tail that went without waiting: its chains are checked as a
+     * waiting probe's are (pcr_policy_prefix_probed), `tail_known` the chains it went on. */
+    int tail;
+    size_t tail_known;
 };
 
 /* ---- the cache (under cache_lock) ---------------------------------------------------- */
@@ -481,6 +485,10 @@ static void finish(struct pcr_tokreq *t, int why)
 {
     pcr_exchange_t *ex = t->ex;
     if (ex == NULL) {
+        if (why < 0 && t->tail) {
+            int paid = pcr_policy_prefix_probed(t->w->policy, t->key, t->tail_known);
+            PCR_INC(t->w->metrics.tokenize_tail_checked[paid ? 0 : 1]);
+        }
         t->w->tok_refresh = NULL;
         tokreq_free(t);
         return;
@@ -785,11 +793,12 @@ static void refresh_go(evutil_socket_t fd, short what, void *arg)
 }
 
 /* After a prefix hit: the prompt's own tokens for the cache, so that the next prompt that
- * extends it (a conversation's next turn) finds it. At most one at a time a worker, started
- * only while no request of the worker waits for a tokenization (a request that comes after
- * takes the pool's other connection). Its question is made and sent from the loop
+ * extends it (a conversation's next turn) finds it; for an unknown tail that went unprobed,
+ * also the check of whether waiting would have paid (`tail`). At most one at a time a worker,
+ * started only while no request of the worker waits for a tokenization (a request that comes
+ * after takes the pool's other connection). Its question is made and sent from the loop
  * (refresh_go), after the request that found the prefix is dispatched; `text` is copied. */
-static void refresh(pcr_exchange_t *ex, const pcr_key_t *text)
+static void refresh(pcr_exchange_t *ex, const pcr_key_t *text, int tail)
 {
     pcr_worker_t *w = ex->w;
     if (w->tok_refresh != NULL || w->tok_asking != 0 || w->draining)
@@ -798,6 +807,8 @@ static void refresh(pcr_exchange_t *ex, const pcr_key_t *text)
     if (t == NULL)
         return;
     t->w = w;
+    t->tail = tail;
+    t->tail_known = ex->tok_known;
     t->own = *text;
     t->own.tblocks = NULL; /* made with the answer (chains_room) */
     t->own.ntblocks = 0;
@@ -845,7 +856,7 @@ int pcr_tokenize_start(pcr_exchange_t *ex)
             PCR_INC(w->metrics.tokenize_prefix_hits);
         if (reuse == PCR_PREFIX_UNPROBED)
             PCR_INC(w->metrics.tokenize_tail[2]);
-        refresh(ex, &text);
+        refresh(ex, &text, reuse == PCR_PREFIX_UNPROBED);
         ex->ns_tokenize = pcr_now_ns() - t0;
         return 1;
     }

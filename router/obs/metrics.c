@@ -351,6 +351,11 @@ static void render_precise(pcr_worker_t *w, struct evbuffer *out)
              "more (paid) or not (unpaid), and prompts routed at once on the cached tokens "
              "(went; also in pcrouter_tokenize_cache_prefix_hits_total).",
              "outcome", tail, 3, offsetof(pcr_metrics_t, tokenize_tail));
+    labelled(out, srv, "pcrouter_tokenize_unknown_tail_checked_total",
+             "Unknown tails that went at once, checked on their own tokens asked in the "
+             "background: a pod this router did not send the prompt held more (paid: waiting "
+             "would have paid, and such prompts wait again) or not (unpaid).",
+             "outcome", tail, 2, offsetof(pcr_metrics_t, tokenize_tail_checked));
     counter(out, "pcrouter_tokenize_refreshes_total",
             "Tokenizations asked after a prefix hit for the cache only, no request waiting "
             "(also in pcrouter_tokenize_requests_total).", SUM(srv, tokenize_refreshes));
@@ -455,6 +460,10 @@ void pcr_metrics_render(pcr_worker_t *w, struct evbuffer *out)
             "Prefix blocks of routed prompts (the denominator of the predicted hit rate).", blocks);
     counter(out, "pcrouter_prefix_blocks_matched_total",
             "Of those, blocks the chosen backend was believed to hold (the predicted hits).", matched);
+    HEADER(out, "pcrouter_pods_shared", "gauge",
+           "Whether the pods serve others than this router too (their vllm:request_success_total "
+           "against this router's answers from them): 2 yes, 1 this router alone, 0 not known yet.");
+    evbuffer_add_printf(out, "pcrouter_pods_shared %d\n", PCR_LOAD(srv->pods_shared));
     HEADER(out, "pcrouter_predicted_hit_rate", "gauge",
            "prefix_blocks_matched_total / prefix_blocks_total since start.");
     evbuffer_add_printf(out, "pcrouter_predicted_hit_rate %.6f\n",

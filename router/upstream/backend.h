@@ -103,6 +103,10 @@ struct pcr_backend {
     uint64_t pod_reset_us;                   /* the last time its counters went back */
     int pod_counters_flap;                   /* they went back twice in a minute: not counted,
                                                 nor in the fleet's delivered hit rate (atomic) */
+    /* The requests it finished (its vllm:request_success_total) and those it answered this
+     * router, at the last scrape: their growth goes to the pool's sharing window (scrape.c). */
+    uint64_t pod_success_last, ours_last;
+    int pod_have_success;
     struct pcr_probe *scrape_req;            /* scrape.c, on a check connection (probe.h) */
     void *scrape_ctx;
 

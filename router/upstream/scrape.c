@@ -80,6 +80,50 @@ static int accumulate(pcr_backend_t *be, double raw_hits, double raw_queries)
     return back;
 }
 
+/* Whether the pods serve others than this router too (another replica, a client that calls
+ * them directly): once the pool's window holds SHARE_WINDOW requests (what the pods finished
+ * and what they answered this router, summed over the pods), the pods' count being more than
+ * SHARE_FOREIGN above this router's (and SHARE_SLACK over, for requests that ended on either
+ * side of a scrape) says so. Over the pool, not per pod: the first verdict comes after a
+ * handful of requests, when unknown tails still wait (PCR_BACKEND_SHARED, decided by the
+ * routing library; reported to every pod's entry when it changes). A pod whose counter went
+ * back (a restart) adds nothing that scrape. */
+#define SHARE_WINDOW 32
+#define SHARE_FOREIGN 0.2
+#define SHARE_SLACK 3
+
+static void judge_sharing(pcr_backend_t *be, double success)
+{
+    pcr_server_t *srv = be->srv;
+    uint64_t ours = 0;
+    for (size_t c = 0; c < sizeof(be->requests_by_code) / sizeof(be->requests_by_code[0]); c++)
+        ours += PCR_LOAD(be->requests_by_code[c]);
+    uint64_t pod = success < 1e18 ? (uint64_t)success : (uint64_t)1e18;
+    if (be->pod_have_success && pod >= be->pod_success_last && ours >= be->ours_last) {
+        srv->share_pod += pod - be->pod_success_last;
+        srv->share_ours += ours - be->ours_last;
+    }   /* else a baseline: the pod's past is not this router's to compare */
+    be->pod_have_success = 1;
+    be->pod_success_last = pod;
+    be->ours_last = ours;
+    if (srv->share_pod + srv->share_ours < SHARE_WINDOW)
+        return;
+    int shared = (double)srv->share_pod >
+                 (double)srv->share_ours / (1 - SHARE_FOREIGN) + SHARE_SLACK;
+    srv->share_pod = srv->share_ours = 0;
+    if (shared + 1 == PCR_LOAD(srv->pods_shared))
+        return;
+    PCR_STORE(srv->pods_shared, shared + 1);
+    pcr_log_info("the pods serve %s", shared ? "others than this router too (they count more "
+                                               "requests than it sent)"
+                                             : "this router alone");
+    uint64_t now = pcr_now_us();
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++)
+        if (pcr_backend_at(srv, i) != NULL)
+            pcr_bus_state(srv->bus, (int)i, shared ? PCR_BACKEND_SHARED : PCR_BACKEND_PRIVATE,
+                          now);
+}
+
 /* What one page said becomes the backend's. */
 static void apply(pcr_backend_t *be, const pcr_pod_sample_t *sp)
 {
@@ -96,6 +140,8 @@ static void apply(pcr_backend_t *be, const pcr_pod_sample_t *sp)
     }
     if (s.seen & PCR_PROM_HITS)
         restarted |= accumulate(be, s.prefix_cache_hits, s.prefix_cache_queries);
+    if (s.seen & PCR_PROM_SUCCESS)
+        judge_sharing(be, s.request_success);
     if (s.seen & PCR_PROM_START_TIME) {
         restarted |= be->pod_start_time > 0 && s.process_start_time != be->pod_start_time;
         be->pod_start_time = s.process_start_time;

@@ -424,37 +424,78 @@ def test_a_turn_after_an_untokenized_one_follows_its_text(pods, router_factory):
 
 def tails(router):
     m = metrics(router)
-    return {k: m['pcrouter_tokenize_unknown_tail_total{outcome="%s"}' % k]
-            for k in ("paid", "unpaid", "went")}
+    out = {k: m['pcrouter_tokenize_unknown_tail_total{outcome="%s"}' % k]
+           for k in ("paid", "unpaid", "went")}
+    out.update({"checked_" + k: m['pcrouter_tokenize_unknown_tail_checked_total{outcome="%s"}' % k]
+                for k in ("paid", "unpaid")})
+    return out
+
+
+def test_pods_that_serve_others_too_are_seen(pods, router_factory):
+    """Whether the pods serve others than this router (another replica, a client that calls
+    them directly) is judged from their own count of finished requests against this router's
+    answers from them: requests through the router alone make them private; as many again sent
+    to a pod directly, shared."""
+    p = pods(2)
+    r = router_factory(config(p, workers=1))
+    gauge = "pcrouter_pods_shared"
+    assert metric(r, gauge) == 0
+    sent = [0]
+
+    def through_router():
+        assert complete(r, prompt_of("mine-%d" % sent[0], 256))[0] == 200
+        sent[0] += 1
+        return metric(r, gauge) == 1
+    wait_for(through_router, timeout=60, interval=0, what="the pods judged private")
+
+    def also_directly():
+        assert complete(r, prompt_of("mine-%d" % sent[0], 256))[0] == 200
+        seed(p, "p0", prompt_of("theirs-%d" % sent[0], 256))
+        sent[0] += 1
+        return metric(r, gauge) == 2
+    wait_for(also_directly, timeout=60, interval=0, what="the pods judged shared")
 
 
 def test_an_unknown_tail_is_waited_for_while_such_waits_pay(pods, router_factory):
     """A prompt begins with a system prompt two pods hold, whose tokens the router has, and no
     pod was sent more of it: only a pod this router never sent it to could hold more (another
-    replica's conversation). The router waits for the prompt's own tokens while such waits pay.
-    Here the first 128 show nothing more, and then only one in 16 waits: the others go at once
-    on the system prompt's tokens. Then other senders' conversations appear: the sampled waits
-    find them, and from then on every such prompt waits, and goes to its conversation's pod."""
+    replica's conversation). In a pool that serves this router alone, until that has been
+    seen, such prompts go at once on the system
+    prompt's tokens, and their own tokens, asked in the background, check whether waiting
+    would have paid: the pod the prompt went to, which now holds it all, does not count. Then
+    another sender's conversations appear: a check finds one,
+    and from then on every such prompt waits for its own tokens, and goes to its
+    conversation's pod."""
     p = pods(3)
-    # A wait that times out reports nothing: the counts below need every answer (TSan is slow).
+    # A check that times out reports nothing: the counts below need every answer (TSan is slow).
     r = subscribed(p, router_factory(config(p, workers=1, tokenize_timeout_ms=20000)))
+    # Until the router knows its pods serve it alone, unknown tails wait at first (pods that
+    # serve another replica too: test_pods_that_serve_others_too_are_seen).
+    sent = [0]
+
+    def private():
+        assert complete(r, prompt_of("warm-%d" % sent[0], 256))[0] == 200
+        sent[0] += 1
+        return metric(r, "pcrouter_pods_shared") == 1
+    wait_for(private, timeout=60, interval=0, what="the pods judged to serve this router alone")
     system = prompt_of("system")
+    held = {n: kv_blocks(r, n) for n in p.names}
     status, x, _ = complete(r, system)
     assert status == 200
     y = next(n for n in p.names if n != x)
     seed(p, y, system)
     for name in (x, y):
-        wait_for(lambda name=name: kv_blocks(r, name) >= 32, timeout=5,
+        wait_for(lambda name=name: kv_blocks(r, name) >= held[name] + 32, timeout=5,
                  what="%s's system prompt in the index" % name)
-    for i in range(128):
-        assert complete(r, system + prompt_of("user-%d" % i, 1024))[0] == 200
-        assert tails(r) == {"paid": 0, "unpaid": i + 1, "went": 0}, i
-    for i in range(128, 144):
-        assert complete(r, system + prompt_of("user-%d" % i, 1024))[0] == 200
-    after = tails(r)
-    assert after == {"paid": 0, "unpaid": 129, "went": 15}, after
+    zero = {"paid": 0, "unpaid": 0, "went": 0, "checked_paid": 0, "checked_unpaid": 0}
+    for i in range(20):
+        status, backend, _ = complete(r, system + prompt_of("user-%d" % i, 1024))
+        assert status == 200
+        # Each check ends before the next prompt: the worker makes one at a time.
+        want = dict(zero, went=i + 1, checked_unpaid=i + 1)
+        wait_for(lambda: tails(r) == want, timeout=10, what="the check of tail %d" % i)
     # Another sender's conversations, one pod after another: a prompt that goes on where one
-    # left off goes to that pod, once a wait found it (unless that pod is over its share of
+    # left off goes to that pod, once a check found one (unless that pod is over its share of
     # this router's requests: a spill, which the policy counts as such).
     spill = 'pcrouter_route_decisions_total{policy="cache_aware",reason="overload_spill"}'
 
@@ -468,15 +509,18 @@ def test_an_unknown_tail_is_waited_for_while_such_waits_pay(pods, router_factory
         before, spilled = tails(r), metric(r, spill)
         status, backend, _ = complete(r, other + prompt_of("next-%s-%d" % (tag, i), 512))
         assert status == 200
-        return (tails(r)["paid"] - before["paid"],
-                backend == z or metric(r, spill) == spilled + 1)
+        return tails(r)["paid"] - before["paid"], backend == z or metric(r, spill) == spilled + 1
 
-    sent = 0
-    while tails(r)["paid"] < 2:
-        assert sent < 40, "no wait found another sender's conversation: %s" % tails(r)
-        paid, there = other_turn("other", sent)
-        assert there or not paid
-        sent += 1
+    def checked():
+        t = tails(r)
+        return t["checked_paid"] + t["checked_unpaid"] == t["went"]
+    tries = 0
+    while tails(r)["checked_paid"] == 0:
+        # It goes at once; its check pays unless it went to that pod anyway.
+        assert tries < 40, "no check found another sender's conversation: %s" % tails(r)
+        other_turn("other", tries)
+        wait_for(checked, timeout=10, what="the check of other turn %d" % tries)
+        tries += 1
     for i in range(4):
         assert other_turn("again", i) == (1, True)
 

@@ -1551,6 +1551,21 @@ static void test_precise_prefix_tokens(void)
  * and none was sent more of the text. Waits for the prompt's own tokens go on while one of the
  * last 128 paid (a pod holds more: another replica's conversation), and one in 16 goes on when
  * none did. */
+/* n unknown tails of `key`: how many wait; each that waits is reported with `full`. */
+static int probes_of(pcr_policy_t *p, const pcr_key_t *key, const pcr_key_t *full, int n)
+{
+    int probes = 0;
+    for (int i = 0; i < n; i++) {
+        pcr_prefix_use_t u = pcr_policy_prefix_use(p, key, 4);
+        PCR_CHECK(u == PCR_PREFIX_PROBE || u == PCR_PREFIX_UNPROBED);
+        if (u == PCR_PREFIX_PROBE) {
+            probes++;
+            pcr_policy_prefix_probed(p, full, 4);
+        }
+    }
+    return probes;
+}
+
 static void test_precise_unknown_tail(void)
 {
     pcr_policy_opts_t o;
@@ -1580,41 +1595,48 @@ static void test_precise_unknown_tail(void)
     pcr_key_t *full = key_of(p, &kf, s, len);
     full->tblocks = own;
     PCR_CHECK_EQ_INT(pcr_policy_key_tokens(p, 0, tok, 64, full), 0); /* its own: 16 */
-    /* Nothing known yet: every unknown tail waits until 128 waits in a row did not pay. */
+    /* Whether the pods serve others too is not known yet: the first 128 unknown tails wait;
+     * none pays, and then one in 16 waits. */
     for (int i = 0; i < 128; i++) {
         PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_PROBE);
         PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
     }
-    /* Then one in 16 waits. */
-    int probes = 0;
-    for (int i = 0; i < 64; i++) {
-        pcr_prefix_use_t u = pcr_policy_prefix_use(p, key, 4);
-        PCR_CHECK(u == PCR_PREFIX_PROBE || u == PCR_PREFIX_UNPROBED);
-        if (u == PCR_PREFIX_PROBE) {
-            probes++;
-            PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
-        }
-    }
-    PCR_CHECK_EQ_INT(probes, 4);
-    /* A pod this router never sent the prompt to holds it all: the next sampled wait pays,
-     * and from then on every unknown tail waits ... */
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 4);
+    /* Every pod serves this router alone: no wait, not even sampled (a pod that turns shared
+     * starts it all again), but two of three are not enough. */
+    for (int b = 0; b < 2; b++)
+        PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, b, PCR_BACKEND_PRIVATE, 0), 0);
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 4);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 2, PCR_BACKEND_PRIVATE, 0), 0);
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 0);
+    /* A pod this router never sent the prompt to holds it all: the check of a tail that went
+     * pays, and from then on every unknown tail waits ... */
     pcr_kvt_stored_t all = {hashes, 16, 0, 0, tok, 4, PCR_KVT_GPU, 0};
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &all, 2), 0);
-    int i = 0;
-    while (i++ < 16 && pcr_policy_prefix_use(p, key, 4) != PCR_PREFIX_PROBE)
-        ;
-    PCR_CHECK(i <= 16);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_UNPROBED);
     PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 1);
-    /* ... until 128 in a row did not pay: one in 16 again. */
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 16), 16);
+    /* ... until none of the last 128 reports paid. */
     pcr_policy_kv_clear(p, 2);
-    for (i = 0; i < 128; i++) {
-        PCR_CHECK_EQ_INT(pcr_policy_prefix_use(p, key, 4), PCR_PREFIX_PROBE);
-        PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
-    }
-    probes = 0;
-    for (i = 0; i < 16; i++)
-        probes += pcr_policy_prefix_use(p, key, 4) == PCR_PREFIX_PROBE;
-    PCR_CHECK_EQ_INT(probes, 1);
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 128), 128);   /* the window: 128 reports */
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 0);
+    /* A pod turns shared: the start again, 128 waits, then one in 16. A pod that joins is not
+     * known: the others' word alone is not the pool's; one that leaves counts no more. */
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 1, PCR_BACKEND_SHARED, 0), 0);
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 128), 128);
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 4);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 1, PCR_BACKEND_PRIVATE, 0), 0);
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_set(p, 3, &four[3]), 0);   /* a new pod: not known */
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 4);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_state(p, 3, PCR_BACKEND_SHARED, 0), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_backend_remove(p, 3), 0);   /* gone: the others are private */
+    PCR_CHECK_EQ_INT(probes_of(p, key, full, 64), 0);
+    /* The pod this router sent the whole prompt holds it for that reason: no news. */
+    PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 2, &all, 4), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_commit(p, 2, full, 4, NULL), 0);
+    PCR_CHECK_EQ_INT(pcr_policy_prefix_probed(p, full, 4), 0);
+    pcr_policy_kv_clear(p, 2);
     /* A pod holding only a block past the known is no news. */
     pcr_kvt_stored_t one_more = {hashes, 5, 0, 0, tok, 4, PCR_KVT_GPU, 0};
     PCR_CHECK_EQ_INT(pcr_policy_kv_stored(p, 0, &one_more, 3), 0);

@@ -457,8 +457,55 @@ static void test_flapping_counters_stop_counting(void)
     pcr_bus_free(srv.bus);
 }
 
+/* Whether the pods serve others too: their own count of finished requests against this
+ * router's answers from them, summed over the pool, judged once a window holds 32 requests,
+ * reported (to every pod's entry) when it changes. */
+static void test_sharing_is_judged_from_the_pods_count(void)
+{
+    pcr_backend_t be;
+    setup(&be);
+    pcr_backend_t *slots[1] = {&be};
+    srv.backends = slots;
+    srv.nslots = 1;
+    feed(&be, "vllm:request_success_total{finished_reason=\"stop\"} 100\n");   /* a baseline */
+    PCR_CHECK_EQ_INT(srv.pods_shared, 0);
+    /* 40 answered here, 40 finished there (over two label sets): this router alone. */
+    be.requests_by_code[200] += 38;
+    be.requests_by_code[503] += 2;
+    feed(&be, "vllm:request_success_total{finished_reason=\"stop\"} 120\n"
+              "vllm:request_success_total{finished_reason=\"length\"} 20\n");
+    PCR_CHECK_EQ_INT(srv.pods_shared, 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    /* Not a window's worth yet: nothing judged. */
+    be.requests_by_code[200] += 10;
+    feed(&be, "vllm:request_success_total 150\n");
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 0);
+    /* 80 more finished there, 30 of them answered here (with the 10 before): others too. */
+    be.requests_by_code[200] += 20;
+    feed(&be, "vllm:request_success_total 220\n");
+    PCR_CHECK_EQ_INT(srv.pods_shared, 2);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    /* Still so: not reported again. */
+    be.requests_by_code[200] += 10;
+    feed(&be, "vllm:request_success_total 300\n");
+    PCR_CHECK_EQ_INT(srv.pods_shared, 2);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 0);
+    /* A restart: its counter starts again, and that scrape adds nothing (its new count is no
+     * one's); the next ones do. */
+    be.requests_by_code[200] += 60;
+    feed(&be, "vllm:request_success_total 70\n");
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 0);
+    be.requests_by_code[200] += 40;
+    feed(&be, "vllm:request_success_total 110\n");
+    PCR_CHECK_EQ_INT(srv.pods_shared, 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    pcr_policy_free(policy);
+    pcr_bus_free(srv.bus);
+}
+
 int main(void)
 {
+    PCR_RUN(test_sharing_is_judged_from_the_pods_count);
     PCR_RUN(test_waiting_and_running);
     PCR_RUN(test_counters_are_deltas);
     PCR_RUN(test_v0_names_and_label_sum);

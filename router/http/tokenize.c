@@ -8,7 +8,8 @@
  *                    prefix hit?  yes: the cached prompt's chains, as many as the shared
  *                                      text's share of its tokens less one, or the text
  *                                      key alone (pcr_policy_prefix_use) -> dispatch;
- *                                      a refresh (the prompt's own tokens, for the cache);
+ *                                      a refresh (the prompt's own tokens, for the cache;
+ *                                      an unknown tail's check reported with them);
  *                                      unless the policy says wait (or probe): as no
  *                                no:  POST /tokenize (or .../render) on the worker's pool for
  *                                     tokenizing -> answer: chains, cached (a probe

@@ -107,6 +107,8 @@ struct pcr_backend {
      * router, at the last scrape: their growth goes to the pool's sharing window (scrape.c). */
     uint64_t pod_success_last, ours_last;
     int pod_have_success;
+    int shared_told;                         /* the pool's verdict its policy entries were
+                                                told (server.h pods_shared), 0 none yet */
     struct pcr_probe *scrape_req;            /* scrape.c, on a check connection (probe.h) */
     void *scrape_ctx;
 

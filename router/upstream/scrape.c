@@ -86,8 +86,8 @@ static int accumulate(pcr_backend_t *be, double raw_hits, double raw_queries)
  * SHARE_FOREIGN above this router's (and SHARE_SLACK over, for requests that ended on either
  * side of a scrape) says so. Over the pool, not per pod: the first verdict comes after a
  * handful of requests, when unknown tails still wait (PCR_BACKEND_SHARED, decided by the
- * routing library; reported to every pod's entry when it changes). A pod whose counter went
- * back (a restart) adds nothing that scrape. */
+ * routing library; told to each pod's entry that was not told it yet). A pod whose counter
+ * went back (a restart) adds nothing that scrape. */
 #define SHARE_WINDOW 32
 #define SHARE_FOREIGN 0.2
 #define SHARE_SLACK 3
@@ -111,17 +111,21 @@ static void judge_sharing(pcr_backend_t *be, double success)
     int shared = (double)srv->share_pod >
                  (double)srv->share_ours / (1 - SHARE_FOREIGN) + SHARE_SLACK;
     srv->share_pod = srv->share_ours = 0;
-    if (shared + 1 == PCR_LOAD(srv->pods_shared))
-        return;
-    PCR_STORE(srv->pods_shared, shared + 1);
-    pcr_log_info("the pods serve %s", shared ? "others than this router too (they count more "
-                                               "requests than it sent)"
-                                             : "this router alone");
+    if (shared + 1 != PCR_LOAD(srv->pods_shared)) {
+        PCR_STORE(srv->pods_shared, shared + 1);
+        pcr_log_info("the pods serve %s", shared ? "others than this router too (they count "
+                                                   "more requests than it sent)"
+                                                 : "this router alone");
+    }
+    /* Every pod's entry hears the verdict, a pod that joined since the last one too. */
     uint64_t now = pcr_now_us();
-    for (size_t i = 0; i < pcr_backend_slots(srv); i++)
-        if (pcr_backend_at(srv, i) != NULL)
-            pcr_bus_state(srv->bus, (int)i, shared ? PCR_BACKEND_SHARED : PCR_BACKEND_PRIVATE,
-                          now);
+    for (size_t i = 0; i < pcr_backend_slots(srv); i++) {
+        pcr_backend_t *b = pcr_backend_at(srv, i);
+        if (b == NULL || b->shared_told == shared + 1)
+            continue;
+        b->shared_told = shared + 1;
+        pcr_bus_state(srv->bus, (int)i, shared ? PCR_BACKEND_SHARED : PCR_BACKEND_PRIVATE, now);
+    }
 }
 
 /* What one page said becomes the backend's. */

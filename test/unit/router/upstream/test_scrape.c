@@ -459,7 +459,7 @@ static void test_flapping_counters_stop_counting(void)
 
 /* Whether the pods serve others too: their own count of finished requests against this
  * router's answers from them, summed over the pool, judged once a window holds 32 requests,
- * reported (to every pod's entry) when it changes. */
+ * told to each pod's entry once. */
 static void test_sharing_is_judged_from_the_pods_count(void)
 {
     pcr_backend_t be;
@@ -498,6 +498,19 @@ static void test_sharing_is_judged_from_the_pods_count(void)
     be.requests_by_code[200] += 40;
     feed(&be, "vllm:request_success_total 110\n");
     PCR_CHECK_EQ_INT(srv.pods_shared, 1);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    /* A pod that joins is told the verdict at the next window; the one told already is not
+     * told again. */
+    pcr_backend_t other = be;
+    other.id = 1;
+    other.shared_told = 0;
+    pcr_backend_t *two[2] = {&be, &other};
+    srv.backends = two;
+    srv.nslots = 2;
+    be.requests_by_code[200] += 40;
+    feed(&be, "vllm:request_success_total 150\n");
+    PCR_CHECK_EQ_INT(be.shared_told, 1);
+    PCR_CHECK_EQ_INT(other.shared_told, 1);
     PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
     pcr_policy_free(policy);
     pcr_bus_free(srv.bus);

@@ -457,6 +457,17 @@ static void test_flapping_counters_stop_counting(void)
     pcr_bus_free(srv.bus);
 }
 
+/* One scrape of `be`: `ours` more answers from it, then its page; the pool's verdict after it
+ * and the messages the bus carried to the policy. */
+static void sharing_step(pcr_backend_t *be, uint64_t ours, const char *page, int verdict,
+                         size_t told)
+{
+    be->requests_by_code[200] += ours;
+    feed(be, page);
+    PCR_CHECK_EQ_INT(srv.pods_shared, verdict);
+    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), told);
+}
+
 /* Whether the pods serve others too: their own count of finished requests against this
  * router's answers from them, summed over the pool, judged once a window holds 32 requests,
  * told to each pod's entry once. */
@@ -467,38 +478,22 @@ static void test_sharing_is_judged_from_the_pods_count(void)
     pcr_backend_t *slots[1] = {&be};
     srv.backends = slots;
     srv.nslots = 1;
-    feed(&be, "vllm:request_success_total{finished_reason=\"stop\"} 100\n");   /* a baseline */
-    PCR_CHECK_EQ_INT(srv.pods_shared, 0);
-    /* 40 answered here, 40 finished there (over two label sets): this router alone. */
-    be.requests_by_code[200] += 38;
-    be.requests_by_code[503] += 2;
-    feed(&be, "vllm:request_success_total{finished_reason=\"stop\"} 120\n"
-              "vllm:request_success_total{finished_reason=\"length\"} 20\n");
-    PCR_CHECK_EQ_INT(srv.pods_shared, 1);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    sharing_step(&be, 0, "vllm:request_success_total{finished_reason=\"stop\"} 100\n", 0, 0);
+    /* 40 answered here (one an error), 40 finished there (over two label sets): this router
+     * alone. */
+    be.requests_by_code[503] += 1;
+    sharing_step(&be, 39, "vllm:request_success_total{finished_reason=\"stop\"} 120\n"
+                          "vllm:request_success_total{finished_reason=\"length\"} 20\n", 1, 1);
     /* Not a window's worth yet: nothing judged. */
-    be.requests_by_code[200] += 10;
-    feed(&be, "vllm:request_success_total 150\n");
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 0);
+    sharing_step(&be, 10, "vllm:request_success_total 150\n", 1, 0);
     /* 80 more finished there, 30 of them answered here (with the 10 before): others too. */
-    be.requests_by_code[200] += 20;
-    feed(&be, "vllm:request_success_total 220\n");
-    PCR_CHECK_EQ_INT(srv.pods_shared, 2);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
-    /* Still so: not reported again. */
-    be.requests_by_code[200] += 10;
-    feed(&be, "vllm:request_success_total 300\n");
-    PCR_CHECK_EQ_INT(srv.pods_shared, 2);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 0);
+    sharing_step(&be, 20, "vllm:request_success_total 220\n", 2, 1);
+    /* Still so: not told again. */
+    sharing_step(&be, 10, "vllm:request_success_total 300\n", 2, 0);
     /* A restart: its counter starts again, and that scrape adds nothing (its new count is no
      * one's); the next ones do. */
-    be.requests_by_code[200] += 60;
-    feed(&be, "vllm:request_success_total 70\n");
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 0);
-    be.requests_by_code[200] += 40;
-    feed(&be, "vllm:request_success_total 110\n");
-    PCR_CHECK_EQ_INT(srv.pods_shared, 1);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
+    sharing_step(&be, 60, "vllm:request_success_total 70\n", 2, 0);
+    sharing_step(&be, 40, "vllm:request_success_total 110\n", 1, 1);
     /* A pod that joins is told the verdict at the next window; the one told already is not
      * told again. */
     pcr_backend_t other = be;
@@ -507,11 +502,8 @@ static void test_sharing_is_judged_from_the_pods_count(void)
     pcr_backend_t *two[2] = {&be, &other};
     srv.backends = two;
     srv.nslots = 2;
-    be.requests_by_code[200] += 40;
-    feed(&be, "vllm:request_success_total 150\n");
-    PCR_CHECK_EQ_INT(be.shared_told, 1);
+    sharing_step(&be, 40, "vllm:request_success_total 150\n", 1, 1);
     PCR_CHECK_EQ_INT(other.shared_told, 1);
-    PCR_CHECK_EQ_INT(pcr_bus_drain(srv.bus, 0, &policy), 1);
     pcr_policy_free(policy);
     pcr_bus_free(srv.bus);
 }

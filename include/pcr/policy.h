@@ -301,7 +301,8 @@ typedef enum {
     /* The pod serves others too (another replica of the router, a client that calls it
      * directly: it counts more requests than this router sent it), or only this router. Until
      * every pod is known to be private, unknown tails are waited for at first
-     * (PCR_PREFIX_PROBE); in a pool this router alone uses, they cannot pay. */
+     * (PCR_PREFIX_PROBE); in a pool this router alone uses, only what its own text index let
+     * go can lie beyond them, and they wait only after a check found some. */
     PCR_BACKEND_SHARED,
     PCR_BACKEND_PRIVATE,
 } pcr_backend_state_t;

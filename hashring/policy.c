@@ -858,10 +858,11 @@ int pcr_policy_prefix_probed(pcr_policy_t *p, const pcr_key_t *key, size_t known
     /* A backend this router sent the whole prompt holds it for that reason (a tail checked
      * after its request went); the text index names them. */
     unsigned char *sent = p->usable;   /* scratch: no decision is under way */
-    if (p->index != NULL && key->nblocks > 0)
+    int text = p->index != NULL && key->nblocks > 0;
+    if (text)
         pcr_index_match(p->index, key->blocks, key->nblocks, p->matched);
     for (size_t b = 0; b < p->n; b++)
-        sent[b] = p->index != NULL && key->nblocks > 0 && p->matched[b] >= key->nblocks;
+        sent[b] = text && p->matched[b] >= key->nblocks;
     pcr_kvtable_match(p->kvt, key->tblocks, key->ntblocks, p->kv_gpu, p->matched);
     int paid = 0;
     for (size_t b = 0; b < p->n; b++)

@@ -14,7 +14,8 @@
  * it scrapes every pod's /metrics before and after: delivered hit rate is the difference of
  * vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total, each pod's share comes
  * from vllm:request_success_total. The ceiling is one LRU cache with all pods' capacity
- * (replay_trace.c); with --capacity-schedule a second one follows the pods' schedule. Prints a table; --json writes the same figures for scripts.
+ * (replay_trace.c); with --capacity-schedule a second one follows the pods' schedule.
+ * Prints a table; --json writes the same figures for scripts.
  *
  * With --far-pods it also counts the requests, and the bytes (request and response bodies),
  * that crossed zones: those answered by a pod (x-sim-pod) of that list.

@@ -116,9 +116,11 @@ bench: deps-bench build bench-hashring bench-kv bench-metrics bench-proxies benc
 bench-hashring: build
 	$(BUILD)/bench/hashring/bench_hashring
 
-# vLLM's KV-event payloads decoded per second, against msgpack-c's own C unpacker.
+# vLLM's KV-event payloads decoded per second, against msgpack-c's own C unpacker; then
+# the blocks a second one worker applies to its table.
 bench-kv: build
 	$(BUILD)/bench/kv/bench_kv
+	$(BUILD)/bench/kv/bench_kvtable
 
 bench-metrics: build
 	$(BUILD)/bench/metrics/bench_metrics

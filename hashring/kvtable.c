@@ -3,7 +3,9 @@
  * Layout: a node per chain value, each with a short list of holders (a backend, a medium, the
  * pod's own hash of the block, or "speculative" with an expiry). Two open-addressing tables
  * of indices (linear probing, backward-shift deletion, load at most 1/2) find a node by its
- * chain, and a holder by (backend, pod hash, medium). Speculative holders are also queued in
+ * chain, and a holder by (backend, pod hash, medium); each slot keeps 32 bits of its entry's
+ * hash beside the index, so probing and backward shifts read the slots alone and touch an
+ * entry only where those bits match. Speculative holders are also queued in
  * the order they expire (the TTL is the table's, so the order of insertion); a queue entry
  * carries the holder's generation, so a slot freed and reused meanwhile is not expired.
  *
@@ -37,8 +39,10 @@ typedef struct {
 } node_t;
 
 typedef struct {
-    uint64_t pod_hash; /* H_HELD only */
-    uint64_t expires;  /* H_SPEC only */
+    union {
+        uint64_t pod_hash; /* H_HELD */
+        uint64_t expires;  /* H_SPEC */
+    };
     uint32_t node;
     uint32_t next;     /* the node's next holder; the next free holder when unused */
     uint32_t gen;      /* bumped when freed, so stale expiry entries miss */
@@ -53,9 +57,12 @@ typedef struct {
 } expiry_t;
 
 typedef struct {
-    uint32_t *slots;   /* index + 1; 0 is empty */
-    size_t cap, n;     /* cap a power of two, or 0 */
+    uint64_t *slots;   /* hash << 32 | index + 1 (the hash's low 32 bits); 0 is empty */
+    size_t cap, n;     /* cap a power of two up to 2^32, or 0 */
 } imap_t;
+
+#define SLOT_INDEX(s) ((uint32_t)(s) - 1)
+#define SLOT_HASH(s) ((uint32_t)((s) >> 32))
 
 struct pcr_kvtable {
     pcr_kvtable_opts_t o;
@@ -81,14 +88,17 @@ static uint64_t mix(uint64_t x)
     return x;
 }
 
-static uint64_t node_key(const pcr_kvtable_t *t, uint32_t i) { return mix(t->nodes[i].chain); }
-
-static uint64_t pod_home(uint32_t backend, uint64_t pod_hash, unsigned medium)
+static uint32_t node_key(const pcr_kvtable_t *t, uint32_t i)
 {
-    return mix(pod_hash ^ ((uint64_t)backend << 8 | medium) * 0x9e3779b97f4a7c15ull);
+    return (uint32_t)mix(t->nodes[i].chain);
 }
 
-static uint64_t pod_key(const pcr_kvtable_t *t, uint32_t i)
+static uint32_t pod_home(uint32_t backend, uint64_t pod_hash, unsigned medium)
+{
+    return (uint32_t)mix(pod_hash ^ ((uint64_t)backend << 8 | medium) * 0x9e3779b97f4a7c15ull);
+}
+
+static uint32_t pod_key(const pcr_kvtable_t *t, uint32_t i)
 {
     const holder_t *h = &t->holders[i];
     return pod_home(h->backend, h->pod_hash, h->medium);
@@ -119,27 +129,27 @@ static void *grow_array(pcr_kvtable_t *t, void *p, size_t old, size_t new, size_
 
 /* ---- the two index tables --------------------------------------------------------------- */
 
-typedef uint64_t (*key_fn)(const pcr_kvtable_t *, uint32_t);
+typedef uint32_t (*key_fn)(const pcr_kvtable_t *, uint32_t);
 
-static int imap_reserve(pcr_kvtable_t *t, imap_t *m, key_fn key)
+static int imap_reserve(pcr_kvtable_t *t, imap_t *m)
 {
     if (m->cap != 0 && (m->n + 1) * 2 <= m->cap)
         return 0;
     size_t cap = m->cap ? m->cap * 2 : 64;
-    if (!fits(t, cap * sizeof(uint32_t)))
+    if (cap > (size_t)1 << 32 || !fits(t, cap * sizeof(uint64_t)))
         return PCR_ERR_FULL;
-    uint32_t *s = calloc(cap, sizeof(uint32_t));
+    uint64_t *s = calloc(cap, sizeof(uint64_t));
     if (s == NULL)
         return PCR_ERR_NOMEM;
     for (size_t i = 0; i < m->cap; i++) {
         if (m->slots[i] == 0)
             continue;
-        size_t j = key(t, m->slots[i] - 1) & (cap - 1);
+        size_t j = SLOT_HASH(m->slots[i]) & (cap - 1);
         while (s[j] != 0)
             j = (j + 1) & (cap - 1);
         s[j] = m->slots[i];
     }
-    t->bytes += (cap - m->cap) * sizeof(uint32_t);
+    t->bytes += (cap - m->cap) * sizeof(uint64_t);
     free(m->slots);
     m->slots = s;
     m->cap = cap;
@@ -148,10 +158,11 @@ static int imap_reserve(pcr_kvtable_t *t, imap_t *m, key_fn key)
 
 static void imap_put(const pcr_kvtable_t *t, imap_t *m, key_fn key, uint32_t v)
 {
-    size_t j = key(t, v) & (m->cap - 1);
+    uint32_t hash = key(t, v);
+    size_t j = hash & (m->cap - 1);
     while (m->slots[j] != 0)
         j = (j + 1) & (m->cap - 1);
-    m->slots[j] = v + 1;
+    m->slots[j] = (uint64_t)hash << 32 | (v + 1);
     m->n++;
 }
 
@@ -159,13 +170,13 @@ static void imap_put(const pcr_kvtable_t *t, imap_t *m, key_fn key, uint32_t v)
 static void imap_del(const pcr_kvtable_t *t, imap_t *m, key_fn key, uint32_t v)
 {
     size_t mask = m->cap - 1, i = key(t, v) & mask;
-    while (m->slots[i] != v + 1)
+    while ((uint32_t)m->slots[i] != v + 1)
         i = (i + 1) & mask;
     for (size_t j = i;;) {
         j = (j + 1) & mask;
         if (m->slots[j] == 0)
             break;
-        size_t k = key(t, m->slots[j] - 1) & mask;
+        size_t k = SLOT_HASH(m->slots[j]) & mask;
         /* slots[j] may move to i when its home is not in (i, j] cyclically. */
         if ((j > i && (k <= i || k > j)) || (j < i && k <= i && k > j)) {
             m->slots[i] = m->slots[j];
@@ -176,14 +187,40 @@ static void imap_del(const pcr_kvtable_t *t, imap_t *m, key_fn key, uint32_t v)
     m->n--;
 }
 
+/* Events name blocks in batches: the slots of the next AHEAD are fetched while this one is
+ * applied, as each is a likely cache miss in a table of many megabytes. */
+#define AHEAD 8
+
+static void prefetch_slot(const imap_t *m, uint32_t hash)
+{
+    if (m->cap != 0)
+        __builtin_prefetch(&m->slots[hash & (m->cap - 1)]);
+}
+
+/* The entry of the first slot whose hash bits match (likely the one sought), or NIL: once
+ * the slots are near, to fetch the entry before it is needed. */
+static uint32_t peek(const imap_t *m, uint32_t hash)
+{
+    if (m->cap == 0)
+        return NIL;
+    size_t mask = m->cap - 1;
+    for (size_t j = hash & mask; m->slots[j] != 0; j = (j + 1) & mask)
+        if (SLOT_HASH(m->slots[j]) == hash)
+            return SLOT_INDEX(m->slots[j]);
+    return NIL;
+}
+
 static uint32_t node_find(const pcr_kvtable_t *t, uint64_t chain)
 {
     if (t->node_map.cap == 0)
         return NIL;
     size_t mask = t->node_map.cap - 1;
-    for (size_t j = mix(chain) & mask; t->node_map.slots[j] != 0; j = (j + 1) & mask)
-        if (t->nodes[t->node_map.slots[j] - 1].chain == chain)
-            return t->node_map.slots[j] - 1;
+    uint32_t hash = (uint32_t)mix(chain);
+    for (size_t j = hash & mask; t->node_map.slots[j] != 0; j = (j + 1) & mask) {
+        uint64_t s = t->node_map.slots[j];
+        if (SLOT_HASH(s) == hash && t->nodes[SLOT_INDEX(s)].chain == chain)
+            return SLOT_INDEX(s);
+    }
     return NIL;
 }
 
@@ -193,11 +230,14 @@ static uint32_t pod_find(const pcr_kvtable_t *t, uint32_t backend, uint64_t pod_
     if (t->pod_map.cap == 0)
         return NIL;
     size_t mask = t->pod_map.cap - 1;
-    for (size_t j = pod_home(backend, pod_hash, medium) & mask; t->pod_map.slots[j] != 0;
-         j = (j + 1) & mask) {
-        const holder_t *h = &t->holders[t->pod_map.slots[j] - 1];
+    uint32_t hash = pod_home(backend, pod_hash, medium);
+    for (size_t j = hash & mask; t->pod_map.slots[j] != 0; j = (j + 1) & mask) {
+        uint64_t s = t->pod_map.slots[j];
+        if (SLOT_HASH(s) != hash)
+            continue;
+        const holder_t *h = &t->holders[SLOT_INDEX(s)];
         if (h->pod_hash == pod_hash && h->backend == backend && h->medium == medium)
-            return t->pod_map.slots[j] - 1;
+            return SLOT_INDEX(s);
     }
     return NIL;
 }
@@ -222,7 +262,7 @@ static uint32_t node_get(pcr_kvtable_t *t, uint64_t chain, int *rc)
         }
         t->nodes_cap = cap;
     }
-    if ((*rc = imap_reserve(t, &t->node_map, node_key)) != 0)
+    if ((*rc = imap_reserve(t, &t->node_map)) != 0)
         return NIL;
     n = t->node_free;
     t->node_free = t->nodes[n].first;
@@ -394,7 +434,7 @@ static uint32_t pod_any(const pcr_kvtable_t *t, uint32_t backend, uint64_t pod_h
 static int hold(pcr_kvtable_t *t, uint32_t h, uint32_t backend, uint64_t pod_hash,
                 unsigned medium)
 {
-    int rc = imap_reserve(t, &t->pod_map, pod_key);
+    int rc = imap_reserve(t, &t->pod_map);
     if (rc != 0)
         return rc;
     holder_t *p = &t->holders[h];
@@ -403,8 +443,7 @@ static int hold(pcr_kvtable_t *t, uint32_t h, uint32_t backend, uint64_t pod_has
     p->state = H_HELD;
     p->backend = backend;
     p->medium = (uint8_t)medium;
-    p->pod_hash = pod_hash;
-    p->expires = 0;
+    p->pod_hash = pod_hash; /* in place of the expiry */
     imap_put(t, &t->pod_map, pod_key, h);
     (*count(t, backend, medium))++;
     return 0;
@@ -440,9 +479,16 @@ int pcr_kvtable_stored(pcr_kvtable_t *t, unsigned backend, const pcr_kvt_stored_
             return PCR_ERR_NOTFOUND;
         prev = t->nodes[t->holders[ph].node].chain;
     }
+    uint64_t chains[AHEAD];
     for (size_t i = 0; i < ev->nhashes; i++) {
-        uint64_t chain = chain_of(prev, ev->tokens + i * ev->block_size, ev->block_size);
-        prev = chain;
+        if (i % AHEAD == 0) /* the next blocks' chains, and their slots on their way */
+            for (size_t k = i; k < ev->nhashes && k < i + AHEAD; k++) {
+                prev = chains[k % AHEAD] =
+                    chain_of(prev, ev->tokens + k * ev->block_size, ev->block_size);
+                prefetch_slot(&t->node_map, (uint32_t)mix(prev));
+                prefetch_slot(&t->pod_map, pod_home(backend, ev->hashes[k], ev->medium));
+            }
+        uint64_t chain = chains[i % AHEAD];
         uint32_t h = pod_find(t, backend, ev->hashes[i], ev->medium);
         if (h != NIL) {
             if (t->nodes[t->holders[h].node].chain == chain)
@@ -483,8 +529,21 @@ size_t pcr_kvtable_removed(pcr_kvtable_t *t, unsigned backend, const uint64_t *h
     size_t dropped = 0;
     if (t == NULL || backend >= t->o.nbackends || medium >= PCR_KVT_MEDIA)
         return 0;
+    for (size_t i = 0; i < n && i < AHEAD; i++)
+        prefetch_slot(&t->pod_map, pod_home(backend, hashes[i], medium));
+    /* Dropping a block reads its slot, its holder, its node and the node's slot, each
+     * likely a miss: they are fetched in stages, 8, 6, 4 and 2 blocks ahead. */
     for (size_t i = 0; i < n; i++) {
-        uint32_t h = pod_find(t, backend, hashes[i], medium);
+        uint32_t h;
+        if (i + AHEAD < n)
+            prefetch_slot(&t->pod_map, pod_home(backend, hashes[i + AHEAD], medium));
+        if (i + 6 < n && (h = peek(&t->pod_map, pod_home(backend, hashes[i + 6], medium))) != NIL)
+            __builtin_prefetch(&t->holders[h]);
+        if (i + 4 < n && (h = peek(&t->pod_map, pod_home(backend, hashes[i + 4], medium))) != NIL)
+            __builtin_prefetch(&t->nodes[t->holders[h].node]);
+        if (i + 2 < n && (h = peek(&t->pod_map, pod_home(backend, hashes[i + 2], medium))) != NIL)
+            prefetch_slot(&t->node_map, node_key(t, t->holders[h].node));
+        h = pod_find(t, backend, hashes[i], medium);
         if (h != NIL) {
             holder_drop(t, h);
             dropped++;

@@ -283,20 +283,21 @@ static void test_random_against_model(void)
     for (int step = 0; step < 6000 && pcr_test_case_failed == failures_before; step++) {
         now += (uint64_t)(rand() % 20);
         unsigned b = (unsigned)(rand() % NB), medium = (unsigned)(rand() % 4 == 0);
-        /* Prompts from a small alphabet of blocks, so pods share and collide. */
-        size_t nblocks = 1 + (size_t)(rand() % 5);
-        uint32_t tok[5 * BT];
+        /* Prompts from a small alphabet of blocks, so pods share and collide; up to 12 blocks,
+         * past the 8 the table fetches ahead. */
+        size_t nblocks = 1 + (size_t)(rand() % (rand() % 4 == 0 ? 12 : 5));
+        uint32_t tok[12 * BT];
         for (size_t i = 0; i < nblocks; i++)
             for (int k = 0; k < BT; k++)
                 tok[i * BT + (size_t)k] = (uint32_t)(rand() % 3);
-        uint64_t key[5];
-        pcr_kvtable_key(0, BT, tok, nblocks * BT, key, 5);
+        uint64_t key[12];
+        pcr_kvtable_key(0, BT, tok, nblocks * BT, key, 12);
         int op = rand() % 10;
         if (op < 4) {
             /* Stored: from the root, or continuing a block this pod has. The pod's hashes come
              * from a small set, so a hash sometimes names other tokens than before. */
             size_t from = (size_t)(rand() % (int)nblocks);
-            uint64_t pods[5];
+            uint64_t pods[12];
             for (size_t i = 0; i < nblocks; i++)
                 pods[i] = (uint64_t)(rand() % 40) + 1;
             int has_parent = from > 0;
@@ -349,13 +350,20 @@ static void test_random_against_model(void)
                 }
             }
         } else if (op < 6) {
-            uint64_t pod = (uint64_t)(rand() % 40) + 1;
-            ment_t *e = m_find_pod(b, pod, (int)medium);
-            size_t want = e != NULL;
-            removed += e != NULL;
-            if (e != NULL)
-                e->used = 0;
-            PCR_CHECK_EQ_INT(pcr_kvtable_removed(t, b, &pod, 1, (pcr_kvt_medium_t)medium), want);
+            /* One hash, or a run of up to 12 (as the router coalesces vLLM's one-block
+             * BlockRemoved events), repeats and unknown hashes among them. */
+            uint64_t pods[12];
+            size_t npods = rand() % 2 ? 1 : 1 + (size_t)(rand() % 12), want = 0;
+            for (size_t i = 0; i < npods; i++) {
+                pods[i] = (uint64_t)(rand() % 40) + 1;
+                ment_t *e = m_find_pod(b, pods[i], (int)medium);
+                want += e != NULL;
+                if (e != NULL)
+                    e->used = 0;
+            }
+            removed += (int)want;
+            PCR_CHECK_EQ_INT(pcr_kvtable_removed(t, b, pods, npods, (pcr_kvt_medium_t)medium),
+                             want);
         } else if (op < 8) {
             PCR_CHECK_EQ_INT(pcr_kvtable_speculate(t, b, key, nblocks, now), 0);
             for (size_t i = 0; i < nblocks; i++) {

@@ -4,6 +4,7 @@
  * worker's replica applies each event to its pods' table (pcr_policy_kv_*). The callbacks run
  * on the subscriber's thread; the bus is made for any thread. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
 #include "bus.h"
@@ -23,11 +24,31 @@ static pcr_kvt_medium_t medium_of(pcr_kv_medium_t m)
     return m == PCR_KV_MEDIUM_CPU ? PCR_KVT_CPU : PCR_KVT_GPU;
 }
 
+/* vLLM sends one BlockRemoved per evicted block: consecutive ones on the same medium go out
+ * as one bus message of up to REMOVED_RUN hashes, one call per worker, which the table
+ * applies with its slots fetched ahead (hashring/kvtable.c). */
+#define REMOVED_RUN 256
+
+typedef struct {
+    uint64_t hashes[REMOVED_RUN];
+    size_t n;
+    pcr_kvt_medium_t medium;
+} removed_run_t;
+
+static void removed_flush(pcr_server_t *srv, unsigned backend, removed_run_t *r)
+{
+    if (r->n > 0)
+        pcr_bus_kv_removed(srv->bus, (int)backend, r->hashes, r->n, r->medium);
+    r->n = 0;
+}
+
 static void on_batch(void *arg, unsigned backend, const pcr_kv_decoder_t *d,
                      const pcr_kv_batch_t *b)
 {
     pcr_server_t *srv = arg;
     uint64_t now = pcr_now_us();
+    removed_run_t run; /* 2 KiB */
+    run.n = 0;
     for (uint32_t i = 0; i < b->nevents; i++) {
         const pcr_kv_event_t *e = pcr_kv_decoded_event(d, i);
         if (e == NULL)
@@ -35,6 +56,23 @@ static void on_batch(void *arg, unsigned backend, const pcr_kv_decoder_t *d,
         /* A medium this router does not know (neither GPU nor CPU) is not a hit it can use. */
         if (e->kind != PCR_KV_CLEARED && e->medium == PCR_KV_MEDIUM_OTHER)
             continue;
+        if (e->kind == PCR_KV_REMOVED) {
+            if (run.n > 0 && run.medium != medium_of(e->medium))
+                removed_flush(srv, backend, &run);
+            if (run.n + e->nhashes > REMOVED_RUN) {
+                removed_flush(srv, backend, &run);
+                if (e->nhashes > REMOVED_RUN) { /* a long one goes as it came */
+                    pcr_bus_kv_removed(srv->bus, (int)backend, e->hashes, e->nhashes,
+                                       medium_of(e->medium));
+                    continue;
+                }
+            }
+            memcpy(run.hashes + run.n, e->hashes, e->nhashes * sizeof(uint64_t));
+            run.n += e->nhashes;
+            run.medium = medium_of(e->medium);
+            continue;
+        }
+        removed_flush(srv, backend, &run); /* the order of events is kept */
         switch (e->kind) {
         case PCR_KV_STORED: {
             pcr_kvt_stored_t ev = {e->hashes, e->nhashes, e->has_parent, e->parent, e->tokens,
@@ -42,15 +80,14 @@ static void on_batch(void *arg, unsigned backend, const pcr_kv_decoder_t *d,
             pcr_bus_kv_stored(srv->bus, (int)backend, &ev, now);
             break;
         }
-        case PCR_KV_REMOVED:
-            pcr_bus_kv_removed(srv->bus, (int)backend, e->hashes, e->nhashes,
-                               medium_of(e->medium));
-            break;
         case PCR_KV_CLEARED:
             pcr_bus_kv_clear(srv->bus, (int)backend);
             break;
+        default:
+            break;
         }
     }
+    removed_flush(srv, backend, &run);
 }
 
 static void on_clear(void *arg, unsigned backend, pcr_kv_clear_t why)

@@ -218,6 +218,14 @@ int pcr_kvcache_acquire(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
         }
     }
     kv->reserved += private_blocks;
+    /* vLLM takes a request's new blocks from its free queue at once, evicting the cached block
+     * each one held, and names them afterwards: the evictions go out as one run, then the
+     * stores (the victims are the same as one at a time). */
+    size_t missing = 0;
+    for (size_t i = 0; i < n; i++)
+        missing += kv->table[find_pos(kv, hashes[i])] == 0;
+    while (kv->cached + kv->reserved + missing > kv->capacity && kv->lru_head != NIL)
+        evict_one(kv);
     for (size_t i = 0; i < n; i++) {
         size_t pos = find_pos(kv, hashes[i]);
         if (kv->table[pos])

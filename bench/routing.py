@@ -135,6 +135,16 @@ class Proc:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
+    def cpu_seconds(self):
+        """User plus system CPU time the child has used so far (its threads included), from
+        /proc; None once it has gone."""
+        try:
+            with open("/proc/%d/stat" % self.p.pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, timeout=10):
         """SIGTERM, then SIGKILL after timeout. Returns the exit status."""
         if self.p.poll() is None:
@@ -978,6 +988,10 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
                 if isinstance(front, Router):
                     r.update(router_prediction(
                         front, os.path.join(outdir, "metrics_%s.txt" % policy)))
+                # CPU the front and the pods used over the run: on this 2-core machine a
+                # router's own work slows the simulated pods and the load generator too.
+                r["front_cpu_s"] = front.proc.cpu_seconds() if hasattr(front, "proc") else None
+                r["pods_cpu_s"] = sims.proc.cpu_seconds() if hasattr(sims, "proc") else None
                 r.update(flat_figures(r))
                 r["engine"] = args.engine
                 results.append(r)
@@ -996,6 +1010,9 @@ def run_one(args, build, trace, pods, capacity, time_scale, limit, routing, labe
             print("crossed zones (requests, bytes): " + "; ".join(
                 "%s %s, %s" % (r["label"], fmt(r.get("cross_zone_request_share"), ".3f"),
                                fmt(r.get("cross_zone_byte_share"), ".3f")) for r in results))
+        print("CPU seconds over the run (front, pods): " + "; ".join(
+            "%s %s, %s" % (r["label"], fmt(r.get("front_cpu_s"), ".1f"),
+                           fmt(r.get("pods_cpu_s"), ".1f")) for r in results))
         print("\nhit rate: pods' vllm:prefix_cache_hits_total / queries_total over the run; of"
               " ceil: fraction of one LRU cache of all pods' capacity (%.4f);\nTTFT in model"
               " time (wall x time scale); req/s in model time." % (

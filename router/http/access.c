@@ -5,10 +5,10 @@
  *          backend=<name> route=<reason> blocks=<matched>/<total> attempts=<n> <seconds>s"
  *   json  one object: time, client, worker, protocol, method, path, model, status, backend, route,
  *         matched_blocks, total_blocks, predicted_cached_tokens, delivered_cached_tokens,
- *         ttfb_ms, ttft_ms, held_ms, conn_wait_ms, prefill_ahead_tokens, duration_ms, bytes_in,
- *         bytes_out, unsent_bytes, retries (null where a request has none: no backend, no prefix
- *         key, no usage from the pod, no response head, not a stream or no token, never held,
- *         never waited for a pod connection)
+ *         ttfb_ms, ttft_ms, held_ms, conn_wait_ms, tokenize_ms, prefill_ahead_tokens,
+ *         duration_ms, bytes_in, bytes_out, unsent_bytes, retries (null where a request has
+ *         none: no backend, no prefix key, no usage from the pod, no response head, not a
+ *         stream or no token, never held, never waited for a pod connection, not tokenized)
  *
  * JSON goes through cJSON. Strings that come from the client (path, model) are cut at
  * ACCESS_MAX_FIELD bytes and any byte that is not valid UTF-8 becomes '?', so every line is
@@ -118,6 +118,7 @@ static size_t json_line(const pcr_exchange_t *ex, int status, uint64_t now, char
     add_num(o, "ttft_ms", ex->t_first != 0, (double)(ex->t_first - ex->t_start) / 1e3);
     add_num(o, "held_ms", ex->held, (double)ex->held_us / 1e3);
     add_num(o, "conn_wait_ms", ex->conn_wait_us > 0, (double)ex->conn_wait_us / 1e3);
+    add_num(o, "tokenize_ms", ex->tokenized, (double)ex->ns_tokenize / 1e6);
     add_num(o, "prefill_ahead_tokens", ex->has_prefill_ahead, (double)ex->prefill_ahead);
     /* Disaggregation: where the prompt was decided to be prefilled, the prefill pod the decode
      * pod pulled from, and when that pod's answer came (the prefill leg, held time included). */

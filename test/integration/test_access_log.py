@@ -19,7 +19,7 @@ JSON_FIELDS = {
     "total_blocks": (int, type(None)), "predicted_cached_tokens": (int, type(None)),
     "delivered_cached_tokens": (int, type(None)), "ttfb_ms": (int, float, type(None)),
     "ttft_ms": (int, float, type(None)), "held_ms": (int, float, type(None)),
-    "conn_wait_ms": (int, float, type(None)),
+    "conn_wait_ms": (int, float, type(None)), "tokenize_ms": (int, float, type(None)),
     "prefill_ahead_tokens": (int, type(None)), "pd": (str, type(None)),
     "prefill_backend": (str, type(None)), "prefill_leg_ms": (int, float, type(None)),
     "duration_ms": (int, float), "bytes_in": int, "bytes_out": int,
@@ -89,6 +89,7 @@ def test_json_lines_carry_every_field(stub_factory, router_factory, tmp_path):
     assert c["ttfb_ms"] <= c["ttft_ms"] <= c["duration_ms"], c
     assert all(o["held_ms"] is None for o in objs)  # nothing waited for a pod's prefill
     assert all(o["conn_wait_ms"] is None for o in objs)  # nor for a pod connection
+    assert all(o["tokenize_ms"] is None for o in objs)  # nor for tokens (approximate mode)
     # Only a stream's first token says when its prefill was done; nothing was ahead of it.
     assert a["prefill_ahead_tokens"] is None and c["prefill_ahead_tokens"] == 0
     # The repeat: the index predicted it warm, and the pod said it reused most of it.

@@ -345,6 +345,35 @@ def test_tokenize_timeout_falls_back(pods, router_factory):
     assert time.monotonic() - t0 < 5
 
 
+def test_the_access_log_gives_each_requests_tokenize_time(pods, router_factory, tmp_path):
+    """tokenize_ms: the wait for a pod's tokenizer (300 ms here) on the first request, the
+    cache's answer on the second; null where nothing was tokenized (approximate mode)."""
+    p = pods(2, "--tokenize-delay-ms", "300", time_scale=1)
+    logs = {}
+    for index in ("events", "approximate"):
+        logs[index] = tmp_path / ("%s.log" % index)
+        cfg = config(p, index=index, workers=1, tokenize_timeout_ms=5000)
+        cfg["log"] = {"access_log_path": str(logs[index]), "access_log_format": "json"}
+        r = router_factory(cfg)
+        text = prompt_of("logged-%s" % index)
+        for _ in range(2):
+            assert complete(r, text)[0] == 200
+
+    def lines(index):
+        if not logs[index].exists():
+            return []
+        return [json.loads(line) for line in logs[index].read_text().splitlines()
+                if '"/v1/completions"' in line]
+
+    got = wait_for(lambda: len(lines("events")) == 2 and lines("events"), timeout=5,
+                   what="the events router's two lines")
+    assert got[0]["tokenize_ms"] >= 250 and got[0]["ttfb_ms"] >= got[0]["tokenize_ms"]
+    assert got[1]["tokenize_ms"] is not None and got[1]["tokenize_ms"] < 50
+    got = wait_for(lambda: len(lines("approximate")) == 2 and lines("approximate"), timeout=5,
+                   what="the approximate router's two lines")
+    assert all(line["tokenize_ms"] is None for line in got)
+
+
 @pytest.mark.parametrize("reuse", [True, False])
 def test_a_prompt_that_extends_a_tokenized_one_is_routed_without_waiting(pods, router_factory,
                                                                          reuse):

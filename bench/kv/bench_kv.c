@@ -12,29 +12,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "kv/kv_decode.h"
 
 #define EVENTS 64
 #define BATCHES 256
 #define RUNS 7
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static void str(msgpack_packer *pk, const char *s) { msgpack_pack_str_with_body(pk, s, strlen(s)); }
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 /* One batch of EVENTS events; `as_map` as vLLM 0.26 encodes them. */
 static void make_batch(msgpack_sbuffer *sb, int as_map, double ts)
@@ -98,12 +83,6 @@ static void make_batch(msgpack_sbuffer *sb, int as_map, double ts)
     msgpack_pack_uint32(&pk, 0);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Events per second of one pass of `fn` over every batch, about 0.3 s. */
 static double rate(msgpack_sbuffer *sb, int (*fn)(const msgpack_sbuffer *))
 {
@@ -126,10 +105,8 @@ static void measure(msgpack_sbuffer *sb, int (*a)(const msgpack_sbuffer *),
         ra[r] = rate(sb, a);
         rb[r] = rate(sb, b);
     }
-    qsort(ra, RUNS, sizeof(ra[0]), cmp_d);
-    qsort(rb, RUNS, sizeof(rb[0]), cmp_d);
-    *ma = ra[RUNS / 2];
-    *mb = rb[RUNS / 2];
+    *ma = median(ra, RUNS);
+    *mb = median(rb, RUNS);
 }
 
 static pcr_kv_decoder_t *dec;

@@ -13,28 +13,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "pcr/kvtable.h"
 
 #define PODS 8
 #define BLOCK 16
 #define PER_EVENT 16
 #define RUNS 7
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 /* One pod's blocks, oldest first, as the pod names them. */
 typedef struct {
@@ -120,12 +105,6 @@ static double rate(pool_t *p)
     return blocks / (t - t0);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int main(void)
 {
     static pool_t small, large;
@@ -136,14 +115,13 @@ int main(void)
         rs[r] = rate(&small);
         rl[r] = rate(&large);
     }
-    qsort(rs, RUNS, sizeof(rs[0]), cmp_d);
-    qsort(rl, RUNS, sizeof(rl[0]), cmp_d);
+    double ms = median(rs, RUNS), ml = median(rl, RUNS);
     printf("| pool | table bytes | blocks applied/s | of the cached table |\n");
     printf("| --- | --- | --- | --- |\n");
     printf("| 8 pods x 1,024 blocks (fits the caches) | %.1f MB | %.2fM | 1.00x |\n",
-           pcr_kvtable_bytes(small.t) / 1e6, rs[RUNS / 2] / 1e6);
+           pcr_kvtable_bytes(small.t) / 1e6, ms / 1e6);
     printf("| 8 pods x 62,500 blocks (1M tokens a pod) | %.1f MB | %.2fM | %.2fx |\n",
-           pcr_kvtable_bytes(large.t) / 1e6, rl[RUNS / 2] / 1e6, rl[RUNS / 2] / rs[RUNS / 2]);
+           pcr_kvtable_bytes(large.t) / 1e6, ml / 1e6, ml / ms);
     pool_free(&small);
     pool_free(&large);
     return 0;

@@ -67,7 +67,8 @@ static void on_batch(void *arg, unsigned backend, const pcr_kv_decoder_t *d,
                     continue;
                 }
             }
-            memcpy(run.hashes + run.n, e->hashes, e->nhashes * sizeof(uint64_t));
+            if (e->nhashes > 0) /* an empty list may have no array */
+                memcpy(run.hashes + run.n, e->hashes, e->nhashes * sizeof(uint64_t));
             run.n += e->nhashes;
             run.medium = medium_of(e->medium);
             continue;

@@ -88,9 +88,12 @@ static uint64_t mix(uint64_t x)
     return x;
 }
 
+/* Where a chain's node, and a pod's block, sit in their maps (and the hash bits kept). */
+static uint32_t chain_home(uint64_t chain) { return (uint32_t)mix(chain); }
+
 static uint32_t node_key(const pcr_kvtable_t *t, uint32_t i)
 {
-    return (uint32_t)mix(t->nodes[i].chain);
+    return chain_home(t->nodes[i].chain);
 }
 
 static uint32_t pod_home(uint32_t backend, uint64_t pod_hash, unsigned medium)
@@ -215,7 +218,7 @@ static uint32_t node_find(const pcr_kvtable_t *t, uint64_t chain)
     if (t->node_map.cap == 0)
         return NIL;
     size_t mask = t->node_map.cap - 1;
-    uint32_t hash = (uint32_t)mix(chain);
+    uint32_t hash = chain_home(chain);
     for (size_t j = hash & mask; t->node_map.slots[j] != 0; j = (j + 1) & mask) {
         uint64_t s = t->node_map.slots[j];
         if (SLOT_HASH(s) == hash && t->nodes[SLOT_INDEX(s)].chain == chain)
@@ -485,7 +488,7 @@ int pcr_kvtable_stored(pcr_kvtable_t *t, unsigned backend, const pcr_kvt_stored_
             for (size_t k = i; k < ev->nhashes && k < i + AHEAD; k++) {
                 prev = chains[k % AHEAD] =
                     chain_of(prev, ev->tokens + k * ev->block_size, ev->block_size);
-                prefetch_slot(&t->node_map, (uint32_t)mix(prev));
+                prefetch_slot(&t->node_map, chain_home(prev));
                 prefetch_slot(&t->pod_map, pod_home(backend, ev->hashes[k], ev->medium));
             }
         uint64_t chain = chains[i % AHEAD];

@@ -207,11 +207,15 @@ int pcr_kvcache_acquire(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
     if (rc)
         return rc;
     *hit_blocks = pcr_kvcache_match(kv, hashes, n);
-    /* Pin what is there first, so that making room below never evicts this request's own. */
+    /* Pin what is there first, so that making room below never evicts this request's own;
+     * count what is not (`missing`), the blocks it takes anew. */
+    size_t missing = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t s = lookup(kv, hashes[i]);
-        if (s == NIL)
+        if (s == NIL) {
+            missing++;
             continue;
+        }
         if (kv->slots[s].ref++ == 0) {
             lru_unlink(kv, s);
             kv->pinned++;
@@ -221,9 +225,6 @@ int pcr_kvcache_acquire(pcr_kvcache_t *kv, const uint64_t *hashes, size_t n,
     /* vLLM takes a request's new blocks from its free queue at once, evicting the cached block
      * each one held, and names them afterwards: the evictions go out as one run, then the
      * stores (the victims are the same as one at a time). */
-    size_t missing = 0;
-    for (size_t i = 0; i < n; i++)
-        missing += kv->table[find_pos(kv, hashes[i])] == 0;
     while (kv->cached + kv->reserved + missing > kv->capacity && kv->lru_head != NIL)
         evict_one(kv);
     for (size_t i = 0; i < n; i++) {
